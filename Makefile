@@ -1,0 +1,55 @@
+# Rooftop: the README's two commands are `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+ROOFTOP_CACHE ?= $(HOME)/.cache/rooftop
+export ROOFTOP_CACHE
+
+.PHONY: demo test lint typecheck unit e2e loop bench calibrate crd dashboards cluster-up cluster-down tools clean
+
+$(BIN)/rooftop: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+## demo: install into .venv and plan the bundled example
+demo: $(BIN)/rooftop
+	$(BIN)/rooftop plan examples/chat-llama-3.1-8b.yaml --explain
+
+## test: lint, type-check, unit, integration and end-to-end tests
+test: lint typecheck unit e2e
+
+lint: $(BIN)/rooftop
+	$(BIN)/ruff check planner operator tests dashboards benchmarks
+	$(BIN)/ruff format --check planner operator tests dashboards benchmarks
+	$(BIN)/lint-imports
+
+typecheck: $(BIN)/rooftop
+	$(BIN)/mypy
+
+unit: $(BIN)/rooftop
+	$(BIN)/pytest -q -m "not e2e and not loop"
+
+## tools: build the control plane, kwok and helm into $(ROOFTOP_CACHE) (cached), fetch Prometheus
+tools:
+	tests/cluster/build-bins.sh
+	tests/cluster/fetch-prometheus.sh
+
+e2e: $(BIN)/rooftop tools
+	$(BIN)/pytest -q -m "e2e or loop" -p no:cacheprovider
+
+bench: $(BIN)/rooftop
+	$(BIN)/python benchmarks/bench_search.py
+
+calibrate: $(BIN)/rooftop
+	$(BIN)/python -m rooftop_planner.calibrate
+
+cluster-up: $(BIN)/rooftop tools
+	$(BIN)/python -m tests.cluster up
+
+cluster-down: $(BIN)/rooftop
+	$(BIN)/python -m tests.cluster down
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""Rooftop's Kubernetes operator (kopf), engine simulator and closed-loop controller."""
