@@ -1,0 +1,140 @@
+"""Serving-level predictions: static batches and continuous batching at a concurrency.
+
+Built on the step and prefill times of ``perf``. Continuous batching (vLLM, SGLang,
+TensorRT-LLM in-flight batching) is modelled as a steady state: ``C`` requests are in
+flight, each decode step advances every running sequence by one token and carries the
+prefill chunks of newly admitted requests (chunked prefill). Requests beyond the batch
+cap or the KV capacity wait in a queue (Little's law gives their wait).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rooftop_planner import perf
+from rooftop_planner.perf import Deployment
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted latency and throughput of one replica. Times in seconds.
+
+    Attributes:
+        tpot_s: mean time per output token after the first (= mean decode step time).
+        ttft_s: mean time to first token, queueing included.
+        output_tok_s: output tokens per second of the whole replica.
+        batch: sequences decoding concurrently.
+        fits: False when not even one sequence of this length fits in memory.
+        reason: why it does not fit, else "".
+    """
+
+    tpot_s: float
+    ttft_s: float
+    output_tok_s: float
+    batch: float
+    fits: bool = True
+    reason: str = ""
+
+    @property
+    def tpot_ms(self) -> float:
+        return self.tpot_s * 1e3
+
+    @property
+    def ttft_ms(self) -> float:
+        return self.ttft_s * 1e3
+
+
+def _does_not_fit(dep: Deployment, tokens: float) -> Prediction:
+    free = perf.kv_capacity_tokens(dep)
+    reason = (
+        f"{dep.model.id} ({dep.weight_dtype}) on {dep.tp}x {dep.gpu.id}: a {tokens:.0f}-token "
+        f"sequence needs more KV cache than the {free} tokens left after weights"
+    )
+    return Prediction(math.inf, math.inf, 0.0, 0.0, fits=False, reason=reason)
+
+
+def predict_static(dep: Deployment, batch: int, isl: int, osl: int) -> Prediction:
+    """One static batch: all prompts prefilled together, then ``osl`` decode steps.
+
+    TTFT = prefill(batch · isl); TPOT = step(batch, isl + osl/2) (mean context);
+    output tokens/s = batch · osl / (TTFT + (osl − 1) · TPOT).
+    """
+    ttft = perf.prefill_s(dep, batch, isl)
+    tpot = perf.decode_step_s(dep, batch, isl + osl / 2.0)
+    total = ttft + max(osl - 1, 0) * tpot
+    fitting = perf.max_sequences_fitting(dep, isl + osl)
+    # Times are still predicted when the batch overflows our memory estimate: engines with
+    # smaller runtime reserves or on-demand KV allocation do run such batches.
+    reason = "" if fitting >= batch else (
+        f"batch {batch} exceeds the {fitting} sequences whose KV fits on {dep.tp}x {dep.gpu.id}"
+    )
+    return Prediction(tpot, ttft, batch * osl / total, float(batch), not reason, reason)
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    """Scheduler caps of the engine (vLLM names)."""
+
+    max_num_seqs: int = perf.DEFAULT_MAX_NUM_SEQS
+    max_num_batched_tokens: int = perf.DEFAULT_MAX_NUM_BATCHED_TOKENS
+    gpu_memory_utilization: float = perf.DEFAULT_GPU_MEMORY_UTILIZATION
+
+
+def running_batch(dep: Deployment, concurrency: float, isl: float, osl: float,
+                  limits: EngineLimits) -> float:
+    """Sequences that actually run: min(concurrency, max_num_seqs, KV capacity).
+
+    A running sequence holds isl + osl/2 tokens on average (blocks grow as it decodes).
+    """
+    capacity = perf.kv_capacity_tokens(
+        dep, limits.gpu_memory_utilization, limits.max_num_batched_tokens
+    )
+    per_seq = perf.cached_tokens(dep.model, isl + osl / 2.0)
+    kv_limit = capacity / max(per_seq, 1.0)
+    return max(min(concurrency, float(limits.max_num_seqs), kv_limit), 0.0)
+
+
+def predict_continuous(
+    dep: Deployment, concurrency: float, isl: float, osl: float,
+    limits: EngineLimits | None = None,
+) -> Prediction:
+    """Steady state of ``concurrency`` closed-loop clients on one replica.
+
+    Fixed point over the step time t:
+      λ   = B / (ttft_exec + (osl − 1) · t)         requests completed per second
+      P   = λ · isl · t                            prefill tokens carried per step
+      t   = step(B decode seqs, P prefill tokens)   mixed chunked-prefill step
+    TPOT = t. TTFT = the step that carries the prompt (ceil(isl / token budget) steps),
+    half a step of waiting for the step in flight, and, when C > B, the queue wait
+    (C − B) / λ by Little's law. Output tokens/s = λ · osl.
+    """
+    limits = limits or EngineLimits()
+    if perf.max_sequences_fitting(dep, isl + osl, gpu_memory_utilization=limits.gpu_memory_utilization) < 1:
+        return _does_not_fit(dep, isl + osl)
+    batch = max(running_batch(dep, concurrency, isl, osl, limits), 1.0)
+    context = batch * (isl + osl / 2.0)
+    step = perf.forward_time_s(dep, batch, context)
+    prefill_exec = step
+    for _ in range(30):
+        rate = batch / (prefill_exec + max(osl - 1, 0) * step)
+        carried = rate * isl * step
+        step = perf.forward_time_s(
+            dep, batch, context, prefill_tokens=carried, prefill_attended=carried * isl / 2.0
+        )
+        prefill_exec = _prefill_exec_s(dep, batch, context, isl, limits) + step / 2.0
+    rate = batch / (prefill_exec + max(osl - 1, 0) * step)
+    queue_wait = max(concurrency - batch, 0.0) / rate
+    return Prediction(step, prefill_exec + queue_wait, rate * osl, batch)
+
+
+def _prefill_exec_s(dep: Deployment, batch: float, context: float, isl: float,
+                    limits: EngineLimits) -> float:
+    """Time of the steps that carry one prompt's chunks alongside the running decodes."""
+    budget = max(limits.max_num_batched_tokens - batch, 1.0)
+    chunks = max(math.ceil(isl / budget), 1)
+    chunk = isl / chunks
+    one = perf.forward_time_s(
+        dep, batch, context, prefill_tokens=chunk, prefill_attended=chunk * isl / 2.0
+    )
+    return chunks * one

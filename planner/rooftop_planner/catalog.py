@@ -1,0 +1,383 @@
+"""GPU and model catalogs: YAML data files loaded into frozen dataclasses.
+
+The packaged files (``catalog/gpus.yaml``, ``catalog/models.yaml``) cite a source for
+every figure. A user file with the same layout (``gpus:`` and/or ``models:``) overrides or
+extends them entry by entry, field by field, so a platform team can pin its own prices.
+Any Hugging Face ``config.json`` (a path or an inline mapping) also yields a ``ModelSpec``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+BYTES_PER_DTYPE: dict[str, float] = {
+    "fp32": 4.0,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "auto": 2.0,  # vLLM's KV "auto" stores the activation dtype (16-bit)
+    "fp8": 1.0,
+    "int8": 1.0,
+    "int4": 0.5,
+    "fp4": 0.5,
+}
+
+
+class CatalogError(ValueError):
+    """A catalog file or config.json is malformed; the message names the field and the fix."""
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One accelerator type. SI units: bytes, bytes/s, FLOP/s, USD/hour.
+
+    Attributes:
+        id: catalog id (``h100-sxm``).
+        hbm_bytes: device memory the engine can see.
+        hbm_bytes_per_s: peak HBM bandwidth.
+        dense_flops_per_s: dense tensor FLOP/s by compute dtype (bf16, fp8, int8, fp4).
+        interconnect_bytes_per_s: GPU-to-GPU bandwidth per direction inside a node.
+        gpus_per_node: most GPUs one tensor-parallel group can use (one node).
+        usd_per_gpu_hour: default on-demand price of one GPU.
+        node_label_key / node_label_value: the node label that selects this GPU.
+        resource_name: the extended resource pods request.
+    """
+
+    id: str
+    name: str
+    hbm_bytes: float
+    hbm_bytes_per_s: float
+    dense_flops_per_s: Mapping[str, float]
+    interconnect: str
+    interconnect_bytes_per_s: float
+    gpus_per_node: int
+    usd_per_gpu_hour: float
+    node_label_value: str
+    node_label_key: str = "nvidia.com/gpu.product"
+    resource_name: str = "nvidia.com/gpu"
+    sources: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def node_label(self) -> str:
+        """The label value alone (``nvidia.com/gpu.product`` value for NVIDIA GPUs)."""
+        return self.node_label_value
+
+    def flops_per_s(self, compute_dtype: str) -> float:
+        """Dense FLOP/s for a compute dtype, falling back to bf16 where the chip lacks it."""
+        return self.dense_flops_per_s.get(compute_dtype, self.dense_flops_per_s["bf16"])
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only transformer's shape (dense or mixture-of-experts)."""
+
+    id: str
+    num_layers: int
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_context: int
+    param_count: float
+    hf_repo: str = ""
+    num_experts: int = 1
+    experts_per_token: int = 1
+    sliding_window: int | None = None
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
+    @property
+    def expert_param_count(self) -> float:
+        """Parameters in one expert's MLP across all layers: 3 · hidden · intermediate · L."""
+        return 3.0 * self.hidden_size * self.intermediate_size * self.num_layers
+
+    @property
+    def active_param_count(self) -> float:
+        """Parameters one token touches: all shared weights plus its top-k experts."""
+        if not self.is_moe:
+            return self.param_count
+        unused = (self.num_experts - self.experts_per_token) * self.expert_param_count
+        return self.param_count - unused
+
+
+@dataclass(frozen=True)
+class Catalog:
+    gpus: Mapping[str, GpuSpec]
+    models: Mapping[str, ModelSpec]
+
+    def gpu(self, name: str) -> GpuSpec:
+        """Look up a GPU by id or common spelling (``H100 80GB HBM3`` -> ``h100-sxm``)."""
+        gpu_id = normalize_gpu_name(name, self.gpus)
+        if gpu_id is None:
+            raise CatalogError(
+                f"unknown GPU {name!r}; known GPU ids: {', '.join(sorted(self.gpus))}"
+            )
+        return self.gpus[gpu_id]
+
+    def model(self, name: str) -> ModelSpec:
+        """Look up a model by id, Hugging Face repo id or alias, case-insensitively."""
+        model_id = normalize_model_name(name, self.models)
+        if model_id is None:
+            raise CatalogError(
+                f"unknown model {name!r}; use a catalog id ({', '.join(sorted(self.models))}) "
+                "or give its Hugging Face config.json (spec.modelConfig / --model-config)"
+            )
+        return self.models[model_id]
+
+
+# ---------------------------------------------------------------- name matching
+
+_MODEL_SUFFIXES = re.compile(
+    r"(-(instruct|chat|hf|fp8|fp8-dynamic|awq|gptq|int4|int8|w4a16|w8a8|base|it))+$"
+)
+_VERSION_SUFFIX = re.compile(r"-v0\.\d+$")
+
+
+def _model_key(name: str) -> str:
+    key = name.strip().lower().rsplit("/", 1)[-1]
+    key = key.removeprefix("meta-")
+    previous = None
+    while previous != key:
+        previous = key
+        key = _MODEL_SUFFIXES.sub("", key)
+        key = _VERSION_SUFFIX.sub("", key)
+    return key
+
+
+def normalize_model_name(name: str, models: Mapping[str, ModelSpec]) -> str | None:
+    """Map a model name to a catalog id, or None.
+
+    ``meta-llama/Llama-3.1-8B-Instruct``, ``Meta-Llama-3-8B``, ``Llama-2-7b-hf``,
+    ``...-Instruct-FP8`` all reduce to the base id.
+    """
+    wanted = {name.strip().lower(), _model_key(name)}
+    for model in models.values():
+        names = {model.id, model.hf_repo.lower(), _model_key(model.hf_repo), *model.aliases}
+        if wanted & {n.lower() for n in names if n}:
+            return model.id
+    return None
+
+
+_GPU_PATTERNS: tuple[tuple[str, str], ...] = (
+    (r"gh200", "gh200"),
+    (r"h200", "h200"),
+    (r"b200", "b200"),
+    (r"h100.*nvl", "h100-nvl"),
+    (r"h100.*pcie", "h100-pcie"),
+    (r"h100", "h100-sxm"),
+    (r"a100.*40", "a100-40gb"),
+    (r"a100", "a100-80gb"),
+    (r"l40s", "l40s"),
+    (r"l40", "l40"),
+    (r"a10g", "a10g"),
+    (r"\bl4\b|^l4$|-l4$", "l4"),
+    (r"mi300x", "mi300x"),
+    (r"v5e|v5-lite|v5litepod", "tpu-v5e"),
+)
+
+
+def normalize_gpu_name(name: str, gpus: Mapping[str, GpuSpec]) -> str | None:
+    """Map a GPU name as benchmarks or node labels spell it to a catalog id, or None."""
+    key = name.strip().lower()
+    if key in gpus:
+        return key
+    for gpu in gpus.values():
+        if key == gpu.node_label_value.lower() or key == gpu.name.lower():
+            return gpu.id
+    for pattern, gpu_id in _GPU_PATTERNS:
+        if re.search(pattern, key) and gpu_id in gpus:
+            return gpu_id
+    return None
+
+
+# ---------------------------------------------------------------- loading
+
+_GPU_REQUIRED = ("hbm_bytes", "hbm_bytes_per_s", "dense_flops_per_s", "interconnect_bytes_per_s")
+_MODEL_REQUIRED = ("num_layers", "hidden_size", "num_heads", "intermediate_size", "vocab_size")
+
+
+def _check_fields(kind: str, entry_id: str, entry: Mapping[str, Any], cls: type) -> None:
+    known = {f.name for f in fields(cls)}
+    for key in entry:
+        if key not in known:
+            raise CatalogError(
+                f"{kind}.{entry_id}.{key}: unknown field; known fields: {', '.join(sorted(known))}"
+            )
+
+
+def _positive(kind: str, entry_id: str, entry: Mapping[str, Any], keys: tuple[str, ...]) -> None:
+    for key in keys:
+        value = entry.get(key)
+        if key == "dense_flops_per_s":
+            if not isinstance(value, Mapping) or "bf16" not in value:
+                raise CatalogError(f"{kind}.{entry_id}.{key}: needs at least a bf16 figure")
+            continue
+        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
+            raise CatalogError(
+                f"{kind}.{entry_id}.{key}: must be a positive number, got {value!r}"
+            )
+
+
+def _gpu_from_entry(gpu_id: str, entry: Mapping[str, Any]) -> GpuSpec:
+    _check_fields("gpus", gpu_id, entry, GpuSpec)
+    _positive("gpus", gpu_id, entry, _GPU_REQUIRED)
+    flops = {k: float(v) for k, v in entry["dense_flops_per_s"].items()}
+    price = entry.get("usd_per_gpu_hour")
+    if not isinstance(price, int | float) or price < 0:
+        raise CatalogError(f"gpus.{gpu_id}.usd_per_gpu_hour: must be a number >= 0")
+    values = {**entry, "id": gpu_id, "dense_flops_per_s": flops}
+    values.setdefault("name", gpu_id)
+    values.setdefault("interconnect", "unknown")
+    values.setdefault("gpus_per_node", 8)
+    values.setdefault("node_label_value", gpu_id)
+    for key in ("hbm_bytes", "hbm_bytes_per_s", "interconnect_bytes_per_s", "usd_per_gpu_hour"):
+        values[key] = float(values[key])
+    return GpuSpec(**values)
+
+
+def _model_from_entry(model_id: str, entry: Mapping[str, Any]) -> ModelSpec:
+    _check_fields("models", model_id, entry, ModelSpec)
+    _positive("models", model_id, entry, _MODEL_REQUIRED)
+    values = dict(entry)
+    values["id"] = model_id
+    values.setdefault("num_kv_heads", values["num_heads"])
+    values.setdefault("head_dim", values["hidden_size"] // values["num_heads"])
+    values.setdefault("max_context", 4096)
+    values["aliases"] = tuple(str(a).lower() for a in values.get("aliases", ()))
+    if "param_count" not in values:
+        values["param_count"] = estimate_param_count(values)
+    values["param_count"] = float(values["param_count"])
+    model = ModelSpec(**values)
+    if model.num_heads % model.num_kv_heads:
+        raise CatalogError(
+            f"models.{model_id}: num_heads ({model.num_heads}) must be a multiple of "
+            f"num_kv_heads ({model.num_kv_heads})"
+        )
+    return model
+
+
+def estimate_param_count(cfg: Mapping[str, Any]) -> float:
+    """Parameters of a Llama-style decoder from its shape.
+
+    attention: hidden · head_dim · (2·heads + 2·kv_heads) per layer (q, o, k, v);
+    MLP: 3 · hidden · intermediate per expert per layer (gate, up, down);
+    embeddings: vocab · hidden, twice unless tied.
+    """
+    hidden, layers = cfg["hidden_size"], cfg["num_layers"]
+    heads = cfg["num_heads"]
+    kv_heads = cfg.get("num_kv_heads", heads)
+    head_dim = cfg.get("head_dim") or hidden // heads
+    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
+    mlp = 3 * hidden * cfg["intermediate_size"] * cfg.get("num_experts", 1)
+    embeddings = cfg["vocab_size"] * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
+    return float(layers * (attention + mlp) + embeddings)
+
+
+def _read_yaml(text: str, where: str) -> dict[str, Any]:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise CatalogError(f"{where}: not valid YAML ({err})") from err
+    if not isinstance(data, dict):
+        raise CatalogError(f"{where}: expected a mapping with 'gpus:' and/or 'models:'")
+    return data
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any], section: str) -> None:
+    entries = override.get(section) or {}
+    if not isinstance(entries, Mapping):
+        raise CatalogError(f"{section}: expected a mapping of id -> fields")
+    for entry_id, entry in entries.items():
+        if not isinstance(entry, Mapping):
+            raise CatalogError(f"{section}.{entry_id}: expected a mapping of fields")
+        merged = dict(base.get(str(entry_id).lower(), {}))
+        merged.update(entry)
+        base[str(entry_id).lower()] = merged
+
+
+def _packaged(name: str) -> dict[str, Any]:
+    text = resources.files("rooftop_planner").joinpath("catalog", name).read_text()
+    return _read_yaml(text, f"packaged catalog/{name}")
+
+
+@lru_cache(maxsize=8)
+def load_catalog(user_file: str | None = None) -> Catalog:
+    """Load the packaged catalogs, overlaid with ``user_file`` (YAML) if given."""
+    gpus: dict[str, Any] = {}
+    models: dict[str, Any] = {}
+    _merge(gpus, _packaged("gpus.yaml"), "gpus")
+    _merge(models, _packaged("models.yaml"), "models")
+    if user_file:
+        path = Path(user_file)
+        if not path.is_file():
+            raise CatalogError(f"catalog file {user_file}: not found")
+        override = _read_yaml(path.read_text(), f"catalog file {user_file}")
+        unknown = set(override) - {"gpus", "models"}
+        if unknown:
+            raise CatalogError(f"catalog file {user_file}: unknown sections {sorted(unknown)}")
+        _merge(gpus, override, "gpus")
+        _merge(models, override, "models")
+    return Catalog(
+        gpus={k: _gpu_from_entry(k, v) for k, v in gpus.items()},
+        models={k: _model_from_entry(k, v) for k, v in models.items()},
+    )
+
+
+# ---------------------------------------------------------------- Hugging Face config.json
+
+_HF_FIELDS = {
+    "num_hidden_layers": "num_layers",
+    "hidden_size": "hidden_size",
+    "num_attention_heads": "num_heads",
+    "num_key_value_heads": "num_kv_heads",
+    "head_dim": "head_dim",
+    "intermediate_size": "intermediate_size",
+    "vocab_size": "vocab_size",
+    "max_position_embeddings": "max_context",
+    "num_local_experts": "num_experts",
+    "num_experts": "num_experts",
+    "num_experts_per_tok": "experts_per_token",
+    "sliding_window": "sliding_window",
+}
+
+
+def model_from_hf_config(config: Mapping[str, Any] | str | Path, name: str = "") -> ModelSpec:
+    """Build a ModelSpec from a Hugging Face config.json (a mapping or a file path).
+
+    MoE configs that name the expert MLP width ``moe_intermediate_size`` use it.
+    """
+    if not isinstance(config, Mapping):
+        path = Path(config)
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as err:
+            raise CatalogError(f"config.json {path}: cannot read it as JSON ({err})") from err
+        if not isinstance(config, Mapping):
+            raise CatalogError(f"config.json {path}: expected a JSON object")
+    cfg = config.get("text_config", config)  # multimodal wrappers keep the LM under text_config
+    entry: dict[str, Any] = {}
+    for hf_key, our_key in _HF_FIELDS.items():
+        if cfg.get(hf_key) is not None:
+            entry[our_key] = cfg[hf_key]
+    if cfg.get("moe_intermediate_size") and entry.get("num_experts", 1) > 1:
+        entry["intermediate_size"] = cfg["moe_intermediate_size"]
+    if cfg.get("tie_word_embeddings"):
+        entry["param_count"] = estimate_param_count({**entry, "tie_word_embeddings": True})
+    missing = [hf for hf, ours in _HF_FIELDS.items() if ours in _MODEL_REQUIRED and ours not in entry]
+    if missing:
+        raise CatalogError(f"config.json: missing required field(s) {', '.join(missing)}")
+    model_id = name or str(cfg.get("_name_or_path") or config.get("model_type") or "custom")
+    return _model_from_entry(model_id.lower(), entry)

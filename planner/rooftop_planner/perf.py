@@ -1,0 +1,230 @@
+"""Roofline performance model: memory, decode step, prefill, static and continuous batching.
+
+All quantities are SI: bytes, seconds, FLOP. The model follows the seeds (shared/seeds/):
+a decode step must stream every weight byte and every cached KV byte from HBM once, and
+must do 2 FLOP per active parameter per token; whichever takes longer bounds the step
+(000, 002). Tensor parallelism (TP) splits both across ``tp`` GPUs and adds two
+all-reduces per layer (003). Real engines add fixed costs per step and per layer
+(scheduling, sampling, kernel launches); those and the achievable fractions of peak
+bandwidth and FLOP/s are *fitted* on measured data (``calibrate.py``), never guessed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from rooftop_planner.catalog import BYTES_PER_DTYPE, GpuSpec, ModelSpec
+from rooftop_planner.efficiency import Efficiency
+
+GIB = 1024**3
+# CUDA context, NCCL buffers, CUDA graphs and allocator slack that vLLM does not give to KV.
+RUNTIME_RESERVE_BYTES = 1.5 * GIB
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.90  # vLLM's default --gpu-memory-utilization
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM V1 default chunked-prefill budget (API server)
+DEFAULT_MAX_NUM_SEQS = 256
+BLOCK_TOKENS = 16  # vLLM's default KV block size
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One engine replica's shape: which model, on which GPU, how sharded and stored."""
+
+    model: ModelSpec
+    gpu: GpuSpec
+    tp: int = 1
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "auto"
+    efficiency: Efficiency = Efficiency()
+
+    @property
+    def compute_dtype(self) -> str:
+        """The tensor-core dtype matmuls run in: fp8/int8/fp4 only where the GPU has them.
+
+        Weight-only formats (int4 AWQ/GPTQ, fp8 on Ampere) dequantize to bf16.
+        """
+        if self.weight_dtype in ("fp8", "int8", "fp4") and (
+            self.weight_dtype in self.gpu.dense_flops_per_s
+        ):
+            return self.weight_dtype
+        return "bf16"
+
+
+# ---------------------------------------------------------------- memory
+
+
+def kv_bytes_per_token(model: ModelSpec, kv_dtype: str) -> float:
+    """KV cache bytes for one token across all layers: 2 · L · kv_heads · head_dim · bytes.
+
+    The 2 is one K and one V vector. Grouped-query attention shares each KV head among
+    ``num_heads / num_kv_heads`` query heads, which is why 70B models cache 8, not 64.
+    Seed 002: LLaMA 3-70B in int8 -> 2 · 80 · 8 · 128 · 1 = 160 KiB.
+    """
+    return 2.0 * model.num_layers * model.num_kv_heads * model.head_dim * BYTES_PER_DTYPE[kv_dtype]
+
+
+def kv_bytes_per_token_per_gpu(model: ModelSpec, kv_dtype: str, tp: int) -> float:
+    """KV bytes per token on one GPU: KV heads are split over TP, replicated when tp > heads."""
+    heads_per_gpu = max(model.num_kv_heads / tp, 1.0)
+    return kv_bytes_per_token(model, kv_dtype) * heads_per_gpu / model.num_kv_heads
+
+
+def cached_tokens(model: ModelSpec, context_tokens: float) -> float:
+    """Tokens a sequence keeps in cache: a sliding window caps it (Mistral v0.1: 4096)."""
+    if model.sliding_window:
+        return min(context_tokens, float(model.sliding_window))
+    return context_tokens
+
+
+def weight_bytes(model: ModelSpec, weight_dtype: str) -> float:
+    """Bytes of all weights. Embedding and LM head stay 16-bit when the body is quantized."""
+    embedding_params = 2.0 * model.vocab_size * model.hidden_size
+    body = max(model.param_count - embedding_params, 0.0)
+    return body * BYTES_PER_DTYPE[weight_dtype] + embedding_params * 2.0
+
+
+def weight_bytes_per_gpu(dep: Deployment) -> float:
+    """Weights are sharded evenly over TP ranks (vLLM also splits the vocabulary)."""
+    return weight_bytes(dep.model, dep.weight_dtype) / dep.tp
+
+
+def activation_reserve_bytes(dep: Deployment, max_num_batched_tokens: int) -> float:
+    """Peak activation memory vLLM's profiling run reserves, per GPU.
+
+    The widest tensors are the MLP's gate+up output (tokens · 2 · intermediate / tp, 16-bit)
+    and the logits of sampled sequences; a fixed reserve covers context and graphs.
+    """
+    mlp = max_num_batched_tokens * 2 * dep.model.intermediate_size * 2.0 / dep.tp
+    return RUNTIME_RESERVE_BYTES + mlp
+
+
+def kv_capacity_tokens(
+    dep: Deployment,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+) -> int:
+    """Tokens the KV cache holds: (HBM · util − weights − activations) / KV bytes per token."""
+    free = (
+        dep.gpu.hbm_bytes * gpu_memory_utilization
+        - weight_bytes_per_gpu(dep)
+        - activation_reserve_bytes(dep, max_num_batched_tokens)
+    )
+    per_token = kv_bytes_per_token_per_gpu(dep.model, dep.kv_dtype, dep.tp)
+    return max(int(free / per_token), 0)
+
+
+def max_sequences(free_bytes: float, kv_bytes_per_sequence: float) -> int:
+    """Sequences that fit: free HBM after weights over KV bytes per full-length sequence.
+
+    Seed 000: LLaMA-7B fp16 needs ≈2 GB per 4K-token sequence, so ≈5 fit on 24 GB
+    and ≈33 on 80 GB once 14 GB of weights are loaded.
+    """
+    return max(int(free_bytes // kv_bytes_per_sequence), 0)
+
+
+def max_sequences_fitting(
+    dep: Deployment,
+    tokens_per_sequence: float,
+    gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+) -> int:
+    """Sequences of ``tokens_per_sequence`` whose KV blocks fit in one replica's cache."""
+    blocks = math.ceil(cached_tokens(dep.model, tokens_per_sequence) / BLOCK_TOKENS)
+    capacity = kv_capacity_tokens(dep, gpu_memory_utilization, max_num_batched_tokens)
+    return capacity // max(blocks * BLOCK_TOKENS, 1)
+
+
+def optimal_batch_size(peak_flops_per_s: float, hbm_bytes_per_s: float, bytes_per_param: float) -> float:
+    """Seed 001: B* = peak FLOP/s · bytes per parameter / (2 · HBM bytes/s).
+
+    Below B* a decode step is memory-bound (FLOPs are wasted), above it compute-bound.
+    A10G/A100 in fp16 give ≈ 230/306; seed 000 quotes the FLOP:byte ratio ≈ 400.
+    """
+    return peak_flops_per_s * bytes_per_param / (2.0 * hbm_bytes_per_s)
+
+
+# ---------------------------------------------------------------- step time
+
+
+def _moe_weight_bytes_touched(dep: Deployment, tokens: float) -> float:
+    """Weight bytes a forward over ``tokens`` tokens reads on one GPU.
+
+    A dense model reads all weights. An MoE reads the shared weights plus every expert that
+    at least one token routed to: E · (1 − (1 − k/E)^tokens) experts per layer in expectation
+    with uniform routing.
+    """
+    model = dep.model
+    total = weight_bytes_per_gpu(dep)
+    if not model.is_moe:
+        return total
+    k_over_e = model.experts_per_token / model.num_experts
+    touched = model.num_experts * (1.0 - (1.0 - k_over_e) ** max(tokens, 1.0))
+    expert_bytes = model.expert_param_count * BYTES_PER_DTYPE[dep.weight_dtype] / dep.tp
+    return total - (model.num_experts - touched) * expert_bytes
+
+
+def _allreduce_s(dep: Deployment, tokens: float) -> float:
+    """Two ring all-reduces per layer of tokens · hidden 16-bit activations.
+
+    Ring all-reduce moves 2 · (tp − 1)/tp of the buffer over each link in 2 · (tp − 1)
+    hops, each paying a latency (fitted as ``allreduce_latency_s`` per hop pair).
+    """
+    if dep.tp == 1:
+        return 0.0
+    buffer_bytes = tokens * dep.model.hidden_size * 2.0
+    ring = 2.0 * (dep.tp - 1) / dep.tp * buffer_bytes / dep.gpu.interconnect_bytes_per_s
+    latency = dep.efficiency.allreduce_latency_s * (dep.tp - 1)
+    return 2 * dep.model.num_layers * (ring + latency)
+
+
+def _attention_flops(dep: Deployment, query_tokens: float, attended_tokens: float) -> float:
+    """QKᵀ and AV: 4 · heads · head_dim FLOP per (query, key) pair per layer."""
+    m = dep.model
+    return 4.0 * m.num_layers * m.num_heads * m.head_dim * query_tokens * attended_tokens
+
+
+def forward_time_s(
+    dep: Deployment, decode_seqs: float, context_tokens: float, prefill_tokens: float = 0.0,
+    prefill_attended: float = 0.0,
+) -> float:
+    """Time of one engine step that decodes ``decode_seqs`` and prefills ``prefill_tokens``.
+
+    step = overhead + L · layer_overhead + max(t_mem, t_flop) + t_allreduce, where
+      t_mem  = (weight bytes touched + KV bytes read) / (HBM bytes/s · bw_eff)
+      t_flop = (2 · active params · tokens + attention FLOP) / (tp · peak FLOP/s · flop_eff)
+    ``context_tokens`` is the total cached context of the decoding sequences (KV read once
+    per step); ``prefill_attended`` the sum over prefill tokens of the keys each attends.
+    """
+    eff = dep.efficiency
+    tokens = decode_seqs + prefill_tokens
+    kv_read = cached_tokens(dep.model, context_tokens) * kv_bytes_per_token_per_gpu(
+        dep.model, dep.kv_dtype, dep.tp
+    )
+    t_mem = (_moe_weight_bytes_touched(dep, tokens) + kv_read) / (
+        dep.gpu.hbm_bytes_per_s * eff.bandwidth_efficiency
+    )
+    flops = 2.0 * dep.model.active_param_count * tokens
+    flops += _attention_flops(dep, 1.0, context_tokens) + _attention_flops(dep, 1.0, prefill_attended)
+    t_flop = flops / (dep.tp * dep.gpu.flops_per_s(dep.compute_dtype) * eff.flops_efficiency)
+    overhead = eff.step_overhead_s + dep.model.num_layers * eff.layer_overhead_s
+    return overhead + _soft_max(t_mem, t_flop) + _allreduce_s(dep, tokens)
+
+
+def _soft_max(a: float, b: float, sharpness: float = 4.0) -> float:
+    """A smooth max(a, b): real kernels do not switch abruptly from memory- to compute-bound."""
+    return float((a**sharpness + b**sharpness) ** (1.0 / sharpness))
+
+
+def decode_step_s(dep: Deployment, batch: float, context_per_seq: float) -> float:
+    """One decode step for ``batch`` sequences each holding ``context_per_seq`` tokens."""
+    return forward_time_s(dep, batch, batch * cached_tokens(dep.model, context_per_seq))
+
+
+def prefill_s(dep: Deployment, batch: float, prompt_tokens: float) -> float:
+    """Prefill of ``batch`` prompts of ``prompt_tokens`` each (compute-bound).
+
+    Causal attention over a prompt of length l costs 4 · heads · head_dim · l²/2 per layer.
+    """
+    tokens = batch * prompt_tokens
+    attended = tokens * prompt_tokens / 2.0
+    return forward_time_s(dep, 0.0, 0.0, prefill_tokens=tokens, prefill_attended=attended)

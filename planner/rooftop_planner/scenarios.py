@@ -1,0 +1,124 @@
+"""Benchmark scenarios: one row of a measurement or prediction CSV, normalised.
+
+Both ``rooftop predict --csv`` and the calibration fit read rows shaped like
+shared/data/measured/calibration.csv: ``model,gpu,tp,weight_dtype,kv_dtype,isl,osl,
+concurrency,batch[,engine]``. Sources spell GPUs, dtypes and engines many ways
+("H100 80GB HBM3", "fp16 (source: Mixed)", "TensorRT-LLM 0.9.0 (static batch)"); this
+module maps them to catalog ids and says precisely what it could not understand.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from rooftop_planner.batching import EngineLimits, Prediction, predict_continuous, predict_static
+from rooftop_planner.catalog import BYTES_PER_DTYPE, Catalog
+from rooftop_planner.efficiency import EfficiencyTable
+from rooftop_planner.perf import Deployment
+
+
+class ScenarioError(ValueError):
+    """A row cannot be predicted; the message names the column and the fix."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    deployment: Deployment
+    engine: str
+    isl: int
+    osl: int
+    concurrency: int | None
+    batch: int | None
+
+    def predict(self) -> Prediction:
+        if self.batch is not None:
+            return predict_static(self.deployment, self.batch, self.isl, self.osl)
+        assert self.concurrency is not None
+        limits = EngineLimits(max_num_seqs=max(self.concurrency, 256))
+        return predict_continuous(self.deployment, self.concurrency, self.isl, self.osl, limits)
+
+
+_DTYPE_WORDS = (
+    ("fp8", "fp8"), ("float8", "fp8"), ("e4m3", "fp8"),
+    ("nvfp4", "fp4"), ("mxfp4", "fp4"), ("fp4", "fp4"),
+    ("awq", "int4"), ("gptq", "int4"), ("int4", "int4"), ("w4a16", "int4"),
+    ("int8", "int8"), ("w8a8", "int8"),
+    ("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16"), ("float16", "fp16"),
+    ("half", "fp16"),
+)
+
+
+def normalize_dtype(value: str, column: str, kv: bool = False) -> str:
+    """Map a dtype as sources write it to a catalog dtype; empty/unknown KV means ``auto``."""
+    text = value.strip().lower()
+    if kv and (not text or text in ("auto", "not stated", "default") or "presumed" in text):
+        return "auto"
+    if not kv and not text:
+        return "bf16"
+    for word, dtype in _DTYPE_WORDS:
+        if word in text:
+            return dtype
+    if kv and text in BYTES_PER_DTYPE:
+        return text
+    allowed = "auto, fp8, bf16, fp16, int8" if kv else "bf16, fp16, fp8, int8, int4, fp4"
+    raise ScenarioError(f"{column}: unknown dtype {value!r}; use one of {allowed}")
+
+
+def normalize_engine(value: str) -> str:
+    """``vllm`` (default), ``sglang``, ``trtllm`` or ``nim`` from free text."""
+    text = value.strip().lower()
+    if not text or "vllm" in text:
+        return "vllm"
+    if "sglang" in text:
+        return "sglang"
+    if "nim" in text.split() or text.startswith("nim"):
+        return "nim"
+    if "tensorrt" in text or "trt" in text:
+        return "trtllm"
+    raise ScenarioError(f"engine: unknown engine {value!r}; use vllm, sglang, trtllm or nim")
+
+
+def _int(row: Mapping[str, str], column: str, required: bool = True) -> int | None:
+    raw = (row.get(column) or "").strip()
+    if not raw:
+        if required:
+            raise ScenarioError(f"{column}: missing; give a positive integer")
+        return None
+    try:
+        value = float(raw)
+    except ValueError as err:
+        raise ScenarioError(f"{column}: {raw!r} is not a number") from err
+    if not math.isfinite(value) or value < 1 or value != int(value):
+        raise ScenarioError(f"{column}: {raw!r} must be a positive integer")
+    return int(value)
+
+
+def scenario_from_row(
+    row: Mapping[str, str], catalog: Catalog, efficiency: EfficiencyTable
+) -> Scenario:
+    """Parse one CSV row. Raises ScenarioError naming the bad column."""
+    try:
+        model = catalog.model(row.get("model") or "")
+        gpu = catalog.gpu(row.get("gpu") or "")
+    except ValueError as err:
+        raise ScenarioError(str(err)) from err
+    tp = _int(row, "tp") or 1
+    if model.num_heads % tp:
+        raise ScenarioError(f"tp: {tp} does not divide {model.id}'s {model.num_heads} heads")
+    engine = normalize_engine(row.get("engine") or "")
+    dep = Deployment(
+        model=model,
+        gpu=gpu,
+        tp=tp,
+        weight_dtype=normalize_dtype(row.get("weight_dtype") or "", "weight_dtype"),
+        kv_dtype=normalize_dtype(row.get("kv_dtype") or "", "kv_dtype", kv=True),
+        efficiency=efficiency.lookup(gpu.id, engine),
+    )
+    concurrency, batch = _int(row, "concurrency", False), _int(row, "batch", False)
+    if (concurrency is None) == (batch is None):
+        raise ScenarioError("concurrency/batch: set exactly one of the two")
+    isl, osl = _int(row, "isl"), _int(row, "osl")
+    assert isl is not None and osl is not None
+    return Scenario(dep, engine, isl, osl, concurrency, batch)

@@ -1,0 +1,389 @@
+"""The SLO/budget search: the cheapest plan that meets the SLO at the target rate.
+
+Enumerates GPU type × weight dtype × KV dtype × TP × batch cap, rejects each candidate
+with a reason (invalid TP, does not fit, TPOT/TTFT over SLO, over budget, too many
+replicas), sizes replicas (data parallelism) for the request rate with headroom, and
+ranks by $/hour, ties to lower TPOT. Pure: no I/O, no Kubernetes.
+
+Serving model at a per-replica Poisson arrival rate λ (requests/s):
+  mean running batch      B   = λ · (TTFT + osl · TPOT(B))           (Little's law)
+  percentile batch        B_q = B + z_q · √B                          (Poisson occupancy)
+  percentile TPOT         TPOT_q = step(B_q, context, prefill carried at rate λ)
+  percentile TTFT         TTFT_q = prefill steps of the q-quantile prompt + ½ step
+The largest B whose TPOT_q and TTFT_q meet the SLO and whose B_q stays under the batch
+cap and the KV capacity gives the replica's capacity λ* = B / (TTFT + osl · TPOT);
+replicas = ceil(rate · headroom / λ*).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import Any
+
+from rooftop_planner import perf
+from rooftop_planner.catalog import Catalog, GpuSpec, ModelSpec, load_catalog, model_from_hf_config
+from rooftop_planner.efficiency import EfficiencyTable, load_efficiency
+from rooftop_planner.perf import Deployment
+from rooftop_planner.spec import KvDtype, PlanStatus, PredictedLatency, ServingTargetSpec, WeightDtype
+from rooftop_planner.workload import LengthDistribution, from_spec
+
+HEADROOM = 1.2  # plan for 20% more traffic than expected, so bursts do not breach the SLO
+BATCH_CAPS = (8, 16, 32, 64, 128, 256, 512)
+TP_DEGREES = (1, 2, 4, 8)
+DEFAULT_WEIGHT_DTYPES = (WeightDtype.BF16, WeightDtype.FP8)
+DEFAULT_KV_DTYPES = (KvDtype.AUTO, KvDtype.FP8)
+# vLLM's --kv-cache-dtype has no int8/int4 KV; those exist for the seed-002 TPU math only.
+VLLM_KV_DTYPES = {"auto", "bf16", "fp16", "fp8"}
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Resolved workload: rate and length distributions."""
+
+    requests_per_second: float
+    prompt: LengthDistribution
+    output: LengthDistribution
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One candidate deployment and its predicted operating point at the target rate."""
+
+    gpu: str
+    tp: int
+    replicas: int
+    max_num_seqs: int
+    weight_dtype: str
+    kv_dtype: str
+    max_model_len: int
+    gpu_memory_utilization: float
+    tpot_ms: float
+    ttft_ms: float
+    output_tok_s: float
+    usd_per_hour: float
+    capacity_rps: float = 0.0
+    summary: str = ""
+
+    @property
+    def key(self) -> tuple[str, int, str, str]:
+        return (self.gpu, self.tp, self.weight_dtype, self.kv_dtype)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpu": self.gpu,
+            "tp": self.tp,
+            "replicas": self.replicas,
+            "max_num_seqs": self.max_num_seqs,
+            "weight_dtype": self.weight_dtype,
+            "kv_dtype": self.kv_dtype,
+            "max_model_len": self.max_model_len,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "predicted": {
+                "tpot_ms": round(self.tpot_ms, 2),
+                "ttft_ms": round(self.ttft_ms, 1),
+                "output_tok_s": round(self.output_tok_s, 1),
+            },
+            "usd_per_hour": round(self.usd_per_hour, 3),
+            "capacity_rps": round(self.capacity_rps, 3),
+            "summary": self.summary,
+        }
+
+    def to_status(self) -> PlanStatus:
+        return PlanStatus(
+            gpu=self.gpu, tp=self.tp, replicas=self.replicas, max_num_seqs=self.max_num_seqs,
+            weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype,
+            max_model_len=self.max_model_len, usd_per_hour=round(self.usd_per_hour, 3),
+            predicted=PredictedLatency(
+                tpot_ms=round(self.tpot_ms, 2), ttft_ms=round(self.ttft_ms, 1),
+                output_tok_s=round(self.output_tok_s, 1),
+            ),
+            summary=self.summary,
+        )
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A candidate that lost, and why (category is one of REJECTION_CATEGORIES)."""
+
+    gpu: str
+    tp: int
+    weight_dtype: str
+    kv_dtype: str
+    category: str
+    detail: str
+
+
+REJECTION_CATEGORIES = (
+    "invalid", "does not fit", "TPOT over SLO", "TTFT over SLO", "too many replicas",
+    "over budget",
+)
+
+
+@dataclass
+class SearchResult:
+    feasible: bool
+    plan: Plan | None
+    alternatives: list[Plan] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    rejections: list[Rejection] = field(default_factory=list)
+    frontier: list[Plan] = field(default_factory=list)
+    candidates: list[Plan] = field(default_factory=list)
+    slo_tpot_ms: float = 0.0
+    budget_usd_per_hour: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "feasible": self.feasible,
+            "plan": self.plan.to_json() if self.plan else None,
+            "alternatives": [p.to_json() for p in self.alternatives],
+            "reasons": self.reasons,
+            "frontier": [
+                {"gpu": p.gpu, "tp": p.tp, "replicas": p.replicas, "max_num_seqs": p.max_num_seqs,
+                 "weight_dtype": p.weight_dtype, "kv_dtype": p.kv_dtype,
+                 "usd_per_hour": round(p.usd_per_hour, 3), "tpot_ms": round(p.tpot_ms, 2)}
+                for p in self.frontier
+            ],
+        }
+
+    def explain(self) -> str:
+        from rooftop_planner.explain import explain_result
+
+        return explain_result(self)
+
+
+# ---------------------------------------------------------------- per-replica model
+
+
+@dataclass(frozen=True)
+class _Targets:
+    tpot_s: float
+    ttft_s: float | None
+    z_tpot: float
+    isl_mean: float
+    osl_mean: float
+    isl_q: float
+
+
+def _operating_point(dep: Deployment, batch: float, t: _Targets) -> tuple[float, float, float]:
+    """(TPOT_q, TTFT_q, λ) when the mean running batch is ``batch``."""
+    context = batch * (t.isl_mean + t.osl_mean / 2.0)
+    step = perf.forward_time_s(dep, batch, context)
+    # A request occupies the batch for its decode steps plus ~1.5 steps of prefill and wait.
+    rate = batch / ((t.osl_mean + 1.5) * step)
+    for _ in range(3):  # the carried prefill slows the step, which lowers the rate
+        carried = rate * t.isl_mean * step
+        step = perf.forward_time_s(dep, batch, context, carried, carried * t.isl_mean / 2.0)
+        rate = batch / ((t.osl_mean + 1.5) * step)
+    batch_q = batch + t.z_tpot * math.sqrt(batch)
+    context_q = batch_q * (t.isl_mean + t.osl_mean / 2.0)
+    carried = rate * t.isl_mean * step
+    tpot_q = perf.forward_time_s(dep, batch_q, context_q, carried, carried * t.isl_mean / 2.0)
+    chunk = min(t.isl_q, perf.DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    chunks = math.ceil(t.isl_q / chunk)
+    one = perf.forward_time_s(dep, batch_q, context_q, chunk, chunk * t.isl_q / 2.0)
+    return tpot_q, chunks * one + tpot_q / 2.0, rate
+
+
+def _meets(dep: Deployment, batch: float, t: _Targets) -> bool:
+    tpot_q, ttft_q, _ = _operating_point(dep, batch, t)
+    return tpot_q <= t.tpot_s and (t.ttft_s is None or ttft_q <= t.ttft_s)
+
+
+def _largest_batch_meeting_slo(dep: Deployment, limit: float, t: _Targets) -> float:
+    """Largest mean batch in [1, limit] meeting the SLO (TPOT_q rises with B), or 0."""
+    if not _meets(dep, 1.0, t):
+        return 0.0
+    low, high = 1.0, limit
+    if _meets(dep, high, t):
+        return high
+    for _ in range(10):
+        mid = math.sqrt(low * high)
+        low, high = (mid, high) if _meets(dep, mid, t) else (low, mid)
+    return low
+
+
+def _mean_batch_for_cap(cap: float, z: float) -> float:
+    """Largest mean batch B with B + z·√B ≤ cap (so the percentile batch fits the cap)."""
+    root = (-z + math.sqrt(z * z + 4.0 * cap)) / 2.0
+    return max(root * root, 0.0)
+
+
+# ---------------------------------------------------------------- enumeration
+
+
+@dataclass(frozen=True)
+class _Context:
+    spec: ServingTargetSpec
+    model: ModelSpec
+    workload: Workload
+    targets: _Targets
+    efficiency: EfficiencyTable
+    step_time_scale: float
+    prices: dict[str, float]
+    max_model_len: int
+
+
+def _valid_tp(model: ModelSpec, tp: int) -> str:
+    if model.num_heads % tp:
+        return f"TP {tp} does not divide {model.num_heads} attention heads"
+    if model.num_kv_heads % tp and tp % model.num_kv_heads:
+        return f"TP {tp} and {model.num_kv_heads} KV heads do not divide one another"
+    return ""
+
+
+def _dtype_problem(gpu: GpuSpec, weight_dtype: str, kv_dtype: str) -> str:
+    if weight_dtype == "fp4" and "fp4" not in gpu.dense_flops_per_s:
+        return f"{gpu.id} has no FP4 support"
+    if kv_dtype not in VLLM_KV_DTYPES:
+        return f"vLLM has no {kv_dtype} KV cache (use auto or fp8)"
+    return ""
+
+
+def _candidates(ctx: _Context, catalog: Catalog) -> Iterator[tuple[GpuSpec, str, str, int]]:
+    c = ctx.spec.constraints
+    gpu_ids = [catalog.gpu(g).id for g in c.gpu_types] if c.gpu_types else list(catalog.gpus)
+    weight_dtypes = [d.value for d in (c.weight_dtypes or DEFAULT_WEIGHT_DTYPES)]
+    kv_dtypes = [d.value for d in (c.kv_dtypes or DEFAULT_KV_DTYPES)]
+    for gpu_id in gpu_ids:
+        gpu = catalog.gpus[gpu_id]
+        max_tp = min(gpu.gpus_per_node, c.max_tensor_parallel or 64)
+        for wd in weight_dtypes:
+            for kv in kv_dtypes:
+                for tp in TP_DEGREES:
+                    if tp <= max_tp:
+                        yield gpu, wd, kv, tp
+
+
+def _evaluate(ctx: _Context, gpu: GpuSpec, wd: str, kv: str, tp: int,
+              out: list[Plan], rejections: list[Rejection]) -> None:
+    def reject(category: str, detail: str) -> None:
+        rejections.append(Rejection(gpu.id, tp, wd, kv, category, detail))
+
+    problem = _valid_tp(ctx.model, tp) or _dtype_problem(gpu, wd, kv)
+    if problem:
+        return reject("invalid", problem)
+    eff = ctx.efficiency.lookup(gpu.id, "vllm").scaled(ctx.step_time_scale)
+    dep = Deployment(ctx.model, gpu, tp, wd, kv, eff)
+    kv_tokens = perf.kv_capacity_tokens(dep)
+    if kv_tokens < ctx.max_model_len:
+        need = perf.weight_bytes_per_gpu(dep) / 1e9
+        return reject("does not fit", f"{need:.1f} GB of weights per GPU leave KV for "
+                      f"{kv_tokens} tokens < max-model-len {ctx.max_model_len}")
+    t = ctx.targets
+    kv_batch = kv_tokens / (t.isl_mean + t.osl_mean / 2.0)
+    best_batch = _largest_batch_meeting_slo(dep, _mean_batch_for_cap(min(kv_batch, 1024), t.z_tpot), t)
+    if best_batch <= 0:
+        tpot_q, ttft_q, _ = _operating_point(dep, 1.0, t)
+        if tpot_q > t.tpot_s:
+            return reject("TPOT over SLO", f"{tpot_q * 1e3:.1f} ms even at batch 1")
+        return reject("TTFT over SLO", f"{ttft_q * 1e3:.0f} ms even at batch 1")
+    _add_caps(ctx, dep, best_batch, kv_batch, out, reject)
+
+
+def _add_caps(ctx: _Context, dep: Deployment, best_batch: float, kv_batch: float,
+              out: list[Plan], reject: Any) -> None:
+    """One plan per batch cap: the cap bounds the percentile batch, hence the capacity."""
+    t, c = ctx.targets, ctx.spec.constraints
+    rate = ctx.workload.requests_per_second * HEADROOM
+    price = ctx.prices.get(dep.gpu.id, dep.gpu.usd_per_gpu_hour)
+    seen_batches: set[float] = set()
+    for cap in BATCH_CAPS:
+        if cap > max(kv_batch, BATCH_CAPS[0]):
+            break
+        batch = min(best_batch, _mean_batch_for_cap(cap, t.z_tpot))
+        if batch < 1.0 or batch in seen_batches:
+            continue
+        seen_batches.add(batch)
+        _, _, capacity = _operating_point(dep, batch, t)
+        replicas = max(c.min_replicas, math.ceil(rate / capacity) if rate > 0 else 1, 1)
+        if replicas > c.max_replicas:
+            reject("too many replicas", f"cap {cap}: needs {replicas} > maxReplicas {c.max_replicas}")
+            continue
+        out.append(_make_plan(ctx, dep, cap, replicas, capacity, price))
+
+
+def _make_plan(ctx: _Context, dep: Deployment, cap: int, replicas: int, capacity: float,
+               price: float) -> Plan:
+    """Predict the operating point at the real rate split over ``replicas``."""
+    t = ctx.targets
+    per_replica = ctx.workload.requests_per_second / replicas
+    batch = _batch_at_rate(dep, per_replica, t, cap)
+    tpot_q, ttft_q, rate = _operating_point(dep, batch, t)
+    return Plan(
+        gpu=dep.gpu.id, tp=dep.tp, replicas=replicas, max_num_seqs=cap,
+        weight_dtype=dep.weight_dtype, kv_dtype=dep.kv_dtype, max_model_len=ctx.max_model_len,
+        gpu_memory_utilization=perf.DEFAULT_GPU_MEMORY_UTILIZATION,
+        tpot_ms=tpot_q * 1e3, ttft_ms=ttft_q * 1e3,
+        output_tok_s=min(rate, per_replica) * replicas * t.osl_mean,
+        usd_per_hour=replicas * dep.tp * price, capacity_rps=capacity * replicas,
+    )
+
+
+def _batch_at_rate(dep: Deployment, rate: float, t: _Targets, cap: int) -> float:
+    """Mean running batch that serves ``rate`` requests/s (bisection on λ(B), increasing)."""
+    low, high = 1e-3, float(cap)
+    if _operating_point(dep, high, t)[2] <= rate:
+        return high
+    for _ in range(12):
+        mid = math.sqrt(low * high)
+        low, high = (mid, high) if _operating_point(dep, mid, t)[2] < rate else (low, mid)
+    return max(high, 1.0)
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def resolve_model(spec: ServingTargetSpec, catalog: Catalog) -> ModelSpec:
+    if spec.model_config_json:
+        return model_from_hf_config(spec.model_config_json, name=spec.model)
+    return catalog.model(spec.model)
+
+
+def _context(spec: ServingTargetSpec, catalog: Catalog, step_time_scale: float,
+             rps: float | None, efficiency: EfficiencyTable) -> _Context:
+    model = resolve_model(spec, catalog)
+    workload = Workload(
+        requests_per_second=spec.workload.requests_per_second if rps is None else rps,
+        prompt=from_spec(spec.workload.prompt_tokens),
+        output=from_spec(spec.workload.output_tokens),
+    )
+    q = spec.slo.tpot_percentile.quantile
+    targets = _Targets(
+        tpot_s=spec.slo.tpot_ms / 1e3,
+        ttft_s=spec.slo.ttft_ms / 1e3 if spec.slo.ttft_ms else None,
+        z_tpot=max(NormalDist().inv_cdf(q), 0.0),
+        isl_mean=workload.prompt.mean, osl_mean=workload.output.mean,
+        isl_q=workload.prompt.quantile(spec.slo.ttft_percentile.quantile),
+    )
+    return _Context(spec, model, workload, targets, efficiency, step_time_scale,
+                    dict(spec.pricing.usd_per_gpu_hour or {}), _max_model_len(model, workload))
+
+
+def _max_model_len(model: ModelSpec, workload: Workload) -> int:
+    """p99 prompt + p99 output, rounded up to 1024 tokens, within the model's context."""
+    need = workload.prompt.quantile(0.99) + workload.output.quantile(0.99)
+    return int(min(model.max_context, math.ceil(need / 1024.0) * 1024))
+
+
+def plan_target(
+    spec: ServingTargetSpec,
+    *,
+    catalog: Catalog | None = None,
+    step_time_scale: float = 1.0,
+    requests_per_second: float | None = None,
+    efficiency: EfficiencyTable | None = None,
+) -> SearchResult:
+    """Search every candidate and return the cheapest feasible plan with the evidence."""
+    from rooftop_planner.explain import summarize
+
+    catalog = catalog or load_catalog()
+    ctx = _context(spec, catalog, step_time_scale, requests_per_second,
+                   efficiency or load_efficiency())
+    plans: list[Plan] = []
+    rejections: list[Rejection] = []
+    for gpu, wd, kv, tp in _candidates(ctx, catalog):
+        _evaluate(ctx, gpu, wd, kv, tp, plans, rejections)
+    return summarize(ctx.spec, plans, rejections)
