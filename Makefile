@@ -24,6 +24,8 @@ lint: $(BIN)/rooftop
 	$(BIN)/ruff check planner operator tests dashboards benchmarks
 	$(BIN)/ruff format --check planner operator tests dashboards benchmarks
 	$(BIN)/lint-imports
+	$(BIN)/python dashboards/build.py --check
+	$(BIN)/python -m rooftop_operator.crd --check
 
 typecheck: $(BIN)/rooftop
 	$(BIN)/mypy
@@ -50,6 +52,13 @@ cluster-up: $(BIN)/rooftop tools
 
 cluster-down: $(BIN)/rooftop
 	$(BIN)/python -m tests.cluster down
+
+## crd, dashboards: regenerate the CRD and dashboard JSON from code
+crd: $(BIN)/rooftop
+	$(BIN)/python -m rooftop_operator.crd
+
+dashboards: $(BIN)/rooftop
+	$(BIN)/python dashboards/build.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

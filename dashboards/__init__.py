@@ -1,0 +1,1 @@
+"""Rooftop Grafana dashboards as code; ``python dashboards/build.py`` renders them."""

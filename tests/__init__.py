@@ -1,0 +1,1 @@
+"""Rooftop test suite (a package so tests.cluster is importable)."""

@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from rooftop_operator.cli import main
+
+EXAMPLES = sorted((Path(__file__).parents[3] / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_every_example_plans(example: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(example), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["feasible"] and data["plan"]["replicas"] >= 1
+
+
+def test_plot_is_written(tmp_path: Path) -> None:
+    out = tmp_path / "plane.png"
+    assert main(["plan", str(EXAMPLES[0]), "--plot", str(out)]) == 0
+    assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("spec: [", "malformed YAML"),
+        ("apiVersion: v1\nkind: Pod\n", "expected apiVersion: rooftop.dev/v1alpha1"),
+        ("""apiVersion: rooftop.dev/v1alpha1
+kind: ServingTarget
+metadata: {name: x}
+spec:
+  model: llama-3-8b
+  slo: {tpotMs: 20}
+  workload: {requestsPerSecond: -1, promptTokens: {mean: 10}, outputTokens: {mean: 10}}
+  budget: {usdPerHour: 5}
+""", "spec.workload.requestsPerSecond"),
+        ("""apiVersion: rooftop.dev/v1alpha1
+kind: ServingTarget
+metadata: {name: x}
+spec:
+  model: not-a-model
+  slo: {tpotMs: 20}
+  workload: {requestsPerSecond: 1, promptTokens: {mean: 10}, outputTokens: {mean: 10}}
+  budget: {usdPerHour: 5}
+""", "unknown model 'not-a-model'"),
+        ("""apiVersion: rooftop.dev/v1alpha1
+kind: ServingTarget
+metadata: {name: x}
+spec:
+  model: llama-3-8b
+  slo: {tpotMs: 20, tpotPercentil: p90}
+  workload: {requestsPerSecond: 1, promptTokens: {mean: 10}, outputTokens: {mean: 10}}
+  budget: {usdPerHour: 5}
+""", "spec.slo.tpotPercentil: unknown field"),
+    ],
+)
+def test_bad_manifests_exit_2_with_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str
+) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(text)
+    assert main(["plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+
+
+def test_missing_file_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "/nonexistent/target.yaml"]) == 2
+    assert "cannot read" in capsys.readouterr().err
+
+
+def test_predict_csv_fills_errors_per_row(tmp_path: Path) -> None:
+    src = tmp_path / "in.csv"
+    src.write_text(
+        "model,gpu,tp,weight_dtype,kv_dtype,isl,osl,concurrency,batch,engine\n"
+        "Llama-3.1-8B-Instruct,H100 80GB HBM3,1,bf16,auto,1000,200,16,,vllm\n"
+        "llama-2-70b,A100-SXM4-80GB,4,fp16,auto,128,128,,8,trtllm\n"
+        "gpt-9,h100,1,bf16,auto,100,100,1,,\n"
+        "llama-3-8b,h100,1,bf16,auto,-5,100,1,,\n"
+        "llama-3-8b,h100,1,bf16,auto,100,100,,,\n"
+        "llama-3-8b,h100,1,bf16,auto,100,100,4,,sglang\n"
+    )
+    out = tmp_path / "out.csv"
+    assert main(["predict", "--csv", str(src), "--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 6
+    assert float(rows[0]["tpot_ms"]) > 0 and rows[0]["fits"] == "true" and not rows[0]["error"]
+    assert float(rows[1]["ttft_ms"]) > 0
+    assert "unknown model" in rows[2]["error"] and not rows[2]["tpot_ms"]
+    assert "isl" in rows[3]["error"]
+    assert "concurrency/batch" in rows[4]["error"]
+    assert float(rows[5]["output_tok_s"]) > 0
+
+
+def test_predict_csv_missing_columns_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = tmp_path / "in.csv"
+    src.write_text("model,gpu\nx,y\n")
+    assert main(["predict", "--csv", str(src)]) == 2
+    assert "missing column(s)" in capsys.readouterr().err
+
+
+def test_predict_one_scenario(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
+                 "--concurrency", "8"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert 3 < float(data["tpot_ms"]) < 30
+
+
+def test_more_concurrency_raises_tpot_and_throughput() -> None:
+    from rooftop_planner.cli import predict_row
+
+    rows = [predict_row({"model": "llama-3.1-8b", "gpu": "a100-80gb", "tp": "1",
+                         "weight_dtype": "bf16", "kv_dtype": "auto", "isl": "512", "osl": "256",
+                         "concurrency": str(c), "batch": ""}) for c in (1, 16, 64)]
+    tpots = [float(r["tpot_ms"]) for r in rows]
+    tputs = [float(r["output_tok_s"]) for r in rows]
+    assert tpots == sorted(tpots) and tputs == sorted(tputs)

@@ -1,0 +1,109 @@
+"""Expected-pick tables for the search: each case says why that plan should win."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rooftop_planner.search import plan_target
+from rooftop_planner.spec import ServingTargetSpec
+
+
+def spec(**overrides: Any) -> ServingTargetSpec:
+    base: dict[str, Any] = {
+        "model": "llama-3.1-8b",
+        "slo": {"tpotMs": 30, "tpotPercentile": "p90"},
+        "workload": {"requestsPerSecond": 4, "promptTokens": {"mean": 1000, "p90": 2000},
+                     "outputTokens": {"mean": 200, "p90": 400}},
+        "budget": {"usdPerHour": 100},
+    }
+    for key, value in overrides.items():
+        base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value
+    return ServingTargetSpec.model_validate(base)
+
+
+def test_cheapest_feasible_plan_is_chosen_and_meets_the_slo() -> None:
+    result = plan_target(spec())
+    assert result.feasible and result.plan is not None
+    assert result.plan.tpot_ms <= 30
+    # Nothing feasible within budget is cheaper than the chosen plan.
+    assert all(p.usd_per_hour >= result.plan.usd_per_hour - 1e-9 for p in result.alternatives)
+
+
+def test_pinned_gpu_and_price_override_are_respected() -> None:
+    """Only H100 allowed; its price is overridden to $1/h, so cost = replicas · TP · $1."""
+    result = plan_target(spec(constraints={"gpuTypes": ["h100-sxm"]},
+                              pricing={"usdPerGpuHour": {"h100-sxm": 1.0}}))
+    assert result.plan is not None and result.plan.gpu == "h100-sxm"
+    assert result.plan.usd_per_hour == pytest.approx(result.plan.replicas * result.plan.tp)
+
+
+def test_70b_bf16_needs_tensor_parallelism_on_80gb_cards() -> None:
+    """140 GB of bf16 weights cannot fit one 80 GB GPU: TP >= 2 (or fp8 on one)."""
+    result = plan_target(spec(model="llama-3.1-70b", slo={"tpotMs": 80},
+                              constraints={"gpuTypes": ["a100-80gb"], "weightDtypes": ["bf16"]}))
+    assert result.plan is not None and result.plan.tp >= 2
+    assert any(r.category == "does not fit" and r.tp == 1 for r in result.rejections)
+
+
+def test_more_traffic_needs_more_replicas() -> None:
+    pinned = {"gpuTypes": ["l4"], "weightDtypes": ["bf16"], "kvDtypes": ["auto"],
+              "maxTensorParallel": 1, "maxReplicas": 100}
+    low = plan_target(spec(constraints=pinned, slo={"tpotMs": 80}))
+    high = plan_target(spec(constraints=pinned, slo={"tpotMs": 80},
+                            workload={"requestsPerSecond": 40}))
+    assert low.plan is not None and high.plan is not None
+    assert high.plan.replicas > low.plan.replicas
+
+
+def test_tighter_tpot_never_gets_cheaper() -> None:
+    loose = plan_target(spec(slo={"tpotMs": 60}))
+    tight = plan_target(spec(slo={"tpotMs": 12}))
+    assert loose.plan is not None and tight.plan is not None
+    assert tight.plan.usd_per_hour >= loose.plan.usd_per_hour
+
+
+def test_over_budget_says_what_would_work() -> None:
+    result = plan_target(spec(budget={"usdPerHour": 0.1}))
+    assert not result.feasible and result.plan is None
+    assert "over budget" in result.reasons[0] and "meets the SLO at $" in result.reasons[0]
+    assert result.alternatives and all(p.usd_per_hour > 0.1 for p in result.alternatives)
+
+
+def test_impossible_slo_says_the_best_reachable_latency() -> None:
+    result = plan_target(spec(slo={"tpotMs": 0.5}))
+    assert not result.feasible
+    assert "at any cost" in result.reasons[0]
+    assert any(line.startswith("closest:") for line in result.reasons)
+
+
+def test_invalid_tp_is_rejected_with_a_reason() -> None:
+    """Qwen2.5-7B has 28 heads: TP 8 does not divide them."""
+    result = plan_target(spec(model="qwen2.5-7b"))
+    assert any(r.category == "invalid" and r.tp == 8 for r in result.rejections)
+
+
+def test_pareto_frontier_is_monotone() -> None:
+    frontier = plan_target(spec()).frontier
+    assert len(frontier) >= 2
+    costs = [p.usd_per_hour for p in frontier]
+    tpots = [p.tpot_ms for p in frontier]
+    assert costs == sorted(costs) and tpots == sorted(tpots, reverse=True)
+
+
+def test_online_calibration_slower_reality_needs_more_capacity() -> None:
+    """If the engine is 1.5x slower than modelled, the same target needs more GPUs or $."""
+    base = plan_target(spec(constraints={"gpuTypes": ["a100-80gb"]}))
+    slow = plan_target(spec(constraints={"gpuTypes": ["a100-80gb"]}), step_time_scale=1.5)
+    assert base.plan is not None and slow.plan is not None
+    assert slow.plan.usd_per_hour >= base.plan.usd_per_hour
+    assert slow.plan.tpot_ms > base.plan.tpot_ms * 0.9
+
+
+def test_json_shape() -> None:
+    data = plan_target(spec()).to_json()
+    assert set(data) >= {"feasible", "plan", "alternatives", "reasons"}
+    assert set(data["plan"]) >= {"gpu", "tp", "replicas", "max_num_seqs", "weight_dtype",
+                                 "kv_dtype", "predicted", "usd_per_hour"}
+    assert set(data["plan"]["predicted"]) == {"tpot_ms", "ttft_ms", "output_tok_s"}
