@@ -187,22 +187,65 @@ def _operating_point(dep: Deployment, batch: float, t: _Targets) -> tuple[float,
     return tpot_q, chunks * one + tpot_q / 2.0, rate
 
 
-def _meets(dep: Deployment, batch: float, t: _Targets) -> bool:
-    tpot_q, ttft_q, _ = _operating_point(dep, batch, t)
-    return tpot_q <= t.tpot_s and (t.ttft_s is None or ttft_q <= t.ttft_s)
+@dataclass(frozen=True)
+class _Curve:
+    """Operating points of one deployment on a geometric grid of mean batch sizes.
+
+    TPOT_q, TTFT_q and λ all rise with the batch, so the SLO limit and the batch that
+    serves a rate are found by interpolating between grid points instead of re-solving
+    the step model (a full search stays well under 100 ms).
+    """
+
+    batches: tuple[float, ...]
+    tpot_s: tuple[float, ...]
+    ttft_s: tuple[float, ...]
+    rate: tuple[float, ...]
+
+    @classmethod
+    def build(cls, dep: Deployment, limit: float, t: _Targets, points: int = 16) -> _Curve:
+        limit = max(limit, 1.0)
+        batches = tuple(limit ** (i / (points - 1)) for i in range(points))
+        rows = [_operating_point(dep, b, t) for b in batches]
+        return cls(batches, *(tuple(col) for col in zip(*rows, strict=True)))
+
+    def largest_batch_meeting(self, t: _Targets) -> float:
+        """Largest grid-interpolated batch whose TPOT_q and TTFT_q meet the SLO, or 0."""
+        def slack(i: int) -> float:
+            over = self.tpot_s[i] / t.tpot_s
+            if t.ttft_s is not None:
+                over = max(over, self.ttft_s[i] / t.ttft_s)
+            return 1.0 - over
+
+        return self._last_where(slack)
+
+    def batch_at_rate(self, rate: float) -> float:
+        """Mean batch that serves ``rate`` requests/s (capped at the grid's end)."""
+        value = self._last_where(lambda i: rate - self.rate[i])
+        return max(value, self.batches[0])
+
+    def rate_at(self, batch: float) -> float:
+        return _interp(batch, self.batches, self.rate)
+
+    def _last_where(self, margin: Any) -> float:
+        """Interpolated largest batch with margin(batch) >= 0, margin decreasing in batch."""
+        if margin(0) < 0:
+            return 0.0
+        for i in range(1, len(self.batches)):
+            m = margin(i)
+            if m < 0:
+                m0 = margin(i - 1)
+                frac = m0 / (m0 - m)
+                b0, b1 = self.batches[i - 1], self.batches[i]
+                return b0 + frac * (b1 - b0)
+        return self.batches[-1]
 
 
-def _largest_batch_meeting_slo(dep: Deployment, limit: float, t: _Targets) -> float:
-    """Largest mean batch in [1, limit] meeting the SLO (TPOT_q rises with B), or 0."""
-    if not _meets(dep, 1.0, t):
-        return 0.0
-    low, high = 1.0, limit
-    if _meets(dep, high, t):
-        return high
-    for _ in range(10):
-        mid = math.sqrt(low * high)
-        low, high = (mid, high) if _meets(dep, mid, t) else (low, mid)
-    return low
+def _interp(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
+    for i in range(1, len(xs)):
+        if x <= xs[i]:
+            frac = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+            return ys[i - 1] + frac * (ys[i] - ys[i - 1])
+    return ys[-1]
 
 
 def _mean_batch_for_cap(cap: float, z: float) -> float:
@@ -274,17 +317,17 @@ def _evaluate(ctx: _Context, gpu: GpuSpec, wd: str, kv: str, tp: int,
                       f"{kv_tokens} tokens < max-model-len {ctx.max_model_len}")
     t = ctx.targets
     kv_batch = kv_tokens / (t.isl_mean + t.osl_mean / 2.0)
-    best_batch = _largest_batch_meeting_slo(dep, _mean_batch_for_cap(min(kv_batch, 1024), t.z_tpot), t)
+    curve = _Curve.build(dep, _mean_batch_for_cap(min(kv_batch, BATCH_CAPS[-1]), t.z_tpot), t)
+    best_batch = curve.largest_batch_meeting(t)
     if best_batch <= 0:
-        tpot_q, ttft_q, _ = _operating_point(dep, 1.0, t)
-        if tpot_q > t.tpot_s:
-            return reject("TPOT over SLO", f"{tpot_q * 1e3:.1f} ms even at batch 1")
-        return reject("TTFT over SLO", f"{ttft_q * 1e3:.0f} ms even at batch 1")
-    _add_caps(ctx, dep, best_batch, kv_batch, out, reject)
+        if curve.tpot_s[0] > t.tpot_s:
+            return reject("TPOT over SLO", f"{curve.tpot_s[0] * 1e3:.1f} ms even at batch 1")
+        return reject("TTFT over SLO", f"{curve.ttft_s[0] * 1e3:.0f} ms even at batch 1")
+    _add_caps(ctx, dep, curve, best_batch, kv_batch, out, reject)
 
 
-def _add_caps(ctx: _Context, dep: Deployment, best_batch: float, kv_batch: float,
-              out: list[Plan], reject: Any) -> None:
+def _add_caps(ctx: _Context, dep: Deployment, curve: _Curve, best_batch: float,
+              kv_batch: float, out: list[Plan], reject: Any) -> None:
     """One plan per batch cap: the cap bounds the percentile batch, hence the capacity."""
     t, c = ctx.targets, ctx.spec.constraints
     rate = ctx.workload.requests_per_second * HEADROOM
@@ -297,20 +340,20 @@ def _add_caps(ctx: _Context, dep: Deployment, best_batch: float, kv_batch: float
         if batch < 1.0 or batch in seen_batches:
             continue
         seen_batches.add(batch)
-        _, _, capacity = _operating_point(dep, batch, t)
+        capacity = curve.rate_at(batch)
         replicas = max(c.min_replicas, math.ceil(rate / capacity) if rate > 0 else 1, 1)
         if replicas > c.max_replicas:
             reject("too many replicas", f"cap {cap}: needs {replicas} > maxReplicas {c.max_replicas}")
             continue
-        out.append(_make_plan(ctx, dep, cap, replicas, capacity, price))
+        out.append(_make_plan(ctx, dep, curve, cap, replicas, capacity, price))
 
 
-def _make_plan(ctx: _Context, dep: Deployment, cap: int, replicas: int, capacity: float,
-               price: float) -> Plan:
+def _make_plan(ctx: _Context, dep: Deployment, curve: _Curve, cap: int, replicas: int,
+               capacity: float, price: float) -> Plan:
     """Predict the operating point at the real rate split over ``replicas``."""
     t = ctx.targets
     per_replica = ctx.workload.requests_per_second / replicas
-    batch = _batch_at_rate(dep, per_replica, t, cap)
+    batch = min(curve.batch_at_rate(per_replica), float(cap))
     tpot_q, ttft_q, rate = _operating_point(dep, batch, t)
     return Plan(
         gpu=dep.gpu.id, tp=dep.tp, replicas=replicas, max_num_seqs=cap,
@@ -320,17 +363,6 @@ def _make_plan(ctx: _Context, dep: Deployment, cap: int, replicas: int, capacity
         output_tok_s=min(rate, per_replica) * replicas * t.osl_mean,
         usd_per_hour=replicas * dep.tp * price, capacity_rps=capacity * replicas,
     )
-
-
-def _batch_at_rate(dep: Deployment, rate: float, t: _Targets, cap: int) -> float:
-    """Mean running batch that serves ``rate`` requests/s (bisection on λ(B), increasing)."""
-    low, high = 1e-3, float(cap)
-    if _operating_point(dep, high, t)[2] <= rate:
-        return high
-    for _ in range(12):
-        mid = math.sqrt(low * high)
-        low, high = (mid, high) if _operating_point(dep, mid, t)[2] < rate else (low, mid)
-    return max(high, 1.0)
 
 
 # ---------------------------------------------------------------- entry point
