@@ -40,8 +40,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20)
     args = parser.parse_args()
     catalog = load_catalog()
-    dep = Deployment(catalog.model("llama-3.1-8b"), catalog.gpu("h100-sxm"),
-                     efficiency=load_efficiency().lookup("h100-sxm"))
+    dep = Deployment(
+        catalog.model("llama-3.1-8b"),
+        catalog.gpu("h100-sxm"),
+        efficiency=load_efficiency().lookup("h100-sxm"),
+    )
     baseline = median_seconds(lambda: predict_continuous(dep, 32, 1000, 200), args.repeat * 10)
     print(f"baseline: one continuous-batching prediction = {baseline * 1e3:.3f} ms")
     print(f"{'example':<28} {'ms/search':>10} {'x baseline':>11} {'candidates':>11}")

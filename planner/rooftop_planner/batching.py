@@ -66,8 +66,12 @@ def predict_static(dep: Deployment, batch: int, isl: int, osl: int) -> Predictio
     fitting = perf.max_sequences_fitting(dep, isl + osl)
     # Times are still predicted when the batch overflows our memory estimate: engines with
     # smaller runtime reserves or on-demand KV allocation do run such batches.
-    reason = "" if fitting >= batch else (
-        f"batch {batch} exceeds the {fitting} sequences whose KV fits on {dep.tp}x {dep.gpu.id}"
+    reason = (
+        ""
+        if fitting >= batch
+        else (
+            f"batch {batch} exceeds the {fitting} sequences whose KV fits on {dep.tp}x {dep.gpu.id}"
+        )
     )
     return Prediction(tpot, ttft, batch * osl / total, float(batch), not reason, reason)
 
@@ -81,8 +85,9 @@ class EngineLimits:
     gpu_memory_utilization: float = perf.DEFAULT_GPU_MEMORY_UTILIZATION
 
 
-def running_batch(dep: Deployment, concurrency: float, isl: float, osl: float,
-                  limits: EngineLimits) -> float:
+def running_batch(
+    dep: Deployment, concurrency: float, isl: float, osl: float, limits: EngineLimits
+) -> float:
     """Sequences that actually run: min(concurrency, max_num_seqs, KV capacity).
 
     A running sequence holds isl + osl/2 tokens on average (blocks grow as it decodes).
@@ -96,7 +101,10 @@ def running_batch(dep: Deployment, concurrency: float, isl: float, osl: float,
 
 
 def predict_continuous(
-    dep: Deployment, concurrency: float, isl: float, osl: float,
+    dep: Deployment,
+    concurrency: float,
+    isl: float,
+    osl: float,
     limits: EngineLimits | None = None,
 ) -> Prediction:
     """Steady state of ``concurrency`` closed-loop clients on one replica.
@@ -110,7 +118,12 @@ def predict_continuous(
     (C − B) / λ by Little's law. Output tokens/s = λ · osl.
     """
     limits = limits or EngineLimits()
-    if perf.max_sequences_fitting(dep, isl + osl, gpu_memory_utilization=limits.gpu_memory_utilization) < 1:
+    if (
+        perf.max_sequences_fitting(
+            dep, isl + osl, gpu_memory_utilization=limits.gpu_memory_utilization
+        )
+        < 1
+    ):
         return _does_not_fit(dep, isl + osl)
     batch = max(running_batch(dep, concurrency, isl, osl, limits), 1.0)
     context = batch * (isl + osl / 2.0)
@@ -128,8 +141,9 @@ def predict_continuous(
     return Prediction(step, prefill_exec + queue_wait, rate * osl, batch)
 
 
-def _prefill_exec_s(dep: Deployment, batch: float, context: float, isl: float,
-                    limits: EngineLimits) -> float:
+def _prefill_exec_s(
+    dep: Deployment, batch: float, context: float, isl: float, limits: EngineLimits
+) -> float:
     """Time of the steps that carry one prompt's chunks alongside the running decodes."""
     budget = max(limits.max_num_batched_tokens - batch, 1.0)
     chunks = max(math.ceil(isl / budget), 1)

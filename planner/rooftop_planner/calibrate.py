@@ -66,7 +66,8 @@ def load_observations(path: Path) -> list[Observation]:
                 continue
             source = "argonne" if "argonne" in row["source"] else "nvidia-dli"
             for column, metric, scale in (
-                ("tpot_ms", "tpot_s", 1e-3), ("ttft_ms", "ttft_s", 1e-3),
+                ("tpot_ms", "tpot_s", 1e-3),
+                ("ttft_ms", "ttft_s", 1e-3),
                 ("output_tok_s_total", "output_tok_s", 1.0),
             ):
                 if row.get(column):
@@ -147,19 +148,23 @@ def report(observations: Sequence[Observation], table: EfficiencyTable) -> str:
     lines = [f"{'group':<22} {'metric':<13} {'rows':>5} {'median %':>9} {'p90 %':>7}"]
     for (group, metric), errors in sorted(groups.items()):
         p90 = float(np.percentile(errors, 90))
-        lines.append(
-            f"{group:<22} {metric:<13} {len(errors):>5} {statistics.median(errors):>9.1f} {p90:>7.1f}"
-        )
+        median = statistics.median(errors)
+        lines.append(f"{group:<22} {metric:<13} {len(errors):>5} {median:>9.1f} {p90:>7.1f}")
     return "\n".join(lines)
 
 
 def fit(observations: Sequence[Observation]) -> EfficiencyTable:
-    from scipy.optimize import least_squares  # only the fit needs scipy
+    from scipy.optimize import least_squares  # type: ignore[import-untyped]
 
     problem = Fit(observations)
     result = least_squares(
-        problem.residuals, problem.initial(), bounds=problem.bounds(), loss="soft_l1",
-        f_scale=0.2, x_scale="jac", max_nfev=60,
+        problem.residuals,
+        problem.initial(),
+        bounds=problem.bounds(),
+        loss="soft_l1",
+        f_scale=0.2,
+        x_scale="jac",
+        max_nfev=60,
     )
     return problem.table(result.x)
 
@@ -176,7 +181,8 @@ def table_to_yaml(table: EfficiencyTable, data: Path, rows: int) -> str:
     header = (
         "# Written by `python -m rooftop_planner.calibrate --write`; do not edit by hand.\n"
         f"# Fitted on {rows} observations from shared/data/measured/calibration.csv\n"
-        "# (NVIDIA DLI TensorRT-LLM 0.9.0 sizing data; Argonne LLM-Inference-Bench, arXiv 2411.00136).\n"
+        "# (NVIDIA DLI TensorRT-LLM 0.9.0 sizing data;\n"
+        "#  Argonne LLM-Inference-Bench, arXiv 2411.00136).\n"
     )
     return header + yaml.safe_dump(doc, sort_keys=False)
 

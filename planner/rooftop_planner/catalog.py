@@ -226,9 +226,7 @@ def _positive(kind: str, entry_id: str, entry: Mapping[str, Any], keys: tuple[st
                 raise CatalogError(f"{kind}.{entry_id}.{key}: needs at least a bf16 figure")
             continue
         if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-            raise CatalogError(
-                f"{kind}.{entry_id}.{key}: must be a positive number, got {value!r}"
-            )
+            raise CatalogError(f"{kind}.{entry_id}.{key}: must be a positive number, got {value!r}")
 
 
 def _gpu_from_entry(gpu_id: str, entry: Mapping[str, Any]) -> GpuSpec:
@@ -376,7 +374,9 @@ def model_from_hf_config(config: Mapping[str, Any] | str | Path, name: str = "")
         entry["intermediate_size"] = cfg["moe_intermediate_size"]
     if cfg.get("tie_word_embeddings"):
         entry["param_count"] = estimate_param_count({**entry, "tie_word_embeddings": True})
-    missing = [hf for hf, ours in _HF_FIELDS.items() if ours in _MODEL_REQUIRED and ours not in entry]
+    missing = [
+        hf for hf, ours in _HF_FIELDS.items() if ours in _MODEL_REQUIRED and ours not in entry
+    ]
     if missing:
         raise CatalogError(f"config.json: missing required field(s) {', '.join(missing)}")
     model_id = name or str(cfg.get("_name_or_path") or config.get("model_type") or "custom")

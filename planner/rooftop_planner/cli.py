@@ -22,7 +22,17 @@ from rooftop_planner.scenarios import ScenarioError, scenario_from_row
 from rooftop_planner.search import plan_target
 
 EXIT_USAGE = 2
-PREDICT_INPUT = ("model", "gpu", "tp", "weight_dtype", "kv_dtype", "isl", "osl", "concurrency", "batch")
+PREDICT_INPUT = (
+    "model",
+    "gpu",
+    "tp",
+    "weight_dtype",
+    "kv_dtype",
+    "isl",
+    "osl",
+    "concurrency",
+    "batch",
+)
 PREDICT_OUTPUT = ("tpot_ms", "ttft_ms", "output_tok_s", "fits", "error")
 
 
@@ -94,10 +104,16 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if args.csv:
         return _predict_csv(Path(args.csv), Path(args.out) if args.out else None)
     row = {
-        "model": args.model, "gpu": args.gpu, "tp": str(args.tp),
-        "weight_dtype": args.weight_dtype, "kv_dtype": args.kv_dtype, "isl": str(args.isl),
-        "osl": str(args.osl), "concurrency": str(args.concurrency or ""),
-        "batch": str(args.batch or ""), "engine": args.engine,
+        "model": args.model,
+        "gpu": args.gpu,
+        "tp": str(args.tp),
+        "weight_dtype": args.weight_dtype,
+        "kv_dtype": args.kv_dtype,
+        "isl": str(args.isl),
+        "osl": str(args.osl),
+        "concurrency": str(args.concurrency or ""),
+        "batch": str(args.batch or ""),
+        "engine": args.engine,
     }
     if not args.model or not args.gpu:
         return _fail("--model and --gpu are required without --csv")
@@ -113,11 +129,14 @@ def _predict_csv(path: Path, out_path: Path | None) -> int:
         reader = csv.DictReader(handle)
         missing = [c for c in PREDICT_INPUT if c not in (reader.fieldnames or [])]
         if missing:
-            return _fail(f"{path}: missing column(s) {', '.join(missing)}; "
-                         f"expected {','.join(PREDICT_INPUT)}[,engine]")
+            return _fail(
+                f"{path}: missing column(s) {', '.join(missing)}; "
+                f"expected {','.join(PREDICT_INPUT)}[,engine]"
+            )
         rows = [predict_row(row) for row in reader]
-        columns = list(reader.fieldnames or []) + [c for c in PREDICT_OUTPUT
-                                                   if c not in (reader.fieldnames or [])]
+        columns = list(reader.fieldnames or []) + [
+            c for c in PREDICT_OUTPUT if c not in (reader.fieldnames or [])
+        ]
     out = out_path.open("w", newline="") if out_path else sys.stdout
     try:
         writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore")
@@ -145,16 +164,22 @@ def _positive_int(text: str) -> int:
 
 
 def register(subparsers: Any) -> None:
-    plan = subparsers.add_parser("plan", help="plan a ServingTarget: GPU, dtypes, TP, replicas, batch cap")
+    plan = subparsers.add_parser(
+        "plan", help="plan a ServingTarget: GPU, dtypes, TP, replicas, batch cap"
+    )
     plan.add_argument("target", help="ServingTarget manifest (YAML)")
     plan.add_argument("--json", action="store_true", help="machine-readable output")
-    plan.add_argument("--explain", action="store_true", help="alternatives and every rejection reason")
+    plan.add_argument(
+        "--explain", action="store_true", help="alternatives and every rejection reason"
+    )
     plan.add_argument("--plot", metavar="FILE.png", help="draw the throughput-latency plane")
     plan.add_argument("--catalog", metavar="FILE.yaml", help="your GPU/model catalog overrides")
     plan.set_defaults(func=_guarded(cmd_plan))
 
     predict = subparsers.add_parser("predict", help="predict TPOT/TTFT/throughput of scenarios")
-    predict.add_argument("--csv", metavar="IN.csv", help=f"columns: {','.join(PREDICT_INPUT)}[,engine]")
+    predict.add_argument(
+        "--csv", metavar="IN.csv", help=f"columns: {','.join(PREDICT_INPUT)}[,engine]"
+    )
     predict.add_argument("--out", metavar="OUT.csv", help="where to write (default stdout)")
     predict.add_argument("--model")
     predict.add_argument("--gpu")

@@ -42,7 +42,9 @@ def _best_per_shape(plans: list[Plan]) -> list[Plan]:
     return sorted(best.values(), key=_rank)
 
 
-def summarize(spec: ServingTargetSpec, plans: list[Plan], rejections: list[Rejection]) -> SearchResult:
+def summarize(
+    spec: ServingTargetSpec, plans: list[Plan], rejections: list[Rejection]
+) -> SearchResult:
     """Pick the cheapest plan within budget; otherwise explain what would work."""
     from rooftop_planner.search import SearchResult
 
@@ -51,9 +53,13 @@ def summarize(spec: ServingTargetSpec, plans: list[Plan], rejections: list[Rejec
     over = [p for p in plans if p.usd_per_hour > budget + 1e-9]
     rejections = rejections + [_over_budget(p, budget) for p in _best_per_shape(over)]
     result = SearchResult(
-        feasible=bool(affordable), plan=None, rejections=rejections,
-        frontier=pareto_frontier(plans), candidates=plans,
-        slo_tpot_ms=spec.slo.tpot_ms, budget_usd_per_hour=budget,
+        feasible=bool(affordable),
+        plan=None,
+        rejections=rejections,
+        frontier=pareto_frontier(plans),
+        candidates=plans,
+        slo_tpot_ms=spec.slo.tpot_ms,
+        budget_usd_per_hour=budget,
     )
     if affordable:
         ranked = _best_per_shape(affordable)
@@ -84,7 +90,8 @@ def _lost_to(plan: Plan, chosen: Plan) -> Plan:
 
     extra = plan.usd_per_hour - chosen.usd_per_hour
     why = (
-        f"costs ${extra:.2f}/h more" if extra > 1e-9
+        f"costs ${extra:.2f}/h more"
+        if extra > 1e-9
         else f"same cost, higher TPOT ({plan.tpot_ms:.1f} vs {chosen.tpot_ms:.1f} ms)"
     )
     return replace(plan, summary=f"{describe(plan)}: {why}")
@@ -93,8 +100,14 @@ def _lost_to(plan: Plan, chosen: Plan) -> Plan:
 def _over_budget(plan: Plan, budget: float) -> Rejection:
     from rooftop_planner.search import Rejection
 
-    return Rejection(plan.gpu, plan.tp, plan.weight_dtype, plan.kv_dtype, "over budget",
-                     f"${plan.usd_per_hour:.2f}/h > ${budget:g}/h")
+    return Rejection(
+        plan.gpu,
+        plan.tp,
+        plan.weight_dtype,
+        plan.kv_dtype,
+        "over budget",
+        f"${plan.usd_per_hour:.2f}/h > ${budget:g}/h",
+    )
 
 
 def _closest(plans: list[Plan], spec: ServingTargetSpec) -> list[Plan]:
@@ -105,25 +118,39 @@ def _closest(plans: list[Plan], spec: ServingTargetSpec) -> list[Plan]:
     out = []
     for plan in _best_per_shape(plans)[:MAX_ALTERNATIVES]:
         gap = plan.usd_per_hour - budget
-        out.append(replace(plan, summary=(
-            f"{describe(plan)} meets the SLO at ${plan.usd_per_hour:.2f}/h, ${gap:.2f} over budget"
-        )))
+        out.append(
+            replace(
+                plan,
+                summary=(
+                    f"{describe(plan)} meets the SLO at ${plan.usd_per_hour:.2f}/h, "
+                    f"${gap:.2f} over budget"
+                ),
+            )
+        )
     return out
 
 
-def _reasons(result: SearchResult, rejections: list[Rejection], spec: ServingTargetSpec) -> list[str]:
+def _reasons(
+    result: SearchResult, rejections: list[Rejection], spec: ServingTargetSpec
+) -> list[str]:
     counts = Counter(r.category for r in rejections)
     lines = [f"{n} candidate(s) rejected: {cat}" for cat, n in counts.most_common()]
     if result.feasible:
         return lines
     slo = spec.slo
     if result.alternatives:
-        lines.insert(0, f"no plan meets the SLO within ${spec.budget.usd_per_hour:g}/h; "
-                        f"cheapest that meets it: {result.alternatives[0].summary}")
+        lines.insert(
+            0,
+            f"no plan meets the SLO within ${spec.budget.usd_per_hour:g}/h; "
+            f"cheapest that meets it: {result.alternatives[0].summary}",
+        )
     else:
-        lines.insert(0, f"no plan meets a {slo.tpot_percentile.value} TPOT of {slo.tpot_ms:g} ms"
-                        + (f" and TTFT of {slo.ttft_ms:g} ms" if slo.ttft_ms else "")
-                        + " at any cost with these constraints")
+        lines.insert(
+            0,
+            f"no plan meets a {slo.tpot_percentile.value} TPOT of {slo.tpot_ms:g} ms"
+            + (f" and TTFT of {slo.ttft_ms:g} ms" if slo.ttft_ms else "")
+            + " at any cost with these constraints",
+        )
         lines.extend(_nearest_misses(rejections))
     return lines
 
@@ -134,8 +161,10 @@ def _nearest_misses(rejections: list[Rejection]) -> list[str]:
     if not misses:
         return []
     best = min(misses, key=lambda r: float(r.detail.split()[0]))
-    return [f"closest: {best.gpu} TP{best.tp} {best.weight_dtype}/KV {best.kv_dtype} reaches "
-            f"{best.category.split()[0]} {best.detail}; relax the SLO to at least that"]
+    return [
+        f"closest: {best.gpu} TP{best.tp} {best.weight_dtype}/KV {best.kv_dtype} reaches "
+        f"{best.category.split()[0]} {best.detail}; relax the SLO to at least that"
+    ]
 
 
 def explain_result(result: SearchResult) -> str:
@@ -154,6 +183,8 @@ def explain_result(result: SearchResult) -> str:
         examples.setdefault(r.category, r)
     if examples:
         lines.append("Rejected, one example per reason:")
-        lines += [f"  - {r.category}: {r.gpu} TP{r.tp} {r.weight_dtype}/KV {r.kv_dtype}: {r.detail}"
-                  for r in examples.values()]
+        lines += [
+            f"  - {r.category}: {r.gpu} TP{r.tp} {r.weight_dtype}/KV {r.kv_dtype}: {r.detail}"
+            for r in examples.values()
+        ]
     return "\n".join(lines)

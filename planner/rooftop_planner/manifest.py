@@ -32,7 +32,9 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
 
 def parse_target(document: Any, source: str = "manifest") -> ServingTarget:
     if not isinstance(document, dict):
-        raise ManifestError(f"{source}: expected a YAML mapping with apiVersion, kind, metadata, spec")
+        raise ManifestError(
+            f"{source}: expected a YAML mapping with apiVersion, kind, metadata, spec"
+        )
     if document.get("kind") != KIND or document.get("apiVersion") != API_VERSION:
         raise ManifestError(
             f"{source}: expected apiVersion: {API_VERSION} and kind: {KIND}, got "
@@ -41,7 +43,9 @@ def parse_target(document: Any, source: str = "manifest") -> ServingTarget:
     try:
         return ServingTarget.model_validate(document)
     except ValidationError as err:
-        raise ManifestError(f"{source}: invalid ServingTarget\n{format_validation_error(err)}") from err
+        raise ManifestError(
+            f"{source}: invalid ServingTarget\n{format_validation_error(err)}"
+        ) from err
 
 
 def load_target(path: str | Path) -> ServingTarget:

@@ -134,7 +134,9 @@ def max_sequences_fitting(
     return capacity // max(blocks * BLOCK_TOKENS, 1)
 
 
-def optimal_batch_size(peak_flops_per_s: float, hbm_bytes_per_s: float, bytes_per_param: float) -> float:
+def optimal_batch_size(
+    peak_flops_per_s: float, hbm_bytes_per_s: float, bytes_per_param: float
+) -> float:
     """Seed 001: B* = peak FLOP/s · bytes per parameter / (2 · HBM bytes/s).
 
     Below B* a decode step is memory-bound (FLOPs are wasted), above it compute-bound.
@@ -158,7 +160,7 @@ def _moe_weight_bytes_touched(dep: Deployment, tokens: float) -> float:
     if not model.is_moe:
         return total
     k_over_e = model.experts_per_token / model.num_experts
-    touched = model.num_experts * (1.0 - (1.0 - k_over_e) ** max(tokens, 1.0))
+    touched = model.num_experts * (1.0 - float((1.0 - k_over_e) ** max(tokens, 1.0)))
     expert_bytes = model.expert_param_count * BYTES_PER_DTYPE[dep.weight_dtype] / dep.tp
     return total - (model.num_experts - touched) * expert_bytes
 
@@ -184,7 +186,10 @@ def _attention_flops(dep: Deployment, query_tokens: float, attended_tokens: floa
 
 
 def forward_time_s(
-    dep: Deployment, decode_seqs: float, context_tokens: float, prefill_tokens: float = 0.0,
+    dep: Deployment,
+    decode_seqs: float,
+    context_tokens: float,
+    prefill_tokens: float = 0.0,
     prefill_attended: float = 0.0,
 ) -> float:
     """Time of one engine step that decodes ``decode_seqs`` and prefills ``prefill_tokens``.
@@ -204,7 +209,9 @@ def forward_time_s(
         dep.gpu.hbm_bytes_per_s * eff.bandwidth_efficiency
     )
     flops = 2.0 * dep.model.active_param_count * tokens
-    flops += _attention_flops(dep, 1.0, context_tokens) + _attention_flops(dep, 1.0, prefill_attended)
+    flops += _attention_flops(dep, 1.0, context_tokens) + _attention_flops(
+        dep, 1.0, prefill_attended
+    )
     t_flop = flops / (dep.tp * dep.gpu.flops_per_s(dep.compute_dtype) * eff.flops_efficiency)
     overhead = eff.step_overhead_s + dep.model.num_layers * eff.layer_overhead_s
     return overhead + _soft_max(t_mem, t_flop) + _allreduce_s(dep, tokens)

@@ -18,10 +18,18 @@ from rooftop_planner.workload import from_spec
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 
 
-def _curve(plan: Plan, spec: ServingTargetSpec, catalog: Catalog) -> tuple[list[float], list[float]]:
+def _curve(
+    plan: Plan, spec: ServingTargetSpec, catalog: Catalog
+) -> tuple[list[float], list[float]]:
     gpu = catalog.gpu(plan.gpu)
-    dep = perf.Deployment(resolve_model(spec, catalog), gpu, plan.tp, plan.weight_dtype,
-                          plan.kv_dtype, load_efficiency().lookup(gpu.id))
+    dep = perf.Deployment(
+        resolve_model(spec, catalog),
+        gpu,
+        plan.tp,
+        plan.weight_dtype,
+        plan.kv_dtype,
+        load_efficiency().lookup(gpu.id),
+    )
     isl = from_spec(spec.workload.prompt_tokens).mean
     osl = from_spec(spec.workload.output_tokens).mean
     xs, ys = [], []
@@ -45,12 +53,23 @@ def plot_plane(result: SearchResult, spec: ServingTargetSpec, catalog: Catalog, 
         xs, ys = _curve(plan, spec, catalog)
         label = f"{plan.gpu} TP{plan.tp} {plan.weight_dtype}/KV {plan.kv_dtype}"
         ax.plot(xs, ys, marker="o", markersize=3, label=label)
-    ax.axvline(spec.slo.tpot_ms, color="red", linestyle="--",
-               label=f"SLO {spec.slo.tpot_percentile.value} TPOT {spec.slo.tpot_ms:g} ms")
+    ax.axvline(
+        spec.slo.tpot_ms,
+        color="red",
+        linestyle="--",
+        label=f"SLO {spec.slo.tpot_percentile.value} TPOT {spec.slo.tpot_ms:g} ms",
+    )
     if result.plan:
         p = result.plan
-        ax.scatter([p.tpot_ms], [p.output_tok_s / (p.replicas * p.tp)], s=120, marker="*",
-                   color="black", zorder=5, label="chosen operating point")
+        ax.scatter(
+            [p.tpot_ms],
+            [p.output_tok_s / (p.replicas * p.tp)],
+            s=120,
+            marker="*",
+            color="black",
+            zorder=5,
+            label="chosen operating point",
+        )
     ax.set_xlabel("time per output token (ms)")
     ax.set_ylabel("output tokens/s per GPU")
     ax.set_title(f"Throughput-latency plane: {spec.model}")

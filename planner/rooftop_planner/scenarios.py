@@ -41,11 +41,22 @@ class Scenario:
 
 
 _DTYPE_WORDS = (
-    ("fp8", "fp8"), ("float8", "fp8"), ("e4m3", "fp8"),
-    ("nvfp4", "fp4"), ("mxfp4", "fp4"), ("fp4", "fp4"),
-    ("awq", "int4"), ("gptq", "int4"), ("int4", "int4"), ("w4a16", "int4"),
-    ("int8", "int8"), ("w8a8", "int8"),
-    ("bf16", "bf16"), ("bfloat16", "bf16"), ("fp16", "fp16"), ("float16", "fp16"),
+    ("fp8", "fp8"),
+    ("float8", "fp8"),
+    ("e4m3", "fp8"),
+    ("nvfp4", "fp4"),
+    ("mxfp4", "fp4"),
+    ("fp4", "fp4"),
+    ("awq", "int4"),
+    ("gptq", "int4"),
+    ("int4", "int4"),
+    ("w4a16", "int4"),
+    ("int8", "int8"),
+    ("w8a8", "int8"),
+    ("bf16", "bf16"),
+    ("bfloat16", "bf16"),
+    ("fp16", "fp16"),
+    ("float16", "fp16"),
     ("half", "fp16"),
 )
 

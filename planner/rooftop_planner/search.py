@@ -18,7 +18,7 @@ replicas = ceil(rate · headroom / λ*).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
@@ -27,7 +27,13 @@ from rooftop_planner import perf
 from rooftop_planner.catalog import Catalog, GpuSpec, ModelSpec, load_catalog, model_from_hf_config
 from rooftop_planner.efficiency import EfficiencyTable, load_efficiency
 from rooftop_planner.perf import Deployment
-from rooftop_planner.spec import KvDtype, PlanStatus, PredictedLatency, ServingTargetSpec, WeightDtype
+from rooftop_planner.spec import (
+    KvDtype,
+    PlanStatus,
+    PredictedLatency,
+    ServingTargetSpec,
+    WeightDtype,
+)
 from rooftop_planner.workload import LengthDistribution, from_spec
 
 HEADROOM = 1.2  # plan for 20% more traffic than expected, so bursts do not breach the SLO
@@ -93,11 +99,17 @@ class Plan:
 
     def to_status(self) -> PlanStatus:
         return PlanStatus(
-            gpu=self.gpu, tp=self.tp, replicas=self.replicas, max_num_seqs=self.max_num_seqs,
-            weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype,
-            max_model_len=self.max_model_len, usd_per_hour=round(self.usd_per_hour, 3),
+            gpu=self.gpu,
+            tp=self.tp,
+            replicas=self.replicas,
+            max_num_seqs=self.max_num_seqs,
+            weight_dtype=self.weight_dtype,
+            kv_dtype=self.kv_dtype,
+            max_model_len=self.max_model_len,
+            usd_per_hour=round(self.usd_per_hour, 3),
             predicted=PredictedLatency(
-                tpot_ms=round(self.tpot_ms, 2), ttft_ms=round(self.ttft_ms, 1),
+                tpot_ms=round(self.tpot_ms, 2),
+                ttft_ms=round(self.ttft_ms, 1),
                 output_tok_s=round(self.output_tok_s, 1),
             ),
             summary=self.summary,
@@ -117,7 +129,11 @@ class Rejection:
 
 
 REJECTION_CATEGORIES = (
-    "invalid", "does not fit", "TPOT over SLO", "TTFT over SLO", "too many replicas",
+    "invalid",
+    "does not fit",
+    "TPOT over SLO",
+    "TTFT over SLO",
+    "too many replicas",
     "over budget",
 )
 
@@ -141,9 +157,16 @@ class SearchResult:
             "alternatives": [p.to_json() for p in self.alternatives],
             "reasons": self.reasons,
             "frontier": [
-                {"gpu": p.gpu, "tp": p.tp, "replicas": p.replicas, "max_num_seqs": p.max_num_seqs,
-                 "weight_dtype": p.weight_dtype, "kv_dtype": p.kv_dtype,
-                 "usd_per_hour": round(p.usd_per_hour, 3), "tpot_ms": round(p.tpot_ms, 2)}
+                {
+                    "gpu": p.gpu,
+                    "tp": p.tp,
+                    "replicas": p.replicas,
+                    "max_num_seqs": p.max_num_seqs,
+                    "weight_dtype": p.weight_dtype,
+                    "kv_dtype": p.kv_dtype,
+                    "usd_per_hour": round(p.usd_per_hour, 3),
+                    "tpot_ms": round(p.tpot_ms, 2),
+                }
                 for p in self.frontier
             ],
         }
@@ -210,6 +233,7 @@ class _Curve:
 
     def largest_batch_meeting(self, t: _Targets) -> float:
         """Largest grid-interpolated batch whose TPOT_q and TTFT_q meet the SLO, or 0."""
+
         def slack(i: int) -> float:
             over = self.tpot_s[i] / t.tpot_s
             if t.ttft_s is not None:
@@ -226,7 +250,7 @@ class _Curve:
     def rate_at(self, batch: float) -> float:
         return _interp(batch, self.batches, self.rate)
 
-    def _last_where(self, margin: Any) -> float:
+    def _last_where(self, margin: Callable[[int], float]) -> float:
         """Interpolated largest batch with margin(batch) >= 0, margin decreasing in batch."""
         if margin(0) < 0:
             return 0.0
@@ -300,8 +324,15 @@ def _candidates(ctx: _Context, catalog: Catalog) -> Iterator[tuple[GpuSpec, str,
                         yield gpu, wd, kv, tp
 
 
-def _evaluate(ctx: _Context, gpu: GpuSpec, wd: str, kv: str, tp: int,
-              out: list[Plan], rejections: list[Rejection]) -> None:
+def _evaluate(
+    ctx: _Context,
+    gpu: GpuSpec,
+    wd: str,
+    kv: str,
+    tp: int,
+    out: list[Plan],
+    rejections: list[Rejection],
+) -> None:
     def reject(category: str, detail: str) -> None:
         rejections.append(Rejection(gpu.id, tp, wd, kv, category, detail))
 
@@ -313,8 +344,11 @@ def _evaluate(ctx: _Context, gpu: GpuSpec, wd: str, kv: str, tp: int,
     kv_tokens = perf.kv_capacity_tokens(dep)
     if kv_tokens < ctx.max_model_len:
         need = perf.weight_bytes_per_gpu(dep) / 1e9
-        return reject("does not fit", f"{need:.1f} GB of weights per GPU leave KV for "
-                      f"{kv_tokens} tokens < max-model-len {ctx.max_model_len}")
+        return reject(
+            "does not fit",
+            f"{need:.1f} GB of weights per GPU leave KV for "
+            f"{kv_tokens} tokens < max-model-len {ctx.max_model_len}",
+        )
     t = ctx.targets
     kv_batch = kv_tokens / (t.isl_mean + t.osl_mean / 2.0)
     curve = _Curve.build(dep, _mean_batch_for_cap(min(kv_batch, BATCH_CAPS[-1]), t.z_tpot), t)
@@ -326,8 +360,15 @@ def _evaluate(ctx: _Context, gpu: GpuSpec, wd: str, kv: str, tp: int,
     _add_caps(ctx, dep, curve, best_batch, kv_batch, out, reject)
 
 
-def _add_caps(ctx: _Context, dep: Deployment, curve: _Curve, best_batch: float,
-              kv_batch: float, out: list[Plan], reject: Any) -> None:
+def _add_caps(
+    ctx: _Context,
+    dep: Deployment,
+    curve: _Curve,
+    best_batch: float,
+    kv_batch: float,
+    out: list[Plan],
+    reject: Any,
+) -> None:
     """One plan per batch cap: the cap bounds the percentile batch, hence the capacity."""
     t, c = ctx.targets, ctx.spec.constraints
     rate = ctx.workload.requests_per_second * HEADROOM
@@ -343,25 +384,41 @@ def _add_caps(ctx: _Context, dep: Deployment, curve: _Curve, best_batch: float,
         capacity = curve.rate_at(batch)
         replicas = max(c.min_replicas, math.ceil(rate / capacity) if rate > 0 else 1, 1)
         if replicas > c.max_replicas:
-            reject("too many replicas", f"cap {cap}: needs {replicas} > maxReplicas {c.max_replicas}")
+            reject(
+                "too many replicas", f"cap {cap}: needs {replicas} > maxReplicas {c.max_replicas}"
+            )
             continue
         out.append(_make_plan(ctx, dep, curve, cap, replicas, capacity, price))
 
 
-def _make_plan(ctx: _Context, dep: Deployment, curve: _Curve, cap: int, replicas: int,
-               capacity: float, price: float) -> Plan:
+def _make_plan(
+    ctx: _Context,
+    dep: Deployment,
+    curve: _Curve,
+    cap: int,
+    replicas: int,
+    capacity: float,
+    price: float,
+) -> Plan:
     """Predict the operating point at the real rate split over ``replicas``."""
     t = ctx.targets
     per_replica = ctx.workload.requests_per_second / replicas
     batch = min(curve.batch_at_rate(per_replica), float(cap))
     tpot_q, ttft_q, rate = _operating_point(dep, batch, t)
     return Plan(
-        gpu=dep.gpu.id, tp=dep.tp, replicas=replicas, max_num_seqs=cap,
-        weight_dtype=dep.weight_dtype, kv_dtype=dep.kv_dtype, max_model_len=ctx.max_model_len,
+        gpu=dep.gpu.id,
+        tp=dep.tp,
+        replicas=replicas,
+        max_num_seqs=cap,
+        weight_dtype=dep.weight_dtype,
+        kv_dtype=dep.kv_dtype,
+        max_model_len=ctx.max_model_len,
         gpu_memory_utilization=perf.DEFAULT_GPU_MEMORY_UTILIZATION,
-        tpot_ms=tpot_q * 1e3, ttft_ms=ttft_q * 1e3,
+        tpot_ms=tpot_q * 1e3,
+        ttft_ms=ttft_q * 1e3,
         output_tok_s=min(rate, per_replica) * replicas * t.osl_mean,
-        usd_per_hour=replicas * dep.tp * price, capacity_rps=capacity * replicas,
+        usd_per_hour=replicas * dep.tp * price,
+        capacity_rps=capacity * replicas,
     )
 
 
@@ -374,8 +431,13 @@ def resolve_model(spec: ServingTargetSpec, catalog: Catalog) -> ModelSpec:
     return catalog.model(spec.model)
 
 
-def _context(spec: ServingTargetSpec, catalog: Catalog, step_time_scale: float,
-             rps: float | None, efficiency: EfficiencyTable) -> _Context:
+def _context(
+    spec: ServingTargetSpec,
+    catalog: Catalog,
+    step_time_scale: float,
+    rps: float | None,
+    efficiency: EfficiencyTable,
+) -> _Context:
     model = resolve_model(spec, catalog)
     workload = Workload(
         requests_per_second=spec.workload.requests_per_second if rps is None else rps,
@@ -387,11 +449,20 @@ def _context(spec: ServingTargetSpec, catalog: Catalog, step_time_scale: float,
         tpot_s=spec.slo.tpot_ms / 1e3,
         ttft_s=spec.slo.ttft_ms / 1e3 if spec.slo.ttft_ms else None,
         z_tpot=max(NormalDist().inv_cdf(q), 0.0),
-        isl_mean=workload.prompt.mean, osl_mean=workload.output.mean,
+        isl_mean=workload.prompt.mean,
+        osl_mean=workload.output.mean,
         isl_q=workload.prompt.quantile(spec.slo.ttft_percentile.quantile),
     )
-    return _Context(spec, model, workload, targets, efficiency, step_time_scale,
-                    dict(spec.pricing.usd_per_gpu_hour or {}), _max_model_len(model, workload))
+    return _Context(
+        spec,
+        model,
+        workload,
+        targets,
+        efficiency,
+        step_time_scale,
+        dict(spec.pricing.usd_per_gpu_hour or {}),
+        _max_model_len(model, workload),
+    )
 
 
 def _max_model_len(model: ModelSpec, workload: Workload) -> int:
@@ -412,8 +483,9 @@ def plan_target(
     from rooftop_planner.explain import summarize
 
     catalog = catalog or load_catalog()
-    ctx = _context(spec, catalog, step_time_scale, requests_per_second,
-                   efficiency or load_efficiency())
+    ctx = _context(
+        spec, catalog, step_time_scale, requests_per_second, efficiency or load_efficiency()
+    )
     plans: list[Plan] = []
     rejections: list[Rejection] = []
     for gpu, wd, kv, tp in _candidates(ctx, catalog):

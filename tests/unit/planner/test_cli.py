@@ -29,7 +29,8 @@ def test_plot_is_written(tmp_path: Path) -> None:
     [
         ("spec: [", "malformed YAML"),
         ("apiVersion: v1\nkind: Pod\n", "expected apiVersion: rooftop.dev/v1alpha1"),
-        ("""apiVersion: rooftop.dev/v1alpha1
+        (
+            """apiVersion: rooftop.dev/v1alpha1
 kind: ServingTarget
 metadata: {name: x}
 spec:
@@ -37,8 +38,11 @@ spec:
   slo: {tpotMs: 20}
   workload: {requestsPerSecond: -1, promptTokens: {mean: 10}, outputTokens: {mean: 10}}
   budget: {usdPerHour: 5}
-""", "spec.workload.requestsPerSecond"),
-        ("""apiVersion: rooftop.dev/v1alpha1
+""",
+            "spec.workload.requestsPerSecond",
+        ),
+        (
+            """apiVersion: rooftop.dev/v1alpha1
 kind: ServingTarget
 metadata: {name: x}
 spec:
@@ -46,8 +50,11 @@ spec:
   slo: {tpotMs: 20}
   workload: {requestsPerSecond: 1, promptTokens: {mean: 10}, outputTokens: {mean: 10}}
   budget: {usdPerHour: 5}
-""", "unknown model 'not-a-model'"),
-        ("""apiVersion: rooftop.dev/v1alpha1
+""",
+            "unknown model 'not-a-model'",
+        ),
+        (
+            """apiVersion: rooftop.dev/v1alpha1
 kind: ServingTarget
 metadata: {name: x}
 spec:
@@ -55,7 +62,9 @@ spec:
   slo: {tpotMs: 20, tpotPercentil: p90}
   workload: {requestsPerSecond: 1, promptTokens: {mean: 10}, outputTokens: {mean: 10}}
   budget: {usdPerHour: 5}
-""", "spec.slo.tpotPercentil: unknown field"),
+""",
+            "spec.slo.tpotPercentil: unknown field",
+        ),
     ],
 )
 def test_bad_manifests_exit_2_with_the_field(
@@ -96,7 +105,9 @@ def test_predict_csv_fills_errors_per_row(tmp_path: Path) -> None:
     assert float(rows[5]["output_tok_s"]) > 0
 
 
-def test_predict_csv_missing_columns_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_predict_csv_missing_columns_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     src = tmp_path / "in.csv"
     src.write_text("model,gpu\nx,y\n")
     assert main(["predict", "--csv", str(src)]) == 2
@@ -104,8 +115,9 @@ def test_predict_csv_missing_columns_exit_2(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_predict_one_scenario(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["predict", "--model", "llama-3.1-8b", "--gpu", "h100-sxm",
-                 "--concurrency", "8"]) == 0
+    assert (
+        main(["predict", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--concurrency", "8"]) == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert 3 < float(data["tpot_ms"]) < 30
 
@@ -113,9 +125,22 @@ def test_predict_one_scenario(capsys: pytest.CaptureFixture[str]) -> None:
 def test_more_concurrency_raises_tpot_and_throughput() -> None:
     from rooftop_planner.cli import predict_row
 
-    rows = [predict_row({"model": "llama-3.1-8b", "gpu": "a100-80gb", "tp": "1",
-                         "weight_dtype": "bf16", "kv_dtype": "auto", "isl": "512", "osl": "256",
-                         "concurrency": str(c), "batch": ""}) for c in (1, 16, 64)]
+    rows = [
+        predict_row(
+            {
+                "model": "llama-3.1-8b",
+                "gpu": "a100-80gb",
+                "tp": "1",
+                "weight_dtype": "bf16",
+                "kv_dtype": "auto",
+                "isl": "512",
+                "osl": "256",
+                "concurrency": str(c),
+                "batch": "",
+            }
+        )
+        for c in (1, 16, 64)
+    ]
     tpots = [float(r["tpot_ms"]) for r in rows]
     tputs = [float(r["output_tok_s"]) for r in rows]
     assert tpots == sorted(tpots) and tputs == sorted(tputs)

@@ -14,8 +14,11 @@ def spec(**overrides: Any) -> ServingTargetSpec:
     base: dict[str, Any] = {
         "model": "llama-3.1-8b",
         "slo": {"tpotMs": 30, "tpotPercentile": "p90"},
-        "workload": {"requestsPerSecond": 4, "promptTokens": {"mean": 1000, "p90": 2000},
-                     "outputTokens": {"mean": 200, "p90": 400}},
+        "workload": {
+            "requestsPerSecond": 4,
+            "promptTokens": {"mean": 1000, "p90": 2000},
+            "outputTokens": {"mean": 200, "p90": 400},
+        },
         "budget": {"usdPerHour": 100},
     }
     for key, value in overrides.items():
@@ -33,26 +36,38 @@ def test_cheapest_feasible_plan_is_chosen_and_meets_the_slo() -> None:
 
 def test_pinned_gpu_and_price_override_are_respected() -> None:
     """Only H100 allowed; its price is overridden to $1/h, so cost = replicas · TP · $1."""
-    result = plan_target(spec(constraints={"gpuTypes": ["h100-sxm"]},
-                              pricing={"usdPerGpuHour": {"h100-sxm": 1.0}}))
+    result = plan_target(
+        spec(constraints={"gpuTypes": ["h100-sxm"]}, pricing={"usdPerGpuHour": {"h100-sxm": 1.0}})
+    )
     assert result.plan is not None and result.plan.gpu == "h100-sxm"
     assert result.plan.usd_per_hour == pytest.approx(result.plan.replicas * result.plan.tp)
 
 
 def test_70b_bf16_needs_tensor_parallelism_on_80gb_cards() -> None:
     """140 GB of bf16 weights cannot fit one 80 GB GPU: TP >= 2 (or fp8 on one)."""
-    result = plan_target(spec(model="llama-3.1-70b", slo={"tpotMs": 80},
-                              constraints={"gpuTypes": ["a100-80gb"], "weightDtypes": ["bf16"]}))
+    result = plan_target(
+        spec(
+            model="llama-3.1-70b",
+            slo={"tpotMs": 80},
+            constraints={"gpuTypes": ["a100-80gb"], "weightDtypes": ["bf16"]},
+        )
+    )
     assert result.plan is not None and result.plan.tp >= 2
     assert any(r.category == "does not fit" and r.tp == 1 for r in result.rejections)
 
 
 def test_more_traffic_needs_more_replicas() -> None:
-    pinned = {"gpuTypes": ["l4"], "weightDtypes": ["bf16"], "kvDtypes": ["auto"],
-              "maxTensorParallel": 1, "maxReplicas": 100}
+    pinned = {
+        "gpuTypes": ["l4"],
+        "weightDtypes": ["bf16"],
+        "kvDtypes": ["auto"],
+        "maxTensorParallel": 1,
+        "maxReplicas": 100,
+    }
     low = plan_target(spec(constraints=pinned, slo={"tpotMs": 80}))
-    high = plan_target(spec(constraints=pinned, slo={"tpotMs": 80},
-                            workload={"requestsPerSecond": 40}))
+    high = plan_target(
+        spec(constraints=pinned, slo={"tpotMs": 80}, workload={"requestsPerSecond": 40})
+    )
     assert low.plan is not None and high.plan is not None
     assert high.plan.replicas > low.plan.replicas
 
@@ -104,6 +119,14 @@ def test_online_calibration_slower_reality_needs_more_capacity() -> None:
 def test_json_shape() -> None:
     data = plan_target(spec()).to_json()
     assert set(data) >= {"feasible", "plan", "alternatives", "reasons"}
-    assert set(data["plan"]) >= {"gpu", "tp", "replicas", "max_num_seqs", "weight_dtype",
-                                 "kv_dtype", "predicted", "usd_per_hour"}
+    assert set(data["plan"]) >= {
+        "gpu",
+        "tp",
+        "replicas",
+        "max_num_seqs",
+        "weight_dtype",
+        "kv_dtype",
+        "predicted",
+        "usd_per_hour",
+    }
     assert set(data["plan"]["predicted"]) == {"tpot_ms", "ttft_ms", "output_tok_s"}

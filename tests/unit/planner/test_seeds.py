@@ -55,7 +55,10 @@ def test_seed002_llama3_70b_int8_kv_is_160_kib_per_token() -> None:
     [("bf16", 2.0, 16, 116, 43), ("int8", 1.0, 8, 68, 52), ("int4", 0.5, 4, None, None)],
 )
 def test_seed002_minimum_tpu_v5e_topology(
-    dtype: str, bytes_per_param: float, min_chips: int, remaining_gb: float | None,
+    dtype: str,
+    bytes_per_param: float,
+    min_chips: int,
+    remaining_gb: float | None,
     kv_caches: int | None,
 ) -> None:
     """Seed 002's table: smallest power-of-two slice of 16 GB chips, and 8K KV caches.
@@ -89,7 +92,8 @@ def test_seed002_qps_per_chip_table() -> None:
 def test_pure_roofline_step_is_weights_over_bandwidth() -> None:
     """With ideal efficiency and no overheads, batch-1 decode = weight bytes / HBM bytes/s."""
     ideal = Efficiency(1.0, 1.0, 0.0, 0.0, 0.0)
-    dep = perf.Deployment(CATALOG.model("llama-3-70b"), CATALOG.gpu("h100-sxm"), 1, "int8",
-                          "int8", ideal)
+    dep = perf.Deployment(
+        CATALOG.model("llama-3-70b"), CATALOG.gpu("h100-sxm"), 1, "int8", "int8", ideal
+    )
     expected = perf.weight_bytes(dep.model, "int8") / dep.gpu.hbm_bytes_per_s
     assert perf.decode_step_s(dep, 1, 1) == pytest.approx(expected, rel=0.01)
