@@ -1,0 +1,348 @@
+"""A pure, clock-agnostic continuous-batching engine modelled on vLLM V1's scheduler.
+
+No I/O and no clock: the driver passes ``now`` (seconds, any epoch: wall clock for the
+HTTP server, simulated time for ``rooftop simulate``). ``step(now)`` schedules one engine
+iteration starting at ``now``, advances all request state immediately, and returns the
+iteration's duration (from the truth model) plus the tokens it emits at ``now + duration``.
+The driver must not call ``step`` again before that end time; requests that arrive in
+between are added with ``add_request`` and considered by the next step.
+
+Scheduling (as vLLM V1 with chunked prefill, FCFS policy):
+- one token budget per step (``max_num_batched_tokens``) shared by decodes and prefills;
+- running requests first, in admission order: one token for a decode, the remaining
+  prompt (capped by the budget) for a request still prefilling;
+- KV cache in ``block_size``-token blocks; when a running request needs a block and none
+  is free, the most recently admitted running request is preempted (recompute: its blocks
+  are freed and it goes back to the head of the queue, to prefill prompt+output again);
+- waiting requests are admitted FCFS while ``len(running) < max_num_seqs``, budget and
+  blocks remain, and no preemption happened in this step.
+Token accounting: a request has ``prompt + out`` known tokens; ``computed`` of them have KV.
+A step that brings ``computed`` up to ``prompt + out`` samples one new token (``out += 1``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class StepTimer(Protocol):
+    """What the engine needs from the truth model (``TruthModel`` satisfies it)."""
+
+    def step_s(
+        self,
+        decode_batch: int,
+        decode_context_tokens: int,
+        prefill_tokens: int,
+        prefill_attn_pairs: float,
+    ) -> float: ...
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Engine limits. Token counts; ``kv_capacity_tokens`` from ``TruthModel``."""
+
+    kv_capacity_tokens: int
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192  # vLLM V1's default for online serving
+    max_model_len: int = 8192
+    block_size: int = 16
+
+    @property
+    def num_blocks(self) -> int:
+        """Whole KV blocks in the cache."""
+        return self.kv_capacity_tokens // self.block_size
+
+
+@dataclass(eq=False)
+class Request:
+    """One request and its lifecycle timestamps (seconds, driver's clock; None = not yet)."""
+
+    request_id: str
+    prompt_tokens: int
+    max_tokens: int
+    arrival_s: float
+    out: int = 0  # output tokens sampled so far
+    computed: int = 0  # tokens whose KV is in the cache
+    blocks: int = 0  # KV blocks held
+    num_preemptions: int = 0
+    scheduled_s: float | None = None  # first admitted (end of queueing)
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    finished_s: float | None = None
+    finished_reason: str | None = None  # "length" | "abort"
+
+    @property
+    def known(self) -> int:
+        """Tokens the model has seen or produced: prompt plus sampled output."""
+        return self.prompt_tokens + self.out
+
+    @property
+    def queue_s(self) -> float | None:
+        """Arrival to first scheduling (vLLM request_queue_time_seconds)."""
+        return None if self.scheduled_s is None else self.scheduled_s - self.arrival_s
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Arrival to first token (vLLM time_to_first_token_seconds)."""
+        return None if self.first_token_s is None else self.first_token_s - self.arrival_s
+
+    @property
+    def e2e_s(self) -> float | None:
+        """Arrival to finish (vLLM e2e_request_latency_seconds)."""
+        return None if self.finished_s is None else self.finished_s - self.arrival_s
+
+    @property
+    def tpot_s(self) -> float | None:
+        """Mean time per output token after the first (request_time_per_output_token)."""
+        if self.first_token_s is None or self.last_token_s is None or self.out < 2:
+            return None
+        return (self.last_token_s - self.first_token_s) / (self.out - 1)
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One sampled token: which request, its 0-based output index, and the gap (s) since
+    that request's previous token (None for the first token)."""
+
+    request: Request
+    index: int
+    itl_s: float | None
+
+
+@dataclass
+class StepResult:
+    """One iteration: [start_s, end_s) and what happened in it. Tokens appear at end_s."""
+
+    start_s: float
+    duration_s: float
+    tokens: list[TokenEvent] = field(default_factory=list)
+    finished: list[Request] = field(default_factory=list)
+    admitted: list[Request] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+
+    @property
+    def end_s(self) -> float:
+        """When the iteration's tokens are emitted."""
+        return self.start_s + self.duration_s
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens processed in the iteration (vLLM iteration_tokens_total)."""
+        return self.prefill_tokens + self.decode_tokens
+
+
+@dataclass
+class Counters:
+    """Monotonic engine counters (vLLM's *_total counters)."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    preemptions: int = 0
+    finished: dict[str, int] = field(default_factory=dict)  # finished_reason -> count
+    steps: int = 0
+    busy_s: float = 0.0
+
+
+@dataclass
+class _Batch:
+    """Work chosen for one iteration: (request, new tokens) pairs and step-time inputs."""
+
+    work: list[tuple[Request, int]] = field(default_factory=list)
+    decode_batch: int = 0
+    decode_context: int = 0
+    prefill_tokens: int = 0
+    attn_pairs: float = 0.0
+
+    def add(self, req: Request, n: int) -> None:
+        self.work.append((req, n))
+        if n == 1 and req.computed + 1 == req.known and req.out > 0:
+            self.decode_batch += 1
+            self.decode_context += req.computed + 1
+        else:
+            self.prefill_tokens += n
+            # each new token attends to the cached context plus the new tokens before it
+            self.attn_pairs += n * req.computed + n * (n + 1) / 2
+
+
+class Engine:
+    """Continuous-batching engine state machine. See the module docstring."""
+
+    def __init__(self, config: EngineConfig, timer: StepTimer) -> None:
+        if config.num_blocks < 1:
+            raise ValueError("KV cache holds no block: model does not fit the GPU memory")
+        self.config = config
+        self.timer = timer
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.free_blocks = config.num_blocks
+        self.counters = Counters()
+        self._ids: dict[str, Request] = {}
+
+    # ---- gauges ------------------------------------------------------------------
+    @property
+    def num_running(self) -> int:
+        """Requests admitted and not finished (vllm:num_requests_running)."""
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued, including preempted ones (vllm:num_requests_waiting)."""
+        return len(self.waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction 0..1 of KV blocks in use (vllm:kv_cache_usage_perc)."""
+        return 1.0 - self.free_blocks / self.config.num_blocks
+
+    def has_work(self) -> bool:
+        """True when a step would schedule something."""
+        return bool(self.running or self.waiting)
+
+    # ---- requests ----------------------------------------------------------------
+    def add_request(self, req: Request) -> None:
+        """Queue a request. Raises ValueError if it can never be served (too long)."""
+        total = req.prompt_tokens + req.max_tokens
+        if req.prompt_tokens < 1 or req.max_tokens < 1:
+            raise ValueError("prompt_tokens and max_tokens must be >= 1")
+        if total > self.config.max_model_len:
+            raise ValueError(
+                f"prompt ({req.prompt_tokens}) + max_tokens ({req.max_tokens}) = {total} "
+                f"exceeds max_model_len {self.config.max_model_len}"
+            )
+        if math.ceil(total / self.config.block_size) > self.config.num_blocks:
+            raise ValueError(f"request needs {total} tokens of KV; cache holds fewer")
+        if req.request_id in self._ids:
+            raise ValueError(f"duplicate request id {req.request_id!r}")
+        self._ids[req.request_id] = req
+        self.waiting.append(req)
+
+    def abort(self, request_id: str, now: float) -> Request | None:
+        """Drop a request (client went away); frees its KV. None if unknown or done."""
+        req = self._ids.pop(request_id, None)
+        if req is None:
+            return None
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
+        self._finish(req, now, "abort")
+        return req
+
+    def _finish(self, req: Request, now: float, reason: str) -> None:
+        self.free_blocks += req.blocks
+        req.blocks = 0
+        req.finished_s = now
+        req.finished_reason = reason
+        self._ids.pop(req.request_id, None)
+        self.counters.finished[reason] = self.counters.finished.get(reason, 0) + 1
+
+    # ---- one iteration -----------------------------------------------------------
+    def step(self, now: float) -> StepResult | None:
+        """Run one iteration starting at ``now`` (s). None when there is nothing to do.
+
+        State advances immediately; the tokens in the result are emitted at ``end_s``.
+        """
+        if not self.has_work():
+            return None
+        res = StepResult(start_s=now, duration_s=0.0)
+        batch = _Batch()
+        budget = self._schedule_running(batch, self.config.max_num_batched_tokens, res)
+        if not res.preempted:  # as vLLM: no new admissions in a step that had to preempt
+            self._schedule_waiting(batch, budget, res, now)
+        if not batch.work:
+            return None
+        res.duration_s = self.timer.step_s(
+            batch.decode_batch, batch.decode_context, batch.prefill_tokens, batch.attn_pairs
+        )
+        res.prefill_tokens = batch.prefill_tokens
+        res.decode_tokens = batch.decode_batch
+        self._complete(batch, res)
+        return res
+
+    def _blocks_needed(self, req: Request, n: int) -> int:
+        return math.ceil((req.computed + n) / self.config.block_size) - req.blocks
+
+    def _schedule_running(self, batch: _Batch, budget: int, res: StepResult) -> int:
+        """Give running requests their tokens, preempting from the tail when KV runs out."""
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            n = min(req.known - req.computed, budget)
+            need = self._blocks_needed(req, n)
+            if not self._make_room(req, need, res):
+                break  # it preempted itself: every request after it is gone too
+            self.free_blocks -= need
+            req.blocks += need
+            batch.add(req, n)
+            budget -= n
+            i += 1
+        return budget
+
+    def _make_room(self, req: Request, need: int, res: StepResult) -> bool:
+        """Preempt from the tail until ``need`` blocks are free; False if ``req`` went."""
+        while need > self.free_blocks:
+            victim = self.running.pop()  # lowest priority under FCFS: admitted last
+            self._preempt(victim, res)
+            if victim is req:
+                return False
+        return True
+
+    def _preempt(self, req: Request, res: StepResult) -> None:
+        """Recompute-style preemption: drop its KV, requeue it at the head."""
+        self.free_blocks += req.blocks
+        req.blocks = 0
+        req.computed = 0
+        req.num_preemptions += 1
+        self.counters.preemptions += 1
+        self.waiting.appendleft(req)
+        res.preempted.append(req)
+
+    def _schedule_waiting(self, batch: _Batch, budget: int, res: StepResult, now: float) -> None:
+        """Admit queued requests FCFS while seats, token budget and KV blocks last."""
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            n = min(req.known - req.computed, budget)
+            need = self._blocks_needed(req, n)
+            if need > self.free_blocks:
+                break
+            self.waiting.popleft()
+            self.free_blocks -= need
+            req.blocks += need
+            self.running.append(req)
+            batch.add(req, n)
+            budget -= n
+            if req.scheduled_s is None:
+                req.scheduled_s = now
+                res.admitted.append(req)
+
+    def _complete(self, batch: _Batch, res: StepResult) -> None:
+        """Apply the iteration: advance KV, sample tokens, retire finished requests."""
+        end = res.end_s
+        done: list[Request] = []
+        for req, n in batch.work:
+            req.computed += n
+            if req.computed < req.known:
+                continue  # a prefill chunk that did not reach the end of the prompt
+            if req.first_token_s is None:
+                req.first_token_s = end
+                self.counters.prompt_tokens += req.prompt_tokens
+            itl = None if req.last_token_s is None else end - req.last_token_s
+            res.tokens.append(TokenEvent(req, req.out, itl))
+            req.out += 1
+            req.last_token_s = end
+            self.counters.generation_tokens += 1
+            if req.out >= req.max_tokens:
+                done.append(req)
+        if done:
+            gone = set(map(id, done))
+            self.running = [r for r in self.running if id(r) not in gone]
+            for req in done:
+                self._finish(req, end, "length")
+            res.finished.extend(done)
+        self.counters.steps += 1
+        self.counters.busy_s += res.duration_s
