@@ -1,0 +1,108 @@
+"""``rooftop operator`` / ``python -m rooftop_operator``: run the kopf operator.
+
+Why not plain ``kopf run``: the operator's options (watched namespaces, peering, the
+engine images, metrics port) become one ``OperatorConfig`` handed to the handlers through
+kopf's memo, instead of each handler reading the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from rooftop_operator.settings import OperatorConfig, env_defaults
+
+# Modules whose import registers kopf handlers. ``loop`` (the feedback loop's timer) is
+# optional: it is imported when present, so the operator runs with or without it.
+HANDLER_MODULES = ("rooftop_operator.handlers",)
+OPTIONAL_HANDLER_MODULES = ("rooftop_operator.loop",)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-n", "--namespace", action="append", default=[], dest="namespaces",
+        help="namespace to watch (repeatable); without it, --all-namespaces is required",
+    )  # fmt: skip
+    parser.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    parser.add_argument(
+        "--peering", default=None,
+        help="kopf peering name for several replicas (default: standalone)",
+    )  # fmt: skip
+    parser.add_argument("--liveness", default=None, help="e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument(
+        "--metrics-port", type=int, default=None, help="serve Prometheus metrics here"
+    )
+    parser.add_argument("--self-image", default=None, help="image for mode: simulated")
+    parser.add_argument("--vllm-image", default=None, help="image for mode: vllm")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log handler details")
+    parser.add_argument("--debug", action="store_true", help="log kopf internals")
+
+
+def config_from_args(args: argparse.Namespace) -> OperatorConfig:
+    """Command-line flags over ROOFTOP_* environment variables over defaults."""
+    values: dict[str, Any] = env_defaults()
+    if args.self_image:
+        values["self_image"] = args.self_image
+    if args.vllm_image:
+        values["vllm_image"] = args.vllm_image
+    return OperatorConfig(
+        namespaces=tuple(args.namespaces),
+        clusterwide=bool(args.all_namespaces),
+        peering=args.peering,
+        liveness_endpoint=args.liveness,
+        metrics_port=args.metrics_port,
+        **values,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the operator until SIGINT/SIGTERM."""
+    if not args.namespaces and not args.all_namespaces:
+        print("rooftop operator: give --namespace NS (repeatable) or --all-namespaces",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    import kopf
+
+    load_handlers()
+    config = config_from_args(args)
+    # log_prefix: every per-object line starts with [namespace/name].
+    kopf.configure(debug=args.debug, verbose=args.verbose or args.debug, log_prefix=True)
+    kopf.run(
+        clusterwide=config.clusterwide,
+        namespaces=() if config.clusterwide else config.namespaces,
+        standalone=config.peering is None,
+        peering_name=config.peering,
+        liveness_endpoint=config.liveness_endpoint,
+        memo=kopf.Memo(config=config),
+    )
+    return 0
+
+
+def load_handlers() -> list[str]:
+    """Import the handler modules (kopf registers handlers at import time)."""
+    names = list(HANDLER_MODULES)
+    names += [m for m in OPTIONAL_HANDLER_MODULES if importlib.util.find_spec(m) is not None]
+    for name in names:
+        importlib.import_module(name)
+    return names
+
+
+def register(subparsers: Any) -> None:
+    """Add ``rooftop operator`` (see rooftop_operator.cli)."""
+    parser = subparsers.add_parser("operator", help="run the Kubernetes operator")
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rooftop_operator", description=__doc__)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

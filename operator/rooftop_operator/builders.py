@@ -1,0 +1,365 @@
+"""Pure functions from (target, plan) to the Kubernetes objects that serve it.
+
+Nothing here talks to the API server: each builder returns a plain dict ready for
+server-side apply, so unit tests compare dicts and the handlers stay a few lines.
+Children of ServingTarget ``NAME``: Deployment ``NAME-engine``, Service ``NAME`` (the
+endpoint clients use) and, where the Prometheus Operator is installed, PodMonitor
+``NAME-engine``. All carry an ownerReference to the target, so Kubernetes' garbage
+collector deletes them with it and the operator needs no finalizer.
+
+The vLLM command line uses only flags that exist in vLLM 0.33 (shared/docs/vllm-flags.md);
+``ENGINE_FLAGS`` lists the ones the builder itself emits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+from rooftop_operator.specs import TargetRef
+from rooftop_planner.spec import Mode, ServingTargetSpec
+
+ENGINE_PORT: Final = 8000
+PORT_NAME: Final = "http"
+APP_NAME: Final = "rooftop-engine"
+TARGET_LABEL: Final = "rooftop.dev/servingtarget"
+MANAGED_BY: Final = "rooftop"
+CACHE_PATH: Final = "/root/.cache/huggingface"
+HEALTH_PATH: Final = "/health"
+METRICS_PATH: Final = "/metrics"
+
+# Flags the builder emits for mode "vllm" (all in vLLM 0.33's arg_utils.py).
+ENGINE_FLAGS: Final = frozenset(
+    {
+        "--model", "--served-model-name", "--tensor-parallel-size", "--max-num-seqs",
+        "--max-model-len", "--gpu-memory-utilization", "--quantization", "--kv-cache-dtype",
+        "--port",
+    }
+)  # fmt: skip
+
+# Weight dtype -> vLLM --quantization. fp8 quantizes a 16-bit checkpoint online; the
+# 4-bit formats need a checkpoint in that format (AWQ, NVFP4) and name its method.
+QUANTIZATION: Final[dict[str, str | None]] = {
+    "bf16": None,
+    "fp16": None,
+    "fp8": "fp8",
+    "int8": "bitsandbytes",
+    "int4": "awq",
+    "fp4": "modelopt_fp4",
+}
+# KV dtype -> vLLM --kv-cache-dtype ("auto" follows the model's 16-bit dtype).
+KV_CACHE_DTYPE: Final[dict[str, str]] = {
+    "auto": "auto",
+    "bf16": "bfloat16",
+    "fp16": "auto",
+    "fp8": "fp8",
+}
+# Per GPU in the pod: CPU and host memory for tokenization, weight loading and the
+# API server. Conservative floors, not tuned per model.
+CPU_PER_GPU: Final = 2
+MEMORY_GI_PER_GPU: Final = 16
+
+
+class UnsupportedPlan(ValueError):
+    """The plan needs something the engine cannot do (e.g. an int8 KV cache in vLLM)."""
+
+
+class PlanLike(Protocol):
+    """What builders read from a planner ``Plan`` (or a test double)."""
+
+    @property
+    def gpu(self) -> str: ...
+    @property
+    def tp(self) -> int: ...
+    @property
+    def replicas(self) -> int: ...
+    @property
+    def max_num_seqs(self) -> int: ...
+    @property
+    def weight_dtype(self) -> str: ...
+    @property
+    def kv_dtype(self) -> str: ...
+    @property
+    def max_model_len(self) -> int | None: ...
+    @property
+    def gpu_memory_utilization(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class EngineInputs:
+    """Everything the engine builders need, resolved by the caller.
+
+    Attributes:
+        served_model: what the engine loads (Hugging Face repo id for vLLM).
+        node_label: (key, value) node label that selects the planned GPU type.
+        gpu_resource: the extended resource one GPU is requested as.
+        image: the container image (already resolved with ``engine_image``).
+        pod_monitor: True when a PodMonitor scrapes the pods; False adds the
+            ``prometheus.io/*`` annotations instead.
+    """
+
+    ref: TargetRef
+    spec: ServingTargetSpec
+    plan: PlanLike
+    served_model: str
+    node_label: tuple[str, str]
+    image: str
+    gpu_resource: str = "nvidia.com/gpu"
+    pod_monitor: bool = False
+
+
+def deployment_name(name: str) -> str:
+    return f"{name}-engine"
+
+
+def service_name(name: str) -> str:
+    return name
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    """The immutable Deployment selector; also what the Service and PodMonitor match."""
+    return {"app.kubernetes.io/name": APP_NAME, TARGET_LABEL: name}
+
+
+def labels(name: str) -> dict[str, str]:
+    return {
+        **selector_labels(name),
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": "engine",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+    }
+
+
+def _metadata(ref: TargetRef, name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": ref.namespace,
+        "labels": labels(ref.name),
+        "ownerReferences": [ref.owner_reference()],
+    }
+
+
+def engine_image(spec: ServingTargetSpec, vllm_image: str, self_image: str) -> str:
+    """spec.engine.image wins; otherwise the pinned vLLM image or, simulated, our own."""
+    if spec.engine.image:
+        return spec.engine.image
+    return self_image if spec.mode is Mode.SIMULATED else vllm_image
+
+
+def vllm_args(inp: EngineInputs) -> list[str]:
+    """The vLLM server command line for a plan (``vllm serve`` flags)."""
+    plan, spec = inp.plan, inp.spec
+    if plan.kv_dtype not in KV_CACHE_DTYPE:
+        raise UnsupportedPlan(f"vLLM has no {plan.kv_dtype} KV cache (planned kvDtype)")
+    if plan.weight_dtype not in QUANTIZATION:
+        raise UnsupportedPlan(f"no vLLM quantization for weight dtype {plan.weight_dtype}")
+    names = [spec.model] + ([inp.served_model] if inp.served_model != spec.model else [])
+    args = ["--model", inp.served_model, "--served-model-name", *names]
+    args += ["--tensor-parallel-size", str(plan.tp), "--max-num-seqs", str(plan.max_num_seqs)]
+    if plan.max_model_len:
+        args += ["--max-model-len", str(plan.max_model_len)]
+    args += ["--gpu-memory-utilization", f"{plan.gpu_memory_utilization:g}"]
+    quantization = QUANTIZATION[plan.weight_dtype]
+    if quantization:
+        args += ["--quantization", quantization]
+    args += ["--kv-cache-dtype", KV_CACHE_DTYPE[plan.kv_dtype], "--port", str(ENGINE_PORT)]
+    return args + list(spec.engine.extra_args or [])
+
+
+def sim_command(inp: EngineInputs) -> list[str]:
+    """``rooftop engine-sim`` with the plan's engine shape: the simulator answers like
+    vLLM would with that GPU, TP, dtypes and batch limit, without a GPU."""
+    plan, spec = inp.plan, inp.spec
+    command = [
+        "rooftop", "engine-sim",
+        "--host", "0.0.0.0",  # reachable through the Service, not just loopback
+        "--port", str(ENGINE_PORT),
+        "--model-name", spec.model,
+        "--model", spec.model,
+        "--gpu", plan.gpu,
+        "--tp", str(plan.tp),
+        "--max-num-seqs", str(plan.max_num_seqs),
+        "--weight-dtype", plan.weight_dtype,
+        "--kv-dtype", plan.kv_dtype,
+        "--gpu-memory-utilization", f"{plan.gpu_memory_utilization:g}",
+    ]  # fmt: skip
+    if plan.max_model_len:
+        command += ["--max-model-len", str(plan.max_model_len)]
+    return command
+
+
+def _probe(period_s: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": HEALTH_PATH, "port": PORT_NAME},
+        "periodSeconds": period_s,
+        "failureThreshold": failures,
+        "timeoutSeconds": 5,
+    }
+
+
+def _probes() -> dict[str, Any]:
+    """Startup allows 30 minutes: a 70B checkpoint downloads and loads for a long time,
+    and liveness must not kill it meanwhile. Readiness gates Service traffic."""
+    return {
+        "startupProbe": _probe(10, 180),
+        "readinessProbe": _probe(5, 3),
+        "livenessProbe": _probe(10, 6),
+    }
+
+
+def _resources(inp: EngineInputs) -> dict[str, Any]:
+    """GPUs as requests = limits (extended resources must be equal), in both modes:
+    simulated targets still schedule onto (fake) GPU nodes, which is the point."""
+    tp = inp.plan.tp
+    requests: dict[str, Any] = {inp.gpu_resource: str(tp)}
+    if inp.spec.mode is Mode.SIMULATED:
+        requests |= {"cpu": "100m", "memory": "256Mi"}
+    else:
+        requests |= {"cpu": str(CPU_PER_GPU * tp), "memory": f"{MEMORY_GI_PER_GPU * tp}Gi"}
+    return {"requests": requests, "limits": {inp.gpu_resource: str(tp)}}
+
+
+def _env(spec: ServingTargetSpec) -> list[dict[str, Any]]:
+    env: list[dict[str, Any]] = [{"name": e.name, "value": e.value} for e in spec.engine.env or []]
+    ref = spec.engine.hf_token_secret_ref
+    if ref is not None:
+        secret = {"secretKeyRef": {"name": ref.name, "key": ref.key}}
+        env.append({"name": "HF_TOKEN", "valueFrom": secret})
+    return env
+
+
+def _volumes(inp: EngineInputs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(volumes, mounts): the model cache, and /dev/shm in RAM when TP > 1 because
+    tensor-parallel workers exchange tensors through shared memory (NCCL), and the
+    container runtime's default 64 MiB /dev/shm is far too small."""
+    cache = inp.spec.engine.model_cache
+    if cache is not None and cache.pvc_name:
+        source: dict[str, Any] = {"persistentVolumeClaim": {"claimName": cache.pvc_name}}
+    elif cache is not None and cache.size_gi:
+        source = {"emptyDir": {"sizeLimit": f"{cache.size_gi}Gi"}}
+    else:
+        source = {"emptyDir": {}}
+    volumes = [{"name": "model-cache", **source}]
+    mounts = [{"name": "model-cache", "mountPath": CACHE_PATH}]
+    if inp.plan.tp > 1:
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    return volumes, mounts
+
+
+def _container(inp: EngineInputs, mounts: list[dict[str, Any]]) -> dict[str, Any]:
+    container: dict[str, Any] = {"name": "engine", "image": inp.image}
+    if inp.spec.mode is Mode.SIMULATED:
+        container["command"] = sim_command(inp)
+    else:
+        container["args"] = vllm_args(inp)
+    env = _env(inp.spec)
+    if env:
+        container["env"] = env
+    return {
+        **container,
+        "ports": [{"name": PORT_NAME, "containerPort": ENGINE_PORT, "protocol": "TCP"}],
+        "resources": _resources(inp),
+        "volumeMounts": mounts,
+        **_probes(),
+    }
+
+
+def _tolerations(inp: EngineInputs) -> list[dict[str, Any]]:
+    """GPU nodes are commonly tainted with the GPU resource name (GPU operator, GKE,
+    EKS); tolerate that, plus whatever the target asks for."""
+    own = [{"key": inp.gpu_resource, "operator": "Exists", "effect": "NoSchedule"}]
+    extra = [
+        t.model_dump(by_alias=True, exclude_none=True)
+        for t in inp.spec.constraints.tolerations or []
+    ]
+    return own + [t for t in extra if t not in own]
+
+
+def _node_selector(inp: EngineInputs) -> dict[str, str]:
+    """The planned GPU's label wins over a user selector on the same key: the plan's
+    memory and speed math only holds on that GPU."""
+    key, value = inp.node_label
+    return {**(inp.spec.constraints.node_selector or {}), key: value}
+
+
+def _pod_annotations(inp: EngineInputs) -> dict[str, str]:
+    if inp.pod_monitor:
+        return {}
+    return {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(ENGINE_PORT),
+        "prometheus.io/path": METRICS_PATH,
+    }
+
+
+def pod_template(inp: EngineInputs) -> dict[str, Any]:
+    volumes, mounts = _volumes(inp)
+    metadata: dict[str, Any] = {"labels": labels(inp.ref.name)}
+    annotations = _pod_annotations(inp)
+    if annotations:
+        metadata["annotations"] = annotations
+    return {
+        "metadata": metadata,
+        "spec": {
+            "containers": [_container(inp, mounts)],
+            "volumes": volumes,
+            "nodeSelector": _node_selector(inp),
+            "tolerations": _tolerations(inp),
+            "terminationGracePeriodSeconds": 60,
+        },
+    }
+
+
+def build_deployment(inp: EngineInputs) -> dict[str, Any]:
+    """The engine Deployment: ``plan.replicas`` pods of one engine each."""
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(inp.ref, deployment_name(inp.ref.name)),
+        "spec": {
+            "replicas": inp.plan.replicas,
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": selector_labels(inp.ref.name)},
+            "template": pod_template(inp),
+        },
+    }
+
+
+def build_service(ref: TargetRef) -> dict[str, Any]:
+    """ClusterIP Service ``NAME``: the OpenAI-compatible endpoint on port 8000."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(ref, service_name(ref.name)),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(ref.name),
+            "ports": [
+                {"name": PORT_NAME, "port": ENGINE_PORT, "targetPort": PORT_NAME, "protocol": "TCP"}
+            ],
+        },
+    }
+
+
+def build_pod_monitor(ref: TargetRef) -> dict[str, Any]:
+    """PodMonitor for the engine pods. The relabelings put ``namespace`` and
+    ``servingtarget`` on every series, which the feedback loop and dashboards group by."""
+    relabel = [
+        {"sourceLabels": ["__meta_kubernetes_namespace"], "targetLabel": "namespace"},
+        {
+            "sourceLabels": ["__meta_kubernetes_pod_label_rooftop_dev_servingtarget"],
+            "targetLabel": "servingtarget",
+        },
+    ]
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": _metadata(ref, deployment_name(ref.name)),
+        "spec": {
+            "selector": {"matchLabels": selector_labels(ref.name)},
+            "podMetricsEndpoints": [
+                {"port": PORT_NAME, "path": METRICS_PATH, "interval": "15s", "relabelings": relabel}
+            ],
+        },
+    }

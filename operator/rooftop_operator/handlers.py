@@ -1,0 +1,465 @@
+"""kopf handlers for ServingTarget, and the plain functions they call.
+
+One reconcile pass (``reconcile``): parse the spec with the pydantic models, plan with
+the planner, server-side apply the children (Deployment, Service, PodMonitor), write
+status. Everything a pass needs arrives in a ``Runtime`` (API wrapper, catalog, planner,
+event sink, metrics), so tests call ``reconcile`` with fakes and no cluster.
+
+Who writes what in ``status`` (each with read-modify-write, see ``kube.update_status``):
+- ``reconcile``: plan, gpu, slo, observedGeneration and the Planned, Feasible,
+  Deployed and WithinBudget conditions.
+- ``sync_readiness`` (Deployment events): replicas, readyReplicas, ready and Ready.
+- the feedback loop (``loop.py``): observed and SLOMet (it may refresh WithinBudget).
+
+Failure policy: an invalid spec or an infeasible target is a condition and an event,
+never an exception, and changes no workload. API errors raise ``kopf.TemporaryError``
+so kopf retries with a delay.
+
+Feedback-loop hook: ``rooftop_operator.loop`` (imported by ``__main__`` when it exists)
+registers a ``@kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, ...)`` whose body re-plans
+with ``reconcile(runtime(memo), body, step_time_scale=factor, requests_per_second=rate,
+cause="calibration")`` and records its readings with ``runtime(memo).kube.update_status``
+(``observed`` and the SLOMet condition, via ``conditions.merge``). It shares this module's
+idempotence: an unchanged plan writes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import kopf
+
+from rooftop_operator import builders, crd, metrics
+from rooftop_operator import conditions as cnd
+from rooftop_operator.conditions import Cond
+from rooftop_operator.kube import Kube, KubeError
+from rooftop_operator.settings import OperatorConfig, configure
+from rooftop_operator.specs import SpecError, TargetRef, parse_spec, slo_text
+from rooftop_planner.spec import KIND, ServingTargetSpec
+
+log = logging.getLogger(__name__)
+
+PODMONITOR_API = ("monitoring.coreos.com/v1", "podmonitors")
+RETRY_DELAY_S = 10.0
+# Plan fields that change the engine; a change here is a "PlanChanged" event.
+PLAN_SHAPE = ("gpu", "tp", "replicas", "maxNumSeqs", "weightDtype", "kvDtype", "maxModelLen")
+
+Obj = dict[str, Any]
+EmitFn = Callable[[Mapping[str, Any], str, str, str], None]
+
+
+class KubeLike(Protocol):
+    """The subset of ``kube.Kube`` the handlers use (tests pass a fake)."""
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None: ...
+    def apply(self, obj: Mapping[str, Any]) -> None: ...
+    def has_api(self, group_version: str, plural: str) -> bool: ...
+    def get_target(self, namespace: str, name: str) -> Obj | None: ...
+    def update_status(
+        self, namespace: str, name: str, mutate: Callable[[Obj], Obj]
+    ) -> Obj | None: ...
+
+
+def kopf_emit(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    """Post a Kubernetes Event about the target through kopf's event queue."""
+    kopf.event(body, type=type_, reason=reason, message=message[:1000])  # type: ignore[arg-type]
+
+
+@dataclass
+class Runtime:
+    """What every handler needs; built once at startup and kept in kopf's memo."""
+
+    kube: KubeLike
+    catalog: Any
+    plan: Callable[..., Any]
+    config: OperatorConfig = field(default_factory=OperatorConfig)
+    emit: EmitFn = kopf_emit
+    metrics: metrics.OperatorMetrics = metrics.DEFAULT
+    now: Callable[[], str] = cnd.now_iso
+
+
+# ---------------------------------------------------------------- pure helpers
+
+
+def plan_status(plan: Any) -> Obj:
+    """A planner ``Plan`` as the camelCase dict stored in ``status.plan``."""
+    dumped: Obj = plan.to_status().model_dump(by_alias=True, exclude_none=True, mode="json")
+    return dumped
+
+
+def plan_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    old = old or {}
+    return any(old.get(k) != new.get(k) for k in PLAN_SHAPE)
+
+
+def describe_plan(plan: Mapping[str, Any]) -> str:
+    """``2x h100-sxm TP1, batch 64, fp8/auto, $6.98/h``."""
+    return (
+        f"{plan.get('replicas')}x {plan.get('gpu')} TP{plan.get('tp')}, "
+        f"batch {plan.get('maxNumSeqs')}, {plan.get('weightDtype')}/{plan.get('kvDtype')}, "
+        f"${float(plan.get('usdPerHour') or 0):.2f}/h"
+    )
+
+
+def _initial(status: Mapping[str, Any]) -> list[Cond]:
+    """Ready and SLOMet belong to other writers; seed them so columns are never blank."""
+    seeds = [
+        Cond(cnd.READY, "False", "Deploying", "waiting for the engine Deployment"),
+        Cond(cnd.SLO_MET, "Unknown", "NotObserved", "no engine metrics observed yet"),
+    ]
+    current = status.get("conditions")
+    return [c for c in seeds if cnd.find(current, c.type) is None]
+
+
+def with_conditions(
+    status: Obj, updates: Sequence[Cond], *, now: str, generation: int, **fields: Any
+) -> Obj:
+    """``status`` with ``fields`` set and ``updates`` merged into its conditions."""
+    merged = cnd.merge(status.get("conditions"), [*_initial(status), *updates], now=now,
+                       generation=generation)  # fmt: skip
+    return {**status, **fields, "conditions": merged, "observedGeneration": generation}
+
+
+def served_model(spec: ServingTargetSpec, catalog: Any) -> str:
+    """What vLLM loads: the catalog entry's Hugging Face repo, else ``spec.model``
+    itself (a repo id, with its config given inline in ``modelConfig``)."""
+    if spec.model_config_json is not None:
+        return spec.model
+    try:
+        repo = catalog.model(spec.model).hf_repo
+    except (KeyError, ValueError):
+        return spec.model
+    return str(repo or spec.model)
+
+
+def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(r.get("uid") == uid and r.get("controller") for r in refs)
+
+
+def is_subset(desired: Any, actual: Any) -> bool:
+    """Whether every field we set already has our value (server defaults aside), so
+    the apply can be skipped. Lists must match element by element."""
+    if isinstance(desired, Mapping):
+        return isinstance(actual, Mapping) and all(
+            k in actual and is_subset(v, actual[k]) for k, v in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(actual, list)
+            and len(desired) == len(actual)
+            and all(is_subset(d, a) for d, a in zip(desired, actual, strict=True))
+        )
+    return bool(desired == actual)
+
+
+# ---------------------------------------------------------------- reconcile
+
+
+def reconcile(
+    rt: Runtime,
+    body: Mapping[str, Any],
+    *,
+    step_time_scale: float = 1.0,
+    requests_per_second: float | None = None,
+    cause: str = "spec_change",
+) -> str:
+    """One pass for one target; returns the result recorded in metrics
+    (``success``, ``skipped`` for invalid/infeasible targets)."""
+    ref = TargetRef.from_body(body)
+    try:
+        spec = parse_spec(body.get("spec") or {})
+    except SpecError as err:
+        _invalid(rt, body, ref, err)
+        return "skipped"
+    try:
+        result = rt.plan(
+            spec,
+            catalog=rt.catalog,
+            step_time_scale=step_time_scale,
+            requests_per_second=requests_per_second,
+        )
+    except (KeyError, ValueError) as err:  # unknown model/GPU, bad modelConfig
+        _plan_error(rt, body, ref, spec, err)
+        return "skipped"
+    _record_plan(rt, ref, spec, result)
+    if not result.feasible:
+        _infeasible(rt, body, ref, spec, result)
+        return "skipped"
+    _deploy(rt, body, ref, spec, result.plan, cause)
+    return "success"
+
+
+def _invalid(rt: Runtime, body: Mapping[str, Any], ref: TargetRef, err: SpecError) -> None:
+    cond = Cond(cnd.PLANNED, "False", "InvalidSpec", str(err))
+    if _write(rt, ref, [cond]):
+        rt.emit(body, "Warning", "InvalidSpec", str(err))
+
+
+def _plan_error(
+    rt: Runtime, body: Mapping[str, Any], ref: TargetRef, spec: ServingTargetSpec, err: Exception
+) -> None:
+    message = f"planner error: {err}"
+    cond = Cond(cnd.PLANNED, "False", "PlannerError", message)
+    if _write(rt, ref, [cond], slo=slo_text(spec)):
+        rt.emit(body, "Warning", "PlannerError", message)
+
+
+def _infeasible(
+    rt: Runtime, body: Mapping[str, Any], ref: TargetRef, spec: ServingTargetSpec, result: Any
+) -> None:
+    """Say why no plan fits; leave the workload exactly as it was."""
+    explanation = str(result.explain())
+    conds = [
+        Cond(cnd.PLANNED, "True", "Planned", "the planner ran on this generation"),
+        Cond(cnd.FEASIBLE, "False", "Infeasible", explanation),
+    ]
+    if _write(rt, ref, conds, slo=slo_text(spec)):
+        rt.emit(body, "Warning", "Infeasible", explanation)
+
+
+def _deploy(
+    rt: Runtime,
+    body: Mapping[str, Any],
+    ref: TargetRef,
+    spec: ServingTargetSpec,
+    plan: Any,
+    cause: str,
+) -> None:
+    new_plan = plan_status(plan)
+    old_plan = (body.get("status") or {}).get("plan")
+    try:
+        apply_children(rt, ref, spec, plan)
+    except (builders.UnsupportedPlan, ChildConflict) as err:
+        reason = "UnsupportedPlan" if isinstance(err, builders.UnsupportedPlan) else "NameConflict"
+        failed = Cond(cnd.DEPLOYED, "False", reason, str(err))
+        if _write(rt, ref, [*_plan_conditions(spec, new_plan), failed], slo=slo_text(spec)):
+            rt.emit(body, "Warning", reason, str(err))
+        return
+    deployed = Cond(cnd.DEPLOYED, "True", "Applied", f"engine {describe_plan(new_plan)}")
+    conds = [*_plan_conditions(spec, new_plan), deployed]
+    _write(rt, ref, conds, plan=new_plan, gpu=new_plan["gpu"], slo=slo_text(spec))
+    if plan_changed(old_plan, new_plan):
+        verb = "PlanChanged" if old_plan else "Planned"
+        rt.emit(body, "Normal", verb, f"{describe_plan(new_plan)} ({cause})")
+        if old_plan:
+            rt.metrics.record_decision(ref.namespace, ref.name, "replan", cause)
+
+
+def _plan_conditions(spec: ServingTargetSpec, plan: Mapping[str, Any]) -> list[Cond]:
+    cost, budget = float(plan.get("usdPerHour") or 0), spec.budget.usd_per_hour
+    within = cost <= budget
+    return [
+        Cond(cnd.PLANNED, "True", "Planned", str(plan.get("summary") or describe_plan(plan))),
+        Cond(cnd.FEASIBLE, "True", "PlanFound", "a plan meets the SLO within the budget"),
+        Cond(
+            cnd.WITHIN_BUDGET,
+            "True" if within else "False",
+            "WithinBudget" if within else "OverBudget",
+            f"plan costs ${cost:.2f}/h of a ${budget:.2f}/h budget",
+        ),
+    ]
+
+
+def _write(rt: Runtime, ref: TargetRef, conds: Sequence[Cond], **fields: Any) -> bool:
+    """Merge our conditions and fields into status; True if anything changed."""
+    now = rt.now()
+
+    def mutate(status: Obj) -> Obj:
+        return with_conditions(status, conds, now=now, generation=ref.generation, **fields)
+
+    return rt.kube.update_status(ref.namespace, ref.name, mutate) is not None
+
+
+def _record_plan(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, result: Any) -> None:
+    plan = result.plan if result.feasible else None
+    ttft = spec.slo.ttft_ms
+    rt.metrics.record_plan(
+        ref.namespace,
+        ref.name,
+        feasible=bool(result.feasible),
+        slo_tpot_s=spec.slo.tpot_ms / 1000.0,
+        slo_ttft_s=None if ttft is None else ttft / 1000.0,
+        budget_usd_per_hour=spec.budget.usd_per_hour,
+        gpu_type=None if plan is None else plan.gpu,
+        gpus=None if plan is None else plan.tp * plan.replicas,
+        usd_per_hour=None if plan is None else plan.usd_per_hour,
+        predicted_tpot_s=None if plan is None else plan.tpot_ms / 1000.0,
+        predicted_ttft_s=None if plan is None or plan.ttft_ms is None else plan.ttft_ms / 1000.0,
+    )
+
+
+# ---------------------------------------------------------------- children
+
+
+class ChildConflict(RuntimeError):
+    """A child's name is taken by an object this target does not control."""
+
+
+def engine_inputs(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: Any) -> Any:
+    gpu = rt.catalog.gpu(plan.gpu)
+    return builders.EngineInputs(
+        ref=ref,
+        spec=spec,
+        plan=plan,
+        served_model=served_model(spec, rt.catalog),
+        node_label=(gpu.node_label_key, gpu.node_label_value),
+        gpu_resource=gpu.resource_name,
+        image=builders.engine_image(spec, rt.config.vllm_image, rt.config.self_image),
+        pod_monitor=rt.kube.has_api(*PODMONITOR_API),
+    )
+
+
+def desired_children(inp: builders.EngineInputs) -> list[Obj]:
+    children = [builders.build_deployment(inp), builders.build_service(inp.ref)]
+    if inp.pod_monitor:
+        children.append(builders.build_pod_monitor(inp.ref))
+    return children
+
+
+def apply_children(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: Any) -> None:
+    """Server-side apply each child that differs from what is there. Raises
+    ``ChildConflict`` rather than take over an object someone else created."""
+    children = desired_children(engine_inputs(rt, ref, spec, plan))
+    for child in children:
+        meta = child["metadata"]
+        current = rt.kube.get(child["apiVersion"], child["kind"], ref.namespace, meta["name"])
+        if current is not None and not controlled_by(current, ref.uid):
+            raise ChildConflict(
+                f"{child['kind']} {meta['name']} exists and is not owned by this ServingTarget"
+            )
+        if current is None or not is_subset(child, current):
+            rt.kube.apply(child)
+            if child["kind"] == "Deployment" and rt.config.fault_pause_after_apply_s:
+                time.sleep(rt.config.fault_pause_after_apply_s)  # test hook, see settings
+
+
+# ---------------------------------------------------------------- readiness
+
+
+def readiness(deployment: Mapping[str, Any]) -> tuple[Cond, int, int]:
+    """(Ready condition, desired replicas, ready replicas) of an engine Deployment.
+    Ready means the rollout finished: every desired pod runs the current template."""
+    spec, status = deployment.get("spec") or {}, deployment.get("status") or {}
+    desired, ready = int(spec.get("replicas", 1)), int(status.get("readyReplicas") or 0)
+    updated, total = int(status.get("updatedReplicas") or 0), int(status.get("replicas") or 0)
+    current = int(status.get("observedGeneration") or 0) >= int(
+        deployment.get("metadata", {}).get("generation") or 0
+    )
+    counts = f"{ready}/{desired} engine replicas ready"
+    if desired == 0:
+        return Cond(cnd.READY, "False", "ScaledToZero", "no engine replicas"), 0, ready
+    if current and updated >= desired and ready >= desired and total == desired:
+        return Cond(cnd.READY, "True", "EngineReady", counts), desired, ready
+    for c in status.get("conditions") or []:
+        if c.get("type") == "Progressing" and c.get("status") == "False":
+            stalled = Cond(cnd.READY, "False", str(c.get("reason")), str(c.get("message")))
+            return stalled, desired, ready
+    reason = "RollingOut" if updated < desired or total > desired else "Deploying"
+    return Cond(cnd.READY, "False", reason, counts), desired, ready
+
+
+def sync_readiness(rt: Runtime, deployment: Mapping[str, Any]) -> None:
+    """Mirror an engine Deployment's rollout state into its target's status."""
+    meta = deployment.get("metadata") or {}
+    owner = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
+    if owner is None or owner.get("kind") != KIND:
+        return
+    cond, desired, ready = readiness(deployment)
+    now = rt.now()
+
+    def mutate(status: Obj) -> Obj:
+        merged = cnd.merge(status.get("conditions"), [cond], now=now)
+        return {**status, "conditions": merged, "replicas": desired,
+                "readyReplicas": ready, "ready": cond.status}  # fmt: skip
+
+    target = rt.kube.get_target(str(meta.get("namespace")), str(owner.get("name")))
+    if target is None or target["metadata"].get("uid") != owner.get("uid"):
+        return  # the owner is gone (or was recreated); GC handles this Deployment
+    rt.kube.update_status(str(meta.get("namespace")), str(owner.get("name")), mutate)
+    rt.metrics.record_replicas(str(meta.get("namespace")), str(owner.get("name")),
+                               desired=desired, ready=ready)  # fmt: skip
+
+
+# ---------------------------------------------------------------- kopf wiring
+
+
+def runtime(memo: Any) -> Runtime:
+    rt: Runtime = memo.runtime
+    return rt
+
+
+def build_runtime(config: OperatorConfig) -> Runtime:
+    """The production runtime: real API client, packaged catalog, the planner."""
+    from rooftop_planner.catalog import load_catalog
+    from rooftop_planner.search import plan_target
+
+    return Runtime(kube=Kube.from_environment(), catalog=load_catalog(), plan=plan_target,
+                   config=config)  # fmt: skip
+
+
+@kopf.on.startup()
+def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    config = getattr(memo, "config", None) or OperatorConfig()
+    configure(settings, config)
+    if getattr(memo, "runtime", None) is None:
+        memo.runtime = build_runtime(config)
+    if config.metrics_port is not None:
+        metrics.start_http_server(config.metrics_port)
+
+
+@kopf.on.resume(crd.GROUP, crd.VERSION, crd.PLURAL)
+@kopf.on.create(crd.GROUP, crd.VERSION, crd.PLURAL)
+@kopf.on.update(crd.GROUP, crd.VERSION, crd.PLURAL, field="spec")
+def reconcile_target(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    rt = runtime(memo)
+    try:
+        result = reconcile(rt, body)
+    except KubeError as err:
+        rt.metrics.record_reconcile("retry")
+        raise kopf.TemporaryError(str(err), delay=RETRY_DELAY_S) from err
+    rt.metrics.record_reconcile(result)
+
+
+def repair_deleted(rt: Runtime, deployment: Mapping[str, Any]) -> bool:
+    """Someone deleted an engine Deployment whose target still exists: reconcile the
+    target at once (it recreates the Deployment) instead of waiting for the next spec
+    change. Returns whether a reconcile ran."""
+    meta = deployment.get("metadata") or {}
+    owner = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
+    if owner is None or owner.get("kind") != KIND:
+        return False
+    target = rt.kube.get_target(str(meta.get("namespace")), str(owner.get("name")))
+    if target is None or target["metadata"].get("uid") != owner.get("uid"):
+        return False  # deleted with its target: garbage collection at work
+    if target["metadata"].get("deletionTimestamp"):
+        return False
+    reconcile(rt, target, cause="other")
+    return True
+
+
+@kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/name": builders.APP_NAME})
+def engine_deployment_event(
+    body: kopf.Body, event: kopf.RawEvent, memo: kopf.Memo, **_: Any
+) -> None:
+    rt = runtime(memo)
+    try:
+        if event.get("type") == "DELETED":
+            repair_deleted(rt, body)
+        else:
+            sync_readiness(rt, body)
+    except KubeError as err:  # event handlers are not retried: the next event will be
+        log.warning("engine %s: %s", body.get("metadata", {}).get("name"), err)
+
+
+@kopf.on.event(crd.GROUP, crd.VERSION, crd.PLURAL)
+def target_event(event: kopf.RawEvent, name: str | None, namespace: str | None,
+                 memo: kopf.Memo, **_: Any) -> None:  # fmt: skip
+    """Drop a deleted target's metric series. A watch event rather than on.delete: a
+    deletion handler would need a finalizer, and the children go by garbage collection."""
+    if event.get("type") == "DELETED":
+        runtime(memo).metrics.forget(str(namespace), str(name))

@@ -1,0 +1,178 @@
+"""The few Kubernetes API calls the operator makes, behind one small class.
+
+Why not kopf's ``patch`` for everything: children are written with server-side apply
+(fieldManager ``rooftop``, force), which is idempotent by construction and takes back
+fields someone edited by hand; and ``status`` is written with read-modify-write guarded
+by ``resourceVersion`` (``update_status``), because three writers share
+``status.conditions`` (the reconcile handler, the readiness watcher and the feedback
+loop) and a merge patch would let one overwrite another's condition.
+
+``Kube`` is the only place that imports the kubernetes client; handler tests pass a fake
+with the same methods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from rooftop_planner.spec import API_VERSION, KIND
+
+FIELD_MANAGER: Final = "rooftop"
+APPLY_CONTENT_TYPE: Final = "application/apply-patch+yaml"
+STATUS_RETRIES: Final = 5
+# Group, version and plural of the ServingTarget API.
+TARGET_GVP: Final = ("rooftop.dev", "v1alpha1", "servingtargets")
+
+log = logging.getLogger(__name__)
+
+Obj = dict[str, Any]
+StatusMutation = Callable[[Obj], Obj]
+
+
+class KubeError(RuntimeError):
+    """An API call failed. ``transient`` errors are worth retrying as they are."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+    @property
+    def transient(self) -> bool:
+        return self.status in (0, 409, 429) or self.status >= 500
+
+    @classmethod
+    def from_api(cls, err: ApiException) -> KubeError:
+        message = str(err.reason)
+        with contextlib.suppress(TypeError, ValueError, KeyError):
+            message = json.loads(err.body or "")["message"]
+        return cls(int(err.status or 0), message)
+
+
+def _plural(kind: str) -> str:
+    """Kinds the operator writes all pluralize regularly (Deployment -> deployments)."""
+    return kind.lower() + "s"
+
+
+class Kube:
+    """Thin synchronous API wrapper; kopf runs our sync handlers in worker threads."""
+
+    def __init__(self, api: Any) -> None:
+        self.api = api
+
+    @classmethod
+    def from_environment(cls) -> Kube:
+        """In-cluster credentials when running in a pod, else $KUBECONFIG / ~/.kube."""
+        try:
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
+        except config.ConfigException:
+            config.load_kube_config()  # type: ignore[no-untyped-call]
+        api = client.ApiClient()
+        # Also the field manager of status updates in managedFields.
+        api.user_agent = "rooftop-operator"
+        return cls(api)
+
+    def _core(self) -> Any:
+        return client.CoreV1Api(self.api)
+
+    def _custom(self) -> Any:
+        return client.CustomObjectsApi(self.api)
+
+    def _plain(self, result: Any) -> Obj:
+        """Typed client models (V1Service) -> the plain dicts everything else uses."""
+        return dict(self.api.sanitize_for_serialization(result) or {})
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
+        """The object, or None when it does not exist."""
+        try:
+            if api_version == "v1":
+                return self._plain(self._read_core(kind, namespace, name))
+            group, version = api_version.split("/")
+            found = self._custom().get_namespaced_custom_object(
+                group, version, namespace, _plural(kind), name
+            )
+            return dict(found)
+        except ApiException as err:
+            if err.status == 404:
+                return None
+            raise KubeError.from_api(err) from err
+
+    def _read_core(self, kind: str, namespace: str, name: str) -> Any:
+        if kind != "Service":
+            raise ValueError(f"core kind {kind} is not used by the operator")
+        return self._core().read_namespaced_service(name, namespace)
+
+    def apply(self, obj: Mapping[str, Any]) -> None:
+        """Server-side apply ``obj`` as field manager ``rooftop``, forcing conflicts:
+        the operator is the source of truth for every field it sets. (No return value:
+        the client deserializes 200 but not the 201 of a first apply.)"""
+        meta = obj["metadata"]
+        options: dict[str, Any] = {
+            "field_manager": FIELD_MANAGER,
+            "force": True,
+            "_content_type": APPLY_CONTENT_TYPE,
+        }
+        try:
+            if obj["apiVersion"] == "v1" and obj["kind"] == "Service":
+                self._core().patch_namespaced_service(
+                    meta["name"], meta["namespace"], dict(obj), **options
+                )
+                return
+            group, version = str(obj["apiVersion"]).split("/")
+            self._custom().patch_namespaced_custom_object(
+                group, version, meta["namespace"], _plural(obj["kind"]), meta["name"],
+                dict(obj), **options,
+            )  # fmt: skip
+        except ApiException as err:
+            raise KubeError.from_api(err) from err
+
+    def has_api(self, group_version: str, plural: str) -> bool:
+        """Whether the API server serves ``plural`` in ``group_version`` (discovery),
+        e.g. ``has_api("monitoring.coreos.com/v1", "podmonitors")``."""
+        group, version = group_version.split("/")
+        try:
+            found = self._custom().get_api_resources(group, version)
+        except ApiException as err:
+            if err.status in (403, 404, 503):
+                return False
+            raise KubeError.from_api(err) from err
+        return any(r.name == plural for r in found.resources or [])
+
+    def get_target(self, namespace: str, name: str) -> Obj | None:
+        return self.get(API_VERSION, KIND, namespace, name)
+
+    def update_status(self, namespace: str, name: str, mutate: StatusMutation) -> Obj | None:
+        """Read the target, let ``mutate`` compute the new ``status`` from the current
+        one, and write it back only if it changed. A concurrent writer makes the write
+        fail with 409 (resourceVersion precondition); then read again and retry.
+
+        Returns the written status, or None when unchanged or the target is gone.
+        """
+        for _ in range(STATUS_RETRIES):
+            target = self.get_target(namespace, name)
+            if target is None:
+                return None
+            current = target.get("status") or {}
+            new = mutate(copy.deepcopy(current))
+            if new == current:
+                return None
+            body = {**target, "status": new}
+            try:
+                self._custom().replace_namespaced_custom_object_status(
+                    *TARGET_GVP[:2], namespace, TARGET_GVP[2], name, body
+                )
+            except ApiException as err:
+                if err.status == 409:
+                    log.debug("status of %s/%s changed under us; retrying", namespace, name)
+                    continue
+                raise KubeError.from_api(err) from err
+            return new
+        raise KubeError(409, f"status of {namespace}/{name} kept changing; gave up")

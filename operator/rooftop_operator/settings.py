@@ -1,0 +1,97 @@
+"""The operator's own configuration, and how it tunes kopf.
+
+``OperatorConfig`` is built once from the command line (``rooftop operator ...``) and
+environment, then handed to every handler through kopf's ``memo``; nothing reads the
+environment after startup, so handlers stay testable with a hand-made config.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Final
+
+import kopf
+
+# Engine image for mode "vllm": pinned to a vLLM 0.33 release so that the flags the
+# builders emit (shared/docs/vllm-flags.md) exist in the binary that reads them.
+VLLM_IMAGE: Final = "vllm/vllm-openai:v0.33.0"
+# Image for mode "simulated": the operator's own image (it ships `rooftop engine-sim`).
+DEFAULT_SELF_IMAGE: Final = "ghcr.io/rooftop-dev/rooftop:0.1.0"
+ANNOTATION_PREFIX: Final = "rooftop.dev"
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """What the operator was told at startup.
+
+    Attributes:
+        namespaces: namespaces to watch; empty with ``clusterwide`` means all.
+        clusterwide: watch every namespace (needs the chart's cluster RBAC scope).
+        peering: kopf peering object name; None runs standalone (one replica, no
+            KopfPeering CRDs needed).
+        vllm_image: engine image for ``mode: vllm`` (a target's spec.engine.image wins).
+        self_image: image for ``mode: simulated``; the chart passes the operator's own.
+        liveness_endpoint: kopf's liveness URL, e.g. ``http://0.0.0.0:8080/healthz``.
+        metrics_port: port of the operator's Prometheus endpoint; None disables it.
+        server_timeout_s / client_timeout_s: watch-request timeouts (see ``configure``).
+        fault_pause_after_apply_s: test hook: sleep this long after applying the
+            Deployment and before the rest, so an e2e test can kill the operator
+            mid-reconcile deterministically. Always 0 in production.
+    """
+
+    namespaces: tuple[str, ...] = ()
+    clusterwide: bool = False
+    peering: str | None = None
+    vllm_image: str = VLLM_IMAGE
+    self_image: str = DEFAULT_SELF_IMAGE
+    liveness_endpoint: str | None = None
+    metrics_port: int | None = None
+    server_timeout_s: int = 300
+    client_timeout_s: int = 330
+    fault_pause_after_apply_s: float = 0.0
+
+
+def env_defaults(environ: Mapping[str, str] | None = None) -> dict[str, object]:
+    """Config values the chart sets through the environment (ROOFTOP_*)."""
+    env = os.environ if environ is None else environ
+    out: dict[str, object] = {}
+    if env.get("ROOFTOP_SELF_IMAGE"):
+        out["self_image"] = env["ROOFTOP_SELF_IMAGE"]
+    if env.get("ROOFTOP_VLLM_IMAGE"):
+        out["vllm_image"] = env["ROOFTOP_VLLM_IMAGE"]
+    if env.get("ROOFTOP_FAULT_PAUSE_AFTER_APPLY_S"):
+        out["fault_pause_after_apply_s"] = float(env["ROOFTOP_FAULT_PAUSE_AFTER_APPLY_S"])
+    return out
+
+
+def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
+    """Apply our choices to kopf's settings (called from the startup handler)."""
+    # Without a server-side timeout, a watch can go silent forever when a proxy or the
+    # API server drops the stream without closing it, and the operator stops seeing
+    # events (nolar/kopf#585). A server timeout below the client one makes the server
+    # end each watch cleanly and kopf reconnect; the client timeout is the safety net.
+    settings.watching.server_timeout = config.server_timeout_s
+    settings.watching.client_timeout = config.client_timeout_s
+    settings.watching.connect_timeout = 30
+    # One replica by default: peering needs the KopfPeering CRDs and extra RBAC.
+    settings.peering.standalone = config.peering is None
+    if config.peering is not None:
+        settings.peering.name = config.peering
+        settings.peering.clusterwide = config.clusterwide
+    # Keep kopf's bookkeeping in annotations: our status schema is generated from the
+    # pydantic models and would prune kopf's `status.kopf` field anyway.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=ANNOTATION_PREFIX
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=ANNOTATION_PREFIX, key="last-handled-configuration"
+    )
+    settings.persistence.finalizer = f"{ANNOTATION_PREFIX}/finalizer"
+    # Routine handler logs stay in the log; Kubernetes events are posted explicitly
+    # (plan changes, infeasible targets) so `kubectl describe st` tells a short story.
+    settings.posting.level = logging.WARNING
+    # Namespace-scoped installs have no cluster-wide RBAC to scan CRDs/namespaces with.
+    settings.scanning.disabled = not config.clusterwide

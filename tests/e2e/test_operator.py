@@ -1,0 +1,529 @@
+"""The operator end to end, on the real local control plane with fake (kwok) GPU nodes.
+
+The chart is installed with Helm; the operator itself runs here as a subprocess, but with
+the chart's ServiceAccount credentials, so every API call it makes goes through the
+chart's real RBAC. kwok marks pods on fake nodes Running and Ready, so "Ready" in these
+tests means: the planned GPU selector matched a node, the scheduler bound the pods, and
+the operator saw the Deployment's rollout finish.
+
+Everything polls (tests.cluster.handle.wait_until); nothing sleeps a fixed time.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from rooftop_planner.catalog import Catalog, load_catalog
+from rooftop_planner.search import plan_target
+from rooftop_planner.spec import ServingTarget
+from tests.cluster.controlplane import find_binary
+from tests.cluster.handle import ClusterHandle, wait_until
+from tests.cluster.nodes import GpuType, gpu_node
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "rooftop"
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+RELEASE = "op-e2e"
+SERVICE_ACCOUNT = f"{RELEASE}-rooftop"  # rooftop.fullname for this release
+GROUP, VERSION, PLURAL = "rooftop.dev", "v1alpha1", "servingtargets"
+ENGINE = "app.kubernetes.io/name=rooftop-engine"
+TIMEOUT = 60.0
+
+Obj = dict[str, Any]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Operator:
+    """`python -m rooftop_operator` as a subprocess with a ServiceAccount kubeconfig."""
+
+    kubeconfig: Path
+    namespace: str
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self, **env: str) -> None:
+        port = free_port()
+        self.starts += 1
+        log = self.log_path.open("ab")
+        log.write(f"\n===== start {self.starts} =====\n".encode())
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rooftop_operator", "--namespace", self.namespace,
+             "--liveness", f"http://127.0.0.1:{port}/healthz", "--verbose"],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            env=os.environ | {"KUBECONFIG": str(self.kubeconfig),
+                              "ROOFTOP_SELF_IMAGE": "rooftop:e2e", **env},
+        )  # fmt: skip
+        wait_until(lambda: self._healthy(port), 30, f"operator liveness\n{self.tail()}")
+
+    def _healthy(self, port: int) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"operator exited {self.proc.returncode}\n{self.tail()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def tail(self, lines: int = 40) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def log_since_start(self) -> str:
+        text = self.log_path.read_text(errors="replace")
+        return text.rsplit(f"===== start {self.starts} =====", 1)[-1]
+
+
+@dataclass
+class Env:
+    cluster: ClusterHandle
+    api: Any
+    namespace: str  # where the ServingTargets live
+    operator: Operator
+    catalog: Catalog
+    nodes: list[str] = field(default_factory=list)
+
+    # ---- reads
+    def target(self, name: str) -> Obj:
+        found: Obj = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, name
+        )
+        return found
+
+    def deployment(self, name: str) -> Obj | None:
+        try:
+            found = client.AppsV1Api(self.api).read_namespaced_deployment(
+                f"{name}-engine", self.namespace
+            )
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return dict(self.api.sanitize_for_serialization(found))
+
+    def listed(self, kind: str, selector: str) -> list[Obj]:
+        method = {
+            "Pod": client.CoreV1Api(self.api).list_namespaced_pod,
+            "Service": client.CoreV1Api(self.api).list_namespaced_service,
+            "Deployment": client.AppsV1Api(self.api).list_namespaced_deployment,
+            "ReplicaSet": client.AppsV1Api(self.api).list_namespaced_replica_set,
+        }[kind]
+        items = method(self.namespace, label_selector=selector).items
+        return [dict(self.api.sanitize_for_serialization(i)) for i in items]
+
+    def condition(self, name: str, type_: str) -> Obj:
+        for cond in self.target(name).get("status", {}).get("conditions", []):
+            if cond["type"] == type_:
+                return dict(cond)
+        return {}
+
+    # ---- writes
+    def apply(self, doc: Obj) -> None:
+        path = (
+            self.operator.log_path.parent / f"{doc['metadata']['name']}-{uuid.uuid4().hex[:6]}.yaml"
+        )
+        path.write_text(yaml.safe_dump(doc))
+        self.cluster.kubectl("apply", "-n", self.namespace, "-f", str(path))
+
+    # ---- waits
+    def wait_condition(self, name: str, type_: str, status: str, generation: int = 1) -> Obj:
+        def check() -> Obj | None:
+            cond = self.condition(name, type_)
+            target = self.target(name)
+            seen = target.get("status", {}).get("observedGeneration", 0)
+            return cond if cond.get("status") == status and seen >= generation else None
+
+        what = f"{name} {type_}={status} (gen {generation})\n{self.operator.tail()}"
+        found: Obj = wait_until(check, TIMEOUT, what)  # type: ignore[assignment]
+        return found
+
+
+def load(path: Path, name: str | None = None) -> Obj:
+    doc: Obj = yaml.safe_load(path.read_text())
+    if name:
+        doc["metadata"]["name"] = name
+    return doc
+
+
+def expected_plan(doc: Obj, catalog: Catalog) -> Any:
+    result = plan_target(ServingTarget.model_validate(doc).spec, catalog=catalog)
+    assert result.feasible, result.explain()
+    return result.plan
+
+
+def ensure_gpu_nodes(env: Env, plan: Any) -> None:
+    """Give the planned GPU type fake nodes big enough for the plan (the default fleet
+    has H100, A100 and 1-GPU L4 nodes; the examples also plan L40S, H200, GH200...)."""
+    gpu = env.catalog.gpu(plan.gpu)
+    core = client.CoreV1Api(env.api)
+    selector = f"{gpu.node_label_key}={gpu.node_label_value}"
+    nodes = core.list_node(label_selector=selector).items
+    big = [n for n in nodes if int((n.status.allocatable or {}).get(gpu.resource_name, 0)) >= 8]
+    if len(big) >= 2 or plan.tp > 8:
+        return
+    prefix = f"e2e-{gpu.id}-{uuid.uuid4().hex[:4]}"
+    memory_mib = int(gpu.hbm_bytes / 2**20)
+    flavour = GpuType(
+        prefix, gpu.node_label_value, 8, memory_mib, "e2e", (9, 0), "e2e", "192", "2Ti"
+    )
+    for i in range(2 - len(big)):
+        node = gpu_node(flavour, i)
+        core.create_node(node)
+        env.nodes.append(node["metadata"]["name"])
+
+    def ready() -> bool:
+        found = core.list_node(label_selector=selector).items
+        return (
+            all(
+                any(c.type == "Ready" and c.status == "True" for c in n.status.conditions or [])
+                for n in found
+            )
+            and len(found) >= 2
+        )
+
+    wait_until(ready, TIMEOUT, f"fake {gpu.id} nodes Ready")
+
+
+@pytest.fixture(scope="module")
+def env(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
+    suffix = uuid.uuid4().hex[:6]
+    system, targets = f"rooftop-system-{suffix}", f"targets-{suffix}"
+    cluster.create_namespace(system)
+    cluster.create_namespace(targets)
+    cluster.helm("install", RELEASE, str(CHART), "--namespace", system,
+                 "--set", "image.tag=e2e")  # fmt: skip
+    kubeconfig = cluster.serviceaccount_kubeconfig(system, SERVICE_ACCOUNT)
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    api = cluster.api()
+    e = Env(cluster, api, targets, Operator(kubeconfig, targets, log), load_catalog())
+    e.operator.start()
+    try:
+        yield e
+    finally:
+        e.operator.stop()
+        cluster.kubectl("delete", "namespace", targets, "--wait=false", check=False)
+        cluster.helm("uninstall", RELEASE, "--namespace", system, check=False)
+        cluster.kubectl("delete", "namespace", system, "--wait=false", check=False)
+        for node in e.nodes:
+            cluster.kubectl("delete", "node", node, "--wait=false", check=False)
+        api.close()
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_chart_installs_the_crd_and_operator(env: Env) -> None:
+    crds = env.cluster.kubectl("get", "crd", "servingtargets.rooftop.dev", "-o", "name")
+    assert "servingtargets.rooftop.dev" in crds.stdout
+    # The SA kubeconfig really is restricted: it may not read Secrets.
+    kubectl = str(find_binary("kubectl", env.cluster.bin_dir))
+    denied = subprocess.run(
+        [kubectl, f"--kubeconfig={env.operator.kubeconfig}",
+         "auth", "can-i", "get", "secrets", "-n", env.namespace],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert denied.stdout.strip() == "no"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_example_is_planned_deployed_and_ready(env: Env, example: Path) -> None:
+    doc = load(example)
+    name, plan = doc["metadata"]["name"], expected_plan(doc, env.catalog)
+    ensure_gpu_nodes(env, plan)
+    env.apply(doc)
+    env.wait_condition(name, "Ready", "True")
+
+    gpu = env.catalog.gpu(plan.gpu)
+    deployment = env.deployment(name)
+    assert deployment is not None
+    pod_spec = deployment["spec"]["template"]["spec"]
+    assert pod_spec["nodeSelector"][gpu.node_label_key] == gpu.node_label_value
+    limits = pod_spec["containers"][0]["resources"]["limits"]
+    assert limits == {gpu.resource_name: str(plan.tp)}
+    assert deployment["spec"]["replicas"] == plan.replicas
+
+    pods = env.listed("Pod", f"{ENGINE},rooftop.dev/servingtarget={name}")
+    assert len(pods) == plan.replicas
+    core = client.CoreV1Api(env.api)
+    for pod in pods:
+        assert pod["status"]["phase"] == "Running"
+        node = core.read_node(pod["spec"]["nodeName"])
+        assert node.metadata.labels[gpu.node_label_key] == gpu.node_label_value
+
+    status = env.target(name)["status"]
+    assert status["plan"]["gpu"] == plan.gpu and status["plan"]["tp"] == plan.tp
+    assert status["ready"] == "True" and status["readyReplicas"] == plan.replicas
+    for type_ in ("Planned", "Feasible", "Deployed", "WithinBudget"):
+        assert env.condition(name, type_)["status"] == "True", type_
+
+    table = env.cluster.kubectl("get", "st", name, "-n", env.namespace).stdout.splitlines()
+    assert table[0].split() == ["NAME", "MODEL", "GPU", "TP", "REPLICAS", "BATCH", "TPOT",
+                                "SLO", "$/H", "READY", "AGE"]  # fmt: skip
+    row = table[1].split()
+    assert row[:6] == [name, doc["spec"]["model"], plan.gpu, str(plan.tp), str(plan.replicas),
+                       str(plan.max_num_seqs)]  # fmt: skip
+    assert "True" in row
+
+
+def test_slo_edit_replans_and_rolls_the_deployment(env: Env) -> None:
+    doc = load(ROOT / "examples" / "chat-llama-3.1-8b.yaml", name="chat-edit")
+    before = expected_plan(doc, env.catalog)
+    edited = copy.deepcopy(doc)
+    for tpot in (15, 12, 40, 60, 100):
+        edited["spec"]["slo"]["tpotMs"] = tpot
+        after = expected_plan(edited, env.catalog)
+        if (after.gpu, after.tp, after.max_num_seqs) != (
+            before.gpu,
+            before.tp,
+            before.max_num_seqs,
+        ):
+            break
+    else:
+        pytest.fail("no SLO edit changes the plan; adjust the candidates")
+    ensure_gpu_nodes(env, before)
+    ensure_gpu_nodes(env, after)
+    env.apply(doc)
+    env.wait_condition("chat-edit", "Ready", "True")
+    first = env.deployment("chat-edit")
+    assert first is not None
+
+    env.apply(edited)
+    env.wait_condition("chat-edit", "Ready", "True", generation=2)
+    rolled = env.deployment("chat-edit")
+    assert rolled is not None
+    assert rolled["metadata"]["uid"] == first["metadata"]["uid"]  # same Deployment, rolled
+    args = rolled["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--max-num-seqs") + 1] == str(after.max_num_seqs)
+    gpu = env.catalog.gpu(after.gpu)
+    assert rolled["spec"]["template"]["spec"]["nodeSelector"][gpu.node_label_key] == (
+        gpu.node_label_value
+    )
+    replica_sets = env.listed("ReplicaSet", "rooftop.dev/servingtarget=chat-edit")
+    assert len(replica_sets) == 2  # old one scaled to 0, new one serving
+    assert env.target("chat-edit")["status"]["plan"]["gpu"] == after.gpu
+    events = env.cluster.kubectl(
+        "get", "events", "-n", env.namespace, "--field-selector",
+        "involvedObject.name=chat-edit,reason=PlanChanged", "-o", "name",
+    )  # fmt: skip
+    assert events.stdout.strip(), "no PlanChanged event"
+
+
+def test_infeasible_target_reports_why_and_deploys_nothing(env: Env) -> None:
+    doc = load(ROOT / "examples" / "chat-llama-3.1-8b.yaml", name="impossible")
+    doc["spec"]["slo"]["tpotMs"] = 0.5
+    env.apply(doc)
+    feasible = env.wait_condition("impossible", "Feasible", "False")
+    assert feasible["reason"] == "Infeasible"
+    assert "0.5 ms" in feasible["message"]  # the planner's explanation
+    assert env.deployment("impossible") is None
+    assert not env.listed("Service", "rooftop.dev/servingtarget=impossible")
+
+
+def _children(env: Env, name: str) -> dict[str, list[Obj]]:
+    selector = f"rooftop.dev/servingtarget={name}"
+    return {kind: env.listed(kind, selector) for kind in ("Deployment", "Service", "ReplicaSet")}
+
+
+def test_restart_is_idempotent(env: Env) -> None:
+    doc = load(ROOT / "examples" / "simulated-chat.yaml", name="steady")
+    ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
+    env.apply(doc)
+    env.wait_condition("steady", "Ready", "True")
+    versions = {
+        kind: [o["metadata"]["resourceVersion"] for o in objs]
+        for kind, objs in _children(env, "steady").items()
+    }
+    status = env.target("steady")["status"]
+    env.operator.stop()
+    env.operator.start()
+    wait_until(
+        lambda: f"[{env.namespace}/steady] Resuming is processed"
+        in env.operator.log_since_start(),
+        TIMEOUT, "the restarted operator resumed 'steady'",
+    )  # fmt: skip
+    after = {
+        kind: [o["metadata"]["resourceVersion"] for o in objs]
+        for kind, objs in _children(env, "steady").items()
+    }
+    assert after == versions
+    assert env.target("steady")["status"] == status
+
+
+def test_sigkill_mid_reconcile_converges_without_duplicates(env: Env) -> None:
+    doc = load(ROOT / "examples" / "simulated-chat.yaml", name="crashy")
+    ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
+    env.operator.stop()
+    # The fault hook pauses each reconcile right after the Deployment is applied.
+    env.operator.start(ROOFTOP_FAULT_PAUSE_AFTER_APPLY_S="120")
+    env.apply(doc)
+    wait_until(lambda: env.deployment("crashy"), TIMEOUT, "crashy's Deployment")
+    assert "plan" not in env.target("crashy").get("status", {})  # really mid-reconcile
+    env.operator.stop(signal.SIGKILL)
+    first_uid = env.deployment("crashy")["metadata"]["uid"]  # type: ignore[index]
+
+    env.operator.start()
+    env.wait_condition("crashy", "Ready", "True")
+    target_uid = env.target("crashy")["metadata"]["uid"]
+    children = _children(env, "crashy")
+    assert [len(children[k]) for k in ("Deployment", "Service", "ReplicaSet")] == [1, 1, 1]
+    assert children["Deployment"][0]["metadata"]["uid"] == first_uid
+    for objs in (children["Deployment"], children["Service"]):
+        owners = objs[0]["metadata"]["ownerReferences"]
+        assert [o["uid"] for o in owners] == [target_uid]
+
+
+def test_deleted_engine_deployment_is_recreated(env: Env) -> None:
+    doc = load(ROOT / "examples" / "simulated-chat.yaml", name="drift")
+    ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
+    env.apply(doc)
+    env.wait_condition("drift", "Ready", "True")
+    old = env.deployment("drift")
+    assert old is not None
+    env.cluster.kubectl("delete", "deployment", "drift-engine", "-n", env.namespace)
+
+    def replaced() -> Obj | None:
+        new = env.deployment("drift")
+        return new if new and new["metadata"]["uid"] != old["metadata"]["uid"] else None
+
+    wait_until(replaced, TIMEOUT, f"drift-engine to be recreated\n{env.operator.tail()}")
+    wait_until(lambda: env.condition("drift", "Ready").get("status") == "True", TIMEOUT,
+               "drift Ready again")  # fmt: skip
+
+
+def test_delete_garbage_collects_children(env: Env) -> None:
+    """No finalizer: Kubernetes' garbage collector removes the children through their
+    ownerReferences. On a fresh cluster this takes up to ~30 s, because the collector
+    starts watching a newly installed CRD's kind only at its next periodic resync."""
+    doc = load(ROOT / "examples" / "simulated-chat.yaml", name="doomed")
+    ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
+    env.apply(doc)
+    env.wait_condition("doomed", "Ready", "True")
+    env.cluster.kubectl("delete", "st", "doomed", "-n", env.namespace, "--wait=true")
+    selector = "rooftop.dev/servingtarget=doomed"
+
+    def gone() -> bool:
+        return not any(env.listed(kind, selector) for kind in ("Deployment", "Service", "Pod"))
+
+    wait_until(gone, 2 * TIMEOUT, "doomed's Deployment, Service and pods to be collected")
+
+
+POD_MONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "podmonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "scope": "Namespaced",
+        "names": {"kind": "PodMonitor", "plural": "podmonitors", "singular": "podmonitor",
+                  "listKind": "PodMonitorList"},
+        "versions": [{
+            "name": "v1", "served": True, "storage": True,
+            "schema": {"openAPIV3Schema": {"type": "object",
+                                           "x-kubernetes-preserve-unknown-fields": True}},
+        }],
+    },
+}  # fmt: skip
+
+
+def test_pod_monitor_when_the_prometheus_operator_is_installed(env: Env) -> None:
+    """With the PodMonitor API served, scraping moves from pod annotations to a
+    PodMonitor (a stand-in CRD: only its API matters here). Removed afterwards so later
+    tests see a cluster without the Prometheus Operator again."""
+    existing = env.cluster.kubectl("get", "crd", POD_MONITOR_CRD["metadata"]["name"],
+                                   check=False)  # fmt: skip
+    if existing.returncode == 0:
+        pytest.skip("a real PodMonitor CRD is installed; not replacing it")
+    crd_file = env.operator.log_path.parent / "podmonitor-crd.yaml"
+    crd_file.write_text(yaml.safe_dump(POD_MONITOR_CRD))
+    env.cluster.kubectl("apply", "-f", str(crd_file))
+    try:
+        env.cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+                            "crd/podmonitors.monitoring.coreos.com")  # fmt: skip
+        doc = load(ROOT / "examples" / "simulated-chat.yaml", name="monitored")
+        ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
+        env.apply(doc)
+        env.wait_condition("monitored", "Ready", "True")
+        monitor: Obj = client.CustomObjectsApi(env.api).get_namespaced_custom_object(
+            "monitoring.coreos.com", "v1", env.namespace, "podmonitors", "monitored-engine"
+        )
+        labels = {
+            r["targetLabel"] for r in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]
+        }
+        assert labels == {"namespace", "servingtarget"}
+        assert monitor["metadata"]["ownerReferences"][0]["name"] == "monitored"
+        deployment = env.deployment("monitored")
+        assert deployment is not None
+        assert "prometheus.io/scrape" not in (
+            deployment["spec"]["template"]["metadata"].get("annotations") or {}
+        )
+    finally:
+        env.cluster.kubectl("delete", "crd", POD_MONITOR_CRD["metadata"]["name"], check=False)
+
+
+def test_namespace_scoped_install_needs_no_cluster_permissions(env: Env, tmp_path: Path) -> None:
+    """rbac.scope=namespace: a Role in the watched namespace only. kopf must run without
+    cluster-wide list/watch (no namespace or CRD scanning)."""
+    suffix = uuid.uuid4().hex[:6]
+    watched, release = f"team-{suffix}", f"ns-{suffix}"
+    env.cluster.create_namespace(watched)
+    env.cluster.helm(
+        "install", release, str(CHART), "--namespace", watched, "--set", "rbac.scope=namespace",
+        "--set", "dashboards.enabled=false", "--set", "metrics.enabled=false",
+    )  # fmt: skip
+    operator = Operator(
+        env.cluster.serviceaccount_kubeconfig(watched, f"{release}-rooftop"),
+        watched,
+        tmp_path / "operator.log",
+    )
+    try:
+        can_list_namespaces = subprocess.run(
+            [str(find_binary("kubectl", env.cluster.bin_dir)),
+             f"--kubeconfig={operator.kubeconfig}", "auth", "can-i", "list", "namespaces"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert can_list_namespaces.stdout.strip() == "no"
+        operator.start()
+        doc = load(ROOT / "examples" / "simulated-chat.yaml", name="scoped")
+        ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
+        scoped = Env(env.cluster, env.api, watched, operator, env.catalog)
+        scoped.apply(doc)
+        scoped.wait_condition("scoped", "Ready", "True")
+        assert scoped.deployment("scoped") is not None
+    finally:
+        operator.stop()
+        env.cluster.helm("uninstall", release, "--namespace", watched, check=False)
+        env.cluster.kubectl("delete", "namespace", watched, "--wait=false", check=False)

@@ -1,0 +1,190 @@
+"""Fakes for the operator's unit tests: an in-memory API, a planner stub, an event sink.
+
+Why fakes and not a mock library: the fake API keeps objects and status like the real
+one (including "unchanged status is not written"), so tests can assert on the state a
+reconcile leaves behind and on how many writes it made.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from rooftop_operator.handlers import Runtime
+from rooftop_operator.metrics import OperatorMetrics
+from rooftop_operator.settings import OperatorConfig
+from rooftop_planner.catalog import Catalog, load_catalog
+from rooftop_planner.spec import PlanStatus, PredictedLatency
+
+Obj = dict[str, Any]
+NS = "team-a"
+UID = "0b7e4f5e-1111-2222-3333-444455556666"
+
+
+def target_body(name: str = "chat", spec: Mapping[str, Any] | None = None, **status: Any) -> Obj:
+    """A ServingTarget body as kopf would hand it to a handler."""
+    return {
+        "apiVersion": "rooftop.dev/v1alpha1",
+        "kind": "ServingTarget",
+        "metadata": {"name": name, "namespace": NS, "uid": UID, "generation": 1},
+        "spec": dict(spec if spec is not None else SPEC),
+        "status": status,
+    }
+
+
+SPEC: Obj = {
+    "model": "llama-3.1-8b",
+    "slo": {"tpotMs": 50, "ttftMs": 1000},
+    "workload": {
+        "requestsPerSecond": 4,
+        "promptTokens": {"mean": 512, "p90": 1024},
+        "outputTokens": {"mean": 128},
+    },
+    "budget": {"usdPerHour": 20},
+}
+
+
+@dataclass(frozen=True)
+class FakePlan:
+    """Quacks like rooftop_planner.search.Plan."""
+
+    gpu: str = "h100-sxm"
+    tp: int = 1
+    replicas: int = 2
+    max_num_seqs: int = 64
+    weight_dtype: str = "bf16"
+    kv_dtype: str = "auto"
+    max_model_len: int = 4096
+    gpu_memory_utilization: float = 0.9
+    tpot_ms: float = 30.0
+    ttft_ms: float = 200.0
+    output_tok_s: float = 1500.0
+    usd_per_hour: float = 6.98
+    summary: str = "2x h100-sxm TP1"
+
+    def to_status(self) -> PlanStatus:
+        return PlanStatus(
+            gpu=self.gpu, tp=self.tp, replicas=self.replicas, max_num_seqs=self.max_num_seqs,
+            weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype,
+            max_model_len=self.max_model_len, usd_per_hour=self.usd_per_hour,
+            predicted=PredictedLatency(tpot_ms=self.tpot_ms, ttft_ms=self.ttft_ms),
+            summary=self.summary,
+        )  # fmt: skip
+
+
+@dataclass
+class FakeResult:
+    feasible: bool
+    plan: FakePlan | None
+    reasons: list[str] = field(default_factory=list)
+
+    def explain(self) -> str:
+        return "no plan: " + "; ".join(self.reasons)
+
+
+@dataclass
+class FakePlanner:
+    """Returns ``result``; records the keyword arguments of each call."""
+
+    result: FakeResult = field(default_factory=lambda: FakeResult(True, FakePlan()))
+    calls: list[Obj] = field(default_factory=list)
+    error: Exception | None = None
+
+    def __call__(self, spec: Any, **kwargs: Any) -> FakeResult:
+        self.calls.append(kwargs)
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+class FakeKube:
+    """In-memory API: objects by (kind, namespace, name); counts writes."""
+
+    def __init__(self, pod_monitors: bool = False) -> None:
+        self.objects: dict[tuple[str, str, str], Obj] = {}
+        self.applied: list[Obj] = []
+        self.status_writes = 0
+        self.pod_monitors = pod_monitors
+
+    def add(self, obj: Mapping[str, Any]) -> None:
+        meta = obj["metadata"]
+        self.objects[(obj["kind"], meta["namespace"], meta["name"])] = copy.deepcopy(dict(obj))
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
+        found = self.objects.get((kind, namespace, name))
+        return copy.deepcopy(found) if found is not None else None
+
+    def apply(self, obj: Mapping[str, Any]) -> None:
+        self.applied.append(copy.deepcopy(dict(obj)))
+        self.add(obj)
+
+    def has_api(self, group_version: str, plural: str) -> bool:
+        return self.pod_monitors and plural == "podmonitors"
+
+    def get_target(self, namespace: str, name: str) -> Obj | None:
+        return self.get("rooftop.dev/v1alpha1", "ServingTarget", namespace, name)
+
+    def update_status(self, namespace: str, name: str, mutate: Callable[[Obj], Obj]) -> Obj | None:
+        target = self.objects.get(("ServingTarget", namespace, name))
+        if target is None:
+            return None
+        current = target.get("status") or {}
+        new = mutate(copy.deepcopy(current))
+        if new == current:
+            return None
+        target["status"] = new
+        self.status_writes += 1
+        return new
+
+    def status(self, name: str = "chat") -> Obj:
+        return dict(self.objects[("ServingTarget", NS, name)].get("status") or {})
+
+
+@dataclass
+class Events:
+    items: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def __call__(self, body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        self.items.append((type_, reason, message))
+
+    @property
+    def reasons(self) -> list[str]:
+        return [reason for _, reason, _ in self.items]
+
+
+@pytest.fixture(scope="session")
+def catalog() -> Catalog:
+    return load_catalog()
+
+
+@pytest.fixture
+def kube() -> FakeKube:
+    return FakeKube()
+
+
+@pytest.fixture
+def events() -> Events:
+    return Events()
+
+
+@pytest.fixture
+def planner() -> FakePlanner:
+    return FakePlanner()
+
+
+@pytest.fixture
+def rt(kube: FakeKube, catalog: Catalog, planner: FakePlanner, events: Events) -> Runtime:
+    return Runtime(
+        kube=kube,
+        catalog=catalog,
+        plan=planner,
+        config=OperatorConfig(namespaces=(NS,)),
+        emit=events,
+        metrics=OperatorMetrics(CollectorRegistry()),
+        now=lambda: "2026-01-01T00:00:00Z",
+    )

@@ -1,0 +1,327 @@
+"""Builders are pure: each test builds dicts and reads them like kubectl would."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from conftest import NS, SPEC, UID, FakePlan
+
+from rooftop_operator import builders
+from rooftop_operator.engine_sim import server as engine_sim
+from rooftop_operator.specs import TargetRef, parse_spec
+from rooftop_planner.catalog import Catalog
+
+# The vLLM 0.33 flags an operator may set, verbatim from shared/docs/vllm-flags.md
+# (read from vllm/engine/arg_utils.py of the 0.33.0 wheel). Removed/deprecated flags are
+# deliberately absent.
+VLLM_033_FLAGS_DOC = """
+--tensor-parallel-size / -tp N
+--pipeline-parallel-size / -pp N
+--data-parallel-size / -dp N   (+ --data-parallel-size-local, --enable-expert-parallel for MoE)
+--distributed-executor-backend {mp,ray,...}
+--max-num-seqs N
+--max-num-batched-tokens N
+--max-model-len N
+--gpu-memory-utilization F     alias --device-memory-utilization (0.33)
+                               alt: --kv-cache-memory-bytes
+--quantization / -q METHOD     (+ --quantization-config, --allow-deprecated-quantization)
+--kv-cache-dtype {auto,fp8,fp8_e4m3,fp8_e5m2,bfloat16,...}
+--enable-chunked-prefill / --no-enable-chunked-prefill
+--enable-prefix-caching / --no-enable-prefix-caching
+--speculative-config / -sc JSON
+--block-size N
+--served-model-name NAME [NAME...]
+--enforce-eager, --async-scheduling, --kv-transfer-config JSON (P/D), --disable-log-stats,
+--show-hidden-metrics-for-version X.Y, --custom-histogram-buckets JSON (0.33)
+"""
+# Server-level flags every `vllm serve` has (vllm/entrypoints/openai/cli_args.py).
+SERVER_FLAGS = {"--model", "--port", "--host"}
+ALLOWED_FLAGS = set(re.findall(r"--[a-z0-9][a-z0-9-]*", VLLM_033_FLAGS_DOC)) | SERVER_FLAGS
+KV_CHOICES = {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"}
+
+REF = TargetRef(name="chat", namespace=NS, uid=UID, generation=3)
+
+
+def inputs(catalog: Catalog, spec: dict[str, Any] | None = None, **plan: Any) -> Any:
+    parsed = parse_spec(spec or SPEC)
+    the_plan = FakePlan(**plan)
+    gpu = catalog.gpu(the_plan.gpu)
+    return builders.EngineInputs(
+        ref=REF,
+        spec=parsed,
+        plan=the_plan,
+        served_model="meta-llama/Llama-3.1-8B-Instruct",
+        node_label=(gpu.node_label_key, gpu.node_label_value),
+        gpu_resource=gpu.resource_name,
+        image=builders.engine_image(parsed, "vllm/vllm-openai:v0.33.0", "rooftop:test"),
+    )
+
+
+def pod_spec(deployment: dict[str, Any]) -> dict[str, Any]:
+    spec: dict[str, Any] = deployment["spec"]["template"]["spec"]
+    return spec
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    (only,) = pod_spec(deployment)["containers"]
+    return dict(only)
+
+
+def flags(args: list[str]) -> list[str]:
+    return [a for a in args if a.startswith("--")]
+
+
+def test_flags_list_is_parsed() -> None:
+    assert {"--tensor-parallel-size", "--max-num-seqs", "--kv-cache-dtype"} <= ALLOWED_FLAGS
+    assert "--swap-space" not in ALLOWED_FLAGS  # removed in V1: must never be emitted
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        {},
+        {"tp": 4, "weight_dtype": "fp8", "kv_dtype": "fp8"},
+        {"weight_dtype": "int4", "kv_dtype": "bf16", "max_model_len": 0},
+        {"gpu": "l4", "weight_dtype": "fp16"},
+    ],
+)
+def test_vllm_args_use_only_vllm_033_flags(catalog: Catalog, plan: dict[str, Any]) -> None:
+    args = builders.vllm_args(inputs(catalog, **plan))
+    assert set(flags(args)) <= ALLOWED_FLAGS
+    assert set(flags(args)) <= builders.ENGINE_FLAGS
+    kv = args[args.index("--kv-cache-dtype") + 1]
+    assert kv in KV_CHOICES
+
+
+def test_vllm_args_carry_the_plan(catalog: Catalog) -> None:
+    args = builders.vllm_args(inputs(catalog, tp=2, max_num_seqs=48, weight_dtype="fp8"))
+    pairs = {flag: args[i + 1] for i, flag in enumerate(args) if flag.startswith("--")}
+    assert pairs["--model"] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert pairs["--tensor-parallel-size"] == "2"
+    assert pairs["--max-num-seqs"] == "48"
+    assert pairs["--max-model-len"] == "4096"
+    assert pairs["--gpu-memory-utilization"] == "0.9"
+    assert pairs["--quantization"] == "fp8"
+    assert pairs["--port"] == "8000"
+    # First served name is the one vLLM puts in the model_name metric label.
+    names = args[args.index("--served-model-name") + 1 :]
+    assert names[:2] == ["llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct"]
+
+
+def test_16_bit_weights_need_no_quantization_flag(catalog: Catalog) -> None:
+    assert "--quantization" not in builders.vllm_args(inputs(catalog, weight_dtype="bf16"))
+
+
+def test_extra_args_are_appended_last(catalog: Catalog) -> None:
+    spec = {**SPEC, "engine": {"extraArgs": ["--enable-prefix-caching"]}}
+    assert builders.vllm_args(inputs(catalog, spec))[-1] == "--enable-prefix-caching"
+
+
+def test_kv_dtype_vllm_cannot_store_is_refused(catalog: Catalog) -> None:
+    with pytest.raises(builders.UnsupportedPlan, match="int8 KV cache"):
+        builders.vllm_args(inputs(catalog, kv_dtype="int8"))
+
+
+@pytest.mark.parametrize(
+    ("gpu", "product"),
+    [("h100-sxm", "NVIDIA-H100-80GB-HBM3"), ("a100-80gb", "NVIDIA-A100-SXM4-80GB"),
+     ("l4", "NVIDIA-L4")],
+)  # fmt: skip
+def test_node_selector_targets_the_planned_gpu(catalog: Catalog, gpu: str, product: str) -> None:
+    deployment = builders.build_deployment(inputs(catalog, gpu=gpu))
+    assert pod_spec(deployment)["nodeSelector"] == {"nvidia.com/gpu.product": product}
+
+
+def test_user_node_selector_is_merged_but_the_plan_wins(catalog: Catalog) -> None:
+    selector = {"pool": "inference", "nvidia.com/gpu.product": "NVIDIA-L4"}
+    spec = {**SPEC, "constraints": {"nodeSelector": selector}}
+    deployment = builders.build_deployment(inputs(catalog, spec, gpu="h100-sxm"))
+    assert pod_spec(deployment)["nodeSelector"] == {
+        "pool": "inference",
+        "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+    }
+
+
+def test_non_nvidia_gpu_uses_its_own_label_and_resource(catalog: Catalog) -> None:
+    deployment = builders.build_deployment(inputs(catalog, gpu="mi300x"))
+    assert pod_spec(deployment)["nodeSelector"] == {
+        "amd.com/gpu.product-name": "AMD_Instinct_MI300X"
+    }
+    resources = container(deployment)["resources"]
+    assert resources["limits"] == {"amd.com/gpu": "1"}
+    assert {"key": "amd.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod_spec(
+        deployment
+    )["tolerations"]
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+def test_gpu_request_equals_limit_equals_tp(catalog: Catalog, tp: int) -> None:
+    resources = container(builders.build_deployment(inputs(catalog, tp=tp)))["resources"]
+    assert resources["limits"] == {"nvidia.com/gpu": str(tp)}
+    assert resources["requests"]["nvidia.com/gpu"] == str(tp)
+
+
+@pytest.mark.parametrize(("tp", "has_shm"), [(1, False), (2, True), (8, True)])
+def test_dev_shm_only_with_tensor_parallelism(catalog: Catalog, tp: int, has_shm: bool) -> None:
+    deployment = builders.build_deployment(inputs(catalog, tp=tp))
+    volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
+    mounts = {m["mountPath"] for m in container(deployment)["volumeMounts"]}
+    assert ("dshm" in volumes) is has_shm
+    assert ("/dev/shm" in mounts) is has_shm
+    if has_shm:
+        assert volumes["dshm"]["emptyDir"] == {"medium": "Memory"}
+
+
+def test_hf_token_comes_from_the_secret(catalog: Catalog) -> None:
+    spec = {
+        **SPEC,
+        "engine": {"hfTokenSecretRef": {"name": "hf"}, "env": [{"name": "A", "value": "1"}]},
+    }
+    env = container(builders.build_deployment(inputs(catalog, spec)))["env"]
+    assert {"name": "A", "value": "1"} in env
+    assert {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}},
+    } in env
+
+
+def test_no_secret_no_env(catalog: Catalog) -> None:
+    assert "env" not in container(builders.build_deployment(inputs(catalog)))
+
+
+@pytest.mark.parametrize(
+    ("cache", "source"),
+    [
+        (None, {"emptyDir": {}}),
+        ({"sizeGi": 200}, {"emptyDir": {"sizeLimit": "200Gi"}}),
+        ({"pvcName": "models"}, {"persistentVolumeClaim": {"claimName": "models"}}),
+    ],
+)
+def test_model_cache_volume(catalog: Catalog, cache: Any, source: dict[str, Any]) -> None:
+    spec = {**SPEC, "engine": {"modelCache": cache}} if cache else SPEC
+    deployment = builders.build_deployment(inputs(catalog, spec))
+    volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
+    assert volumes["model-cache"] == {"name": "model-cache", **source}
+    assert {"name": "model-cache", "mountPath": builders.CACHE_PATH} in container(deployment)[
+        "volumeMounts"
+    ]
+
+
+def test_every_child_is_owned_by_the_target(catalog: Catalog) -> None:
+    inp = inputs(catalog)
+    children = [
+        builders.build_deployment(inp),
+        builders.build_service(REF),
+        builders.build_pod_monitor(REF),
+    ]
+    for child in children:
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert owner == {
+            "apiVersion": "rooftop.dev/v1alpha1",
+            "kind": "ServingTarget",
+            "name": "chat",
+            "uid": UID,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+        assert child["metadata"]["namespace"] == NS
+        assert child["metadata"]["labels"]["rooftop.dev/servingtarget"] == "chat"
+
+
+def test_service_selects_exactly_the_deployment_pods(catalog: Catalog) -> None:
+    deployment = builders.build_deployment(inputs(catalog))
+    service = builders.build_service(REF)
+    pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert service["metadata"]["name"] == "chat"
+    assert deployment["metadata"]["name"] == "chat-engine"
+    assert deployment["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert pod_labels["app.kubernetes.io/name"] == "rooftop-engine"
+    assert service["spec"]["ports"] == [
+        {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
+    ]
+
+
+def test_probes_hit_health_on_the_engine_port(catalog: Catalog) -> None:
+    engine = container(builders.build_deployment(inputs(catalog)))
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert engine[probe]["httpGet"] == {"path": "/health", "port": "http"}
+    assert engine["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+
+
+def test_scrape_annotations_only_without_pod_monitor(catalog: Catalog) -> None:
+    inp = inputs(catalog)
+    annotated = builders.build_deployment(inp)["spec"]["template"]["metadata"]
+    assert annotated["annotations"] == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "8000",
+        "prometheus.io/path": "/metrics",
+    }
+    monitored = builders.build_deployment(replace(inp, pod_monitor=True))
+    assert "annotations" not in monitored["spec"]["template"]["metadata"]
+
+
+def test_pod_monitor_adds_namespace_and_servingtarget_labels() -> None:
+    monitor = builders.build_pod_monitor(REF)
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    targets = {r["targetLabel"]: r["sourceLabels"] for r in endpoint["relabelings"]}
+    assert targets == {
+        "namespace": ["__meta_kubernetes_namespace"],
+        "servingtarget": ["__meta_kubernetes_pod_label_rooftop_dev_servingtarget"],
+    }
+    assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
+    assert monitor["spec"]["selector"]["matchLabels"] == builders.selector_labels("chat")
+
+
+def test_user_tolerations_are_added_to_the_gpu_one(catalog: Catalog) -> None:
+    toleration = {"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}
+    spec = {**SPEC, "constraints": {"tolerations": [toleration]}}
+    tolerations = pod_spec(builders.build_deployment(inputs(catalog, spec)))["tolerations"]
+    assert tolerations == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        toleration,
+    ]
+
+
+def test_image_pinned_to_vllm_033_unless_overridden(catalog: Catalog) -> None:
+    assert container(builders.build_deployment(inputs(catalog)))["image"] == (
+        "vllm/vllm-openai:v0.33.0"
+    )
+    spec = {**SPEC, "engine": {"image": "registry.local/vllm:patched"}}
+    assert container(builders.build_deployment(inputs(catalog, spec)))["image"] == (
+        "registry.local/vllm:patched"
+    )
+
+
+def test_simulated_mode_runs_engine_sim_and_still_requests_gpus(catalog: Catalog) -> None:
+    spec = {**SPEC, "mode": "simulated"}
+    deployment = builders.build_deployment(inputs(catalog, spec, tp=2, gpu="l4"))
+    engine = container(deployment)
+    assert engine["image"] == "rooftop:test"
+    assert engine["command"][:2] == ["rooftop", "engine-sim"]
+    assert "args" not in engine
+    assert engine["resources"]["limits"] == {"nvidia.com/gpu": "2"}
+    assert pod_spec(deployment)["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    # The same labels, port and probes as a vLLM pod: Service and scraping don't care.
+    assert engine["ports"][0]["containerPort"] == 8000
+    assert engine["readinessProbe"]["httpGet"]["path"] == "/health"
+
+
+def test_simulator_accepts_every_flag_it_is_given(catalog: Catalog) -> None:
+    """The real engine-sim parser must accept the command line (no drift)."""
+    spec = {**SPEC, "mode": "simulated"}
+    command = builders.sim_command(inputs(catalog, spec, tp=2, weight_dtype="fp8"))
+    parser = argparse.ArgumentParser()
+    engine_sim.add_arguments(parser)
+    args = parser.parse_args(command[2:])
+    assert (args.host, args.port, args.tp, args.gpu) == ("0.0.0.0", 8000, 2, "h100-sxm")
+    assert (args.weight_dtype, args.max_num_seqs, args.max_model_len) == ("fp8", 64, 4096)
+
+
+def test_replicas_come_from_the_plan(catalog: Catalog) -> None:
+    deployment = builders.build_deployment(inputs(catalog, replicas=5))
+    assert deployment["spec"]["replicas"] == 5

@@ -1,0 +1,214 @@
+"""The Helm chart: documented, schema-checked values and least-privilege RBAC.
+
+Rendering tests need the helm binary (built by `make tools`); they skip without it, the
+values tests never do.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+import yaml
+from tests.cluster.controlplane import find_binary
+
+ROOT = Path(__file__).resolve().parents[3]
+CHART = ROOT / "charts" / "rooftop"
+KEY = re.compile(r"^(\s*)([A-Za-z_][\w.-]*):(.*)$")
+
+
+def values() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load((CHART / "values.yaml").read_text())
+    return loaded
+
+
+def validator() -> jsonschema.Draft7Validator:
+    return jsonschema.Draft7Validator(json.loads((CHART / "values.schema.json").read_text()))
+
+
+def test_values_yaml_matches_its_schema() -> None:
+    errors = [e.message for e in validator().iter_errors(values())]
+    assert errors == []
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        {"rbac": {"scope": "everywhere"}},
+        {"dashboards": {"enabled": "yes", "label": "x", "labelValue": "1", "annotations": {}}},
+        {"replicaCount": -1},
+        {"unknownKey": True},
+        {"metrics": {"podMonitor": {"interval": "soon"}}},
+    ],
+)
+def test_schema_rejects_bad_values(override: dict[str, Any]) -> None:
+    assert list(validator().iter_errors({**values(), **override}))
+
+
+def test_dashboard_values_exist_with_defaults() -> None:
+    assert values()["dashboards"] == {
+        "enabled": True, "label": "grafana_dashboard", "labelValue": "1", "annotations": {}
+    }  # fmt: skip
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert set(schema["properties"]["dashboards"]["properties"]) == {
+        "enabled", "label", "labelValue", "annotations"
+    }  # fmt: skip
+
+
+def test_every_value_is_documented_and_camel_case() -> None:
+    """helm-docs style: each leaf key has a `# --` comment block right above it."""
+    lines = (CHART / "values.yaml").read_text().splitlines()
+    undocumented = []
+    for i, line in enumerate(lines):
+        match = KEY.match(line)
+        if not match or line.lstrip().startswith("-"):
+            continue
+        indent, key, rest = match.groups()
+        assert re.fullmatch(r"[a-z][a-zA-Z0-9]*", key), f"not camelCase: {key}"
+        nested = not rest.strip() and i + 1 < len(lines) and lines[i + 1].startswith(indent + " ")
+        if nested and key not in {"resources", "podSecurityContext", "securityContext"}:
+            continue
+        j = i - 1
+        while (
+            j >= 0 and lines[j].strip().startswith("#") and not lines[j].strip().startswith("# --")
+        ):
+            j -= 1
+        if j < 0 or not lines[j].strip().startswith("# --"):
+            undocumented.append(key)
+    # Keys inside documented free-form maps (resources.requests...) are not values of ours.
+    assert set(undocumented) <= {"requests", "limits", "cpu", "memory", "runAsNonRoot",
+                                 "runAsUser", "runAsGroup", "fsGroup", "seccompProfile",
+                                 "type", "allowPrivilegeEscalation", "readOnlyRootFilesystem",
+                                 "capabilities", "drop"}, undocumented  # fmt: skip
+
+
+def test_app_version_matches_the_package() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert chart["appVersion"] == project["version"]
+
+
+def test_operator_image_is_non_root() -> None:
+    dockerfile = (ROOT / "operator" / "Dockerfile").read_text()
+    assert "FROM python:3.11-slim" in dockerfile
+    assert re.search(r"^USER 10001", dockerfile, re.M)
+
+
+# ---------------------------------------------------------------- rendering (helm)
+
+HELM = find_binary("helm")
+needs_helm = pytest.mark.skipif(HELM is None, reason="helm not built: make tools")
+
+
+def render(*sets: str) -> list[dict[str, Any]]:
+    args = [str(HELM), "template", "rt", str(CHART), "--namespace", "ops"]
+    for s in sets:
+        args += ["--set", s]
+    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+@needs_helm
+def test_helm_lint() -> None:
+    result = subprocess.run([str(HELM), "lint", str(CHART)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@needs_helm
+def test_cluster_scope_renders_cluster_role() -> None:
+    docs = render()
+    (role,) = by_kind(docs, "ClusterRole")
+    (binding,) = by_kind(docs, "ClusterRoleBinding")
+    assert not by_kind(docs, "Role")
+    assert binding["subjects"][0] == {"kind": "ServiceAccount", "name": "rt-rooftop",
+                                      "namespace": "ops"}  # fmt: skip
+    resources = {r for rule in role["rules"] for r in rule["resources"]}
+    assert {"servingtargets", "servingtargets/status", "deployments", "services", "podmonitors",
+            "events", "pods", "namespaces", "customresourcedefinitions"} <= resources  # fmt: skip
+    (deployment,) = by_kind(docs, "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == "operator" and "--all-namespaces" in args
+
+
+@needs_helm
+def test_rbac_is_least_privilege() -> None:
+    for docs in (render(), render("rbac.scope=namespace")):
+        for role in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
+            for rule in role["rules"]:
+                assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
+                assert "delete" not in rule["verbs"], rule  # children go by GC
+                if rule["resources"] in (["pods"], ["namespaces"]):
+                    assert set(rule["verbs"]) <= {"get", "list", "watch"}
+
+
+@needs_helm
+def test_namespace_scope_has_no_cluster_permissions() -> None:
+    docs = render("rbac.scope=namespace", "operator.watchNamespaces={team-a,team-b}")
+    assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
+    assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == ["team-a", "team-b"]
+    assert len(by_kind(docs, "RoleBinding")) == 2
+    (deployment,) = by_kind(docs, "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--all-namespaces" not in args
+
+
+@needs_helm
+def test_namespace_scope_defaults_to_the_release_namespace() -> None:
+    (role,) = by_kind(render("rbac.scope=namespace"), "Role")
+    assert role["metadata"]["namespace"] == "ops"
+
+
+@needs_helm
+def test_operator_pod_is_locked_down() -> None:
+    (deployment,) = by_kind(render(), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["resources"]["requests"] == {"cpu": "100m", "memory": "256Mi"}
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert pod["serviceAccountName"] == "rt-rooftop"
+
+
+@needs_helm
+def test_optional_resources() -> None:
+    assert not by_kind(render(), "PodMonitor")
+    (monitor,) = by_kind(render("metrics.podMonitor.enabled=true"), "PodMonitor")
+    assert monitor["spec"]["podMetricsEndpoints"][0]["port"] == "metrics"
+    docs = render("metrics.enabled=false", "dashboards.enabled=false")
+    assert not by_kind(docs, "Service") and not by_kind(docs, "ConfigMap")
+
+
+@needs_helm
+def test_one_resource_per_template_file() -> None:
+    """Dashed file names, one kind each (role/rolebinding: one per watched namespace)."""
+    for template in (CHART / "templates").glob("*.yaml"):
+        assert re.fullmatch(r"[a-z]+(-[a-z]+)*\.yaml", template.name), template.name
+        args = [
+            str(HELM),
+            "template",
+            "rt",
+            str(CHART),
+            "--show-only",
+            f"templates/{template.name}",
+            "--set",
+            "metrics.podMonitor.enabled=true",
+            "--set",
+            "rbac.scope=namespace",
+        ]
+        if template.name.startswith("cluster"):
+            args[-1] = "rbac.scope=cluster"
+        out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+        kinds = {d["kind"] for d in yaml.safe_load_all(out) if d}
+        assert len(kinds) == 1, (template.name, kinds)

@@ -1,0 +1,329 @@
+"""Handlers and the reconcile pass, called directly with an in-memory API."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import kopf
+import pytest
+from conftest import NS, SPEC, UID, Events, FakeKube, FakePlan, FakePlanner, FakeResult, target_body
+
+from rooftop_operator import handlers
+from rooftop_operator.conditions import find
+from rooftop_operator.handlers import Runtime, reconcile
+from rooftop_operator.kube import KubeError
+from rooftop_operator.specs import parse_spec
+
+
+def created(kube: FakeKube, name: str = "chat") -> dict[str, Any]:
+    """The target as the API would now hand it to the next reconcile."""
+    body = target_body(name)
+    kube.add(body)
+    return body
+
+
+def latest(kube: FakeKube, name: str = "chat") -> dict[str, Any]:
+    found = kube.get_target(NS, name)
+    assert found is not None
+    return found
+
+
+def cond(kube: FakeKube, type_: str) -> dict[str, Any]:
+    found = find(kube.status().get("conditions"), type_)
+    assert found is not None, f"no {type_} condition in {kube.status()}"
+    return dict(found)
+
+
+def kinds(kube: FakeKube) -> set[str]:
+    return {kind for kind, _, _ in kube.objects if kind != "ServingTarget"}
+
+
+def test_first_reconcile_deploys_and_reports(rt: Runtime, kube: FakeKube, events: Events) -> None:
+    assert reconcile(rt, created(kube)) == "success"
+    assert kinds(kube) == {"Deployment", "Service"}
+    status = kube.status()
+    assert status["plan"]["gpu"] == "h100-sxm" and status["plan"]["maxNumSeqs"] == 64
+    assert status["gpu"] == "h100-sxm"
+    assert status["slo"] == "p90 TPOT<=50ms, p90 TTFT<=1000ms"
+    assert status["observedGeneration"] == 1
+    for type_ in ("Planned", "Feasible", "Deployed", "WithinBudget"):
+        assert cond(kube, type_)["status"] == "True", type_
+    assert cond(kube, "Ready")["status"] == "False"  # until the Deployment reports
+    assert cond(kube, "SLOMet")["status"] == "Unknown"  # until the feedback loop measures
+    assert events.reasons == ["Planned"]
+
+
+def test_pod_monitor_when_the_api_exists(rt: Runtime, kube: FakeKube) -> None:
+    kube.pod_monitors = True
+    reconcile(rt, created(kube))
+    assert kinds(kube) == {"Deployment", "Service", "PodMonitor"}
+    deployment = kube.get("apps/v1", "Deployment", NS, "chat-engine")
+    assert deployment is not None
+    assert "annotations" not in deployment["spec"]["template"]["metadata"]
+
+
+def test_repeated_reconcile_changes_nothing(rt: Runtime, kube: FakeKube, events: Events) -> None:
+    reconcile(rt, created(kube))
+    before = copy.deepcopy(kube.objects)
+    applied, writes = len(kube.applied), kube.status_writes
+    for _ in range(3):
+        assert reconcile(rt, latest(kube)) == "success"
+    assert kube.objects == before
+    assert (len(kube.applied), kube.status_writes) == (applied, writes)
+    assert events.reasons == ["Planned"]
+
+
+def test_new_plan_rolls_the_deployment(
+    rt: Runtime, kube: FakeKube, planner: FakePlanner, events: Events
+) -> None:
+    reconcile(rt, created(kube))
+    feasible_since = cond(kube, "Feasible")["lastTransitionTime"]
+    planner.result = FakeResult(True, FakePlan(max_num_seqs=32, replicas=3))
+    rt.now = lambda: "2026-01-02T00:00:00Z"
+    body = latest(kube)
+    body["metadata"]["generation"] = 2
+    reconcile(rt, body)
+    deployment = kube.get("apps/v1", "Deployment", NS, "chat-engine")
+    assert deployment is not None
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--max-num-seqs") + 1] == "32"
+    assert deployment["spec"]["replicas"] == 3
+    assert events.reasons == ["Planned", "PlanChanged"]
+    assert kube.status()["observedGeneration"] == 2
+    # Feasible stayed True: its transition time must not move.
+    assert cond(kube, "Feasible")["lastTransitionTime"] == feasible_since
+    assert cond(kube, "Feasible")["observedGeneration"] == 2
+
+
+def test_invalid_spec_is_a_condition_not_a_crash(
+    rt: Runtime, kube: FakeKube, events: Events
+) -> None:
+    body = target_body(spec={**SPEC, "slo": {"tpotMs": -1}})
+    kube.add(body)
+    assert reconcile(rt, body) == "skipped"
+    planned = cond(kube, "Planned")
+    assert planned["status"] == "False" and planned["reason"] == "InvalidSpec"
+    assert "spec.slo.tpotMs" in planned["message"]
+    assert kinds(kube) == set()
+    assert events.reasons == ["InvalidSpec"]
+
+
+def test_infeasible_target_changes_no_workload(
+    rt: Runtime, kube: FakeKube, planner: FakePlanner, events: Events
+) -> None:
+    reconcile(rt, created(kube))
+    deployed = copy.deepcopy(kube.objects)
+    applied = len(kube.applied)
+    planner.result = FakeResult(False, None, ["TPOT over SLO on every GPU"])
+    reconcile(rt, latest(kube))
+    assert len(kube.applied) == applied
+    assert {k: v for k, v in kube.objects.items() if k[0] != "ServingTarget"} == {
+        k: v for k, v in deployed.items() if k[0] != "ServingTarget"
+    }
+    feasible = cond(kube, "Feasible")
+    assert (feasible["status"], feasible["reason"]) == ("False", "Infeasible")
+    assert "TPOT over SLO on every GPU" in feasible["message"]
+    assert kube.status()["plan"]["gpu"] == "h100-sxm"  # still what runs
+    assert events.reasons == ["Planned", "Infeasible"]
+
+
+def test_infeasible_from_the_start_deploys_nothing(
+    rt: Runtime, kube: FakeKube, planner: FakePlanner
+) -> None:
+    planner.result = FakeResult(False, None, ["over budget"])
+    assert reconcile(rt, created(kube)) == "skipped"
+    assert kinds(kube) == set()
+    assert cond(kube, "Feasible")["status"] == "False"
+    assert "plan" not in kube.status()
+
+
+def test_planner_error_is_reported(rt: Runtime, kube: FakeKube, planner: FakePlanner) -> None:
+    planner.error = ValueError("unknown model 'gpt-17'")
+    assert reconcile(rt, created(kube)) == "skipped"
+    planned = cond(kube, "Planned")
+    assert planned["reason"] == "PlannerError" and "gpt-17" in planned["message"]
+
+
+def test_foreign_object_with_our_name_is_not_taken_over(
+    rt: Runtime, kube: FakeKube, events: Events
+) -> None:
+    foreign = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "chat", "namespace": NS}}
+    kube.add(foreign)
+    reconcile(rt, created(kube))
+    assert kube.get("v1", "Service", NS, "chat") == foreign
+    deployed = cond(kube, "Deployed")
+    assert (deployed["status"], deployed["reason"]) == ("False", "NameConflict")
+    assert "Warning" in {t for t, _, _ in events.items}
+
+
+def test_plan_vllm_cannot_run_is_reported(
+    rt: Runtime, kube: FakeKube, planner: FakePlanner
+) -> None:
+    planner.result = FakeResult(True, FakePlan(kv_dtype="int4"))
+    reconcile(rt, created(kube))
+    assert cond(kube, "Deployed")["reason"] == "UnsupportedPlan"
+    assert kinds(kube) == set()
+
+
+def test_over_budget_plan_is_flagged(rt: Runtime, kube: FakeKube, planner: FakePlanner) -> None:
+    planner.result = FakeResult(True, FakePlan(usd_per_hour=25.0))
+    reconcile(rt, created(kube))
+    budget = cond(kube, "WithinBudget")
+    assert (budget["status"], budget["reason"]) == ("False", "OverBudget")
+
+
+def test_feedback_hook_passes_calibration_to_the_planner(
+    rt: Runtime, kube: FakeKube, planner: FakePlanner
+) -> None:
+    reconcile(rt, created(kube), step_time_scale=1.3, requests_per_second=9.0, cause="calibration")
+    assert planner.calls[-1]["step_time_scale"] == 1.3
+    assert planner.calls[-1]["requests_per_second"] == 9.0
+    assert planner.calls[-1]["catalog"] is rt.catalog
+
+
+def test_other_writers_fields_survive(rt: Runtime, kube: FakeKube) -> None:
+    body = target_body(observed={"tpotMs": 41.0})
+    body["status"]["conditions"] = [
+        {"type": "SLOMet", "status": "True", "reason": "Met", "message": "",
+         "lastTransitionTime": "2025-12-31T00:00:00Z"}
+    ]  # fmt: skip
+    kube.add(body)
+    reconcile(rt, body)
+    assert kube.status()["observed"] == {"tpotMs": 41.0}
+    assert cond(kube, "SLOMet")["status"] == "True"
+
+
+# ---------------------------------------------------------------- readiness
+
+
+def deployment(status: dict[str, Any] | None = None, desired: int = 2) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": "chat-engine", "namespace": NS, "generation": 2,
+            "ownerReferences": [{"kind": "ServingTarget", "name": "chat", "uid": UID,
+                                 "controller": True}],
+        },
+        "spec": {"replicas": desired},
+        "status": {"observedGeneration": 2, **(status or {})},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        ({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 2}, ("True", "EngineReady")),
+        ({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 1}, ("False", "Deploying")),
+        ({"replicas": 3, "updatedReplicas": 1, "readyReplicas": 2}, ("False", "RollingOut")),
+        ({}, ("False", "RollingOut")),
+        (
+            {"replicas": 2, "conditions": [{"type": "Progressing", "status": "False",
+                                            "reason": "ProgressDeadlineExceeded",
+                                            "message": "stuck"}]},
+            ("False", "ProgressDeadlineExceeded"),
+        ),
+    ],
+)  # fmt: skip
+def test_readiness(status: dict[str, Any], expected: tuple[str, str]) -> None:
+    ready, desired, _ = handlers.readiness(deployment(status))
+    assert (ready.status, ready.reason) == expected
+    assert desired == 2
+
+
+def test_readiness_waits_for_the_controller_to_see_the_new_spec() -> None:
+    stale = deployment({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 2})
+    stale["status"]["observedGeneration"] = 1
+    assert handlers.readiness(stale)[0].status == "False"
+
+
+def test_sync_readiness_writes_ready_and_counts(rt: Runtime, kube: FakeKube) -> None:
+    created(kube)
+    ready = deployment({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 2})
+    handlers.sync_readiness(rt, ready)
+    status = kube.status()
+    assert (status["ready"], status["replicas"], status["readyReplicas"]) == ("True", 2, 2)
+    assert cond(kube, "Ready")["reason"] == "EngineReady"
+    writes = kube.status_writes
+    handlers.sync_readiness(rt, ready)  # same state: no write
+    assert kube.status_writes == writes
+
+
+def test_sync_readiness_ignores_deployments_of_a_recreated_target(
+    rt: Runtime, kube: FakeKube
+) -> None:
+    body = target_body()
+    body["metadata"]["uid"] = "another-uid"
+    kube.add(body)
+    handlers.sync_readiness(
+        rt, deployment({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 2})
+    )
+    assert kube.status() == {}
+
+
+# ---------------------------------------------------------------- kopf wiring
+
+
+def test_handler_retries_api_errors_later(rt: Runtime, kube: FakeKube) -> None:
+    def broken(obj: Any) -> None:
+        raise KubeError(503, "etcd leader changed")
+
+    kube.apply = broken  # type: ignore[method-assign]
+    with pytest.raises(kopf.TemporaryError, match="etcd leader changed"):
+        handlers.reconcile_target(body=created(kube), memo=kopf.Memo(runtime=rt))
+
+
+def test_handler_records_reconcile_metrics(rt: Runtime, kube: FakeKube) -> None:
+    handlers.reconcile_target(body=created(kube), memo=kopf.Memo(runtime=rt))
+    value = rt.metrics.registry.get_sample_value("rooftop_reconciles_total", {"result": "success"})
+    assert value == 1.0
+
+
+def test_deleted_target_forgets_its_metrics(rt: Runtime, kube: FakeKube) -> None:
+    reconcile(rt, created(kube))
+    labels = {"namespace": NS, "name": "chat"}
+    assert rt.metrics.registry.get_sample_value("rooftop_target_feasible", labels) == 1.0
+    handlers.target_event(event={"type": "DELETED"}, name="chat", namespace=NS,
+                          memo=kopf.Memo(runtime=rt))  # fmt: skip
+    assert rt.metrics.registry.get_sample_value("rooftop_target_feasible", labels) is None
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def test_served_model_prefers_the_catalog_repo(rt: Runtime) -> None:
+    assert handlers.served_model(parse_spec(SPEC), rt.catalog) == (
+        "meta-llama/Llama-3.1-8B-Instruct"
+    )
+    unknown = parse_spec({**SPEC, "model": "acme/private-7b", "modelConfig": {"x": 1}})
+    assert handlers.served_model(unknown, rt.catalog) == "acme/private-7b"
+
+
+@pytest.mark.parametrize(
+    ("desired", "actual", "expected"),
+    [
+        ({"a": 1}, {"a": 1, "b": 2}, True),
+        ({"a": {"b": [1, {"c": 2}]}}, {"a": {"b": [1, {"c": 2, "d": 3}]}}, True),
+        ({"a": [1, 2]}, {"a": [1, 2, 3]}, False),
+        ({"a": 1}, {"a": 2}, False),
+        ({"a": 1}, {}, False),
+    ],
+)
+def test_is_subset(desired: Any, actual: Any, expected: bool) -> None:
+    assert handlers.is_subset(desired, actual) is expected
+
+
+def test_deleted_deployment_of_a_live_target_is_recreated(rt: Runtime, kube: FakeKube) -> None:
+    reconcile(rt, created(kube))
+    gone = kube.objects.pop(("Deployment", NS, "chat-engine"))
+    assert handlers.repair_deleted(rt, gone) is True
+    assert kube.get("apps/v1", "Deployment", NS, "chat-engine") is not None
+
+
+def test_deployment_deleted_with_its_target_is_left_alone(rt: Runtime, kube: FakeKube) -> None:
+    reconcile(rt, created(kube))
+    gone = kube.objects.pop(("Deployment", NS, "chat-engine"))
+    kube.objects.pop(("ServingTarget", NS, "chat"))
+    assert handlers.repair_deleted(rt, gone) is False
+    assert kube.get("apps/v1", "Deployment", NS, "chat-engine") is None

@@ -1,0 +1,64 @@
+"""The `rooftop operator` command line."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from rooftop_operator import __main__ as main_mod
+from rooftop_operator.cli import build_parser
+from rooftop_operator.settings import VLLM_IMAGE, OperatorConfig, configure, env_defaults
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    main_mod.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_registered_as_rooftop_operator() -> None:
+    args = build_parser(["operator"]).parse_args(["operator", "-n", "a", "-n", "b"])
+    assert args.func is main_mod.run
+    assert args.namespaces == ["a", "b"]
+
+
+def test_config_from_args(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROOFTOP_SELF_IMAGE", "reg/rooftop:1")
+    config = main_mod.config_from_args(parse("-A", "--metrics-port", "9090", "--peering", "p"))
+    assert config.clusterwide and config.namespaces == ()
+    assert (config.metrics_port, config.peering, config.self_image) == (9090, "p", "reg/rooftop:1")
+    assert config.vllm_image == VLLM_IMAGE
+
+
+def test_flags_beat_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROOFTOP_SELF_IMAGE", "from-env")
+    assert main_mod.config_from_args(parse("-n", "x", "--self-image", "flag")).self_image == "flag"
+
+
+def test_no_namespace_is_a_usage_error() -> None:
+    assert main_mod.run(parse()) == 2
+
+
+def test_env_defaults() -> None:
+    env = {"ROOFTOP_FAULT_PAUSE_AFTER_APPLY_S": "2.5", "ROOFTOP_VLLM_IMAGE": "v"}
+    assert env_defaults(env) == {"fault_pause_after_apply_s": 2.5, "vllm_image": "v"}
+
+
+def test_kopf_settings() -> None:
+    import kopf
+
+    settings = kopf.OperatorSettings()
+    configure(settings, OperatorConfig(namespaces=("a",)))
+    assert settings.watching.server_timeout == 300
+    assert settings.watching.client_timeout > settings.watching.server_timeout
+    assert settings.peering.standalone is True
+    assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+    assert isinstance(settings.persistence.diffbase_storage, kopf.AnnotationsDiffBaseStorage)
+    assert settings.scanning.disabled is True  # namespaced: no cluster-wide scans
+    configure(settings, OperatorConfig(clusterwide=True, peering="rooftop"))
+    assert settings.peering.standalone is False and settings.scanning.disabled is False
+
+
+def test_handler_modules_load() -> None:
+    assert main_mod.load_handlers()[0] == "rooftop_operator.handlers"
