@@ -1,0 +1,164 @@
+"""Every scaling policy on the Azure conversation trace, as recorded and day-shaped,
+at several reality factors; a markdown table for the README.
+
+    .venv/bin/python benchmarks/bench_simulate.py [--trace CSV] [--target YAML]
+        [--reality 0.7,1.0,1.3] [--shapes recorded,diurnal] [--jobs 2]
+        [--out benchmarks/simulate_table.md] [--write-readme] [--dump-target FILE]
+
+The default target (``TARGET`` below) is Llama-3.1-70B on 8x L4 nodes: a fleet of a
+few to a dozen replicas for this trace, so replica counts are not all 1 or 2 and
+autoscaling has something to win. Ratios are USD over USD of the same trace shape and
+reality factor. The table goes to ``--out``; ``--write-readme`` also splices it into
+README.md between ``<!-- simulate-table:start -->`` and ``<!-- simulate-table:end -->``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_TRACE = ROOT / ".." / "shared" / "data" / "traces" / "azure_llm_2023_conv.csv"
+START, END = "<!-- simulate-table:start -->", "<!-- simulate-table:end -->"
+
+TARGET = """\
+apiVersion: rooftop.dev/v1alpha1
+kind: ServingTarget
+metadata:
+  name: conv-70b-l4
+spec:
+  model: llama-3.1-70b
+  mode: simulated
+  slo:
+    tpotMs: 100
+    tpotPercentile: p90
+    ttftMs: 2000
+    ttftPercentile: p90
+  workload:
+    requestsPerSecond: 5.4            # the trace's mean rate
+    promptTokens: {mean: 1155, p90: 2600}
+    outputTokens: {mean: 211, p90: 450}
+  budget:
+    usdPerHour: 120
+  constraints:
+    gpuTypes: [l4]
+    maxReplicas: 20
+"""
+
+POLICIES = ("rooftop", "static-peak", "queue-threshold", "oracle")
+
+
+def load_spec(path: str | None) -> Any:
+    """The target's spec: a manifest file, or the built-in ``TARGET``."""
+    from rooftop_planner.manifest import load_target, parse_target
+
+    if path:
+        return load_target(path).spec
+    return parse_target(yaml.safe_load(TARGET), "bench_simulate.TARGET").spec
+
+
+def run_case(args: tuple[str | None, str, bool, float]) -> list[dict[str, Any]]:
+    """All policies for one (trace shape, reality factor): their JSON summaries."""
+    from rooftop_operator import simulate
+
+    target, trace, diurnal, reality = args
+    spec = load_spec(target)
+    workload = simulate.workload_from_trace(trace, diurnal)
+    scn = simulate.scenario(spec, workload, reality_factor=reality)
+    out = []
+    for name in POLICIES:
+        _, summary = simulate.run(scn, name)
+        summary["shape"] = "diurnal" if diurnal else "recorded"
+        out.append(summary)
+    return out
+
+
+def table(rows: list[dict[str, Any]], command: str) -> str:
+    """Markdown: one line per (shape, reality, policy), with cost ratios."""
+    lines = [
+        f"Command: `{command}`",
+        "",
+        "| trace | reality | policy | TPOT met (requests) | TTFT met | GPU-h | $ | "
+        "x oracle | x static-peak |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    by_case: dict[tuple[str, float], dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by_case.setdefault((r["shape"], r["reality_factor"]), {})[r["policy"]] = r
+    for (shape, reality), pols in sorted(
+        by_case.items(), key=lambda kv: (kv[0][0] != "diurnal", kv[0][1])
+    ):
+        for name in POLICIES:
+            if name not in pols:
+                continue
+            r = pols[name]
+            ttft = r["slo_attainment_ttft"]
+            lines.append(
+                f"| {shape} | {reality:g} | {name} | {r['slo_attainment_tpot']:.2%} | "
+                f"{'n/a' if ttft is None else f'{ttft:.2%}'} | {r['gpu_hours']:.1f} | "
+                f"{r['usd']:.2f} | {_ratio(r, pols.get('oracle'))} | "
+                f"{_ratio(r, pols.get('static-peak'))} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _ratio(row: dict[str, Any], base: dict[str, Any] | None) -> str:
+    if base is None or not base["usd"]:
+        return "n/a"
+    return f"{row['usd'] / base['usd']:.2f}"
+
+
+def splice(readme: Path, text: str) -> None:
+    """Replace what lies between the markers in ``readme`` with ``text``."""
+    body = readme.read_text()
+    if START not in body or END not in body:
+        raise SystemExit(f"{readme}: markers {START} / {END} not found; add them first")
+    head, rest = body.split(START, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{START}\n{text}{END}{tail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", default=str(DEFAULT_TRACE))
+    ap.add_argument("--target", help="ServingTarget YAML (default: the built-in target)")
+    ap.add_argument("--reality", default="0.7,1.0,1.3", help="comma-separated factors")
+    ap.add_argument("--shapes", default="diurnal,recorded", help="diurnal and/or recorded")
+    ap.add_argument("--jobs", type=int, default=2, help="parallel processes")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "simulate_table.md"))
+    ap.add_argument("--write-readme", action="store_true")
+    ap.add_argument("--dump-target", metavar="FILE", help="write the built-in target and exit")
+    args = ap.parse_args(argv)
+    if args.dump_target:
+        Path(args.dump_target).write_text(TARGET)
+        return 0
+    if not Path(args.trace).exists():
+        print(f"bench_simulate: trace {args.trace} not found (use --trace)", file=sys.stderr)
+        return 2
+    shapes = [s.strip() for s in args.shapes.split(",") if s.strip()]
+    cases = [(args.target, args.trace, shape == "diurnal", float(r))
+             for shape in shapes for r in args.reality.split(",")]  # fmt: skip
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        rows = [row for case in pool.map(run_case, cases) for row in case]
+    command = "python benchmarks/bench_simulate.py " + " ".join(
+        sys.argv[1:] if argv is None else argv
+    )
+    text = table(rows, command.strip())
+    took = time.perf_counter() - started
+    text += f"\n{len(cases)} cases x {len(POLICIES)} policies in {took:.0f} s.\n"
+    Path(args.out).write_text(text)
+    print(text)
+    if args.write_readme:
+        splice(ROOT / "README.md", text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

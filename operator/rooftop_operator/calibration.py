@@ -1,0 +1,163 @@
+"""Online calibration: how much slower (or faster) the engine really is than predicted.
+
+The planner's roofline prediction is a model; the running engine is the truth. The
+controller measures the ratio
+
+    raw = observed mean step time / predicted step time (same batch, same context)
+
+and feeds the planner ``step_time_scale = factor``, a smoothed and bounded ``raw``.
+Smoothing is an exponentially weighted moving average whose weight starts at 1 (the
+first sample replaces the prior) and decays to ``alpha`` (a running mean until then):
+a fresh deployment learns its factor in a few scrapes, a settled one is not thrown by
+one noisy window. Bounds keep one broken scrape (a stalled pod, a unit mix-up) from
+sizing the fleet 10x: a factor outside [lower, upper] is a bug to report, not to obey.
+
+Only OK samples update the factor (the caller checks metric states): a missing or NaN
+reading is "unknown", never "1.0".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class CalibrationConfig:
+    """How the factor is smoothed and bounded.
+
+    Attributes:
+        alpha: weight of the newest sample once settled (0 < alpha <= 1).
+        lower: smallest factor accepted (engine 2x faster than predicted).
+        upper: largest factor accepted (engine 3x slower than predicted).
+        min_batch: mean running requests per replica below which a window is not used;
+            near-idle step times are dominated by fixed overheads the prediction
+            does not model well, so they would bias the factor.
+        settled_samples: samples after which the factor is trusted enough to change
+            the batch cap (a pod restart), not only replica counts.
+    """
+
+    alpha: float = 0.3
+    lower: float = 0.5
+    upper: float = 3.0
+    min_batch: float = 1.0
+    settled_samples: int = 8
+
+    def __post_init__(self) -> None:
+        if not 0 < self.alpha <= 1:
+            raise ValueError(f"alpha must be in (0, 1], got {self.alpha}")
+        if not 0 < self.lower <= 1 <= self.upper:
+            raise ValueError(f"need 0 < lower <= 1 <= upper, got {self.lower}, {self.upper}")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The current estimate.
+
+    Attributes:
+        factor: observed / predicted step time, smoothed and bounded (1.0 = as predicted).
+        samples: how many OK windows went into ``factor``.
+        last_raw: the latest unsmoothed ratio (before bounding), for status and debugging.
+    """
+
+    factor: float = 1.0
+    samples: int = 0
+    last_raw: float | None = None
+
+    def settled(self, config: CalibrationConfig) -> bool:
+        """Whether enough windows have been seen to act on the factor beyond replicas."""
+        return self.samples >= config.settled_samples
+
+
+def clamp(value: float, lower: float, upper: float) -> float:
+    """``value`` limited to ``[lower, upper]``."""
+    return min(upper, max(lower, value))
+
+
+def raw_factor(observed_s: float, predicted_s: float) -> float | None:
+    """observed / predicted, or None when either is not a positive finite number."""
+    if not (math.isfinite(observed_s) and math.isfinite(predicted_s)):
+        return None
+    if observed_s <= 0 or predicted_s <= 0:
+        return None
+    return observed_s / predicted_s
+
+
+def update(
+    cal: Calibration,
+    observed_s: float,
+    predicted_s: float,
+    config: CalibrationConfig | None = None,
+) -> Calibration:
+    """Fold one window's observation into the estimate.
+
+    Args:
+        cal: the estimate so far.
+        observed_s: measured mean step time (inter-token latency) over the window, s
+            (any unit works as long as both arguments share it).
+        predicted_s: the planner's step time for the same batch and context, same unit.
+        config: smoothing and bounds.
+
+    Returns:
+        The new estimate; ``cal`` unchanged when the sample is unusable.
+    """
+    cfg = config or CalibrationConfig()
+    raw = raw_factor(observed_s, predicted_s)
+    if raw is None:
+        return cal
+    # Bound the sample itself, not only the result: one 50x outlier must not drag a
+    # settled estimate to the bound in a single step.
+    sample = clamp(raw, cfg.lower, cfg.upper)
+    weight = max(cfg.alpha, 1.0 / (cal.samples + 1))
+    factor = clamp((1 - weight) * cal.factor + weight * sample, cfg.lower, cfg.upper)
+    return replace(cal, factor=factor, samples=cal.samples + 1, last_raw=raw)
+
+
+# ---------------------------------------------------------------- latency trim
+
+
+@dataclass(frozen=True)
+class TrimConfig:
+    """Integral feedback from the observed SLO attainment onto the planned rate.
+
+    The step-time factor makes the planner's MEAN step right at the batch the fleet
+    runs; the planner's percentile model can still be off in shape (how fast the tail
+    grows with load, prefill bursts), and the SLO is about the tail. The trim
+    multiplies the rate the planner sizes for. It is driven by the share of the
+    window's requests whose TPOT met the bound (``attainment``), the quantity the SLO
+    promises, not by a percentile against an arbitrary margin:
+
+    - attainment below ``target``: up by ``up`` (more replicas);
+    - attainment at least ``slack`` AND the percentile below ``low`` x the bound:
+      down by ``down`` (the planner is pessimistic here: fewer replicas);
+    - otherwise hold (dead band).
+
+    Attributes:
+        target: share of requests within the bound to keep, 0..1.
+        slack: share that counts as "no misses at all", 0..1.
+        low: percentile / bound below which there is room to run hotter.
+        up / down: relative change per decision.
+        lower / upper: bounds of the trim.
+    """
+
+    target: float = 0.995
+    slack: float = 0.999
+    low: float = 0.8
+    up: float = 0.05
+    down: float = 0.02
+    lower: float = 0.5
+    upper: float = 2.0
+
+
+def update_trim(
+    trim: float, attainment: float, percentile_ms: float, slo_ms: float, config: TrimConfig
+) -> float:
+    """One integral step from a window's attainment (0..1) and percentile (ms); the
+    caller decides when a window is trustworthy (settled fleet, OK readings)."""
+    if not (math.isfinite(attainment) and math.isfinite(percentile_ms) and slo_ms > 0):
+        return trim
+    if attainment < config.target:
+        trim *= 1 + config.up
+    elif attainment >= config.slack and percentile_ms < config.low * slo_ms:
+        trim *= 1 - config.down
+    return clamp(trim, config.lower, config.upper)

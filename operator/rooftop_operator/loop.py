@@ -1,0 +1,387 @@
+"""The feedback loop's kopf timer: metrics in, ``control.decide``, Deployment and status out.
+
+Thin glue, by design: every decision is ``control.decide`` (the same function the
+simulator's ``rooftop`` policy runs); this module only
+
+1. reads one snapshot of the target's engine metrics from Prometheus
+   (``metrics_client``) and turns it into a ``control.Observation`` (every reading keeps
+   its ok/missing/stale/nan state; an unreachable Prometheus is "missing");
+2. keeps each target's ``ControllerState`` in kopf's memo (an operator restart starts a
+   fresh state seeded with the last calibration factor from ``status.observed``: no
+   history means no scale-down for a full window, the safe side);
+3. on a change, re-applies the engine Deployment through the handlers' own builders
+   (``handlers.apply_children``) with the decided replicas and batch cap, emits an
+   event with the decision's reason and counts it in the operator's metrics;
+4. writes ``status.observed``, ``status.plan`` (replicas, batch cap, cost) and the
+   SLOMet / WithinBudget conditions.
+
+It imports ``handlers`` (for ``runtime`` and ``apply_children``); ``__main__`` imports
+this module when present, which registers the timer. Settings come from the
+environment once, at import (``LoopSettings.from_env``), like the rest of the config.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+import kopf
+
+from rooftop_operator import conditions as cnd
+from rooftop_operator import control, crd, handlers, metrics_client
+from rooftop_operator.builders import deployment_name
+from rooftop_operator.metrics_client import MetricsClient, Selector, State
+from rooftop_operator.specs import SpecError, TargetRef, parse_spec
+
+log = logging.getLogger(__name__)
+
+# vLLM's per-request TPOT histogram: what a TPOT SLO is about (a request's mean gap),
+# unlike the per-token inter_token_latency that also carries every prefill stall.
+REQUEST_TPOT = "vllm:request_time_per_output_token_seconds"
+ITL = "vllm:inter_token_latency_seconds"
+# vLLM 0.33's default buckets for both (shared/docs/vllm-metrics.md)
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
+INF_MS = 1e9  # a +Inf quantile ("above the last bucket") as a finite, breaching value
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """The loop's knobs (environment ``ROOFTOP_LOOP_*`` / ``ROOFTOP_PROMETHEUS_URL``).
+
+    Attributes:
+        prometheus_url: Prometheus HTTP API base URL.
+        interval_s: timer period (one decision per period), s.
+        window: PromQL range of rate() / quantiles (>= 4 scrape intervals).
+        stale_after_s: newest-sample age beyond which readings are stale, s.
+        startup_s: expected engine pod start-up (image pull, weights, graphs), s.
+        scale_down_window_s: how long a lower recommendation must hold, s.
+    """
+
+    prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
+    interval_s: float = 15.0
+    window: str = "1m"
+    stale_after_s: float = 60.0
+    startup_s: float = 120.0
+    scale_down_window_s: float = 300.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> LoopSettings:
+        env = os.environ if environ is None else environ
+        base = cls()
+        return cls(
+            prometheus_url=env.get("ROOFTOP_PROMETHEUS_URL", base.prometheus_url),
+            interval_s=float(env.get("ROOFTOP_LOOP_INTERVAL_S", base.interval_s)),
+            window=env.get("ROOFTOP_LOOP_WINDOW", base.window),
+            stale_after_s=float(env.get("ROOFTOP_LOOP_STALE_AFTER_S", base.stale_after_s)),
+            startup_s=float(env.get("ROOFTOP_LOOP_STARTUP_S", base.startup_s)),
+            scale_down_window_s=float(
+                env.get("ROOFTOP_LOOP_SCALE_DOWN_WINDOW_S", base.scale_down_window_s)
+            ),
+        )
+
+    @property
+    def window_s(self) -> float:
+        """``window`` in seconds (single-unit durations: 90s, 1m, 2m...)."""
+        units = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+        for unit in ("ms", "s", "m", "h"):
+            if self.window.endswith(unit) and self.window[: -len(unit)].isdigit():
+                return float(self.window[: -len(unit)]) * units[unit]
+        return 60.0
+
+
+SETTINGS = LoopSettings.from_env()
+
+
+# ---------------------------------------------------------------- pure conversions
+
+
+def reading(r: metrics_client.Reading, scale: float = 1.0) -> control.Reading:
+    """A metrics_client reading as a control reading (``scale``: unit conversion).
+
+    An error (Prometheus unreachable, bad answer) is "missing": the loop cannot tell.
+    +Inf (a quantile above the last bucket) is a real, breaching value.
+    """
+    if r.state is State.OK and r.value is not None:
+        value = r.value * scale
+        return control.Reading(INF_MS if math.isinf(value) else value, control.MetricState.OK)
+    states = {State.NAN: control.MetricState.NAN, State.STALE: control.MetricState.STALE}
+    return control.Reading(math.nan, states.get(r.state, control.MetricState.MISSING))
+
+
+def attainment_bucket(slo_ms: float) -> float | None:
+    """The largest bucket bound (s) within the SLO: the share below it under-counts
+    attainment (conservative), never over-counts. None when the SLO is below them all."""
+    within = [b for b in TPOT_BUCKETS if b * 1e3 <= slo_ms + 1e-9]
+    return max(within) if within else None
+
+
+def extra_exprs(sel: Selector, window: str, q: float, slo_ms: float) -> dict[str, str]:
+    """PromQL for what ``MetricsClient.snapshot`` does not read, by Observation field."""
+    s, w = sel.promql(), window
+
+    def ratio(num: str, den: str) -> str:
+        return f"sum(rate({num}{s}[{w}])) / sum(rate({den}{s}[{w}]))"
+
+    out = {
+        "tpot_ms": f"histogram_quantile({q}, sum by (le) (rate({REQUEST_TPOT}_bucket{s}[{w}])))",
+        "step_ms": ratio(f"{ITL}_sum", f"{ITL}_count"),
+        "prompt_tokens": ratio(
+            "vllm:request_prompt_tokens_sum", "vllm:request_prompt_tokens_count"
+        ),
+        "output_tokens": ratio(
+            "vllm:request_generation_tokens_sum", "vllm:request_generation_tokens_count"
+        ),
+        # arrivals = completions + growth of what is in the engines (a gauge's deriv)
+        "requests_per_second": (
+            f"sum(rate(vllm:request_success_total{s}[{w}])) + deriv((sum("
+            f"vllm:num_requests_running{s}) + sum(vllm:num_requests_waiting{s}))[{w}:15s])"
+        ),
+    }
+    bucket = attainment_bucket(slo_ms)
+    if bucket is not None:
+        le = {**sel.labels, "le": f"{bucket:g}"}
+        out["tpot_attainment"] = (
+            f"sum(rate({REQUEST_TPOT}_bucket{Selector(le).promql()}[{w}])) / "
+            f"sum(rate({REQUEST_TPOT}_count{s}[{w}]))"
+        )
+    return out
+
+
+def observation(
+    snap: metrics_client.TargetMetrics,
+    extra: Mapping[str, metrics_client.Reading],
+    ttft_q: float,
+    ready: int,
+    pending: int,
+) -> control.Observation:
+    """The controller's view of one snapshot (+ the extra queries) and the Deployment."""
+    missing = metrics_client.Reading(State.MISSING)
+
+    def get(name: str, scale: float = 1.0) -> control.Reading:
+        return reading(extra.get(name, missing), scale)
+
+    rate = get("requests_per_second")
+    if not rate.ok:  # the derivative needs 2 samples; completions alone still tell
+        rate = reading(snap.request_rate)
+    elif rate.value < 0:  # a draining queue makes the estimate dip below zero
+        rate = control.Reading(0.0, control.MetricState.OK)
+    return control.Observation(
+        tpot_ms=get("tpot_ms", 1e3),
+        ttft_ms=reading(snap.ttft_s.get(ttft_q, missing), 1e3),
+        requests_per_second=rate,
+        running=reading(snap.running),
+        waiting=reading(snap.waiting),
+        kv_usage_ratio=reading(snap.kv_usage),
+        step_ms=get("step_ms", 1e3),
+        tpot_attainment=get("tpot_attainment"),
+        prompt_tokens=get("prompt_tokens"),
+        output_tokens=get("output_tokens"),
+        ready_replicas=ready,
+        pending_replicas=pending,
+    )
+
+
+@dataclass(frozen=True)
+class PlanView:
+    """``status.plan`` as the object builders and ``PlanTargetPlanner`` read."""
+
+    gpu: str
+    tp: int
+    replicas: int
+    max_num_seqs: int
+    weight_dtype: str
+    kv_dtype: str
+    max_model_len: int | None
+    usd_per_hour: float
+    gpu_memory_utilization: float = 0.9
+
+    @classmethod
+    def from_status(cls, plan: Mapping[str, Any]) -> PlanView:
+        return cls(
+            gpu=str(plan["gpu"]), tp=int(plan["tp"]), replicas=int(plan["replicas"]),
+            max_num_seqs=int(plan["maxNumSeqs"]), weight_dtype=str(plan["weightDtype"]),
+            kv_dtype=str(plan["kvDtype"]),
+            max_model_len=int(plan["maxModelLen"]) if plan.get("maxModelLen") else None,
+            usd_per_hour=float(plan.get("usdPerHour") or 0.0),
+        )  # fmt: skip
+
+    @property
+    def usd_per_replica_hour(self) -> float:
+        return self.usd_per_hour / max(self.replicas, 1)
+
+
+def pod_counts(deployment: Mapping[str, Any] | None) -> tuple[int, int, int]:
+    """(desired, ready, pending) pods of the engine Deployment (0s when absent)."""
+    if not deployment:
+        return 0, 0, 0
+    desired = int((deployment.get("spec") or {}).get("replicas") or 0)
+    ready = int((deployment.get("status") or {}).get("readyReplicas") or 0)
+    return desired, ready, max(desired - ready, 0)
+
+
+def decision_labels(d: control.Decision) -> tuple[str, str]:
+    """(direction, reason) labels for ``OperatorMetrics.record_decision``."""
+    if d.replicas != d.previous_replicas:
+        direction = "up" if d.replicas > d.previous_replicas else "down"
+    else:
+        direction = "replan"  # only the batch cap changed
+    text = d.reason
+    if "budget" in text or "capped" in text:
+        reason = "budget"
+    elif "TPOT" in text or "TTFT" in text or "waiting" in text or "KV cache" in text:
+        reason = "slo_violation"
+    elif direction == "replan":
+        reason = "calibration"
+    elif direction == "down":
+        reason = "overprovisioned"
+    else:
+        reason = "load_change"
+    return direction, reason
+
+
+def observed_status(d: control.Decision, obs: control.Observation, now: str) -> dict[str, Any]:
+    """``status.observed`` (camelCase, no NaN: JSON has none)."""
+
+    def num(r: control.Reading) -> float | None:
+        return round(r.value, 4) if r.ok else None
+
+    return {
+        k: v
+        for k, v in {
+            "tpotMs": num(obs.tpot_ms),
+            "ttftMs": num(obs.ttft_ms),
+            "requestsPerSecond": num(obs.requests_per_second),
+            "running": num(obs.running),
+            "waiting": num(obs.waiting),
+            "kvCacheUsageRatio": num(obs.kv_usage_ratio),
+            "calibrationFactor": round(d.calibration_factor, 4),
+            "metricsState": d.metrics_state.value,
+            "time": now,
+        }.items()
+        if v is not None
+    }
+
+
+def status_update(
+    status: Mapping[str, Any], d: control.Decision, obs: control.Observation, plan: PlanView,
+    now: str,
+) -> dict[str, Any]:  # fmt: skip
+    """The new status: observed, plan (replicas, cap, cost) and the two conditions."""
+    out = dict(status)
+    out["observed"] = observed_status(d, obs, now)
+    if status.get("plan"):
+        out["plan"] = {
+            **status["plan"],
+            "replicas": d.replicas,
+            "maxNumSeqs": d.max_num_seqs,
+            "usdPerHour": round(d.replicas * plan.usd_per_replica_hour, 3),
+        }
+    conds = [cnd.Cond(c.type, c.status, c.reason, c.message) for c in d.conditions]
+    out["conditions"] = cnd.merge(status.get("conditions"), conds, now=now)
+    return out
+
+
+# ---------------------------------------------------------------- the timer
+
+
+@dataclass
+class _Target:
+    """Per-target memory: the controller state and the planner adapter (its cache)."""
+
+    key: tuple[int, str, int, int, str, str]
+    planner: control.PlanTargetPlanner
+    state: control.ControllerState
+
+
+def _memory(memo: Any, ref: TargetRef, spec: Any, plan: PlanView, status: Mapping[str, Any],
+            replicas: int) -> _Target:  # fmt: skip
+    """The target's controller memory; rebuilt when the spec or the plan's shape changed."""
+    targets: dict[str, _Target] = memo.__dict__.setdefault("loop_targets", {})
+    key = (ref.generation, plan.gpu, plan.tp, plan.max_num_seqs, plan.weight_dtype, plan.kv_dtype)
+    mem = targets.get(ref.uid)
+    if mem is None or mem.key[:3] != key[:3] or mem.key[4:] != key[4:]:
+        factor = float((status.get("observed") or {}).get("calibrationFactor") or 1.0)
+        state = control.initial_state(replicas or plan.replicas, plan.max_num_seqs, factor)
+        mem = _Target(key, control.PlanTargetPlanner(spec, plan), state)
+        targets[ref.uid] = mem
+    return mem
+
+
+async def _observe(spec: Any, ref: TargetRef, ready: int, pending: int) -> control.Observation:
+    sel = Selector.for_target(ref.namespace, ref.name)
+    q_tpot, q_ttft = spec.slo.tpot_percentile.quantile, spec.slo.ttft_percentile.quantile
+    exprs = extra_exprs(sel, SETTINGS.window, q_tpot, spec.slo.tpot_ms)
+    async with MetricsClient(SETTINGS.prometheus_url, SETTINGS.window,
+                             SETTINGS.stale_after_s) as client:  # fmt: skip
+        snap, age = await asyncio.gather(
+            client.snapshot(sel, quantiles=(q_ttft,)), client.newest_sample_age(sel)
+        )
+        values = await asyncio.gather(*(client.query(e) for e in exprs.values()))
+        extra = {k: _aged(v, age) for k, v in zip(exprs, values, strict=True)}
+    return observation(snap, extra, q_ttft, ready, pending)
+
+
+def _aged(r: metrics_client.Reading, age: metrics_client.Reading) -> metrics_client.Reading:
+    if r.ok and age.ok and age.value is not None and age.value > SETTINGS.stale_after_s:
+        return metrics_client.Reading(State.STALE, r.value, "newest sample too old")
+    return r
+
+
+def _apply(rt: handlers.Runtime, body: Mapping[str, Any], ref: TargetRef, spec: Any,
+           plan: PlanView, d: control.Decision, obs: control.Observation) -> None:  # fmt: skip
+    """Deployment (when changed), event, metrics, status. Blocking: run in a thread."""
+    if d.changed:
+        new = replace(plan, replicas=d.replicas, max_num_seqs=d.max_num_seqs)
+        handlers.apply_children(rt, ref, spec, new)
+        rt.emit(body, "Normal", "Scaled", d.reason)
+        rt.metrics.record_decision(ref.namespace, ref.name, *decision_labels(d))
+    slo = next((c for c in d.conditions if c.type == cnd.SLO_MET), None)
+    rt.metrics.record_observation(
+        ref.namespace, ref.name, metrics_state=d.metrics_state.value,
+        tpot_s=obs.tpot_ms.value / 1e3 if obs.tpot_ms.ok else None,
+        ttft_s=obs.ttft_ms.value / 1e3 if obs.ttft_ms.ok else None,
+        calibration_factor=d.calibration_factor,
+        slo_met=None if slo is None or slo.status == "Unknown" else slo.status == "True",
+    )  # fmt: skip
+    now = rt.now()
+    rt.kube.update_status(
+        ref.namespace, ref.name, lambda status: status_update(status, d, obs, plan, now)
+    )
+
+
+@kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=SETTINGS.interval_s,
+            initial_delay=SETTINGS.interval_s)  # fmt: skip
+async def feedback(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """One decision for one deployed target (skips targets with no plan yet)."""
+    status = body.get("status") or {}
+    if not status.get("plan"):
+        return
+    try:
+        spec = parse_spec(body.get("spec") or {})
+    except SpecError:
+        return  # reconcile reports it
+    rt, ref = handlers.runtime(memo), TargetRef.from_body(body)
+    plan = PlanView.from_status(status["plan"])
+    dep = await asyncio.to_thread(
+        rt.kube.get, "apps/v1", "Deployment", ref.namespace, deployment_name(ref.name)
+    )
+    desired, ready, pending = pod_counts(dep)
+    mem = _memory(memo, ref, spec, plan, status, desired)
+    cfg = control.config_from_spec(
+        spec, mem.planner, plan.usd_per_replica_hour, startup_s=SETTINGS.startup_s,
+        metrics_window_s=SETTINGS.window_s, scale_down_window_s=SETTINGS.scale_down_window_s,
+    )  # fmt: skip
+    obs = await _observe(spec, ref, ready, pending)
+    d = control.decide(mem.state, obs, time.monotonic(), cfg)
+    mem.state = d.state
+    try:
+        await asyncio.to_thread(_apply, rt, body, ref, spec, plan, d, obs)
+    except Exception as err:  # kube errors: the next tick decides again from fresh data
+        log.warning("feedback %s/%s: %s", ref.namespace, ref.name, err)
+        raise kopf.TemporaryError(str(err), delay=SETTINGS.interval_s) from err

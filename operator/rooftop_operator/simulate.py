@@ -1,0 +1,298 @@
+"""``rooftop simulate``: replay a request trace against a simulated cluster, per policy.
+
+    rooftop simulate TARGET.yaml --trace CSV [--policy rooftop|static-peak|queue-threshold
+        |oracle|all] [--reality-factor F] [--startup-s S] [--scrape-s 15] [--diurnal]
+        [--json] [--plot FILE.png]
+
+The planner picks the deployment shape (GPU, TP, dtypes) for the target once; every
+policy then runs that shape, so they differ only in how many replicas (and which batch
+cap) they run when. Each replica is an ``engine_sim.core`` engine timed by the truth
+model times ``--reality-factor`` (the planner does not know it: that is what online
+calibration is for). Simulated time, so an hour of trace takes seconds.
+
+Exit codes: 0 ok, 2 unusable input (target, trace, or no feasible plan).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import warnings
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from rooftop_operator import control
+from rooftop_operator.sim.cluster import Cluster, Policy, Replica, SimConfig, SimResult, Workload
+from rooftop_operator.sim.oracle import OracleConfig, oracle_policy
+from rooftop_operator.sim.policies import FixedPolicy, QueueThresholdPolicy, RooftopPolicy
+from rooftop_operator.sim.report import Slo, plot, summary, text
+
+POLICIES = ("rooftop", "static-peak", "queue-threshold", "oracle")
+
+
+class InputError(ValueError):
+    """The target or trace cannot be simulated; the message says why."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything a run needs besides the policy."""
+
+    spec: Any  # rooftop_planner.spec.ServingTargetSpec
+    plan: Any  # rooftop_planner.search.Plan: the shape every policy runs
+    planner: control.PlanTargetPlanner
+    workload: Workload
+    sim: SimConfig
+    slo: Slo
+
+    @property
+    def usd_per_replica_hour(self) -> float:
+        return float(self.plan.usd_per_hour) / max(int(self.plan.replicas), 1)
+
+    def limits(self) -> tuple[int, int]:
+        """(min, max) replicas allowed by the target's constraints and budget."""
+        cfg = control.config_from_spec(self.spec, self.planner, self.usd_per_replica_hour)
+        return control.replica_limits(cfg)
+
+
+def workload_from_trace(path: str, diurnal: bool = False) -> Workload:
+    """Read an Azure-format trace (``traces.load_trace``); optionally day-shaped."""
+    from rooftop_operator.traces import TraceError, diurnal_warp, load_trace
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trace = load_trace(path)
+    except TraceError as err:
+        raise InputError(str(err)) from err
+    if len(trace) < 2:
+        raise InputError(f"{path}: needs at least 2 requests, has {len(trace)}")
+    arrivals = diurnal_warp(trace.arrival_s) if diurnal else trace.arrival_s
+    name = f"{path}{' (diurnal)' if diurnal else ''}"
+    return Workload(
+        np.asarray(arrivals, dtype=np.float64),
+        np.maximum(trace.prompt_tokens, 1),
+        np.maximum(trace.output_tokens, 1),  # a 0-token answer still takes a step
+        name,
+    )
+
+
+def load_spec(path: str) -> Any:
+    """The ServingTarget spec from a manifest (ManifestError -> InputError)."""
+    from rooftop_planner.manifest import ManifestError, load_target
+
+    try:
+        return load_target(path).spec
+    except ManifestError as err:
+        raise InputError(str(err)) from err
+
+
+def scenario(spec: Any, workload: Workload, **sim_kw: Any) -> Scenario:
+    """Plan the target (its shape, at its own workload rate) and set up the cluster."""
+    from rooftop_planner.search import plan_target
+
+    result = plan_target(spec)
+    if result.plan is None:
+        raise InputError("no plan meets the SLO within the budget:\n" + result.explain())
+    plan = result.plan
+    replica = Replica(
+        spec.model, plan.gpu, plan.tp, plan.weight_dtype, plan.kv_dtype,
+        plan.usd_per_hour / plan.replicas, plan.gpu_memory_utilization, plan.max_model_len,
+    )  # fmt: skip
+    sim = SimConfig(
+        replica,
+        tpot_quantile=spec.slo.tpot_percentile.quantile,
+        ttft_quantile=spec.slo.ttft_percentile.quantile,
+        tpot_slo_ms=spec.slo.tpot_ms,
+        **sim_kw,
+    )
+    slo = Slo(spec.slo.tpot_ms, spec.slo.ttft_ms)
+    scn = Scenario(spec, plan, control.PlanTargetPlanner(spec, plan), workload, sim, slo)
+    # the budget and maxReplicas bound the pods every policy may run (billed pods:
+    # starting and draining ones included)
+    return replace(scn, sim=replace(sim, max_pods=scn.limits()[1]))
+
+
+def peak_rate(workload: Workload, window_s: float = 60.0) -> float:
+    """Highest arrival rate over non-overlapping ``window_s`` windows, req/s."""
+    edges = np.arange(0.0, workload.horizon_s + window_s, window_s)
+    if len(edges) < 2:
+        return len(workload.arrival_s) / window_s
+    return float(np.histogram(workload.arrival_s, bins=edges)[0].max()) / window_s
+
+
+def true_factor(scn: Scenario, batch: float) -> float:
+    """Truth step time / planner step time at ``batch`` (with carried prefill), x reality.
+
+    What a perfectly calibrated controller would learn; only the oracle gets it.
+    """
+    from rooftop_operator.engine_sim.truth import TruthModel
+
+    r = scn.sim.replica
+    truth = TruthModel.for_deployment(r.model, r.gpu, r.tp, r.weight_dtype, r.kv_dtype)
+    isl = float(np.mean(scn.workload.prompt_tokens))
+    osl = float(np.mean(scn.workload.output_tokens))
+    predicted_ms = scn.planner.step_ms(batch, isl, osl)
+    carried = batch * isl / (osl + 1.5)  # prefill tokens per step in steady state
+    step = truth.step_s(int(round(batch)), int(batch * (isl + osl / 2)), int(carried),
+                        carried * isl / 2)  # fmt: skip
+    return scn.sim.reality_factor * step * 1e3 / predicted_ms
+
+
+def make_policy(
+    scn: Scenario, name: str, oracle: OracleConfig | None = None
+) -> tuple[Policy, list[str]]:
+    """The named policy for this scenario, and notes on how it was sized."""
+    lower, upper = scn.limits()
+    # Autoscalers start warm, as if they had been running before the trace: at the
+    # planner's size for the first minutes' rate (not the spec's rate, which would make
+    # the first scale-down window a transient of the experiment, not of the policy).
+    head_s = min(300.0, scn.workload.horizon_s) or 1.0
+    first = scn.planner.size(np.searchsorted(scn.workload.arrival_s, head_s) / head_s, 1.0)
+    start = min(max(first.replicas, lower), upper)
+    if name == "rooftop":
+        cfg = control.config_from_spec(
+            scn.spec, scn.planner, scn.usd_per_replica_hour,
+            startup_s=scn.sim.startup_s, metrics_window_s=scn.sim.window_s,
+        )  # fmt: skip
+        return RooftopPolicy(cfg, start, first.max_num_seqs), []
+    if name == "static-peak":
+        peak = peak_rate(scn.workload)
+        size = scn.planner.size(peak, 1.0)
+        n = min(max(size.replicas, lower), upper)
+        return FixedPolicy(n, size.max_num_seqs), [f"sized for peak {peak:.2f} req/s: {n}"]
+    if name == "queue-threshold":
+        return QueueThresholdPolicy(start, first.max_num_seqs, lower, upper), []
+    if name == "oracle":
+        return _oracle(scn, lower, upper, oracle or OracleConfig())
+    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+
+
+def _oracle(scn: Scenario, lower: int, upper: int, cfg: OracleConfig) -> tuple[Policy, list[str]]:
+    mean_rate = len(scn.workload.arrival_s) / max(scn.workload.horizon_s, 1e-9)
+    first = scn.planner.size(mean_rate, 1.0)
+    factor = true_factor(scn, first.max_num_seqs / 2)
+    size = scn.planner.size(mean_rate, min(factor, 3.0))
+    if not size.feasible:
+        size = first
+    guess = size.capacity_rps or mean_rate / max(size.replicas, 1)
+    policy, capacity = oracle_policy(
+        scn.workload, scn.sim, scn.slo, size.max_num_seqs, guess, lower, upper, cfg
+    )
+    note = (f"true step-time factor {factor:.2f}, cap {size.max_num_seqs}, measured "
+            f"capacity {capacity:.3f} req/s per replica")  # fmt: skip
+    return policy, [note]
+
+
+def run(
+    scn: Scenario, name: str, oracle: OracleConfig | None = None
+) -> tuple[SimResult, dict[str, Any]]:
+    """One policy over the scenario: the raw result and its JSON summary."""
+    policy, notes = make_policy(scn, name, oracle)
+    startup = 0.0 if name == "oracle" else None
+    res = Cluster(scn.workload, scn.sim, startup_s=startup).run(policy)
+    res.notes.extend(notes)
+    return res, summary(res, scn.slo, scn.sim.reality_factor)
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def register(subparsers: Any) -> None:
+    """Add ``rooftop simulate`` (see CONTRACTS.md)."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "simulate",
+        help="replay a trace against a simulated cluster under a scaling policy",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    p.add_argument("target", help="ServingTarget manifest (YAML)")
+    p.add_argument("--trace", required=True, help="Azure-format trace CSV")
+    p.add_argument("--policy", default="rooftop", choices=(*POLICIES, "all"))
+    p.add_argument(
+        "--reality-factor",
+        type=float,
+        default=1.0,
+        help="true step times / the fitted truth model (default 1.0)",
+    )
+    p.add_argument("--startup-s", type=float, default=120.0, help="pod start-up delay, s")
+    p.add_argument("--scrape-s", type=float, default=15.0, help="scrape/decision interval, s")
+    p.add_argument("--window-s", type=float, default=60.0, help="rate/quantile window, s")
+    p.add_argument("--noise", type=float, default=0.05, help="step-time noise (lognormal sigma)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--diurnal",
+        action="store_true",
+        help="time-warp the trace into a day shape (3x peak/trough)",
+    )
+    p.add_argument(
+        "--outage",
+        action="append",
+        default=[],
+        metavar="START:END",
+        help="seconds during which every metric is missing (repeatable)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON (a list for --policy all)")
+    p.add_argument("--plot", metavar="FILE.png", help="plot load, TPOT and replicas")
+    p.set_defaults(func=main)  # fmt: skip
+
+
+def _outages(values: list[str]) -> tuple[tuple[float, float], ...]:
+    out = []
+    for v in values:
+        try:
+            a, b = (float(x) for x in v.split(":"))
+        except ValueError:
+            raise InputError(f"--outage {v!r}: expected START:END in seconds") from None
+        out.append((a, b))
+    return tuple(out)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the simulation(s) and print the report; 2 on unusable input."""
+    try:
+        if not (args.reality_factor > 0 and args.scrape_s > 0 and args.window_s > 0):
+            raise InputError("--reality-factor, --scrape-s and --window-s must be > 0")
+        spec = load_spec(args.target)
+        workload = workload_from_trace(args.trace, args.diurnal)
+        scn = scenario(
+            spec, workload, reality_factor=args.reality_factor, noise=args.noise,
+            seed=args.seed, startup_s=args.startup_s, scrape_s=args.scrape_s,
+            window_s=args.window_s, outages=_outages(args.outage),
+        )  # fmt: skip
+    except InputError as err:
+        print(f"rooftop simulate: {err}", file=sys.stderr)
+        return 2
+    names = POLICIES if args.policy == "all" else (args.policy,)
+    results, summaries = [], []
+    for name in names:
+        res, s = run(scn, name)
+        results.append(res)
+        summaries.append(s)
+        if not args.json:
+            print(text(s, scn.slo))
+    if args.json:
+        print(json.dumps(summaries[0] if len(summaries) == 1 else summaries, default=_json))
+    if args.plot:
+        plot(results, scn.slo, args.plot)
+    return 0
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def with_rate(spec: Any, requests_per_second: float) -> Any:
+    """``spec`` with its workload rate replaced (req/s)."""
+    workload = spec.workload.model_copy(update={"requests_per_second": requests_per_second})
+    return spec.model_copy(update={"workload": workload})
+
+
+__all__ = ["POLICIES", "InputError", "Scenario", "main", "register", "run"]

@@ -1,0 +1,436 @@
+"""The controller's decisions: one table row per rule, each with why it must hold.
+
+A fake planner keeps these fast and exact: one replica serves 2 req/s at factor 1.0
+(so ``replicas = ceil(rate * factor / 2)``), the batch cap is ``64 / factor``, and the
+predicted step time is always 20 ms (so ``factor = observed step ms / 20``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import pytest
+
+from rooftop_operator.calibration import Calibration
+from rooftop_operator.control import (
+    ControllerConfig,
+    ControllerState,
+    MetricState,
+    Observation,
+    Reading,
+    Sizing,
+    decide,
+    forecast_rate,
+    initial_state,
+    replica_limits,
+)
+
+NOW = 10_000.0
+
+
+class FakePlanner:
+    def size(self, requests_per_second: float, step_time_scale: float) -> Sizing:
+        n = math.ceil(requests_per_second * step_time_scale / 2.0 - 1e-9)
+        return Sizing(n, int(64 / step_time_scale), 1.0)
+
+    def step_ms(self, batch: float, prompt_tokens: float, output_tokens: float) -> float:
+        return 20.0
+
+
+def config(**kw: object) -> ControllerConfig:
+    base = ControllerConfig(
+        planner=FakePlanner(),
+        tpot_slo_ms=40.0,
+        ttft_slo_ms=2000.0,
+        min_replicas=1,
+        max_replicas=16,
+        budget_usd_per_hour=100.0,
+        usd_per_replica_hour=1.0,
+        default_prompt_tokens=1000.0,
+        default_output_tokens=200.0,
+        headroom=0.0,  # exact arithmetic in the table; headroom has its own test
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def ok(value: float) -> Reading:
+    return Reading(value, MetricState.OK)
+
+
+BAD = {
+    "missing": Reading(),
+    "stale": Reading(math.nan, MetricState.STALE),
+    "nan": Reading(math.nan, MetricState.NAN),
+}
+
+
+def observe(rate: float = 4.0, tpot: float = 30.0, ready: int = 2, **kw: object) -> Observation:
+    base = Observation(
+        tpot_ms=ok(tpot),
+        ttft_ms=ok(500.0),
+        requests_per_second=ok(rate),
+        running=ok(10.0 * ready),
+        waiting=ok(0.0),
+        kv_usage_ratio=ok(0.3),
+        step_ms=ok(20.0),
+        ready_replicas=ready,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def with_reading(obs: Observation, name: str, reading: Reading) -> Observation:
+    changes: dict[str, object] = {name: reading}
+    return replace(obs, **changes)  # type: ignore[arg-type]
+
+
+def settled(replicas: int, low: int, held_s: float, cap: int = 64) -> ControllerState:
+    """A controller that has recommended ``low`` for ``held_s`` seconds of OK data."""
+    history = tuple((NOW - t, low) for t in range(int(held_s), 0, -15))
+    return ControllerState(replicas, cap, Calibration(1.0, 10), history, NOW - held_s)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    state: ControllerState
+    obs: Observation
+    want_replicas: int
+    why: str
+    cfg: ControllerConfig = config()
+
+
+CASES = [
+    Case(
+        "observed TPOT breach scales up at once",
+        initial_state(2, 64),
+        observe(rate=4.0, tpot=60.0),
+        3,
+        "TPOT 1.5x over the SLO on 2 ready replicas -> ceil(2 * 1.5) = 3, no waiting",
+    ),
+    Case(
+        "predicted breach scales up before any latency breach",
+        initial_state(2, 64),
+        observe(rate=8.0, tpot=30.0),
+        4,
+        "the planner needs 4 replicas for 8 req/s; waiting for the breach costs start-up",
+    ),
+    Case(
+        "pending pods count as capacity",
+        initial_state(4, 64),
+        observe(rate=4.0, tpot=48.0, ready=2),
+        4,
+        "2 ready + 2 starting; the breach asks ceil(2 * 1.2) = 3 <= 4: no double scale-up",
+    ),
+    Case(
+        "breach while pods start still adds when starting pods are too few",
+        initial_state(3, 64),
+        observe(rate=4.0, tpot=80.0, ready=2),
+        4,
+        "2 ready, TPOT 2x: ceil(2 * 2) = 4 > 3 desired",
+    ),
+    Case(
+        "breach step is bounded",
+        initial_state(2, 64),
+        observe(rate=4.0, tpot=400.0),
+        4,
+        "TPOT 10x over would ask 20 replicas; one step is at most 2x (max_breach_step)",
+    ),
+    Case(
+        "queue adds replicas by batch caps",
+        initial_state(2, 64),
+        observe(rate=4.0, waiting=ok(130.0)),
+        4,
+        "130 waiting / cap 64 -> 3 more, bounded to 2x ready = 4",
+    ),
+    Case(
+        "full KV cache adds one",
+        initial_state(2, 64),
+        observe(rate=4.0, kv_usage_ratio=ok(0.95)),
+        3,
+        "above 90 % KV usage vLLM preempts; one more replica relieves it",
+    ),
+    Case(
+        "lower recommendation not held long enough: hold",
+        settled(4, 2, 120.0),
+        observe(rate=4.0),
+        4,
+        "only 120 s of the 300 s window have passed",
+    ),
+    Case(
+        "lower recommendation held for the window: scale down",
+        settled(4, 2, 300.0),
+        observe(rate=4.0),
+        2,
+        "2 was recommended for the whole 300 s window",
+    ),
+    Case(
+        "scale down only to the window's highest recommendation",
+        replace(settled(4, 2, 300.0), history=((NOW - 200, 3), (NOW - 100, 2))),
+        observe(rate=4.0),
+        3,
+        "3 was recommended 200 s ago, inside the window",
+    ),
+    *[
+        Case(
+            f"{state} {name} never scales down",
+            settled(4, 2, 600.0),
+            with_reading(observe(rate=4.0), name, BAD[state]),
+            4,
+            "a missing/stale/NaN gauge could hide load; hold until it is trustworthy",
+        )
+        for state in BAD
+        for name in ("requests_per_second", "running", "waiting", "kv_usage_ratio")
+    ],
+    Case(
+        "missing TPOT under traffic never scales down",
+        settled(4, 2, 600.0),
+        observe(rate=4.0, tpot_ms=BAD["nan"]),
+        4,
+        "with requests flowing, a NaN percentile means broken metrics, not idle",
+    ),
+    Case(
+        "bad metrics still allow scaling up on a visible breach",
+        initial_state(2, 64),
+        observe(rate=4.0, tpot=80.0, running=BAD["missing"]),
+        4,
+        "scaling up is the safe direction even with partial data",
+    ),
+    Case(
+        "no traffic: NaN latencies do not block a scale-down",
+        settled(4, 1, 300.0),
+        observe(rate=0.0, tpot_ms=BAD["nan"], ttft_ms=BAD["nan"], running=ok(0.0)),
+        1,
+        "rate is a trustworthy 0, so the NaN percentile is expected",
+    ),
+    Case(
+        "budget caps the replica count",
+        initial_state(2, 64),
+        observe(rate=20.0),
+        5,
+        "10 needed at $1/h but the budget is $5/h",
+        config(budget_usd_per_hour=5.0),
+    ),
+    Case(
+        "max replicas caps the replica count",
+        initial_state(2, 64),
+        observe(rate=40.0),
+        16,
+        "20 needed, maxReplicas 16",
+    ),
+    Case(
+        "min replicas floors the replica count",
+        settled(3, 0, 300.0),
+        observe(rate=0.0, tpot_ms=BAD["nan"], running=ok(0.0)),
+        2,
+        "the planner wants 0, minReplicas is 2",
+        config(min_replicas=2),
+    ),
+    Case(
+        "budget wins over min replicas",
+        initial_state(3, 64),
+        observe(rate=4.0),
+        2,
+        "minReplicas 3 costs $3/h, the budget is $2.5/h: never exceed the budget",
+        config(min_replicas=3, budget_usd_per_hour=2.5),
+    ),
+    Case(
+        "over budget is cut even with missing metrics",
+        initial_state(6, 64),
+        observe(rate=4.0, running=BAD["missing"]),
+        5,
+        "the budget is a hard limit; 'hold on bad metrics' never means 'overspend'",
+        config(budget_usd_per_hour=5.0),
+    ),
+    Case(
+        "calibrated factor sizes the re-plan",
+        initial_state(2, 64),
+        observe(rate=4.0, step_ms=ok(30.0)),
+        3,
+        "observed 30 ms vs predicted 20 -> factor 1.5 -> ceil(4 * 1.5 / 2) = 3",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_decide_table(case: Case) -> None:
+    got = decide(case.state, case.obs, NOW, case.cfg)
+    assert got.replicas == case.want_replicas, f"{case.why}: {got.reason}"
+    lower, upper = replica_limits(case.cfg)
+    assert lower <= got.replicas <= upper
+    assert got.replicas * case.cfg.usd_per_replica_hour <= case.cfg.budget_usd_per_hour
+
+
+def _cond(decision_conditions: tuple[object, ...], kind: str) -> object:
+    return next(c for c in decision_conditions if c.type == kind)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("obs", "cfg", "slo", "budget"),
+    [
+        # breach with room to grow: SLO False with the breach as the reason
+        (observe(tpot=60.0), config(), ("False", "TPOTAboveSLO"), ("True", "WithinBudget")),
+        # breach that the budget stops us fixing: say so on both conditions
+        (
+            observe(rate=20.0, tpot=60.0),
+            config(budget_usd_per_hour=5.0),
+            ("False", "BudgetLimited"),
+            ("True", "CappedAtBudget"),
+        ),
+        # breach that maxReplicas stops us fixing (budget is not the limit)
+        (
+            observe(rate=40.0, tpot=60.0),
+            config(),
+            ("False", "MaxReplicasLimited"),
+            ("True", "WithinBudget"),
+        ),
+        # TTFT alone over the SLO
+        (
+            observe(ttft_ms=ok(5000.0)),
+            config(),
+            ("False", "TTFTAboveSLO"),
+            ("True", "WithinBudget"),
+        ),
+        # the metrics pipeline is broken: Unknown, not False
+        (
+            observe(tpot_ms=BAD["missing"]),
+            config(),
+            ("Unknown", "MetricsUnavailable"),
+            ("True", "WithinBudget"),
+        ),
+        # idle target: Unknown with its own reason (not an alarm)
+        (
+            observe(rate=0.0, tpot_ms=BAD["nan"]),
+            config(),
+            ("Unknown", "NoTraffic"),
+            ("True", "WithinBudget"),
+        ),
+        (observe(), config(), ("True", "SLOMet"), ("True", "WithinBudget")),
+    ],
+)
+def test_conditions(
+    obs: Observation, cfg: ControllerConfig, slo: tuple[str, str], budget: tuple[str, str]
+) -> None:
+    got = decide(initial_state(2, 64), obs, NOW, cfg)
+    s, b = _cond(got.conditions, "SLOMet"), _cond(got.conditions, "WithinBudget")
+    assert (s.status, s.reason) == slo, s.message  # type: ignore[attr-defined]
+    assert (b.status, b.reason) == budget, b.message  # type: ignore[attr-defined]
+
+
+def test_hold_reason_names_the_bad_metric() -> None:
+    got = decide(settled(4, 2, 600.0), observe(waiting=BAD["stale"]), NOW, config())
+    assert got.replicas == 4
+    assert "waiting: stale" in got.reason
+    assert got.metrics_state is MetricState.STALE
+
+
+def test_outage_restarts_the_scale_down_window() -> None:
+    # After metrics return, a full window of OK data must pass before a scale-down:
+    # the outage could have hidden a peak.
+    cfg = config()
+    state = decide(settled(4, 2, 600.0), observe(running=BAD["missing"]), NOW, cfg).state
+    for t in range(15, 315, 15):  # the first OK reading (t = 15) starts the window
+        d = decide(state, observe(), NOW + t, cfg)
+        assert d.replicas == 4, f"scaled down {t} s after the outage"
+        state = d.state
+    assert decide(state, observe(), NOW + 315, cfg).replicas == 2
+
+
+def test_calibration_updates_only_on_ok_data() -> None:
+    cfg = config()
+    d = decide(initial_state(2, 64), observe(step_ms=ok(26.0)), NOW, cfg)
+    assert d.calibration_factor == pytest.approx(1.3)
+    d2 = decide(d.state, observe(step_ms=BAD["nan"]), NOW + 15, cfg)
+    assert d2.state.calibration == d.state.calibration
+    # an idle replica's step time says little about a loaded one: skipped
+    d3 = decide(d.state, observe(step_ms=ok(60.0), running=ok(0.0)), NOW + 30, cfg)
+    assert d3.state.calibration == d.state.calibration
+
+
+def test_batch_cap_follows_a_settled_factor_with_cooldown() -> None:
+    cfg = config()
+    settle = cfg.calibration.settled_samples
+    state = initial_state(3, 64)  # 3 replicas: what factor 1.3 needs, so the fleet is steady
+    for i in range(settle - 1):  # not settled yet: the cap waits for evidence
+        state = decide(state, observe(step_ms=ok(26.0), ready=3), NOW + 15 * i, cfg).state
+        assert state.max_num_seqs == 64
+    t = NOW + 15 * settle
+    d = decide(state, observe(step_ms=ok(26.0), ready=3), t, cfg)
+    assert d.max_num_seqs == int(64 / 1.3)  # 64 seqs would miss TPOT at factor 1.3
+    assert "max_num_seqs 64 -> 49" in d.reason
+    # the engine turns out fast; but a cap change restarts pods: wait for the cooldown
+    state = d.state
+    for dt in range(60, 900, 60):
+        state = decide(state, observe(step_ms=ok(12.0), ready=3), t + dt, cfg).state
+        assert state.max_num_seqs == 49
+    raised = decide(state, observe(step_ms=ok(12.0), ready=3), t + 900, cfg)
+    # raised to what the planner still picks with 15 % slower steps (hysteresis)
+    assert raised.max_num_seqs == int(64 / (raised.calibration_factor * 1.15))
+
+
+def test_no_cap_change_while_scaling() -> None:
+    # A new cap rolls every pod; on top of a scale-up it would delay the new capacity.
+    cfg = config()
+    state = replace(initial_state(2, 64), calibration=Calibration(1.3, 50))
+    d = decide(state, observe(rate=8.0, step_ms=ok(26.0)), NOW, cfg)
+    assert d.replicas > 2 and d.max_num_seqs == 64
+
+
+def test_latency_ignored_right_after_pods_became_ready() -> None:
+    # The window still holds the smaller fleet's latencies: acting on them again would
+    # double the scale-up that is just taking effect.
+    cfg = config()
+    state = decide(initial_state(3, 64), observe(ready=2), NOW, cfg).state
+    d = decide(state, observe(ready=3, tpot=60.0), NOW + 15, cfg)
+    assert d.replicas == 3
+    later = decide(d.state, observe(ready=3, tpot=60.0), NOW + 15 + 60, cfg)
+    assert later.replicas > 3
+
+
+@pytest.mark.parametrize(
+    ("attained", "tpot", "bound", "expected"),
+    [
+        (0.95, 30.0, True, 1.05),  # misses: more capacity
+        (1.0, 20.0, True, 0.98),  # no misses, TPOT at half the SLO, planner-bound: fewer
+        (1.0, 20.0, False, 1.0),  # ... but not when minReplicas, not the plan, sets it
+        (1.0, 35.0, True, 1.0),  # no misses but little room: hold (dead band)
+        (0.995, 30.0, True, 1.0),  # within target, a few misses: hold
+    ],
+)
+def test_latency_trim(attained: float, tpot: float, bound: bool, expected: float) -> None:
+    cfg = config(min_replicas=1 if bound else 2)
+    state = replace(initial_state(2, 64), ready_seen=2)
+    obs = observe(rate=4.0, tpot=tpot, tpot_attainment=ok(attained))
+    assert decide(state, obs, NOW, cfg).state.trim == pytest.approx(expected)
+
+
+def test_headroom_and_rising_trend_plan_ahead() -> None:
+    cfg = config(headroom=0.1)
+    # 4 req/s * 1.1 = 4.4 -> 3 replicas (exactly 2 without headroom)
+    assert decide(initial_state(2, 64), observe(rate=4.0), NOW, cfg).replicas == 3
+    # rising 1 req/s per minute: 150 s ahead (start-up + half a window) is ~2.5 req/s more
+    state = initial_state(1, 64)
+    for i, rate in enumerate([1.0, 2.0, 3.0, 4.0]):
+        state = decide(state, observe(rate=rate, ready=4), NOW + 60 * i, config()).state
+    assert state.replicas == math.ceil(forecast_rate(state.rates, 150.0) / 2.0)
+    assert state.replicas == 4  # 4 + 2.5 = 6.5 req/s -> 4 replicas
+
+
+@pytest.mark.parametrize(
+    ("rates", "expected"),
+    [
+        ([], 0.0),  # nothing known
+        ([(0.0, 3.0)], 3.0),  # one point: no trend
+        ([(0.0, 1.0), (60.0, 2.0), (120.0, 3.0)], 3.0 + 100.0 / 60.0),  # rising: projected
+        ([(0.0, 3.0), (60.0, 2.0), (120.0, 1.0)], 1.0),  # falling: never projected down
+    ],
+)
+def test_forecast_rate(rates: list[tuple[float, float]], expected: float) -> None:
+    assert forecast_rate(rates, 100.0) == pytest.approx(expected)
+
+
+def test_reading_classification() -> None:
+    assert Reading.of(None).state is MetricState.MISSING
+    assert Reading.of(float("nan")).state is MetricState.NAN
+    assert Reading.of(1.0, age_s=120.0, max_age_s=60.0).state is MetricState.STALE
+    assert Reading.of(1.0).ok

@@ -1,0 +1,84 @@
+"""The feedback loop's glue: metric readings in, status out (no cluster, no Prometheus)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from rooftop_operator import control, loop
+from rooftop_operator.metrics_client import Reading, Selector, State, TargetMetrics
+from rooftop_planner.spec import Condition
+
+
+@pytest.mark.parametrize(
+    ("raw", "state", "value"),
+    [
+        (Reading(State.OK, 0.05), control.MetricState.OK, 50.0),  # seconds -> ms
+        (Reading(State.OK, math.inf), control.MetricState.OK, loop.INF_MS),  # over the top
+        (Reading(State.NAN), control.MetricState.NAN, None),  # empty window
+        (Reading(State.STALE, 0.05), control.MetricState.STALE, None),  # old value dropped
+        (Reading(State.ERROR, detail="down"), control.MetricState.MISSING, None),  # unknown
+    ],
+)
+def test_reading(raw: Reading, state: control.MetricState, value: float | None) -> None:
+    got = loop.reading(raw, 1e3)
+    assert got.state is state
+    assert got.value == pytest.approx(value) if value is not None else math.isnan(got.value)
+
+
+@pytest.mark.parametrize(
+    ("slo_ms", "bucket"),
+    [(100.0, 0.1), (80.0, 0.075), (60.0, 0.05), (5.0, None)],  # never a bucket above it
+)
+def test_attainment_bucket(slo_ms: float, bucket: float | None) -> None:
+    assert loop.attainment_bucket(slo_ms) == bucket
+
+
+def test_extra_queries_select_the_target() -> None:
+    exprs = loop.extra_exprs(Selector.for_target("ns", "chat"), "1m", 0.9, 100.0)
+    assert 'le="0.1"' in exprs["tpot_attainment"]
+    assert all('servingtarget="chat"' in e for e in exprs.values())
+
+
+def test_observation_falls_back_to_completions() -> None:
+    ok = Reading(State.OK, 1.0)
+    snap = TargetMetrics({}, {0.9: Reading(State.OK, 0.4)}, Reading(State.OK, 3.0), ok, ok, ok)
+    obs = loop.observation(snap, {"requests_per_second": Reading(State.NAN)}, 0.9, 2, 1)
+    assert obs.requests_per_second.value == 3.0  # deriv needs two samples; completions do
+    assert obs.ttft_ms.value == pytest.approx(400.0)
+    assert (obs.ready_replicas, obs.pending_replicas) == (2, 1)
+    assert obs.tpot_ms.state is control.MetricState.MISSING
+
+
+def test_pod_counts() -> None:
+    dep = {"spec": {"replicas": 4}, "status": {"readyReplicas": 3}}
+    assert loop.pod_counts(dep) == (4, 3, 1)
+    assert loop.pod_counts(None) == (0, 0, 0)
+
+
+def test_status_update_is_json_clean() -> None:
+    plan = loop.PlanView("l4", 8, 2, 64, "fp8", "fp8", 8192, 12.8)
+    status = {"plan": {"gpu": "l4", "replicas": 2, "maxNumSeqs": 64, "usdPerHour": 12.8}}
+    obs = control.Observation(tpot_ms=control.Reading(), ready_replicas=2)
+    d = _decision(replicas=3)
+    out = loop.status_update(status, d, obs, plan, "2026-01-01T00:00:00Z")
+    json.dumps(out)  # no NaN
+    assert out["plan"]["replicas"] == 3 and out["plan"]["usdPerHour"] == pytest.approx(19.2)
+    assert "tpotMs" not in out["observed"]  # missing stays missing, not 0
+    assert {c["type"] for c in out["conditions"]} == {"SLOMet", "WithinBudget"}
+
+
+def _decision(replicas: int) -> control.Decision:
+    conds = (
+        Condition(type="SLOMet", status="Unknown", reason="MetricsUnavailable"),
+        Condition(type="WithinBudget", status="True", reason="WithinBudget"),
+    )
+    state = control.initial_state(replicas, 64)
+    return control.Decision(replicas, 64, "scale up 2 -> 3: TPOT 120 ms > SLO 100 ms", conds,
+                            state, control.MetricState.OK, replicas, 2, 64)  # fmt: skip
+
+
+def test_decision_labels() -> None:
+    assert loop.decision_labels(_decision(3)) == ("up", "slo_violation")

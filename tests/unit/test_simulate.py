@@ -1,0 +1,188 @@
+"""``rooftop simulate`` on a tiny synthetic trace: invariants, attainment, the CLI.
+
+The trace is a few hundred short requests whose rate steps up and down, so every
+policy has to scale, and a run takes a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rooftop_operator import simulate
+from rooftop_operator.sim.cluster import SimResult, Tick, Workload
+from rooftop_operator.sim.oracle import OracleConfig
+from rooftop_operator.sim.report import Slo, attainment, cost
+
+TARGET = {
+    "apiVersion": "rooftop.dev/v1alpha1",
+    "kind": "ServingTarget",
+    "metadata": {"name": "tiny"},
+    "spec": {
+        "model": "llama-3.1-70b",
+        "slo": {"tpotMs": 100, "ttftMs": 2000},
+        "workload": {
+            "requestsPerSecond": 1.0,
+            "promptTokens": {"mean": 400, "p90": 800},
+            "outputTokens": {"mean": 40, "p90": 80},
+        },
+        "budget": {"usdPerHour": 20},  # 3 replicas of 8x L4 at $6.40/h
+        "constraints": {"gpuTypes": ["l4"], "maxReplicas": 8},
+    },
+}
+FAST_ORACLE = OracleConfig(probe_requests=300, iterations=3, refine_iterations=2)
+
+
+def spec() -> Any:
+    from rooftop_planner.manifest import parse_target
+
+    return parse_target(TARGET, "test").spec
+
+
+def tiny_workload(seed: int = 1) -> Workload:
+    """~420 requests over 10 minutes: 0.3 req/s, then 1.5 req/s, then 0.3 req/s."""
+    rng = np.random.default_rng(seed)
+    pieces, t = [], 0.0
+    for rate, span in ((0.3, 200.0), (1.5, 200.0), (0.3, 200.0)):
+        arrivals = t + np.sort(rng.uniform(0.0, span, rng.poisson(rate * span)))
+        pieces.append(arrivals)
+        t += span
+    arr = np.concatenate(pieces)
+    n = len(arr)
+    return Workload(arr, rng.integers(100, 800, n), rng.integers(10, 80, n), "tiny")
+
+
+@pytest.fixture(scope="module")
+def scn() -> simulate.Scenario:
+    return simulate.scenario(spec(), tiny_workload(), noise=0.0)
+
+
+@pytest.fixture(scope="module")
+def runs(scn: simulate.Scenario) -> dict[str, tuple[SimResult, dict[str, Any]]]:
+    return {name: simulate.run(scn, name, FAST_ORACLE) for name in simulate.POLICIES}
+
+
+def test_summary_has_the_contract_keys(runs: dict[str, tuple[SimResult, dict[str, Any]]]) -> None:
+    for name, (_, s) in runs.items():
+        assert s["policy"] == name
+        for key in ("slo_attainment_tpot", "slo_attainment_ttft", "gpu_hours", "usd"):
+            assert 0 <= s[key] <= (1 if "attainment" in key else math.inf)
+        assert s["requests"] == len(tiny_workload().arrival_s)
+        json.dumps(s)  # JSON-clean: no NaN, no numpy scalars
+
+
+def test_rooftop_never_exceeds_budget(
+    scn: simulate.Scenario, runs: dict[str, tuple[SimResult, dict[str, Any]]]
+) -> None:
+    # Every desired count and every billed pod count stays within $20/h.
+    res, _ = runs["rooftop"]
+    price = scn.usd_per_replica_hour
+    assert all(t.replicas * price <= 20.0 + 1e-9 for t in res.timeline)
+    assert all(t.alive * price <= 20.0 + 1e-9 for t in res.timeline)
+    assert res.pod_seconds / 3600 * price <= 20.0 * res.workload.horizon_s / 3600 + 1e-9
+
+
+def test_oracle_is_the_cheapest_autoscaler(
+    runs: dict[str, tuple[SimResult, dict[str, Any]]],
+) -> None:
+    # Hindsight with no start-up delay is a lower bound on what the loop can spend.
+    assert runs["oracle"][1]["usd"] <= runs["rooftop"][1]["usd"]
+
+
+def test_rooftop_scales_with_the_load(runs: dict[str, tuple[SimResult, dict[str, Any]]]) -> None:
+    res, s = runs["rooftop"]
+    counts = [t.replicas for t in res.timeline]
+    assert max(counts) > counts[0]  # the 5x step needs more replicas
+    assert s["slo_attainment_tpot"] >= 0.95
+
+
+def test_never_scales_down_while_metrics_are_missing() -> None:
+    # Metrics vanish from 330 s to 560 s, while the load falls at 400 s: the loop must
+    # hold, and only scale down a full window after they return.
+    scn = simulate.scenario(spec(), tiny_workload(), noise=0.0, outages=((330.0, 560.0),))
+    res, _ = simulate.run(scn, "rooftop")
+    during = [t.replicas for t in res.timeline if 330.0 <= t.t_s < 560.0]
+    assert during and all(b >= a for a, b in zip(during, during[1:], strict=False))
+    after = [t.replicas for t in res.timeline if 560.0 <= t.t_s < 560.0 + 300.0]
+    assert all(n >= during[-1] for n in after)
+
+
+def _result(first: list[float], fin: list[float], tpot: list[float], out: list[int]) -> SimResult:
+    n = len(first)
+    w = Workload(np.zeros(n), np.full(n, 100), np.array(out), "hand")
+    tick = Tick(0.0, 0.0, math.nan, math.nan, 2, 2, 2, 8, 0.0, 0.0)
+    return SimResult("hand", w, np.array(first), np.array(fin), np.array(tpot), 0,
+                     7200.0, 3.0, 4, [tick])  # fmt: skip
+
+
+def test_attainment_on_a_hand_made_case() -> None:
+    # 4 requests (arrival 0): meets both / TPOT 120 ms > 100 / TTFT 3 s > 2 s / unfinished.
+    res = _result(
+        first=[0.5, 0.5, 3.0, math.nan],
+        fin=[10.0, 10.0, 12.0, math.nan],
+        tpot=[0.05, 0.12, 0.05, math.nan],
+        out=[100, 300, 100, 500],
+    )
+    att = attainment(res, Slo(tpot_ms=100.0, ttft_ms=2000.0))
+    assert att.tpot_requests == pytest.approx(2 / 4)  # #1 and #3
+    assert att.tpot_tokens == pytest.approx(200 / 1000)
+    assert att.ttft_requests == pytest.approx(2 / 4)  # #1 and #2
+    assert att.ttft_tokens == pytest.approx(400 / 1000)
+    assert cost(res) == pytest.approx((2.0 * 4, 2.0 * 3.0))  # 2 pod-hours, 4 GPUs, $3/h
+
+
+def test_one_token_answers_meet_tpot_and_no_ttft_slo_is_none() -> None:
+    res = _result(first=[1.0], fin=[1.0], tpot=[math.nan], out=[1])
+    att = attainment(res, Slo(tpot_ms=50.0))
+    assert att.tpot_requests == 1.0
+    assert att.ttft_requests is None
+
+
+def test_cli_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import yaml
+
+    target = tmp_path / "t.yaml"
+    target.write_text(yaml.safe_dump(TARGET))
+    trace = tmp_path / "trace.csv"
+    w = tiny_workload()
+    rows = [f"{a:.3f},{p},{o}" for a, p, o in zip(w.arrival_s, w.prompt_tokens,
+                                                  w.output_tokens, strict=True)]  # fmt: skip
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "\n".join(rows) + "\n")
+    args = ["simulate", str(target), "--trace", str(trace), "--policy", "static-peak", "--json"]
+    from rooftop_operator.cli import main
+
+    assert main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) >= {"policy", "slo_attainment_tpot", "slo_attainment_ttft", "gpu_hours",
+                        "usd", "requests"}  # fmt: skip
+    assert out["requests"] == len(w.arrival_s)
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("", "missing column"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n", "no data rows"),
+        ("TIME,ContextTokens,GeneratedTokens\n1,2,3\n", "missing column"),
+        ("TIMESTAMP,ContextTokens,GeneratedTokens\n1,abc,3\n", "not a number"),
+    ],
+)
+def test_bad_trace_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, needle: str
+) -> None:
+    import yaml
+
+    target = tmp_path / "t.yaml"
+    target.write_text(yaml.safe_dump(TARGET))
+    trace = tmp_path / "bad.csv"
+    trace.write_text(content)
+    from rooftop_operator.cli import main
+
+    assert main(["simulate", str(target), "--trace", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert "rooftop simulate:" in err and needle in err
