@@ -4,11 +4,15 @@ Every query-bearing panel and every target carries ``DATASOURCE``, a reference t
 ``$datasource`` variable, so the dashboards work with whatever Prometheus the Grafana
 they are loaded into calls its own. Panels are built with a width and height only;
 ``layout`` places them left to right in sections and numbers them.
+
+Generic builders (``timeseries``, ``stat``, ``bargauge``, ``table``) come first; the
+panel shapes both dashboards share (latency against the SLO, cost against budget,
+replicas, scaling decisions, ratio gauges) are factories on top of them at the end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from dashboards.queries import Query
@@ -48,14 +52,36 @@ def thresholds(*steps: tuple[float | None, str]) -> Json:
     return {"mode": "absolute", "steps": [{"color": c, "value": v} for v, c in steps]}
 
 
-def _panel(kind: str, title: str, description: str, w: int, h: int) -> Json:
+def _panel(
+    kind: str,
+    title: str,
+    description: str,
+    w: int,
+    h: int,
+    defaults: Json,
+    options: Json,
+    refs: list[Json],
+    overrides: Sequence[Json] = (),
+) -> Json:
+    """A panel of any kind: field defaults and overrides, options, targets, no position."""
     return {
         "datasource": DATASOURCE,
         "description": description,
+        "fieldConfig": {"defaults": defaults, "overrides": list(overrides)},
         "gridPos": {"h": h, "w": w, "x": 0, "y": 0},
+        "options": options,
+        "targets": refs,
         "title": title,
         "type": kind,
     }
+
+
+def _dashed() -> list[Json]:
+    """Override properties that draw a series as a dashed line without fill."""
+    return [
+        {"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}},
+        {"id": "custom.fillOpacity", "value": 0},
+    ]
 
 
 def _slo_override() -> Json:
@@ -64,10 +90,14 @@ def _slo_override() -> Json:
         "matcher": {"id": "byFrameRefID", "options": SLO_REF},
         "properties": [
             {"id": "color", "value": {"fixedColor": "red", "mode": "fixed"}},
-            {"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}},
-            {"id": "custom.fillOpacity", "value": 0},
+            *_dashed(),
         ],
     }
+
+
+def _last_value() -> Json:
+    """Reduce each series to its last non-null value (stat and bar gauge panels)."""
+    return {"calcs": ["lastNotNull"], "fields": "", "values": False}
 
 
 def timeseries(
@@ -81,9 +111,13 @@ def timeseries(
     bars: bool = False,
     min_value: float | None = 0,
     max_value: float | None = None,
+    dashed: str = "",
 ) -> Json:
-    """A time series panel; a query with legend ``SLO`` is drawn as a dashed line."""
-    panel = _panel("timeseries", title, description, w, h)
+    """A time series panel; a query with legend ``SLO`` is drawn as a dashed line.
+
+    Args:
+        dashed: a regex of series names also drawn dashed (e.g. per-target SLO lines).
+    """
     defaults: Json = {
         "custom": {
             "drawStyle": "bars" if bars else "line",
@@ -99,14 +133,17 @@ def timeseries(
         defaults["min"] = min_value
     if max_value is not None:
         defaults["max"] = max_value
-    slo = any(q.legend == SLO_REF for q in queries)
-    panel["fieldConfig"] = {"defaults": defaults, "overrides": [_slo_override()] if slo else []}
-    panel["options"] = {
+    overrides = [_slo_override()] if any(q.legend == SLO_REF for q in queries) else []
+    if dashed:
+        overrides.append(
+            {"matcher": {"id": "byRegexp", "options": dashed}, "properties": _dashed()}
+        )
+    options = {
         "legend": {"calcs": [], "displayMode": "list", "placement": "bottom", "showLegend": True},
         "tooltip": {"mode": "multi", "sort": "desc"},
     }
-    panel["targets"] = targets(queries)
-    return panel
+    refs = targets(queries)
+    return _panel("timeseries", title, description, w, h, defaults, options, refs, overrides)
 
 
 def stat(
@@ -123,7 +160,6 @@ def stat(
     decimals: int | None = None,
 ) -> Json:
     """A single-value panel showing the last value of each query."""
-    panel = _panel("stat", title, description, w, h)
     defaults: Json = {
         "mappings": list(mappings),
         "thresholds": steps or thresholds((None, "green")),
@@ -131,17 +167,15 @@ def stat(
     }
     if decimals is not None:
         defaults["decimals"] = decimals
-    panel["fieldConfig"] = {"defaults": defaults, "overrides": []}
-    panel["options"] = {
+    options = {
         "colorMode": "value",
         "graphMode": "none",
         "justifyMode": "auto",
         "orientation": "auto",
-        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+        "reduceOptions": _last_value(),
         "textMode": text_mode,
     }
-    panel["targets"] = targets(queries)
-    return panel
+    return _panel("stat", title, description, w, h, defaults, options, targets(queries))
 
 
 def bargauge(
@@ -156,23 +190,16 @@ def bargauge(
     max_value: float | None = None,
 ) -> Json:
     """Horizontal bars, one per series (e.g. one per target)."""
-    panel = _panel("bargauge", title, description, w, h)
-    defaults: Json = {
-        "min": 0,
-        "thresholds": steps or thresholds((None, "green")),
-        "unit": unit,
-    }
+    defaults: Json = {"min": 0, "thresholds": steps or thresholds((None, "green")), "unit": unit}
     if max_value is not None:
         defaults["max"] = max_value
-    panel["fieldConfig"] = {"defaults": defaults, "overrides": []}
-    panel["options"] = {
+    options = {
         "displayMode": "gradient",
         "orientation": "horizontal",
-        "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
+        "reduceOptions": _last_value(),
         "showUnfilled": True,
     }
-    panel["targets"] = targets(queries)
-    return panel
+    return _panel("bargauge", title, description, w, h, defaults, options, targets(queries))
 
 
 def table(
@@ -184,6 +211,7 @@ def table(
     h: int = 8,
     mappings: Sequence[Json] = (),
     links: Sequence[Json] = (),
+    column_mappings: Mapping[str, Json] | None = None,
 ) -> Json:
     """A table of instant queries merged on their shared labels.
 
@@ -191,22 +219,20 @@ def table(
         columns: (column title, query, unit) per value column; label columns come
             from the queries' ``by`` clauses.
         links: data links on every cell (e.g. to the per-target dashboard).
+        column_mappings: column title -> value mapping for that column only.
     """
-    panel = _panel("table", title, description, w, h)
     refs = targets([q for _, q, _ in columns], instant=True)
     rename = {f"Value #{t['refId']}": col for t, (col, _, _) in zip(refs, columns, strict=True)}
-    panel["fieldConfig"] = {
-        "defaults": {"custom": {"align": "auto"}, "links": list(links), "mappings": list(mappings)},
-        "overrides": [
-            {
-                "matcher": {"id": "byName", "options": col},
-                "properties": [{"id": "unit", "value": u}],
-            }
-            for col, _, u in columns
-        ],
-    }
-    panel["options"] = {"cellHeight": "sm", "showHeader": True}
-    panel["targets"] = refs
+    per_column = column_mappings or {}
+    overrides = []
+    for col, _, unit in columns:
+        properties: list[Json] = [{"id": "unit", "value": unit}]
+        if col in per_column:
+            properties.append({"id": "mappings", "value": [per_column[col]]})
+        overrides.append({"matcher": {"id": "byName", "options": col}, "properties": properties})
+    defaults = {"custom": {"align": "auto"}, "links": list(links), "mappings": list(mappings)}
+    options = {"cellHeight": "sm", "showHeader": True}
+    panel = _panel("table", title, description, w, h, defaults, options, refs, overrides)
     panel["transformations"] = [
         {"id": "merge", "options": {}},
         {"id": "organize", "options": {"excludeByName": {"Time": True}, "renameByName": rename}},
@@ -348,3 +374,72 @@ def dashboard(
         "version": 1,
         "weekStart": "",
     }
+
+
+def dashboard_link(title: str, uid: str, *, include_vars: bool) -> Json:
+    """A link in the dashboard header to another dashboard, by its fixed uid."""
+    return {
+        "asDropdown": False,
+        "icon": "dashboard",
+        "includeVars": include_vars,
+        "keepTime": True,
+        "tags": [],
+        "targetBlank": False,
+        "title": title,
+        "type": "link",
+        "url": f"/d/{uid}/{uid}",
+    }
+
+
+# ---------------------------------------------------------------- shared panel shapes
+
+
+def latency(
+    title: str,
+    queries: Sequence[Query],
+    *,
+    w: int = 8,
+    h: int = 8,
+    description: str = "",
+    dashed: str = "",
+) -> Json:
+    """Latencies in seconds; a query with legend ``SLO`` (or matching ``dashed``) is drawn
+    as a dashed SLO line."""
+    return timeseries(title, queries, unit="s", w=w, h=h, description=description, dashed=dashed)
+
+
+def fraction(title: str, queries: Sequence[Query], *, w: int = 8, description: str = "") -> Json:
+    """Ratios between 0 and 1 (cache usage, hit ratio), drawn as 0-100 %."""
+    return timeseries(title, queries, unit="percentunit", max_value=1, w=w, description=description)
+
+
+def over_limit(title: str, query: Query, *, w: int, description: str = "") -> Json:
+    """Bars of observed / limit per series: green, orange from 90 %, red from 100 %."""
+    steps = thresholds((None, "green"), (0.9, "orange"), (1, "red"))
+    return bargauge(title, [query], unit="percentunit", steps=steps, w=w, description=description)
+
+
+def money(title: str, query: Query, *, w: int = 4, description: str = "") -> Json:
+    """One USD-per-hour figure (cost or budget)."""
+    return stat(title, [query], unit="currencyUSD", w=w, description=description)
+
+
+def cost_vs_budget(cost: Query, budget: Query, *, w: int = 8) -> Json:
+    return timeseries("Cost vs budget", [cost, budget], unit="currencyUSD", w=w)
+
+
+def replicas_now(ready: Query, desired: Query, *, w: int) -> Json:
+    """Ready and desired replicas as two numbers."""
+    return stat("Replicas ready / desired", [ready, desired], w=w)
+
+
+def replicas(desired: Query, ready: Query, *, w: int) -> Json:
+    """Desired and ready replicas over time."""
+    return timeseries("Replicas desired / ready", [desired, ready], unit="short", w=w)
+
+
+def scaling_decisions(query: Query, *, w: int, h: int = 8, description: str = "") -> Json:
+    """The operator's scaling decisions per interval, as stacked bars."""
+    return timeseries(
+        "Scaling decisions", [query], unit="short", bars=True, w=w, h=h, description=description
+    )

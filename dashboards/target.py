@@ -5,29 +5,34 @@ from __future__ import annotations
 from typing import Final
 
 from dashboards import panels as p
-from dashboards.queries import MODEL_NAME_VALUES, NAMESPACE_VALUES, TARGET_VALUES
+from dashboards.queries import MODEL_NAME_VALUES, NAMESPACE_VALUES, TARGET_VALUES, Query
 from dashboards.queries import TARGET_QUERIES as Q
 
 UID: Final = "rooftop-target"
 
 _PCT: Final = ("p50", "p90", "p99")
+_MET: Final = p.value_map({"1": ("Met", "green"), "0": ("Violated", "red")})
+_FEASIBLE: Final = p.value_map({"1": ("Feasible", "green"), "0": ("Infeasible", "red")})
+_CALIBRATION: Final = p.thresholds((None, "orange"), (0.8, "green"), (1.25, "orange"))
+
+
+def _quantiles(histogram: str) -> list[Query]:
+    """The p50/p90/p99 queries of one vLLM histogram (``tpot``, ``itl``, ``ttft``)."""
+    return [Q[f"{histogram}_{x}"] for x in _PCT]
 
 
 def _summary() -> list[p.Json]:
-    met = p.value_map({"1": ("Met", "green"), "0": ("Violated", "red")})
-    feasible = p.value_map({"1": ("Feasible", "green"), "0": ("Infeasible", "red")})
-    calibration = p.thresholds((None, "orange"), (0.8, "green"), (1.25, "orange"))
     return [
-        p.stat("SLO", [Q["slo_met"]], mappings=[met], w=3),
-        p.stat("Plan", [Q["feasible"]], mappings=[feasible], w=3),
+        p.stat("SLO", [Q["slo_met"]], mappings=[_MET], w=3),
+        p.stat("Plan", [Q["feasible"]], mappings=[_FEASIBLE], w=3),
         p.stat("GPU", [Q["gpus"]], text_mode="value_and_name", w=3, description="GPUs by type."),
-        p.stat("Replicas ready / desired", [Q["replicas_ready"], Q["replicas_desired"]], w=3),
-        p.stat("Cost $/h", [Q["cost"]], unit="currencyUSD", w=3),
-        p.stat("Budget $/h", [Q["budget"]], unit="currencyUSD", w=3),
+        p.replicas_now(Q["replicas_ready"], Q["replicas_desired"], w=3),
+        p.money("Cost $/h", Q["cost"], w=3),
+        p.money("Budget $/h", Q["budget"], w=3),
         p.stat(
             "Calibration factor",
             [Q["calibration"]],
-            steps=calibration,
+            steps=_CALIBRATION,
             decimals=2,
             w=3,
             description="Observed over predicted decode step time (1 = the model is right).",
@@ -37,44 +42,30 @@ def _summary() -> list[p.Json]:
 
 
 def _latency() -> list[p.Json]:
-    tpot = [Q[f"tpot_{x}"] for x in _PCT]
-    itl = [Q[f"itl_{x}"] for x in _PCT]
-    ttft = [Q[f"ttft_{x}"] for x in _PCT]
     return [
-        p.timeseries(
+        p.latency(
             "TPOT (per-request time per output token)",
-            [*tpot, Q["slo_tpot"]],
-            unit="s",
-            w=8,
+            [*_quantiles("tpot"), Q["slo_tpot"]],
             description="vllm:request_time_per_output_token_seconds quantiles; dashed: SLO.",
         ),
-        p.timeseries(
+        p.latency(
             "Inter-token latency",
-            [*itl, Q["slo_tpot"]],
-            unit="s",
-            w=8,
+            [*_quantiles("itl"), Q["slo_tpot"]],
             description="vllm:inter_token_latency_seconds quantiles; dashed: TPOT SLO.",
         ),
-        p.timeseries(
+        p.latency(
             "TTFT",
-            [*ttft, Q["slo_ttft"]],
-            unit="s",
-            w=8,
+            [*_quantiles("ttft"), Q["slo_ttft"]],
             description="vllm:time_to_first_token_seconds quantiles; dashed: SLO if set.",
         ),
-        p.timeseries(
+        p.latency(
             "TPOT predicted vs observed",
             [Q["predicted_tpot"], Q["observed_tpot"], Q["slo_tpot"]],
-            unit="s",
-            w=8,
             description="Planner's prediction and the operator's observation at the SLO "
             "percentile.",
         ),
-        p.timeseries(
-            "TTFT predicted vs observed",
-            [Q["predicted_ttft"], Q["observed_ttft"], Q["slo_ttft"]],
-            unit="s",
-            w=8,
+        p.latency(
+            "TTFT predicted vs observed", [Q["predicted_ttft"], Q["observed_ttft"], Q["slo_ttft"]]
         ),
         p.timeseries(
             "Calibration factor",
@@ -85,62 +76,34 @@ def _latency() -> list[p.Json]:
             description="Observed over predicted decode step time; the planner scales its "
             "step time by it when re-planning.",
         ),
-        p.timeseries(
-            "Request latency",
-            [Q["e2e_p90"], Q["e2e_p99"], Q["queue_p90"]],
-            unit="s",
-            w=24,
-            h=6,
-        ),
+        p.latency("Request latency", [Q["e2e_p90"], Q["e2e_p99"], Q["queue_p90"]], w=24, h=6),
     ]
 
 
 def _load() -> list[p.Json]:
     return [
-        p.timeseries(
-            "Tokens / s",
-            [Q["generation_tokens"], Q["prompt_tokens"]],
-            unit="short",
-            w=8,
-        ),
+        p.timeseries("Tokens / s", [Q["generation_tokens"], Q["prompt_tokens"]], unit="short", w=8),
         p.timeseries("Finished requests / s", [Q["requests"]], unit="reqps", w=8),
         p.timeseries("Requests running / waiting", [Q["running"], Q["waiting"]], unit="short", w=8),
-        p.timeseries(
+        p.fraction(
             "KV cache usage",
             [Q["kv_cache_max"], Q["kv_cache_avg"]],
-            unit="percentunit",
-            max_value=1,
-            w=8,
             description="Max and mean over the target's engines.",
         ),
         p.timeseries("Preemptions / s", [Q["preemptions"]], unit="short", w=8),
-        p.timeseries(
-            "Prefix cache hit ratio",
-            [Q["prefix_cache_hit_ratio"]],
-            unit="percentunit",
-            max_value=1,
-            w=8,
-        ),
+        p.fraction("Prefix cache hit ratio", [Q["prefix_cache_hit_ratio"]]),
     ]
 
 
 def _scaling() -> list[p.Json]:
     return [
-        p.timeseries(
-            "Replicas desired / ready",
-            [Q["replicas_desired"], Q["replicas_ready"]],
-            unit="short",
-            w=8,
-        ),
-        p.timeseries(
-            "Scaling decisions",
-            [Q["scaling_decisions"]],
-            unit="short",
-            bars=True,
+        p.replicas(Q["replicas_desired"], Q["replicas_ready"], w=8),
+        p.scaling_decisions(
+            Q["scaling_decisions"],
             w=8,
             description="Decisions per interval by direction and reason.",
         ),
-        p.timeseries("Cost vs budget", [Q["cost"], Q["budget"]], unit="currencyUSD", w=8),
+        p.cost_vs_budget(Q["cost"], Q["budget"], w=8),
     ]
 
 
@@ -171,19 +134,5 @@ def build() -> p.Json:
         panels=p.layout(sections),
         variables=variables,
         annotations=[events],
-        links=[_link_to_fleet()],
+        links=[p.dashboard_link("Fleet", "rooftop-fleet", include_vars=False)],
     )
-
-
-def _link_to_fleet() -> p.Json:
-    return {
-        "asDropdown": False,
-        "icon": "dashboard",
-        "includeVars": False,
-        "keepTime": True,
-        "tags": [],
-        "targetBlank": False,
-        "title": "Fleet",
-        "type": "link",
-        "url": "/d/rooftop-fleet/rooftop-fleet",
-    }

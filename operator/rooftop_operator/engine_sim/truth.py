@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import importlib
 import json
 import math
 import os
@@ -41,6 +40,8 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
+
+from rooftop_planner.catalog import Catalog, CatalogError, load_catalog
 
 FIT_PATH = Path(__file__).with_name("truth_fit.json")
 # The shared data folder sits next to the repository (CONTRACTS.md's ../shared convention).
@@ -62,7 +63,7 @@ FloatArray = npt.NDArray[np.float64]
 
 
 # --------------------------------------------------------------------------------------
-# Hardware and model shapes (catalog first, small internal table as fallback)
+# Hardware and model shapes (GPUs from the catalog; models catalog first, internal table next)
 # --------------------------------------------------------------------------------------
 
 
@@ -92,44 +93,6 @@ class ModelShape:
     num_experts: int = 0  # 0: dense
     experts_per_token: int = 0
     expert_param_count: float = 0.0  # all experts of all layers together
-
-
-_T = 1e12
-# Fallback when rooftop_planner.catalog is absent or broken. Ids match the catalog's.
-_GPUS: dict[str, GpuShape] = {
-    g.id: g
-    for g in (
-        GpuShape("a10g", 24 * GIB, 0.600e12, 70 * _T, None),
-        GpuShape("l4", 24 * GIB, 0.300e12, 121 * _T, 242 * _T),
-        GpuShape("l40", 48 * GIB, 0.864e12, 181 * _T, 362 * _T),
-        GpuShape("l40s", 48 * GIB, 0.864e12, 362 * _T, 733 * _T),
-        GpuShape("a100-40gb", 40 * GIB, 1.555e12, 312 * _T, None),
-        GpuShape("a100-80gb", 80 * GIB, 2.039e12, 312 * _T, None),
-        GpuShape("h100-sxm", 80 * GIB, 3.35e12, 989 * _T, 1978 * _T),
-        GpuShape("h100-pcie", 80 * GIB, 2.0e12, 756 * _T, 1513 * _T),
-        GpuShape("h100-nvl", 94 * GIB, 3.9e12, 835 * _T, 1670 * _T),
-        GpuShape("h200", 141 * GIB, 4.8e12, 989 * _T, 1978 * _T),
-        GpuShape("gh200", 96 * GIB, 4.0e12, 989 * _T, 1978 * _T),
-        GpuShape("b200", 180 * GIB, 7.7e12, 2250 * _T, 4500 * _T),
-        GpuShape("mi300x", 192 * GIB, 5.3e12, 1307 * _T, 2615 * _T),
-    )
-}
-# Source spellings (calibration.csv, nvidia.com/gpu.product labels) -> id; first match wins.
-_GPU_PATTERNS: tuple[tuple[str, str], ...] = (
-    (r"gh200", "gh200"),
-    (r"h200", "h200"),
-    (r"b200", "b200"),
-    (r"h100.*nvl", "h100-nvl"),
-    (r"h100.*pcie", "h100-pcie"),
-    (r"h100", "h100-sxm"),
-    (r"a100.*40", "a100-40gb"),
-    (r"a100", "a100-80gb"),  # Argonne's "Nvidia A100 GPU": SKU not stated
-    (r"l40s", "l40s"),
-    (r"l40", "l40"),
-    (r"a10g", "a10g"),
-    (r"(^|[^a-z0-9])l4($|[^0-9a-z])", "l4"),
-    (r"mi300x", "mi300x"),
-)
 
 
 def _m(
@@ -169,35 +132,26 @@ def _model_key(name: str) -> str:
 
 
 @lru_cache(maxsize=1)
-def _catalog() -> Any | None:
-    """The planner's catalog when it is importable and loads; None otherwise."""
+def _catalog() -> Catalog | None:
+    """The planner's catalog for model lookups when it loads; None otherwise."""
     try:
-        mod = importlib.import_module("rooftop_planner.catalog")
-        return mod.load_catalog()
-    except Exception:  # catalog absent or broken: the internal table still works
+        return load_catalog()
+    except Exception:  # catalog broken: the internal model table still works
         return None
 
 
 def gpu_shape(name: str) -> GpuShape:
-    """Resolve a GPU by catalog id or a source spelling (catalog first, then internal)."""
-    cat = _catalog()
-    if cat is not None:
-        try:
-            g = cat.gpu(name)
-        except Exception:
-            g = None
-        if g is not None:
-            flops = dict(g.dense_flops_per_s)
-            fp8 = flops.get("fp8")
-            return GpuShape(str(g.id), float(g.hbm_bytes), float(g.hbm_bytes_per_s),
-                            float(flops["bf16"]), float(fp8) if fp8 else None)  # fmt: skip
-    key = name.strip().lower()
-    if key in _GPUS:
-        return _GPUS[key]
-    for pattern, gid in _GPU_PATTERNS:
-        if re.search(pattern, key):
-            return _GPUS[gid]
-    raise KeyError(f"unknown GPU {name!r}; known: {', '.join(sorted(_GPUS))}")
+    """Resolve a GPU through the planner's catalog: id, node label or any spelling it knows.
+
+    The catalog is the one GPU table (specs and name matching); a GPU it does not know is
+    a KeyError, never a guess.
+    """
+    try:
+        g = load_catalog().gpu(name)
+    except CatalogError as err:
+        raise KeyError(str(err)) from err
+    fp8 = g.dense_flops_per_s.get("fp8")
+    return GpuShape(g.id, g.hbm_bytes, g.hbm_bytes_per_s, g.dense_flops_per_s["bf16"], fp8 or None)
 
 
 def model_shape(name: str) -> ModelShape:
