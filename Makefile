@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 ROOFTOP_CACHE ?= $(HOME)/.cache/rooftop
 export ROOFTOP_CACHE
 
-.PHONY: demo test lint typecheck unit e2e loop bench calibrate crd dashboards cluster-up cluster-down tools clean
+.PHONY: demo test lint typecheck unit e2e loop loop-figure bench calibrate crd dashboards cluster-up cluster-down tools clean
 
 # The demo needs only the runtime; tests add the dev tools (separate stamp, so a
 # `make demo` on a fresh clone stays well under two minutes).
@@ -46,6 +46,15 @@ tools:
 
 e2e: $(VENV)/.dev tools
 	$(BIN)/pytest -q -m "e2e or loop" -p no:cacheprovider
+
+## loop: only the closed-loop tests (operator + engines + real Prometheus, ~3 min)
+loop: $(VENV)/.dev tools
+	$(BIN)/pytest -q -m loop -p no:cacheprovider
+
+## loop-figure: run the closed-loop scenario and redraw the README figure from it
+loop-figure: $(VENV)/.dev tools
+	ROOFTOP_LOOP_RECORD=docs/loop-run.json $(BIN)/pytest -q -m loop -p no:cacheprovider
+	$(BIN)/python benchmarks/plot_loop.py docs/loop-run.json docs/img/loop.png
 
 bench: $(VENV)/.dev
 	$(BIN)/python benchmarks/bench_search.py

@@ -342,6 +342,20 @@ def build_service(ref: TargetRef) -> dict[str, Any]:
     }
 
 
+# prometheus_client (which vLLM uses) may serve "vllm_*" instead of "vllm:*" when a
+# Prometheus 2.x scrape negotiates OpenMetrics (prometheus/client_python#1177); map the
+# names back so queries and dashboards see vLLM's documented names either way.
+VLLM_NAME_FIX: list[dict[str, Any]] = [
+    {
+        "sourceLabels": ["__name__"],
+        "regex": "vllm_(.*)",
+        "targetLabel": "__name__",
+        "replacement": "vllm:$1",
+        "action": "replace",
+    }
+]
+
+
 def build_pod_monitor(ref: TargetRef) -> dict[str, Any]:
     """PodMonitor for the engine pods. The relabelings put ``namespace`` and
     ``servingtarget`` on every series, which the feedback loop and dashboards group by."""
@@ -359,7 +373,13 @@ def build_pod_monitor(ref: TargetRef) -> dict[str, Any]:
         "spec": {
             "selector": {"matchLabels": selector_labels(ref.name)},
             "podMetricsEndpoints": [
-                {"port": PORT_NAME, "path": METRICS_PATH, "interval": "15s", "relabelings": relabel}
+                {
+                    "port": PORT_NAME,
+                    "path": METRICS_PATH,
+                    "interval": "15s",
+                    "relabelings": relabel,
+                    "metricRelabelings": VLLM_NAME_FIX,
+                }
             ],
         },
     }

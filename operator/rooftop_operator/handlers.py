@@ -15,16 +15,16 @@ Failure policy: an invalid spec or an infeasible target is a condition and an ev
 never an exception, and changes no workload. API errors raise ``kopf.TemporaryError``
 so kopf retries with a delay.
 
-Feedback-loop hook: ``rooftop_operator.loop`` (imported by ``__main__`` when it exists)
-registers a ``@kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, ...)`` whose body re-plans
-with ``reconcile(runtime(memo), body, step_time_scale=factor, requests_per_second=rate,
-cause="calibration")`` and records its readings with ``runtime(memo).kube.update_status``
-(``observed`` and the SLOMet condition, via ``conditions.merge``). It shares this module's
-idempotence: an unchanged plan writes nothing.
+Feedback loop: ``rooftop_operator.loop`` (imported by ``__main__``) registers a kopf
+timer that decides replicas and batch cap from observed metrics, re-applies the children
+through ``apply_children`` and writes ``status.plan.replicas``/``maxNumSeqs``. A later
+reconcile of the same spec generation (an operator restart, a repaired Deployment) keeps
+those (``keep_loop_scale``); a spec edit or a new engine shape starts from the new plan.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -230,8 +230,11 @@ def _deploy(
     plan: Any,
     cause: str,
 ) -> None:
+    status = body.get("status") or {}
+    old_plan = status.get("plan")
+    if cause != "spec_change" or _same_generation(body):
+        plan = keep_loop_scale(plan, old_plan)
     new_plan = plan_status(plan)
-    old_plan = (body.get("status") or {}).get("plan")
     try:
         apply_children(rt, ref, spec, plan)
     except (builders.UnsupportedPlan, ChildConflict) as err:
@@ -248,6 +251,41 @@ def _deploy(
         rt.emit(body, "Normal", verb, f"{describe_plan(new_plan)} ({cause})")
         if old_plan:
             rt.metrics.record_decision(ref.namespace, ref.name, "replan", cause)
+
+
+# The part of a plan the feedback loop may change without a new spec generation.
+LOOP_FIELDS = ("replicas", "maxNumSeqs")
+
+
+def _same_generation(body: Mapping[str, Any]) -> bool:
+    """Whether status was written for the current spec (a resume, not an edit)."""
+    seen = (body.get("status") or {}).get("observedGeneration")
+    return seen is not None and seen == (body.get("metadata") or {}).get("generation")
+
+
+def keep_loop_scale(plan: Any, old_plan: Mapping[str, Any] | None) -> Any:
+    """``plan`` with the replicas and batch cap the feedback loop last chose.
+
+    Why: the planner sizes for the spec's expected rate, the loop for the observed one.
+    A resume (operator restart) or a repair of a deleted Deployment re-plans the same
+    spec; resetting to the planned size would undo the loop's last decision, e.g. drop
+    the replicas a load spike needed. Kept only when the engine shape (GPU, TP, dtypes,
+    context) is unchanged: a new shape is a new operating curve and starts from its plan.
+    """
+    if not old_plan or any(
+        old_plan.get(k) != v for k, v in plan_status(plan).items() if k in _SHAPE_ONLY
+    ):
+        return plan
+    replicas, cap = int(old_plan.get("replicas") or 0), int(old_plan.get("maxNumSeqs") or 0)
+    if replicas < 1 or cap < 1 or (replicas, cap) == (plan.replicas, plan.max_num_seqs):
+        return plan
+    per_replica = plan.usd_per_hour / max(plan.replicas, 1)
+    return dataclasses.replace(
+        plan, replicas=replicas, max_num_seqs=cap, usd_per_hour=per_replica * replicas
+    )
+
+
+_SHAPE_ONLY = tuple(k for k in PLAN_SHAPE if k not in LOOP_FIELDS)
 
 
 def _plan_conditions(spec: ServingTargetSpec, plan: Mapping[str, Any]) -> list[Cond]:

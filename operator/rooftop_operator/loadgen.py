@@ -161,7 +161,7 @@ def schedule(spec: LoadSpec) -> list[tuple[float, int, int]]:
     return out
 
 
-async def _one(
+async def send_request(
     session: aiohttp.ClientSession, spec: LoadSpec, prompt: int, output: int, t0: float
 ) -> RequestResult:
     """Send one streaming completion and time it; errors are captured, not raised."""
@@ -257,7 +257,7 @@ async def run_load(spec: LoadSpec, progress: ProgressFn | None = None) -> LoadRe
                 delay = run.t0 + offset - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                task = asyncio.create_task(_one(session, spec, prompt, output, run.t0))
+                task = asyncio.create_task(send_request(session, spec, prompt, output, run.t0))
                 run.inflight[task] = RequestResult(sent_s=offset, prompt_tokens=prompt)
                 task.add_done_callback(run.done)
             await _drain(run, spec.drain_timeout_s)

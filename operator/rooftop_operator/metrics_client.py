@@ -202,7 +202,9 @@ class MetricsClient:
                     return _Raw(Reading(State.ERROR, detail=f"HTTP {resp.status}"))
                 return raw
         except (TimeoutError, aiohttp.ClientError, OSError) as err:
-            return _Raw(Reading(State.ERROR, detail=f"prometheus unreachable: {err!r}"))
+            # str(), not repr(): the detail ends up in a status condition people read
+            why = str(err) or type(err).__name__
+            return _Raw(Reading(State.ERROR, detail=f"prometheus unreachable: {why}"))
 
     async def query(self, promql: str) -> Reading:
         """One instant query, no freshness check (the expression must yield one series)."""

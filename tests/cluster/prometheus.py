@@ -39,7 +39,9 @@ class PrometheusServer:
     """Prometheus on 127.0.0.1 scraping whatever `set_targets` lists (job "rooftop").
 
     `extra_config` is merged into the generated prometheus.yml top level
-    (e.g. {"rule_files": [...]}) for tests that need more.
+    (e.g. {"rule_files": [...]}) and `job_config` into the scrape job (e.g.
+    {"metric_relabel_configs": [...]}) for tests that need more. `stop()` then `start()`
+    restarts it on the same port and storage, as a real outage and recovery would.
     """
 
     def __init__(
@@ -50,6 +52,7 @@ class PrometheusServer:
         port: int | None = None,
         scrape_interval: str = "1s",
         extra_config: Mapping[str, Any] | None = None,
+        job_config: Mapping[str, Any] | None = None,
     ) -> None:
         binary = binary or find_prometheus()
         if binary is None:
@@ -59,6 +62,7 @@ class PrometheusServer:
         self.port = port or free_port()
         self.scrape_interval = scrape_interval
         self.extra_config = dict(extra_config or {})
+        self.job_config = dict(job_config or {})
         self.sd_dir = workdir / "file_sd"
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -157,6 +161,7 @@ class PrometheusServer:
                         {"files": [str(self.sd_dir / "*.json")], "refresh_interval": interval}
                     ],
                 }
+                | self.job_config
             ],
         } | self.extra_config
 

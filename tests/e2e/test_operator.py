@@ -12,12 +12,8 @@ Everything polls (tests.cluster.handle.wait_until); nothing sleeps a fixed time.
 from __future__ import annotations
 
 import copy
-import os
 import signal
-import socket
 import subprocess
-import sys
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,6 +30,7 @@ from rooftop_planner.spec import ServingTarget
 from tests.cluster.controlplane import find_binary
 from tests.cluster.handle import ClusterHandle, wait_until
 from tests.cluster.nodes import GpuType, gpu_node
+from tests.cluster.operator_process import Operator
 
 pytestmark = pytest.mark.e2e
 
@@ -47,65 +44,6 @@ ENGINE = "app.kubernetes.io/name=rooftop-engine"
 TIMEOUT = 60.0
 
 Obj = dict[str, Any]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Operator:
-    """`python -m rooftop_operator` as a subprocess with a ServiceAccount kubeconfig."""
-
-    kubeconfig: Path
-    namespace: str
-    log_path: Path
-    proc: subprocess.Popen[bytes] | None = None
-    starts: int = 0
-
-    def start(self, **env: str) -> None:
-        port = free_port()
-        self.starts += 1
-        log = self.log_path.open("ab")
-        log.write(f"\n===== start {self.starts} =====\n".encode())
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rooftop_operator", "--namespace", self.namespace,
-             "--liveness", f"http://127.0.0.1:{port}/healthz", "--verbose"],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-            env=os.environ | {"KUBECONFIG": str(self.kubeconfig),
-                              "ROOFTOP_SELF_IMAGE": "rooftop:e2e", **env},
-        )  # fmt: skip
-        wait_until(lambda: self._healthy(port), 30, f"operator liveness\n{self.tail()}")
-
-    def _healthy(self, port: int) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"operator exited {self.proc.returncode}\n{self.tail()}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
-                return bool(r.status == 200)
-        except OSError:
-            return False
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(sig)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def tail(self, lines: int = 40) -> str:
-        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-        return "\n".join(text.splitlines()[-lines:])
-
-    def log_since_start(self) -> str:
-        text = self.log_path.read_text(errors="replace")
-        return text.rsplit(f"===== start {self.starts} =====", 1)[-1]
 
 
 @dataclass

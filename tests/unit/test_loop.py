@@ -82,3 +82,20 @@ def _decision(replicas: int) -> control.Decision:
 
 def test_decision_labels() -> None:
     assert loop.decision_labels(_decision(3)) == ("up", "slo_violation")
+
+
+def test_unavailable_metrics_say_why_and_that_replicas_hold() -> None:
+    d = loop.explain_unavailable(
+        _decision(3), ["prometheus unreachable: ConnectionRefused"], "http://prom:9090"
+    )
+    slo = next(c for c in d.conditions if c.type == "SLOMet")
+    assert "Prometheus at http://prom:9090: prometheus unreachable" in slo.message
+    assert "holding 3 replica(s)" in slo.message
+    budget = next(c for c in d.conditions if c.type == "WithinBudget")
+    assert budget.message == ""  # other conditions untouched
+
+
+def test_silent_engines_are_told_apart_from_a_down_prometheus() -> None:
+    d = loop.explain_unavailable(_decision(2), [], "http://prom:9090")
+    slo = next(c for c in d.conditions if c.type == "SLOMet")
+    assert "no engine series" in slo.message and "Prometheus at" not in slo.message

@@ -130,5 +130,6 @@ async def test_unreachable_prometheus_is_error() -> None:
     async with MetricsClient("http://127.0.0.1:9", timeout_s=1.0) as mc:
         snap = await mc.snapshot(SEL, quantiles=(0.5,))
     assert snap.running.state is State.ERROR and "unreachable" in snap.running.detail
+    assert "127.0.0.1:9" in snap.running.detail and len(snap.running.detail) < 200
     assert snap.tpot_s[0.5].state is State.ERROR and snap.errors
     assert str(snap.running).startswith("error(")

@@ -74,6 +74,16 @@ class VllmMetrics:
         self.generation_tokens = self._counter(
             "vllm:generation_tokens", "Number of generation tokens processed."
         )
+        # vLLM counts prefix-cache lookups in prompt tokens. The simulator models no
+        # prefix cache (every prompt is prefilled in full), so hits stay 0: the series
+        # exist, as in vLLM, and a hit-rate panel reads 0 instead of "no data".
+        self.prefix_cache_queries = self._counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+        )
+        self.prefix_cache_hits = self._counter(
+            "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens."
+        )
         self.preemptions = self._counter(
             "vllm:num_preemptions", "Cumulative number of preemption from the engine."
         )
@@ -173,6 +183,7 @@ class VllmMetrics:
                 ttft = ev.request.ttft_s
                 self.ttft.observe(ttft if ttft is not None else 0.0)
                 self.prompt_tokens.inc(ev.request.prompt_tokens)
+                self.prefix_cache_queries.inc(ev.request.prompt_tokens)
             else:
                 self.itl.observe(ev.itl_s)
 

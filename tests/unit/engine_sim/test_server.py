@@ -97,6 +97,7 @@ async def test_metrics_exact_vllm_names_types_buckets(client: TestClient) -> Non
         "vllm:kv_cache_usage_perc": "gauge", "vllm:cache_config_info": "gauge",
         "vllm:prompt_tokens": "counter", "vllm:generation_tokens": "counter",
         "vllm:request_success": "counter", "vllm:num_preemptions": "counter",
+        "vllm:prefix_cache_queries": "counter", "vllm:prefix_cache_hits": "counter",
         "vllm:time_to_first_token_seconds": "histogram",
         "vllm:inter_token_latency_seconds": "histogram",
         "vllm:request_time_per_output_token_seconds": "histogram",
@@ -114,6 +115,8 @@ async def test_metrics_exact_vllm_names_types_buckets(client: TestClient) -> Non
     samples = {s.name: s for f in fams.values() for s in f.samples}
     assert samples["vllm:prompt_tokens_total"].value == 20
     assert samples["vllm:generation_tokens_total"].value == 5
+    assert samples["vllm:prefix_cache_queries_total"].value == 20  # no prefix cache: all miss
+    assert samples["vllm:prefix_cache_hits_total"].value == 0
     assert samples["vllm:num_requests_running"].labels == {"model_name": NAME, "engine": "0"}
     ttft_le = [s.labels["le"] for s in fams["vllm:time_to_first_token_seconds"].samples
                if s.name.endswith("_bucket")]  # fmt: skip

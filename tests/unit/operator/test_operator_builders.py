@@ -325,3 +325,21 @@ def test_simulator_accepts_every_flag_it_is_given(catalog: Catalog) -> None:
 def test_replicas_come_from_the_plan(catalog: Catalog) -> None:
     deployment = builders.build_deployment(inputs(catalog, replicas=5))
     assert deployment["spec"]["replicas"] == 5
+
+
+@pytest.mark.parametrize(
+    ("scraped", "stored"),
+    [
+        ("vllm_num_requests_running", "vllm:num_requests_running"),
+        ("vllm:num_requests_running", "vllm:num_requests_running"),
+        ("process_cpu_seconds_total", "process_cpu_seconds_total"),
+    ],
+)
+def test_pod_monitor_restores_vllm_metric_names(scraped: str, stored: str) -> None:
+    """Prometheus relabel regexes are fully anchored; $1 is the first group."""
+    (endpoint,) = builders.build_pod_monitor(REF)["spec"]["podMetricsEndpoints"]
+    (rule,) = endpoint["metricRelabelings"]
+    match = re.fullmatch(rule["regex"], scraped)
+    result = rule["replacement"].replace("$1", match.group(1)) if match else scraped
+    assert (rule["sourceLabels"], rule["targetLabel"]) == (["__name__"], "__name__")
+    assert result == stored

@@ -212,3 +212,20 @@ def test_one_resource_per_template_file() -> None:
         out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
         kinds = {d["kind"] for d in yaml.safe_load_all(out) if d}
         assert len(kinds) == 1, (template.name, kinds)
+
+
+@needs_helm
+def test_loop_values_reach_the_operator_as_its_settings() -> None:
+    """The chart's loop values become the environment LoopSettings reads."""
+    from rooftop_operator.loop import LoopSettings
+
+    docs = render("loop.prometheusUrl=http://prom.mon:9090", "loop.scaleDownWindowSeconds=600")
+    (deployment,) = by_kind(docs, "Deployment")
+    env = {
+        e["name"]: e["value"]
+        for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+    }
+    settings = LoopSettings.from_env(env)
+    assert settings.prometheus_url == "http://prom.mon:9090"
+    assert settings.scale_down_window_s == 600.0
+    assert (settings.interval_s, settings.window_s, settings.startup_s) == (15.0, 60.0, 120.0)

@@ -96,6 +96,47 @@ def test_new_plan_rolls_the_deployment(
     assert cond(kube, "Feasible")["observedGeneration"] == 2
 
 
+def _loop_scaled(kube: FakeKube, replicas: int, cap: int) -> dict[str, Any]:
+    """The target after the feedback loop scaled it (status.plan and the Deployment)."""
+    body = latest(kube)
+    body["status"]["plan"] = {**body["status"]["plan"], "replicas": replicas, "maxNumSeqs": cap}
+    kube.add(body)
+    return body
+
+
+def test_resume_keeps_the_loops_replicas_and_cap(rt: Runtime, kube: FakeKube) -> None:
+    reconcile(rt, created(kube))
+    body = _loop_scaled(kube, replicas=5, cap=48)
+    reconcile(rt, body)  # an operator restart: same generation, same plan shape
+    deployment = kube.get("apps/v1", "Deployment", NS, "chat-engine")
+    assert deployment is not None and deployment["spec"]["replicas"] == 5
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--max-num-seqs") + 1] == "48"
+    plan = kube.status()["plan"]
+    assert (plan["replicas"], plan["maxNumSeqs"]) == (5, 48)
+    assert plan["usdPerHour"] == pytest.approx(6.98 / 2 * 5, abs=1e-3)
+
+
+def test_spec_edit_starts_from_the_new_plan(rt: Runtime, kube: FakeKube) -> None:
+    reconcile(rt, created(kube))
+    body = _loop_scaled(kube, replicas=5, cap=48)
+    body["metadata"]["generation"] = 2
+    reconcile(rt, body)
+    deployment = kube.get("apps/v1", "Deployment", NS, "chat-engine")
+    assert deployment is not None and deployment["spec"]["replicas"] == 2
+
+
+def test_new_engine_shape_starts_from_its_plan(
+    rt: Runtime, kube: FakeKube, planner: FakePlanner
+) -> None:
+    reconcile(rt, created(kube))
+    body = _loop_scaled(kube, replicas=5, cap=48)
+    planner.result = FakeResult(True, FakePlan(gpu="a100-80gb", replicas=3))
+    reconcile(rt, body)  # same generation, but the planner now picks another GPU
+    deployment = kube.get("apps/v1", "Deployment", NS, "chat-engine")
+    assert deployment is not None and deployment["spec"]["replicas"] == 3
+
+
 def test_invalid_spec_is_a_condition_not_a_crash(
     rt: Runtime, kube: FakeKube, events: Events
 ) -> None:

@@ -1,0 +1,248 @@
+"""Engine processes behind kwok pods, and a load driver, for closed-loop tests.
+
+kwok marks pods Running but runs no containers, so nothing would answer requests or
+export metrics. ``EngineFleet`` stands in for the kubelet: it watches one target's engine
+pods and, for each Running pod, starts that pod's own command (the ``rooftop engine-sim``
+line the operator put in the Deployment) as a local process on a free port. It lists the
+process in Prometheus' file_sd with the labels the operator's PodMonitor relabelings give
+a real pod (``namespace``, ``servingtarget``, ``pod``), and stops and unlists it when the
+pod goes away. ``LoadDriver`` sends Poisson traffic at a rate the test changes, spread
+over the live engines as a Service would spread it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from kubernetes import client
+
+from rooftop_operator.builders import APP_NAME, TARGET_LABEL, VLLM_NAME_FIX
+from rooftop_operator.loadgen import LoadSpec, RequestResult, send_request
+from tests.cluster.controlplane import free_port
+from tests.cluster.prometheus import PrometheusServer
+
+Target = tuple[str, Mapping[str, str]]  # (host:port, labels) for file_sd
+
+
+def prometheus_relabelings(rules: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """PodMonitor relabelings (camelCase) as Prometheus relabel_configs (snake_case)."""
+    keys = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
+    return [{keys.get(k, k): v for k, v in rule.items()} for rule in rules]
+
+
+# Scrape-job settings that mirror the engine PodMonitor (builders.build_pod_monitor).
+ENGINE_JOB = {"metric_relabel_configs": prometheus_relabelings(VLLM_NAME_FIX)}
+
+
+def engine_argv(pod: Mapping[str, Any], port: int, extra: Sequence[str]) -> list[str]:
+    """The pod's ``rooftop engine-sim`` command, bound to 127.0.0.1:``port`` here.
+
+    Raises:
+        ValueError: the pod does not run the engine simulator (a ``mode: vllm`` pod).
+    """
+    command = list(pod["spec"]["containers"][0].get("command") or [])
+    if command[:2] != ["rooftop", "engine-sim"]:
+        raise ValueError(f"pod {pod['metadata']['name']} does not run engine-sim: {command}")
+    args = command[2:]
+    for flag, value in (("--host", "127.0.0.1"), ("--port", str(port))):
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    script = Path(sys.executable).with_name("rooftop")
+    launcher = [str(script)] if script.exists() else [sys.executable, "-m", "rooftop_operator.cli"]
+    return [*launcher, "engine-sim", *args, *extra]
+
+
+@dataclass
+class Engine:
+    pod: str
+    port: int
+    proc: subprocess.Popen[bytes]
+    ready: bool = False
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.address}/health", timeout=1) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@dataclass
+class EngineFleet:
+    """One engine process per Running engine pod of ``target`` (see the module doc).
+
+    Attributes:
+        extra_args: appended to every engine's command (e.g. ``--reality-factor 1.2``:
+            the simulated world, which the operator must not know).
+        static_targets: other scrape targets to keep listed (the operator's metrics).
+    """
+
+    api: Any
+    namespace: str
+    target: str
+    prometheus: PrometheusServer
+    log_dir: Path
+    extra_args: Sequence[str] = ()
+    static_targets: Sequence[Target] = ()
+    poll_s: float = 0.5
+    engines: dict[str, Engine] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    _listed: list[Target] | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> EngineFleet:
+        self._thread = threading.Thread(target=self._run, name="engine-fleet", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+        with self._lock:
+            for engine in self.engines.values():
+                engine.stop()
+            self.engines.clear()
+
+    def endpoints(self) -> list[str]:
+        """Base URLs of the engines that answer /health (what a Service would route to)."""
+        with self._lock:
+            return [f"http://{e.address}" for e in self.engines.values() if e.ready]
+
+    def relist(self) -> None:
+        """Write file_sd again (after a Prometheus restart, say)."""
+        self._listed = None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync()
+            except Exception as err:  # keep serving; the test reads `errors`
+                self.errors.append(f"{type(err).__name__}: {err}")
+            self._stop.wait(self.poll_s)
+
+    def sync(self) -> None:
+        """One pass: start engines for new Running pods, stop those of gone pods."""
+        selector = f"app.kubernetes.io/name={APP_NAME},{TARGET_LABEL}={self.target}"
+        pods = client.CoreV1Api(self.api).list_namespaced_pod(
+            self.namespace, label_selector=selector
+        )
+        running = {
+            p.metadata.name: self.api.sanitize_for_serialization(p)
+            for p in pods.items
+            if p.status.phase == "Running" and p.metadata.deletion_timestamp is None
+        }
+        with self._lock:
+            for name in [n for n in self.engines if n not in running]:
+                self.engines.pop(name).stop()
+            for name, pod in running.items():
+                if name not in self.engines:
+                    self.engines[name] = self._spawn(pod)
+            for engine in self.engines.values():
+                engine.ready = engine.ready or engine.healthy()
+            listed = [(e.address, self._labels(e.pod)) for e in self.engines.values() if e.ready]
+        self._publish(listed)
+
+    def _spawn(self, pod: Mapping[str, Any]) -> Engine:
+        name, port = pod["metadata"]["name"], free_port()
+        seed = ["--seed", str(random.Random(name).randrange(2**31))]
+        argv = engine_argv(pod, port, [*self.extra_args, *seed])
+        log = (self.log_dir / f"{name}.log").open("ab")
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        return Engine(name, port, proc)
+
+    def _labels(self, pod: str) -> dict[str, str]:
+        return {"namespace": self.namespace, "servingtarget": self.target, "pod": pod}
+
+    def _publish(self, engines: list[Target]) -> None:
+        listed = sorted([*engines, *self.static_targets], key=lambda t: t[0])
+        if listed != self._listed:
+            self.prometheus.set_targets(listed)
+            self._listed = listed
+
+
+@dataclass
+class Sent:
+    """One request of the driver: when it was sent (wall clock, s) and what came back."""
+
+    at_s: float
+    result: RequestResult
+
+
+@dataclass
+class LoadDriver:
+    """Poisson arrivals at ``rate`` req/s (change it any time) over the fleet's engines."""
+
+    fleet: EngineFleet
+    model: str
+    prompt_tokens: int
+    output_tokens: int
+    seed: int = 0
+    rate: float = 0.0
+    sent: list[Sent] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> LoadDriver:
+        self._thread = threading.Thread(
+            target=lambda: asyncio.run(self._main()), name="load-driver", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self, drain_s: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=drain_s + 5)
+
+    async def _main(self) -> None:
+        rng = random.Random(self.seed)
+        tasks: set[asyncio.Task[None]] = set()
+        timeout = aiohttp.ClientTimeout(total=300)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while not self._stop.is_set():
+                if self.rate <= 0:
+                    await asyncio.sleep(0.1)
+                    continue
+                await asyncio.sleep(rng.expovariate(self.rate))
+                endpoints = self.fleet.endpoints()
+                if endpoints:
+                    task = asyncio.create_task(self._one(session, rng.choice(endpoints)))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+            if tasks:
+                await asyncio.wait(tasks, timeout=30)
+
+    async def _one(self, session: aiohttp.ClientSession, url: str) -> None:
+        spec = LoadSpec(url=url, model=self.model)
+        at = time.time()
+        result = await send_request(session, spec, self.prompt_tokens, self.output_tokens, 0.0)
+        self.sent.append(Sent(at, result))

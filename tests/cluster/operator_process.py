@@ -1,0 +1,76 @@
+"""The operator as a local subprocess, for end-to-end tests.
+
+Why a subprocess and not the chart's Deployment: kwok pods run no containers. The process
+authenticates with a ServiceAccount kubeconfig (``ClusterHandle.serviceaccount_kubeconfig``)
+so every API call still goes through the chart's real RBAC.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from tests.cluster.controlplane import free_port
+from tests.cluster.handle import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Operator:
+    """`python -m rooftop_operator` as a subprocess with a ServiceAccount kubeconfig."""
+
+    kubeconfig: Path
+    namespace: str
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    def start(self, *args: str, **env: str) -> None:
+        """Start and wait for kopf's liveness endpoint; ``args`` go to the command line,
+        ``env`` into the environment (e.g. ROOFTOP_LOOP_* for the feedback loop)."""
+        port = free_port()
+        self.starts += 1
+        log = self.log_path.open("ab")
+        log.write(f"\n===== start {self.starts} =====\n".encode())
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "rooftop_operator", "--namespace", self.namespace,
+             "--liveness", f"http://127.0.0.1:{port}/healthz", "--verbose", *args],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+            env=os.environ | {"KUBECONFIG": str(self.kubeconfig),
+                              "ROOFTOP_SELF_IMAGE": "rooftop:e2e", **env},
+        )  # fmt: skip
+        wait_until(lambda: self._healthy(port), 30, f"operator liveness\n{self.tail()}")
+
+    def _healthy(self, port: int) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"operator exited {self.proc.returncode}\n{self.tail()}")
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1) as r:
+                return bool(r.status == 200)
+        except OSError:
+            return False
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def tail(self, lines: int = 40) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def log_since_start(self) -> str:
+        text = self.log_path.read_text(errors="replace")
+        return text.rsplit(f"===== start {self.starts} =====", 1)[-1]

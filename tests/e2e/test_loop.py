@@ -1,0 +1,426 @@
+"""The closed loop, end to end: operator, engines, real Prometheus, load, outage.
+
+One scenario runs once per module (``run``), phase by phase, and records what happened;
+each test then checks one promise against that record:
+
+1. baseline: the operator deploys a ``mode: simulated`` target; for every Running kwok
+   pod ``EngineFleet`` starts the pod's own engine-sim command and lists it in
+   Prometheus' file_sd with the pod's labels; light load meets the SLO.
+2. spike: load triples; the observed TPOT breaches the SLO; the operator scales out;
+   the SLO holds again on more replicas.
+3. dashboards: every PromQL expression of the dashboards returns data.
+4. outage: Prometheus stops while load drops back; no scale-down, and SLOMet says why.
+5. recovery: Prometheus is back; the operator scales in after its window.
+
+The engines run at reality factor 1.0, but the planner is wrong anyway (it
+under-predicts the prefill stalls of 3000-token prompts on an L4): the loop must learn
+that from the metrics. Short intervals (1 s scrapes, 2 s decisions, a 30 s window and
+scale-down window) keep the scenario to a few minutes. ``ROOFTOP_LOOP_RECORD=FILE``
+also writes the timeline there (``make loop-figure`` turns it into the README figure).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dashboards import queries
+from kubernetes import client
+
+from tests.cluster.controlplane import free_port
+from tests.cluster.engines import ENGINE_JOB, EngineFleet, LoadDriver
+from tests.cluster.handle import ClusterHandle
+from tests.cluster.nodes import L4, gpu_node
+from tests.cluster.operator_process import Operator
+from tests.cluster.prometheus import PrometheusServer
+
+pytestmark = pytest.mark.loop
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "rooftop"
+RELEASE = "loop-e2e"
+GROUP, VERSION, PLURAL = "rooftop.dev", "v1alpha1", "servingtargets"
+NAME = "loop-chat"
+SLO_TPOT_MS = 75.0  # a bucket bound of vLLM's TPOT histogram: p90 is read without blur
+BASE_RPS, SPIKE_RPS = 0.5, 1.5
+PROMPT_TOKENS, OUTPUT_TOKENS = 3000, 64
+SCALE_DOWN_WINDOW_S = 30.0
+SETTLE_S = 10.0
+WINDOW_S = 30.0
+LOOP_ENV = {
+    "ROOFTOP_LOOP_INTERVAL_S": "2",
+    "ROOFTOP_LOOP_WINDOW": f"{WINDOW_S:g}s",
+    "ROOFTOP_LOOP_STALE_AFTER_S": "10",
+    "ROOFTOP_LOOP_STARTUP_S": "5",
+    "ROOFTOP_LOOP_SCALE_DOWN_WINDOW_S": f"{SCALE_DOWN_WINDOW_S:g}",
+}
+TARGET: dict[str, Any] = {
+    "apiVersion": f"{GROUP}/{VERSION}",
+    "kind": "ServingTarget",
+    "metadata": {"name": NAME},
+    "spec": {
+        "model": "llama-3.1-8b",
+        "mode": "simulated",
+        "slo": {"tpotMs": SLO_TPOT_MS, "tpotPercentile": "p90", "ttftMs": 10000},
+        "workload": {
+            "requestsPerSecond": BASE_RPS,
+            "promptTokens": {"mean": PROMPT_TOKENS},
+            "outputTokens": {"mean": OUTPUT_TOKENS},
+        },
+        "budget": {"usdPerHour": 10},
+        "constraints": {"gpuTypes": ["l4"], "maxTensorParallel": 1, "maxReplicas": 4},
+    },
+}
+
+
+class PhaseFailed(AssertionError):
+    pass
+
+
+@dataclass
+class Run:
+    """What the scenario saw: a timeline and one record per phase."""
+
+    t0: float = field(default_factory=time.time)
+    phase: str = "setup"
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    phases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failed: str | None = None
+
+    def need(self, phase: str) -> dict[str, Any]:
+        """The phase's record, or a failure naming where the scenario stopped."""
+        if phase not in self.phases:
+            pytest.fail(f"scenario did not reach {phase!r}: {self.failed}", pytrace=False)
+        return self.phases[phase]
+
+
+@dataclass
+class World:
+    cluster: ClusterHandle
+    api: Any
+    namespace: str
+    operator: Operator
+    prometheus: PrometheusServer
+    fleet: EngineFleet
+    load: LoadDriver
+
+    def target(self) -> dict[str, Any]:
+        found: dict[str, Any] = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, NAME
+        )
+        return found
+
+    def replicas(self) -> int:
+        dep = client.AppsV1Api(self.api).read_namespaced_deployment(
+            f"{NAME}-engine", self.namespace
+        )
+        return int(dep.spec.replicas)
+
+    def slo(self) -> dict[str, Any]:
+        conds = self.target().get("status", {}).get("conditions", [])
+        return next((dict(c) for c in conds if c["type"] == "SLOMet"), {})
+
+    def events(self, reason: str) -> list[str]:
+        found = client.CoreV1Api(self.api).list_namespaced_event(
+            self.namespace, field_selector=f"involvedObject.name={NAME},reason={reason}"
+        )
+        return [str(e.message) for e in found.items]
+
+
+def wait(world: World, what: str, check: Callable[[], Any], timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise PhaseFailed(
+        f"timed out after {timeout:.0f}s: {what}\nSLOMet: {world.slo()}\n"
+        f"replicas: {world.replicas()}, engines: {len(world.fleet.endpoints())}\n"
+        f"operator log:\n{world.operator.tail(25)}"
+    )
+
+
+# ---------------------------------------------------------------- the timeline
+
+
+def sample(world: World, run: Run) -> dict[str, Any]:
+    status = world.target().get("status", {})
+    observed = status.get("observed", {})
+    slo: dict[str, Any] = next((c for c in status.get("conditions", []) if c["type"] == "SLOMet"), {})
+    return {
+        "t_s": round(time.time() - run.t0, 2),
+        "phase": run.phase,
+        "offered_rps": world.load.rate,
+        "replicas": world.replicas(),
+        "engines": len(world.fleet.endpoints()),
+        "observed_tpot_ms": observed.get("tpotMs"),
+        "calibration_factor": observed.get("calibrationFactor"),
+        "metrics_state": observed.get("metricsState"),
+        "slo_met": slo.get("status"),
+        "slo_reason": slo.get("reason"),
+        "prometheus_up": world.prometheus._proc is not None,
+    }
+
+
+def record(world: World, run: Run, stop: threading.Event) -> None:
+    while not stop.wait(1.0):
+        try:
+            run.samples.append(sample(world, run))
+        except Exception as err:  # a transient API error must not end the record
+            run.samples.append({"t_s": round(time.time() - run.t0, 2), "error": str(err)})
+
+
+def client_requests(world: World, run: Run) -> list[dict[str, Any]]:
+    return [
+        {"t_s": round(s.at_s - run.t0, 2), "tpot_ms": round(s.result.tpot_s * 1e3, 2)}
+        for s in list(world.load.sent)
+        if s.result.tpot_s is not None and s.result.error is None
+    ]
+
+
+# ---------------------------------------------------------------- phases
+
+
+def baseline(world: World, run: Run) -> dict[str, Any]:
+    world.load.rate = BASE_RPS
+    wait(world, "engines for every planned pod", lambda: world.fleet.endpoints(), 60)
+    met = wait(world, "SLOMet=True at base load", lambda: _status(world, "True"), 120)
+    return {"replicas": world.replicas(), "slo": met, "observed": _observed(world)}
+
+
+def spike(world: World, run: Run, before: int) -> dict[str, Any]:
+    world.load.rate = SPIKE_RPS
+    breach = wait(world, "SLOMet=False under 3x load", lambda: _status(world, "False"), 120)
+    wait(world, "a scale-out", lambda: world.replicas() > before, 60)
+    held = wait(
+        world,
+        "SLOMet=True again on more replicas, every engine up",
+        lambda: (
+            _status(world, "True")
+            if len(world.fleet.endpoints()) == world.replicas() > before
+            else None
+        ),
+        180,
+    )
+    # One more full window at the spike: the reading is then all post-scale-out data.
+    time.sleep(WINDOW_S)
+    return {
+        "breach": breach,
+        "held": held,
+        "settled": world.slo(),
+        "replicas": world.replicas(),
+        "scaled_events": world.events("Scaled"),
+        "observed": _observed(world),
+    }
+
+
+def dashboards(world: World, run: Run) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for key, q in queries.ALL.items():
+        expr = queries.concrete(q.expr, world.namespace, NAME, rate_interval="30s")
+        results[key] = {"expr": expr, "series": len(world.prometheus.query(expr)),
+                        "optional": q.optional}  # fmt: skip
+    for expr in queries.VARIABLE_QUERIES:
+        promql = label_values_as_promql(queries.concrete(expr, world.namespace, NAME))
+        results[expr] = {"expr": promql, "series": len(world.prometheus.query(promql)),
+                         "optional": False}  # fmt: skip
+    return {"queries": results}
+
+
+def outage(world: World, run: Run, before: int) -> dict[str, Any]:
+    world.prometheus.stop()
+    world.load.rate = BASE_RPS
+    unknown = wait(world, "SLOMet=Unknown without Prometheus",
+                   lambda: _status(world, "Unknown"), 30)  # fmt: skip
+    start, seen = time.monotonic(), set()
+    while time.monotonic() - start < SCALE_DOWN_WINDOW_S + 20:
+        seen.add(world.replicas())
+        time.sleep(1.0)
+    return {"before": before, "replicas_seen": sorted(seen), "slo": unknown,
+            "held_s": round(time.monotonic() - start, 1)}  # fmt: skip
+
+
+def recovery(world: World, run: Run, before: int) -> dict[str, Any]:
+    world.prometheus.start()
+    world.fleet.relist()
+    t = time.monotonic()
+    wait(world, "a scale-in after the window", lambda: world.replicas() < before, 180)
+    after_s = time.monotonic() - t
+    time.sleep(SETTLE_S)  # so the record shows the fleet after the step down
+    return {"before": before, "after": world.replicas(), "after_s": after_s,
+            "scaled_events": world.events("Scaled")}  # fmt: skip
+
+
+def _status(world: World, status: str) -> dict[str, Any] | None:
+    slo = world.slo()
+    return slo if slo.get("status") == status else None
+
+
+def _observed(world: World) -> dict[str, Any]:
+    return dict(world.target().get("status", {}).get("observed", {}))
+
+
+def label_values_as_promql(expr: str) -> str:
+    """Grafana's ``label_values(metric{...}, label)`` as ``count by (label) (metric{...})``."""
+    m = re.fullmatch(r"label_values\((.*), (\w+)\)", expr)
+    assert m, expr
+    return f"count by ({m.group(2)}) ({m.group(1)})"
+
+
+def scenario(world: World, run: Run) -> None:
+    steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+        ("baseline", lambda: baseline(world, run)),
+        ("spike", lambda: spike(world, run, run.phases["baseline"]["replicas"])),
+        ("dashboards", lambda: dashboards(world, run)),
+        ("outage", lambda: outage(world, run, run.phases["spike"]["replicas"])),
+        ("recovery", lambda: recovery(world, run, run.phases["spike"]["replicas"])),
+    ]
+    for name, step in steps:
+        run.phase = name
+        begin = time.time() - run.t0
+        try:
+            run.phases[name] = step() | {"t_start_s": round(begin, 1)}
+        except PhaseFailed as err:
+            run.failed = f"{name}: {err}"
+            return
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+def _fake_l4_nodes(cluster: ClusterHandle, suffix: str) -> list[str]:
+    """Four 1-GPU L4 nodes of our own, so other modules' pods cannot take them."""
+    flavour = dataclasses.replace(L4, prefix=f"loop-l4-{suffix}")
+    core, names = client.CoreV1Api(cluster.api()), []
+    for i in range(4):
+        node = gpu_node(flavour, i)
+        core.create_node(node)
+        names.append(node["metadata"]["name"])
+    return names
+
+
+@pytest.fixture(scope="module")
+def run(
+    cluster: ClusterHandle, prometheus_bin: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Run]:
+    suffix = uuid.uuid4().hex[:6]
+    system, ns = f"loop-system-{suffix}", f"loop-{suffix}"
+    work = tmp_path_factory.mktemp("loop")
+    (work / "engines").mkdir()
+    cluster.create_namespace(system)
+    cluster.create_namespace(ns)
+    cluster.helm("install", RELEASE, str(CHART), "--namespace", system, "--set", "image.tag=e2e")
+    nodes = _fake_l4_nodes(cluster, suffix)
+    api = cluster.api()
+    prom = PrometheusServer(work / "prometheus", prometheus_bin, job_config=ENGINE_JOB).start()
+    metrics_port = free_port()
+    kubeconfig = cluster.serviceaccount_kubeconfig(system, f"{RELEASE}-rooftop")
+    operator = Operator(kubeconfig, ns, work / "operator.log")
+    operator_target = (f"127.0.0.1:{metrics_port}", {"component": "operator"})
+    fleet = EngineFleet(api, ns, NAME, prom, work / "engines", static_targets=[operator_target])
+    load = LoadDriver(fleet, TARGET["spec"]["model"], PROMPT_TOKENS, OUTPUT_TOKENS, seed=7)
+    world = World(cluster, api, ns, operator, prom, fleet, load)
+    result, stop = Run(), threading.Event()
+    recorder = threading.Thread(target=record, args=(world, result, stop), daemon=True)
+    try:
+        operator.start("--metrics-port", str(metrics_port),
+                       ROOFTOP_PROMETHEUS_URL=prom.url, **LOOP_ENV)  # fmt: skip
+        fleet.start()
+        path = work / "target.yaml"
+        path.write_text(json.dumps(TARGET))
+        cluster.kubectl("apply", "-n", ns, "-f", str(path))
+        load.start()
+        recorder.start()
+        scenario(world, result)
+        yield result
+    finally:
+        stop.set()
+        load.stop(drain_s=5)
+        fleet.stop()
+        operator.stop()
+        prom.stop()
+        _save(result, world, work)
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        cluster.helm("uninstall", RELEASE, "--namespace", system, check=False)
+        cluster.kubectl("delete", "namespace", system, "--wait=false", check=False)
+        for node in nodes:
+            cluster.kubectl("delete", "node", node, "--wait=false", check=False)
+        api.close()
+
+
+def _save(run: Run, world: World, work: Path) -> None:
+    doc = {
+        "slo_tpot_ms": SLO_TPOT_MS,
+        "scale_down_window_s": SCALE_DOWN_WINDOW_S,
+        "samples": run.samples,
+        "requests": client_requests(world, run),
+        "phases": {
+            k: {kk: vv for kk, vv in v.items() if kk != "queries"} for k, v in run.phases.items()
+        },  # fmt: skip
+        "failed": run.failed,
+    }
+    text = json.dumps(doc, indent=1)
+    (work / "timeline.json").write_text(text)
+    if os.environ.get("ROOFTOP_LOOP_RECORD"):
+        Path(os.environ["ROOFTOP_LOOP_RECORD"]).write_text(text)
+
+
+# ---------------------------------------------------------------- the promises
+
+
+def test_light_load_meets_the_slo_on_the_planned_fleet(run: Run) -> None:
+    base = run.need("baseline")
+    assert base["slo"]["status"] == "True"
+    assert base["observed"]["tpotMs"] <= SLO_TPOT_MS
+    assert base["observed"]["metricsState"] == "ok"
+
+
+def test_a_load_spike_breaches_the_slo_and_the_operator_scales_out(run: Run) -> None:
+    base, spike_ = run.need("baseline"), run.need("spike")
+    assert spike_["breach"]["reason"] in {"TPOTAboveSLO", "TTFTAboveSLO"}, spike_["breach"]
+    assert "TPOT" in spike_["breach"]["message"]
+    assert spike_["replicas"] > base["replicas"]
+    assert any("scale up" in m for m in spike_["scaled_events"]), spike_["scaled_events"]
+
+
+def test_the_slo_holds_again_after_scaling_out(run: Run) -> None:
+    spike_ = run.need("spike")
+    assert spike_["held"]["status"] == "True"
+    assert spike_["settled"]["status"] == "True", spike_["settled"]  # a window later
+    assert spike_["observed"]["tpotMs"] <= SLO_TPOT_MS
+    # the loop learned that the planner was optimistic here
+    assert spike_["observed"]["calibrationFactor"] > 1.0
+
+
+def test_every_dashboard_query_returns_data(run: Run) -> None:
+    results = run.need("dashboards")["queries"]
+    empty = {k: r["expr"] for k, r in results.items() if not r["optional"] and not r["series"]}
+    assert not empty, f"dashboard queries without data: {json.dumps(empty, indent=1)}"
+
+
+def test_missing_metrics_never_scale_down_and_the_condition_says_why(run: Run) -> None:
+    outage_ = run.need("outage")
+    assert outage_["replicas_seen"] == [outage_["before"]]
+    assert outage_["held_s"] > SCALE_DOWN_WINDOW_S
+    slo = outage_["slo"]
+    assert slo["reason"] == "MetricsUnavailable"
+    assert "Prometheus at http://127.0.0.1" in slo["message"]
+    assert f"holding {outage_['before']} replica(s)" in slo["message"]
+
+
+def test_with_metrics_back_it_scales_in_after_the_window(run: Run) -> None:
+    rec = run.need("recovery")
+    assert rec["after"] < rec["before"]
+    assert rec["after_s"] >= SCALE_DOWN_WINDOW_S  # never faster than the window
+    assert any("scale down" in m for m in rec["scaled_events"]), rec["scaled_events"]
