@@ -157,7 +157,9 @@ def wait(world: World, what: str, check: Callable[[], Any], timeout: float) -> A
 def sample(world: World, run: Run) -> dict[str, Any]:
     status = world.target().get("status", {})
     observed = status.get("observed", {})
-    slo: dict[str, Any] = next((c for c in status.get("conditions", []) if c["type"] == "SLOMet"), {})
+    slo: dict[str, Any] = next(
+        (c for c in status.get("conditions", []) if c["type"] == "SLOMet"), {}
+    )
     return {
         "t_s": round(time.time() - run.t0, 2),
         "phase": run.phase,
