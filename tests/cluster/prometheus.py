@@ -67,6 +67,10 @@ class PrometheusServer:
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 

@@ -9,7 +9,8 @@ each test then checks one promise against that record:
 2. spike: load triples; the observed TPOT breaches the SLO; the operator scales out;
    the SLO holds again on more replicas.
 3. dashboards: every PromQL expression of the dashboards returns data.
-4. outage: Prometheus stops while load drops back; no scale-down, and SLOMet says why.
+4. outage: Prometheus stops while load drops back and the operator restarts; no
+   scale-down (neither from the resumed reconcile nor from the loop), SLOMet says why.
 5. recovery: Prometheus is back; the operator scales in after its window.
 
 The engines run at reality factor 1.0, but the planner is wrong anyway (it
@@ -113,6 +114,11 @@ class World:
     prometheus: PrometheusServer
     fleet: EngineFleet
     load: LoadDriver
+    operator_args: tuple[str, ...] = ()
+    operator_env: dict[str, str] = field(default_factory=dict)
+
+    def start_operator(self) -> None:
+        self.operator.start(*self.operator_args, **self.operator_env)
 
     def target(self) -> dict[str, Any]:
         found: dict[str, Any] = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
@@ -171,7 +177,7 @@ def sample(world: World, run: Run) -> dict[str, Any]:
         "metrics_state": observed.get("metricsState"),
         "slo_met": slo.get("status"),
         "slo_reason": slo.get("reason"),
-        "prometheus_up": world.prometheus._proc is not None,
+        "prometheus_up": world.prometheus.running,
     }
 
 
@@ -243,6 +249,10 @@ def dashboards(world: World, run: Run) -> dict[str, Any]:
 def outage(world: World, run: Run, before: int) -> dict[str, Any]:
     world.prometheus.stop()
     world.load.rate = BASE_RPS
+    # An operator restart on top: the new process resumes the target (a reconcile of an
+    # unchanged spec) with no controller history and no metrics; neither may shrink it.
+    world.operator.stop()
+    world.start_operator()
     unknown = wait(world, "SLOMet=Unknown without Prometheus",
                    lambda: _status(world, "Unknown"), 30)  # fmt: skip
     start, seen = time.monotonic(), set()
@@ -250,7 +260,8 @@ def outage(world: World, run: Run, before: int) -> dict[str, Any]:
         seen.add(world.replicas())
         time.sleep(1.0)
     return {"before": before, "replicas_seen": sorted(seen), "slo": unknown,
-            "held_s": round(time.monotonic() - start, 1)}  # fmt: skip
+            "held_s": round(time.monotonic() - start, 1),
+            "operator_starts": world.operator.starts}  # fmt: skip
 
 
 def recovery(world: World, run: Run, before: int) -> dict[str, Any]:
@@ -332,12 +343,13 @@ def run(
     operator_target = (f"127.0.0.1:{metrics_port}", {"component": "operator"})
     fleet = EngineFleet(api, ns, NAME, prom, work / "engines", static_targets=[operator_target])
     load = LoadDriver(fleet, TARGET["spec"]["model"], PROMPT_TOKENS, OUTPUT_TOKENS, seed=7)
-    world = World(cluster, api, ns, operator, prom, fleet, load)
+    world = World(cluster, api, ns, operator, prom, fleet, load,
+                  ("--metrics-port", str(metrics_port)),
+                  {"ROOFTOP_PROMETHEUS_URL": prom.url, **LOOP_ENV})  # fmt: skip
     result, stop = Run(), threading.Event()
     recorder = threading.Thread(target=record, args=(world, result, stop), daemon=True)
     try:
-        operator.start("--metrics-port", str(metrics_port),
-                       ROOFTOP_PROMETHEUS_URL=prom.url, **LOOP_ENV)  # fmt: skip
+        world.start_operator()
         fleet.start()
         path = work / "target.yaml"
         path.write_text(json.dumps(TARGET))
@@ -413,6 +425,7 @@ def test_every_dashboard_query_returns_data(run: Run) -> None:
 
 def test_missing_metrics_never_scale_down_and_the_condition_says_why(run: Run) -> None:
     outage_ = run.need("outage")
+    assert outage_["operator_starts"] == 2  # restarted mid-outage: resume kept the scale
     assert outage_["replicas_seen"] == [outage_["before"]]
     assert outage_["held_s"] > SCALE_DOWN_WINDOW_S
     slo = outage_["slo"]
