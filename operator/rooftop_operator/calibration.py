@@ -127,26 +127,46 @@ class TrimConfig:
     window's requests whose TPOT met the bound (``attainment``), the quantity the SLO
     promises, not by a percentile against an arbitrary margin:
 
-    - attainment below ``target``: up by ``up`` (more replicas);
+    - attainment below ``target``: up by ``up`` times the shortfall in units of the
+      allowed misses (1 - target), at most ``max_steps`` steps: 5 % misses against a
+      0.5 % allowance is a planner far off, one miss too many is barely a signal;
     - attainment at least ``slack`` AND the percentile below ``low`` x the bound:
-      down by ``down`` (the planner is pessimistic here: fewer replicas);
+      down by ``down`` times ``low`` x bound / percentile (at most ``max_steps``): a
+      percentile at a third of the bound is more room than one just under ``low``;
     - otherwise hold (dead band).
+
+    Which windows may move the trim at all (a settled fleet the planner sized, see
+    ``control.update_trim``) is the caller's business; ``tight`` is its knob.
 
     Attributes:
         target: share of requests within the bound to keep, 0..1.
         slack: share that counts as "no misses at all", 0..1.
         low: percentile / bound below which there is room to run hotter.
-        up / down: relative change per decision.
+        up / down: relative change per step; one judgement per metrics window.
+        max_steps: the most steps one window may move the trim.
         lower / upper: bounds of the trim.
+        tight: a clean window lowers the trim only if this much more load (0.4 =
+            40 %) would make the trimmed planner want more replicas than are ready:
+            evidence that the fleet ran near the capacity the planner claims.
     """
 
     target: float = 0.995
     slack: float = 0.999
-    low: float = 0.8
+    low: float = 0.7
     up: float = 0.05
-    down: float = 0.02
+    down: float = 0.04
+    max_steps: float = 4.0
     lower: float = 0.5
     upper: float = 2.0
+    tight: float = 0.4
+
+    def __post_init__(self) -> None:
+        if not 0 < self.target <= self.slack <= 1:
+            raise ValueError(f"need 0 < target <= slack <= 1, got {self.target}, {self.slack}")
+        if not (self.up > 0 and 0 < self.down * self.max_steps < 1 and self.max_steps >= 1):
+            raise ValueError("need up > 0, max_steps >= 1 and 0 < down * max_steps < 1")
+        if not 0 < self.lower <= 1 <= self.upper:
+            raise ValueError(f"need 0 < lower <= 1 <= upper, got {self.lower}, {self.upper}")
 
 
 def update_trim(
@@ -157,7 +177,9 @@ def update_trim(
     if not (math.isfinite(attainment) and math.isfinite(percentile_ms) and slo_ms > 0):
         return trim
     if attainment < config.target:
-        trim *= 1 + config.up
+        steps = (1 - attainment) / (1 - config.target)
+        trim *= 1 + config.up * min(config.max_steps, steps)
     elif attainment >= config.slack and percentile_ms < config.low * slo_ms:
-        trim *= 1 - config.down
+        steps = config.low * slo_ms / max(percentile_ms, 1e-9)
+        trim *= 1 - config.down * min(config.max_steps, steps)
     return clamp(trim, config.lower, config.upper)

@@ -14,11 +14,14 @@ One decision:
      time at the observed batch (running per ready replica) and lengths;
    - the latency trim, an integral controller on the share of requests within the
      TPOT bound: up while under 99.5 %, down while no request missed and the
-     percentile has room, and down only while the planner's sizing is what sets the
-     fleet. The factor makes the planner's mean right; the trim its tail (prefill
-     bursts, length mix, how fast TPOT grows with load), which the SLO is about.
-     Only windows that saw one settled fleet (no pod became ready during the window,
-     none starting) count.
+     percentile has room, in steps that grow with the evidence. The factor makes the
+     planner's mean right; the trim its tail (prefill bursts, length mix, how fast
+     TPOT grows with load), which the SLO is about. A window moves the trim only when
+     it says something about the planner's capacity: one settled fleet (no pod
+     became ready for two windows, none starting), at most once per window; misses
+     count only when the trimmed planner called the ready pods enough for the
+     observed rate (not a lag or a budget cap), a clean window only when the fleet
+     ran near what the trimmed planner calls its capacity (not a spare fleet).
 3. Re-plan with the planner at the observed request rate (projected ``startup_s`` ahead
    when it is rising) times the trim, with ``step_time_scale`` = the step factor.
    The trim scales the rate, not the step time: a tail the planner gets wrong is
@@ -27,8 +30,11 @@ One decision:
    queue, a full KV cache.
 5. Stabilize: scale up at once (pods still starting count as capacity, because the
    desired count already includes them); scale down only to the highest recommendation
-   of the last ``scale_down_window_s``, and only after that many seconds of OK metrics.
-   Never scale down on missing, stale or NaN metrics: hold and say so.
+   of the last ``scale_down_window_s`` (120 s: two metrics windows; the planner's
+   recommendation already carries headroom and a rising trend, so a longer hold
+   mostly pays for idle pods on the way down), and only after that many seconds of OK
+   metrics. Never scale down on missing, stale or NaN metrics (hold and say so), nor
+   while a batch-cap rollout is starting pods.
 6. Limit: min/max replicas and the budget (a hard limit: never exceeded, even when the
    SLO then cannot be met; the conditions say which).
 7. Batch cap: adopt the planner's ``max_num_seqs`` when the calibrated factors show the
@@ -213,7 +219,7 @@ class ControllerConfig:
     usd_per_replica_hour: float
     default_prompt_tokens: float
     default_output_tokens: float
-    scale_down_window_s: float = 300.0
+    scale_down_window_s: float = 120.0
     startup_s: float = 120.0
     metrics_window_s: float = 60.0
     trend_window_s: float = 300.0
@@ -243,6 +249,8 @@ class ControllerState:
         trim: the latency trim on the step-time scale (1.0 = none).
         ready_seen: ready pods at the last decision (None: no decision yet).
         ready_grew_s: when the ready count last grew, s.
+        trim_at_s: when the trim last moved, s (at most one move per metrics window:
+            the scrapes of one window see the same requests).
     """
 
     replicas: int
@@ -255,6 +263,7 @@ class ControllerState:
     trim: float = 1.0
     ready_seen: int | None = None
     ready_grew_s: float | None = None
+    trim_at_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -343,22 +352,25 @@ def decide(
     scale = cal.factor
     rates = _remember_rate(state.rates, obs.requests_per_second, now_s, config.trend_window_s)
     sizing, plan_why = _plan(obs, scale, state.trim, rates, config)
-    trim = update_trim(state, obs, fresh, sizing, config)
+    trim, trim_at = _retrim(state, obs, grew_s, now_s, scale, config)
     if sizing is not None and not sizing.feasible:
         # More replicas cannot fix a too-slow step; hold (never shrink on that news)
         # and let the reactive signals add capacity for queues.
         sizing = replace(sizing, replicas=state.replicas)
     wanted, why = _wanted(obs, sizing, plan_why, state.max_num_seqs, fresh, config)
     history, since = _remember_history(state, wanted, now_s, not bad, config)
-    replicas, why = _stabilize(state.replicas, wanted, why, history, since, now_s, bad, config)
+    rolling = _rolling_out(state, obs, now_s, config)
+    replicas, why = _stabilize(state.replicas, wanted, why, history, since, now_s, bad,
+                               rolling, config)  # fmt: skip
     lower, upper = replica_limits(config)
-    limited = min(max(replicas, lower), upper)
+    limited = clamp_replicas(replicas, lower, upper)
     # a new cap rolls pods: only in a steady fleet, never on top of a scale-up
     steady = not bad and limited == state.replicas and obs.pending_replicas == 0
     cap, cap_why, cap_at = _choose_cap(state, obs, sizing, cal, scale, now_s, steady, config)
     new_state = ControllerState(
-        limited, cap, cal, history, since, rates, cap_at, trim, obs.ready_replicas, grew_s
-    )
+        limited, cap, cal, history, since, rates, cap_at, trim, obs.ready_replicas, grew_s,
+        trim_at,
+    )  # fmt: skip
     return Decision(
         replicas=limited,
         max_num_seqs=cap,
@@ -393,32 +405,66 @@ def calibrate(cal: Calibration, obs: Observation, config: ControllerConfig) -> C
     return cal_mod.update(cal, obs.step_ms.value, predicted, config.calibration)
 
 
-def update_trim(
+def _retrim(
     state: ControllerState,
     obs: Observation,
-    fresh: bool,
-    sizing: Sizing | None,
+    grew_s: float | None,
+    now_s: float,
+    scale: float,
     config: ControllerConfig,
-) -> float:
-    """The latency trim after this window.
+) -> tuple[float, float | None]:
+    """(trim, when it last moved): at most one move per metrics window (the scrapes
+    of one window see the same requests), and none until two windows after a pod
+    became ready (a request finishing in the window may have started a window
+    earlier, on the smaller fleet)."""
+    settled = grew_s is None or now_s - grew_s >= 2 * config.metrics_window_s
+    last = state.trim_at_s
+    if not settled or (last is not None and now_s - last < config.metrics_window_s):
+        return state.trim, last
+    trim = update_trim(state, obs, scale, config)
+    return trim, (now_s if trim != state.trim else last)
 
-    Only a window of one settled fleet counts (``fresh``: no pod became ready within
-    it; none starting: while capacity is on its way the error is being corrected
-    already, so integrating it would wind up). It only goes down while the planner's
-    sizing sets the fleet: a fast TPOT at minReplicas or during a scale-down window
-    says nothing about the planner being pessimistic.
+
+def update_trim(
+    state: ControllerState, obs: Observation, scale: float, config: ControllerConfig
+) -> float:
+    """The latency trim after this window (``scale``: the step-time factor in use).
+
+    The caller (``_retrim``) passes only windows of one settled fleet; no pod may be
+    starting either: while capacity is on its way the error is being corrected
+    already, so integrating it would wind up. A window then moves the trim only when
+    it says something about the planner's capacity model, judged by what the trimmed
+    planner wants for the OBSERVED rate (not the forecast):
+
+    - up, on misses, only when the planner called the ready pods enough: misses in a
+      fleet the planner already wants bigger (pods still to come after a steep rise,
+      a budget or maxReplicas cap) are a lag or a limit, not a model error;
+    - down, on a clean window, only when ``trim.tight`` more load would make the
+      planner want more pods than are ready: a fast TPOT in a fleet with spare pods
+      (minReplicas, the scale-down window, a forecast that overshot) says nothing
+      about the planner being pessimistic.
     """
-    ok = obs.tpot_ms.ok and obs.tpot_attainment.ok and obs.ready_replicas > 0
-    if not (fresh and ok and obs.pending_replicas == 0):
+    ok = obs.tpot_ms.ok and obs.tpot_attainment.ok and obs.requests_per_second.ok
+    if not (ok and obs.ready_replicas > 0 and obs.pending_replicas == 0):
         return state.trim
     new = cal_mod.update_trim(
         state.trim, obs.tpot_attainment.value, obs.tpot_ms.value, config.tpot_slo_ms, config.trim
     )
-    planner_bound = sizing is not None and sizing.feasible and sizing.replicas >= state.replicas
-    lower, _ = replica_limits(config)
-    if new < state.trim and not (planner_bound and state.replicas > lower):
-        return state.trim
-    return new
+    if new == state.trim:
+        return new
+    rate, ready = obs.requests_per_second.value * state.trim, obs.ready_replicas
+    if new > state.trim:
+        needed = config.planner.size(rate, scale)
+        return new if needed.feasible and needed.replicas <= ready else state.trim
+    needed = config.planner.size(rate * (1 + config.trim.tight), scale)
+    return new if needed.feasible and needed.replicas > ready else state.trim
+
+
+def clamp_replicas(replicas: int, lower: int, upper: int) -> int:
+    """``replicas`` within [lower, upper]; ``upper`` (budget, maxReplicas) wins when the
+    two cross. The one clamp every policy uses: the controller and the simulator's
+    baselines alike."""
+    return max(0, min(max(replicas, lower), upper))
 
 
 def replica_limits(config: ControllerConfig) -> tuple[int, int]:
@@ -550,6 +596,15 @@ def _remember_history(
     return (*kept, (now_s, wanted)), since
 
 
+def _rolling_out(
+    state: ControllerState, obs: Observation, now_s: float, config: ControllerConfig
+) -> bool:
+    """Pods are starting after a batch-cap change (within the cap cooldown)."""
+    last = state.last_cap_change_s
+    recent = last is not None and now_s - last < config.cap_cooldown_s
+    return recent and obs.pending_replicas > 0
+
+
 def _stabilize(
     current: int,
     wanted: int,
@@ -558,13 +613,22 @@ def _stabilize(
     since: float | None,
     now_s: float,
     bad: list[str],
+    rolling: bool,
     config: ControllerConfig,
 ) -> tuple[int, str]:
-    """Fast up, slow down, hold on bad metrics."""
+    """Fast up, slow down, hold on bad metrics and during a batch-cap rollout.
+
+    ``rolling``: pods are starting after a batch-cap change (bounded by the cap
+    cooldown, so pods that never schedule cannot freeze scale-down). A rollout
+    replaces ready pods with starting ones; removing pods on top of it can leave too
+    few ready when the load turns.
+    """
     if wanted > current:
         return wanted, why
     if bad:
         return current, "holding: metrics unavailable (" + ", ".join(bad) + ")"
+    if rolling and wanted < current:
+        return current, f"{why}; holding while the batch-cap rollout starts pods"
     if since is None or now_s - since < config.scale_down_window_s:
         return current, why
     highest = max(n for _, n in history)

@@ -60,7 +60,8 @@ class LoopSettings:
         window: PromQL range of rate() / quantiles (>= 4 scrape intervals).
         stale_after_s: newest-sample age beyond which readings are stale, s.
         startup_s: expected engine pod start-up (image pull, weights, graphs), s.
-        scale_down_window_s: how long a lower recommendation must hold, s.
+        scale_down_window_s: how long a lower recommendation must hold, s (the
+            controller's default, which the simulate benchmark measures).
     """
 
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
@@ -68,7 +69,7 @@ class LoopSettings:
     window: str = "1m"
     stale_after_s: float = 60.0
     startup_s: float = 120.0
-    scale_down_window_s: float = 300.0
+    scale_down_window_s: float = control.ControllerConfig.scale_down_window_s
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LoopSettings:

@@ -1,7 +1,7 @@
 """``rooftop simulate``: replay a request trace against a simulated cluster, per policy.
 
     rooftop simulate TARGET.yaml --trace CSV [--policy rooftop|static-peak|queue-threshold
-        |oracle|all] [--reality-factor F] [--startup-s S] [--scrape-s 15] [--diurnal]
+        |oracle|static-fit|all] [--reality-factor F] [--startup-s S] [--scrape-s 15] [--diurnal]
         [--json] [--plot FILE.png]
 
 The planner picks the deployment shape (GPU, TP, dtypes) for the target once; every
@@ -27,11 +27,11 @@ import numpy as np
 
 from rooftop_operator import control
 from rooftop_operator.sim.cluster import Cluster, Policy, Replica, SimConfig, SimResult, Workload
-from rooftop_operator.sim.oracle import OracleConfig, oracle_policy
+from rooftop_operator.sim.oracle import OracleConfig, oracle_policy, static_fit
 from rooftop_operator.sim.policies import FixedPolicy, QueueThresholdPolicy, RooftopPolicy
 from rooftop_operator.sim.report import Slo, plot, summary, text
 
-POLICIES = ("rooftop", "static-peak", "queue-threshold", "oracle")
+POLICIES = ("rooftop", "static-peak", "queue-threshold", "oracle", "static-fit")
 
 
 class InputError(ValueError):
@@ -153,18 +153,24 @@ def make_policy(
     # the first scale-down window a transient of the experiment, not of the policy).
     head_s = min(300.0, scn.workload.horizon_s) or 1.0
     first = scn.planner.size(np.searchsorted(scn.workload.arrival_s, head_s) / head_s, 1.0)
-    start = min(max(first.replicas, lower), upper)
+    start = control.clamp_replicas(first.replicas, lower, upper)
     if name == "rooftop":
         cfg = control.config_from_spec(
             scn.spec, scn.planner, scn.usd_per_replica_hour,
             startup_s=scn.sim.startup_s, metrics_window_s=scn.sim.window_s,
         )  # fmt: skip
         return RooftopPolicy(cfg, start, first.max_num_seqs), []
-    if name == "static-peak":
+    if name in ("static-peak", "static-fit"):
         peak = peak_rate(scn.workload)
         size = scn.planner.size(peak, 1.0)
-        n = min(max(size.replicas, lower), upper)
-        return FixedPolicy(n, size.max_num_seqs), [f"sized for peak {peak:.2f} req/s: {n}"]
+        n = control.clamp_replicas(size.replicas, lower, upper)
+        if name == "static-peak":
+            return FixedPolicy(n, size.max_num_seqs), [f"sized for peak {peak:.2f} req/s: {n}"]
+        fixed, met = static_fit(
+            scn.workload, scn.sim, scn.slo, size.max_num_seqs, n, lower, upper, oracle
+        )
+        how = "fewest" if met else "none within the limits meet the SLO; the most"
+        return fixed, [f"{how} fixed replicas meeting the SLO on this trace: {fixed.replicas}"]
     if name == "queue-threshold":
         return QueueThresholdPolicy(start, first.max_num_seqs, lower, upper), []
     if name == "oracle":

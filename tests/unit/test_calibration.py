@@ -6,7 +6,14 @@ import math
 
 import pytest
 
-from rooftop_operator.calibration import Calibration, CalibrationConfig, raw_factor, update
+from rooftop_operator.calibration import (
+    Calibration,
+    CalibrationConfig,
+    TrimConfig,
+    raw_factor,
+    update,
+    update_trim,
+)
 
 CFG = CalibrationConfig(alpha=0.3, lower=0.5, upper=3.0)
 
@@ -90,3 +97,49 @@ def test_settled_after_enough_samples() -> None:
 def test_config_rejects_nonsense(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         CalibrationConfig(**kwargs)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- latency trim
+
+TRIM = TrimConfig()  # target 99.5 %, slack 99.9 %, low 0.7, up 5 %, down 4 %, 4 steps
+
+
+@pytest.mark.parametrize(
+    ("attainment", "p90_ms", "expected", "why"),
+    [
+        (0.994, 80.0, 1.0 * (1 + 0.05 * 1.2), "0.6 % misses = 1.2x the allowance"),
+        (0.98, 90.0, 1.0 * (1 + 0.05 * 4), "4 % misses = 8x: capped at 4 steps"),
+        (0.995, 80.0, 1.0, "exactly on target: hold"),
+        (0.997, 50.0, 1.0, "a few misses, room left: dead band, not down"),
+        (1.0, 35.0, 1.0 * (1 - 0.04 * 2), "no misses, p90 at half of 0.7 x bound: 2 steps"),
+        (1.0, 69.0, 1.0 * (1 - 0.04 * 70 / 69), "just under 0.7 x bound: about one step"),
+        (1.0, 5.0, 1.0 * (1 - 0.04 * 4), "far below: capped at 4 steps"),
+        (1.0, 75.0, 1.0, "no misses but p90 above 0.7 x bound: hold"),
+        (math.nan, 50.0, 1.0, "no requests finished: nothing to judge"),
+    ],
+)
+def test_trim_steps_grow_with_the_evidence(
+    attainment: float, p90_ms: float, expected: float, why: str
+) -> None:
+    assert update_trim(1.0, attainment, p90_ms, 100.0, TRIM) == pytest.approx(expected), why
+
+
+def test_trim_stays_within_bounds() -> None:
+    trim = 1.0
+    for _ in range(50):
+        trim = update_trim(trim, 0.5, 150.0, 100.0, TRIM)
+    assert trim == TRIM.upper
+    for _ in range(100):
+        trim = update_trim(trim, 1.0, 1.0, 100.0, TRIM)
+    assert trim == TRIM.lower
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"target": 0.9999, "slack": 0.999}, {"down": 0.3}, {"up": 0.0}, {"lower": 1.1},
+     {"max_steps": 0.5}],
+)  # fmt: skip
+def test_trim_config_rejects_nonsense(kwargs: dict[str, float]) -> None:
+    # down 0.3 x 4 steps would make one clean window take the trim below zero
+    with pytest.raises(ValueError):
+        TrimConfig(**kwargs)  # type: ignore[arg-type]

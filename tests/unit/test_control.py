@@ -20,6 +20,7 @@ from rooftop_operator.control import (
     Observation,
     Reading,
     Sizing,
+    clamp_replicas,
     decide,
     forecast_rate,
     initial_state,
@@ -27,6 +28,7 @@ from rooftop_operator.control import (
 )
 
 NOW = 10_000.0
+WINDOW = 120.0  # ControllerConfig's default scale_down_window_s
 
 
 class FakePlanner:
@@ -152,24 +154,38 @@ CASES = [
     ),
     Case(
         "lower recommendation not held long enough: hold",
-        settled(4, 2, 120.0),
+        settled(4, 2, WINDOW - 60.0),
         observe(rate=4.0),
         4,
-        "only 120 s of the 300 s window have passed",
+        "only 60 s of the 120 s window have passed",
     ),
     Case(
         "lower recommendation held for the window: scale down",
-        settled(4, 2, 300.0),
+        settled(4, 2, WINDOW),
         observe(rate=4.0),
         2,
-        "2 was recommended for the whole 300 s window",
+        "2 was recommended for the whole 120 s window",
     ),
     Case(
         "scale down only to the window's highest recommendation",
-        replace(settled(4, 2, 300.0), history=((NOW - 200, 3), (NOW - 100, 2))),
+        replace(settled(4, 2, WINDOW), history=((NOW - 90, 3), (NOW - 45, 2))),
         observe(rate=4.0),
         3,
-        "3 was recommended 200 s ago, inside the window",
+        "3 was recommended 90 s ago, inside the window",
+    ),
+    Case(
+        "no scale-down during a batch-cap rollout",
+        replace(settled(4, 2, WINDOW), last_cap_change_s=NOW - 60),
+        observe(rate=4.0, ready=3, pending_replicas=1),
+        4,
+        "the rollout replaces ready pods with starting ones: removing more can starve",
+    ),
+    Case(
+        "pods pending long after the last cap change do not freeze scale-down",
+        replace(settled(4, 2, WINDOW), last_cap_change_s=NOW - 3600),
+        observe(rate=4.0, ready=3, pending_replicas=1),
+        2,
+        "an unschedulable pod stays pending forever; the hold is bounded by the cooldown",
     ),
     *[
         Case(
@@ -198,7 +214,7 @@ CASES = [
     ),
     Case(
         "no traffic: NaN latencies do not block a scale-down",
-        settled(4, 1, 300.0),
+        settled(4, 1, WINDOW),
         observe(rate=0.0, tpot_ms=BAD["nan"], ttft_ms=BAD["nan"], running=ok(0.0)),
         1,
         "rate is a trustworthy 0, so the NaN percentile is expected",
@@ -220,7 +236,7 @@ CASES = [
     ),
     Case(
         "min replicas floors the replica count",
-        settled(3, 0, 300.0),
+        settled(3, 0, WINDOW),
         observe(rate=0.0, tpot_ms=BAD["nan"], running=ok(0.0)),
         2,
         "the planner wants 0, minReplicas is 2",
@@ -329,11 +345,12 @@ def test_outage_restarts_the_scale_down_window() -> None:
     # the outage could have hidden a peak.
     cfg = config()
     state = decide(settled(4, 2, 600.0), observe(running=BAD["missing"]), NOW, cfg).state
-    for t in range(15, 315, 15):  # the first OK reading (t = 15) starts the window
+    end = 15 + int(cfg.scale_down_window_s)
+    for t in range(15, end, 15):  # the first OK reading (t = 15) starts the window
         d = decide(state, observe(), NOW + t, cfg)
         assert d.replicas == 4, f"scaled down {t} s after the outage"
         state = d.state
-    assert decide(state, observe(), NOW + 315, cfg).replicas == 2
+    assert decide(state, observe(), NOW + end, cfg).replicas == 2
 
 
 def test_calibration_updates_only_on_ok_data() -> None:
@@ -388,20 +405,51 @@ def test_latency_ignored_right_after_pods_became_ready() -> None:
 
 
 @pytest.mark.parametrize(
-    ("attained", "tpot", "bound", "expected"),
+    ("rate", "attained", "tpot", "kw", "expected", "why"),
     [
-        (0.95, 30.0, True, 1.05),  # misses: more capacity
-        (1.0, 20.0, True, 0.98),  # no misses, TPOT at half the SLO, planner-bound: fewer
-        (1.0, 20.0, False, 1.0),  # ... but not when minReplicas, not the plan, sets it
-        (1.0, 35.0, True, 1.0),  # no misses but little room: hold (dead band)
-        (0.995, 30.0, True, 1.0),  # within target, a few misses: hold
+        (4.0, 0.99, 30.0, {}, 1.10, "1 % misses = 2x the 0.5 % allowance: two 5 % steps"),
+        (4.0, 0.90, 30.0, {}, 1.20, "10 % misses: the step is capped at four"),
+        (6.0, 0.90, 30.0, {}, 1.0, "planner wants 3 > 2 ready: a lag, not a model error"),
+        (4.0, 0.995, 30.0, {}, 1.0, "within target: dead band"),
+        (4.0, 1.0, 20.0, {}, 1 - 0.04 * 28 / 20, "clean, p90 at 20 ms < 0.7 x 40: down 1.4 steps"),
+        (4.0, 1.0, 7.0, {}, 1 - 0.04 * 4, "p90 at a sixth of the bound: capped at four steps"),
+        (2.0, 1.0, 20.0, {}, 1.0, "clean but 40 % more load still fits 2: a spare fleet"),
+        (4.0, 1.0, 35.0, {}, 1.0, "clean but little room: dead band"),
+        (4.0, 0.9, 30.0, {"pending_replicas": 1}, 1.0, "a pod is starting: would wind up"),
     ],
 )
-def test_latency_trim(attained: float, tpot: float, bound: bool, expected: float) -> None:
-    cfg = config(min_replicas=1 if bound else 2)
+def test_latency_trim(
+    rate: float, attained: float, tpot: float, kw: dict[str, object], expected: float, why: str
+) -> None:
+    # 2 ready pods, SLO 40 ms; the fake planner needs ceil(rate * trim / 2) pods
     state = replace(initial_state(2, 64), ready_seen=2)
-    obs = observe(rate=4.0, tpot=tpot, tpot_attainment=ok(attained))
-    assert decide(state, obs, NOW, cfg).state.trim == pytest.approx(expected)
+    obs = observe(rate=rate, tpot=tpot, tpot_attainment=ok(attained), **kw)
+    assert decide(state, obs, NOW, config()).state.trim == pytest.approx(expected), why
+
+
+def test_trim_judges_each_window_once_and_waits_for_new_pods() -> None:
+    cfg = config()
+    missed = observe(rate=3.0, tpot=30.0, tpot_attainment=ok(0.99))  # 2 pods suffice
+    moved = decide(replace(initial_state(2, 64), ready_seen=2), missed, NOW, cfg).state
+    assert moved.trim == pytest.approx(1.1)
+    # the next scrapes see mostly the same requests: no second step within the window
+    assert decide(moved, missed, NOW + 15, cfg).state.trim == pytest.approx(1.1)
+    assert decide(moved, missed, NOW + 60, cfg).state.trim == pytest.approx(1.1 * 1.1)
+    # a third pod just became ready: its window still holds requests served by two
+    grown = replace(moved, ready_seen=2)
+    three = observe(rate=3.0, ready=3, tpot=30.0, tpot_attainment=ok(0.99))
+    state = decide(grown, three, NOW + 60, cfg).state
+    assert state.trim == pytest.approx(1.1)
+    assert decide(state, three, NOW + 60 + 105, cfg).state.trim == pytest.approx(1.1)
+    assert decide(state, three, NOW + 60 + 120, cfg).state.trim > 1.1
+
+
+def test_clamp_replicas() -> None:
+    assert clamp_replicas(5, 1, 8) == 5
+    assert clamp_replicas(0, 2, 8) == 2  # minReplicas
+    assert clamp_replicas(12, 1, 8) == 8  # maxReplicas or budget
+    assert clamp_replicas(1, 3, 2) == 2  # the budget wins over minReplicas
+    assert config().scale_down_window_s == WINDOW  # what the table above assumes
 
 
 def test_headroom_and_rising_trend_plan_ahead() -> None:

@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from rooftop_operator import simulate
-from rooftop_operator.sim.cluster import SimResult, Tick, Workload
+from rooftop_operator.sim.cluster import Cluster, SimResult, Tick, Workload
 from rooftop_operator.sim.oracle import OracleConfig
+from rooftop_operator.sim.policies import FixedPolicy
 from rooftop_operator.sim.report import Slo, attainment, cost
 
 TARGET = {
@@ -92,6 +93,22 @@ def test_oracle_is_the_cheapest_autoscaler(
 ) -> None:
     # Hindsight with no start-up delay is a lower bound on what the loop can spend.
     assert runs["oracle"][1]["usd"] <= runs["rooftop"][1]["usd"]
+
+
+def test_static_fit_is_the_fewest_fixed_replicas_meeting_the_slo(
+    scn: simulate.Scenario, runs: dict[str, tuple[SimResult, dict[str, Any]]]
+) -> None:
+    res, s = runs["static-fit"]
+    counts = {t.replicas for t in res.timeline}
+    assert len(counts) == 1  # fixed
+    n, cap = counts.pop(), res.timeline[0].cap
+    assert s["slo_attainment_tpot"] >= FAST_ORACLE.tpot_share
+    assert s["slo_attainment_ttft"] >= FAST_ORACLE.ttft_share
+    fewer = Cluster(scn.workload, scn.sim).run(FixedPolicy(n - 1, cap))
+    att = attainment(fewer, scn.slo)
+    assert att.tpot_requests < FAST_ORACLE.tpot_share or (
+        att.ttft_requests is not None and att.ttft_requests < FAST_ORACLE.ttft_share
+    )
 
 
 def test_rooftop_scales_with_the_load(runs: dict[str, tuple[SimResult, dict[str, Any]]]) -> None:

@@ -14,6 +14,11 @@
 
 The batch cap is the planner's cap at the true step-time factor (truth / planner step
 time at that cap's batch, times the reality factor): the oracle knows the engine.
+
+``static_fit`` is the same hindsight for a fleet that never changes: the fewest fixed
+replicas that meet those shares on this very trace. It is what ``static-peak`` would
+cost had its capacity planning known the engine and the trace exactly, a fair static
+baseline where the planner's prior under-sizes ``static-peak``.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from rooftop_operator.control import clamp_replicas
 from rooftop_operator.sim.cluster import Cluster, SimConfig, Workload
 from rooftop_operator.sim.policies import FixedPolicy, SchedulePolicy
 from rooftop_operator.sim.report import Slo, attainment
@@ -109,7 +115,7 @@ def schedule(
     out = []
     for c in counts:
         need = math.ceil(c / window_s / capacity - 1e-9) if c else 0
-        out.append(min(max(need, min_replicas), max_replicas))
+        out.append(clamp_replicas(need, min_replicas, max_replicas))
     return out
 
 
@@ -139,6 +145,34 @@ def oracle_policy(
         mid = math.sqrt(lo * hi)
         lo, hi = (mid, hi) if attains(mid) else (lo, mid)
     return policy(lo), lo
+
+
+def static_fit(
+    workload: Workload, sim: SimConfig, slo: Slo, cap: int, start: int,
+    min_replicas: int, max_replicas: int, cfg: OracleConfig | None = None,
+) -> tuple[FixedPolicy, bool]:  # fmt: skip
+    """The fewest fixed replicas (searched from ``start``) meeting the shares on the
+    trace, as a policy, and whether any count within ``max_replicas`` meets them."""
+    cfg = cfg or OracleConfig()
+    seen: dict[int, bool] = {}
+
+    def attains(n: int) -> bool:
+        if n not in seen:
+            res = Cluster(workload, replace(sim, startup_s=0.0)).run(FixedPolicy(n, cap))
+            att = attainment(res, slo)
+            ttft_ok = att.ttft_requests is None or att.ttft_requests >= cfg.ttft_share
+            seen[n] = att.tpot_requests >= cfg.tpot_share and ttft_ok
+        return seen[n]
+
+    lo, hi = max(min_replicas, 1) - 1, clamp_replicas(start, max(min_replicas, 1), max_replicas)
+    while not attains(hi):  # grow until it passes (lo: the highest count known to fail)
+        if hi >= max_replicas:
+            return FixedPolicy(max_replicas, cap, "static-fit"), False
+        lo, hi = hi, min(2 * hi, max_replicas)
+    while hi - lo > 1:  # then bisect down to the fewest that pass
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if attains(mid) else (mid, hi)
+    return FixedPolicy(hi, cap, "static-fit"), True
 
 
 def _bracket(attains: Callable[[float], bool], guess: float, floor: float) -> tuple[float, float]:

@@ -9,6 +9,9 @@
   most doubles per decision, scale-down stabilized over 300 s). It knows nothing of
   the latency SLO.
 - ``oracle``: hindsight; see ``sim.oracle``.
+- ``static-fit``: ``static-peak``'s batch cap with the fewest fixed replicas that meet
+  the SLO on the trace, found in hindsight (``sim.oracle.static_fit``): the fair
+  static baseline where the planner's prior sizes ``static-peak`` too small.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from rooftop_operator.control import (
     ControllerConfig,
     Decision,
     Observation,
+    clamp_replicas,
     decide,
     initial_state,
 )
@@ -103,7 +107,7 @@ class QueueThresholdPolicy:
         wanted = self.current
         if abs(ratio - 1.0) > self.tolerance:
             wanted = min(math.ceil(ready * ratio), 2 * max(self.current, 1))
-        wanted = min(max(wanted, self.min_replicas), self.max_replicas)
+        wanted = clamp_replicas(wanted, self.min_replicas, self.max_replicas)
         self.history.append((now_s, wanted))
         while self.history[0][0] <= now_s - self.scale_down_window_s:
             self.history.popleft()
