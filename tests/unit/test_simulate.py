@@ -17,7 +17,7 @@ import pytest
 from rooftop_operator import simulate
 from rooftop_operator.sim.cluster import Cluster, SimResult, Tick, Workload
 from rooftop_operator.sim.oracle import OracleConfig
-from rooftop_operator.sim.policies import FixedPolicy
+from rooftop_operator.sim.policies import FixedPolicy, SchedulePolicy
 from rooftop_operator.sim.report import Slo, attainment, cost
 
 TARGET = {
@@ -91,8 +91,34 @@ def test_rooftop_never_exceeds_budget(
 def test_oracle_is_the_cheapest_autoscaler(
     runs: dict[str, tuple[SimResult, dict[str, Any]]],
 ) -> None:
-    # Hindsight with no start-up delay is a lower bound on what the loop can spend.
-    assert runs["oracle"][1]["usd"] <= runs["rooftop"][1]["usd"]
+    # Hindsight is a lower bound on what the loop can spend; pods that start at once
+    # (oracle-instant) a looser one than pods started a start-up ahead (oracle).
+    usd = {name: runs[name][1]["usd"] for name in ("oracle-instant", "oracle", "rooftop")}
+    assert usd["oracle-instant"] <= usd["oracle"] <= usd["rooftop"], usd
+
+
+def test_the_oracle_asks_for_pods_a_start_up_ahead() -> None:
+    ahead = SchedulePolicy([1, 3, 2], 60.0, 16, lead_s=120.0)
+    assert [ahead.wanted(t) for t in (0.0, 30.0, 60.0, 150.0)] == [2, 2, 3, 2]
+    instant = SchedulePolicy([1, 3, 2], 60.0, 16)
+    assert [instant.wanted(t) for t in (0.0, 30.0, 60.0, 150.0)] == [1, 1, 3, 2]
+
+
+def test_the_oracle_search_is_cached_per_start_up(scn: simulate.Scenario) -> None:
+    first, _ = simulate.make_policy(scn, "oracle", FAST_ORACLE)
+    again, _ = simulate.make_policy(scn, "oracle", FAST_ORACLE)
+    instant, _ = simulate.make_policy(scn, "oracle-instant", FAST_ORACLE)
+    assert isinstance(first, SchedulePolicy) and isinstance(again, SchedulePolicy)
+    assert isinstance(instant, SchedulePolicy)
+    assert first.replicas is again.replicas  # the cached schedule, not a new search
+    assert first.lead_s == scn.sim.startup_s + scn.sim.scrape_s and instant.lead_s == 0.0
+
+
+def test_both_oracles_meet_the_shares_they_were_searched_for(
+    runs: dict[str, tuple[SimResult, dict[str, Any]]],
+) -> None:
+    for name in ("oracle", "oracle-instant"):
+        assert runs[name][1]["slo_attainment_tpot"] >= FAST_ORACLE.tpot_share, name
 
 
 def test_static_fit_is_the_fewest_fixed_replicas_meeting_the_slo(

@@ -122,20 +122,29 @@ def schedule(
 def oracle_policy(
     workload: Workload, sim: SimConfig, slo: Slo, cap: int, guess: float,
     min_replicas: int, max_replicas: int, cfg: OracleConfig | None = None,
+    startup_s: float = 0.0,
 ) -> tuple[SchedulePolicy, float]:  # fmt: skip
-    """The oracle for one run, and the per-replica capacity it plans with (req/s)."""
+    """The oracle for one run, and the per-replica capacity it plans with (req/s).
+
+    ``startup_s`` > 0: pods take that long to start, so the schedule asks for each
+    window's pods a start-up (plus one decision interval, the granularity at which the
+    cluster acts) ahead, and the capacity search replays the trace that way, so the
+    schedule meets the shares with the pods as they really come up.
+    """
     cfg = cfg or OracleConfig()
     mean_rate = len(workload.arrival_s) / max(workload.horizon_s, 1e-9)
     fleet = max(1, round(mean_rate / guess))
     capacity = measure_capacity(workload, sim, slo, cap, fleet, guess, cfg)
     lower = max(min_replicas, 1)
 
+    lead_s = startup_s + sim.scrape_s if startup_s > 0 else 0.0
+
     def policy(c: float) -> SchedulePolicy:
         return SchedulePolicy(schedule(workload, c, cfg.window_s, lower, max_replicas),
-                              cfg.window_s, cap)  # fmt: skip
+                              cfg.window_s, cap, lead_s=lead_s)  # fmt: skip
 
     def attains(c: float) -> bool:
-        res = Cluster(workload, replace(sim, startup_s=0.0)).run(policy(c))
+        res = Cluster(workload, replace(sim, startup_s=startup_s)).run(policy(c))
         att = attainment(res, slo)
         ttft_ok = att.ttft_requests is None or att.ttft_requests >= cfg.ttft_share
         return att.tpot_requests >= cfg.tpot_share and ttft_ok

@@ -120,19 +120,27 @@ class QueueThresholdPolicy:
 
 @dataclass
 class SchedulePolicy:
-    """Replicas from a precomputed schedule: ``replicas[k]`` for [k*step, (k+1)*step)."""
+    """Replicas from a precomputed schedule: ``replicas[k]`` for [k*step, (k+1)*step).
+
+    ``lead_s``: ask for each window's replicas this long before it starts (and keep the
+    ones needed now): with pods that take ``lead_s`` to start, they are ready in time.
+    """
 
     replicas: list[int]
     step_s: float
     cap: int
     name: str = "oracle"
+    lead_s: float = 0.0
 
     def at(self, t_s: float) -> int:
         k = min(int(t_s // self.step_s), len(self.replicas) - 1)
         return self.replicas[max(k, 0)]
 
+    def wanted(self, t_s: float) -> int:
+        return max(self.at(t_s), self.at(t_s + self.lead_s)) if self.lead_s else self.at(t_s)
+
     def start(self) -> tuple[int, int]:
-        return self.at(0.0), self.cap
+        return self.wanted(0.0), self.cap
 
     def decide(self, now_s: float, obs: Observation) -> tuple[int, int]:
-        return self.at(now_s), self.cap
+        return self.wanted(now_s), self.cap
