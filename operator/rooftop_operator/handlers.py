@@ -255,6 +255,7 @@ def _deploy(
 
 # The part of a plan the feedback loop may change without a new spec generation.
 LOOP_FIELDS = ("replicas", "maxNumSeqs")
+_SHAPE_ONLY = tuple(k for k in PLAN_SHAPE if k not in LOOP_FIELDS)
 
 
 def _same_generation(body: Mapping[str, Any]) -> bool:
@@ -283,9 +284,6 @@ def keep_loop_scale(plan: Any, old_plan: Mapping[str, Any] | None) -> Any:
     return dataclasses.replace(
         plan, replicas=replicas, max_num_seqs=cap, usd_per_hour=per_replica * replicas
     )
-
-
-_SHAPE_ONLY = tuple(k for k in PLAN_SHAPE if k not in LOOP_FIELDS)
 
 
 def _plan_conditions(spec: ServingTargetSpec, plan: Mapping[str, Any]) -> list[Cond]:
