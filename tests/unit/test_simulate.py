@@ -229,3 +229,20 @@ def test_bad_trace_exits_2(
     assert main(["simulate", str(target), "--trace", str(trace)]) == 2
     err = capsys.readouterr().err
     assert "rooftop simulate:" in err and needle in err
+
+
+def test_tpot_misses_are_broken_down_by_output_length(
+    scn: simulate.Scenario, runs: dict[str, tuple[SimResult, dict[str, Any]]]
+) -> None:
+    from rooftop_operator.sim.report import tpot_misses_by_output
+
+    for res, s in runs.values():
+        bands = s["tpot_misses_by_output_tokens"]
+        assert bands == tpot_misses_by_output(res, scn.slo)
+        assert sum(b["requests"] for b in bands) == s["requests"]  # the bands cover all
+        missed = round(s["requests"] * (1 - s["slo_attainment_tpot"]))
+        assert sum(b["tpot_misses"] for b in bands) == missed
+        lengths = scn.workload.output_tokens
+        for b in bands:
+            lo, hi = b["output_tokens"]
+            assert b["requests"] == int(((lengths >= lo) & (lengths < (hi or 10**9))).sum())

@@ -69,6 +69,30 @@ def attainment(res: SimResult, slo: Slo, skip: int = 0) -> Attainment:
     return Attainment(t_req, t_tok, f_req, f_tok, len(tokens))
 
 
+# Output-length bands (tokens) for the TPOT miss breakdown. A request's TPOT averages
+# its step times over its decode steps, so a short answer that shares a few steps with
+# a long prompt's prefill chunk is slowed far more than a long one: misses gather in
+# the short bands, which is where to look when a percentile SLO slips.
+OUTPUT_BANDS = (1, 20, 50, 100, 200, 500)
+
+
+def tpot_misses_by_output(res: SimResult, slo: Slo) -> list[dict[str, Any]]:
+    """Per output-length band: requests, TPOT misses and the band's miss share.
+
+    Bands are ``[lower, next lower)`` output tokens; the last is open-ended.
+    """
+    tpot_ok, _ = _masks(res, slo)
+    out = res.workload.output_tokens
+    rows = []
+    for i, lower in enumerate(OUTPUT_BANDS):
+        upper = OUTPUT_BANDS[i + 1] if i + 1 < len(OUTPUT_BANDS) else None
+        band = (out >= lower) & (out < upper) if upper else out >= lower
+        n, missed = int(band.sum()), int((band & ~tpot_ok).sum())
+        rows.append({"output_tokens": [lower, upper], "requests": n, "tpot_misses": missed,
+                     "miss_share": round(missed / n, 5) if n else None})  # fmt: skip
+    return rows
+
+
 def cost(res: SimResult) -> tuple[float, float]:
     """(GPU-hours, USD) of every pod from creation to deletion, within the horizon."""
     hours = res.pod_seconds / 3600.0
@@ -105,6 +129,7 @@ def summary(res: SimResult, slo: Slo, reality_factor: float) -> dict[str, Any]:
         "horizon_s": round(res.workload.horizon_s, 1),
         "mean_replicas": round(res.pod_seconds / max(res.workload.horizon_s, 1e-9), 3),
         "replica_timeline": replica_changes(res),
+        "tpot_misses_by_output_tokens": tpot_misses_by_output(res, slo),
         "wall_s": round(res.wall_s, 2),
         "notes": res.notes,
     }
@@ -131,6 +156,11 @@ def text(s: dict[str, Any], slo: Slo) -> str:
         f"(mean {s['mean_replicas']:.2f} replicas); rejected {s['rejected']}",
         f"  replicas (minute:count): {timeline}{more}",
     ]
+    bands = [b for b in s["tpot_misses_by_output_tokens"] if b["tpot_misses"]]
+    if bands:
+        lines.append("  TPOT misses by output tokens: " + ", ".join(
+            f"{b['output_tokens'][0]}-{b['output_tokens'][1] or ''}: {b['tpot_misses']} "
+            f"of {b['requests']} ({b['miss_share']:.1%})" for b in bands))  # fmt: skip
     lines += [f"  note: {n}" for n in s["notes"]]
     return "\n".join(lines)
 

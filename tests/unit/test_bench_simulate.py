@@ -1,0 +1,52 @@
+"""The simulate benchmark's tables (``benchmarks/bench_simulate.py``), on made-up rows:
+the seed-0 table ignores the other seeds; the seed table reports the worst seed."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_simulate.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_simulate", BENCH)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def row(policy: str, seed: int, tpot: float, usd: float) -> dict[str, Any]:
+    return {"policy": policy, "seed": seed, "shape": "diurnal", "reality_factor": 1.0,
+            "slo_attainment_tpot": tpot, "slo_attainment_ttft": 1.0, "gpu_hours": usd,
+            "usd": usd}  # fmt: skip
+
+
+ROWS = [
+    row("rooftop", 0, 0.995, 11.0),
+    row("oracle", 0, 0.991, 10.0),
+    row("static-peak", 0, 0.97, 20.0),  # under 99 %: ratios against it get a *
+    row("rooftop", 1, 0.988, 13.0),
+    row("rooftop", 2, 0.993, 12.0),
+]
+
+
+def test_main_table_is_seed_zero_with_ratios(bench: ModuleType) -> None:
+    text = bench.table(ROWS, "cmd")
+    lines = [ln for ln in text.splitlines() if ln.startswith("| diurnal")]
+    assert len(lines) == 3  # one per policy, the extra seeds left out
+    rooftop = next(ln for ln in lines if "| rooftop |" in ln)
+    assert "| 1.10 |" in rooftop and "0.55*" in rooftop  # 11/10 x oracle, 11/20 x static
+
+
+def test_seed_table_reports_the_worst_seed(bench: ModuleType) -> None:
+    line = bench.seed_table(ROWS).splitlines()[-1]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    # trace, reality, seeds, worst, mean, $ mean, x oracle mean, worst
+    assert cells == ["diurnal", "1", "3", "98.80%", "99.20%", "12.00", "1.20", "1.30"]
