@@ -108,10 +108,12 @@ def run_case(args: Case) -> list[dict[str, Any]]:
     workload = simulate.workload_from_trace(trace, diurnal)
     runs = [(0, name) for name in POLICIES]
     runs += [(seed, "rooftop") for seed in seeds if seed != 0]
+    scenarios: dict[int, simulate.Scenario] = {}  # one plan and oracle cache per seed
     out = []
     for seed, name in runs:
-        scn = simulate.scenario(spec, workload, reality_factor=reality, seed=seed)
-        _, summary = simulate.run(scn, name)
+        if seed not in scenarios:
+            scenarios[seed] = simulate.scenario(spec, workload, reality_factor=reality, seed=seed)
+        _, summary = simulate.run(scenarios[seed], name)
         summary["shape"] = "diurnal" if diurnal else "recorded"
         summary["seed"] = seed
         out.append(summary)
