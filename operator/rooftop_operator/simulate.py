@@ -228,7 +228,17 @@ def run(
     startup = 0.0 if name == "oracle-instant" else None
     res = Cluster(scn.workload, scn.sim, startup_s=startup).run(policy)
     res.notes.extend(notes)
+    if isinstance(policy, RooftopPolicy):
+        res.notes.append(controller_note(policy))
     return res, summary(res, scn.slo, scn.sim.reality_factor)
+
+
+def controller_note(policy: RooftopPolicy) -> str:
+    """Where the loop's estimates ended: the step-time factor and the latency trim (the
+    planner's capacity error it made up online; README, "Known limits")."""
+    st = policy.state
+    return (f"controller ended at step-time factor {st.calibration.factor:.2f}, latency "
+            f"trim {st.trim:.2f}")  # fmt: skip
 
 
 # ---------------------------------------------------------------- CLI

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -142,6 +143,17 @@ def test_rooftop_scales_with_the_load(runs: dict[str, tuple[SimResult, dict[str,
     counts = [t.replicas for t in res.timeline]
     assert max(counts) > counts[0]  # the 5x step needs more replicas
     assert s["slo_attainment_tpot"] >= 0.95
+
+
+def test_rooftop_reports_where_its_estimates_ended(
+    runs: dict[str, tuple[SimResult, dict[str, Any]]],
+) -> None:
+    notes = [n for n in runs["rooftop"][1]["notes"] if n.startswith("controller ended")]
+    assert len(notes) == 1
+    factor, trim = (float(x) for x in re.findall(r"\d+\.\d+", notes[0]))
+    # noise-free engine at reality 1.0: the learned factor is truth over planner step time
+    assert 0.5 < factor < 1.5 and 0.5 <= trim <= 2.0
+    assert not any(n.startswith("controller") for n in runs["oracle"][1]["notes"])
 
 
 def test_never_scales_down_while_metrics_are_missing() -> None:

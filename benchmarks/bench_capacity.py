@@ -1,0 +1,88 @@
+"""How far the planner's per-replica capacity is from the simulated engine's, by SLO share.
+
+    .venv/bin/python benchmarks/bench_capacity.py [--target YAML] [--trace CSV]
+        [--reality 0.7,1.0,1.3] [--shares 0.9,0.99] [--fleet 5]
+
+For ``bench_simulate.py``'s target and trace, at each reality factor:
+
+- ``planner``: the requests/s one replica serves within the TPOT SLO's percentile, as
+  ``PlanTargetPlanner.size`` states it at the step-time factor a perfectly calibrated
+  loop would learn (``simulate.true_factor``: truth over planner mean step time at half
+  the batch cap, times the reality factor), before the 1.2 rate headroom;
+- ``measured @ s``: the highest Poisson rate per replica at which a fleet of ``--fleet``
+  simulated replicas (the same truth model as ``rooftop simulate``, the trace's own
+  prompt and output lengths, no start-up) keeps the share ``s`` of requests within the
+  TPOT bound (``sim.oracle.measure_capacity``, the oracle's own capacity probe).
+
+The ratio measured / planner is what the closed loop's latency trim has to make up
+online. A ratio that moves with the reality factor means the planner's capacity has
+the wrong slope in step time, not only the wrong level; see README, "Known limits".
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def bench_simulate() -> ModuleType:
+    """``bench_simulate.py`` (its target and trace are this benchmark's defaults)."""
+    spec = importlib.util.spec_from_file_location("bench_simulate", ROOT / "benchmarks" /
+                                                  "bench_simulate.py")  # fmt: skip
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def row(bench: ModuleType, args: argparse.Namespace, reality: float,
+        shares: list[float]) -> str:  # fmt: skip
+    """One markdown row: reality, learned factor, planner capacity, measured ones."""
+    from rooftop_operator import simulate
+    from rooftop_operator.sim.oracle import OracleConfig, measure_capacity
+
+    workload = simulate.workload_from_trace(args.trace, diurnal=True)
+    scn = simulate.scenario(bench.load_spec(args.target), workload, reality_factor=reality)
+    factor = simulate.true_factor(scn, scn.plan.max_num_seqs / 2)
+    size = scn.planner.size(len(workload.arrival_s) / workload.horizon_s, factor)
+    planned = float(size.capacity_rps or 0.0)
+    cells = [f"{reality:g}", f"{factor:.2f}", f"{size.max_num_seqs}", f"{planned:.2f}"]
+    for share in shares:
+        cfg = OracleConfig(tpot_share=share, ttft_share=0.0)
+        got = measure_capacity(workload, scn.sim, scn.slo, size.max_num_seqs, args.fleet,
+                               planned, cfg)  # fmt: skip
+        cells.append(f"{got:.2f} ({got / planned:.2f}x)")
+    return "| " + " | ".join(cells) + " |"
+
+
+def main(argv: list[str] | None = None) -> int:
+    bench = bench_simulate()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--target", help="ServingTarget YAML (default: bench_simulate's)")
+    ap.add_argument("--trace", default=str(bench.DEFAULT_TRACE))
+    ap.add_argument("--reality", default="0.7,1.0,1.3", help="comma-separated factors")
+    ap.add_argument("--shares", default="0.9,0.99", help="TPOT shares to measure at")
+    ap.add_argument("--fleet", type=int, default=5, help="replicas in the probe fleet")
+    args = ap.parse_args(argv)
+    if not Path(args.trace).exists():
+        print(f"bench_capacity: trace {args.trace} not found (use --trace)", file=sys.stderr)
+        return 2
+    shares = [float(s) for s in args.shares.split(",") if s.strip()]
+    started = time.perf_counter()
+    head = ["reality", "learned factor", "cap", "planner req/s/replica"]
+    head += [f"measured @ {s:.0%} within TPOT" for s in shares]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += [row(bench, args, float(r), shares) for r in args.reality.split(",")]
+    lines.append(f"\n{time.perf_counter() - started:.0f} s.")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
