@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,21 +42,19 @@ def bench_simulate() -> ModuleType:
     return module
 
 
-def row(bench: ModuleType, args: argparse.Namespace, reality: float,
-        shares: list[float]) -> str:  # fmt: skip
+def row(spec: Any, workload: Any, reality: float, shares: list[float], fleet: int) -> str:
     """One markdown row: reality, learned factor, planner capacity, measured ones."""
     from rooftop_operator import simulate
     from rooftop_operator.sim.oracle import OracleConfig, measure_capacity
 
-    workload = simulate.workload_from_trace(args.trace, diurnal=True)
-    scn = simulate.scenario(bench.load_spec(args.target), workload, reality_factor=reality)
+    scn = simulate.scenario(spec, workload, reality_factor=reality)
     factor = simulate.true_factor(scn, scn.plan.max_num_seqs / 2)
     size = scn.planner.size(len(workload.arrival_s) / workload.horizon_s, factor)
     planned = float(size.capacity_rps or 0.0)
     cells = [f"{reality:g}", f"{factor:.2f}", f"{size.max_num_seqs}", f"{planned:.2f}"]
     for share in shares:
         cfg = OracleConfig(tpot_share=share, ttft_share=0.0)
-        got = measure_capacity(workload, scn.sim, scn.slo, size.max_num_seqs, args.fleet,
+        got = measure_capacity(workload, scn.sim, scn.slo, size.max_num_seqs, fleet,
                                planned, cfg)  # fmt: skip
         cells.append(f"{got:.2f} ({got / planned:.2f}x)")
     return "| " + " | ".join(cells) + " |"
@@ -78,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     head = ["reality", "learned factor", "cap", "planner req/s/replica"]
     head += [f"measured @ {s:.0%} within TPOT" for s in shares]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += [row(bench, args, float(r), shares) for r in args.reality.split(",")]
+    from rooftop_operator import simulate
+
+    spec = bench.load_spec(args.target)
+    workload = simulate.workload_from_trace(args.trace, diurnal=True)
+    lines += [row(spec, workload, float(r), shares, args.fleet) for r in args.reality.split(",")]
     lines.append(f"\n{time.perf_counter() - started:.0f} s.")
     print("\n".join(lines))
     return 0
