@@ -51,14 +51,20 @@ def bench_simulate() -> ModuleType:
     return module
 
 
-def row(spec: Any, workload: Any, reality: float, shares: list[float], fleet: int) -> str:
-    """One markdown row: reality, learned factor, planner capacity, measured ones."""
+def sized(spec: Any, workload: Any, reality: float) -> tuple[Any, float, Any]:
+    """The scenario, the factor a calibrated loop learns, and the planner's sizing there."""
     from rooftop_operator import simulate
-    from rooftop_operator.sim.oracle import OracleConfig, measure_capacity
 
     scn = simulate.scenario(spec, workload, reality_factor=reality)
     factor = simulate.true_factor(scn, scn.plan.max_num_seqs / 2)
-    size = scn.planner.size(len(workload.arrival_s) / workload.horizon_s, factor)
+    return scn, factor, scn.planner.size(len(workload.arrival_s) / workload.horizon_s, factor)
+
+
+def row(spec: Any, workload: Any, reality: float, shares: list[float], fleet: int) -> str:
+    """One markdown row: reality, learned factor, planner capacity, measured ones."""
+    from rooftop_operator.sim.oracle import OracleConfig, measure_capacity
+
+    scn, factor, size = sized(spec, workload, reality)
     planned = float(size.capacity_rps or 0.0)
     cells = [f"{reality:g}", f"{factor:.2f}", f"{size.max_num_seqs}", f"{planned:.2f}"]
     for share in shares:
@@ -75,15 +81,12 @@ def percentile_row(spec: Any, workload: Any, reality: float, fleet: int) -> str:
 
     import numpy as np
 
-    from rooftop_operator import simulate
     from rooftop_operator.engine_sim.truth import TruthModel
     from rooftop_operator.sim.cluster import Cluster
     from rooftop_operator.sim.oracle import probe_workload
     from rooftop_operator.sim.policies import FixedPolicy
 
-    scn = simulate.scenario(spec, workload, reality_factor=reality)
-    factor = simulate.true_factor(scn, scn.plan.max_num_seqs / 2)
-    size = scn.planner.size(len(workload.arrival_s) / workload.horizon_s, factor)
+    scn, factor, size = sized(spec, workload, reality)
     per_replica = float(size.capacity_rps or 0.0)
     probe, _, _ = probe_workload(workload, per_replica * fleet, 4000, seed=7)
     sim = replace(scn.sim, startup_s=0.0, outages=())
@@ -107,15 +110,8 @@ def percentile_row(spec: Any, workload: Any, reality: float, fleet: int) -> str:
 def _planner_prefill_extra_ms(scn: Any, batch: int, isl: float, osl: float) -> float:
     """The planner's extra step time (ms, unscaled) of one ``isl``-token prompt chunk."""
     from rooftop_planner import perf
-    from rooftop_planner.catalog import load_catalog
-    from rooftop_planner.efficiency import load_efficiency
-    from rooftop_planner.perf import Deployment
-    from rooftop_planner.search import resolve_model
 
-    r, catalog = scn.sim.replica, load_catalog()
-    eff = load_efficiency().lookup(r.gpu, "vllm")
-    dep = Deployment(resolve_model(scn.spec, catalog), catalog.gpu(r.gpu), r.tp,
-                     r.weight_dtype, r.kv_dtype, eff)  # fmt: skip
+    dep = scn.planner.deployment  # the plan's own deployment, at the prior efficiency
     context = batch * (isl + osl / 2)
     with_prompt = perf.forward_time_s(dep, batch, context, isl, isl * isl / 2)
     return (with_prompt - perf.forward_time_s(dep, batch, context)) * 1e3
