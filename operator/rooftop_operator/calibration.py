@@ -148,6 +148,9 @@ class TrimConfig:
         tight: a clean window lowers the trim only if this much more load (0.4 =
             40 %) would make the trimmed planner want more replicas than are ready:
             evidence that the fleet ran near the capacity the planner claims.
+        settle_windows: metrics windows after a pod became ready before a window may
+            move the trim (a request finishing in the window may have started a
+            window earlier, on the smaller fleet).
     """
 
     target: float = 0.995
@@ -159,6 +162,7 @@ class TrimConfig:
     lower: float = 0.5
     upper: float = 2.0
     tight: float = 0.4
+    settle_windows: float = 2.0
 
     def __post_init__(self) -> None:
         if not 0 < self.target <= self.slack <= 1:
@@ -167,6 +171,8 @@ class TrimConfig:
             raise ValueError("need up > 0, max_steps >= 1 and 0 < down * max_steps < 1")
         if not 0 < self.lower <= 1 <= self.upper:
             raise ValueError(f"need 0 < lower <= 1 <= upper, got {self.lower}, {self.upper}")
+        if self.settle_windows < 0:
+            raise ValueError(f"settle_windows must be >= 0, got {self.settle_windows}")
 
 
 def update_trim(

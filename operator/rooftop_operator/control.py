@@ -18,10 +18,11 @@ One decision:
      planner's mean right; the trim its tail (prefill bursts, length mix, how fast
      TPOT grows with load), which the SLO is about. A window moves the trim only when
      it says something about the planner's capacity: one settled fleet (no pod
-     became ready for two windows, none starting), at most once per window; misses
-     count only when the trimmed planner called the ready pods enough for the
-     observed rate (not a lag or a budget cap), a clean window only when the fleet
-     ran near what the trimmed planner calls its capacity (not a spare fleet).
+     became ready for ``trim.settle_windows`` windows, two by default, none
+     starting), at most once per window; misses count only when the trimmed planner
+     called the ready pods enough for the observed rate (not a lag or a budget cap),
+     a clean window only when the fleet ran near what the trimmed planner calls its
+     capacity (not a spare fleet).
 3. Re-plan with the planner at the observed request rate (projected ``startup_s`` ahead
    when it is rising) times the trim, with ``step_time_scale`` = the step factor.
    The trim scales the rate, not the step time: a tail the planner gets wrong is
@@ -414,10 +415,11 @@ def _retrim(
     config: ControllerConfig,
 ) -> tuple[float, float | None]:
     """(trim, when it last moved): at most one move per metrics window (the scrapes
-    of one window see the same requests), and none until two windows after a pod
-    became ready (a request finishing in the window may have started a window
-    earlier, on the smaller fleet)."""
-    settled = grew_s is None or now_s - grew_s >= 2 * config.metrics_window_s
+    of one window see the same requests), and none until ``trim.settle_windows``
+    windows after a pod became ready (a request finishing in the window may have
+    started a window earlier, on the smaller fleet)."""
+    settle_s = config.trim.settle_windows * config.metrics_window_s
+    settled = grew_s is None or now_s - grew_s >= settle_s
     last = state.trim_at_s
     if not settled or (last is not None and now_s - last < config.metrics_window_s):
         return state.trim, last

@@ -20,6 +20,7 @@ import json
 import math
 import sys
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -154,9 +155,16 @@ def true_factor(scn: Scenario, batch: float) -> float:
 
 
 def make_policy(
-    scn: Scenario, name: str, oracle: OracleConfig | None = None
+    scn: Scenario,
+    name: str,
+    oracle: OracleConfig | None = None,
+    controller: Mapping[str, Any] | None = None,
 ) -> tuple[Policy, list[str]]:
-    """The named policy for this scenario, and notes on how it was sized."""
+    """The named policy for this scenario, and notes on how it was sized.
+
+    ``controller``: ``ControllerConfig`` fields to override for ``rooftop`` (tuning
+    experiments, ``benchmarks/bench_targets.py``); the operator's defaults otherwise.
+    """
     lower, upper = scn.limits()
     # Autoscalers start warm, as if they had been running before the trace: at the
     # planner's size for the first minutes' rate (not the spec's rate, which would make
@@ -168,6 +176,7 @@ def make_policy(
         cfg = control.config_from_spec(
             scn.spec, scn.planner, scn.usd_per_replica_hour,
             startup_s=scn.sim.startup_s, metrics_window_s=scn.sim.window_s,
+            **(controller or {}),
         )  # fmt: skip
         return RooftopPolicy(cfg, start, first.max_num_seqs), []
     if name in ("static-peak", "static-fit"):
@@ -221,10 +230,14 @@ def _search_oracle(
 
 
 def run(
-    scn: Scenario, name: str, oracle: OracleConfig | None = None
+    scn: Scenario,
+    name: str,
+    oracle: OracleConfig | None = None,
+    controller: Mapping[str, Any] | None = None,
 ) -> tuple[SimResult, dict[str, Any]]:
-    """One policy over the scenario: the raw result and its JSON summary."""
-    policy, notes = make_policy(scn, name, oracle)
+    """One policy over the scenario: the raw result and its JSON summary
+    (``controller``: see ``make_policy``)."""
+    policy, notes = make_policy(scn, name, oracle, controller)
     startup = 0.0 if name == "oracle-instant" else None
     res = Cluster(scn.workload, scn.sim, startup_s=startup).run(policy)
     res.notes.extend(notes)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from rooftop_operator.calibration import Calibration
+from rooftop_operator.calibration import Calibration, TrimConfig
 from rooftop_operator.control import (
     ControllerConfig,
     ControllerState,
@@ -442,6 +442,18 @@ def test_trim_judges_each_window_once_and_waits_for_new_pods() -> None:
     assert state.trim == pytest.approx(1.1)
     assert decide(state, three, NOW + 60 + 105, cfg).state.trim == pytest.approx(1.1)
     assert decide(state, three, NOW + 60 + 120, cfg).state.trim > 1.1
+
+
+def test_trim_settle_windows_sets_how_long_new_pods_are_waited_for() -> None:
+    quick = config(trim=TrimConfig(settle_windows=1.0))
+    grown = replace(initial_state(2, 64), ready_seen=2)
+    three = observe(rate=3.0, ready=3, tpot=30.0, tpot_attainment=ok(0.99))
+    state = decide(grown, three, NOW, quick).state  # the third pod is ready now
+    assert decide(state, three, NOW + 45, quick).state.trim == 1.0
+    assert decide(state, three, NOW + 60, quick).state.trim == pytest.approx(1.1)
+    assert decide(state, three, NOW + 60, config()).state.trim == 1.0  # default: two windows
+    with pytest.raises(ValueError, match="settle_windows"):
+        TrimConfig(settle_windows=-1.0)
 
 
 def test_clamp_replicas() -> None:

@@ -156,6 +156,23 @@ def test_rooftop_reports_where_its_estimates_ended(
     assert not any(n.startswith("controller") for n in runs["oracle"][1]["notes"])
 
 
+def test_controller_overrides_reach_the_rooftop_policy(scn: simulate.Scenario) -> None:
+    from rooftop_operator.calibration import TrimConfig
+    from rooftop_operator.sim.policies import RooftopPolicy
+
+    tuned = {"scale_down_window_s": 240.0, "trim": TrimConfig(target=0.99, slack=0.998)}
+    policy, _ = simulate.make_policy(scn, "rooftop", controller=tuned)
+    assert isinstance(policy, RooftopPolicy)
+    assert policy.config.scale_down_window_s == 240.0
+    assert policy.config.trim.target == 0.99
+    # the simulator's own timing still wins where it must match the cluster
+    assert policy.config.startup_s == scn.sim.startup_s
+    default, _ = simulate.make_policy(scn, "rooftop")
+    assert isinstance(default, RooftopPolicy) and default.config.scale_down_window_s == 120.0
+    with pytest.raises(TypeError):
+        simulate.make_policy(scn, "rooftop", controller={"no_such_knob": 1})
+
+
 def test_never_scales_down_while_metrics_are_missing() -> None:
     # Metrics vanish from 330 s to 560 s, while the load falls at 400 s: the loop must
     # hold, and only scale down a full window after they return.
