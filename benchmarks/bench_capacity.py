@@ -31,24 +31,13 @@ planner more than the engine, the trim has to make up the difference.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def bench_simulate() -> ModuleType:
-    """``bench_simulate.py`` (its target and trace are this benchmark's defaults)."""
-    spec = importlib.util.spec_from_file_location("bench_simulate", ROOT / "benchmarks" /
-                                                  "bench_simulate.py")  # fmt: skip
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_simulate as bench  # noqa: E402  (a sibling script, not a package)
 
 
 def sized(spec: Any, workload: Any, reality: float) -> tuple[Any, float, Any]:
@@ -118,7 +107,6 @@ def _planner_prefill_extra_ms(scn: Any, batch: int, isl: float, osl: float) -> f
 
 
 def main(argv: list[str] | None = None) -> int:
-    bench = bench_simulate()
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--target", help="ServingTarget YAML (default: bench_simulate's)")
     ap.add_argument("--trace", default=str(bench.DEFAULT_TRACE))
