@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from rooftop_operator import control
+from rooftop_operator.calibration import Calibration
 from rooftop_operator.sim.cluster import Cluster, Policy, Replica, SimConfig, SimResult, Workload
 from rooftop_operator.sim.oracle import OracleConfig, oracle_policy, static_fit
 from rooftop_operator.sim.policies import (
@@ -46,6 +47,21 @@ ORACLES = ("oracle", "oracle-instant")
 
 class InputError(ValueError):
     """The target or trace cannot be simulated; the message says why."""
+
+
+@dataclass(frozen=True)
+class Prior:
+    """What the rooftop controller knows before the first scrape (experiments:
+    ``benchmarks/bench_prior.py``). The operator itself starts cold: factor 1, trim 1.
+
+    Attributes:
+        factor: step-time factor, held as a settled estimate (later windows still
+            move it, as in a controller that has run for a while).
+        trim: latency trim on the rate the planner sizes for.
+    """
+
+    factor: float = 1.0
+    trim: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -159,26 +175,24 @@ def make_policy(
     name: str,
     oracle: OracleConfig | None = None,
     controller: Mapping[str, Any] | None = None,
+    prior: Prior | None = None,
 ) -> tuple[Policy, list[str]]:
     """The named policy for this scenario, and notes on how it was sized.
 
     ``controller``: ``ControllerConfig`` fields to override for ``rooftop`` (tuning
     experiments, ``benchmarks/bench_targets.py``); the operator's defaults otherwise.
+    ``prior``: what ``rooftop`` knows at the start (cold, as the operator, by default).
     """
     lower, upper = scn.limits()
     # Autoscalers start warm, as if they had been running before the trace: at the
     # planner's size for the first minutes' rate (not the spec's rate, which would make
     # the first scale-down window a transient of the experiment, not of the policy).
     head_s = min(300.0, scn.workload.horizon_s) or 1.0
-    first = scn.planner.size(np.searchsorted(scn.workload.arrival_s, head_s) / head_s, 1.0)
+    head_rate = np.searchsorted(scn.workload.arrival_s, head_s) / head_s
+    first = scn.planner.size(head_rate, 1.0)
     start = control.clamp_replicas(first.replicas, lower, upper)
     if name == "rooftop":
-        cfg = control.config_from_spec(
-            scn.spec, scn.planner, scn.usd_per_replica_hour,
-            startup_s=scn.sim.startup_s, metrics_window_s=scn.sim.window_s,
-            **(controller or {}),
-        )  # fmt: skip
-        return RooftopPolicy(cfg, start, first.max_num_seqs), []
+        return _rooftop(scn, head_rate, controller or {}, prior or Prior()), []
     if name in ("static-peak", "static-fit"):
         peak = peak_rate(scn.workload)
         size = scn.planner.size(peak, 1.0)
@@ -197,6 +211,25 @@ def make_policy(
         policy, notes = _oracle(scn, lower, upper, oracle or OracleConfig(), startup)
         return replace(policy, name=name), notes
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+
+
+def _rooftop(
+    scn: Scenario, head_rate: float, controller: Mapping[str, Any], prior: Prior
+) -> RooftopPolicy:
+    """The operator's controller, started at the planner's size for ``head_rate`` with
+    what ``prior`` says it knows."""
+    cfg = control.config_from_spec(
+        scn.spec, scn.planner, scn.usd_per_replica_hour,
+        startup_s=scn.sim.startup_s, metrics_window_s=scn.sim.window_s, **controller,
+    )  # fmt: skip
+    first = scn.planner.size(head_rate * prior.trim, prior.factor)
+    lower, upper = scn.limits()
+    policy = RooftopPolicy(cfg, control.clamp_replicas(first.replicas, lower, upper),
+                           first.max_num_seqs)  # fmt: skip
+    if prior != Prior():
+        settled = Calibration(prior.factor, cfg.calibration.settled_samples)
+        policy.state = replace(policy.state, calibration=settled, trim=prior.trim)
+    return policy
 
 
 def _oracle(
@@ -234,10 +267,11 @@ def run(
     name: str,
     oracle: OracleConfig | None = None,
     controller: Mapping[str, Any] | None = None,
+    prior: Prior | None = None,
 ) -> tuple[SimResult, dict[str, Any]]:
     """One policy over the scenario: the raw result and its JSON summary
-    (``controller``: see ``make_policy``)."""
-    policy, notes = make_policy(scn, name, oracle, controller)
+    (``controller``, ``prior``: see ``make_policy``)."""
+    policy, notes = make_policy(scn, name, oracle, controller, prior)
     startup = 0.0 if name == "oracle-instant" else None
     res = Cluster(scn.workload, scn.sim, startup_s=startup).run(policy)
     res.notes.extend(notes)

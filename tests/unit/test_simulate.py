@@ -173,6 +173,27 @@ def test_controller_overrides_reach_the_rooftop_policy(scn: simulate.Scenario) -
         simulate.make_policy(scn, "rooftop", controller={"no_such_knob": 1})
 
 
+def test_a_prior_starts_rooftop_knowing_its_factor_and_trim(scn: simulate.Scenario) -> None:
+    from rooftop_operator.sim.policies import RooftopPolicy
+
+    prior = simulate.Prior(factor=1.2, trim=3.0)
+    cold, _ = simulate.make_policy(scn, "rooftop")
+    warm, _ = simulate.make_policy(scn, "rooftop", prior=prior)
+    assert isinstance(cold, RooftopPolicy) and isinstance(warm, RooftopPolicy)
+    assert (cold.state.calibration.factor, cold.state.trim) == (1.0, 1.0)
+    assert cold.state.calibration.samples == 0  # the first window replaces a cold prior
+    assert (warm.state.calibration.factor, warm.state.trim) == (1.2, 3.0)
+    assert warm.state.calibration.settled(warm.config.calibration)
+    # sized from the first five minutes' rate (0.75 req/s here) with both estimates
+    head_rate = np.searchsorted(scn.workload.arrival_s, 300.0) / 300.0
+    size = scn.planner.size(head_rate * prior.trim, prior.factor)
+    assert warm.start() == (size.replicas, size.max_num_seqs)
+    assert warm.start()[0] > cold.start()[0]
+    # the baselines do not read the prior
+    baseline = [simulate.make_policy(scn, "queue-threshold", prior=p)[0] for p in (None, prior)]
+    assert baseline[0].start() == baseline[1].start()
+
+
 def test_never_scales_down_while_metrics_are_missing() -> None:
     # Metrics vanish from 330 s to 560 s, while the load falls at 400 s: the loop must
     # hold, and only scale down a full window after they return.
