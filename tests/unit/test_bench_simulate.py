@@ -3,23 +3,16 @@ the seed-0 table ignores the other seeds; the seed table reports the worst seed.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_simulate.py"
-
 
 @pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_simulate", BENCH)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench(load_benchmark: Callable[[str], ModuleType]) -> ModuleType:
+    return load_benchmark("bench_simulate")
 
 
 def row(policy: str, seed: int, tpot: float, usd: float) -> dict[str, Any]:

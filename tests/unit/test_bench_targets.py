@@ -3,24 +3,15 @@ worst seed for TPOT, mean over seeds against the seed-0 oracle for cost."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from collections.abc import Callable
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_targets.py"
-
 
 @pytest.fixture(scope="module")
-def bench() -> ModuleType:
-    sys.path.insert(0, str(BENCH.parent))  # it imports its sibling bench_simulate
-    spec = importlib.util.spec_from_file_location("bench_targets", BENCH)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def bench(load_benchmark: Callable[[str], ModuleType]) -> ModuleType:
+    return load_benchmark("bench_targets")
 
 
 RESULTS = [
