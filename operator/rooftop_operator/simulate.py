@@ -189,10 +189,10 @@ def make_policy(
     # the first scale-down window a transient of the experiment, not of the policy).
     head_s = min(300.0, scn.workload.horizon_s) or 1.0
     head_rate = np.searchsorted(scn.workload.arrival_s, head_s) / head_s
+    if name == "rooftop":
+        return _rooftop(scn, head_rate, (lower, upper), controller or {}, prior or Prior()), []
     first = scn.planner.size(head_rate, 1.0)
     start = control.clamp_replicas(first.replicas, lower, upper)
-    if name == "rooftop":
-        return _rooftop(scn, head_rate, controller or {}, prior or Prior()), []
     if name in ("static-peak", "static-fit"):
         peak = peak_rate(scn.workload)
         size = scn.planner.size(peak, 1.0)
@@ -214,17 +214,20 @@ def make_policy(
 
 
 def _rooftop(
-    scn: Scenario, head_rate: float, controller: Mapping[str, Any], prior: Prior
+    scn: Scenario,
+    head_rate: float,
+    limits: tuple[int, int],
+    controller: Mapping[str, Any],
+    prior: Prior,
 ) -> RooftopPolicy:
-    """The operator's controller, started at the planner's size for ``head_rate`` with
-    what ``prior`` says it knows."""
+    """The operator's controller, started at the planner's size for ``head_rate`` (within
+    ``limits``, min and max replicas) with what ``prior`` says it knows."""
     cfg = control.config_from_spec(
         scn.spec, scn.planner, scn.usd_per_replica_hour,
         startup_s=scn.sim.startup_s, metrics_window_s=scn.sim.window_s, **controller,
     )  # fmt: skip
     first = scn.planner.size(head_rate * prior.trim, prior.factor)
-    lower, upper = scn.limits()
-    policy = RooftopPolicy(cfg, control.clamp_replicas(first.replicas, lower, upper),
+    policy = RooftopPolicy(cfg, control.clamp_replicas(first.replicas, *limits),
                            first.max_num_seqs)  # fmt: skip
     if prior != Prior():
         settled = Calibration(prior.factor, cfg.calibration.settled_samples)
