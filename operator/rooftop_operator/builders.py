@@ -13,9 +13,11 @@ The vLLM command line uses only flags that exist in vLLM 0.33 (shared/docs/vllm-
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
+from rooftop_operator.control import max_billed_replicas
 from rooftop_operator.specs import TargetRef
 from rooftop_planner.spec import Mode, ServingTargetSpec
 
@@ -27,6 +29,9 @@ MANAGED_BY: Final = "rooftop"
 CACHE_PATH: Final = "/root/.cache/huggingface"
 HEALTH_PATH: Final = "/health"
 METRICS_PATH: Final = "/metrics"
+# Share of replicas a rollout may start on top of the fleet (Kubernetes' own default
+# maxSurge); the simulator's cluster (sim.cluster.SimConfig.surge) follows the same rule.
+ROLLOUT_SURGE: Final = 0.25
 
 # Flags the builder emits for mode "vllm" (all in vLLM 0.33's arg_utils.py).
 ENGINE_FLAGS: Final = frozenset(
@@ -83,6 +88,8 @@ class PlanLike(Protocol):
     def max_model_len(self) -> int | None: ...
     @property
     def gpu_memory_utilization(self) -> float: ...
+    @property
+    def usd_per_hour(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -311,14 +318,38 @@ def pod_template(inp: EngineInputs) -> dict[str, Any]:
     }
 
 
+def rollout_strategy(replicas: int, ceiling: int) -> dict[str, Any]:
+    """How a rollout (a new batch cap restarts every pod) replaces the engine pods.
+
+    New pods start before old ones go (``maxUnavailable`` 0), so the fleet never drops
+    below the capacity the SLO was planned on; at most ``ROLLOUT_SURGE`` of the
+    replicas (rounded up) at once. Surge pods are billed too, so never more pods than
+    ``ceiling`` (``control.max_billed_replicas``: budget and maxReplicas): with no room
+    under it, one pod at a time goes first (``maxSurge`` 0, ``maxUnavailable`` 1).
+    Kubernetes' default (25 % / 25 %) would both take capacity away and spend above the
+    budget.
+    """
+    surge = min(max(1, math.ceil(ROLLOUT_SURGE * replicas)), ceiling - replicas)
+    if surge <= 0:
+        return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+    return {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": surge, "maxUnavailable": 0}}
+
+
 def build_deployment(inp: EngineInputs) -> dict[str, Any]:
     """The engine Deployment: ``plan.replicas`` pods of one engine each."""
+    replicas = inp.plan.replicas
+    ceiling = max_billed_replicas(
+        inp.spec.constraints.max_replicas,
+        inp.spec.budget.usd_per_hour,
+        inp.plan.usd_per_hour / max(replicas, 1),
+    )
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": _metadata(inp.ref, deployment_name(inp.ref.name)),
         "spec": {
-            "replicas": inp.plan.replicas,
+            "replicas": replicas,
+            "strategy": rollout_strategy(replicas, ceiling),
             "revisionHistoryLimit": 3,
             "selector": {"matchLabels": selector_labels(inp.ref.name)},
             "template": pod_template(inp),

@@ -469,13 +469,24 @@ def clamp_replicas(replicas: int, lower: int, upper: int) -> int:
     return max(0, min(max(replicas, lower), upper))
 
 
+def max_billed_replicas(
+    max_replicas: int, budget_usd_per_hour: float, usd_per_replica_hour: float
+) -> int:
+    """The most replicas that may run (or start) at once: maxReplicas, and no more than
+    the budget pays for (the 1e-9 keeps a budget of exactly n replicas from rounding
+    down to n - 1)."""
+    if usd_per_replica_hour > 0:
+        affordable = int(budget_usd_per_hour / usd_per_replica_hour + 1e-9)
+    else:
+        affordable = max_replicas
+    return max(0, min(max_replicas, affordable))
+
+
 def replica_limits(config: ControllerConfig) -> tuple[int, int]:
     """(lowest, highest) replica count allowed; the budget wins over min_replicas."""
-    if config.usd_per_replica_hour > 0:
-        affordable = int(config.budget_usd_per_hour / config.usd_per_replica_hour + 1e-9)
-    else:
-        affordable = config.max_replicas
-    upper = max(0, min(config.max_replicas, affordable))
+    upper = max_billed_replicas(
+        config.max_replicas, config.budget_usd_per_hour, config.usd_per_replica_hour
+    )
     return min(config.min_replicas, upper), upper
 
 

@@ -136,6 +136,38 @@ def test_node_selector_targets_the_planned_gpu(catalog: Catalog, gpu: str, produ
     assert pod_spec(deployment)["nodeSelector"] == {"nvidia.com/gpu.product": product}
 
 
+def rollout(deployment: dict[str, Any]) -> dict[str, Any]:
+    strategy = deployment["spec"]["strategy"]
+    assert strategy["type"] == "RollingUpdate"
+    rolling: dict[str, Any] = strategy["rollingUpdate"]
+    return rolling
+
+
+def test_a_rollout_starts_new_pods_before_old_ones_go(catalog: Catalog) -> None:
+    # 2 replicas at $6.98/h under a $20/h budget: room for one more pod
+    assert rollout(builders.build_deployment(inputs(catalog))) == {
+        "maxSurge": 1, "maxUnavailable": 0,
+    }  # fmt: skip
+    # 8 replicas: 25 % of them at once, when budget and maxReplicas allow
+    roomy = {**SPEC, "budget": {"usdPerHour": 100}}
+    big = builders.build_deployment(inputs(catalog, roomy, replicas=8, usd_per_hour=8 * 3.49))
+    assert rollout(big) == {"maxSurge": 2, "maxUnavailable": 0}
+
+
+def test_a_rollout_never_bills_above_the_budget_or_max_replicas(catalog: Catalog) -> None:
+    # 2 replicas at $10/h each use the whole $20/h budget: no surge, one pod at a time
+    full = builders.build_deployment(inputs(catalog, usd_per_hour=20.0))
+    assert rollout(full) == {"maxSurge": 0, "maxUnavailable": 1}
+    # room for one more under the budget, though 25 % of 8 would be 2
+    tight = {**SPEC, "budget": {"usdPerHour": 9 * 3.49}}
+    one = builders.build_deployment(inputs(catalog, tight, replicas=8, usd_per_hour=8 * 3.49))
+    assert rollout(one)["maxSurge"] == 1
+    # maxReplicas caps the surge as it caps scaling
+    capped = {**SPEC, "budget": {"usdPerHour": 100}, "constraints": {"maxReplicas": 8}}
+    at_max = builders.build_deployment(inputs(catalog, capped, replicas=8, usd_per_hour=8 * 3.49))
+    assert rollout(at_max) == {"maxSurge": 0, "maxUnavailable": 1}
+
+
 def test_user_node_selector_is_merged_but_the_plan_wins(catalog: Catalog) -> None:
     selector = {"pool": "inference", "nvidia.com/gpu.product": "NVIDIA-L4"}
     spec = {**SPEC, "constraints": {"nodeSelector": selector}}
