@@ -41,7 +41,8 @@ One decision:
 7. Batch cap: adopt the planner's ``max_num_seqs`` when the calibrated factors show the
    current cap misses the TPOT SLO at a full batch (or, with margin, that a larger cap
    is safe and gives a replica more capacity) - rarely, since it restarts pods: only
-   in a steady fleet, after a cooldown.
+   in a steady fleet, after a cooldown, and never when the rollout would stop a
+   single pod with no room under the budget to start its replacement first.
 """
 
 from __future__ import annotations
@@ -368,6 +369,11 @@ def decide(
     # a new cap rolls pods: only in a steady fleet, never on top of a scale-up
     steady = not bad and limited == state.replicas and obs.pending_replicas == 0
     cap, cap_why, cap_at = _choose_cap(state, obs, sizing, cal, scale, now_s, steady, config)
+    if cap != state.max_num_seqs and sole_pod_would_go(limited, upper):
+        cap_why = (f"max_num_seqs held at {state.max_num_seqs}, not {cap}: the rollout would "
+                   "stop the only pod before its replacement serves (no room under "
+                   "maxReplicas and the budget for a surge pod)")  # fmt: skip
+        cap, cap_at = state.max_num_seqs, state.last_cap_change_s
     new_state = ControllerState(
         limited, cap, cal, history, since, rates, cap_at, trim, obs.ready_replicas, grew_s,
         trim_at,
@@ -480,6 +486,14 @@ def max_billed_replicas(
     else:
         affordable = max_replicas
     return max(0, min(max_replicas, affordable))
+
+
+def sole_pod_would_go(replicas: int, ceiling: int) -> bool:
+    """Whether a rollout of ``replicas`` pods would be an outage: a single pod and no
+    room under ``ceiling`` (``max_billed_replicas``) to start its replacement first, so
+    the Deployment's strategy (``builders.rollout_strategy``) replaces it in place and
+    nothing serves for the start-up time. A new batch cap is not worth that."""
+    return replicas <= 1 and ceiling <= replicas
 
 
 def replica_limits(config: ControllerConfig) -> tuple[int, int]:

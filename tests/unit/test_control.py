@@ -494,3 +494,21 @@ def test_reading_classification() -> None:
     assert Reading.of(float("nan")).state is MetricState.NAN
     assert Reading.of(1.0, age_s=120.0, max_age_s=60.0).state is MetricState.STALE
     assert Reading.of(1.0).ok
+
+
+def test_no_cap_change_that_would_stop_the_only_pod() -> None:
+    # One pod and a budget for exactly one: the rollout could not start the new pod
+    # first, so a new cap would mean minutes with nothing serving. Hold and say why.
+    cfg = config(budget_usd_per_hour=1.0)
+    state = replace(initial_state(1, 64), calibration=Calibration(1.3, 50))
+    d = decide(state, observe(rate=1.0, step_ms=ok(26.0), ready=1), NOW, cfg)
+    assert d.replicas == 1 and d.max_num_seqs == 64
+    assert "max_num_seqs held at 64, not 49" in d.reason
+    assert "no room under maxReplicas and the budget" in d.reason
+    # with room for a surge pod the same evidence does change the cap
+    roomy = decide(state, observe(rate=1.0, step_ms=ok(26.0), ready=1), NOW, config())
+    assert roomy.max_num_seqs == 49
+    # and with two pods one keeps serving while the other is replaced
+    two = decide(replace(state, replicas=2), observe(rate=3.0, step_ms=ok(26.0), ready=2),
+                 NOW, config(budget_usd_per_hour=2.0))  # fmt: skip
+    assert two.replicas == 2 and two.max_num_seqs == 49
