@@ -253,6 +253,8 @@ class ControllerState:
         ready_grew_s: when the ready count last grew, s.
         trim_at_s: when the trim last moved, s (at most one move per metrics window:
             the scrapes of one window see the same requests).
+        held_cap: the batch cap the planner asks for but the controller holds back
+            (``sole_pod_would_go``), else None.
     """
 
     replicas: int
@@ -266,6 +268,7 @@ class ControllerState:
     ready_seen: int | None = None
     ready_grew_s: float | None = None
     trim_at_s: float | None = None
+    held_cap: int | None = None
 
 
 @dataclass(frozen=True)
@@ -281,6 +284,8 @@ class Decision:
         metrics_state: worst state of the gating readings.
         needed_replicas: what the SLO needs before min/max/budget limits.
         previous_replicas / previous_max_num_seqs: the values before this decision.
+        cap_hold_began: this decision started holding back a new batch cap (worth an
+            event once, not on every decision that keeps holding it).
     """
 
     replicas: int
@@ -292,6 +297,7 @@ class Decision:
     needed_replicas: int
     previous_replicas: int
     previous_max_num_seqs: int
+    cap_hold_began: bool = False
 
     @property
     def changed(self) -> bool:
@@ -369,14 +375,15 @@ def decide(
     # a new cap rolls pods: only in a steady fleet, never on top of a scale-up
     steady = not bad and limited == state.replicas and obs.pending_replicas == 0
     cap, cap_why, cap_at = _choose_cap(state, obs, sizing, cal, scale, now_s, steady, config)
+    held = None
     if cap != state.max_num_seqs and sole_pod_would_go(limited, upper):
         cap_why = (f"max_num_seqs held at {state.max_num_seqs}, not {cap}: the rollout would "
                    "stop the only pod before its replacement serves (no room under "
                    "maxReplicas and the budget for a surge pod)")  # fmt: skip
-        cap, cap_at = state.max_num_seqs, state.last_cap_change_s
+        held, cap, cap_at = cap, state.max_num_seqs, state.last_cap_change_s
     new_state = ControllerState(
         limited, cap, cal, history, since, rates, cap_at, trim, obs.ready_replicas, grew_s,
-        trim_at,
+        trim_at, held,
     )  # fmt: skip
     return Decision(
         replicas=limited,
@@ -391,6 +398,7 @@ def decide(
         needed_replicas=max(wanted, replicas),
         previous_replicas=state.replicas,
         previous_max_num_seqs=state.max_num_seqs,
+        cap_hold_began=held is not None and held != state.held_cap,
     )
 
 

@@ -369,6 +369,8 @@ def _apply(rt: handlers.Runtime, body: Mapping[str, Any], ref: TargetRef, spec: 
         handlers.apply_children(rt, ref, spec, new)
         rt.emit(body, "Normal", "Scaled", d.reason)
         rt.metrics.record_decision(ref.namespace, ref.name, *decision_labels(d))
+    elif d.cap_hold_began:
+        rt.emit(body, "Normal", "BatchCapHeld", d.reason)
     slo = next((c for c in d.conditions if c.type == cnd.SLO_MET), None)
     rt.metrics.record_observation(
         ref.namespace, ref.name, metrics_state=d.metrics_state.value,

@@ -505,6 +505,9 @@ def test_no_cap_change_that_would_stop_the_only_pod() -> None:
     assert d.replicas == 1 and d.max_num_seqs == 64
     assert "max_num_seqs held at 64, not 49" in d.reason
     assert "no room under maxReplicas and the budget" in d.reason
+    assert d.cap_hold_began and d.state.held_cap == 49
+    again = decide(d.state, observe(rate=1.0, step_ms=ok(26.0), ready=1), NOW + 15, cfg)
+    assert again.max_num_seqs == 64 and not again.cap_hold_began  # one event, not one a tick
     # with room for a surge pod the same evidence does change the cap
     roomy = decide(state, observe(rate=1.0, step_ms=ok(26.0), ready=1), NOW, config())
     assert roomy.max_num_seqs == 49

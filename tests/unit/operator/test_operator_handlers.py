@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from typing import Any
 
 import kopf
 import pytest
 from conftest import NS, SPEC, UID, Events, FakeKube, FakePlan, FakePlanner, FakeResult, target_body
 
-from rooftop_operator import handlers
+from rooftop_operator import control, handlers, loop
 from rooftop_operator.conditions import find
 from rooftop_operator.handlers import Runtime, reconcile
 from rooftop_operator.kube import KubeError
-from rooftop_operator.specs import parse_spec
+from rooftop_operator.specs import TargetRef, parse_spec
 
 
 def created(kube: FakeKube, name: str = "chat") -> dict[str, Any]:
@@ -368,3 +369,21 @@ def test_deployment_deleted_with_its_target_is_left_alone(rt: Runtime, kube: Fak
     kube.objects.pop(("ServingTarget", NS, "chat"))
     assert handlers.repair_deleted(rt, gone) is False
     assert kube.get("apps/v1", "Deployment", NS, "chat-engine") is None
+
+
+def _held(began: bool) -> control.Decision:
+    state = replace(control.initial_state(1, 64), held_cap=32)
+    return control.Decision(1, 64, "hold 1; max_num_seqs held at 64, not 32: ...", (), state,
+                            control.MetricState.OK, 1, 1, 64, cap_hold_began=began)  # fmt: skip
+
+
+def test_a_held_batch_cap_is_an_event_once(rt: Runtime, kube: FakeKube, events: Events) -> None:
+    body = target_body()
+    kube.add(body)
+    plan = loop.PlanView("l4", 1, 1, 64, "fp8", "fp8", 8192, 0.8)
+    obs = control.Observation(ready_replicas=1)
+    loop._apply(rt, body, TargetRef.from_body(body), parse_spec(SPEC), plan, _held(True), obs)
+    assert events.items == [("Normal", "BatchCapHeld", _held(True).reason)]
+    loop._apply(rt, body, TargetRef.from_body(body), parse_spec(SPEC), plan, _held(False), obs)
+    assert len(events.items) == 1  # still held: no event on every tick
+    assert kube.applied == []  # nothing changed, nothing written to the Deployment
