@@ -86,6 +86,11 @@ class Scenario:
         return control.replica_limits(cfg)
 
 
+# A week of simulated time: the longest Azure LLM traces; beyond that a span is far more
+# likely a unit mistake (epoch milliseconds) than a trace, and would run for hours.
+MAX_TRACE_SPAN_S = 7 * 86400.0
+
+
 def workload_from_trace(path: str, diurnal: bool = False) -> Workload:
     """Read an Azure-format trace (``traces.load_trace``); optionally day-shaped."""
     from rooftop_operator.traces import TraceError, diurnal_warp, load_trace
@@ -98,6 +103,13 @@ def workload_from_trace(path: str, diurnal: bool = False) -> Workload:
         raise InputError(str(err)) from err
     if len(trace) < 2:
         raise InputError(f"{path}: needs at least 2 requests, has {len(trace)}")
+    span_s = float(trace.arrival_s[-1])
+    if not 0 < span_s <= MAX_TRACE_SPAN_S:
+        raise InputError(
+            f"{path}: the requests span {span_s:.6g} s; rooftop simulate replays traces "
+            f"that span more than 0 s and at most {MAX_TRACE_SPAN_S / 86400:g} days "
+            "(are the TIMESTAMPs milliseconds? they must be seconds or ISO date-times)"
+        )
     arrivals = diurnal_warp(trace.arrival_s) if diurnal else trace.arrival_s
     name = f"{path}{' (diurnal)' if diurnal else ''}"
     return Workload(
@@ -120,9 +132,13 @@ def load_spec(path: str) -> Any:
 
 def scenario(spec: Any, workload: Workload, **sim_kw: Any) -> Scenario:
     """Plan the target (its shape, at its own workload rate) and set up the cluster."""
+    from rooftop_planner.catalog import CatalogError
     from rooftop_planner.search import plan_target
 
-    result = plan_target(spec)
+    try:
+        result = plan_target(spec)
+    except CatalogError as err:  # an unknown model or a bad spec.modelConfig
+        raise InputError(str(err)) from err
     if result.plan is None:
         raise InputError("no plan meets the SLO within the budget:\n" + result.explain())
     plan = result.plan
@@ -339,15 +355,37 @@ def _outages(values: list[str]) -> tuple[tuple[float, float], ...]:
             a, b = (float(x) for x in v.split(":"))
         except ValueError:
             raise InputError(f"--outage {v!r}: expected START:END in seconds") from None
+        if not (math.isfinite(a) and math.isfinite(b) and 0 <= a < b):
+            raise InputError(f"--outage {v!r}: need 0 <= START < END, both finite seconds")
         out.append((a, b))
     return tuple(out)
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Each numeric flag finite and in range, and --plot writable, before any work."""
+    from rooftop_planner.plot import plot_path_problem
+
+    rules = (  # (flag, value, lowest allowed, lowest excluded)
+        ("--reality-factor", args.reality_factor, 0.0, True),
+        ("--startup-s", args.startup_s, 0.0, False),
+        ("--scrape-s", args.scrape_s, 0.0, True),
+        ("--window-s", args.window_s, 0.0, True),
+        ("--noise", args.noise, 0.0, False),
+        ("--seed", args.seed, 0, False),
+    )
+    for flag, value, low, strict in rules:
+        ok = math.isfinite(value) and (value > low if strict else value >= low)
+        if not ok:
+            sign = ">" if strict else ">="
+            raise InputError(f"{flag}: must be a finite number {sign} {low:g}, got {value}")
+    if args.plot and (problem := plot_path_problem(args.plot)):
+        raise InputError(problem)
 
 
 def main(args: argparse.Namespace) -> int:
     """Run the simulation(s) and print the report; 2 on unusable input."""
     try:
-        if not (args.reality_factor > 0 and args.scrape_s > 0 and args.window_s > 0):
-            raise InputError("--reality-factor, --scrape-s and --window-s must be > 0")
+        check_flags(args)
         spec = load_spec(args.target)
         workload = workload_from_trace(args.trace, args.diurnal)
         scn = scenario(

@@ -21,6 +21,7 @@ import warnings
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import numpy.typing as npt
@@ -86,9 +87,13 @@ def _parse_time(text: str, where: str) -> float:
     """Seconds: a plain number, or an ISO date-time as a POSIX timestamp."""
     text = text.strip()
     try:
-        return float(text)
+        seconds = float(text)
     except ValueError:
         pass
+    else:
+        if not math.isfinite(seconds):
+            raise TraceError(f"{where}: must be a finite number of seconds, got {text!r}")
+        return seconds
     head, dot, frac = text.partition(".")
     if dot:  # fromisoformat wants at most 6 fractional digits on some versions
         text = f"{head}.{frac[:6]}"
@@ -112,32 +117,39 @@ def load_trace(path: str | Path, max_rows: int | None = None) -> Trace:
     """Read an Azure-format trace CSV (see the module docstring for the rules)."""
     path = Path(path)
     try:
-        fh = path.open(newline="")
+        fh = path.open(newline="", encoding="utf-8-sig")  # -sig: spreadsheets add a BOM
     except OSError as err:
         raise TraceError(f"{path}: cannot open: {err.strerror}") from err
+    try:
+        with fh:
+            return _read_rows(path, fh, max_rows)
+    except UnicodeDecodeError as err:
+        raise TraceError(
+            f"{path}: not a UTF-8 text CSV ({err.reason}); export the trace as CSV text"
+        ) from None
+
+
+def _read_rows(path: Path, fh: IO[str], max_rows: int | None) -> Trace:
     times: list[float] = []
     prompts: list[int] = []
     outputs: list[int] = []
-    with fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise TraceError(
-                f"{path}:1: missing column(s) {', '.join(missing)}; header is "
-                f"{reader.fieldnames!r}, expected {','.join(COLUMNS)}"
-            )
-        for row in reader:
-            line = reader.line_num
-            if max_rows is not None and len(times) >= max_rows:
-                break
-            cell = {c: (row.get(c) or "") for c in COLUMNS}
-            times.append(_parse_time(cell["TIMESTAMP"], f"{path}:{line}: column TIMESTAMP"))
-            prompts.append(
-                _parse_count(cell["ContextTokens"], f"{path}:{line}: column ContextTokens")
-            )
-            outputs.append(
-                _parse_count(cell["GeneratedTokens"], f"{path}:{line}: column GeneratedTokens")
-            )
+    reader = csv.DictReader(fh)
+    missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise TraceError(
+            f"{path}:1: missing column(s) {', '.join(missing)}; header is "
+            f"{reader.fieldnames!r}, expected {','.join(COLUMNS)}"
+        )
+    for row in reader:
+        line = reader.line_num
+        if max_rows is not None and len(times) >= max_rows:
+            break
+        cell = {c: (row.get(c) or "") for c in COLUMNS}
+        times.append(_parse_time(cell["TIMESTAMP"], f"{path}:{line}: column TIMESTAMP"))
+        prompts.append(_parse_count(cell["ContextTokens"], f"{path}:{line}: column ContextTokens"))
+        outputs.append(
+            _parse_count(cell["GeneratedTokens"], f"{path}:{line}: column GeneratedTokens")
+        )
     if not times:
         raise TraceError(f"{path}: no data rows after the header")
     return _build(str(path), np.array(times), np.array(prompts), np.array(outputs))
@@ -151,7 +163,7 @@ def _build(source: str, t: FloatArray, p: IntArray, o: IntArray) -> Trace:
             f"{source}: {len(back)} timestamp(s) out of order (first at line {back[0] + 3}); "
             "rows sorted by time",
             TraceWarning,
-            stacklevel=3,
+            stacklevel=4,  # load_trace's caller
         )
         order = np.argsort(t, kind="stable")
         t, p, o = t[order], p[order], o[order]

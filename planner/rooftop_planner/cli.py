@@ -59,6 +59,11 @@ def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.plot:
+        from rooftop_planner.plot import plot_path_problem
+
+        if problem := plot_path_problem(args.plot):
+            return _fail(problem)
     target = load_target(args.target)
     catalog = load_catalog(args.catalog)
     result = plan_target(target.spec, catalog=catalog)
@@ -125,7 +130,14 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def _predict_csv(path: Path, out_path: Path | None) -> int:
-    with path.open(newline="") as handle:
+    try:
+        return _predict_rows(path, out_path)
+    except UnicodeDecodeError as err:
+        return _fail(f"{path}: not a UTF-8 text CSV ({err.reason}); export it as CSV text")
+
+
+def _predict_rows(path: Path, out_path: Path | None) -> int:
+    with path.open(newline="", encoding="utf-8-sig") as handle:
         reader = csv.DictReader(handle)
         missing = [c for c in PREDICT_INPUT if c not in (reader.fieldnames or [])]
         if missing:

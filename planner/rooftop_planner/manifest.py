@@ -52,9 +52,12 @@ def load_target(path: str | Path) -> ServingTarget:
     """Load one ServingTarget from a YAML file (the first ServingTarget of a multi-doc file)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ManifestError(f"{path}: cannot read ({err.strerror})") from err
+    except UnicodeDecodeError as err:
+        raise ManifestError(f"{path}: not a UTF-8 text file ({err.reason}); expected a "
+                            "ServingTarget manifest in YAML") from None  # fmt: skip
     try:
         documents = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as err:

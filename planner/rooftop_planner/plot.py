@@ -7,6 +7,8 @@ operating point is marked.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rooftop_planner import perf
 from rooftop_planner.batching import predict_continuous
 from rooftop_planner.catalog import Catalog
@@ -16,6 +18,21 @@ from rooftop_planner.spec import ServingTargetSpec
 from rooftop_planner.workload import from_spec
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+# What matplotlib's Agg backend writes, by file suffix.
+PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
+
+
+def plot_path_problem(path: str) -> str:
+    """Why ``--plot PATH`` cannot be written, else "": checked before any work is done,
+    so a typo does not cost the user a whole run."""
+    target = Path(path)
+    if target.suffix.lower() not in PLOT_SUFFIXES:
+        return f"--plot {path}: the file name must end in one of {', '.join(PLOT_SUFFIXES)}"
+    if not target.parent.is_dir():
+        return f"--plot {path}: folder {target.parent} does not exist; create it first"
+    if target.is_dir():
+        return f"--plot {path}: is a folder; give a file name"
+    return ""
 
 
 def _curve(

@@ -129,7 +129,10 @@ def scenario_from_row(
     )
     concurrency, batch = _int(row, "concurrency", False), _int(row, "batch", False)
     if (concurrency is None) == (batch is None):
-        raise ScenarioError("concurrency/batch: set exactly one of the two")
+        raise ScenarioError(
+            "concurrency/batch: set exactly one of the two (flags --concurrency or --batch; "
+            "in a CSV, one of the columns concurrency and batch per row)"
+        )
     isl, osl = _int(row, "isl"), _int(row, "osl")
     assert isl is not None and osl is not None
     return Scenario(dep, engine, isl, osl, concurrency, batch)

@@ -27,6 +27,7 @@ class _Model(BaseModel):
         populate_by_name=True,
         extra="forbid",
         frozen=True,
+        allow_inf_nan=False,  # YAML's .nan/.inf would slip past every range check
     )
 
 
@@ -95,7 +96,8 @@ class HistogramBin(_Model):
     """One bin of a token-length histogram: ``weight`` of requests have ``tokens`` tokens."""
 
     tokens: int = Field(ge=1, le=10_000_000)
-    weight: float = Field(gt=0)
+    # relative weights; the bound keeps their sum finite (256 bins of 1e308 overflow)
+    weight: float = Field(gt=0, le=1e12)
 
 
 class TokenLengths(_Model):

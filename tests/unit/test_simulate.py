@@ -281,6 +281,67 @@ def test_bad_trace_exits_2(
     assert "rooftop simulate:" in err and needle in err
 
 
+def _simulate(tmp_path: Path, trace_body: str, *flags: str, target: Any = None) -> int:
+    import yaml
+
+    from rooftop_operator.cli import main
+
+    path = tmp_path / "t.yaml"
+    path.write_text(yaml.safe_dump(target or TARGET))
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + trace_body)
+    return main(["simulate", str(path), "--trace", str(trace), *flags])
+
+
+GOOD_ROWS = "0,100,20\n1,100,20\n2,100,20\n"
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--reality-factor", "nan"], "--reality-factor: must be a finite number > 0"),
+        (["--startup-s", "-5"], "--startup-s: must be a finite number >= 0, got -5"),
+        (["--startup-s", "inf"], "--startup-s: must be a finite number >= 0, got inf"),
+        (["--scrape-s", "inf"], "--scrape-s: must be a finite number > 0"),
+        (["--window-s", "0"], "--window-s: must be a finite number > 0"),
+        (["--noise", "-1"], "--noise: must be a finite number >= 0"),
+        (["--noise", "nan"], "--noise: must be a finite number >= 0"),
+        (["--seed", "-1"], "--seed: must be a finite number >= 0"),
+        (["--outage", "5:3"], "--outage '5:3': need 0 <= START < END"),
+        (["--outage", "nan:inf"], "--outage 'nan:inf': need 0 <= START < END"),
+        (["--plot", "out.txt"], "--plot out.txt: the file name must end in one of .png"),
+        (["--plot", "/nonexistent/dir/x.png"], "folder /nonexistent/dir does not exist"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], needle: str
+) -> None:
+    assert _simulate(tmp_path, GOOD_ROWS, *flags) == 2
+    assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("rows", "needle"),
+    [
+        ("0,100,20\n1e300,100,20\n", "at most 7 days (are the TIMESTAMPs milliseconds?"),
+        ("5,100,20\n5,100,20\n", "span more than 0 s"),
+    ],
+)
+def test_a_trace_that_spans_no_time_or_ages_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], rows: str, needle: str
+) -> None:
+    assert _simulate(tmp_path, rows) == 2  # not an endless replay
+    assert needle in capsys.readouterr().err
+
+
+def test_an_unknown_model_exits_2_with_the_catalog_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    unknown = {**TARGET, "spec": {**TARGET["spec"], "model": "foo/bar-7b"}}
+    assert _simulate(tmp_path, GOOD_ROWS, target=unknown) == 2
+    assert "foo/bar-7b" in capsys.readouterr().err
+
+
 def test_tpot_misses_are_broken_down_by_output_length(
     scn: simulate.Scenario, runs: dict[str, tuple[SimResult, dict[str, Any]]]
 ) -> None:

@@ -58,12 +58,27 @@ def test_unsorted_rows_are_sorted_with_warning(tmp_path: Path) -> None:
         (HEADER + "1,2,-3\n", r"t\.csv:2: column GeneratedTokens: must be a non-negative"),
         (HEADER + "1,2.5,3\n", r"t\.csv:2: column ContextTokens: must be a non-negative"),
         (HEADER + "yesterday,2,3\n", r"t\.csv:2: column TIMESTAMP: not a date-time"),
+        (HEADER + "1,2,3\nnan,2,3\n", r"t\.csv:3: column TIMESTAMP: must be a finite number"),
+        (HEADER + "inf,2,3\n", r"t\.csv:2: column TIMESTAMP: must be a finite number"),
         (HEADER, r"t\.csv: no data rows"),
     ],
 )
 def test_bad_files_name_file_line_column(tmp_path: Path, body: str, message: str) -> None:
     with pytest.raises(TraceError, match=message):
         load_trace(write(tmp_path, body))
+
+
+def test_a_binary_file_is_named_not_a_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_bytes(HEADER.encode() + b"\xff\xfe\x00garbage\n")
+    with pytest.raises(TraceError, match=r"t\.csv: not a UTF-8 text CSV"):
+        load_trace(path)
+
+
+def test_a_spreadsheet_byte_order_mark_is_not_part_of_the_header(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    path.write_bytes(b"\xef\xbb\xbf" + (HEADER + "1,2,3\n").encode())
+    assert list(load_trace(path).prompt_tokens) == [2]
 
 
 def test_missing_file() -> None:

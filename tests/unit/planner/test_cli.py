@@ -24,6 +24,17 @@ def test_plot_is_written(tmp_path: Path) -> None:
     assert out.read_bytes()[:4] == b"\x89PNG"
 
 
+BASE = """apiVersion: rooftop.dev/v1alpha1
+kind: ServingTarget
+metadata: {name: x}
+spec:
+  model: llama-3-8b
+  slo: {tpotMs: 20}
+  workload: {requestsPerSecond: 1, promptTokens: {mean: 10}, outputTokens: {mean: 10}}
+  budget: {usdPerHour: 5}
+"""
+
+
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
@@ -65,6 +76,18 @@ spec:
 """,
             "spec.slo.tpotPercentil: unknown field",
         ),
+        (BASE.replace("tpotMs: 20", "tpotMs: .nan"), "spec.slo.tpotMs: Input should be a finite"),
+        (
+            BASE + "  pricing: {usdPerGpuHour: {l4: .inf}}\n",
+            "spec.pricing.usdPerGpuHour.l4: Input should be a finite number",
+        ),
+        (
+            BASE.replace(
+                "promptTokens: {mean: 10}",
+                "promptTokens: {histogram: [{tokens: 9, weight: 1.0e+308}]}",
+            ),
+            "spec.workload.promptTokens.histogram.0.weight: Input should be less than or equal",
+        ),
     ],
 )
 def test_bad_manifests_exit_2_with_the_field(
@@ -75,6 +98,28 @@ def test_bad_manifests_exit_2_with_the_field(
     assert main(["plan", str(path)]) == 2
     err = capsys.readouterr().err
     assert expected in err and "Traceback" not in err
+
+
+def test_binary_files_exit_2_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    junk = tmp_path / "junk"
+    junk.write_bytes(b"\x7fELF\x02\x01\x01\x00\xff\xfe" * 20)
+    assert main(["plan", str(junk)]) == 2
+    assert f"{junk}: not a UTF-8 text file" in capsys.readouterr().err
+    assert main(["predict", "--csv", str(junk)]) == 2
+    assert f"{junk}: not a UTF-8 text CSV" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "needle"),
+    [("plane.txt", "must end in one of .png"), ("nowhere/plane.png", "does not exist")],
+)
+def test_a_plot_that_cannot_be_written_exits_2_before_planning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, needle: str
+) -> None:
+    assert main(["plan", str(EXAMPLES[0]), "--plot", str(tmp_path / name)]) == 2
+    assert needle in capsys.readouterr().err
 
 
 def test_missing_file_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
