@@ -9,8 +9,9 @@ Any Hugging Face ``config.json`` (a path or an inline mapping) also yields a ``M
 from __future__ import annotations
 
 import json
+import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from importlib import resources
@@ -132,8 +133,10 @@ class Catalog:
         model_id = normalize_model_name(name, self.models)
         if model_id is None:
             raise CatalogError(
-                f"unknown model {name!r}; use a catalog id ({', '.join(sorted(self.models))}) "
-                "or give its Hugging Face config.json (spec.modelConfig / --model-config)"
+                f"unknown model {name!r}; use a catalog id ({', '.join(sorted(self.models))}), "
+                "or describe the model: put its Hugging Face config.json fields under "
+                "spec.modelConfig in the ServingTarget, or add it under models: in a catalog "
+                "file (rooftop plan --catalog FILE.yaml)"
             )
         return self.models[model_id]
 
@@ -205,8 +208,13 @@ def normalize_gpu_name(name: str, gpus: Mapping[str, GpuSpec]) -> str | None:
 
 # ---------------------------------------------------------------- loading
 
-_GPU_REQUIRED = ("hbm_bytes", "hbm_bytes_per_s", "dense_flops_per_s", "interconnect_bytes_per_s")
 _MODEL_REQUIRED = ("num_layers", "hidden_size", "num_heads", "intermediate_size", "vocab_size")
+# Shape counts the model math multiplies and divides by: whole numbers >= 1 when given.
+_MODEL_COUNTS = ("num_kv_heads", "head_dim", "max_context", "num_experts", "experts_per_token")
+_GPU_SIZES = ("hbm_bytes", "hbm_bytes_per_s", "interconnect_bytes_per_s")
+_DEFAULT_GPUS_PER_NODE = 8
+# YAML 1.1 (PyYAML) reads a float only with a '.' and a signed exponent: 8e10 stays text.
+_EXPONENT_FORM = re.compile(r"([+-]?)(\d+)(?:\.(\d*))?[eE]([+-]?)(\d+)")
 
 
 def _check_fields(kind: str, entry_id: str, entry: Mapping[str, Any], cls: type) -> None:
@@ -218,52 +226,140 @@ def _check_fields(kind: str, entry_id: str, entry: Mapping[str, Any], cls: type)
             )
 
 
-def _positive(kind: str, entry_id: str, entry: Mapping[str, Any], keys: tuple[str, ...]) -> None:
-    for key in keys:
-        value = entry.get(key)
-        if key == "dense_flops_per_s":
-            if not isinstance(value, Mapping) or "bf16" not in value:
-                raise CatalogError(f"{kind}.{entry_id}.{key}: needs at least a bf16 figure")
-            continue
-        if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-            raise CatalogError(f"{kind}.{entry_id}.{key}: must be a positive number, got {value!r}")
+def _text_number_hint(value: Any) -> str:
+    """Why a number-looking string arrived as text, and how to write it as a number."""
+    if not isinstance(value, str):
+        return ""
+    text = value.strip()
+    match = _EXPONENT_FORM.fullmatch(text)
+    if match:
+        sign, whole, fraction, exp_sign, exponent = match.groups()
+        fixed = f"{sign}{whole}.{fraction or '0'}e{exp_sign or '+'}{exponent}"
+        return f"; YAML reads {text} as text, write it as {fixed} (with '.' and an exponent sign)"
+    try:
+        number = float(text)
+    except ValueError:
+        return ""
+    return "; it is quoted text, remove the quotes" if math.isfinite(number) else ""
+
+
+def _finite(path: str, value: Any, wanted: str) -> float:
+    """``value`` as a float, or a CatalogError naming ``path`` (bool is no number here)."""
+    if value is None:
+        raise CatalogError(f"{path}: missing; give {wanted}")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise CatalogError(f"{path}: must be {wanted}, got {value!r}{_text_number_hint(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float range
+        number = math.inf
+    if not math.isfinite(number):
+        raise CatalogError(
+            f"{path}: must be {wanted}, got {value!r} (NaN and infinity are not allowed)"
+        )
+    return number
+
+
+def _positive(path: str, value: Any) -> float:
+    number = _finite(path, value, "a positive number")
+    if number <= 0:
+        raise CatalogError(f"{path}: must be a positive number, got {value!r}")
+    return number
+
+
+def _count(path: str, value: Any) -> int:
+    """A whole number >= 1; ``32.0`` is accepted as 32."""
+    number = _finite(path, value, "a whole number >= 1")
+    if number < 1 or not number.is_integer():
+        raise CatalogError(f"{path}: must be a whole number >= 1, got {value!r}")
+    return value if isinstance(value, int) else int(number)
+
+
+def _price(path: str, value: Any) -> float:
+    number = _finite(path, value, "a price in USD per GPU-hour (a number >= 0)")
+    if number < 0:
+        raise CatalogError(f"{path}: must be a number >= 0, got {value!r}")
+    return number
+
+
+def _flops(path: str, value: Any) -> dict[str, float]:
+    if not isinstance(value, Mapping) or "bf16" not in value:
+        raise CatalogError(f"{path}: needs at least a bf16 figure, e.g. {{bf16: 1.0e+14}}")
+    return {str(dtype): _positive(f"{path}.{dtype}", v) for dtype, v in value.items()}
 
 
 def _gpu_from_entry(gpu_id: str, entry: Mapping[str, Any]) -> GpuSpec:
     _check_fields("gpus", gpu_id, entry, GpuSpec)
-    _positive("gpus", gpu_id, entry, _GPU_REQUIRED)
-    flops = {k: float(v) for k, v in entry["dense_flops_per_s"].items()}
-    price = entry.get("usd_per_gpu_hour")
-    if not isinstance(price, int | float) or price < 0:
-        raise CatalogError(f"gpus.{gpu_id}.usd_per_gpu_hour: must be a number >= 0")
-    values = {**entry, "id": gpu_id, "dense_flops_per_s": flops}
+    at = f"gpus.{gpu_id}."
+    values = {**entry, "id": gpu_id}
+    for key in _GPU_SIZES:
+        values[key] = _positive(at + key, entry.get(key))
+    values["dense_flops_per_s"] = _flops(at + "dense_flops_per_s", entry.get("dense_flops_per_s"))
+    values["usd_per_gpu_hour"] = _price(at + "usd_per_gpu_hour", entry.get("usd_per_gpu_hour"))
+    per_node = entry.get("gpus_per_node", _DEFAULT_GPUS_PER_NODE)
+    values["gpus_per_node"] = _count(at + "gpus_per_node", per_node)
     values.setdefault("name", gpu_id)
     values.setdefault("interconnect", "unknown")
-    values.setdefault("gpus_per_node", 8)
     values.setdefault("node_label_value", gpu_id)
-    for key in ("hbm_bytes", "hbm_bytes_per_s", "interconnect_bytes_per_s", "usd_per_gpu_hour"):
-        values[key] = float(values[key])
     return GpuSpec(**values)
 
 
-def _model_from_entry(model_id: str, entry: Mapping[str, Any]) -> ModelSpec:
-    _check_fields("models", model_id, entry, ModelSpec)
-    _positive("models", model_id, entry, _MODEL_REQUIRED)
+def _model_numbers(entry: Mapping[str, Any], at: Callable[[str], str]) -> dict[str, Any]:
+    """Checked copy of a model entry: required counts, optional counts, param_count."""
     values = dict(entry)
+    for key in _MODEL_REQUIRED:
+        values[key] = _count(at(key), entry.get(key))
+    for key in (*_MODEL_COUNTS, "sliding_window"):
+        if values.get(key) is None:
+            values.pop(key, None)  # absent or null: the default applies
+        else:
+            values[key] = _count(at(key), values[key])
+    if values.get("param_count") is not None:
+        values["param_count"] = _positive(at("param_count"), values["param_count"])
+    return values
+
+
+def _check_model_shape(model: ModelSpec, at: Callable[[str], str]) -> None:
+    """Relations between fields that the per-field checks cannot see."""
+    if model.num_heads % model.num_kv_heads:
+        raise CatalogError(
+            f"{at('num_kv_heads')}: must divide {at('num_heads')} ({model.num_heads}) "
+            f"evenly, got {model.num_kv_heads}"
+        )
+    if model.experts_per_token > model.num_experts:
+        raise CatalogError(
+            f"{at('experts_per_token')}: must be at most {at('num_experts')} "
+            f"({model.num_experts}), got {model.experts_per_token}"
+        )
+
+
+def _model_from_entry(
+    model_id: str,
+    entry: Mapping[str, Any],
+    at: Callable[[str], str] | None = None,
+    tied_embeddings: bool = False,
+) -> ModelSpec:
+    """Build a ModelSpec; ``at`` maps a field to the path the user wrote it under."""
+    _check_fields("models", model_id, entry, ModelSpec)
+    at = at or (lambda key: f"models.{model_id}.{key}")
+    values = _model_numbers(entry, at)
     values["id"] = model_id
     values.setdefault("num_kv_heads", values["num_heads"])
-    values.setdefault("head_dim", values["hidden_size"] // values["num_heads"])
+    if "head_dim" not in values:
+        values["head_dim"] = values["hidden_size"] // values["num_heads"]
+        if values["head_dim"] < 1:
+            raise CatalogError(
+                f"{at('head_dim')}: missing, and {at('hidden_size')} is smaller than "
+                f"{at('num_heads')}; give head_dim"
+            )
     values.setdefault("max_context", 4096)
     values["aliases"] = tuple(str(a).lower() for a in values.get("aliases", ()))
     if "param_count" not in values:
-        values["param_count"] = estimate_param_count(values)
+        tied = {"tie_word_embeddings": tied_embeddings}
+        values["param_count"] = estimate_param_count({**values, **tied})
     values["param_count"] = float(values["param_count"])
     model = ModelSpec(**values)
-    if model.num_heads % model.num_kv_heads:
-        raise CatalogError(
-            f"models.{model_id}: num_heads ({model.num_heads}) must be a multiple of "
-            f"num_kv_heads ({model.num_kv_heads})"
-        )
+    _check_model_shape(model, at)
     return model
 
 
@@ -311,6 +407,19 @@ def _packaged(name: str) -> dict[str, Any]:
     return _read_yaml(text, f"packaged catalog/{name}")
 
 
+def _read_catalog_file(path: Path) -> str:
+    if path.is_dir():
+        raise CatalogError(
+            f"catalog file {path}: is a directory; give a YAML file with gpus: and/or models:"
+        )
+    if not path.is_file():
+        raise CatalogError(f"catalog file {path}: not found")
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise CatalogError(f"catalog file {path}: not UTF-8 text ({err.reason})") from err
+
+
 @lru_cache(maxsize=8)
 def load_catalog(user_file: str | None = None) -> Catalog:
     """Load the packaged catalogs, overlaid with ``user_file`` (YAML) if given."""
@@ -320,9 +429,7 @@ def load_catalog(user_file: str | None = None) -> Catalog:
     _merge(models, _packaged("models.yaml"), "models")
     if user_file:
         path = Path(user_file)
-        if not path.is_file():
-            raise CatalogError(f"catalog file {user_file}: not found")
-        override = _read_yaml(path.read_text(), f"catalog file {user_file}")
+        override = _read_yaml(_read_catalog_file(path), f"catalog file {user_file}")
         unknown = set(override) - {"gpus", "models"}
         if unknown:
             raise CatalogError(f"catalog file {user_file}: unknown sections {sorted(unknown)}")
@@ -355,29 +462,84 @@ _HF_FIELDS = {
 def model_from_hf_config(config: Mapping[str, Any] | str | Path, name: str = "") -> ModelSpec:
     """Build a ModelSpec from a Hugging Face config.json (a mapping or a file path).
 
-    MoE configs that name the expert MLP width ``moe_intermediate_size`` use it.
+    A mapping is the ServingTarget's ``spec.modelConfig``, so errors name its keys as
+    ``modelConfig.<config.json key>``. MoE configs that name the expert MLP width
+    ``moe_intermediate_size`` use it.
     """
-    if not isinstance(config, Mapping):
-        path = Path(config)
-        try:
-            config = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise CatalogError(f"config.json {path}: cannot read it as JSON ({err})") from err
-        if not isinstance(config, Mapping):
-            raise CatalogError(f"config.json {path}: expected a JSON object")
-    cfg = config.get("text_config", config)  # multimodal wrappers keep the LM under text_config
-    entry: dict[str, Any] = {}
-    for hf_key, our_key in _HF_FIELDS.items():
-        if cfg.get(hf_key) is not None:
-            entry[our_key] = cfg[hf_key]
-    if cfg.get("moe_intermediate_size") and entry.get("num_experts", 1) > 1:
-        entry["intermediate_size"] = cfg["moe_intermediate_size"]
-    if cfg.get("tie_word_embeddings"):
-        entry["param_count"] = estimate_param_count({**entry, "tie_word_embeddings": True})
+    if isinstance(config, Mapping):
+        where = "modelConfig"
+    else:
+        where = f"{config}:"
+        config = _read_hf_file(Path(config))
+    cfg, where = _language_model(config, where)
+    entry, source = _hf_entry(cfg)
+
+    def at(key: str) -> str:
+        return _join(where, source.get(key, key))
+
     missing = [
         hf for hf, ours in _HF_FIELDS.items() if ours in _MODEL_REQUIRED and ours not in entry
     ]
     if missing:
-        raise CatalogError(f"config.json: missing required field(s) {', '.join(missing)}")
+        raise CatalogError(
+            f"{where.rstrip(':')}: missing config.json field(s) {', '.join(missing)}; "
+            "copy them from the model's config.json"
+        )
+    _use_moe_width(cfg, entry, source, at)
+    tied = cfg.get("tie_word_embeddings")
+    if tied is not None and not isinstance(tied, bool):
+        raise CatalogError(
+            f"{_join(where, 'tie_word_embeddings')}: must be true or false, got {tied!r}"
+        )
     model_id = name or str(cfg.get("_name_or_path") or config.get("model_type") or "custom")
-    return _model_from_entry(model_id.lower(), entry)
+    return _model_from_entry(model_id.lower(), entry, at, tied_embeddings=bool(tied))
+
+
+def _read_hf_file(path: Path) -> Mapping[str, Any]:
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise CatalogError(f"config.json {path}: cannot read it as JSON ({err})") from err
+    if not isinstance(config, Mapping):
+        raise CatalogError(f"config.json {path}: expected a JSON object")
+    return config
+
+
+def _language_model(config: Mapping[str, Any], where: str) -> tuple[Mapping[str, Any], str]:
+    """Multimodal wrappers keep the language model under ``text_config`` (null: none)."""
+    text_config = config.get("text_config")
+    if text_config is None:
+        return config, where
+    if not isinstance(text_config, Mapping):
+        raise CatalogError(
+            f"{_join(where, 'text_config')}: must be a mapping of the language model's config.json "
+            f"fields, got {text_config!r}"
+        )
+    return text_config, _join(where, "text_config")
+
+
+def _join(where: str, key: str) -> str:
+    """``modelConfig.key``, or ``path/config.json: key`` for a file."""
+    return f"{where} {key}" if where.endswith(":") else f"{where}.{key}"
+
+
+def _hf_entry(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Catalog fields from config.json keys, and which key each came from (for messages)."""
+    entry: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    for hf_key, our_key in _HF_FIELDS.items():
+        if cfg.get(hf_key) is not None:
+            entry[our_key] = cfg[hf_key]
+            source[our_key] = hf_key
+    return entry, source
+
+
+def _use_moe_width(
+    cfg: Mapping[str, Any], entry: dict[str, Any], source: dict[str, str], at: Callable[[str], str]
+) -> None:
+    """An MoE's per-expert MLP width is ``moe_intermediate_size`` where the config has it."""
+    if cfg.get("moe_intermediate_size") is None or "num_experts" not in entry:
+        return
+    if _count(at("num_experts"), entry["num_experts"]) > 1:
+        entry["intermediate_size"] = cfg["moe_intermediate_size"]
+        source["intermediate_size"] = "moe_intermediate_size"

@@ -426,7 +426,9 @@ def _make_plan(
 
 
 def resolve_model(spec: ServingTargetSpec, catalog: Catalog) -> ModelSpec:
-    if spec.model_config_json:
+    # An empty modelConfig is given-but-incomplete: say which config.json fields are missing
+    # rather than fall back to the catalog and report an unknown model.
+    if spec.model_config_json is not None:
         return model_from_hf_config(spec.model_config_json, name=spec.model)
     return catalog.model(spec.model)
 
