@@ -24,7 +24,14 @@ from statistics import NormalDist
 from typing import Any
 
 from rooftop_planner import perf
-from rooftop_planner.catalog import Catalog, GpuSpec, ModelSpec, load_catalog, model_from_hf_config
+from rooftop_planner.catalog import (
+    Catalog,
+    CatalogError,
+    GpuSpec,
+    ModelSpec,
+    load_catalog,
+    model_from_hf_config,
+)
 from rooftop_planner.efficiency import EfficiencyTable, load_efficiency
 from rooftop_planner.perf import Deployment
 from rooftop_planner.spec import (
@@ -462,9 +469,22 @@ def _context(
         targets,
         efficiency,
         step_time_scale,
-        dict(spec.pricing.usd_per_gpu_hour or {}),
+        _prices(spec, catalog),
         _max_model_len(model, workload),
     )
+
+
+def _prices(spec: ServingTargetSpec, catalog: Catalog) -> dict[str, float]:
+    """The spec's price overrides; a GPU id the catalog lacks is an error, since a typo
+    would otherwise plan on list prices without a word."""
+    prices = dict(spec.pricing.usd_per_gpu_hour or {})
+    unknown = sorted(set(prices) - set(catalog.gpus))
+    if unknown:
+        raise CatalogError(
+            f"spec.pricing.usdPerGpuHour: unknown GPU id(s) {', '.join(unknown)}; use catalog "
+            f"ids: {', '.join(sorted(catalog.gpus))}"
+        )
+    return prices
 
 
 def _max_model_len(model: ModelSpec, workload: Workload) -> int:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 API_VERSION = "rooftop.dev/v1alpha1"
@@ -179,6 +179,15 @@ class Pricing(_Model):
     usd_per_gpu_hour: dict[str, float] | None = Field(
         default=None, description="GPU id -> USD per GPU-hour."
     )
+
+    @field_validator("usd_per_gpu_hour", mode="before")
+    @classmethod
+    def _no_bools(cls, value: Any) -> Any:
+        # YAML's true/false would be read as a price of $1/$0 an hour
+        for gpu, price in (value or {}).items() if isinstance(value, dict) else ():
+            if isinstance(price, bool):
+                raise ValueError(f"usdPerGpuHour[{gpu}] is {price}; give a price in USD")
+        return value
 
     @model_validator(mode="after")
     def _non_negative(self) -> Pricing:

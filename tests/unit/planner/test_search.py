@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from rooftop_planner.catalog import CatalogError
 from rooftop_planner.search import plan_target
 from rooftop_planner.spec import ServingTargetSpec
 
@@ -41,6 +42,17 @@ def test_pinned_gpu_and_price_override_are_respected() -> None:
     )
     assert result.plan is not None and result.plan.gpu == "h100-sxm"
     assert result.plan.usd_per_hour == pytest.approx(result.plan.replicas * result.plan.tp)
+
+
+def test_a_price_for_a_gpu_the_catalog_lacks_is_an_error_not_ignored() -> None:
+    # "h100" is not a catalog id ("h100-sxm" is): planning on list prices would be silent
+    with pytest.raises(CatalogError, match=r"spec\.pricing\.usdPerGpuHour: unknown GPU id"):
+        plan_target(spec(pricing={"usdPerGpuHour": {"h100": 1.0}}))
+
+
+def test_a_yes_no_price_is_rejected() -> None:
+    with pytest.raises(ValueError, match=r"usdPerGpuHour\[l4\] is True; give a price in USD"):
+        spec(pricing={"usdPerGpuHour": {"l4": True}})
 
 
 def test_70b_bf16_needs_tensor_parallelism_on_80gb_cards() -> None:
