@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -31,6 +32,8 @@ import numpy as np
 from rooftop_operator.traces import Trace, TraceError, load_trace
 
 PERCENTILES = (50, 90, 99)
+MAX_PLANNED = 10**7  # requests one run may plan without --max-requests
+BURSTINESS_RANGE = (1e-3, 100.0)  # beyond it the Gamma gaps underflow to 0 or overflow
 
 
 @dataclass(frozen=True)
@@ -136,19 +139,55 @@ def summarize(
     )
 
 
+def check_spec(spec: LoadSpec) -> None:
+    """Every number finite and in range before anything is planned; ValueError names the flag."""
+    rules = (  # (flag, value, lowest allowed, lowest excluded)
+        ("--trace-speedup", spec.trace_speedup, 0.0, True),
+        ("--duration", spec.duration_s, 0.0, True),
+        ("--drain-timeout", spec.drain_timeout_s, 0.0, False),
+        ("--prompt-tokens", spec.prompt_tokens, 1, False),
+        ("--output-tokens", spec.output_tokens, 1, False),
+        ("--max-requests", spec.max_requests if spec.max_requests is not None else 1, 1, False),
+        ("--seed", spec.seed, 0, False),
+    )
+    for flag, value, low, strict in rules:
+        if not (math.isfinite(value) and (value > low if strict else value >= low)):
+            kind = "an integer" if isinstance(low, int) else "a finite number"
+            sign = ">" if strict else ">="
+            raise ValueError(f"{flag}: must be {kind} {sign} {low:g}, got {value}")
+    if spec.trace is None:
+        _check_rate(spec)
+
+
+def _check_rate(spec: LoadSpec) -> None:
+    if spec.rate is None:
+        raise ValueError("give a positive --rate or a --trace")
+    if not (math.isfinite(spec.rate) and spec.rate > 0):
+        raise ValueError(f"--rate: must be a finite number > 0, got {spec.rate}")
+    low, high = BURSTINESS_RANGE
+    if not low <= spec.burstiness <= high:  # False for NaN too
+        raise ValueError(
+            f"--burstiness: must be a number from {low:g} to {high:g} (CV of gaps, "
+            f"1 = Poisson), got {spec.burstiness}"
+        )
+    if spec.max_requests is None and spec.rate * spec.duration_s > MAX_PLANNED:
+        raise ValueError(
+            f"--rate {spec.rate:g} for --duration {spec.duration_s:g} s plans over "
+            f"{MAX_PLANNED:,} requests: lower them or cap with --max-requests"
+        )
+
+
 def schedule(spec: LoadSpec) -> list[tuple[float, int, int]]:
     """(send offset s, prompt tokens, output tokens) for every request the run may send.
 
     Bounded by duration and max_requests before anything is sent.
     """
-    cap = spec.max_requests if spec.max_requests is not None else 10**7
+    check_spec(spec)
+    cap = spec.max_requests if spec.max_requests is not None else MAX_PLANNED
     if spec.trace is not None:
         reqs = spec.trace.speedup(spec.trace_speedup).requests()
         return [r for r in reqs if r[0] < spec.duration_s][:cap]
-    if not spec.rate or spec.rate <= 0:
-        raise ValueError("give a positive rate or a trace")
-    if spec.burstiness <= 0:
-        raise ValueError("burstiness (CV of gaps) must be > 0")
+    assert spec.rate is not None  # check_spec: a rate without a trace
     rng = np.random.default_rng(spec.seed)
     shape = 1.0 / spec.burstiness**2  # Gamma CV = 1/sqrt(shape)
     out: list[tuple[float, int, int]] = []

@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from statistics import NormalDist
-from typing import Any
+from typing import Any, Protocol
 
 from rooftop_planner import perf
 from rooftop_planner.catalog import (
@@ -300,7 +300,18 @@ class _Context:
     max_model_len: int
 
 
-def _valid_tp(model: ModelSpec, tp: int) -> str:
+class HeadCounts(Protocol):
+    """What the tensor-parallel rule reads of a model (the planner's ModelSpec, or the
+    engine simulator's shape)."""
+
+    @property
+    def num_heads(self) -> int: ...
+    @property
+    def num_kv_heads(self) -> int: ...
+
+
+def tp_problem(model: HeadCounts, tp: int) -> str:
+    """Why ``tp`` GPUs cannot shard the model's attention heads, else ""."""
     if model.num_heads % tp:
         return f"TP {tp} does not divide {model.num_heads} attention heads"
     if model.num_kv_heads % tp and tp % model.num_kv_heads:
@@ -343,7 +354,7 @@ def _evaluate(
     def reject(category: str, detail: str) -> None:
         rejections.append(Rejection(gpu.id, tp, wd, kv, category, detail))
 
-    problem = _valid_tp(ctx.model, tp) or _dtype_problem(gpu, wd, kv)
+    problem = tp_problem(ctx.model, tp) or _dtype_problem(gpu, wd, kv)
     if problem:
         return reject("invalid", problem)
     eff = ctx.efficiency.lookup(gpu.id, "vllm").scaled(ctx.step_time_scale)

@@ -37,8 +37,10 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rooftop_operator.engine_sim.core import Engine, EngineConfig, Request, StepResult
-from rooftop_operator.engine_sim.truth import TruthModel
+from rooftop_operator.engine_sim.truth import ModelShape, TruthModel
 from rooftop_operator.engine_sim.vllm_metrics import VllmMetrics
+from rooftop_planner.scenarios import normalize_dtype
+from rooftop_planner.search import TP_DEGREES, tp_problem
 
 CHAT_TOKENS_PER_MESSAGE = 4  # role markers and separators of a typical chat template
 TOKENS_PER_WORD = 1.3
@@ -72,6 +74,56 @@ class SimConfig:
         return self.model_name or self.model
 
 
+def check_config(cfg: SimConfig) -> None:
+    """Each numeric setting finite and in range; a ValueError naming the flag otherwise."""
+    rules = (  # (flag, value, lowest allowed, lowest excluded)
+        ("--tp", cfg.tp, 1, False),
+        ("--max-num-seqs", cfg.max_num_seqs, 1, False),
+        ("--max-num-batched-tokens", cfg.max_num_batched_tokens, 1, False),
+        ("--max-model-len", cfg.max_model_len, 1, False),
+        ("--kv-capacity-tokens", cfg.kv_capacity_tokens, 0, False),
+        ("--reality-factor", cfg.reality_factor, 0.0, True),
+        ("--noise", cfg.noise, 0.0, False),
+        ("--seed", cfg.seed, 0, False),
+        ("--time-scale", cfg.time_scale, 0.0, True),
+    )
+    for flag, value, low, strict in rules:
+        if not (math.isfinite(value) and (value > low if strict else value >= low)):
+            kind = "an integer" if isinstance(low, int) else "a finite number"
+            sign = ">" if strict else ">="
+            raise ValueError(f"{flag}: must be {kind} {sign} {low:g}, got {value}")
+    mem = cfg.gpu_memory_utilization
+    if not (math.isfinite(mem) and 0 < mem <= 1):
+        raise ValueError(f"--gpu-memory-utilization: must be a number in (0, 1], got {mem}")
+
+
+def sim_dtypes(cfg: SimConfig) -> tuple[str, str]:
+    """(weight, KV) dtype as the planner spells them; ValueError for a dtype it does not know."""
+    weight = normalize_dtype(cfg.weight_dtype, "--weight-dtype")
+    return weight, normalize_dtype(cfg.kv_dtype, "--kv-dtype", kv=True)
+
+
+def check_tp(model: ModelShape, tp: int) -> None:
+    """The planner's TP rule (``search.tp_problem``), so the simulator refuses what
+    ``rooftop plan`` and ``rooftop predict`` refuse."""
+    problem = tp_problem(model, tp)
+    if problem:
+        valid = ", ".join(str(t) for t in TP_DEGREES if not tp_problem(model, t))
+        raise ValueError(f"--tp: {problem} ({model.id}); use one of {valid}")
+
+
+def _check_kv(kv: int, cfg: SimConfig) -> None:
+    if kv >= cfg.max_model_len:
+        return
+    if cfg.kv_capacity_tokens:
+        fix = "raise --kv-capacity-tokens or lower --max-model-len"
+    else:
+        fix = "lower --max-model-len or raise --gpu-memory-utilization / --tp"
+    raise ValueError(
+        f"KV cache holds {kv} tokens, less than --max-model-len {cfg.max_model_len}: {fix}"
+    )
+
+
 def count_text_tokens(text: str) -> int:
     """Approximate tokens of a text: ceil(1.3 per whitespace-separated word), >= 1."""
     return max(1, math.ceil(len(text.split()) * TOKENS_PER_WORD))
@@ -89,17 +141,14 @@ class EngineSim:
     """The engine, its metrics, and the task that runs it in scaled real time."""
 
     def __init__(self, cfg: SimConfig) -> None:
+        check_config(cfg)
         self.cfg = cfg
         self.truth = TruthModel.for_deployment(
-            cfg.model, cfg.gpu, cfg.tp, cfg.weight_dtype, cfg.kv_dtype,
-            cfg.reality_factor, cfg.noise, cfg.seed,
-        )  # fmt: skip
+            cfg.model, cfg.gpu, cfg.tp, *sim_dtypes(cfg), cfg.reality_factor, cfg.noise, cfg.seed
+        )
+        check_tp(self.truth.dep.model, cfg.tp)
         kv = cfg.kv_capacity_tokens or self.truth.kv_capacity_tokens(cfg.gpu_memory_utilization)
-        if kv < cfg.max_model_len:
-            raise ValueError(
-                f"KV cache holds {kv} tokens, less than max_model_len {cfg.max_model_len}: "
-                "lower --max-model-len or raise --gpu-memory-utilization / --tp"
-            )
+        _check_kv(kv, cfg)
         ecfg = EngineConfig(kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len)
         self.engine = Engine(ecfg, self.truth)
         self.metrics = VllmMetrics(cfg.served_name, cfg.max_model_len, self._cache_info(ecfg))
@@ -482,19 +531,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
-    """SimConfig from parsed flags (names match field names)."""
-    if args.time_scale <= 0:
-        raise SystemExit("--time-scale must be > 0")
+    """SimConfig from parsed flags (names match field names); checks --port as well."""
+    if not 1 <= args.port <= 65535:  # 0 would bind a random port the banner cannot name
+        raise ValueError(f"--port: must be an integer from 1 to 65535, got {args.port}")
     fields = SimConfig.__dataclass_fields__
     return SimConfig(**{k: getattr(args, k) for k in fields if hasattr(args, k)})
 
 
+def _message(err: Exception) -> str:
+    """The error's text; a KeyError's str() would wrap it in quotes."""
+    return str(err.args[0]) if isinstance(err, KeyError) and err.args else str(err)
+
+
 def run(args: argparse.Namespace) -> int:
-    """Serve until interrupted. Exit code 2 on a configuration error."""
+    """Serve until interrupted. Exit code 2 on a configuration error, 1 if it cannot listen."""
     try:
         app = build_app(config_from_args(args))
     except (KeyError, ValueError) as err:
-        print(f"engine-sim: {err}", file=sys.stderr)
+        print(f"engine-sim: {_message(err)}", file=sys.stderr)
         return 2
     sim = app[SIM_KEY]
     print(
@@ -503,7 +557,11 @@ def run(args: argparse.Namespace) -> int:
         f" tokens) on http://{args.host}:{args.port}",
         file=sys.stderr,
     )
-    web.run_app(app, host=args.host, port=args.port, print=None)
+    try:
+        web.run_app(app, host=args.host, port=args.port, print=None)
+    except OSError as err:  # address in use, unknown host, no permission
+        print(f"engine-sim: cannot listen on {args.host}:{args.port}: {err}", file=sys.stderr)
+        return 1
     return 0
 
 
