@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from rooftop_operator.flags import Rule, check_ranges
 from rooftop_operator.traces import Trace, TraceError, load_trace
 
 PERCENTILES = (50, 90, 99)
@@ -141,7 +142,7 @@ def summarize(
 
 def check_spec(spec: LoadSpec) -> None:
     """Every number finite and in range before anything is planned; ValueError names the flag."""
-    rules = (  # (flag, value, lowest allowed, lowest excluded)
+    rules: tuple[Rule, ...] = (
         ("--trace-speedup", spec.trace_speedup, 0.0, True),
         ("--duration", spec.duration_s, 0.0, True),
         ("--drain-timeout", spec.drain_timeout_s, 0.0, False),
@@ -150,11 +151,7 @@ def check_spec(spec: LoadSpec) -> None:
         ("--max-requests", spec.max_requests if spec.max_requests is not None else 1, 1, False),
         ("--seed", spec.seed, 0, False),
     )
-    for flag, value, low, strict in rules:
-        if not (math.isfinite(value) and (value > low if strict else value >= low)):
-            kind = "an integer" if isinstance(low, int) else "a finite number"
-            sign = ">" if strict else ">="
-            raise ValueError(f"{flag}: must be {kind} {sign} {low:g}, got {value}")
+    check_ranges(rules)
     if spec.trace is None:
         _check_rate(spec)
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from rooftop_operator import control
 from rooftop_operator.calibration import Calibration
+from rooftop_operator.flags import Rule, check_ranges
 from rooftop_operator.sim.cluster import Cluster, Policy, Replica, SimConfig, SimResult, Workload
 from rooftop_operator.sim.oracle import OracleConfig, oracle_policy, static_fit
 from rooftop_operator.sim.policies import (
@@ -365,7 +366,7 @@ def check_flags(args: argparse.Namespace) -> None:
     """Each numeric flag finite and in range, and --plot writable, before any work."""
     from rooftop_planner.plot import plot_path_problem
 
-    rules = (  # (flag, value, lowest allowed, lowest excluded)
+    rules: tuple[Rule, ...] = (
         ("--reality-factor", args.reality_factor, 0.0, True),
         ("--startup-s", args.startup_s, 0.0, False),
         ("--scrape-s", args.scrape_s, 0.0, True),
@@ -373,11 +374,10 @@ def check_flags(args: argparse.Namespace) -> None:
         ("--noise", args.noise, 0.0, False),
         ("--seed", args.seed, 0, False),
     )
-    for flag, value, low, strict in rules:
-        ok = math.isfinite(value) and (value > low if strict else value >= low)
-        if not ok:
-            sign = ">" if strict else ">="
-            raise InputError(f"{flag}: must be a finite number {sign} {low:g}, got {value}")
+    try:
+        check_ranges(rules)
+    except ValueError as err:
+        raise InputError(str(err)) from None
     if args.plot and (problem := plot_path_problem(args.plot)):
         raise InputError(problem)
 

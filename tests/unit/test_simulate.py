@@ -306,7 +306,7 @@ GOOD_ROWS = "0,100,20\n1,100,20\n2,100,20\n"
         (["--window-s", "0"], "--window-s: must be a finite number > 0"),
         (["--noise", "-1"], "--noise: must be a finite number >= 0"),
         (["--noise", "nan"], "--noise: must be a finite number >= 0"),
-        (["--seed", "-1"], "--seed: must be a finite number >= 0"),
+        (["--seed", "-1"], "--seed: must be an integer >= 0"),
         (["--outage", "5:3"], "--outage '5:3': need 0 <= START < END"),
         (["--outage", "nan:inf"], "--outage 'nan:inf': need 0 <= START < END"),
         (["--plot", "out.txt"], "--plot out.txt: the file name must end in one of .png"),

@@ -39,6 +39,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from rooftop_operator.engine_sim.core import Engine, EngineConfig, Request, StepResult
 from rooftop_operator.engine_sim.truth import ModelShape, TruthModel
 from rooftop_operator.engine_sim.vllm_metrics import VllmMetrics
+from rooftop_operator.flags import Rule, check_ranges
 from rooftop_planner.scenarios import normalize_dtype
 from rooftop_planner.search import TP_DEGREES, tp_problem
 
@@ -76,7 +77,7 @@ class SimConfig:
 
 def check_config(cfg: SimConfig) -> None:
     """Each numeric setting finite and in range; a ValueError naming the flag otherwise."""
-    rules = (  # (flag, value, lowest allowed, lowest excluded)
+    rules: tuple[Rule, ...] = (
         ("--tp", cfg.tp, 1, False),
         ("--max-num-seqs", cfg.max_num_seqs, 1, False),
         ("--max-num-batched-tokens", cfg.max_num_batched_tokens, 1, False),
@@ -87,11 +88,7 @@ def check_config(cfg: SimConfig) -> None:
         ("--seed", cfg.seed, 0, False),
         ("--time-scale", cfg.time_scale, 0.0, True),
     )
-    for flag, value, low, strict in rules:
-        if not (math.isfinite(value) and (value > low if strict else value >= low)):
-            kind = "an integer" if isinstance(low, int) else "a finite number"
-            sign = ">" if strict else ">="
-            raise ValueError(f"{flag}: must be {kind} {sign} {low:g}, got {value}")
+    check_ranges(rules)
     mem = cfg.gpu_memory_utilization
     if not (math.isfinite(mem) and 0 < mem <= 1):
         raise ValueError(f"--gpu-memory-utilization: must be a number in (0, 1], got {mem}")
