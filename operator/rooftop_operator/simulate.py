@@ -94,14 +94,16 @@ MAX_TRACE_SPAN_S = 7 * 86400.0
 
 def workload_from_trace(path: str, diurnal: bool = False) -> Workload:
     """Read an Azure-format trace (``traces.load_trace``); optionally day-shaped."""
-    from rooftop_operator.traces import TraceError, diurnal_warp, load_trace
+    from rooftop_operator.traces import TraceError, TraceWarning, diurnal_warp, load_trace
 
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TraceWarning)
             trace = load_trace(path)
     except TraceError as err:
         raise InputError(str(err)) from err
+    for warning in caught:  # rows out of order: sorted, but the user should know
+        print(f"rooftop simulate: warning: {warning.message}", file=sys.stderr)
     if len(trace) < 2:
         raise InputError(f"{path}: needs at least 2 requests, has {len(trace)}")
     span_s = float(trace.arrival_s[-1])

@@ -282,9 +282,19 @@ def _price(path: str, value: Any) -> float:
     return number
 
 
+# Tensor-core dtypes the planner looks up (perf.Deployment.compute_dtype); fp16 and tf32
+# are accepted as data even though matmuls are priced at bf16.
+COMPUTE_DTYPES = ("bf16", "fp16", "fp8", "int8", "fp4", "tf32")
+
+
 def _flops(path: str, value: Any) -> dict[str, float]:
     if not isinstance(value, Mapping) or "bf16" not in value:
         raise CatalogError(f"{path}: needs at least a bf16 figure, e.g. {{bf16: 1.0e+14}}")
+    unknown = sorted(str(d) for d in value if d not in COMPUTE_DTYPES)
+    if unknown:  # a misspelt fp8 would silently price fp8 matmuls at bf16
+        raise CatalogError(
+            f"{path}: unknown dtype(s) {', '.join(unknown)}; use {', '.join(COMPUTE_DTYPES)}"
+        )
     return {str(dtype): _positive(f"{path}.{dtype}", v) for dtype, v in value.items()}
 
 

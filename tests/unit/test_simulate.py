@@ -334,6 +334,13 @@ def test_a_trace_that_spans_no_time_or_ages_exits_2(
     assert needle in capsys.readouterr().err
 
 
+def test_rows_out_of_order_are_replayed_sorted_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert _simulate(tmp_path, "2,100,20\n0,100,20\n1,100,20\n", "--policy", "static-peak") == 0
+    assert "warning: " in (err := capsys.readouterr().err) and "out of order" in err
+
+
 def test_an_unknown_model_exits_2_with_the_catalog_message(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

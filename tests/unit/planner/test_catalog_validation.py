@@ -43,6 +43,10 @@ def user_catalog(tmp_path: Path, text: str) -> str:
             r"gpus\.l4\.dense_flops_per_s\.bf16",
         ),
         ("gpus:\n  l4:\n    gpus_per_node: eight\n", r"gpus\.l4\.gpus_per_node: must be a whole"),
+        (
+            "gpus:\n  l4:\n    dense_flops_per_s: {bf16: 1.0e+14, fp-8: 2.0e+14}\n",
+            r"gpus\.l4\.dense_flops_per_s: unknown dtype\(s\) fp-8; use bf16",
+        ),
         ("gpus:\n  l4:\n    gpus_per_node: 2.5\n", r"gpus\.l4\.gpus_per_node: must be a whole"),
         ("gpus:\n  l4:\n    hbm_bytes: .inf\n", r"gpus\.l4\.hbm_bytes: .*infinity"),
         ("gpus:\n  l4:\n    hbm_bytes_per_s: .nan\n", r"gpus\.l4\.hbm_bytes_per_s: .*NaN"),
