@@ -548,14 +548,16 @@ def run(args: argparse.Namespace) -> int:
         print(f"engine-sim: {_message(err)}", file=sys.stderr)
         return 2
     sim = app[SIM_KEY]
-    print(
+    banner = (
         f"engine-sim: serving {sim.cfg.served_name!r} ({sim.cfg.model} on {sim.cfg.tp}x "
         f"{sim.cfg.gpu}, timing {sim.truth.fit_source}, KV {sim.engine.config.kv_capacity_tokens}"
-        f" tokens) on http://{args.host}:{args.port}",
-        file=sys.stderr,
+        f" tokens) on http://{args.host}:{args.port}"
     )
     try:
-        web.run_app(app, host=args.host, port=args.port, print=None)
+        # aiohttp calls ``print`` once the socket is bound, so the banner never precedes
+        # a "cannot listen" error
+        web.run_app(app, host=args.host, port=args.port,
+                    print=lambda _: print(banner, file=sys.stderr, flush=True))  # fmt: skip
     except OSError as err:  # address in use, unknown host, no permission
         print(f"engine-sim: cannot listen on {args.host}:{args.port}: {err}", file=sys.stderr)
         return 1

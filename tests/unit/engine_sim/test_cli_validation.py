@@ -103,5 +103,18 @@ def test_port_in_use_is_one_line(
 
     monkeypatch.setattr(server.web, "run_app", busy)
     assert server.run(parse("--port", "8123")) == 1
-    last = capsys.readouterr().err.splitlines()[-1]
-    assert last.startswith("engine-sim: cannot listen on 127.0.0.1:8123: [Errno 98] ")
+    lines = capsys.readouterr().err.splitlines()
+    # the only line: the "serving on" banner waits for the bind that failed
+    assert len(lines) == 1
+    assert lines[0].startswith("engine-sim: cannot listen on 127.0.0.1:8123: [Errno 98] ")
+
+
+def test_the_banner_comes_once_the_socket_is_bound(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def bound(*args: Any, **kwargs: Any) -> None:
+        kwargs["print"]("======== Running on http://127.0.0.1:8123 ========")  # as aiohttp does
+
+    monkeypatch.setattr(server.web, "run_app", bound)
+    assert server.run(parse("--port", "8123")) == 0
+    assert capsys.readouterr().err.startswith("engine-sim: serving ")
