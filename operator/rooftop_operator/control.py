@@ -809,6 +809,9 @@ class PlanTargetPlanner:
         model = resolve_model(spec, self.catalog)
         self.deployment = Deployment(model, gpu, plan.tp, plan.weight_dtype, plan.kv_dtype, eff)
         self._cache: dict[tuple[float, float], Sizing] = {}
+        # Plan once now, so a spec the planner rejects (say, an edit that added a price
+        # for an unknown GPU) raises here, where the caller expects it, not mid-decision.
+        self.size(spec.workload.requests_per_second, 1.0)
 
     def size(self, requests_per_second: float, step_time_scale: float) -> Sizing:
         """Replicas and batch cap at a rate (req/s) and factor; cached on a 1 % grid."""

@@ -402,7 +402,14 @@ async def feedback(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         rt.kube.get, "apps/v1", "Deployment", ref.namespace, deployment_name(ref.name)
     )
     desired, ready, pending = pod_counts(dep)
-    mem = _memory(memo, ref, spec, plan, status, desired)
+    try:
+        mem = _memory(memo, ref, spec, plan, status, desired)
+    except ValueError as err:  # CatalogError: an edit the planner rejects
+        # Reconcile reports it (Planned=False, PlannerError) and keeps the workload; the
+        # loop holds too, instead of failing on every tick.
+        log.warning("feedback %s/%s: holding, the spec does not plan: %s",
+                    ref.namespace, ref.name, err)  # fmt: skip
+        return
     cfg = control.config_from_spec(
         spec, mem.planner, plan.usd_per_replica_hour, startup_s=SETTINGS.startup_s,
         metrics_window_s=SETTINGS.window_s, scale_down_window_s=SETTINGS.scale_down_window_s,

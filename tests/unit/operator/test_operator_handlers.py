@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 import kopf
@@ -387,3 +388,18 @@ def test_a_held_batch_cap_is_an_event_once(rt: Runtime, kube: FakeKube, events: 
     loop._apply(rt, body, TargetRef.from_body(body), parse_spec(SPEC), plan, _held(False), obs)
     assert len(events.items) == 1  # still held: no event on every tick
     assert kube.applied == []  # nothing changed, nothing written to the Deployment
+
+
+async def test_the_loop_holds_when_an_edit_no_longer_plans(rt: Runtime, kube: FakeKube) -> None:
+    # Deployed, then edited: a price for "h100", which is not a catalog id. Reconcile
+    # reports that; the feedback timer must hold quietly, not fail on every tick.
+    reconcile(rt, created(kube))
+    body = latest(kube)
+    body["spec"] = {**body["spec"], "pricing": {"usdPerGpuHour": {"h100": 1.0}}}
+    body["metadata"]["generation"] = 2
+    kube.add(body)
+    writes = len(kube.applied)
+    memo = SimpleNamespace(runtime=rt)
+    await loop.feedback(body=body, memo=memo)  # returns, no CatalogError
+    assert len(kube.applied) == writes  # the workload is untouched
+    assert "loop_targets" not in vars(memo) or not memo.loop_targets
