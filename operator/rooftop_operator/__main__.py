@@ -14,7 +14,12 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from rooftop_operator.settings import OperatorConfig, env_defaults
+from rooftop_operator.settings import (
+    INVENTORY_MODES,
+    OperatorConfig,
+    env_defaults,
+    parse_inventory_mode,
+)
 
 # Modules whose import registers kopf handlers. ``loop`` (the feedback loop's timer) is
 # optional: it is imported when present, so the operator runs with or without it.
@@ -38,6 +43,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--self-image", default=None, help="image for mode: simulated")
     parser.add_argument("--vllm-image", default=None, help="image for mode: vllm")
+    parser.add_argument(
+        "--gpu-inventory", choices=sorted(INVENTORY_MODES), default=None,
+        help="nodes: plan only for GPU shapes the cluster's Nodes offer (default: off)",
+    )  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true", help="log handler details")
     parser.add_argument("--debug", action="store_true", help="log kopf internals")
 
@@ -49,6 +58,8 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         values["self_image"] = args.self_image
     if args.vllm_image:
         values["vllm_image"] = args.vllm_image
+    if args.gpu_inventory:
+        values["gpu_inventory"] = parse_inventory_mode(args.gpu_inventory)
     return OperatorConfig(
         namespaces=tuple(args.namespaces),
         clusterwide=bool(args.all_namespaces),
@@ -68,7 +79,11 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     load_handlers()
-    config = config_from_args(args)
+    try:
+        config = config_from_args(args)
+    except ValueError as err:
+        print(f"rooftop operator: {err}", file=sys.stderr)
+        return 2
     # log_prefix: every per-object line starts with [namespace/name].
     kopf.configure(debug=args.debug, verbose=args.verbose or args.debug, log_prefix=True)
     kopf.run(

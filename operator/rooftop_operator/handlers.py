@@ -39,12 +39,17 @@ from rooftop_operator.conditions import Cond
 from rooftop_operator.kube import Kube, KubeError
 from rooftop_operator.settings import OperatorConfig, configure
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec, slo_text
+from rooftop_planner.inventory import GpuInventory, inventory_from_nodes
 from rooftop_planner.spec import KIND, ServingTargetSpec
 
 log = logging.getLogger(__name__)
 
 PODMONITOR_API = ("monitoring.coreos.com/v1", "podmonitors")
 RETRY_DELAY_S = 10.0
+# A target only GPU nodes the cluster lacks could serve is planned again every
+# ``OperatorConfig.nodes_retry_s``, so nodes added later (by hand or by an autoscaler)
+# are picked up without a spec edit.
+WAITING_FOR_NODES = "waiting-for-nodes"
 # Plan fields that change the engine; a change here is a "PlanChanged" event.
 PLAN_SHAPE = ("gpu", "tp", "replicas", "maxNumSeqs", "weightDtype", "kvDtype", "maxModelLen")
 
@@ -58,6 +63,7 @@ class KubeLike(Protocol):
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None: ...
     def apply(self, obj: Mapping[str, Any]) -> None: ...
     def has_api(self, group_version: str, plural: str) -> bool: ...
+    def list_nodes(self) -> list[Obj]: ...
     def get_target(self, namespace: str, name: str) -> Obj | None: ...
     def update_status(
         self, namespace: str, name: str, mutate: Callable[[Obj], Obj]
@@ -168,20 +174,23 @@ def reconcile(
     requests_per_second: float | None = None,
     cause: str = "spec_change",
 ) -> str:
-    """One pass for one target; returns the result recorded in metrics
-    (``success``, ``skipped`` for invalid/infeasible targets)."""
+    """One pass for one target; returns the result recorded in metrics (``success``,
+    ``skipped`` for invalid/infeasible targets), or ``WAITING_FOR_NODES`` when only GPU
+    nodes the cluster lacks could serve it (the kopf handler then retries later)."""
     ref = TargetRef.from_body(body)
     try:
         spec = parse_spec(body.get("spec") or {})
     except SpecError as err:
         _invalid(rt, body, ref, err)
         return "skipped"
+    inventory = {"gpu_inventory": gpu_inventory(rt)} if rt.config.gpu_inventory else {}
     try:
         result = rt.plan(
             spec,
             catalog=rt.catalog,
             step_time_scale=step_time_scale,
             requests_per_second=requests_per_second,
+            **inventory,
         )
     except (KeyError, ValueError) as err:  # unknown model/GPU, bad modelConfig
         _plan_error(rt, body, ref, spec, err)
@@ -189,9 +198,16 @@ def reconcile(
     _record_plan(rt, ref, spec, result)
     if not result.feasible:
         _infeasible(rt, body, ref, spec, result)
-        return "skipped"
+        return WAITING_FOR_NODES if getattr(result, "beyond_inventory", None) else "skipped"
     _deploy(rt, body, ref, spec, result.plan, cause)
     return "success"
+
+
+def gpu_inventory(rt: Runtime) -> GpuInventory:
+    """The GPUs the cluster's Nodes offer now. Read on every plan rather than watched:
+    plans happen on spec changes and restarts, rarely enough that a list is cheap, and a
+    node added since the last plan is seen by the next one."""
+    return inventory_from_nodes(rt.kube.list_nodes(), rt.catalog)
 
 
 def _invalid(rt: Runtime, body: Mapping[str, Any], ref: TargetRef, err: SpecError) -> None:
@@ -458,6 +474,14 @@ def reconcile_target(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     except KubeError as err:
         rt.metrics.record_reconcile("retry")
         raise kopf.TemporaryError(str(err), delay=RETRY_DELAY_S) from err
+    if result == WAITING_FOR_NODES:
+        rt.metrics.record_reconcile("skipped")
+        delay = rt.config.nodes_retry_s
+        raise kopf.TemporaryError(
+            "no GPU node can hold a plan that meets this target (see the Feasible "
+            f"condition); planning again in {delay:g} s",
+            delay=delay,
+        )
     rt.metrics.record_reconcile(result)
 
 

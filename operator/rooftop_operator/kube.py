@@ -146,6 +146,14 @@ class Kube:
             raise KubeError.from_api(err) from err
         return any(r.name == plural for r in found.resources or [])
 
+    def list_nodes(self) -> list[Obj]:
+        """Every Node, as plain dicts (for the GPU inventory; needs cluster RBAC)."""
+        try:
+            found = self._core().list_node()
+        except ApiException as err:
+            raise KubeError.from_api(err) from err
+        return [self._plain(node) for node in found.items or []]
+
     def get_target(self, namespace: str, name: str) -> Obj | None:
         return self.get(API_VERSION, KIND, namespace, name)
 

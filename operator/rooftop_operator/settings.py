@@ -8,6 +8,7 @@ environment after startup, so handlers stay testable with a hand-made config.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,6 +41,11 @@ class OperatorConfig:
         fault_pause_after_apply_s: test hook: sleep this long after applying the
             Deployment and before the rest, so an e2e test can kill the operator
             mid-reconcile deterministically. Always 0 in production.
+        gpu_inventory: plan only for GPU shapes the cluster's Nodes offer (reads Nodes:
+            needs the chart's cluster RBAC). Off by default, because a cluster whose
+            autoscaler adds GPU nodes on demand has none until a pod asks.
+        nodes_retry_s: with ``gpu_inventory``, how often a target that only absent GPU
+            nodes could serve is planned again, s.
     """
 
     namespaces: tuple[str, ...] = ()
@@ -52,6 +58,8 @@ class OperatorConfig:
     server_timeout_s: int = 300
     client_timeout_s: int = 330
     fault_pause_after_apply_s: float = 0.0
+    gpu_inventory: bool = False
+    nodes_retry_s: float = 60.0
 
 
 def env_defaults(environ: Mapping[str, str] | None = None) -> dict[str, object]:
@@ -62,9 +70,38 @@ def env_defaults(environ: Mapping[str, str] | None = None) -> dict[str, object]:
         out["self_image"] = env["ROOFTOP_SELF_IMAGE"]
     if env.get("ROOFTOP_VLLM_IMAGE"):
         out["vllm_image"] = env["ROOFTOP_VLLM_IMAGE"]
+    if env.get("ROOFTOP_GPU_INVENTORY"):
+        out["gpu_inventory"] = parse_inventory_mode(env["ROOFTOP_GPU_INVENTORY"])
+    if env.get("ROOFTOP_NODES_RETRY_S"):
+        out["nodes_retry_s"] = _env_seconds(env, "ROOFTOP_NODES_RETRY_S")
     if env.get("ROOFTOP_FAULT_PAUSE_AFTER_APPLY_S"):
-        out["fault_pause_after_apply_s"] = float(env["ROOFTOP_FAULT_PAUSE_AFTER_APPLY_S"])
+        out["fault_pause_after_apply_s"] = _env_seconds(env, "ROOFTOP_FAULT_PAUSE_AFTER_APPLY_S")
     return out
+
+
+def _env_seconds(env: Mapping[str, str], name: str) -> float:
+    """A duration from the environment, s; a clear error naming the variable."""
+    try:
+        value = float(env[name])
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name}={env[name]!r}: give a number of seconds >= 0")
+    return value
+
+
+INVENTORY_MODES: Final = {"nodes": True, "off": False}
+
+
+def parse_inventory_mode(text: str) -> bool:
+    """``nodes`` (plan for the Nodes' GPUs) or ``off`` (the whole catalog)."""
+    try:
+        return INVENTORY_MODES[text.strip().lower()]
+    except KeyError:
+        raise ValueError(
+            f"GPU inventory mode {text!r} (ROOFTOP_GPU_INVENTORY or --gpu-inventory): "
+            "use nodes or off"
+        ) from None
 
 
 def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:

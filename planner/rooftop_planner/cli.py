@@ -17,6 +17,7 @@ from typing import Any
 
 from rooftop_planner.catalog import CatalogError, load_catalog
 from rooftop_planner.efficiency import load_efficiency
+from rooftop_planner.inventory import inventory_from_nodes, load_nodes
 from rooftop_planner.manifest import ManifestError, load_target
 from rooftop_planner.scenarios import ScenarioError, scenario_from_row
 from rooftop_planner.search import plan_target
@@ -66,11 +67,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
             return _fail(problem)
     target = load_target(args.target)
     catalog = load_catalog(args.catalog)
-    result = plan_target(target.spec, catalog=catalog)
+    inventory = inventory_from_nodes(load_nodes(args.nodes), catalog) if args.nodes else None
+    result = plan_target(target.spec, catalog=catalog, gpu_inventory=inventory)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
         print(f"ServingTarget {target.metadata.name}: {target.spec.model}")
+        if inventory is not None:
+            print(f"GPU nodes ({args.nodes}): {inventory.describe()}")
         print(result.explain() if args.explain else _short(result))
     if args.plot:
         from rooftop_planner.plot import plot_plane
@@ -186,6 +190,10 @@ def register(subparsers: Any) -> None:
     )
     plan.add_argument("--plot", metavar="FILE.png", help="draw the throughput-latency plane")
     plan.add_argument("--catalog", metavar="FILE.yaml", help="your GPU/model catalog overrides")
+    plan.add_argument(
+        "--nodes", metavar="NODES.json",
+        help="plan only for GPUs these nodes have (`kubectl get nodes -o json`)",
+    )  # fmt: skip
     plan.set_defaults(func=_guarded(cmd_plan))
 
     predict = subparsers.add_parser("predict", help="predict TPOT/TTFT/throughput of scenarios")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 from typing import Any, Protocol
 
@@ -33,6 +33,7 @@ from rooftop_planner.catalog import (
     model_from_hf_config,
 )
 from rooftop_planner.efficiency import EfficiencyTable, load_efficiency
+from rooftop_planner.inventory import GpuInventory
 from rooftop_planner.perf import Deployment
 from rooftop_planner.spec import (
     KvDtype,
@@ -156,6 +157,8 @@ class SearchResult:
     candidates: list[Plan] = field(default_factory=list)
     slo_tpot_ms: float = 0.0
     budget_usd_per_hour: float = 0.0
+    # Infeasible only for want of GPU nodes: the plan the whole catalog would give.
+    beyond_inventory: Plan | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -298,6 +301,7 @@ class _Context:
     step_time_scale: float
     prices: dict[str, float]
     max_model_len: int
+    inventory: GpuInventory | None = None
 
 
 class HeadCounts(Protocol):
@@ -354,6 +358,8 @@ def _evaluate(
     def reject(category: str, detail: str) -> None:
         rejections.append(Rejection(gpu.id, tp, wd, kv, category, detail))
 
+    if ctx.inventory is not None and (missing := ctx.inventory.problem(gpu, tp)):
+        return reject("not in cluster", missing)
     problem = tp_problem(ctx.model, tp) or _dtype_problem(gpu, wd, kv)
     if problem:
         return reject("invalid", problem)
@@ -511,16 +517,41 @@ def plan_target(
     step_time_scale: float = 1.0,
     requests_per_second: float | None = None,
     efficiency: EfficiencyTable | None = None,
+    gpu_inventory: GpuInventory | None = None,
 ) -> SearchResult:
-    """Search every candidate and return the cheapest feasible plan with the evidence."""
-    from rooftop_planner.explain import summarize
+    """Search every candidate and return the cheapest feasible plan with the evidence.
 
+    ``gpu_inventory``: the GPUs the cluster's nodes offer (``inventory.py``); when given,
+    only shapes one of its nodes can hold are planned. None plans for the whole catalog
+    (a cluster that adds nodes on demand).
+    """
     catalog = catalog or load_catalog()
     ctx = _context(
         spec, catalog, step_time_scale, requests_per_second, efficiency or load_efficiency()
     )
+    result = _search(replace(ctx, inventory=gpu_inventory), catalog)
+    if gpu_inventory is not None and not result.feasible:
+        unrestricted = _search(ctx, catalog)
+        result.beyond_inventory = unrestricted.plan
+        result.reasons.insert(1, _beyond_cluster(unrestricted, gpu_inventory))
+    return result
+
+
+def _search(ctx: _Context, catalog: Catalog) -> SearchResult:
+    from rooftop_planner.explain import summarize
+
     plans: list[Plan] = []
     rejections: list[Rejection] = []
     for gpu, wd, kv, tp in _candidates(ctx, catalog):
         _evaluate(ctx, gpu, wd, kv, tp, plans, rejections)
     return summarize(ctx.spec, plans, rejections)
+
+
+def _beyond_cluster(unrestricted: SearchResult, inventory: GpuInventory) -> str:
+    """What nodes the cluster would need, from the same search over the whole catalog."""
+    have = f"the cluster's GPU nodes offer {inventory.describe()}"
+    if unrestricted.plan is None:
+        return f"{have}; no GPU in the catalog meets this target either"
+    p = unrestricted.plan
+    return (f"{have}; with nodes of {p.tp} {p.gpu} GPU(s) each, this would work: "
+            f"{p.summary}")  # fmt: skip

@@ -11,7 +11,9 @@ Everything polls (tests.cluster.handle.wait_until); nothing sleeps a fixed time.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
 import signal
 import subprocess
 import uuid
@@ -432,36 +434,77 @@ def test_pod_monitor_when_the_prometheus_operator_is_installed(env: Env) -> None
         env.cluster.kubectl("delete", "crd", POD_MONITOR_CRD["metadata"]["name"], check=False)
 
 
-def test_namespace_scoped_install_needs_no_cluster_permissions(env: Env, tmp_path: Path) -> None:
-    """rbac.scope=namespace: a Role in the watched namespace only. kopf must run without
-    cluster-wide list/watch (no namespace or CRD scanning)."""
+@contextlib.contextmanager
+def second_install(env: Env, tmp_path: Path, *sets: str) -> Iterator[Env]:
+    """Another release of the chart in a fresh namespace, with its own operator process
+    (not started) under that release's ServiceAccount; removed afterwards."""
     suffix = uuid.uuid4().hex[:6]
-    watched, release = f"team-{suffix}", f"ns-{suffix}"
+    watched, release = f"team-{suffix}", f"rel-{suffix}"
     env.cluster.create_namespace(watched)
-    env.cluster.helm(
-        "install", release, str(CHART), "--namespace", watched, "--set", "rbac.scope=namespace",
-        "--set", "dashboards.enabled=false", "--set", "metrics.enabled=false",
-    )  # fmt: skip
+    values = [a for s in ("dashboards.enabled=false", "metrics.enabled=false", *sets)
+              for a in ("--set", s)]  # fmt: skip
+    env.cluster.helm("install", release, str(CHART), "--namespace", watched, *values)
     operator = Operator(
         env.cluster.serviceaccount_kubeconfig(watched, f"{release}-rooftop"),
         watched,
         tmp_path / "operator.log",
     )
     try:
-        can_list_namespaces = subprocess.run(
-            [str(find_binary("kubectl", env.cluster.bin_dir)),
-             f"--kubeconfig={operator.kubeconfig}", "auth", "can-i", "list", "namespaces"],
-            capture_output=True, text=True,
-        )  # fmt: skip
-        assert can_list_namespaces.stdout.strip() == "no"
-        operator.start()
-        doc = load(ROOT / "examples" / "simulated-chat.yaml", name="scoped")
-        ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
-        scoped = Env(env.cluster, env.api, watched, operator, env.catalog)
-        scoped.apply(doc)
-        scoped.wait_condition("scoped", "Ready", "True")
-        assert scoped.deployment("scoped") is not None
+        yield Env(env.cluster, env.api, watched, operator, env.catalog)
     finally:
         operator.stop()
         env.cluster.helm("uninstall", release, "--namespace", watched, check=False)
         env.cluster.kubectl("delete", "namespace", watched, "--wait=false", check=False)
+
+
+def test_namespace_scoped_install_needs_no_cluster_permissions(env: Env, tmp_path: Path) -> None:
+    """rbac.scope=namespace: a Role in the watched namespace only. kopf must run without
+    cluster-wide list/watch (no namespace or CRD scanning)."""
+    with second_install(env, tmp_path, "rbac.scope=namespace") as scoped:
+        can_list_namespaces = subprocess.run(
+            [str(find_binary("kubectl", env.cluster.bin_dir)),
+             f"--kubeconfig={scoped.operator.kubeconfig}", "auth", "can-i", "list",
+             "namespaces"],
+            capture_output=True, text=True,
+        )  # fmt: skip
+        assert can_list_namespaces.stdout.strip() == "no"
+        scoped.operator.start()
+        doc = load(ROOT / "examples" / "simulated-chat.yaml", name="scoped")
+        ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
+        scoped.apply(doc)
+        scoped.wait_condition("scoped", "Ready", "True")
+        assert scoped.deployment("scoped") is not None
+
+
+def test_gpu_inventory_plans_for_the_nodes_there_are(env: Env, tmp_path: Path) -> None:
+    """operator.gpuInventory=nodes: with only a 1-GPU A10G node, a target that needs a
+    multi-GPU A10G pod is infeasible and says which node would do; once such a node
+    joins, the operator's periodic re-plan deploys onto it without a spec edit."""
+    core = client.CoreV1Api(env.api)
+    doc = load(ROOT / "examples" / "simulated-chat.yaml", name="fits")
+    doc["spec"]["constraints"]["gpuTypes"] = ["a10g"]
+    doc["spec"]["slo"]["tpotMs"] = 20  # one A10G per pod cannot meet this; TP > 1 can
+    tp = expected_plan(doc, env.catalog).tp
+    assert tp > 1
+    a10g = GpuType(f"e2e-a10g-{uuid.uuid4().hex[:4]}", "NVIDIA-A10G", 1, 23028, "ampere",
+                   (8, 6), "g5.xlarge", "4", "16Gi")  # fmt: skip
+
+    def add_node(gpus: int, index: int) -> str:
+        node = gpu_node(dataclasses.replace(a10g, gpus=gpus), index)
+        core.create_node(node)
+        env.nodes.append(node["metadata"]["name"])
+        return str(node["metadata"]["name"])
+
+    add_node(1, 1)
+    with second_install(env, tmp_path, "operator.gpuInventory=nodes") as inv:
+        inv.operator.start(ROOFTOP_GPU_INVENTORY="nodes", ROOFTOP_NODES_RETRY_S="2")
+        inv.apply(doc)
+        feasible = inv.wait_condition("fits", "Feasible", "False")
+        assert f"with nodes of {tp} a10g GPU(s) each, this would work" in feasible["message"]
+        assert inv.deployment("fits") is None
+        big = add_node(tp, 2)
+        inv.wait_condition("fits", "Ready", "True")
+        plan = inv.target("fits")["status"]["plan"]
+        assert (plan["gpu"], plan["tp"]) == ("a10g", tp)
+        pods = inv.listed("Pod", ENGINE)
+        assert pods and {p["spec"]["nodeName"] for p in pods} == {big}

@@ -110,6 +110,9 @@ class FakeKube:
         self.applied: list[Obj] = []
         self.status_writes = 0
         self.pod_monitors = pod_monitors
+        self.nodes: list[Obj] = []
+        self.nodes_error: Exception | None = None
+        self.node_lists = 0
 
     def add(self, obj: Mapping[str, Any]) -> None:
         meta = obj["metadata"]
@@ -125,6 +128,12 @@ class FakeKube:
 
     def has_api(self, group_version: str, plural: str) -> bool:
         return self.pod_monitors and plural == "podmonitors"
+
+    def list_nodes(self) -> list[Obj]:
+        self.node_lists += 1
+        if self.nodes_error is not None:
+            raise self.nodes_error
+        return copy.deepcopy(self.nodes)
 
     def get_target(self, namespace: str, name: str) -> Obj | None:
         return self.get("rooftop.dev/v1alpha1", "ServingTarget", namespace, name)

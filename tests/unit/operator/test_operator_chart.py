@@ -229,3 +229,45 @@ def test_loop_values_reach_the_operator_as_its_settings() -> None:
     assert settings.prometheus_url == "http://prom.mon:9090"
     assert settings.scale_down_window_s == 600.0
     assert (settings.interval_s, settings.window_s, settings.startup_s) == (15.0, 60.0, 120.0)
+
+
+def _env(docs: list[dict[str, Any]]) -> dict[str, str]:
+    (deployment,) = by_kind(docs, "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    return {e["name"]: e.get("value", "") for e in container["env"]}
+
+
+def _node_rules(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for role in by_kind(docs, "ClusterRole") for r in role["rules"]
+            if "nodes" in r["resources"]]  # fmt: skip
+
+
+@needs_helm
+def test_gpu_inventory_is_off_by_default_and_reads_no_nodes() -> None:
+    docs = render()
+    assert _env(docs)["ROOFTOP_GPU_INVENTORY"] == "off"
+    assert not _node_rules(docs)
+
+
+@needs_helm
+def test_gpu_inventory_nodes_may_list_nodes_and_nothing_more() -> None:
+    docs = render("operator.gpuInventory=nodes")
+    assert _env(docs)["ROOFTOP_GPU_INVENTORY"] == "nodes"
+    (rule,) = _node_rules(docs)
+    assert rule == {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]}
+
+
+@needs_helm
+@pytest.mark.parametrize(
+    ("sets", "message"),
+    [
+        (["operator.gpuInventory=nodes", "rbac.scope=namespace"], "use rbac.scope=cluster"),
+        (["operator.gpuInventory=yes"], "value must be one of 'off', 'nodes'"),
+    ],
+)
+def test_gpu_inventory_misconfigurations_fail_with_the_fix(sets: list[str], message: str) -> None:
+    args = [str(HELM), "template", "rt", str(CHART)]
+    for s in sets:
+        args += ["--set", s]
+    result = subprocess.run(args, capture_output=True, text=True)
+    assert result.returncode != 0 and message in result.stderr, result.stderr

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import copy
 from dataclasses import replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import kopf
 import pytest
+import yaml
 from conftest import NS, SPEC, UID, Events, FakeKube, FakePlan, FakePlanner, FakeResult, target_body
 
 from rooftop_operator import control, handlers, loop
@@ -16,6 +18,8 @@ from rooftop_operator.conditions import find
 from rooftop_operator.handlers import Runtime, reconcile
 from rooftop_operator.kube import KubeError
 from rooftop_operator.specs import TargetRef, parse_spec
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 def created(kube: FakeKube, name: str = "chat") -> dict[str, Any]:
@@ -403,3 +407,69 @@ async def test_the_loop_holds_when_an_edit_no_longer_plans(rt: Runtime, kube: Fa
     await loop.feedback(body=body, memo=memo)  # returns, no CatalogError
     assert len(kube.applied) == writes  # the workload is untouched
     assert "loop_targets" not in vars(memo) or not memo.loop_targets
+
+
+# ---------------------------------------------------------------- GPU inventory
+
+
+def l4_node(name: str, gpus: int) -> dict[str, Any]:
+    return {"kind": "Node",
+            "metadata": {"name": name, "labels": {"nvidia.com/gpu.product": "NVIDIA-L4"}},
+            "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}}}  # fmt: skip
+
+
+SIM_CHAT = yaml.safe_load((EXAMPLES / "simulated-chat.yaml").read_text())["spec"]
+L4_ONLY = {**SIM_CHAT, "constraints": {**SIM_CHAT["constraints"], "gpuTypes": ["l4"]}}
+
+
+@pytest.fixture
+def inventory_rt(rt: Runtime) -> Runtime:
+    from rooftop_planner.search import plan_target
+
+    return replace(rt, plan=plan_target, config=replace(rt.config, gpu_inventory=True))
+
+
+def test_with_inventory_the_plan_fits_the_biggest_node(
+    inventory_rt: Runtime, kube: FakeKube
+) -> None:
+    kube.nodes = [l4_node("small", 1), l4_node("big", 2)]
+    body = target_body(spec=L4_ONLY)
+    kube.add(body)
+    assert reconcile(inventory_rt, body) == "success"
+    assert (kube.status()["plan"]["gpu"], kube.status()["plan"]["tp"]) == ("l4", 2)
+    assert kube.node_lists == 1
+
+
+def test_no_node_big_enough_waits_and_says_which_nodes_would_do(
+    inventory_rt: Runtime, kube: FakeKube, events: Events
+) -> None:
+    kube.nodes = [l4_node("small", 1)]
+    body = target_body(spec=L4_ONLY)
+    kube.add(body)
+    with pytest.raises(kopf.TemporaryError, match="planning again in 60 s") as raised:
+        handlers.reconcile_target(body=body, memo=kopf.Memo(runtime=inventory_rt))
+    assert raised.value.delay == inventory_rt.config.nodes_retry_s == 60
+    feasible = cond(kube, "Feasible")
+    assert feasible["status"] == "False"
+    assert "with nodes of 2 l4 GPU(s) each, this would work" in feasible["message"]
+    assert kinds(kube) == set()  # nothing deployed
+    assert events.reasons == ["Infeasible"]
+    kube.nodes.append(l4_node("big", 2))  # a node arrives: the retry deploys
+    handlers.reconcile_target(body=latest(kube), memo=kopf.Memo(runtime=inventory_rt))
+    assert cond(kube, "Feasible")["status"] == "True" and "Deployment" in kinds(kube)
+
+
+def test_without_inventory_nodes_are_never_read(
+    rt: Runtime, kube: FakeKube, planner: FakePlanner
+) -> None:
+    reconcile(rt, created(kube))
+    assert kube.node_lists == 0 and "gpu_inventory" not in planner.calls[0]
+
+
+def test_a_failed_node_list_retries_and_changes_nothing(
+    inventory_rt: Runtime, kube: FakeKube
+) -> None:
+    kube.nodes_error = KubeError(403, "nodes is forbidden")
+    with pytest.raises(kopf.TemporaryError, match="nodes is forbidden"):
+        handlers.reconcile_target(body=created(kube), memo=kopf.Memo(runtime=inventory_rt))
+    assert kinds(kube) == set() and kube.status() == {}

@@ -62,3 +62,27 @@ def test_kopf_settings() -> None:
 
 def test_handler_modules_load() -> None:
     assert main_mod.load_handlers()[0] == "rooftop_operator.handlers"
+
+
+def test_gpu_inventory_from_env_or_flag(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert main_mod.config_from_args(parse("-n", "x")).gpu_inventory is False
+    monkeypatch.setenv("ROOFTOP_GPU_INVENTORY", "Nodes")
+    assert main_mod.config_from_args(parse("-n", "x")).gpu_inventory is True
+    assert (
+        main_mod.config_from_args(parse("-n", "x", "--gpu-inventory", "off")).gpu_inventory is False
+    )
+
+
+def test_a_bad_gpu_inventory_mode_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ROOFTOP_GPU_INVENTORY", "yes")
+    assert main_mod.run(parse("-n", "x")) == 2
+    err = capsys.readouterr().err
+    assert "ROOFTOP_GPU_INVENTORY" in err and "use nodes or off" in err
+
+
+@pytest.mark.parametrize("value", ["soon", "-1", "nan"])
+def test_a_bad_duration_in_the_environment_names_the_variable(value: str) -> None:
+    with pytest.raises(ValueError, match=f"ROOFTOP_NODES_RETRY_S='{value}': give a number"):
+        env_defaults({"ROOFTOP_NODES_RETRY_S": value})
