@@ -19,6 +19,7 @@ from typing import Any, Final, Protocol
 
 from rooftop_operator.control import max_billed_replicas
 from rooftop_operator.specs import TargetRef
+from rooftop_planner.inventory import gpu_toleration
 from rooftop_planner.spec import Mode, ServingTargetSpec
 
 ENGINE_PORT: Final = 8000
@@ -273,9 +274,9 @@ def _container(inp: EngineInputs, mounts: list[dict[str, Any]]) -> dict[str, Any
 
 
 def _tolerations(inp: EngineInputs) -> list[dict[str, Any]]:
-    """GPU nodes are commonly tainted with the GPU resource name (GPU operator, GKE,
-    EKS); tolerate that, plus whatever the target asks for."""
-    own = [{"key": inp.gpu_resource, "operator": "Exists", "effect": "NoSchedule"}]
+    """The GPU taint's toleration (shared with the inventory, which must count the
+    nodes these pods may land on), plus whatever the target asks for."""
+    own: list[dict[str, Any]] = [gpu_toleration(inp.gpu_resource)]
     extra = [
         t.model_dump(by_alias=True, exclude_none=True)
         for t in inp.spec.constraints.tolerations or []

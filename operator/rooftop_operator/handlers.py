@@ -39,7 +39,7 @@ from rooftop_operator.conditions import Cond
 from rooftop_operator.kube import Kube, KubeError
 from rooftop_operator.settings import OperatorConfig, configure
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec, slo_text
-from rooftop_planner.inventory import GpuInventory, inventory_from_nodes
+from rooftop_planner.inventory import GpuInventory, Placement, inventory_from_nodes
 from rooftop_planner.spec import KIND, ServingTargetSpec
 
 log = logging.getLogger(__name__)
@@ -183,7 +183,7 @@ def reconcile(
     except SpecError as err:
         _invalid(rt, body, ref, err)
         return "skipped"
-    inventory = {"gpu_inventory": gpu_inventory(rt)} if rt.config.gpu_inventory else {}
+    inventory = {"gpu_inventory": gpu_inventory(rt, spec)} if rt.config.gpu_inventory else {}
     try:
         result = rt.plan(
             spec,
@@ -203,11 +203,13 @@ def reconcile(
     return "success"
 
 
-def gpu_inventory(rt: Runtime) -> GpuInventory:
-    """The GPUs the cluster's Nodes offer now. Read on every plan rather than watched:
-    plans happen on spec changes and restarts, rarely enough that a list is cheap, and a
-    node added since the last plan is seen by the next one."""
-    return inventory_from_nodes(rt.kube.list_nodes(), rt.catalog)
+def gpu_inventory(rt: Runtime, spec: ServingTargetSpec) -> GpuInventory:
+    """The GPUs the cluster's Nodes offer this target's pods now (its nodeSelector and
+    tolerations). Read on every plan rather than watched: plans happen on spec changes
+    and restarts, rarely enough that a list is cheap, and a node added since the last
+    plan is seen by the next one."""
+    placement = Placement.of(spec.constraints)
+    return inventory_from_nodes(rt.kube.list_nodes(), rt.catalog, placement)
 
 
 def _invalid(rt: Runtime, body: Mapping[str, Any], ref: TargetRef, err: SpecError) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from rooftop_planner.catalog import CatalogError, load_catalog
 from rooftop_planner.efficiency import load_efficiency
-from rooftop_planner.inventory import inventory_from_nodes, load_nodes
+from rooftop_planner.inventory import Placement, inventory_from_nodes, load_nodes
 from rooftop_planner.manifest import ManifestError, load_target
 from rooftop_planner.scenarios import ScenarioError, scenario_from_row
 from rooftop_planner.search import plan_target
@@ -67,7 +67,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
             return _fail(problem)
     target = load_target(args.target)
     catalog = load_catalog(args.catalog)
-    inventory = inventory_from_nodes(load_nodes(args.nodes), catalog) if args.nodes else None
+    inventory = None
+    if args.nodes:
+        placement = Placement.of(target.spec.constraints)
+        inventory = inventory_from_nodes(load_nodes(args.nodes), catalog, placement)
     result = plan_target(target.spec, catalog=catalog, gpu_inventory=inventory)
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
@@ -192,7 +195,8 @@ def register(subparsers: Any) -> None:
     plan.add_argument("--catalog", metavar="FILE.yaml", help="your GPU/model catalog overrides")
     plan.add_argument(
         "--nodes", metavar="NODES.json",
-        help="plan only for GPUs these nodes have (`kubectl get nodes -o json`)",
+        help="plan only for GPUs these nodes offer the target's pods, after its "
+        "nodeSelector and tolerations (`kubectl get nodes -o json`)",
     )  # fmt: skip
     plan.set_defaults(func=_guarded(cmd_plan))
 

@@ -7,6 +7,15 @@ L4 nodes stays Pending forever. A node counts as a GPU of type ``g`` when its la
 equals ``g.node_label_value``; its GPU count is ``status.allocatable[g.resource_name]``
 (what the device plugin advertises, after any GPUs it withholds).
 
+Only nodes a target's engine pods may land on count (``placement``): nodes carrying the
+target's ``constraints.nodeSelector`` labels, with no NoSchedule/NoExecute taint the
+pods do not tolerate. Engine pods tolerate the GPU resource taint (``gpu_toleration``)
+plus the target's ``constraints.tolerations``. The ``node.kubernetes.io/`` taints are
+not placement policy but node conditions the node lifecycle controller sets and clears
+(not-ready, unreachable, memory-pressure, unschedulable), so they are ignored like a
+NotReady node is: a flapping node must not make a resumed target re-plan onto another
+shape. A cordoned node (``spec.unschedulable``) is skipped.
+
 This module only reads plain dicts, so ``rooftop plan --nodes`` and the operator (which
 lists Nodes through the API) share it; it never imports a Kubernetes client.
 """
@@ -21,8 +30,11 @@ from typing import Any
 import yaml
 
 from rooftop_planner.catalog import Catalog, CatalogError, GpuSpec
+from rooftop_planner.spec import Constraints
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+CONDITION_TAINT_PREFIX = "node.kubernetes.io/"
+BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")  # PreferNoSchedule only steers
 
 
 class InventoryError(CatalogError):
@@ -30,59 +42,141 @@ class InventoryError(CatalogError):
 
 
 @dataclass(frozen=True)
+class Placement:
+    """Where a target's engine pods may run, from its ``spec.constraints``.
+
+    Attributes:
+        node_selector: labels a node must carry (the GPU's own label key is left to
+            the plan: the builder overrides it with the planned GPU's value).
+        tolerations: the target's tolerations, as core/v1 Toleration dicts.
+    """
+
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, constraints: Constraints | None) -> Placement:
+        """From a ``spec.Constraints`` (or None: any node)."""
+        if constraints is None:
+            return cls()
+        tolerations = tuple(
+            t.model_dump(by_alias=True, exclude_none=True) for t in constraints.tolerations or []
+        )
+        return cls(dict(constraints.node_selector or {}), tolerations)
+
+    def obstacle(self, node: Mapping[str, Any], gpu: GpuSpec) -> str:
+        """Why an engine pod of ``gpu`` cannot land on ``node``, else ""."""
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        for key, value in sorted(self.node_selector.items()):
+            if key != gpu.node_label_key and labels.get(key) != value:
+                return f"label {key}={value} (spec.constraints.nodeSelector) missing"
+        own = (gpu_toleration(gpu.resource_name), *self.tolerations)
+        for taint in (node.get("spec") or {}).get("taints") or []:
+            if _blocks(taint) and not any(tolerates(t, taint) for t in own):
+                return (f"taint {_taint_text(taint)} not tolerated "
+                        "(spec.constraints.tolerations)")  # fmt: skip
+        return ""
+
+
+def gpu_toleration(resource_name: str) -> dict[str, str]:
+    """The toleration every engine pod carries: GPU nodes are commonly tainted with the
+    GPU resource name (NVIDIA GPU operator, GKE, EKS), to keep other pods off them."""
+    return {"key": resource_name, "operator": "Exists", "effect": "NoSchedule"}
+
+
+def tolerates(toleration: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    """Kubernetes' ``Toleration.ToleratesTaint``: an empty effect or key matches any;
+    ``Exists`` matches any value, ``Equal`` (the default) the same value."""
+    effect, key = toleration.get("effect") or "", toleration.get("key") or ""
+    if (effect and effect != taint.get("effect")) or (key and key != taint.get("key")):
+        return False
+    if (toleration.get("operator") or "Equal") == "Exists":
+        return True
+    return bool((toleration.get("value") or "") == (taint.get("value") or ""))
+
+
+def _blocks(taint: Mapping[str, Any]) -> bool:
+    key = str(taint.get("key") or "")
+    return taint.get("effect") in BLOCKING_EFFECTS and not key.startswith(CONDITION_TAINT_PREFIX)
+
+
+def _taint_text(taint: Mapping[str, Any]) -> str:
+    value = taint.get("value")
+    return f"{taint.get('key')}{'=' + str(value) if value else ''}:{taint.get('effect')}"
+
+
+@dataclass(frozen=True)
 class GpuInventory:
-    """What the cluster's schedulable nodes offer.
+    """What the cluster's schedulable nodes offer one target.
 
     Attributes:
         gpus_per_node: catalog GPU id -> the most GPUs of that type one node offers.
         unknown_products: GPU product labels no catalog GPU matches (said in messages,
             so a user sees why those nodes were not used).
+        unusable: catalog GPU id -> (GPUs on the biggest node the target's pods may not
+            use, why), kept only where that node is bigger than every usable one.
     """
 
     gpus_per_node: Mapping[str, int] = field(default_factory=dict)
     unknown_products: tuple[str, ...] = ()
+    unusable: Mapping[str, tuple[int, str]] = field(default_factory=dict)
 
     def problem(self, gpu: GpuSpec, tp: int) -> str:
         """Why no node of this cluster can run a ``tp``-GPU pod of ``gpu``, else ""."""
         have = self.gpus_per_node.get(gpu.id, 0)
+        if tp <= have:
+            return ""
+        if (blocked := self.unusable.get(gpu.id)) and (blocked[0] >= tp or have == 0):
+            return (f"the cluster's {blocked[0]}-GPU {gpu.id} nodes are not usable: "
+                    f"{blocked[1]}")  # fmt: skip
         if have == 0:
             label = f"{gpu.node_label_key}={gpu.node_label_value}"
             return (f"no schedulable node has {label} and allocatable {gpu.resource_name} "
                     f"(the cluster has: {self.describe()})")  # fmt: skip
-        if tp > have:
-            return f"the cluster's {gpu.id} nodes have at most {have} GPU(s) each"
-        return ""
+        return f"the cluster's {gpu.id} nodes have at most {have} GPU(s) each"
 
     def describe(self) -> str:
-        """``l4 x1/node, h100-sxm x8/node`` (and unmatched products), or ``no GPU nodes``."""
+        """``l4 x1/node, h100-sxm x8/node`` (and unmatched products, unusable nodes),
+        or ``no GPU nodes``."""
         parts = [f"{g} x{n}/node" for g, n in sorted(self.gpus_per_node.items())]
+        parts += [
+            f"{g} x{n}/node not usable: {why}" for g, (n, why) in sorted(self.unusable.items())
+        ]
         parts += [f"{p} (not in the catalog)" for p in self.unknown_products]
         return ", ".join(parts) or "no GPU nodes"
 
 
-def inventory_from_nodes(nodes: Iterable[Mapping[str, Any]], catalog: Catalog) -> GpuInventory:
-    """Per catalog GPU, the most allocatable GPUs on one schedulable node.
-
-    Cordoned nodes (``spec.unschedulable``) are skipped: nothing new lands there.
-    """
+def inventory_from_nodes(
+    nodes: Iterable[Mapping[str, Any]], catalog: Catalog, placement: Placement | None = None
+) -> GpuInventory:
+    """Per catalog GPU, the most allocatable GPUs on one schedulable node that the
+    target's pods may use (``placement``; None: any node)."""
+    placement = placement or Placement()
     best: dict[str, int] = {}
+    blocked: dict[str, tuple[int, str]] = {}
     unknown: set[str] = set()
     for node in nodes:
         if (node.get("spec") or {}).get("unschedulable"):
-            continue
+            continue  # cordoned: nothing new lands there
         labels = (node.get("metadata") or {}).get("labels") or {}
         allocatable = (node.get("status") or {}).get("allocatable") or {}
-        matched = False
-        for gpu in catalog.gpus.values():
-            if labels.get(gpu.node_label_key) == gpu.node_label_value:
-                matched = True
-                count = _gpu_count(allocatable.get(gpu.resource_name))
-                if count > 0:
-                    best[gpu.id] = max(best.get(gpu.id, 0), count)
+        gpus = [
+            g for g in catalog.gpus.values() if labels.get(g.node_label_key) == g.node_label_value
+        ]
+        for gpu in gpus:
+            count = _gpu_count(allocatable.get(gpu.resource_name))
+            if count <= 0:
+                continue
+            if why := placement.obstacle(node, gpu):
+                if count > blocked.get(gpu.id, (0, ""))[0]:
+                    blocked[gpu.id] = (count, why)
+            else:
+                best[gpu.id] = max(best.get(gpu.id, 0), count)
         product = labels.get(GPU_PRODUCT_LABEL)
-        if not matched and product:
+        if not gpus and product:
             unknown.add(str(product))
-    return GpuInventory(best, tuple(sorted(unknown)))
+    unusable = {g: b for g, b in blocked.items() if b[0] > best.get(g, 0)}
+    return GpuInventory(best, tuple(sorted(unknown)), unusable)
 
 
 def _gpu_count(quantity: Any) -> int:

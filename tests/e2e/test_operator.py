@@ -478,8 +478,9 @@ def test_namespace_scoped_install_needs_no_cluster_permissions(env: Env, tmp_pat
 
 def test_gpu_inventory_plans_for_the_nodes_there_are(env: Env, tmp_path: Path) -> None:
     """operator.gpuInventory=nodes: with only a 1-GPU A10G node, a target that needs a
-    multi-GPU A10G pod is infeasible and says which node would do; once such a node
-    joins, the operator's periodic re-plan deploys onto it without a spec edit."""
+    multi-GPU A10G pod is infeasible and says which node would do (a big enough node
+    with a taint the pods do not tolerate does not count); once such a node joins, the
+    operator's periodic re-plan deploys onto it without a spec edit."""
     core = client.CoreV1Api(env.api)
     doc = load(ROOT / "examples" / "simulated-chat.yaml", name="fits")
     doc["spec"]["constraints"]["gpuTypes"] = ["a10g"]
@@ -489,18 +490,22 @@ def test_gpu_inventory_plans_for_the_nodes_there_are(env: Env, tmp_path: Path) -
     a10g = GpuType(f"e2e-a10g-{uuid.uuid4().hex[:4]}", "NVIDIA-A10G", 1, 23028, "ampere",
                    (8, 6), "g5.xlarge", "4", "16Gi")  # fmt: skip
 
-    def add_node(gpus: int, index: int) -> str:
+    def add_node(gpus: int, index: int, taint: str | None = None) -> str:
         node = gpu_node(dataclasses.replace(a10g, gpus=gpus), index)
+        if taint:
+            node.setdefault("spec", {})["taints"] = [{"key": taint, "effect": "NoSchedule"}]
         core.create_node(node)
         env.nodes.append(node["metadata"]["name"])
         return str(node["metadata"]["name"])
 
     add_node(1, 1)
+    add_node(tp, 3, taint="e2e/reserved")
     with second_install(env, tmp_path, "operator.gpuInventory=nodes") as inv:
         inv.operator.start(ROOFTOP_GPU_INVENTORY="nodes", ROOFTOP_NODES_RETRY_S="2")
         inv.apply(doc)
         feasible = inv.wait_condition("fits", "Feasible", "False")
         assert f"with nodes of {tp} a10g GPU(s) each, this would work" in feasible["message"]
+        assert "taint e2e/reserved:NoSchedule not tolerated" in feasible["message"]
         assert inv.deployment("fits") is None
         big = add_node(tp, 2)
         inv.wait_condition("fits", "Ready", "True")

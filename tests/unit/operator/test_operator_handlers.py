@@ -459,6 +459,29 @@ def test_no_node_big_enough_waits_and_says_which_nodes_would_do(
     assert cond(kube, "Feasible")["status"] == "True" and "Deployment" in kinds(kube)
 
 
+def test_with_inventory_only_nodes_the_pods_tolerate_count(
+    inventory_rt: Runtime, kube: FakeKube
+) -> None:
+    big = l4_node("big", 2)
+    big["spec"] = {"taints": [{"key": "dedicated", "value": "llm", "effect": "NoSchedule"}]}
+    kube.nodes = [l4_node("small", 1), big]
+    body = target_body(spec=L4_ONLY)
+    kube.add(body)
+    with pytest.raises(kopf.TemporaryError):
+        handlers.reconcile_target(body=body, memo=kopf.Memo(runtime=inventory_rt))
+    assert "taint dedicated=llm:NoSchedule not tolerated" in cond(kube, "Feasible")["message"]
+    tolerant = {**L4_ONLY, "constraints": {**L4_ONLY["constraints"],
+                "tolerations": [{"key": "dedicated", "operator": "Exists"}]}}  # fmt: skip
+    body = target_body(name="tolerant", spec=tolerant)
+    kube.add(body)
+    assert reconcile(inventory_rt, body) == "success"
+    deployment = next(o for (k, _, n), o in kube.objects.items() if k == "Deployment"
+                      and n.startswith("tolerant"))  # fmt: skip
+    pods = deployment["spec"]["template"]["spec"]
+    assert {"key": "dedicated", "operator": "Exists"} in pods["tolerations"]
+    assert kube.status("tolerant")["plan"]["tp"] == 2
+
+
 def test_without_inventory_nodes_are_never_read(
     rt: Runtime, kube: FakeKube, planner: FakePlanner
 ) -> None:

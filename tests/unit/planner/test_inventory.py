@@ -13,8 +13,10 @@ from rooftop_planner.catalog import Catalog, load_catalog
 from rooftop_planner.inventory import (
     GpuInventory,
     InventoryError,
+    Placement,
     inventory_from_nodes,
     load_nodes,
+    tolerates,
 )
 from rooftop_planner.manifest import load_target
 from rooftop_planner.search import plan_target
@@ -27,17 +29,34 @@ def catalog() -> Catalog:
     return load_catalog()
 
 
-def node(name: str, product: str | None, gpus: Any = None, cordoned: bool = False) -> dict:
-    labels = {"kubernetes.io/hostname": name}
+def node(
+    name: str,
+    product: str | None,
+    gpus: Any = None,
+    cordoned: bool = False,
+    taints: tuple[str, ...] = (),
+    labels: dict[str, str] | None = None,
+) -> dict:
+    """A Node; ``taints`` as ``key=value:Effect`` (or ``key:Effect``)."""
+    all_labels = {"kubernetes.io/hostname": name, **(labels or {})}
     if product:
-        labels["nvidia.com/gpu.product"] = product
+        all_labels["nvidia.com/gpu.product"] = product
     allocatable = {"cpu": "8"} if gpus is None else {"cpu": "8", "nvidia.com/gpu": gpus}
+    spec: dict[str, Any] = {"unschedulable": True} if cordoned else {}
+    if taints:
+        spec["taints"] = [taint(t) for t in taints]
     return {
         "kind": "Node",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {"unschedulable": True} if cordoned else {},
+        "metadata": {"name": name, "labels": all_labels},
+        "spec": spec,
         "status": {"allocatable": allocatable},
     }
+
+
+def taint(text: str) -> dict[str, str]:
+    pair, effect = text.rsplit(":", 1)
+    key, _, value = pair.partition("=")
+    return {"key": key, "effect": effect, **({"value": value} if value else {})}
 
 
 def test_the_biggest_schedulable_node_per_gpu_type_counts(catalog: Catalog) -> None:
@@ -103,6 +122,92 @@ def test_a_target_no_gpu_can_meet_is_not_waiting_for_nodes(catalog: Catalog) -> 
     assert "no GPU in the catalog meets this target either" in result.explain()
 
 
+# ---------------------------------------------------------------- where the pods may land
+
+
+def placement(**constraints: Any) -> Placement:
+    from rooftop_planner.spec import Constraints
+
+    return Placement.of(Constraints.model_validate(constraints))
+
+
+def test_nodes_with_an_untolerated_taint_do_not_count(catalog: Catalog) -> None:
+    nodes = [
+        node("l4", "NVIDIA-L4", "1"),
+        node("l4-team", "NVIDIA-L4", "4", taints=("team=ml:NoSchedule",)),
+    ]
+    inv = inventory_from_nodes(nodes, catalog, placement())
+    assert inv.gpus_per_node == {"l4": 1}
+    assert inv.unusable == {
+        "l4": (4, "taint team=ml:NoSchedule not tolerated (spec.constraints.tolerations)")
+    }
+    assert inv.problem(catalog.gpu("l4"), 2).startswith("the cluster's 4-GPU l4 nodes are not")
+    assert "l4 x4/node not usable: taint team=ml:NoSchedule" in inv.describe()
+    tolerant = placement(tolerations=[{"key": "team", "operator": "Equal", "value": "ml"}])
+    assert inventory_from_nodes(nodes, catalog, tolerant).gpus_per_node == {"l4": 4}
+    assert inventory_from_nodes(nodes, catalog, tolerant).unusable == {}
+
+
+@pytest.mark.parametrize(
+    "taints",
+    [
+        ("nvidia.com/gpu=present:NoSchedule",),  # the pods' own GPU toleration
+        ("team=ml:PreferNoSchedule",),  # steers, never blocks
+        ("node.kubernetes.io/not-ready:NoSchedule", "node.kubernetes.io/unreachable:NoExecute"),
+    ],
+)
+def test_gpu_preference_and_condition_taints_do_not_block(
+    catalog: Catalog, taints: tuple[str, ...]
+) -> None:
+    nodes = [node("l4", "NVIDIA-L4", "4", taints=taints)]
+    assert inventory_from_nodes(nodes, catalog, placement()).gpus_per_node == {"l4": 4}
+
+
+def test_only_nodes_with_the_targets_node_selector_count(catalog: Catalog) -> None:
+    nodes = [
+        node("l4-a", "NVIDIA-L4", "4", labels={"zone": "a"}),
+        node("l4-b", "NVIDIA-L4", "2", labels={"zone": "b"}),
+    ]
+    # the GPU label key is the plan's to set: a selector on it does not filter here
+    zone_b = placement(nodeSelector={"zone": "b", "nvidia.com/gpu.product": "NVIDIA-H100"})
+    inv = inventory_from_nodes(nodes, catalog, zone_b)
+    assert inv.gpus_per_node == {"l4": 2}
+    assert inv.unusable["l4"] == (4, "label zone=b (spec.constraints.nodeSelector) missing")
+    assert inventory_from_nodes(nodes, catalog).gpus_per_node == {"l4": 4}  # no placement
+
+
+@pytest.mark.parametrize(
+    ("toleration", "tolerated"),
+    [
+        ({"operator": "Exists"}, True),  # empty key and effect: every taint
+        ({"key": "team", "operator": "Exists"}, True),
+        ({"key": "team", "value": "ml"}, True),  # operator defaults to Equal
+        ({"key": "team", "value": "web"}, False),
+        ({"key": "team", "operator": "Exists", "effect": "NoExecute"}, False),
+        ({"key": "other", "operator": "Exists"}, False),
+    ],
+)
+def test_tolerations_match_as_kubernetes_does(toleration: dict, tolerated: bool) -> None:
+    assert tolerates(toleration, taint("team=ml:NoSchedule")) is tolerated
+
+
+def test_a_plan_needing_tainted_nodes_says_which_toleration_is_missing(
+    catalog: Catalog,
+) -> None:
+    spec = load_target(EXAMPLE).spec
+    spec = spec.model_copy(
+        update={"constraints": spec.constraints.model_copy(update={"gpu_types": ["l4"]})}
+    )
+    nodes = [
+        node("l4", "NVIDIA-L4", "1"),
+        node("l4-x2", "NVIDIA-L4", "2", taints=("a=b:NoExecute",)),
+    ]
+    inv = inventory_from_nodes(nodes, catalog, Placement.of(spec.constraints))
+    result = plan_target(spec, catalog=catalog, gpu_inventory=inv)
+    assert not result.feasible and result.beyond_inventory is not None
+    assert "taint a=b:NoExecute not tolerated" in result.explain()
+
+
 # ---------------------------------------------------------------- node list files
 
 
@@ -142,3 +247,20 @@ def test_plan_cli_takes_nodes(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert f"GPU nodes ({path}): l4 x1/node" in out and "with nodes of 2 l4 GPU(s)" in out
     assert main(["plan", str(EXAMPLE), "--nodes", str(tmp_path / "absent.json")]) == 2
     assert "absent.json" in capsys.readouterr().err
+
+
+def test_plan_cli_reads_the_targets_tolerations(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    tainted = node("a", "NVIDIA-L4", "2", taints=("dedicated=llm:NoSchedule",))
+    path = write(tmp_path, json.dumps({"kind": "List", "items": [tainted]}))
+    doc = load_target(EXAMPLE).model_dump(by_alias=True, exclude_none=True)
+    doc["spec"]["constraints"]["gpuTypes"] = ["l4"]
+    target = tmp_path / "target.json"
+    target.write_text(json.dumps(doc))
+    assert main(["plan", str(target), "--nodes", str(path)]) == 1
+    assert "l4 x2/node not usable: taint dedicated=llm:NoSchedule" in capsys.readouterr().out
+    doc["spec"]["constraints"]["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
+    target.write_text(json.dumps(doc))
+    assert main(["plan", str(target), "--nodes", str(path)]) == 0
+    assert "Chosen: 1x l4 TP2" in capsys.readouterr().out
