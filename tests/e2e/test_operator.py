@@ -56,6 +56,7 @@ class Env:
     operator: Operator
     catalog: Catalog
     nodes: list[str] = field(default_factory=list)
+    release: str = RELEASE
 
     # ---- reads
     def target(self, name: str) -> Obj:
@@ -450,7 +451,7 @@ def second_install(env: Env, tmp_path: Path, *sets: str) -> Iterator[Env]:
         tmp_path / "operator.log",
     )
     try:
-        yield Env(env.cluster, env.api, watched, operator, env.catalog)
+        yield Env(env.cluster, env.api, watched, operator, env.catalog, release=release)
     finally:
         operator.stop()
         env.cluster.helm("uninstall", release, "--namespace", watched, check=False)
@@ -474,6 +475,44 @@ def test_namespace_scoped_install_needs_no_cluster_permissions(env: Env, tmp_pat
         scoped.apply(doc)
         scoped.wait_condition("scoped", "Ready", "True")
         assert scoped.deployment("scoped") is not None
+
+
+def test_upgrade_and_uninstall_keep_targets_and_their_engines(env: Env, tmp_path: Path) -> None:
+    """The README's upgrade (CRD re-applied server-side, then `helm upgrade`, then the
+    operator restarts) leaves a running target's engine Deployment untouched: resuming,
+    the operator applies what is already there. `helm uninstall` then removes the
+    operator's objects but neither the CRD (Helm keeps `crds/`) nor the user's
+    ServingTarget and its engine."""
+    with second_install(env, tmp_path) as inst:
+        inst.operator.start()
+        doc = load(ROOT / "examples" / "simulated-chat.yaml", name="kept")
+        ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
+        inst.apply(doc)
+        inst.wait_condition("kept", "Ready", "True")
+        before = inst.deployment("kept")
+        assert before is not None
+        target_uid = inst.target("kept")["metadata"]["uid"]
+        inst.operator.stop()
+        env.cluster.kubectl(
+            "apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds")
+        )
+        env.cluster.helm("upgrade", inst.release, str(CHART), "--namespace", inst.namespace,
+                         "--reuse-values", "--set", "operator.verbose=true")  # fmt: skip
+        inst.operator.start()
+        resumed = f"[{inst.namespace}/kept] Handler 'reconcile_target' succeeded"
+        wait_until(lambda: resumed in inst.operator.log_since_start(), TIMEOUT,
+                   f"resume of kept\n{inst.operator.tail()}")  # fmt: skip
+        after = inst.deployment("kept")
+        assert after is not None and inst.condition("kept", "Ready")["status"] == "True"
+        for field_ in ("uid", "generation"):
+            assert after["metadata"][field_] == before["metadata"][field_]
+        inst.operator.stop()
+        env.cluster.helm("uninstall", inst.release, "--namespace", inst.namespace)
+        crds = env.cluster.kubectl("get", "crd", "servingtargets.rooftop.dev", "-o", "name")
+        assert "servingtargets.rooftop.dev" in crds.stdout
+        assert inst.target("kept")["metadata"]["uid"] == target_uid
+        kept = inst.deployment("kept")
+        assert kept is not None and kept["metadata"]["uid"] == before["metadata"]["uid"]
 
 
 def test_gpu_inventory_plans_for_the_nodes_there_are(env: Env, tmp_path: Path) -> None:
