@@ -13,7 +13,10 @@ The vLLM command line uses only flags that exist in vLLM 0.33 (shared/docs/vllm-
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -114,6 +117,26 @@ class EngineInputs:
     image: str
     gpu_resource: str = "nvidia.com/gpu"
     pod_monitor: bool = False
+
+
+APPLIED_ANNOTATION: Final = "rooftop.dev/applied"
+
+
+def with_applied_hash(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """``obj`` with a digest of itself in the ``rooftop.dev/applied`` annotation.
+
+    Why: the operator skips applying a child whose fields already hold its values
+    (``handlers.is_subset``), but a field it STOPPED setting (a nodeSelector entry
+    removed from the spec, the scrape annotations once a PodMonitor exists) still sits
+    there, and a subset check cannot see that. The digest changes whenever the desired
+    object does, removals included, so such a change is applied, and server-side apply
+    then drops the fields this manager no longer sets.
+    """
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    meta = dict(obj.get("metadata") or {})
+    meta["annotations"] = {**(meta.get("annotations") or {}), APPLIED_ANNOTATION: digest}
+    return {**obj, "metadata": meta}
 
 
 def deployment_name(name: str) -> str:

@@ -8,7 +8,9 @@ event sink, metrics), so tests call ``reconcile`` with fakes and no cluster.
 Who writes what in ``status`` (each with read-modify-write, see ``kube.update_status``):
 - ``reconcile``: plan, gpu, slo, observedGeneration and the Planned, Feasible,
   Deployed and WithinBudget conditions.
-- ``sync_readiness`` (Deployment events): replicas, readyReplicas, ready and Ready.
+- ``sync_readiness`` (Deployment events, and the feedback timer while a target is not
+  ready): replicas, readyReplicas, ready and Ready (naming pods the scheduler cannot
+  place: that changes no Deployment field, so no Deployment event reports it).
 - the feedback loop (``loop.py``): observed and SLOMet (it may refresh WithinBudget).
 
 Failure policy: an invalid spec or an infeasible target is a condition and an event,
@@ -64,6 +66,7 @@ class KubeLike(Protocol):
     def apply(self, obj: Mapping[str, Any]) -> None: ...
     def has_api(self, group_version: str, plural: str) -> bool: ...
     def list_nodes(self) -> list[Obj]: ...
+    def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[Obj]: ...
     def get_target(self, namespace: str, name: str) -> Obj | None: ...
     def update_status(
         self, namespace: str, name: str, mutate: Callable[[Obj], Obj]
@@ -376,9 +379,10 @@ def desired_children(inp: builders.EngineInputs) -> list[Obj]:
 
 
 def apply_children(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: Any) -> None:
-    """Server-side apply each child that differs from what is there. Raises
+    """Server-side apply each child that differs from what is there (its fields, or
+    the digest of what was last applied: see ``builders.with_applied_hash``). Raises
     ``ChildConflict`` rather than take over an object someone else created."""
-    children = desired_children(engine_inputs(rt, ref, spec, plan))
+    children = map(builders.with_applied_hash, desired_children(engine_inputs(rt, ref, spec, plan)))
     for child in children:
         meta = child["metadata"]
         current = rt.kube.get(child["apiVersion"], child["kind"], ref.namespace, meta["name"])
@@ -395,9 +399,14 @@ def apply_children(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: A
 # ---------------------------------------------------------------- readiness
 
 
-def readiness(deployment: Mapping[str, Any]) -> tuple[Cond, int, int]:
+def readiness(
+    deployment: Mapping[str, Any], pods: Sequence[Mapping[str, Any]] = ()
+) -> tuple[Cond, int, int]:
     """(Ready condition, desired replicas, ready replicas) of an engine Deployment.
-    Ready means the rollout finished: every desired pod runs the current template."""
+    Ready means the rollout finished: every desired pod runs the current template.
+    ``pods``: its pods; one the scheduler cannot place makes the reason
+    ``Unschedulable`` with the scheduler's own message (which nodes lack what), the
+    first thing a user asks of a target that stays not ready."""
     spec, status = deployment.get("spec") or {}, deployment.get("status") or {}
     desired, ready = int(spec.get("replicas", 1)), int(status.get("readyReplicas") or 0)
     updated, total = int(status.get("updatedReplicas") or 0), int(status.get("replicas") or 0)
@@ -409,6 +418,9 @@ def readiness(deployment: Mapping[str, Any]) -> tuple[Cond, int, int]:
         return Cond(cnd.READY, "False", "ScaledToZero", "no engine replicas"), 0, ready
     if current and updated >= desired and ready >= desired and total == desired:
         return Cond(cnd.READY, "True", "EngineReady", counts), desired, ready
+    if stuck := [why for p in pods if (why := unschedulable(p))]:
+        msg = f"{counts}; {len(stuck)} pod(s) cannot be scheduled: {stuck[0]}"
+        return Cond(cnd.READY, "False", "Unschedulable", msg), desired, ready
     for c in status.get("conditions") or []:
         if c.get("type") == "Progressing" and c.get("status") == "False":
             stalled = Cond(cnd.READY, "False", str(c.get("reason")), str(c.get("message")))
@@ -417,13 +429,38 @@ def readiness(deployment: Mapping[str, Any]) -> tuple[Cond, int, int]:
     return Cond(cnd.READY, "False", reason, counts), desired, ready
 
 
+def unschedulable(pod: Mapping[str, Any]) -> str:
+    """The scheduler's message for a pod it cannot place (its PodScheduled condition
+    is False with reason Unschedulable), else ""."""
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return ""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        placed = (c.get("type"), c.get("status"), c.get("reason"))
+        if placed == ("PodScheduled", "False", "Unschedulable"):
+            return str(c.get("message") or "no node fits")
+    return ""
+
+
+def refresh_readiness(rt: Runtime, deployment: Mapping[str, Any] | None) -> None:
+    """``sync_readiness`` for a Deployment that is not ready, from a periodic caller
+    (the feedback timer): a pod the scheduler gave up on, or placed after a node
+    joined, changes no Deployment field. A ready one costs nothing (no API call)."""
+    if deployment is not None and readiness(deployment)[0].status != "True":
+        sync_readiness(rt, deployment)
+
+
 def sync_readiness(rt: Runtime, deployment: Mapping[str, Any]) -> None:
-    """Mirror an engine Deployment's rollout state into its target's status."""
+    """Mirror an engine Deployment's rollout state into its target's status. Pods are
+    listed only while it is not ready, so a steady fleet costs no extra API call."""
     meta = deployment.get("metadata") or {}
     owner = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
     if owner is None or owner.get("kind") != KIND:
         return
     cond, desired, ready = readiness(deployment)
+    if cond.status != "True" and desired > 0:
+        selector = builders.selector_labels(str(owner.get("name")))
+        pods = rt.kube.list_pods(str(meta.get("namespace")), selector)
+        cond, desired, ready = readiness(deployment, pods)
     now = rt.now()
 
     def mutate(status: Obj) -> Obj:

@@ -154,6 +154,15 @@ class Kube:
             raise KubeError.from_api(err) from err
         return [self._plain(node) for node in found.items or []]
 
+    def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[Obj]:
+        """Pods in ``namespace`` carrying all of ``labels``, as plain dicts."""
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        try:
+            found = self._core().list_namespaced_pod(namespace, label_selector=selector)
+        except ApiException as err:
+            raise KubeError.from_api(err) from err
+        return [self._plain(pod) for pod in found.items or []]
+
     def get_target(self, namespace: str, name: str) -> Obj | None:
         return self.get(API_VERSION, KIND, namespace, name)
 

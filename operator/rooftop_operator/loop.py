@@ -401,6 +401,7 @@ async def feedback(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     dep = await asyncio.to_thread(
         rt.kube.get, "apps/v1", "Deployment", ref.namespace, deployment_name(ref.name)
     )
+    await asyncio.to_thread(handlers.refresh_readiness, rt, dep)
     desired, ready, pending = pod_counts(dep)
     try:
         mem = _memory(memo, ref, spec, plan, status, desired)

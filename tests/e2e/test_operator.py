@@ -283,6 +283,30 @@ def test_slo_edit_replans_and_rolls_the_deployment(env: Env) -> None:
     assert events.stdout.strip(), "no PlanChanged event"
 
 
+def test_ready_names_what_keeps_the_scheduler_from_placing_pods(env: Env) -> None:
+    """A pod no node fits changes no Deployment field; Ready still says why, in the
+    scheduler's words, and clears once an edit (removing the selector entry in the
+    way) lets the pods land."""
+    doc = load(ROOT / "examples" / "simulated-chat.yaml", name="nowhere")
+    ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
+    placed = copy.deepcopy(doc)
+    doc["spec"]["constraints"]["nodeSelector"] = {"e2e.rooftop.dev/pool": "absent"}
+    env.apply(doc)
+
+    def unschedulable() -> Obj | None:
+        cond = env.condition("nowhere", "Ready")
+        return cond if cond.get("reason") == "Unschedulable" else None
+
+    ready = wait_until(unschedulable, TIMEOUT, f"Unschedulable\n{env.operator.tail()}")
+    assert "engine replicas ready; 1 pod(s) cannot be scheduled: 0/" in ready["message"]
+    assert "didn't match Pod's node affinity/selector" in ready["message"]
+    env.apply(placed)
+    env.wait_condition("nowhere", "Ready", "True", generation=2)
+    deployment = env.deployment("nowhere")
+    assert deployment is not None  # the removed selector entry left the Deployment
+    assert "e2e.rooftop.dev/pool" not in deployment["spec"]["template"]["spec"]["nodeSelector"]
+
+
 def test_infeasible_target_reports_why_and_deploys_nothing(env: Env) -> None:
     doc = load(ROOT / "examples" / "chat-llama-3.1-8b.yaml", name="impossible")
     doc["spec"]["slo"]["tpotMs"] = 0.5

@@ -113,6 +113,7 @@ class FakeKube:
         self.nodes: list[Obj] = []
         self.nodes_error: Exception | None = None
         self.node_lists = 0
+        self.pod_lists = 0
 
     def add(self, obj: Mapping[str, Any]) -> None:
         meta = obj["metadata"]
@@ -134,6 +135,15 @@ class FakeKube:
         if self.nodes_error is not None:
             raise self.nodes_error
         return copy.deepcopy(self.nodes)
+
+    def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[Obj]:
+        self.pod_lists += 1
+        return [
+            copy.deepcopy(o)
+            for (kind, ns, _), o in self.objects.items()
+            if kind == "Pod" and ns == namespace
+            and labels.items() <= (o["metadata"].get("labels") or {}).items()
+        ]  # fmt: skip
 
     def get_target(self, namespace: str, name: str) -> Obj | None:
         return self.get("rooftop.dev/v1alpha1", "ServingTarget", namespace, name)

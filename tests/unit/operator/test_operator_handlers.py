@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import NS, SPEC, UID, Events, FakeKube, FakePlan, FakePlanner, FakeResult, target_body
 
-from rooftop_operator import control, handlers, loop
+from rooftop_operator import builders, control, handlers, loop
 from rooftop_operator.conditions import find
 from rooftop_operator.handlers import Runtime, reconcile
 from rooftop_operator.kube import KubeError
@@ -78,6 +78,40 @@ def test_repeated_reconcile_changes_nothing(rt: Runtime, kube: FakeKube, events:
     assert kube.objects == before
     assert (len(kube.applied), kube.status_writes) == (applied, writes)
     assert events.reasons == ["Planned"]
+
+
+def pod_spec(kube: FakeKube) -> dict[str, Any]:
+    deployment = kube.get("apps/v1", "Deployment", NS, "chat-engine")
+    assert deployment is not None
+    return dict(deployment["spec"]["template"]["spec"])
+
+
+def test_a_field_removed_from_the_spec_leaves_the_deployment(rt: Runtime, kube: FakeKube) -> None:
+    """A child whose fields still hold every desired value is not re-applied; but a
+    removed nodeSelector entry is a change too (the applied digest says so)."""
+    pinned = {**SPEC, "constraints": {**SPEC.get("constraints", {}),
+                                      "nodeSelector": {"pool": "a"}}}  # fmt: skip
+    body = target_body(spec=pinned)
+    kube.add(body)
+    reconcile(rt, body)
+    assert pod_spec(kube)["nodeSelector"]["pool"] == "a"
+    body = target_body(spec=SPEC)
+    body["metadata"]["generation"] = 2
+    kube.add({**body, "status": kube.status()})
+    applied = len(kube.applied)
+    reconcile(rt, latest(kube))
+    assert len(kube.applied) == applied + 1  # the Deployment, again
+    assert "pool" not in pod_spec(kube)["nodeSelector"]
+
+
+def test_pod_monitor_arriving_drops_the_scrape_annotations(rt: Runtime, kube: FakeKube) -> None:
+    reconcile(rt, created(kube))
+    template = kube.get("apps/v1", "Deployment", NS, "chat-engine")["spec"]["template"]  # type: ignore[index]
+    assert "prometheus.io/scrape" in template["metadata"]["annotations"]
+    kube.pod_monitors = True  # the Prometheus operator was installed since
+    reconcile(rt, latest(kube))
+    template = kube.get("apps/v1", "Deployment", NS, "chat-engine")["spec"]["template"]  # type: ignore[index]
+    assert "annotations" not in template["metadata"]
 
 
 def test_new_plan_rolls_the_deployment(
@@ -307,6 +341,64 @@ def test_sync_readiness_ignores_deployments_of_a_recreated_target(
         rt, deployment({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 2})
     )
     assert kube.status() == {}
+
+
+NO_FIT = (
+    "0/7 nodes are available: 4 Insufficient nvidia.com/gpu, 3 node(s) didn't match "
+    "Pod's node affinity/selector."
+)
+
+
+def engine_pod(
+    name: str, phase: str = "Pending", scheduled: str | None = "False"
+) -> dict[str, Any]:
+    conditions = []
+    if scheduled is not None:
+        conditions.append({"type": "PodScheduled", "status": scheduled,
+                           **({"reason": "Unschedulable", "message": NO_FIT}
+                              if scheduled == "False" else {})})  # fmt: skip
+    return {"kind": "Pod",
+            "metadata": {"name": name, "namespace": NS,
+                         "labels": builders.labels("chat")},
+            "status": {"phase": phase, "conditions": conditions}}  # fmt: skip
+
+
+def test_readiness_names_pods_the_scheduler_cannot_place() -> None:
+    rolling = deployment({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 1})
+    pods = [engine_pod("a", "Running", "True"), engine_pod("b")]
+    ready, _, _ = handlers.readiness(rolling, pods)
+    assert (ready.status, ready.reason) == ("False", "Unschedulable")
+    assert ready.message == f"1/2 engine replicas ready; 1 pod(s) cannot be scheduled: {NO_FIT}"
+    placed = [engine_pod("a", "Running", "True"), engine_pod("b", scheduled="True")]
+    assert handlers.readiness(rolling, placed)[0].reason == "Deploying"
+    done = deployment({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 2})
+    assert handlers.readiness(done, pods)[0].reason == "EngineReady"
+
+
+def test_refresh_readiness_sees_pods_the_deployment_does_not_report(
+    rt: Runtime, kube: FakeKube
+) -> None:
+    created(kube)
+    starting = deployment({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 1})
+    kube.add(engine_pod("b"))
+    handlers.refresh_readiness(rt, starting)
+    assert cond(kube, "Ready")["reason"] == "Unschedulable"
+    assert NO_FIT in cond(kube, "Ready")["message"]
+    kube.add(engine_pod("b", scheduled="True"))  # a node joined: placed, still starting
+    handlers.refresh_readiness(rt, starting)  # the same Deployment status
+    assert cond(kube, "Ready")["reason"] == "Deploying"
+    lists, writes = kube.pod_lists, kube.status_writes
+    handlers.refresh_readiness(rt, None)  # no Deployment (yet)
+    handlers.refresh_readiness(rt, deployment({"replicas": 2, "updatedReplicas": 2,
+                                               "readyReplicas": 2}))  # fmt: skip
+    assert (kube.pod_lists, kube.status_writes) == (lists, writes)  # ready: no API call
+
+
+def test_a_ready_deployment_lists_no_pods(rt: Runtime, kube: FakeKube) -> None:
+    created(kube)
+    handlers.sync_readiness(rt, deployment({"replicas": 2, "updatedReplicas": 2,
+                                            "readyReplicas": 2}))  # fmt: skip
+    assert cond(kube, "Ready")["reason"] == "EngineReady" and kube.pod_lists == 0
 
 
 # ---------------------------------------------------------------- kopf wiring
