@@ -5,8 +5,15 @@ installed (`pip install .`, the container image)."""
 from __future__ import annotations
 
 import fnmatch
+import os
+import subprocess
+import sys
+import sysconfig
 import tomllib
+import zipfile
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_DIRS = {"rooftop_planner": ROOT / "planner", "rooftop_operator": ROOT / "operator"}
@@ -58,3 +65,45 @@ def test_the_license_file_ships_with_the_metadata() -> None:
     assert project["license"] == "Apache-2.0"
     for name in project["license-files"]:
         assert "Apache License" in (ROOT / name).read_text()
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel built from this checkout, unpacked into its own folder (what the
+    Containerfile's `pip install` puts in the image, minus the dependencies, which
+    come from this venv)."""
+    work = tmp_path_factory.mktemp("wheel")
+    build = [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+             "-w", str(work), str(ROOT)]  # fmt: skip
+    subprocess.run(build, check=True, capture_output=True, cwd=work)
+    (wheel,) = work.glob("rooftop-*.whl")
+    target = work / "site"
+    with zipfile.ZipFile(wheel) as zf:
+        zf.extractall(target)
+    return target
+
+
+def run_installed(site: Path, *code: str) -> str:
+    """Python without this checkout: -S skips the venv's .pth files (the editable
+    install's path hook), so only the unpacked wheel and the dependencies are seen,
+    from a working directory outside the repository."""
+    deps = sysconfig.get_paths()["purelib"]
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{deps}"}
+    done = subprocess.run([sys.executable, "-S", "-c", "\n".join(code)], env=env,
+                          cwd=site.parent, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_installed_wheel_plans_and_simulates_without_the_checkout(installed: Path) -> None:
+    example, trace = ROOT / "examples" / "simulated-chat.yaml", ROOT / "examples" / "traces"
+    out = run_installed(
+        installed,
+        "import rooftop_planner, rooftop_operator.engine_sim.truth as truth",
+        f"assert rooftop_planner.__file__.startswith({str(installed)!r}), rooftop_planner.__file__",
+        "from rooftop_operator.cli import main",
+        f"assert main(['plan', {str(example)!r}]) == 0",
+        f"main(['simulate', {str(example)!r}, '--trace', "
+        f"{str(trace / 'azure_conv_excerpt.csv')!r}, '--json'])",
+    )
+    assert "Chosen: 1x l4 TP2" in out and '"policy": "rooftop"' in out
