@@ -233,14 +233,17 @@ def _plan_error(
 def _infeasible(
     rt: Runtime, body: Mapping[str, Any], ref: TargetRef, spec: ServingTargetSpec, result: Any
 ) -> None:
-    """Say why no plan fits; leave the workload exactly as it was."""
+    """Say why no plan fits; leave the workload exactly as it was. The reason tells
+    the two fixes apart: ``Infeasible`` (change the spec) and ``NodesUnavailable``
+    (a GPU node the cluster lacks would do: add one, and the re-plan uses it)."""
     explanation = str(result.explain())
+    reason = "NodesUnavailable" if getattr(result, "beyond_inventory", None) else "Infeasible"
     conds = [
         Cond(cnd.PLANNED, "True", "Planned", "the planner ran on this generation"),
-        Cond(cnd.FEASIBLE, "False", "Infeasible", explanation),
+        Cond(cnd.FEASIBLE, "False", reason, explanation),
     ]
     if _write(rt, ref, conds, slo=slo_text(spec)):
-        rt.emit(body, "Warning", "Infeasible", explanation)
+        rt.emit(body, "Warning", reason, explanation)
 
 
 def _deploy(

@@ -567,6 +567,7 @@ def test_gpu_inventory_plans_for_the_nodes_there_are(env: Env, tmp_path: Path) -
         inv.operator.start(ROOFTOP_GPU_INVENTORY="nodes", ROOFTOP_NODES_RETRY_S="2")
         inv.apply(doc)
         feasible = inv.wait_condition("fits", "Feasible", "False")
+        assert feasible["reason"] == "NodesUnavailable"
         assert f"with nodes of {tp} a10g GPU(s) each, this would work" in feasible["message"]
         assert "taint e2e/reserved:NoSchedule not tolerated" in feasible["message"]
         assert inv.deployment("fits") is None

@@ -545,7 +545,8 @@ def test_no_node_big_enough_waits_and_says_which_nodes_would_do(
     assert feasible["status"] == "False"
     assert "with nodes of 2 l4 GPU(s) each, this would work" in feasible["message"]
     assert kinds(kube) == set()  # nothing deployed
-    assert events.reasons == ["Infeasible"]
+    assert feasible["reason"] == "NodesUnavailable"
+    assert events.reasons == ["NodesUnavailable"]
     kube.nodes.append(l4_node("big", 2))  # a node arrives: the retry deploys
     handlers.reconcile_target(body=latest(kube), memo=kopf.Memo(runtime=inventory_rt))
     assert cond(kube, "Feasible")["status"] == "True" and "Deployment" in kinds(kube)
