@@ -2,10 +2,11 @@
 
 Nothing here talks to the API server: each builder returns a plain dict ready for
 server-side apply, so unit tests compare dicts and the handlers stay a few lines.
-Children of ServingTarget ``NAME``: Deployment ``NAME-engine``, Service ``NAME`` (the
-endpoint clients use) and, where the Prometheus Operator is installed, PodMonitor
-``NAME-engine``. All carry an ownerReference to the target, so Kubernetes' garbage
-collector deletes them with it and the operator needs no finalizer.
+Children of ServingTarget ``NAME``: Deployment ``NAME-engine``, PodDisruptionBudget
+``NAME-engine``, Service ``NAME`` (the endpoint clients use) and, where the Prometheus
+Operator is installed, PodMonitor ``NAME-engine``. All carry an ownerReference to the
+target, so Kubernetes' garbage collector deletes them with it and the operator needs no
+finalizer.
 
 The vLLM command line uses only flags that exist in vLLM 0.33 (shared/docs/vllm-flags.md);
 ``ENGINE_FLAGS`` lists the ones the builder itself emits.
@@ -393,6 +394,29 @@ def build_service(ref: TargetRef) -> dict[str, Any]:
             "ports": [
                 {"name": PORT_NAME, "port": ENGINE_PORT, "targetPort": PORT_NAME, "protocol": "TCP"}
             ],
+        },
+    }
+
+
+def build_pod_disruption_budget(ref: TargetRef) -> dict[str, Any]:
+    """PodDisruptionBudget ``NAME-engine``: voluntary evictions (``kubectl drain``, node
+    upgrades, cluster-autoscaler scale-down) take at most one engine pod at a time.
+
+    Why ``maxUnavailable: 1`` and not a ``minAvailable``: it lets a drain proceed at
+    any replica count (a single-replica target is not pinned to its node forever, which
+    platform teams would have to override), yet a fleet sized for its SLO never loses
+    more than one replica's capacity to maintenance at once. ``AlwaysAllow`` lets a
+    drain evict pods that are not ready (still loading the model, crash-looping):
+    they serve nothing, so keeping them only blocks the node.
+    """
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(ref, deployment_name(ref.name)),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": selector_labels(ref.name)},
+            "unhealthyPodEvictionPolicy": "AlwaysAllow",
         },
     }
 

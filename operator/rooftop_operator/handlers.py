@@ -375,7 +375,11 @@ def engine_inputs(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: An
 
 
 def desired_children(inp: builders.EngineInputs) -> list[Obj]:
-    children = [builders.build_deployment(inp), builders.build_service(inp.ref)]
+    children = [
+        builders.build_deployment(inp),
+        builders.build_service(inp.ref),
+        builders.build_pod_disruption_budget(inp.ref),
+    ]
     if inp.pod_monitor:
         children.append(builders.build_pod_monitor(inp.ref))
     return children

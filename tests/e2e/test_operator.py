@@ -82,6 +82,9 @@ class Env:
             "Service": client.CoreV1Api(self.api).list_namespaced_service,
             "Deployment": client.AppsV1Api(self.api).list_namespaced_deployment,
             "ReplicaSet": client.AppsV1Api(self.api).list_namespaced_replica_set,
+            "PodDisruptionBudget": client.PolicyV1Api(
+                self.api
+            ).list_namespaced_pod_disruption_budget,
         }[kind]
         items = method(self.namespace, label_selector=selector).items
         return [dict(self.api.sanitize_for_serialization(i)) for i in items]
@@ -225,6 +228,16 @@ def test_example_is_planned_deployed_and_ready(env: Env, example: Path) -> None:
         node = core.read_node(pod["spec"]["nodeName"])
         assert node.metadata.labels[gpu.node_label_key] == gpu.node_label_value
 
+    # the real disruption controller counts the pods the PDB selects: a drain may take
+    # exactly one of them at a time
+    def pdb_counted() -> Obj | None:
+        (pdb,) = env.listed("PodDisruptionBudget", f"rooftop.dev/servingtarget={name}")
+        counted = pdb.get("status", {}).get("expectedPods") == plan.replicas
+        return pdb if counted else None
+
+    pdb = wait_until(pdb_counted, TIMEOUT, f"{name}'s PodDisruptionBudget to count its pods")
+    assert pdb["status"]["disruptionsAllowed"] == 1  # type: ignore[index]
+
     status = env.target(name)["status"]
     assert status["plan"]["gpu"] == plan.gpu and status["plan"]["tp"] == plan.tp
     assert status["ready"] == "True" and status["readyReplicas"] == plan.replicas
@@ -320,7 +333,8 @@ def test_infeasible_target_reports_why_and_deploys_nothing(env: Env) -> None:
 
 def _children(env: Env, name: str) -> dict[str, list[Obj]]:
     selector = f"rooftop.dev/servingtarget={name}"
-    return {kind: env.listed(kind, selector) for kind in ("Deployment", "Service", "ReplicaSet")}
+    kinds = ("Deployment", "Service", "ReplicaSet", "PodDisruptionBudget")
+    return {kind: env.listed(kind, selector) for kind in kinds}
 
 
 def test_restart_is_idempotent(env: Env) -> None:
@@ -365,8 +379,9 @@ def test_sigkill_mid_reconcile_converges_without_duplicates(env: Env) -> None:
     target_uid = env.target("crashy")["metadata"]["uid"]
     children = _children(env, "crashy")
     assert [len(children[k]) for k in ("Deployment", "Service", "ReplicaSet")] == [1, 1, 1]
+    assert len(children["PodDisruptionBudget"]) == 1
     assert children["Deployment"][0]["metadata"]["uid"] == first_uid
-    for objs in (children["Deployment"], children["Service"]):
+    for objs in (children["Deployment"], children["Service"], children["PodDisruptionBudget"]):
         owners = objs[0]["metadata"]["ownerReferences"]
         assert [o["uid"] for o in owners] == [target_uid]
 
@@ -401,9 +416,10 @@ def test_delete_garbage_collects_children(env: Env) -> None:
     selector = "rooftop.dev/servingtarget=doomed"
 
     def gone() -> bool:
-        return not any(env.listed(kind, selector) for kind in ("Deployment", "Service", "Pod"))
+        kinds = ("Deployment", "Service", "PodDisruptionBudget", "Pod")
+        return not any(env.listed(kind, selector) for kind in kinds)
 
-    wait_until(gone, 2 * TIMEOUT, "doomed's Deployment, Service and pods to be collected")
+    wait_until(gone, 2 * TIMEOUT, "doomed's Deployment, Service, PDB and pods to be collected")
 
 
 POD_MONITOR_CRD = {

@@ -249,6 +249,7 @@ def test_every_child_is_owned_by_the_target(catalog: Catalog) -> None:
         builders.build_deployment(inp),
         builders.build_service(REF),
         builders.build_pod_monitor(REF),
+        builders.build_pod_disruption_budget(REF),
     ]
     for child in children:
         (owner,) = child["metadata"]["ownerReferences"]
@@ -276,6 +277,16 @@ def test_service_selects_exactly_the_deployment_pods(catalog: Catalog) -> None:
     assert service["spec"]["ports"] == [
         {"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}
     ]
+
+
+def test_disruption_budget_covers_exactly_the_deployment_pods(catalog: Catalog) -> None:
+    deployment = builders.build_deployment(inputs(catalog))
+    pdb = builders.build_pod_disruption_budget(REF)
+    assert (pdb["apiVersion"], pdb["metadata"]["name"]) == ("policy/v1", "chat-engine")
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+    # one pod at a time at any replica count: a drain is slowed, never blocked
+    assert pdb["spec"]["maxUnavailable"] == 1 and "minAvailable" not in pdb["spec"]
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
 
 
 def test_probes_hit_health_on_the_engine_port(catalog: Catalog) -> None:

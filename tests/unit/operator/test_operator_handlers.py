@@ -47,7 +47,7 @@ def kinds(kube: FakeKube) -> set[str]:
 
 def test_first_reconcile_deploys_and_reports(rt: Runtime, kube: FakeKube, events: Events) -> None:
     assert reconcile(rt, created(kube)) == "success"
-    assert kinds(kube) == {"Deployment", "Service"}
+    assert kinds(kube) == {"Deployment", "Service", "PodDisruptionBudget"}
     status = kube.status()
     assert status["plan"]["gpu"] == "h100-sxm" and status["plan"]["maxNumSeqs"] == 64
     assert status["gpu"] == "h100-sxm"
@@ -63,7 +63,7 @@ def test_first_reconcile_deploys_and_reports(rt: Runtime, kube: FakeKube, events
 def test_pod_monitor_when_the_api_exists(rt: Runtime, kube: FakeKube) -> None:
     kube.pod_monitors = True
     reconcile(rt, created(kube))
-    assert kinds(kube) == {"Deployment", "Service", "PodMonitor"}
+    assert kinds(kube) == {"Deployment", "Service", "PodDisruptionBudget", "PodMonitor"}
     deployment = kube.get("apps/v1", "Deployment", NS, "chat-engine")
     assert deployment is not None
     assert "annotations" not in deployment["spec"]["template"]["metadata"]
