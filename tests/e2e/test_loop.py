@@ -56,6 +56,7 @@ SLO_TPOT_MS = 75.0  # a bucket bound of vLLM's TPOT histogram: p90 is read witho
 BASE_RPS, SPIKE_RPS = 0.5, 1.5
 PROMPT_TOKENS, OUTPUT_TOKENS = 3000, 64
 SCALE_DOWN_WINDOW_S = 30.0
+MAX_SCALE_OUT_STEPS = 2  # the spike is 3x the base load: two steps must get there
 SETTLE_S = 10.0
 WINDOW_S = 30.0
 LOOP_ENV = {
@@ -210,27 +211,46 @@ def baseline(world: World, run: Run) -> dict[str, Any]:
 def spike(world: World, run: Run, before: int) -> dict[str, Any]:
     world.load.rate = SPIKE_RPS
     breach = wait(world, "SLOMet=False under 3x load", lambda: _status(world, "False"), 120)
-    wait(world, "a scale-out", lambda: world.replicas() > before, 60)
-    held = wait(
-        world,
-        "SLOMet=True again on more replicas, every engine up",
-        lambda: (
-            _status(world, "True")
-            if len(world.fleet.endpoints()) == world.replicas() > before
-            else None
-        ),
-        180,
-    )
-    # One more full window at the spike: the reading is then all post-scale-out data.
-    time.sleep(WINDOW_S)
+    held, settled, steps = _scale_out_until_it_holds(world, before)
     return {
         "breach": breach,
         "held": held,
-        "settled": world.slo(),
+        "settled": settled,
+        "scale_out_steps": steps,
         "replicas": world.replicas(),
         "scaled_events": world.events("Scaled"),
         "observed": _observed(world),
     }
+
+
+def _scale_out_until_it_holds(
+    world: World, before: int
+) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """(first SLOMet=True on more replicas, SLOMet one full window later, scale-out
+    steps it took). A cold loop may need two steps: the first reacts to the queue
+    before the step-time factor is learned; if the window after it breaches again, the
+    loop must scale out further, and the promise is that it then holds."""
+    held: dict[str, Any] = {}
+    settled: dict[str, Any] = {}
+    for step in range(1, MAX_SCALE_OUT_STEPS + 1):
+        wait(world, f"scale-out step {step}", lambda n=before: world.replicas() > n, 60)
+        held = wait(
+            world,
+            "SLOMet=True again on more replicas, every engine up",
+            lambda n=before: (
+                _status(world, "True")
+                if len(world.fleet.endpoints()) == world.replicas() > n
+                else None
+            ),
+            180,
+        )
+        before = world.replicas()
+        # One more full window at the spike: the reading is then all post-scale-out data.
+        time.sleep(WINDOW_S)
+        settled = world.slo()
+        if settled.get("status") == "True":
+            return held, settled, step
+    return held, settled, MAX_SCALE_OUT_STEPS
 
 
 def dashboards(world: World, run: Run) -> dict[str, Any]:
