@@ -162,6 +162,18 @@ def ensure_gpu_nodes(env: Env, plan: Any) -> None:
     wait_until(ready, TIMEOUT, f"fake {gpu.id} nodes Ready")
 
 
+def ready_example(env: Env, name: str) -> Obj:
+    """examples/simulated-chat.yaml as ``name``, on fake nodes its plan fits, applied and
+    Ready; returns its engine Deployment."""
+    doc = load(ROOT / "examples" / "simulated-chat.yaml", name=name)
+    ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
+    env.apply(doc)
+    env.wait_condition(name, "Ready", "True")
+    deployment = env.deployment(name)
+    assert deployment is not None
+    return deployment
+
+
 @pytest.fixture(scope="module")
 def env(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Env]:
     suffix = uuid.uuid4().hex[:6]
@@ -338,10 +350,7 @@ def _children(env: Env, name: str) -> dict[str, list[Obj]]:
 
 
 def test_restart_is_idempotent(env: Env) -> None:
-    doc = load(ROOT / "examples" / "simulated-chat.yaml", name="steady")
-    ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
-    env.apply(doc)
-    env.wait_condition("steady", "Ready", "True")
+    ready_example(env, "steady")
     versions = {
         kind: [o["metadata"]["resourceVersion"] for o in objs]
         for kind, objs in _children(env, "steady").items()
@@ -387,12 +396,7 @@ def test_sigkill_mid_reconcile_converges_without_duplicates(env: Env) -> None:
 
 
 def test_deleted_engine_deployment_is_recreated(env: Env) -> None:
-    doc = load(ROOT / "examples" / "simulated-chat.yaml", name="drift")
-    ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
-    env.apply(doc)
-    env.wait_condition("drift", "Ready", "True")
-    old = env.deployment("drift")
-    assert old is not None
+    old = ready_example(env, "drift")
     env.cluster.kubectl("delete", "deployment", "drift-engine", "-n", env.namespace)
 
     def replaced() -> Obj | None:
@@ -408,10 +412,7 @@ def test_delete_garbage_collects_children(env: Env) -> None:
     """No finalizer: Kubernetes' garbage collector removes the children through their
     ownerReferences. On a fresh cluster this takes up to ~30 s, because the collector
     starts watching a newly installed CRD's kind only at its next periodic resync."""
-    doc = load(ROOT / "examples" / "simulated-chat.yaml", name="doomed")
-    ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
-    env.apply(doc)
-    env.wait_condition("doomed", "Ready", "True")
+    ready_example(env, "doomed")
     env.cluster.kubectl("delete", "st", "doomed", "-n", env.namespace, "--wait=true")
     selector = "rooftop.dev/servingtarget=doomed"
 
@@ -491,7 +492,8 @@ def second_install(env: Env, tmp_path: Path, *sets: str) -> Iterator[Env]:
         tmp_path / "operator.log",
     )
     try:
-        yield Env(env.cluster, env.api, watched, operator, env.catalog, release=release)
+        # nodes it adds join the module's list, which the env fixture deletes
+        yield Env(env.cluster, env.api, watched, operator, env.catalog, env.nodes, release)
     finally:
         operator.stop()
         env.cluster.helm("uninstall", release, "--namespace", watched, check=False)
@@ -510,11 +512,7 @@ def test_namespace_scoped_install_needs_no_cluster_permissions(env: Env, tmp_pat
         )  # fmt: skip
         assert can_list_namespaces.stdout.strip() == "no"
         scoped.operator.start()
-        doc = load(ROOT / "examples" / "simulated-chat.yaml", name="scoped")
-        ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
-        scoped.apply(doc)
-        scoped.wait_condition("scoped", "Ready", "True")
-        assert scoped.deployment("scoped") is not None
+        ready_example(scoped, "scoped")
 
 
 def test_upgrade_and_uninstall_keep_targets_and_their_engines(env: Env, tmp_path: Path) -> None:
@@ -525,12 +523,7 @@ def test_upgrade_and_uninstall_keep_targets_and_their_engines(env: Env, tmp_path
     ServingTarget and its engine."""
     with second_install(env, tmp_path) as inst:
         inst.operator.start()
-        doc = load(ROOT / "examples" / "simulated-chat.yaml", name="kept")
-        ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
-        inst.apply(doc)
-        inst.wait_condition("kept", "Ready", "True")
-        before = inst.deployment("kept")
-        assert before is not None
+        before = ready_example(inst, "kept")
         target_uid = inst.target("kept")["metadata"]["uid"]
         inst.operator.stop()
         env.cluster.kubectl(
