@@ -23,8 +23,9 @@ $(VENV)/.dev: $(BIN)/rooftop
 demo: $(BIN)/rooftop
 	$(BIN)/rooftop plan examples/chat-llama-3.1-8b.yaml --explain
 
-## test: lint, type-check, unit, integration and end-to-end tests
-test: lint typecheck unit e2e
+## test: lint, type-check, unit, integration and end-to-end tests (tools before the
+## unit tests: the chart-rendering ones need helm and would skip on a fresh machine)
+test: lint typecheck tools unit e2e
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check planner operator tests dashboards benchmarks

@@ -1,7 +1,7 @@
 """The Helm chart: documented, schema-checked values and least-privilege RBAC.
 
 Rendering tests need the helm binary (built by `make tools`); they skip without it, the
-values tests never do.
+values tests never do. `make test` builds the tools first, so there they always run.
 """
 
 from __future__ import annotations
