@@ -118,6 +118,12 @@ def scenario_from_row(
     tp = _int(row, "tp") or 1
     if model.num_heads % tp:
         raise ScenarioError(f"tp: {tp} does not divide {model.id}'s {model.num_heads} heads")
+    if tp > gpu.gpus_per_node:
+        # one engine pod holds the whole tensor-parallel group, and a pod runs on one node
+        raise ScenarioError(
+            f"tp: {tp} exceeds the {gpu.gpus_per_node} {gpu.id} GPUs one node holds "
+            f"(gpus_per_node in the GPU catalog); use tp <= {gpu.gpus_per_node}"
+        )
     engine = normalize_engine(row.get("engine") or "")
     dep = Deployment(
         model=model,

@@ -189,3 +189,15 @@ def test_more_concurrency_raises_tpot_and_throughput() -> None:
     tpots = [float(r["tpot_ms"]) for r in rows]
     tputs = [float(r["output_tok_s"]) for r in rows]
     assert tpots == sorted(tpots) and tputs == sorted(tputs)
+
+
+def test_predict_refuses_a_tensor_parallel_group_wider_than_a_node(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One engine pod holds the whole TP group and runs on one node (8 H100s in the
+    catalog): TP 16 is not a deployment Rooftop could make, so no prediction for it."""
+    args = ["predict", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--concurrency", "8"]
+    assert main([*args, "--tp", "16"]) == 2
+    err = capsys.readouterr().err
+    assert "tp: 16 exceeds the 8 h100-sxm GPUs one node holds" in err and "tp <= 8" in err
+    assert main([*args, "--tp", "8"]) == 0
