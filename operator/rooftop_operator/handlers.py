@@ -14,8 +14,9 @@ Who writes what in ``status`` (each with read-modify-write, see ``kube.update_st
 - the feedback loop (``loop.py``): observed and SLOMet (it may refresh WithinBudget).
 
 Failure policy: an invalid spec or an infeasible target is a condition and an event,
-never an exception, and changes no workload. API errors raise ``kopf.TemporaryError``
-so kopf retries with a delay.
+never an exception, and changes no workload; a target waiting for GPU nodes is planned
+again by a timer (``replan_waiting``), not by failing. API errors raise
+``kopf.TemporaryError`` so kopf retries with a delay.
 
 Feedback loop: ``rooftop_operator.loop`` (imported by ``__main__``) registers a kopf
 timer that decides replicas and batch cap from observed metrics, re-applies the children
@@ -39,7 +40,7 @@ from rooftop_operator import builders, crd, metrics
 from rooftop_operator import conditions as cnd
 from rooftop_operator.conditions import Cond
 from rooftop_operator.kube import Kube, KubeError
-from rooftop_operator.settings import OperatorConfig, configure
+from rooftop_operator.settings import OperatorConfig, configure, env_defaults
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec, slo_text
 from rooftop_planner.inventory import GpuInventory, Placement, inventory_from_nodes
 from rooftop_planner.spec import KIND, ServingTargetSpec
@@ -49,8 +50,8 @@ log = logging.getLogger(__name__)
 PODMONITOR_API = ("monitoring.coreos.com/v1", "podmonitors")
 RETRY_DELAY_S = 10.0
 # A target only GPU nodes the cluster lacks could serve is planned again every
-# ``OperatorConfig.nodes_retry_s``, so nodes added later (by hand or by an autoscaler)
-# are picked up without a spec edit.
+# ``OperatorConfig.nodes_retry_s`` (``replan_waiting``), so nodes added later (by hand
+# or by an autoscaler) are picked up without a spec edit.
 WAITING_FOR_NODES = "waiting-for-nodes"
 # Plan fields that change the engine; a change here is a "PlanChanged" event.
 PLAN_SHAPE = ("gpu", "tp", "replicas", "maxNumSeqs", "weightDtype", "kvDtype", "maxModelLen")
@@ -179,7 +180,7 @@ def reconcile(
 ) -> str:
     """One pass for one target; returns the result recorded in metrics (``success``,
     ``skipped`` for invalid/infeasible targets), or ``WAITING_FOR_NODES`` when only GPU
-    nodes the cluster lacks could serve it (the kopf handler then retries later)."""
+    nodes the cluster lacks could serve it (``replan_waiting`` then plans it again)."""
     ref = TargetRef.from_body(body)
     try:
         spec = parse_spec(body.get("spec") or {})
@@ -520,15 +521,47 @@ def reconcile_target(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     except KubeError as err:
         rt.metrics.record_reconcile("retry")
         raise kopf.TemporaryError(str(err), delay=RETRY_DELAY_S) from err
-    if result == WAITING_FOR_NODES:
-        rt.metrics.record_reconcile("skipped")
-        delay = rt.config.nodes_retry_s
-        raise kopf.TemporaryError(
-            "no GPU node can hold a plan that meets this target (see the Feasible "
-            f"condition); planning again in {delay:g} s",
-            delay=delay,
-        )
-    rt.metrics.record_reconcile(result)
+    # waiting for nodes is no failure: ``replan_waiting`` tries again, quietly
+    rt.metrics.record_reconcile("skipped" if result == WAITING_FOR_NODES else result)
+
+
+def waiting_for_nodes(status: Mapping[str, Any]) -> bool:
+    """Whether the last plan found that only GPU nodes the cluster lacks could serve the
+    target (Feasible=False, reason NodesUnavailable)."""
+    conditions: Sequence[Mapping[str, Any]] = status.get("conditions") or []
+    feasible = next((c for c in conditions if c.get("type") == cnd.FEASIBLE), {})
+    return feasible.get("status") == "False" and feasible.get("reason") == "NodesUnavailable"
+
+
+def _nodes_retry_s() -> float:
+    """``OperatorConfig.nodes_retry_s`` from the environment, read when the handlers are
+    imported: a kopf timer's interval is fixed when it registers. A bad value falls back
+    to the default here; ``__main__`` reports it and exits before kopf runs."""
+    try:
+        return float(str(env_defaults().get("nodes_retry_s", OperatorConfig.nodes_retry_s)))
+    except ValueError:
+        return OperatorConfig.nodes_retry_s
+
+
+NODES_RETRY_S = _nodes_retry_s()
+
+
+@kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=NODES_RETRY_S,
+            initial_delay=NODES_RETRY_S,
+            when=lambda status, **_: waiting_for_nodes(status))  # fmt: skip
+def replan_waiting(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Plan a target that waits for GPU nodes again, so nodes added later (by hand or by
+    an autoscaler) are picked up without a spec edit. A timer, not a handler retry:
+    kopf logs every retry as an error and posts it as an Error event on the target,
+    and a wait of hours for a node pool is not an error."""
+    rt = runtime(memo)
+    try:
+        result = reconcile(rt, body)  # the same spec generation the wait began with
+    except KubeError as err:  # the next tick tries again
+        log.warning("replan %s: %s", body.get("metadata", {}).get("name"), err)
+        rt.metrics.record_reconcile("retry")
+        return
+    rt.metrics.record_reconcile("skipped" if result == WAITING_FOR_NODES else result)
 
 
 def repair_deleted(rt: Runtime, deployment: Mapping[str, Any]) -> bool:

@@ -16,6 +16,7 @@ import copy
 import dataclasses
 import signal
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -579,6 +580,7 @@ def test_gpu_inventory_plans_for_the_nodes_there_are(env: Env, tmp_path: Path) -
         assert feasible["reason"] == "NodesUnavailable"
         assert f"with nodes of {tp} a10g GPU(s) each, this would work" in feasible["message"]
         assert "taint e2e/reserved:NoSchedule not tolerated" in feasible["message"]
+        time.sleep(3 * 2)  # a few replan ticks (2 s) while no node fits
         assert inv.deployment("fits") is None
         big = add_node(tp, 2)
         inv.wait_condition("fits", "Ready", "True")
@@ -586,3 +588,10 @@ def test_gpu_inventory_plans_for_the_nodes_there_are(env: Env, tmp_path: Path) -
         assert (plan["gpu"], plan["tp"]) == ("a10g", tp)
         pods = inv.listed("Pod", ENGINE)
         assert pods and {p["spec"]["nodeName"] for p in pods} == {big}
+        # the wait was a condition and a Warning event, not a handler failing and being
+        # retried (kopf logs each retry as an ERROR line)
+        reasons = {e.reason for e in client.CoreV1Api(env.api).list_namespaced_event(
+            inv.namespace, field_selector="involvedObject.name=fits").items}  # fmt: skip
+        assert "NodesUnavailable" in reasons
+        errors = [ln for ln in inv.operator.log_since_start().splitlines() if "[ERROR" in ln]
+        assert not errors, "\n".join(errors)

@@ -538,18 +538,49 @@ def test_no_node_big_enough_waits_and_says_which_nodes_would_do(
     kube.nodes = [l4_node("small", 1)]
     body = target_body(spec=L4_ONLY)
     kube.add(body)
-    with pytest.raises(kopf.TemporaryError, match="planning again in 60 s") as raised:
-        handlers.reconcile_target(body=body, memo=kopf.Memo(runtime=inventory_rt))
-    assert raised.value.delay == inventory_rt.config.nodes_retry_s == 60
+    # no handler failure: kopf would log each retry as an error and post an Error event
+    handlers.reconcile_target(body=body, memo=kopf.Memo(runtime=inventory_rt))
+    assert handlers.waiting_for_nodes(latest(kube)["status"])
     feasible = cond(kube, "Feasible")
     assert feasible["status"] == "False"
     assert "with nodes of 2 l4 GPU(s) each, this would work" in feasible["message"]
     assert kinds(kube) == set()  # nothing deployed
     assert feasible["reason"] == "NodesUnavailable"
     assert events.reasons == ["NodesUnavailable"]
-    kube.nodes.append(l4_node("big", 2))  # a node arrives: the retry deploys
-    handlers.reconcile_target(body=latest(kube), memo=kopf.Memo(runtime=inventory_rt))
+    handlers.replan_waiting(body=latest(kube), memo=kopf.Memo(runtime=inventory_rt))
+    assert kinds(kube) == set()  # still no node: still waiting, nothing deployed
+    kube.nodes.append(l4_node("big", 2))  # a node arrives: the timer's next tick deploys
+    handlers.replan_waiting(body=latest(kube), memo=kopf.Memo(runtime=inventory_rt))
     assert cond(kube, "Feasible")["status"] == "True" and "Deployment" in kinds(kube)
+    assert not handlers.waiting_for_nodes(latest(kube)["status"])
+
+
+@pytest.mark.parametrize(
+    ("conditions", "waiting"),
+    [
+        ([{"type": "Feasible", "status": "False", "reason": "NodesUnavailable"}], True),
+        ([{"type": "Feasible", "status": "False", "reason": "Infeasible"}], False),
+        ([{"type": "Feasible", "status": "True", "reason": "PlanFound"}], False),
+        ([{"type": "Planned", "status": "False", "reason": "NodesUnavailable"}], False),
+        ([], False),
+        (None, False),
+    ],
+)
+def test_only_targets_waiting_for_nodes_get_the_replan_timer(
+    conditions: list[dict[str, str]] | None, waiting: bool
+) -> None:
+    """An infeasible spec waits for an edit, not for nodes: planning it again every
+    minute would only repeat the same answer."""
+    assert handlers.waiting_for_nodes({"conditions": conditions}) is waiting
+
+
+def test_the_replan_interval_comes_from_the_environment_and_survives_a_bad_value(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ROOFTOP_NODES_RETRY_S", "5")
+    assert handlers._nodes_retry_s() == 5
+    monkeypatch.setenv("ROOFTOP_NODES_RETRY_S", "soon")  # __main__ reports it and exits
+    assert handlers._nodes_retry_s() == 60
 
 
 def test_with_inventory_only_nodes_the_pods_tolerate_count(
@@ -560,8 +591,8 @@ def test_with_inventory_only_nodes_the_pods_tolerate_count(
     kube.nodes = [l4_node("small", 1), big]
     body = target_body(spec=L4_ONLY)
     kube.add(body)
-    with pytest.raises(kopf.TemporaryError):
-        handlers.reconcile_target(body=body, memo=kopf.Memo(runtime=inventory_rt))
+    handlers.reconcile_target(body=body, memo=kopf.Memo(runtime=inventory_rt))
+    assert handlers.waiting_for_nodes(latest(kube)["status"])
     assert "taint dedicated=llm:NoSchedule not tolerated" in cond(kube, "Feasible")["message"]
     tolerant = {**L4_ONLY, "constraints": {**L4_ONLY["constraints"],
                 "tolerations": [{"key": "dedicated", "operator": "Exists"}]}}  # fmt: skip
