@@ -36,6 +36,7 @@ import kopf
 from rooftop_operator import conditions as cnd
 from rooftop_operator import control, crd, handlers, metrics_client
 from rooftop_operator.builders import deployment_name
+from rooftop_operator.calibration import TrimConfig
 from rooftop_operator.metrics_client import MetricsClient, Selector, State
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec
 
@@ -265,6 +266,7 @@ def observed_status(d: control.Decision, obs: control.Observation, now: str) -> 
             "waiting": num(obs.waiting),
             "kvCacheUsageRatio": num(obs.kv_usage_ratio),
             "calibrationFactor": round(d.calibration_factor, 4),
+            "latencyTrim": round(d.state.trim, 4),
             "metricsState": d.metrics_state.value,
             "time": now,
         }.items()
@@ -310,11 +312,26 @@ def _memory(memo: Any, ref: TargetRef, spec: Any, plan: PlanView, status: Mappin
     key = (ref.generation, plan.gpu, plan.tp, plan.max_num_seqs, plan.weight_dtype, plan.kv_dtype)
     mem = targets.get(ref.uid)
     if mem is None or mem.key[:3] != key[:3] or mem.key[4:] != key[4:]:
-        factor = float((status.get("observed") or {}).get("calibrationFactor") or 1.0)
+        observed = status.get("observed") or {}
+        factor = float(observed.get("calibrationFactor") or 1.0)
         state = control.initial_state(replicas or plan.replicas, plan.max_num_seqs, factor)
+        # an operator restart must not forget what the trim learned (at reality 1.3 it
+        # stands near 1.6: starting over at 1 under-serves until it is learned again)
+        state = replace(state, trim=resumed_trim(observed.get("latencyTrim")))
         mem = _Target(key, control.PlanTargetPlanner(spec, plan), state)
         targets[ref.uid] = mem
     return mem
+
+
+def resumed_trim(value: Any, config: TrimConfig | None = None) -> float:
+    """The latency trim from ``status.observed.latencyTrim``: 1 when absent or not a
+    finite number, clamped to the trim's bounds (status is writable by hand)."""
+    cfg = config or TrimConfig()
+    try:
+        trim = float(value)
+    except (TypeError, ValueError):
+        return 1.0
+    return min(max(trim, cfg.lower), cfg.upper) if math.isfinite(trim) else 1.0
 
 
 def explain_unavailable(d: control.Decision, errors: list[str], url: str) -> control.Decision:

@@ -301,6 +301,12 @@ class ObservedStatus(_Model):
     waiting: float | None = None
     kv_cache_usage_ratio: float | None = None
     calibration_factor: float | None = None
+    latency_trim: float | None = Field(
+        default=None,
+        description="The loop's latency trim: the multiplier on the rate the planner sizes "
+        "for, learned from the share of requests within the TPOT bound; an operator "
+        "restart resumes from it.",
+    )
     metrics_state: str | None = Field(default=None, description="ok, missing, stale or nan.")
     time: str | None = None
 

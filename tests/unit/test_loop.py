@@ -99,3 +99,37 @@ def test_silent_engines_are_told_apart_from_a_down_prometheus() -> None:
     d = loop.explain_unavailable(_decision(2), [], "http://prom:9090")
     slo = next(c for c in d.conditions if c.type == "SLOMet")
     assert "no engine series" in slo.message and "Prometheus at" not in slo.message
+
+
+def test_an_operator_restart_resumes_the_learned_trim() -> None:
+    """The trim is learned over many windows (near 1.6 where the planner is 1.3x
+    optimistic); a restart that started it over at 1 would under-serve until relearned."""
+    from dataclasses import replace
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import yaml
+
+    from rooftop_operator.specs import TargetRef, parse_spec
+
+    doc = yaml.safe_load((Path(__file__).parents[2] / "examples/simulated-chat.yaml").read_text())
+    body = {**doc, "metadata": {"namespace": "ns", "name": "chat", "uid": "u1", "generation": 1}}
+    spec, ref = parse_spec(doc["spec"]), TargetRef.from_body(body)
+    plan = loop.PlanView("l4", 1, 1, 64, "bf16", "auto", 8192, 0.8)
+    learned = _decision(replicas=3)
+    learned = replace(learned, state=replace(learned.state, trim=1.6))
+    status = loop.status_update({}, learned, control.Observation(), plan, "2026-01-01T00:00:00Z")
+    assert status["observed"]["latencyTrim"] == 1.6
+    restarted = loop._memory(SimpleNamespace(), ref, spec, plan, status, replicas=3)
+    assert restarted.state.trim == 1.6
+    fresh = loop._memory(SimpleNamespace(), ref, spec, plan, {}, replicas=3)
+    assert fresh.state.trim == 1.0
+
+
+@pytest.mark.parametrize(
+    ("value", "trim"),
+    [(None, 1.0), ("junk", 1.0), (math.nan, 1.0), (math.inf, 1.0), (0.01, 0.5), (9.0, 2.0),
+     (1.25, 1.25), ("1.25", 1.25)],
+)  # fmt: skip
+def test_a_trim_edited_into_status_is_kept_within_its_bounds(value: object, trim: float) -> None:
+    assert loop.resumed_trim(value) == trim
