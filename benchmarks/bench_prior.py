@@ -119,12 +119,9 @@ def table(results: list[Result], realities: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reality", default="0.7,1.0,1.3", help="comma-separated factors")
-    ap.add_argument("--seeds", default="0,1,2", help="noise seeds rooftop runs with")
-    ap.add_argument("--jobs", type=int, default=2, help="parallel processes")
+    bench_targets.add_run_arguments(ap)
     args = ap.parse_args(argv)
-    realities = [float(r) for r in args.reality.split(",")]
-    seeds = [int(s) for s in args.seeds.split(",")]
+    realities, seeds = bench_targets.realities_and_seeds(args)
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         results = list(pool.map(run_job, [(r, 0, None) for r in realities]))

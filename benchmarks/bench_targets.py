@@ -102,12 +102,21 @@ def table(results: list[tuple[Job, float, float]], variants: list[str],
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_run_arguments(ap: argparse.ArgumentParser) -> None:
+    """--reality, --seeds and --jobs, as every issue-5 target script takes them."""
     ap.add_argument("--reality", default="0.7,1.0,1.3", help="comma-separated factors")
     ap.add_argument("--seeds", default="0,1,2", help="noise seeds rooftop runs with")
-    ap.add_argument("--variants", default=",".join(VARIANTS), help="names from VARIANTS")
     ap.add_argument("--jobs", type=int, default=2, help="parallel processes")
+
+
+def realities_and_seeds(args: argparse.Namespace) -> tuple[list[float], list[int]]:
+    return [float(r) for r in args.reality.split(",")], [int(s) for s in args.seeds.split(",")]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_run_arguments(ap)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="names from VARIANTS")
     args = ap.parse_args(argv)
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = [v for v in variants if v not in VARIANTS]
@@ -115,8 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_targets: unknown variants {unknown}; choose from {list(VARIANTS)}",
               file=sys.stderr)  # fmt: skip
         return 2
-    realities = [float(r) for r in args.reality.split(",")]
-    seeds = [int(s) for s in args.seeds.split(",")]
+    realities, seeds = realities_and_seeds(args)
     jobs: list[Job] = [("oracle", r, 0) for r in realities]
     jobs += [(v, r, s) for v in variants for r in realities for s in seeds]
     started = time.perf_counter()

@@ -83,12 +83,9 @@ def table(results: list[Result], realities: list[float]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reality", default="0.7,1.0,1.3", help="comma-separated factors")
-    ap.add_argument("--seeds", default="0,1,2", help="noise seeds rooftop runs with")
-    ap.add_argument("--jobs", type=int, default=2, help="parallel processes")
+    bench_targets.add_run_arguments(ap)
     args = ap.parse_args(argv)
-    realities = [float(r) for r in args.reality.split(",")]
-    seeds = [int(s) for s in args.seeds.split(",")]
+    realities, seeds = bench_targets.realities_and_seeds(args)
     jobs: list[Job] = [(r, 0, True) for r in realities]
     jobs += [(r, s, False) for r in realities for s in seeds]
     started = time.perf_counter()
