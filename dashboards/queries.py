@@ -168,6 +168,7 @@ def _target() -> dict[str, Query]:
         "predicted_ttft": Query(m("rooftop_predicted_ttft_seconds"), "predicted", optional=True),
         "observed_ttft": Query(m("rooftop_observed_ttft_seconds"), "observed", optional=True),
         "calibration": Query(m("rooftop_calibration_factor_ratio"), "observed / predicted"),
+        "trim": Query(m("rooftop_latency_trim_ratio"), "latency trim"),
         "generation_tokens": Query(e("vllm:generation_tokens_total"), "generation"),
         "prompt_tokens": Query(e("vllm:prompt_tokens_total"), "prompt"),
         "requests": Query(

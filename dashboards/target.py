@@ -68,13 +68,15 @@ def _latency() -> list[p.Json]:
             "TTFT predicted vs observed", [Q["predicted_ttft"], Q["observed_ttft"], Q["slo_ttft"]]
         ),
         p.timeseries(
-            "Calibration factor",
-            [Q["calibration"]],
+            "Calibration factor and latency trim",
+            [Q["calibration"], Q["trim"]],
             unit="short",
             min_value=None,
             w=8,
-            description="Observed over predicted decode step time; the planner scales its "
-            "step time by it when re-planning.",
+            description="Observed over predicted decode step time: the planner scales its "
+            "step time by it when re-planning. Latency trim: the multiplier on the rate "
+            "the planner sizes for, learned from the share of requests within the TPOT "
+            "bound (above 1: the planner's capacity was optimistic).",
         ),
         p.latency("Request latency", [Q["e2e_p90"], Q["e2e_p99"], Q["queue_p90"]], w=24, h=6),
     ]

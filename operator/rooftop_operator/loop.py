@@ -393,7 +393,7 @@ def _apply(rt: handlers.Runtime, body: Mapping[str, Any], ref: TargetRef, spec: 
         ref.namespace, ref.name, metrics_state=d.metrics_state.value,
         tpot_s=obs.tpot_ms.value / 1e3 if obs.tpot_ms.ok else None,
         ttft_s=obs.ttft_ms.value / 1e3 if obs.ttft_ms.ok else None,
-        calibration_factor=d.calibration_factor,
+        calibration_factor=d.calibration_factor, latency_trim=d.state.trim,
         slo_met=None if slo is None or slo.status == "Unknown" else slo.status == "True",
     )  # fmt: skip
     now = rt.now()

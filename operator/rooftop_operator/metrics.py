@@ -56,6 +56,7 @@ OBSERVED_TTFT_SECONDS: Final = "rooftop_observed_ttft_seconds"
 SLO_TPOT_SECONDS: Final = "rooftop_slo_tpot_seconds"
 SLO_TTFT_SECONDS: Final = "rooftop_slo_ttft_seconds"
 CALIBRATION_FACTOR_RATIO: Final = "rooftop_calibration_factor_ratio"
+LATENCY_TRIM_RATIO: Final = "rooftop_latency_trim_ratio"
 PLAN_COST_USD_PER_HOUR: Final = "rooftop_plan_cost_usd_per_hour"
 PLAN_GPUS: Final = "rooftop_plan_gpus"
 BUDGET_USD_PER_HOUR: Final = "rooftop_budget_usd_per_hour"
@@ -75,6 +76,7 @@ METRIC_NAMES: Final[tuple[str, ...]] = (
     SLO_TPOT_SECONDS,
     SLO_TTFT_SECONDS,
     CALIBRATION_FACTOR_RATIO,
+    LATENCY_TRIM_RATIO,
     PLAN_COST_USD_PER_HOUR,
     PLAN_GPUS,
     BUDGET_USD_PER_HOUR,
@@ -125,6 +127,7 @@ class OperatorMetrics:
         self.calibration = g(
             r, CALIBRATION_FACTOR_RATIO, "Observed over predicted decode step time."
         )
+        self.trim = g(r, LATENCY_TRIM_RATIO, "Multiplier on the rate the planner sizes for.")
         self.cost = g(r, PLAN_COST_USD_PER_HOUR, "Cost of the chosen plan.", "gpu_type")
         self.gpus = g(r, PLAN_GPUS, "GPUs in the chosen plan (replicas x tp).", "gpu_type")
         self.budget = g(r, BUDGET_USD_PER_HOUR, "Budget from spec.budget.")
@@ -226,6 +229,7 @@ class OperatorMetrics:
         tpot_s: float | None = None,
         ttft_s: float | None = None,
         calibration_factor: float | None = None,
+        latency_trim: float | None = None,
         slo_met: bool | None = None,
     ) -> None:
         """Publish what the feedback loop measured; None removes a series.
@@ -234,12 +238,15 @@ class OperatorMetrics:
             metrics_state: ``ok``, ``missing``, ``stale`` or ``nan`` (the status field).
             tpot_s, ttft_s: observed latency at the SLO percentile, seconds.
             calibration_factor: observed over predicted decode step time.
+            latency_trim: the multiplier on the rate the planner sizes for, learned
+                from the share of requests within the TPOT bound.
             slo_met: whether the observation meets the SLO (None: unknown).
         """
         key = (namespace, name)
         self._set(self.observed_tpot, key, tpot_s)
         self._set(self.observed_ttft, key, ttft_s)
         self._set(self.calibration, key, calibration_factor)
+        self._set(self.trim, key, latency_trim)
         self._set(self.slo_met, key, None if slo_met is None else float(slo_met))
         self.record_metrics_state(namespace, name, metrics_state)
 

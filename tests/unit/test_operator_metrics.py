@@ -108,12 +108,14 @@ def test_record_observation_and_enum_style_state(m: OperatorMetrics) -> None:
         tpot_s=0.04,
         ttft_s=0.5,
         calibration_factor=1.2,
+        latency_trim=1.6,
         slo_met=True,
     )
     t = {"namespace": "ns", "name": "chat"}
     assert value(m, "rooftop_observed_tpot_seconds", **t) == 0.04
     assert value(m, "rooftop_observed_ttft_seconds", **t) == 0.5
     assert value(m, "rooftop_calibration_factor_ratio", **t) == 1.2
+    assert value(m, "rooftop_latency_trim_ratio", **t) == 1.6
     assert value(m, "rooftop_slo_met", **t) == 1
     states = {s: value(m, "rooftop_metrics_state", state=s, **t) for s in metrics.METRICS_STATES}
     assert states == {"ok": 1, "missing": 0, "stale": 0, "nan": 0}
