@@ -521,7 +521,12 @@ def reconcile_target(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     except KubeError as err:
         rt.metrics.record_reconcile("retry")
         raise kopf.TemporaryError(str(err), delay=RETRY_DELAY_S) from err
-    # waiting for nodes is no failure: ``replan_waiting`` tries again, quietly
+    _record(rt, result)
+
+
+def _record(rt: Runtime, result: str) -> None:
+    """Count a finished pass; waiting for nodes counts as skipped (no failure:
+    ``replan_waiting`` tries again, quietly)."""
     rt.metrics.record_reconcile("skipped" if result == WAITING_FOR_NODES else result)
 
 
@@ -538,9 +543,10 @@ def _nodes_retry_s() -> float:
     imported: a kopf timer's interval is fixed when it registers. A bad value falls back
     to the default here; ``__main__`` reports it and exits before kopf runs."""
     try:
-        return float(str(env_defaults().get("nodes_retry_s", OperatorConfig.nodes_retry_s)))
+        value = env_defaults().get("nodes_retry_s")
     except ValueError:
-        return OperatorConfig.nodes_retry_s
+        value = None
+    return value if isinstance(value, float) else OperatorConfig.nodes_retry_s
 
 
 NODES_RETRY_S = _nodes_retry_s()
@@ -552,8 +558,8 @@ NODES_RETRY_S = _nodes_retry_s()
 def replan_waiting(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Plan a target that waits for GPU nodes again, so nodes added later (by hand or by
     an autoscaler) are picked up without a spec edit. A timer, not a handler retry:
-    kopf logs every retry as an error and posts it as an Error event on the target,
-    and a wait of hours for a node pool is not an error."""
+    kopf logs every retry of a failed handler as an ERROR line, and a wait of hours for
+    a node pool is not an error."""
     rt = runtime(memo)
     try:
         result = reconcile(rt, body)  # the same spec generation the wait began with
@@ -561,7 +567,7 @@ def replan_waiting(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         log.warning("replan %s: %s", body.get("metadata", {}).get("name"), err)
         rt.metrics.record_reconcile("retry")
         return
-    rt.metrics.record_reconcile("skipped" if result == WAITING_FOR_NODES else result)
+    _record(rt, result)
 
 
 def repair_deleted(rt: Runtime, deployment: Mapping[str, Any]) -> bool:

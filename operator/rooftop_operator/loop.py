@@ -36,7 +36,7 @@ import kopf
 from rooftop_operator import conditions as cnd
 from rooftop_operator import control, crd, handlers, metrics_client
 from rooftop_operator.builders import deployment_name
-from rooftop_operator.calibration import TrimConfig
+from rooftop_operator.calibration import TrimConfig, clamp
 from rooftop_operator.metrics_client import MetricsClient, Selector, State
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec
 
@@ -331,7 +331,7 @@ def resumed_trim(value: Any, config: TrimConfig | None = None) -> float:
         trim = float(value)
     except (TypeError, ValueError):
         return 1.0
-    return min(max(trim, cfg.lower), cfg.upper) if math.isfinite(trim) else 1.0
+    return clamp(trim, cfg.lower, cfg.upper) if math.isfinite(trim) else 1.0
 
 
 def explain_unavailable(d: control.Decision, errors: list[str], url: str) -> control.Decision:
