@@ -266,6 +266,7 @@ def observed_status(d: control.Decision, obs: control.Observation, now: str) -> 
             "waiting": num(obs.waiting),
             "kvCacheUsageRatio": num(obs.kv_usage_ratio),
             "calibrationFactor": round(d.calibration_factor, 4),
+            "calibrationSamples": d.state.calibration.samples,
             "latencyTrim": round(d.state.trim, 4),
             "metricsState": d.metrics_state.value,
             "time": now,
@@ -312,12 +313,16 @@ def _memory(memo: Any, ref: TargetRef, spec: Any, plan: PlanView, status: Mappin
     key = (ref.generation, plan.gpu, plan.tp, plan.max_num_seqs, plan.weight_dtype, plan.kv_dtype)
     mem = targets.get(ref.uid)
     if mem is None or mem.key[:3] != key[:3] or mem.key[4:] != key[4:]:
+        # an operator restart must not forget what the loop learned: the trim (at
+        # reality 1.3 it stands near 1.6: starting over at 1 under-serves until it is
+        # learned again), and the factor with its weight (with none, one noisy window
+        # would replace it)
         observed = status.get("observed") or {}
         factor = float(observed.get("calibrationFactor") or 1.0)
         state = control.initial_state(replicas or plan.replicas, plan.max_num_seqs, factor)
-        # an operator restart must not forget what the trim learned (at reality 1.3 it
-        # stands near 1.6: starting over at 1 under-serves until it is learned again)
-        state = replace(state, trim=resumed_trim(observed.get("latencyTrim")))
+        samples = resumed_samples(observed.get("calibrationSamples"))
+        state = replace(state, trim=resumed_trim(observed.get("latencyTrim")),
+                        calibration=replace(state.calibration, samples=samples))  # fmt: skip
         mem = _Target(key, control.PlanTargetPlanner(spec, plan), state)
         targets[ref.uid] = mem
     return mem
@@ -332,6 +337,11 @@ def resumed_trim(value: Any, config: TrimConfig | None = None) -> float:
     except (TypeError, ValueError):
         return 1.0
     return clamp(trim, cfg.lower, cfg.upper) if math.isfinite(trim) else 1.0
+
+
+def resumed_samples(value: Any) -> int:
+    """``status.observed.calibrationSamples``: 0 (a fresh estimate) unless a count >= 0."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
 def explain_unavailable(d: control.Decision, errors: list[str], url: str) -> control.Decision:

@@ -301,6 +301,12 @@ class ObservedStatus(_Model):
     waiting: float | None = None
     kv_cache_usage_ratio: float | None = None
     calibration_factor: float | None = None
+    calibration_samples: int | None = Field(
+        default=None,
+        ge=0,
+        description="Metrics windows the calibration factor has averaged; an operator "
+        "restart resumes from it (a factor with few samples still moves fast).",
+    )
     latency_trim: float | None = Field(
         default=None,
         description="The loop's latency trim: the multiplier on the rate the planner sizes "

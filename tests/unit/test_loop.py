@@ -101,9 +101,10 @@ def test_silent_engines_are_told_apart_from_a_down_prometheus() -> None:
     assert "no engine series" in slo.message and "Prometheus at" not in slo.message
 
 
-def test_an_operator_restart_resumes_the_learned_trim() -> None:
+def test_an_operator_restart_resumes_what_the_loop_learned() -> None:
     """The trim is learned over many windows (near 1.6 where the planner is 1.3x
-    optimistic); a restart that started it over at 1 would under-serve until relearned."""
+    optimistic); a restart that started it over at 1 would under-serve until relearned.
+    The factor keeps its weight: with none, the first window would replace it."""
     from dataclasses import replace
     from pathlib import Path
     from types import SimpleNamespace
@@ -117,13 +118,24 @@ def test_an_operator_restart_resumes_the_learned_trim() -> None:
     spec, ref = parse_spec(doc["spec"]), TargetRef.from_body(body)
     plan = loop.PlanView("l4", 1, 1, 64, "bf16", "auto", 8192, 0.8)
     learned = _decision(replicas=3)
-    learned = replace(learned, state=replace(learned.state, trim=1.6))
+    calibration = replace(learned.state.calibration, factor=1.2, samples=40)
+    learned = replace(learned, state=replace(learned.state, trim=1.6, calibration=calibration))
     status = loop.status_update({}, learned, control.Observation(), plan, "2026-01-01T00:00:00Z")
     assert status["observed"]["latencyTrim"] == 1.6
     restarted = loop._memory(SimpleNamespace(), ref, spec, plan, status, replicas=3)
     assert restarted.state.trim == 1.6
+    assert (restarted.state.calibration.factor, restarted.state.calibration.samples) == (1.2, 40)
     fresh = loop._memory(SimpleNamespace(), ref, spec, plan, {}, replicas=3)
-    assert fresh.state.trim == 1.0
+    assert (fresh.state.trim, fresh.state.calibration.samples) == (1.0, 0)
+
+
+@pytest.mark.parametrize(
+    ("value", "samples"), [(None, 0), (-3, 0), (2.5, 0), (True, 0), ("7", 0), (7, 7)]
+)
+def test_calibration_samples_from_status_are_a_count_or_nothing(
+    value: object, samples: int
+) -> None:
+    assert loop.resumed_samples(value) == samples
 
 
 @pytest.mark.parametrize(
