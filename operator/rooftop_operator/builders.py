@@ -331,16 +331,17 @@ def pod_template(inp: EngineInputs) -> dict[str, Any]:
     annotations = _pod_annotations(inp)
     if annotations:
         metadata["annotations"] = annotations
-    return {
-        "metadata": metadata,
-        "spec": {
-            "containers": [_container(inp, mounts)],
-            "volumes": volumes,
-            "nodeSelector": _node_selector(inp),
-            "tolerations": _tolerations(inp),
-            "terminationGracePeriodSeconds": 60,
-        },
+    spec: dict[str, Any] = {
+        "containers": [_container(inp, mounts)],
+        "volumes": volumes,
+        "nodeSelector": _node_selector(inp),
+        "tolerations": _tolerations(inp),
+        "terminationGracePeriodSeconds": 60,
     }
+    pull_secrets = inp.spec.engine.image_pull_secrets
+    if pull_secrets:  # an air-gapped cluster's mirror of the engine image
+        spec["imagePullSecrets"] = [{"name": s.name} for s in pull_secrets]
+    return {"metadata": metadata, "spec": spec}
 
 
 def rollout_strategy(replicas: int, ceiling: int) -> dict[str, Any]:

@@ -41,6 +41,14 @@ DEFAULT_OUTPUT: Final = REPO_ROOT / "charts" / "rooftop" / "crds" / f"{CRD_NAME}
 
 Schema = dict[str, Any]
 
+
+def _no_flag_of(flags: Mapping[str, str]) -> str:
+    """CEL: no extraArgs entry is one of ``flags``, alone or as ``--flag=value``."""
+    listed = ", ".join(f"'{f}'" for f in flags)
+    return (f"!has(self.extraArgs) || self.extraArgs.all(a, [{listed}].all(f, "
+            "a != f && !a.startsWith(f + '=')))")  # fmt: skip
+
+
 # CEL rules per pydantic model (by class name), mirroring its model_validator.
 # fieldPath makes the API server's error name the offending field (Kubernetes >= 1.28).
 CEL_RULES: Final[Mapping[str, list[Schema]]] = {
@@ -65,6 +73,20 @@ CEL_RULES: Final[Mapping[str, list[Schema]]] = {
             "rule": "self.minReplicas <= self.maxReplicas",
             "message": "minReplicas must be <= maxReplicas",
             "fieldPath": ".minReplicas",
+        },
+    ],
+    "Engine": [
+        {
+            "rule": _no_flag_of(st.PLANNED_FLAGS),
+            "message": "extraArgs must not set a flag Rooftop sets from the plan: "
+            + ", ".join(st.PLANNED_FLAGS),
+            "fieldPath": ".extraArgs",
+        },
+        {
+            "rule": _no_flag_of(st.REMOVED_FLAGS),
+            "message": "extraArgs must not use a flag vLLM 0.33 removed: "
+            + ", ".join(st.REMOVED_FLAGS),
+            "fieldPath": ".extraArgs",
         },
     ],
 }

@@ -204,6 +204,16 @@ class SecretKeyRef(_Model):
     key: str = Field(default="token", min_length=1, max_length=253)
 
 
+# A Secret's name: a DNS subdomain (RFC 1123), as Kubernetes checks it.
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+class LocalSecretRef(_Model):
+    """A Secret in the target's namespace, by name."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
+
+
 class EnvVar(_Model):
     """A plain environment variable for the engine container."""
 
@@ -218,16 +228,76 @@ class ModelCache(_Model):
     size_gi: int | None = Field(default=None, ge=1, le=100_000, description="emptyDir size limit.")
 
 
+# vLLM flags the operator sets from the plan (builders.vllm_args), and where to say
+# what they would say: an extra copy would win in vLLM's argparse (the last one counts)
+# and the plan's memory and latency math would no longer describe the pods.
+PLANNED_FLAGS: dict[str, str] = {
+    "--model": "name the model in spec.model",
+    "--served-model-name": "name the model in spec.model",
+    "--tensor-parallel-size": "bound it with spec.constraints.maxTensorParallel",
+    "-tp": "bound it with spec.constraints.maxTensorParallel",
+    "--max-num-seqs": "the plan and the feedback loop choose it",
+    "--max-model-len": "the plan derives it from spec.workload's token lengths",
+    "--gpu-memory-utilization": "the plan chooses it",
+    "--device-memory-utilization": "the plan chooses it",
+    "--kv-cache-memory-bytes": "the plan sizes the KV cache",
+    "--quantization": "choose with spec.constraints.weightDtypes",
+    "-q": "choose with spec.constraints.weightDtypes",
+    "--kv-cache-dtype": "choose with spec.constraints.kvDtypes",
+    "--port": "the Service and the probes depend on it",
+}
+# Flags absent from vLLM 0.33's arg_utils.py (shared/docs/vllm-flags.md): the engine
+# would exit on them at start-up, so the pod would crash-loop.
+REMOVED_FLAGS: dict[str, str] = {
+    "--disable-log-requests": "drop it (0.33 logs no requests unless --enable-log-requests)",
+    "--speculative-model": "use --speculative-config JSON",
+    "--num-speculative-tokens": "use --speculative-config JSON",
+    "--num-scheduler-steps": "drop it (removed with vLLM's V0 engine)",
+    "--use-v2-block-manager": "drop it (removed with vLLM's V0 engine)",
+    "--swap-space": "drop it (removed with vLLM's V0 engine)",
+}
+
+
+def flag_of(arg: str, flags: dict[str, str]) -> str | None:
+    """The flag in ``flags`` that ``arg`` sets (``--port`` or ``--port=8000``), if any."""
+    return next((f for f in flags if arg == f or arg.startswith(f + "=")), None)
+
+
 class Engine(_Model):
     """The engine container: image, extra flags, environment, secrets and cache."""
 
     image: str | None = Field(default=None, description="Override the pinned engine image.")
-    extra_args: list[str] | None = Field(default=None, description="Extra vLLM flags.")
+    extra_args: list[Annotated[str, Field(max_length=1024)]] | None = Field(
+        default=None,
+        max_length=64,
+        description="Extra vLLM 0.33 flags; not those the plan sets, not removed ones.",
+    )
     env: list[EnvVar] | None = None
     hf_token_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret holding the Hugging Face token (HF_TOKEN)."
     )
+    image_pull_secrets: list[LocalSecretRef] | None = Field(
+        default=None,
+        max_length=16,
+        description="Secrets (type kubernetes.io/dockerconfigjson, in the target's "
+        "namespace) for pulling the engine image from a private registry.",
+    )
     model_cache: ModelCache | None = None
+
+    @model_validator(mode="after")
+    def _extra_args_leave_the_plan_alone(self) -> Engine:
+        for arg in self.extra_args or []:
+            if planned := flag_of(arg, PLANNED_FLAGS):
+                raise ValueError(
+                    f"extraArgs: {arg!r} sets {planned}, which Rooftop sets from the plan; "
+                    f"remove it ({PLANNED_FLAGS[planned]})"
+                )
+            if removed := flag_of(arg, REMOVED_FLAGS):
+                raise ValueError(
+                    f"extraArgs: {removed} does not exist in vLLM 0.33 and the engine would "
+                    f"exit on it; {REMOVED_FLAGS[removed]}"
+                )
+        return self
 
 
 class ServingTargetSpec(_Model):

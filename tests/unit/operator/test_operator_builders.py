@@ -386,3 +386,21 @@ def test_pod_monitor_restores_vllm_metric_names(scraped: str, stored: str) -> No
     result = rule["replacement"].replace("$1", match.group(1)) if match else scraped
     assert (rule["sourceLabels"], rule["targetLabel"]) == (["__name__"], "__name__")
     assert result == stored
+
+
+def test_engine_pods_pull_with_the_targets_secrets(catalog: Catalog) -> None:
+    spec = {**SPEC, "engine": {"imagePullSecrets": [{"name": "mirror"}, {"name": "ngc"}]}}
+    pod = builders.build_deployment(inputs(catalog, spec))["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "mirror"}, {"name": "ngc"}]
+    default = builders.build_deployment(inputs(catalog))["spec"]["template"]["spec"]
+    assert "imagePullSecrets" not in default
+
+
+def test_every_flag_the_plan_sets_is_kept_out_of_extra_args(catalog: Catalog) -> None:
+    """The spec refuses extraArgs that repeat a planned flag (vLLM keeps the last one):
+    that list must cover every flag the builder writes."""
+    from rooftop_planner.spec import PLANNED_FLAGS
+
+    args = container(builders.build_deployment(inputs(catalog)))["args"]
+    emitted = {a for a in args if a.startswith("-")}
+    assert emitted <= set(PLANNED_FLAGS), emitted - set(PLANNED_FLAGS)
