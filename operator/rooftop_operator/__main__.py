@@ -78,8 +78,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     import kopf
 
-    load_handlers()
     try:
+        load_handlers()  # the loop reads its ROOFTOP_* settings when imported
         config = config_from_args(args)
     except ValueError as err:
         print(f"rooftop operator: {err}", file=sys.stderr)

@@ -37,7 +37,7 @@ from rooftop_operator import conditions as cnd
 from rooftop_operator import control, crd, handlers, metrics_client
 from rooftop_operator.builders import deployment_name
 from rooftop_operator.calibration import TrimConfig, clamp
-from rooftop_operator.metrics_client import MetricsClient, Selector, State
+from rooftop_operator.metrics_client import MetricsClient, PrometheusAuth, Selector, State
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec
 
 log = logging.getLogger(__name__)
@@ -63,6 +63,7 @@ class LoopSettings:
         startup_s: expected engine pod start-up (image pull, weights, graphs), s.
         scale_down_window_s: how long a lower recommendation must hold, s (the
             controller's default, which the simulate benchmark measures).
+        prometheus_auth: bearer token file, CA bundle and headers for Prometheus.
     """
 
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
@@ -71,6 +72,7 @@ class LoopSettings:
     stale_after_s: float = 60.0
     startup_s: float = 120.0
     scale_down_window_s: float = control.ControllerConfig.scale_down_window_s
+    prometheus_auth: PrometheusAuth = PrometheusAuth()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LoopSettings:
@@ -85,6 +87,7 @@ class LoopSettings:
             scale_down_window_s=float(
                 env.get("ROOFTOP_LOOP_SCALE_DOWN_WINDOW_S", base.scale_down_window_s)
             ),
+            prometheus_auth=PrometheusAuth.from_env(env),
         )
 
     @property
@@ -371,8 +374,8 @@ async def _observe(
     sel = Selector.for_target(ref.namespace, ref.name)
     q_tpot, q_ttft = spec.slo.tpot_percentile.quantile, spec.slo.ttft_percentile.quantile
     exprs = extra_exprs(sel, SETTINGS.window, q_tpot, spec.slo.tpot_ms)
-    async with MetricsClient(SETTINGS.prometheus_url, SETTINGS.window,
-                             SETTINGS.stale_after_s) as client:  # fmt: skip
+    async with MetricsClient(SETTINGS.prometheus_url, SETTINGS.window, SETTINGS.stale_after_s,
+                             auth=SETTINGS.prometheus_auth) as client:  # fmt: skip
         snap, age = await asyncio.gather(
             client.snapshot(sel, quantiles=(q_ttft,)), client.newest_sample_age(sel)
         )

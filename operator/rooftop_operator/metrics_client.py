@@ -24,8 +24,10 @@ against the query's evaluation time, because a gauge is present whenever a pod i
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import re
+import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -147,12 +149,61 @@ def _parse_answer(body: Any) -> _Raw:
     return _Raw(Reading(State.OK, value), ts)
 
 
+@dataclass(frozen=True)
+class PrometheusAuth:
+    """How to reach a Prometheus that is not open inside the cluster.
+
+    Attributes:
+        bearer_token_file: file holding a bearer token, read on every query (projected
+            ServiceAccount tokens rotate), e.g. for OpenShift's thanos-querier.
+        ca_file: PEM bundle to verify the server's certificate with (https).
+        headers: extra request headers, e.g. ``X-Scope-OrgID`` for Mimir or Cortex.
+    """
+
+    bearer_token_file: str | None = None
+    ca_file: str | None = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> PrometheusAuth:
+        """ROOFTOP_PROMETHEUS_{BEARER_TOKEN_FILE,CA_FILE,HEADERS} (HEADERS: a JSON object
+        of strings); ValueError naming the variable when HEADERS is not one."""
+        raw = env.get("ROOFTOP_PROMETHEUS_HEADERS") or "{}"
+        try:
+            headers = json.loads(raw)
+        except ValueError:
+            headers = None
+        strings = isinstance(headers, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+        )
+        if not strings:
+            raise ValueError(
+                f"ROOFTOP_PROMETHEUS_HEADERS={raw!r}: give a JSON object of strings, "
+                'e.g. {"X-Scope-OrgID": "team-a"}'
+            )
+        return cls(env.get("ROOFTOP_PROMETHEUS_BEARER_TOKEN_FILE") or None,
+                   env.get("ROOFTOP_PROMETHEUS_CA_FILE") or None, headers)  # fmt: skip
+
+    def request_headers(self) -> dict[str, str]:
+        """Headers for one query; OSError when the token file cannot be read."""
+        out = dict(self.headers)
+        if self.bearer_token_file:
+            with open(self.bearer_token_file, encoding="utf-8") as f:
+                out["Authorization"] = f"Bearer {f.read().strip()}"
+        return out
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """A context trusting ``ca_file`` (None: the system's trust store)."""
+        return ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
+
+
 class MetricsClient:
     """PromQL client for ServingTarget metrics. Use as ``async with MetricsClient(url)``.
 
     window: range of rate() (PromQL duration, e.g. "2m": at least 4 scrape intervals).
     stale_after_s: newest-sample age (s) beyond which readings are STALE.
     timeout_s: per HTTP request.
+    auth: bearer token, CA bundle and headers (default: none).
     """
 
     def __init__(
@@ -161,12 +212,14 @@ class MetricsClient:
         window: str = "2m",
         stale_after_s: float = 120.0,
         timeout_s: float = 5.0,
+        auth: PrometheusAuth | None = None,
     ) -> None:
         if not _DURATION.match(window):
             raise ValueError(f"window must be a PromQL duration like '2m', got {window!r}")
         self.base_url = base_url.rstrip("/")
         self.window = window
         self.stale_after_s = stale_after_s
+        self.auth = auth or PrometheusAuth()
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
 
@@ -188,11 +241,20 @@ class MetricsClient:
             self._session = None
 
     async def _raw(self, promql: str) -> _Raw:
+        try:
+            headers = self.auth.request_headers()
+        except OSError as err:  # missing data, not zero: the loop holds
+            return _Raw(Reading(State.ERROR, detail=f"prometheus bearer token: {err}"))
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout)
+            try:
+                context = self.auth.ssl_context()
+            except OSError as err:  # ssl.SSLError is one too: a bad bundle
+                return _Raw(Reading(State.ERROR, detail=f"prometheus CA file: {err}"))
+            connector = aiohttp.TCPConnector(ssl=context or True)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
         url = f"{self.base_url}/api/v1/query"
         try:
-            async with self._session.get(url, params={"query": promql}) as resp:
+            async with self._session.get(url, params={"query": promql}, headers=headers) as resp:
                 try:
                     body = await resp.json(content_type=None)
                 except ValueError:

@@ -45,6 +45,9 @@ def test_values_yaml_matches_its_schema() -> None:
         {"replicaCount": -1},
         {"unknownKey": True},
         {"metrics": {"podMonitor": {"interval": "soon"}}},
+        {"loop": {"prometheusAuth": {"bearerTokenFile": "token.txt"}}},  # not a path
+        {"loop": {"prometheusAuth": {"caConfigMap": {"name": "Prom_CA", "key": "ca.crt"}}}},
+        {"loop": {"prometheusAuth": {"headers": {"X-Scope-OrgID": 7}}}},
     ],
 )
 def test_schema_rejects_bad_values(override: dict[str, Any]) -> None:
@@ -271,3 +274,41 @@ def test_gpu_inventory_misconfigurations_fail_with_the_fix(sets: list[str], mess
         args += ["--set", s]
     result = subprocess.run(args, capture_output=True, text=True)
     assert result.returncode != 0 and message in result.stderr, result.stderr
+
+
+def _operator_container(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    (deployment,) = by_kind(docs, "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    return pod, pod["containers"][0]
+
+
+@needs_helm
+def test_prometheus_credentials_reach_the_operator_as_files_and_env() -> None:
+    """A token Secret and a CA ConfigMap are mounted read-only and named in the
+    environment the loop reads (ROOFTOP_PROMETHEUS_*); headers travel as JSON."""
+    pod, container = _operator_container(render(
+        "loop.prometheusAuth.bearerTokenSecret.name=prom-token",
+        "loop.prometheusAuth.caConfigMap.name=prom-ca",
+        "loop.prometheusAuth.headers.X-Scope-OrgID=team-a",
+    ))  # fmt: skip
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["ROOFTOP_PROMETHEUS_BEARER_TOKEN_FILE"] == "/etc/rooftop/prometheus-token/token"
+    assert env["ROOFTOP_PROMETHEUS_CA_FILE"] == "/etc/rooftop/prometheus-ca/ca.crt"
+    assert json.loads(env["ROOFTOP_PROMETHEUS_HEADERS"]) == {"X-Scope-OrgID": "team-a"}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["prometheus-token"]["secret"] == {"secretName": "prom-token"}
+    assert volumes["prometheus-ca"]["configMap"] == {"name": "prom-ca"}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["prometheus-token"]["readOnly"] and mounts["prometheus-ca"]["readOnly"]
+
+
+@needs_helm
+def test_no_prometheus_credentials_by_default_and_a_plain_token_file() -> None:
+    pod, container = _operator_container(render())
+    assert not any(e["name"].startswith("ROOFTOP_PROMETHEUS_") and e["name"] !=
+                   "ROOFTOP_PROMETHEUS_URL" for e in container["env"])  # fmt: skip
+    assert [v["name"] for v in pod["volumes"]] == ["tmp"]
+    sa_token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    _, container = _operator_container(render(f"loop.prometheusAuth.bearerTokenFile={sa_token}"))
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["ROOFTOP_PROMETHEUS_BEARER_TOKEN_FILE"] == sa_token

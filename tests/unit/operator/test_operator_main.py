@@ -86,3 +86,20 @@ def test_a_bad_gpu_inventory_mode_is_a_usage_error(
 def test_a_bad_duration_in_the_environment_names_the_variable(value: str) -> None:
     with pytest.raises(ValueError, match=f"ROOFTOP_NODES_RETRY_S='{value}': give a number"):
         env_defaults({"ROOFTOP_NODES_RETRY_S": value})
+
+
+def test_bad_prometheus_headers_stop_the_operator_before_it_starts() -> None:
+    """The loop reads ROOFTOP_PROMETHEUS_* when its module is imported: a fresh process
+    (as in a pod) must exit 2 naming the variable, not crash with a traceback."""
+    import os
+    import subprocess
+    import sys
+
+    env = os.environ | {"ROOFTOP_PROMETHEUS_HEADERS": "X-Scope-OrgID=team-a"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "rooftop_operator", "--namespace", "ns"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "ROOFTOP_PROMETHEUS_HEADERS='X-Scope-OrgID=team-a': give a JSON object" in proc.stderr
+    assert "Traceback" not in proc.stderr
