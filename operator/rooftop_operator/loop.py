@@ -36,7 +36,7 @@ import kopf
 from rooftop_operator import conditions as cnd
 from rooftop_operator import control, crd, handlers, metrics_client
 from rooftop_operator.builders import deployment_name
-from rooftop_operator.calibration import TrimConfig, clamp
+from rooftop_operator.calibration import CalibrationConfig, TrimConfig, clamp
 from rooftop_operator.metrics_client import MetricsClient, PrometheusAuth, Selector, State
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec
 
@@ -321,25 +321,25 @@ def _memory(memo: Any, ref: TargetRef, spec: Any, plan: PlanView, status: Mappin
         # learned again), and the factor with its weight (with none, one noisy window
         # would replace it)
         observed = status.get("observed") or {}
-        factor = float(observed.get("calibrationFactor") or 1.0)
+        factor = resumed(observed.get("calibrationFactor"), CalibrationConfig())
         state = control.initial_state(replicas or plan.replicas, plan.max_num_seqs, factor)
         samples = resumed_samples(observed.get("calibrationSamples"))
-        state = replace(state, trim=resumed_trim(observed.get("latencyTrim")),
+        state = replace(state, trim=resumed(observed.get("latencyTrim"), TrimConfig()),
                         calibration=replace(state.calibration, samples=samples))  # fmt: skip
         mem = _Target(key, control.PlanTargetPlanner(spec, plan), state)
         targets[ref.uid] = mem
     return mem
 
 
-def resumed_trim(value: Any, config: TrimConfig | None = None) -> float:
-    """The latency trim from ``status.observed.latencyTrim``: 1 when absent or not a
-    finite number, clamped to the trim's bounds (status is writable by hand)."""
-    cfg = config or TrimConfig()
+def resumed(value: Any, bounds: CalibrationConfig | TrimConfig) -> float:
+    """A learned multiplier from ``status.observed`` (calibrationFactor, latencyTrim):
+    1 when absent or not a finite number, else clamped to ``bounds`` (status is
+    writable by hand, and a bad value must not stop the loop)."""
     try:
-        trim = float(value)
+        number = float(value)
     except (TypeError, ValueError):
         return 1.0
-    return clamp(trim, cfg.lower, cfg.upper) if math.isfinite(trim) else 1.0
+    return clamp(number, bounds.lower, bounds.upper) if math.isfinite(number) else 1.0
 
 
 def resumed_samples(value: Any) -> int:

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+import yaml
 
 from rooftop_operator import control, loop
+from rooftop_operator.calibration import CalibrationConfig, TrimConfig
 from rooftop_operator.metrics_client import Reading, Selector, State, TargetMetrics
+from rooftop_operator.specs import TargetRef, parse_spec
 from rooftop_planner.spec import Condition
 
 
@@ -101,22 +108,19 @@ def test_silent_engines_are_told_apart_from_a_down_prometheus() -> None:
     assert "no engine series" in slo.message and "Prometheus at" not in slo.message
 
 
+def _chat_target() -> tuple[Any, TargetRef, loop.PlanView]:
+    """The simulated chat example's spec, a reference to it and a 1x L4 plan."""
+    doc = yaml.safe_load((Path(__file__).parents[2] / "examples/simulated-chat.yaml").read_text())
+    body = {**doc, "metadata": {"namespace": "ns", "name": "chat", "uid": "u1", "generation": 1}}
+    plan = loop.PlanView("l4", 1, 1, 64, "bf16", "auto", 8192, 0.8)
+    return parse_spec(doc["spec"]), TargetRef.from_body(body), plan
+
+
 def test_an_operator_restart_resumes_what_the_loop_learned() -> None:
     """The trim is learned over many windows (near 1.6 where the planner is 1.3x
     optimistic); a restart that started it over at 1 would under-serve until relearned.
     The factor keeps its weight: with none, the first window would replace it."""
-    from dataclasses import replace
-    from pathlib import Path
-    from types import SimpleNamespace
-
-    import yaml
-
-    from rooftop_operator.specs import TargetRef, parse_spec
-
-    doc = yaml.safe_load((Path(__file__).parents[2] / "examples/simulated-chat.yaml").read_text())
-    body = {**doc, "metadata": {"namespace": "ns", "name": "chat", "uid": "u1", "generation": 1}}
-    spec, ref = parse_spec(doc["spec"]), TargetRef.from_body(body)
-    plan = loop.PlanView("l4", 1, 1, 64, "bf16", "auto", 8192, 0.8)
+    spec, ref, plan = _chat_target()
     learned = _decision(replicas=3)
     calibration = replace(learned.state.calibration, factor=1.2, samples=40)
     learned = replace(learned, state=replace(learned.state, trim=1.6, calibration=calibration))
@@ -144,4 +148,14 @@ def test_calibration_samples_from_status_are_a_count_or_nothing(
      (1.25, 1.25), ("1.25", 1.25)],
 )  # fmt: skip
 def test_a_trim_edited_into_status_is_kept_within_its_bounds(value: object, trim: float) -> None:
-    assert loop.resumed_trim(value) == trim
+    assert loop.resumed(value, TrimConfig()) == trim
+
+
+@pytest.mark.parametrize(("value", "factor"), [("abc", 1.0), ([], 1.0), (0.1, 0.5), (7, 3.0)])
+def test_a_factor_edited_into_status_cannot_stop_the_loop(value: object, factor: float) -> None:
+    """It used to be float(value): a string there raised on every tick."""
+    assert loop.resumed(value, CalibrationConfig()) == factor
+    status = {"observed": {"calibrationFactor": value}}
+    spec, ref, plan = _chat_target()
+    mem = loop._memory(SimpleNamespace(), ref, spec, plan, status, replicas=1)
+    assert mem.state.calibration.factor == factor
