@@ -312,3 +312,12 @@ def test_no_prometheus_credentials_by_default_and_a_plain_token_file() -> None:
     _, container = _operator_container(render(f"loop.prometheusAuth.bearerTokenFile={sa_token}"))
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["ROOFTOP_PROMETHEUS_BEARER_TOKEN_FILE"] == sa_token
+
+
+@needs_helm
+def test_an_upgrade_reusing_older_values_still_renders() -> None:
+    """`helm upgrade --reuse-values` (the README's upgrade) keeps the old release's
+    values, which lack keys this chart added, such as loop.prometheusAuth."""
+    pod, container = _operator_container(render("loop.prometheusAuth=null"))
+    assert [v["name"] for v in pod["volumes"]] == ["tmp"]
+    assert "ROOFTOP_PROMETHEUS_URL" in {e["name"] for e in container["env"]}
