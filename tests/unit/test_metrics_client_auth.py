@@ -56,13 +56,20 @@ async def query(url: str, auth: PrometheusAuth | None) -> Any:
         return await client.query("up")
 
 
+TENANT = {"X-Scope-OrgID": "team-a"}
+
+
+def token_file(tmp_path: Path, token: str) -> Path:
+    path = tmp_path / "token"
+    path.write_text(token)
+    return path
+
+
 async def test_token_and_tenant_header_are_sent(
     guarded: tuple[GuardedProm, str], tmp_path: Path
 ) -> None:
     prom, url = guarded
-    token = tmp_path / "token"
-    token.write_text("s3cret\n")
-    auth = PrometheusAuth(str(token), headers={"X-Scope-OrgID": "team-a"})
+    auth = PrometheusAuth(str(token_file(tmp_path, "s3cret\n")), headers=TENANT)
     reading = await query(url, auth)
     assert (reading.state, reading.value) == (State.OK, 42.0)
     assert (await query(url, None)).state is State.ERROR  # the same server, no credentials
@@ -73,9 +80,8 @@ async def test_a_rotated_token_is_read_again(
 ) -> None:
     """Projected ServiceAccount tokens rotate: the file is read on every query."""
     prom, url = guarded
-    token = tmp_path / "token"
-    token.write_text("old")
-    auth = PrometheusAuth(str(token), headers={"X-Scope-OrgID": "team-a"})
+    token = token_file(tmp_path, "old")
+    auth = PrometheusAuth(str(token), headers=TENANT)
     async with MetricsClient(url, "1m", auth=auth) as client:
         assert (await client.query("up")).state is State.ERROR
         token.write_text("s3cret")
@@ -99,13 +105,11 @@ async def test_https_with_a_private_ca(tmp_path: Path) -> None:
     srv = await serve(prom, tls)
     url = str(srv.make_url("")).rstrip("/")
     assert url.startswith("https://")
-    token = tmp_path / "token"
-    token.write_text("s3cret")
-    headers = {"X-Scope-OrgID": "team-a"}
+    token = token_file(tmp_path, "s3cret")
     try:
-        trusted = await query(url, PrometheusAuth(str(token), str(certs.ca_crt), headers))
+        trusted = await query(url, PrometheusAuth(str(token), str(certs.ca_crt), TENANT))
         assert (trusted.state, trusted.value) == (State.OK, 42.0)
-        untrusted = await query(url, PrometheusAuth(str(token), None, headers))
+        untrusted = await query(url, PrometheusAuth(str(token), None, TENANT))
         assert untrusted.state is State.ERROR and "certificate" in untrusted.detail.lower()
         no_bundle = await query(url, PrometheusAuth(str(token), str(tmp_path / "no.pem")))
         assert no_bundle.state is State.ERROR and "CA file" in no_bundle.detail
