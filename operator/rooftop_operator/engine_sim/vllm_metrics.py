@@ -1,7 +1,8 @@
 """Prometheus metrics with vLLM 0.33's exact names, types, labels and default buckets.
 
 Source of truth: shared/docs/vllm-metrics.md (read from vllm/v1/metrics/loggers.py and
-buckets.py of the 0.33.0 wheel). Everything lives in a dedicated ``CollectorRegistry`` so
+buckets.py of the 0.33.0 wheel), checked family by family against the real vLLM 0.32
+(CPU build) by tests/e2e/test_vllm_metrics.py. Everything lives in a dedicated ``CollectorRegistry`` so
 several simulated engines can run in one process (tests) without clashing.
 prometheus_client appends ``_total`` to counters, so counters are named without it;
 ``vllm:iteration_tokens_total`` is a histogram in vLLM and keeps its odd name.
@@ -30,6 +31,10 @@ REQUEST_LATENCY_BUCKETS = (
 )  # fmt: skip
 ITERATION_TOKENS_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 LABELS = ("model_name", "engine")
+# vLLM 0.32 pre-creates request_success for every finish reason it has (checked against
+# the real engine by tests/e2e/test_vllm_metrics.py); the simulator finishes requests
+# with stop, length or abort only.
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
 
 
 def build_1_2_5_buckets(max_value: int) -> list[float]:
@@ -93,7 +98,7 @@ class VllmMetrics:
             (*LABELS, "finished_reason"),
             registry=self.registry,
         )
-        for reason in ("stop", "length", "abort"):  # pre-created, so rate() has a baseline
+        for reason in FINISHED_REASONS:  # pre-created, so rate() has a baseline
             self._success.labels(*self._lv, reason)
         self._build_histograms(max_model_len)
 
