@@ -4,8 +4,8 @@ kwok runs no containers, so ``VllmFleet`` plays the kubelet for ``mode: vllm`` t
 for each Running engine pod it runs THAT POD's container command and args as a local
 process, changing only what a host process must: ``vllm`` is the venv's ``vllm`` CLI
 (tests/engine/install-vllm.sh), paths inside volume mounts point at host directories
-(a PVC at the directory the test says stands in for it, an emptyDir at a fresh temp
-dir), ``--port`` is a free local port and ``--host`` 127.0.0.1. The environment is
+(a PVC at the directory the test says stands in for it, any other volume at a fresh
+temp dir), ``--port`` is a free local port and ``--host`` 127.0.0.1. The environment is
 the pod's plus what any process needs (PATH, HOME).
 
 Scraping follows the operator's PodMonitor as the Prometheus Operator would: the fleet
@@ -41,7 +41,11 @@ from tests.cluster.engines import prometheus_relabelings
 from tests.cluster.prometheus import PrometheusServer
 
 VLLM_VERSION = "0.32.0"
-ENGINE_DIR = Path(__file__).resolve().parents[1] / "engine"
+ROOT = Path(__file__).resolve().parents[2]
+ENGINE_DIR = ROOT / "tests" / "engine"
+# This checkout's code for Rooftop subprocesses (operator, engine-sim, load), whichever
+# checkout the venv's editable install points at.
+SOURCE_PATH = os.pathsep.join(str(ROOT / d) for d in ("planner", "operator"))
 MONITORING = ("monitoring.coreos.com", "v1", "podmonitors")
 # What a process needs beyond the pod's env; the rest of the test's env stays out, as it
 # would in a container.
@@ -161,7 +165,7 @@ def volume_dirs(pod: Mapping[str, Any], paths: HostPaths) -> dict[str, Path]:
     """mountPath -> host directory, for every mount of the pod's engine container.
 
     Raises:
-        ValueError: a volume kind the harness cannot stand in for, or an unmapped claim.
+        ValueError: a PVC without a host directory.
     """
     spec, name = pod["spec"], pod["metadata"]["name"]
     volumes = {v["name"]: v for v in spec.get("volumes") or []}
@@ -173,11 +177,11 @@ def volume_dirs(pod: Mapping[str, Any], paths: HostPaths) -> dict[str, Path]:
             if claim not in paths.claims:
                 raise ValueError(f"pod {name}: no host directory for PVC {claim}")
             host = paths.claims[claim]
-        elif "emptyDir" in volume:
+        else:
+            # An emptyDir is exactly this; the contents the kubelet would project into
+            # the others (the ServiceAccount token, ConfigMaps) are not reproduced.
             host = paths.scratch / name / "volumes" / mount["name"]
             host.mkdir(parents=True, exist_ok=True)
-        else:
-            raise ValueError(f"pod {name}: volume {mount['name']} is not a PVC or emptyDir")
         out[mount["mountPath"]] = host / mount.get("subPath", "")
     return out
 
@@ -221,7 +225,7 @@ def local_command(
 
     Raises:
         ValueError: the container does not run ``vllm``, or uses what cannot be mapped
-            (env from Secrets, volume kinds other than PVC and emptyDir).
+            (env from Secrets, a PVC without a host directory).
     """
     container, name = pod["spec"]["containers"][0], pod["metadata"]["name"]
     command = list(container.get("command") or [])
@@ -366,10 +370,11 @@ class VllmFleet:
         pods = client.CoreV1Api(self.api).list_namespaced_pod(
             self.namespace, label_selector=selector
         )
+        plain: list[dict[str, Any]] = [self.api.sanitize_for_serialization(p) for p in pods.items]
         return {
-            p.metadata.name: self.api.sanitize_for_serialization(p)
-            for p in pods.items
-            if p.status.phase == "Running" and p.metadata.deletion_timestamp is None
+            p["metadata"]["name"]: p
+            for p in plain
+            if p["status"].get("phase") == "Running" and "deletionTimestamp" not in p["metadata"]
         }
 
     def _spawn(self, pod: Mapping[str, Any]) -> VllmProcess:
@@ -381,14 +386,14 @@ class VllmFleet:
     def _pod_monitor(self) -> dict[str, Any] | None:
         group, version, plural = MONITORING
         try:
-            found: dict[str, Any] = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
+            found: Any = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
                 group, version, self.namespace, plural, f"{self.target}-engine"
             )
         except client.ApiException as err:
             if err.status == 404:
                 return None
             raise
-        return found
+        return dict(found)
 
     def _publish(self, pod_monitor: Mapping[str, Any] | None) -> None:
         """file_sd and scrape job from the PodMonitor (nothing scraped without one)."""

@@ -17,6 +17,7 @@ import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -25,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from rooftop_operator.loadgen import LoadSpec, send_request
 from tests.cluster.controlplane import free_port
-from tests.cluster.vllm_engines import VllmProcess, vllm_cli
+from tests.cluster.vllm_engines import SOURCE_PATH, VllmProcess, vllm_cli
 
 pytestmark = pytest.mark.vllm
 
@@ -77,7 +78,7 @@ def drive(base_url: str) -> None:
     asyncio.run(main())
 
 
-def shape(family: Metric) -> dict[str, object]:
+def shape(family: Metric) -> dict[str, Any]:
     """What must match: type, label names, bucket bounds, finished_reason values."""
     labels = {k for s in family.samples for k in s.labels if k != "le"}
     buckets = sorted({float(s.labels["le"]) for s in family.samples if "le" in s.labels})
@@ -115,7 +116,8 @@ def simulated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Me
             "--model-name", SERVED, "--gpu", "l4", "--max-model-len", str(MAX_MODEL_LEN),
             "--max-num-seqs", "8", "--time-scale", "20"]  # fmt: skip
     log = tmp_path_factory.mktemp("engine-sim") / "engine-sim.log"
-    engine = VllmProcess(argv, {"PATH": "/usr/bin:/bin"}, port, log).start()
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": SOURCE_PATH}
+    engine = VllmProcess(argv, env, port, log).start()
     try:
         engine.wait_ready(timeout=30)
         drive(engine.url)
@@ -144,7 +146,7 @@ def test_the_simulator_exports_every_family_as_the_real_vllm_does(
         if family == "vllm:cache_config_info":
             # An info metric: its labels are the engine's cache settings, which differ by
             # platform (the CPU build adds its own); the simulator's must be real ones.
-            extra = set(got.pop("labels")) - set(want.pop("labels"))  # type: ignore[arg-type]
+            extra = set(got.pop("labels")) - set(want.pop("labels"))
             if extra:
                 diffs[family + " labels"] = f"not in vLLM: {sorted(extra)}"
         if want != got:

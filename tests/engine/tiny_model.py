@@ -87,7 +87,9 @@ def pad_vocabulary(tok: Any, size: int) -> Any:
 
     doc = json.loads(tok.to_str())
     vocab: dict[str, int] = doc["model"]["vocab"]
-    words = ("".join(w) for n in (2, 3) for w in itertools.product(string.ascii_lowercase, repeat=n))
+    words = (
+        "".join(w) for n in (2, 3) for w in itertools.product(string.ascii_lowercase, repeat=n)
+    )
     for word in words:
         if len(vocab) >= size:
             break

@@ -2,8 +2,9 @@
 
 Source of truth: shared/docs/vllm-metrics.md (read from vllm/v1/metrics/loggers.py and
 buckets.py of the 0.33.0 wheel), checked family by family against the real vLLM 0.32
-(CPU build) by tests/e2e/test_vllm_metrics.py. Everything lives in a dedicated ``CollectorRegistry`` so
-several simulated engines can run in one process (tests) without clashing.
+(CPU build) by tests/e2e/test_vllm_metrics.py. Everything lives in a dedicated
+``CollectorRegistry`` so several simulated engines can run in one process (tests)
+without clashing.
 prometheus_client appends ``_total`` to counters, so counters are named without it;
 ``vllm:iteration_tokens_total`` is a histogram in vLLM and keeps its odd name.
 All durations are observed in the engine's (simulated) seconds.

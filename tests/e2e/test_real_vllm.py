@@ -1,0 +1,448 @@
+"""The operator with a real vLLM: plan, deploy, serve, measure, on the local control plane.
+
+One scenario per module (``run``), then one promise per test, as in test_loop.py:
+
+1. A ``mode: vllm`` ServingTarget serves a tiny Llama (tests/engine/tiny_model.py) from
+   a PersistentVolumeClaim (a bound PV/PVC pair), its shape given inline in
+   ``spec.modelConfig``: the planner plans it on a (kwok) L4 and the operator deploys it.
+2. ``VllmFleet`` runs the Running pod's own container command and args as a local
+   process with the real vLLM CPU build, and lists it for Prometheus through the
+   operator's PodMonitor (its selector, relabelings and metricRelabelings).
+3. ``rooftop load`` drives traffic at the engine; the feedback loop fills
+   ``status.observed`` with TPOT and TTFT read from the real engine's histograms through
+   Prometheus, and every dashboard query returns series.
+
+kwok runs no containers and there is no GPU: the pod's vLLM runs on this host's CPU
+(``VLLM_CPU_KVCACHE_SPACE`` in the target's env sizes its KV cache), so latencies are
+the tiny model's on a CPU, far below the SLO. The promises are about wiring, not speed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from dashboards import queries
+from kubernetes import client
+
+from tests.cluster.controlplane import free_port
+from tests.cluster.handle import ClusterHandle
+from tests.cluster.nodes import L4, gpu_node
+from tests.cluster.operator_process import Operator
+from tests.cluster.prometheus import PrometheusServer
+from tests.cluster.vllm_engines import (
+    SOURCE_PATH,
+    HostPaths,
+    VllmFleet,
+    model_config,
+    vllm_cli,
+)
+from tests.e2e.test_loop import label_values_as_promql
+from tests.e2e.test_operator import POD_MONITOR_CRD
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "rooftop"
+RELEASE = "vllm-e2e"
+GROUP, VERSION, PLURAL = "rooftop.dev", "v1alpha1", "servingtargets"
+NAME = "tiny-chat"
+SERVED = "tiny-llama"
+CLAIM = "models"
+PROMPT_TOKENS, OUTPUT_TOKENS = 64, 32
+LOAD_RPS, LOAD_S = 2.0, 45.0
+WINDOW_S = 20.0
+LOOP_ENV = {
+    "ROOFTOP_LOOP_INTERVAL_S": "2",
+    "ROOFTOP_LOOP_WINDOW": f"{WINDOW_S:g}s",
+    "ROOFTOP_LOOP_STALE_AFTER_S": "10",
+    "ROOFTOP_LOOP_STARTUP_S": "5",
+}
+# Dashboard queries that cannot return series here, and why (none so far: one engine
+# and one operator give every panel data).
+NO_DATA_EXPECTED: dict[str, str] = {}
+
+
+def target(model_dir: Path) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "ServingTarget",
+        "metadata": {"name": NAME},
+        "spec": {
+            "model": SERVED,
+            "modelConfig": model_config(model_dir),
+            "mode": "vllm",
+            "slo": {"tpotMs": 500, "tpotPercentile": "p90", "ttftMs": 10000},
+            "workload": {
+                "requestsPerSecond": LOAD_RPS,
+                "promptTokens": {"mean": PROMPT_TOKENS},
+                "outputTokens": {"mean": OUTPUT_TOKENS},
+            },
+            "budget": {"usdPerHour": 10},
+            # vLLM's CPU build runs neither fp8 weights nor an fp8 KV cache: 16-bit only.
+            "constraints": {"gpuTypes": ["l4"], "weightDtypes": ["bf16"], "kvDtypes": ["auto"],
+                            "maxTensorParallel": 1, "minReplicas": 1, "maxReplicas": 1},
+            "engine": {
+                "modelVolume": {"claimName": CLAIM, "path": model_dir.name},
+                "env": [
+                    {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},  # GiB
+                    {"name": "HF_HUB_OFFLINE", "value": "1"},  # the model is on the PVC
+                ],
+            },
+        },
+    }  # fmt: skip
+
+
+@dataclass
+class Run:
+    """What the scenario saw, phase by phase."""
+
+    phases: dict[str, dict[str, Any]] = field(default_factory=dict)
+    failed: str | None = None
+
+    def need(self, phase: str) -> dict[str, Any]:
+        if phase not in self.phases:
+            pytest.fail(f"scenario did not reach {phase!r}: {self.failed}", pytrace=False)
+        return self.phases[phase]
+
+
+@dataclass
+class World:
+    cluster: ClusterHandle
+    api: Any
+    namespace: str
+    operator: Operator
+    prometheus: PrometheusServer
+    fleet: VllmFleet
+    work: Path
+    model_dir: Path
+
+    def target(self) -> dict[str, Any]:
+        found: Any = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, PLURAL, NAME
+        )
+        return dict(found)
+
+    def conditions(self) -> dict[str, dict[str, Any]]:
+        conds = self.target().get("status", {}).get("conditions", [])
+        return {c["type"]: dict(c) for c in conds}
+
+    def pod(self) -> dict[str, Any]:
+        pods = client.CoreV1Api(self.api).list_namespaced_pod(
+            self.namespace, label_selector=f"rooftop.dev/servingtarget={NAME}"
+        )
+        return dict(self.api.sanitize_for_serialization(pods.items[0]))
+
+
+class PhaseFailed(AssertionError):
+    pass
+
+
+def wait(world: World, what: str, check: Callable[[], Any], timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(1.0)
+    raise PhaseFailed(
+        f"timed out after {timeout:.0f}s: {what}\nconditions: {world.conditions()}\n"
+        f"fleet errors: {world.fleet.errors}\noperator log:\n{world.operator.tail(25)}"
+    )
+
+
+# ---------------------------------------------------------------- phases
+
+
+def deployed(world: World) -> dict[str, Any]:
+    def planned_and_deployed() -> dict[str, dict[str, Any]] | None:
+        conds = world.conditions()
+        ok = all(conds.get(c, {}).get("status") == "True" for c in ("Planned", "Deployed"))
+        return conds if ok else None
+
+    conds = wait(world, "Planned and Deployed", planned_and_deployed, 90)
+    pod = wait(world, "a Running engine pod", lambda: _running(world), 60)
+    return {"conditions": conds, "pod": pod, "plan": world.target()["status"].get("plan"),
+            "model_path": f"/models/{world.model_dir.name}"}  # fmt: skip
+
+
+def _running(world: World) -> dict[str, Any] | None:
+    try:
+        pod = world.pod()
+    except IndexError:
+        return None
+    return pod if pod["status"].get("phase") == "Running" else None
+
+
+def serving(world: World) -> dict[str, Any]:
+    """The real vLLM for the pod answers /health and Prometheus scrapes it."""
+    t = time.monotonic()
+    urls = wait(
+        world, "the pod's vLLM ready", lambda: _no_errors(world) and world.fleet.endpoints(), 240
+    )
+    started_s = time.monotonic() - t
+    sel = f'namespace="{world.namespace}", servingtarget="{NAME}"'
+    up = world.prometheus.wait_for(f"vllm:num_requests_running{{{sel}}}", timeout=60)
+    name = world.pod()["metadata"]["name"]
+    launched = json.loads((world.work / "engines" / f"{name}.argv.json").read_text())
+    return {"urls": urls, "ready_s": round(started_s, 1), "scraped": up, "launched": launched}
+
+
+def _no_errors(world: World) -> bool:
+    """Fail fast on what the fleet could not do (it keeps retrying otherwise)."""
+    if world.fleet.errors:
+        raise PhaseFailed(f"engine fleet: {world.fleet.errors[-1]}")
+    return True
+
+
+def loaded(world: World, url: str) -> dict[str, Any]:
+    """``rooftop load`` against the engine; meanwhile the loop must observe it and the
+    dashboards must have data (rates over a window that holds traffic)."""
+    argv = [sys.executable, "-m", "rooftop_operator.cli", "load", "--url", url,
+            "--model", SERVED, "--rate", f"{LOAD_RPS:g}", "--duration", f"{LOAD_S:g}",
+            "--prompt-tokens", str(PROMPT_TOKENS), "--output-tokens", str(OUTPUT_TOKENS),
+            "--seed", "3", "--json", "--quiet"]  # fmt: skip
+    env = os.environ | {"PYTHONPATH": SOURCE_PATH}
+    load = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        observed = wait(world, "status.observed TPOT and TTFT", lambda: _observed(world), LOAD_S)
+        panels = wait(world, "data on every dashboard panel", lambda: _dashboards(world), 20)
+        out, err = load.communicate(timeout=LOAD_S + 60)
+    finally:
+        if load.poll() is None:
+            load.kill()
+    if load.returncode != 0:
+        raise PhaseFailed(f"rooftop load exited {load.returncode}\n{err[-2000:]}")
+    return {"observed": observed, "conditions": world.conditions(),
+            "report": json.loads(out), "queries": panels}  # fmt: skip
+
+
+def _observed(world: World) -> dict[str, Any] | None:
+    observed = dict(world.target().get("status", {}).get("observed", {}))
+    ok = observed.get("metricsState") == "ok" and "tpotMs" in observed and "ttftMs" in observed
+    return observed if ok else None
+
+
+def _dashboards(world: World) -> dict[str, Any] | None:
+    """Every panel's query once all have data (the loop may be ahead of a rate window)."""
+    results = _dashboard_queries(world)
+    missing = [k for k, r in results.items() if not r["optional"] and not r["series"]]
+    return results if not missing or set(missing) <= set(NO_DATA_EXPECTED) else None
+
+
+def _dashboard_queries(world: World) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for key, q in queries.ALL.items():
+        expr = queries.concrete(q.expr, world.namespace, NAME, rate_interval=f"{WINDOW_S:g}s")
+        results[key] = {"expr": expr, "series": world.prometheus.query(expr),
+                        "optional": q.optional}  # fmt: skip
+    for expr in queries.VARIABLE_QUERIES:
+        promql = label_values_as_promql(queries.concrete(expr, world.namespace, NAME))
+        results[expr] = {"expr": promql, "series": world.prometheus.query(promql),
+                         "optional": False}  # fmt: skip
+    return results
+
+
+def counted(world: World, completed: int) -> dict[str, Any]:
+    """What Prometheus counted from the engine once the last scrape has it."""
+    sel = f'namespace="{world.namespace}", servingtarget="{NAME}"'
+    promql = f"sum by (finished_reason) (vllm:request_success_total{{{sel}}})"
+
+    def every_request() -> bool:
+        found = {s["metric"].get("finished_reason"): float(s["value"][1])
+                 for s in world.prometheus.query(promql)}  # fmt: skip
+        return sum(found.values()) >= completed
+
+    world.prometheus.wait_for(promql, lambda _: every_request(), timeout=30)
+    return {"success": world.prometheus.query(promql)}
+
+
+def scenario(world: World, run: Run) -> None:
+    steps: list[tuple[str, Callable[[], dict[str, Any]]]] = [
+        ("deployed", lambda: deployed(world)),
+        ("serving", lambda: serving(world)),
+        ("loaded", lambda: loaded(world, run.phases["serving"]["urls"][0])),
+        ("counted", lambda: counted(world, run.phases["loaded"]["report"]["completed"])),
+    ]
+    for name, step in steps:
+        t = time.monotonic()
+        try:
+            run.phases[name] = step() | {"took_s": round(time.monotonic() - t, 1)}
+        except (PhaseFailed, TimeoutError) as err:
+            run.failed = f"{name}: {err}"
+            return
+
+
+# ---------------------------------------------------------------- fixtures
+
+
+def _apply(cluster: ClusterHandle, work: Path, doc: dict[str, Any], *args: str) -> None:
+    path = work / f"{doc['kind'].lower()}-{doc['metadata']['name']}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    cluster.kubectl("apply", *args, "-f", str(path))
+
+
+def model_claim(cluster: ClusterHandle, work: Path, ns: str, pv: str) -> None:
+    """A PV bound to the ``models`` PVC (a pod with an unbound claim never schedules).
+    The hostPath is never mounted (kwok runs nothing); the harness maps the claim to the
+    host directory that holds the model instead."""
+    spec = {"accessModes": ["ReadOnlyMany"], "storageClassName": ""}
+    _apply(cluster, work, {
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": pv},
+        "spec": spec | {"capacity": {"storage": "1Gi"}, "hostPath": {"path": "/srv/models"},
+                        "persistentVolumeReclaimPolicy": "Retain",
+                        "claimRef": {"namespace": ns, "name": CLAIM}},
+    })  # fmt: skip
+    _apply(cluster, work, {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": CLAIM},
+        "spec": spec | {"volumeName": pv, "resources": {"requests": {"storage": "1Gi"}}},
+    }, "-n", ns)  # fmt: skip
+    cluster.kubectl("wait", "-n", ns, "--for=jsonpath={.status.phase}=Bound",
+                    "--timeout=60s", f"pvc/{CLAIM}")  # fmt: skip
+
+
+def pod_monitor_crd(cluster: ClusterHandle, work: Path) -> bool:
+    """Serve the PodMonitor API (a stand-in CRD, as test_operator does) unless it is
+    there; True if this module installed it (and so removes it)."""
+    name = str(POD_MONITOR_CRD["metadata"]["name"])  # type: ignore[index]
+    if cluster.kubectl("get", "crd", name, check=False).returncode == 0:
+        return False
+    _apply(cluster, work, POD_MONITOR_CRD)
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s", f"crd/{name}")
+    return True
+
+
+@pytest.fixture(scope="module")
+def run(
+    cluster: ClusterHandle,
+    prometheus_bin: Path,
+    vllm_py: Path,
+    tiny_model_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Run]:
+    suffix = uuid.uuid4().hex[:6]
+    system, ns = f"vllm-system-{suffix}", f"vllm-{suffix}"
+    work = tmp_path_factory.mktemp("real-vllm")
+    (work / "engines").mkdir()
+    cluster.create_namespace(system)
+    cluster.create_namespace(ns)
+    crd_installed = pod_monitor_crd(cluster, work)
+    cluster.helm("install", RELEASE, str(CHART), "--namespace", system, "--set", "image.tag=e2e")
+    node = gpu_node(dataclasses.replace(L4, prefix=f"vllm-l4-{suffix}"), 0)
+    client.CoreV1Api(api := cluster.api()).create_node(node)  # type: ignore[arg-type]
+    pv = f"vllm-models-{suffix}"
+    model_claim(cluster, work, ns, pv)
+    prom = PrometheusServer(work / "prometheus", prometheus_bin).start()
+    metrics_port = free_port()
+    kubeconfig = cluster.serviceaccount_kubeconfig(system, f"{RELEASE}-rooftop")
+    operator = Operator(kubeconfig, ns, work / "operator.log")
+    paths = HostPaths(claims={CLAIM: tiny_model_dir.parent}, scratch=work / "pods")
+    operator_target = (f"127.0.0.1:{metrics_port}", {"component": "operator"})
+    fleet = VllmFleet(api, ns, NAME, prom, vllm_cli(vllm_py), paths, work / "engines",
+                      static_targets=[operator_target])  # fmt: skip
+    world = World(cluster, api, ns, operator, prom, fleet, work, tiny_model_dir)
+    result = Run()
+    try:
+        operator.start("--metrics-port", str(metrics_port), PYTHONPATH=SOURCE_PATH,
+                       ROOFTOP_PROMETHEUS_URL=prom.url, **LOOP_ENV)  # fmt: skip
+        fleet.start()
+        _apply(cluster, work, target(tiny_model_dir), "-n", ns)
+        scenario(world, result)
+        yield result
+    finally:
+        fleet.stop()
+        operator.stop()
+        prom.stop()
+        (work / "run.json").write_text(json.dumps(dataclasses.asdict(result), indent=1))
+        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        cluster.helm("uninstall", RELEASE, "--namespace", system, check=False)
+        cluster.kubectl("delete", "namespace", system, "--wait=false", check=False)
+        cluster.kubectl("delete", "node", node["metadata"]["name"], "--wait=false", check=False)
+        cluster.kubectl("delete", "pv", pv, "--wait=false", check=False)
+        if crd_installed:
+            cluster.kubectl("delete", "crd", "podmonitors.monitoring.coreos.com", check=False)
+        api.close()
+
+
+# ---------------------------------------------------------------- the promises
+
+
+def test_the_tiny_model_from_a_pvc_is_planned_and_deployed(run: Run) -> None:
+    phase = run.need("deployed")
+    plan, pod = phase["plan"], phase["pod"]
+    assert plan["gpu"] == "l4" and plan["weightDtype"] == "bf16", plan
+    container = pod["spec"]["containers"][0]
+    assert container["command"] == ["vllm", "serve"]
+    assert container["args"][0] == phase["model_path"]  # spec.engine.modelVolume.path
+    claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["spec"]["volumes"]
+              if "persistentVolumeClaim" in v]  # fmt: skip
+    assert claims == [CLAIM]
+
+
+def test_the_real_engine_runs_the_pods_own_command(run: Run) -> None:
+    """Only the model path (the PVC's host directory), --port and --host differ."""
+    pod = run.need("deployed")["pod"]
+    launched = run.need("serving")["launched"]
+    container = pod["spec"]["containers"][0]
+    argv = launched["argv"]
+    assert Path(argv[0]).name == "vllm" and argv[1] == "serve"
+    pod_args, local_args = container["args"], argv[2:]
+    assert local_args[0].endswith(container["args"][0].removeprefix("/models"))
+    assert Path(local_args[0], "config.json").is_file()
+    port = pod_args.index("--port")
+    assert local_args[1:port] == pod_args[1:port]
+    assert local_args[port + 2 : len(pod_args)] == pod_args[port + 2 :]
+    assert local_args[len(pod_args) :] == ["--host", "127.0.0.1"]
+    env = launched["env"]
+    for var in container["env"]:
+        assert env[var["name"]] == var["value"]
+
+
+def test_prometheus_scrapes_it_through_the_pod_monitor(run: Run) -> None:
+    series = run.need("serving")["scraped"]
+    labels = series[0]["metric"]
+    # namespace and servingtarget come from the PodMonitor's relabelings; model_name and
+    # engine from vLLM itself; no pod label: the harness adds none of its own.
+    assert labels["servingtarget"] == NAME and labels["model_name"] == SERVED
+    assert labels["engine"] == "0" and "pod" not in labels
+
+
+def test_rooftop_load_is_served_by_the_real_engine(run: Run) -> None:
+    report = run.need("loaded")["report"]
+    assert report["errors"] == 0, report
+    assert report["completed"] >= LOAD_RPS * LOAD_S / 3, report
+    counted_ = run.need("counted")["success"]
+    by_reason = {s["metric"]["finished_reason"]: float(s["value"][1]) for s in counted_}
+    # ignore_eos with max_tokens: every request ends at its length, and vLLM counted each
+    assert by_reason["length"] == report["completed"], by_reason
+
+
+def test_status_observed_reads_the_real_engines_latency(run: Run) -> None:
+    phase = run.need("loaded")
+    observed, client_tpot = phase["observed"], phase["report"]["tpot_s"]
+    assert observed["metricsState"] == "ok"
+    assert 0 < observed["tpotMs"] < 500 and 0 < observed["ttftMs"] < 10000, observed
+    # The loop's p90 of vLLM's inter-token histogram, interpolated within its first
+    # bucket (10 ms) or beyond: never far below what the client measured.
+    assert observed["tpotMs"] >= min(client_tpot["p50"] * 1e3, 10.0) / 2, (observed, client_tpot)
+    assert phase["conditions"]["SLOMet"]["status"] == "True", phase["conditions"]["SLOMet"]
+
+
+def test_every_dashboard_query_returns_series_from_the_real_engine(run: Run) -> None:
+    results = run.need("loaded")["queries"]
+    empty = {k: r["expr"] for k, r in results.items()
+             if not r["optional"] and not r["series"] and k not in NO_DATA_EXPECTED}  # fmt: skip
+    assert not empty, f"dashboard queries without data: {json.dumps(empty, indent=1)}"
