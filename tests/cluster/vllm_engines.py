@@ -35,12 +35,13 @@ from typing import Any
 
 from kubernetes import client
 
+from rooftop_operator import settings
 from rooftop_operator.builders import APP_NAME, TARGET_LABEL
 from tests.cluster.controlplane import cache_dir, free_port, parent_death_signal
 from tests.cluster.engines import prometheus_relabelings
 from tests.cluster.prometheus import PrometheusServer
 
-VLLM_VERSION = "0.32.0"
+VLLM_VERSION = settings.VLLM_VERSION  # the one the chart pins and install-vllm.sh installs
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE_DIR = ROOT / "tests" / "engine"
 # This checkout's code for Rooftop subprocesses (operator, engine-sim, load), whichever
