@@ -14,6 +14,8 @@ matches, each with the ``__meta_kubernetes_*`` labels Kubernetes service discove
 give that pod, and runs the scrape job with the PodMonitor's own relabelings and
 metricRelabelings. It adds none of the Prometheus Operator's default labels (pod,
 container, job...): the labels Rooftop's queries need must come from the PodMonitor.
+The one setting not taken from it is the interval: the test's Prometheus scrapes every
+second, not every 15 s, so the loop sees data within the test's few minutes.
 """
 
 from __future__ import annotations
@@ -359,6 +361,7 @@ class VllmFleet:
             for name in [n for n in self.engines if n not in running]:
                 self.engines.pop(name).stop()
                 self.ready.discard(name)
+                self._pods.pop(name, None)
             for name, pod in running.items():
                 if name not in self.engines:
                     self.engines[name] = self._spawn(pod)

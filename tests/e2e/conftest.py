@@ -36,7 +36,8 @@ def _unavailable(msg: str) -> None:
 
 
 def _run_script(script: str, log: Path, where: Path = CLUSTER_DIR) -> str | None:
-    """Run a tests/cluster script; its stdout's last line (a path) or None on failure."""
+    """Run a script (tests/cluster's by default); its stdout's last line (a path) or None
+    on failure."""
     with log.open("w") as err:
         result = subprocess.run(
             [str(where / script)], stdout=subprocess.PIPE, stderr=err, text=True

@@ -261,13 +261,10 @@ def counted(world: World, completed: int) -> dict[str, Any]:
     sel = f'namespace="{world.namespace}", servingtarget="{NAME}"'
     promql = f"sum by (finished_reason) (vllm:request_success_total{{{sel}}})"
 
-    def every_request() -> bool:
-        found = {s["metric"].get("finished_reason"): float(s["value"][1])
-                 for s in world.prometheus.query(promql)}  # fmt: skip
-        return sum(found.values()) >= completed
+    def every_request(result: list[dict[str, Any]]) -> bool:
+        return sum(float(s["value"][1]) for s in result) >= completed
 
-    world.prometheus.wait_for(promql, lambda _: every_request(), timeout=30)
-    return {"success": world.prometheus.query(promql)}
+    return {"success": world.prometheus.wait_for(promql, every_request, timeout=30)}
 
 
 def scenario(world: World, run: Run) -> None:
