@@ -20,6 +20,7 @@ second, not every 15 s, so the loop sees data within the test's few minutes.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -136,12 +137,13 @@ class VllmProcess:
         proc, self.proc = self.proc, None
         if proc is None or proc.poll() is not None:
             return
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=5)
+        with contextlib.suppress(ProcessLookupError):  # the group may be gone already
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=5)
 
     def tail(self, lines: int = 30) -> str:
         text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
