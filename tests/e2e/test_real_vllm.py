@@ -413,7 +413,8 @@ def test_prometheus_scrapes_it_through_the_pod_monitor(run: Run) -> None:
     labels = series[0]["metric"]
     # namespace and servingtarget come from the PodMonitor's relabelings; model_name and
     # engine from vLLM itself; no pod label: the harness adds none of its own.
-    assert labels["servingtarget"] == NAME and labels["model_name"] == SERVED
+    assert labels["servingtarget"] == NAME and labels["namespace"].startswith("vllm-")
+    assert labels["model_name"] == SERVED
     assert labels["engine"] == "0" and "pod" not in labels
 
 
