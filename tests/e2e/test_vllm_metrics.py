@@ -39,6 +39,7 @@ READERS = (
 SERVED = "tiny"
 MAX_MODEL_LEN = 1024  # the token-count histograms' buckets follow it
 REQUESTS = ((40, 8), (300, 16))  # (prompt, output) tokens
+CHAT_TOKENS = 4
 
 
 def rooftop_families() -> set[str]:
@@ -66,7 +67,9 @@ def scrape(base_url: str) -> dict[str, Metric]:
 
 
 def drive(base_url: str) -> None:
-    """The same streamed completions against either engine; each must succeed."""
+    """The same requests against either engine (streamed completions as ``rooftop load``
+    sends them, and a chat completion through the model's chat template); each must
+    succeed."""
 
     async def main() -> None:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as s:
@@ -74,6 +77,13 @@ def drive(base_url: str) -> None:
                 res = await send_request(s, LoadSpec(base_url, SERVED), prompt, output, 0.0)
                 assert res.error is None, res.error
                 assert res.output_tokens == output
+            body = {"model": SERVED, "messages": [{"role": "user", "content": "Hello there"}],
+                    "max_tokens": CHAT_TOKENS, "ignore_eos": True}  # fmt: skip
+            async with s.post(f"{base_url}/v1/chat/completions", json=body) as resp:
+                answer = await resp.json()
+                assert resp.status == 200, answer
+            assert isinstance(answer["choices"][0]["message"]["content"], str)
+            assert answer["usage"]["completion_tokens"] == CHAT_TOKENS
 
     asyncio.run(main())
 
@@ -160,6 +170,6 @@ def test_both_engines_counted_the_requests(
     """The comparison is only worth something if both engines observed the traffic."""
     for families in (real, simulated):
         count = {s.name: s.value for s in families["vllm:e2e_request_latency_seconds"].samples}
-        assert count["vllm:e2e_request_latency_seconds_count"] == len(REQUESTS)
+        assert count["vllm:e2e_request_latency_seconds_count"] == len(REQUESTS) + 1
         tokens = {s.name: s.value for s in families["vllm:generation_tokens"].samples}
-        assert tokens["vllm:generation_tokens_total"] == sum(o for _, o in REQUESTS)
+        assert tokens["vllm:generation_tokens_total"] == sum(o for _, o in REQUESTS) + CHAT_TOKENS
