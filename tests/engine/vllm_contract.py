@@ -25,17 +25,20 @@ AsyncLLM's start-up), each stage only if the one before passed:
    loaded; dtype, max-model-len against the model's context and the quantization method
    against the checkpoint's ``quantization_config`` are verified. Platform-independent
    on CPU and CUDA alike (neither platform restricts quantization methods here).
-3. ``parallel``: ``ModelConfig.verify_with_parallel_config`` with the ParallelConfig the
-   engine args build (attention heads divisible by TP, pipeline support); and the cache
-   config (the KV cache dtype) as ``create_engine_config`` builds it.
-4. ``engine``: ``create_engine_config()`` itself. On this CPU build it runs the CPU
-   platform's adjustments, not CUDA's, so a failure raised from ``vllm/platforms`` or
-   naming the device is reported as ``unchecked`` (cannot check without a GPU), anything
-   else as ``refused``. The verdict for a passing case is ``ok`` either way.
+3. ``parallel``: ``ModelConfig.verify_with_parallel_config`` with a ParallelConfig of
+   the engine args' TP/PP/DP (attention heads divisible by TP, pipeline support).
+4. ``engine``: ``create_engine_config()`` itself: cache config (KV cache dtype), the
+   quantization config read from the checkpoint (a ``--quantization`` whose config the
+   checkpoint lacks is refused here), scheduler and compilation configs. On this CPU
+   build it runs the CPU platform's adjustments, not CUDA's, so a failure raised from
+   ``vllm/platforms`` or naming the CPU, the current platform or a compute capability is
+   reported as ``unchecked`` (cannot check without a GPU); anything else as ``refused``.
 
-NOT checked (needs a GPU or the weights): kernels and attention backends for the GPU's
-compute capability (e.g. NVFP4 needs Blackwell; the plan picks GPUs by catalog dtype
-support), weight loading, and the memory profile (whether the KV cache fits).
+NOT checked (needs a GPU or the weights): CUDA's own platform hooks, the kernels and
+attention backends a GPU's compute capability allows (NVFP4 needs Blackwell, fp8 KV
+needs SM89+ with some backends, a bfloat16 KV cache for a float16 model is accepted by
+the configs and left to the attention backend), weight loading (shapes, tokenizer) and
+the memory profile (whether the planned KV cache fits).
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import sys
 import tempfile
 import traceback
@@ -54,8 +58,12 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never fetch: the config is local
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-# Words in a message that mean the platform (this CPU), not the configuration, refused.
-PLATFORM_WORDS = ("cpu", "cuda", "gpu", "device", "platform", "nccl", "triton")
+# A message that means the platform (this CPU), not the configuration, refused. Not
+# bare "cuda" or "gpu": vLLM's refusals of a configuration mention them too (e.g. the
+# max-model-len one warns of "a CUDA array out-of-bounds error").
+PLATFORM_MESSAGE = re.compile(
+    r"\bcpu\b|current platform|compute capability|device capability", re.IGNORECASE
+)
 
 
 def parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -112,7 +120,7 @@ def _from_platform(exc: BaseException) -> bool:
     frames = traceback.extract_tb(exc.__traceback__)
     if any(f"{os.sep}vllm{os.sep}platforms{os.sep}" in frame.filename for frame in frames):
         return True
-    return any(word in str(exc).lower() for word in PLATFORM_WORDS)
+    return PLATFORM_MESSAGE.search(str(exc)) is not None
 
 
 def build_configs(args: argparse.Namespace) -> None:
