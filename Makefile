@@ -25,7 +25,7 @@ demo: $(BIN)/rooftop
 
 ## test: lint, type-check, unit, integration and end-to-end tests (tools before the
 ## unit tests: the chart-rendering ones need helm and would skip on a fresh machine)
-test: lint typecheck tools unit e2e
+test: lint typecheck tools unit vllm e2e
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check planner operator tests dashboards benchmarks

@@ -77,3 +77,12 @@ def test_what_each_argument_sets(
 def test_what_vllm_refuses(args: list[str], message: str) -> None:
     with pytest.raises(ExtraArgError, match=message):
         resolve(args)
+
+
+def test_the_flag_table_is_of_the_vllm_rooftop_deploys() -> None:
+    """extraArgs are checked against the flags of the vLLM the pods run (the chart's
+    image, the operator's default and install-vllm.sh agree: test_operator_chart.py);
+    after a bump, `make vllm-flags` regenerates the table."""
+    from rooftop_operator.settings import VLLM_VERSION
+
+    assert load_table().vllm_version == VLLM_VERSION, "run `make vllm-flags`"
