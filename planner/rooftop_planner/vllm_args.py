@@ -18,7 +18,7 @@ strings, ``--flag=value``, unique prefixes of ``--long`` options (an ambiguous o
 error), a short option glued to its value (``-qawq``; ``-tp2`` is NOT ``-tp 2``: argparse
 only splits after the first character), negative numbers as values, and how many values
 each action consumes. Not replayed: ``--config FILE`` (refused outright: the file can set
-any flag) and value types other than the choices' conversion (vLLM's own error names them).
+any flag) and value types other than numbers and choices (JSON, paths: vLLM's own error names them).
 """
 
 from __future__ import annotations
@@ -76,6 +76,14 @@ REMOVED: Final[Mapping[str, str]] = {
 # argparse's test for "a negative number, so a value": the parser has no such options.
 _NEGATIVE_NUMBER: Final = re.compile(r"^-\d+$|^-\d*\.\d+$")
 _OPTIMIZATION_LEVELS: Final = frozenset({"0", "1", "2", "3"})
+# vLLM's human_readable_int: 25.6k (decimal suffix), 2M (binary suffix: whole numbers).
+_HUMAN_INT: Final = re.compile(r"(\d+(?:\.\d+)?)([kmgt])|(\d+)([KMGT])")
+_NUMBERS: Final[Mapping[str, str]] = {
+    "int": "an integer",
+    "float": "a number",
+    "human_int": "an integer (suffixes k, M, G: 8k, 2M)",
+    "human_int_or_auto": "an integer (8k, 2M), -1 or auto",
+}
 
 
 class ExtraArgError(ValueError):
@@ -91,6 +99,7 @@ class Flag:
     nargs: int | str | None  # None: one value; 0: a switch; "?", "+", "*"
     choices: tuple[str | int | None, ...] | None = None
     convert: tuple[str, ...] = ()
+    number: str | None = None  # "int", "float", "human_int", "human_int_or_auto"
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,7 @@ def _flag(entry: Mapping[str, Any]) -> Flag:
         nargs=entry["nargs"],
         choices=None if choices is None else tuple(choices),
         convert=tuple(entry.get("convert", ())),
+        number=entry.get("type"),
     )
 
 
@@ -273,21 +283,41 @@ def _convert(value: str, steps: Sequence[str]) -> str | int | None:
     return out
 
 
-def _check_choices(token: _Token, opt: _Option, values: Sequence[str]) -> None:
-    choices = opt.flag.choices
-    if choices is None:
+def _is_number(value: str, kind: str) -> bool:
+    """Whether vLLM's type for ``kind`` converts ``value`` (the same Python functions)."""
+    text = value.strip()
+    if kind == "human_int_or_auto" and (text == "-1" or text.lower() == "auto"):
+        return True
+    if kind.startswith("human_int") and _HUMAN_INT.fullmatch(text):
+        return True
+    try:
+        float(text) if kind == "float" else int(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_value(token: _Token, opt: _Option, value: str) -> None:
+    """argparse converts a value with the action's type, then checks its choices."""
+    flag = opt.flag
+    if "none" in flag.convert and value in ("", "None"):
+        pass  # vLLM's optional_type: None
+    elif flag.number is not None and not _is_number(value, flag.number):
+        raise ExtraArgError(
+            f"extraArgs: {token.arg!r}: {opt.option} takes {_NUMBERS[flag.number]}, not {value!r}"
+        )
+    if flag.choices is None:
         return
-    for value in values:
-        try:
-            ok = _convert(value, opt.flag.convert) in choices
-        except ValueError:
-            ok = False
-        if not ok:
-            listed = ", ".join(str(c) for c in choices if c is not None)
-            raise ExtraArgError(
-                f"extraArgs: {token.arg!r}: {value!r} is not a choice of {opt.option} "
-                f"(vLLM accepts {listed})"
-            )
+    try:
+        ok = _convert(value, flag.convert) in flag.choices
+    except ValueError:
+        ok = False
+    if not ok:
+        listed = ", ".join(str(c) for c in flag.choices if c is not None)
+        raise ExtraArgError(
+            f"extraArgs: {token.arg!r}: {value!r} is not a choice of {opt.option} "
+            f"(vLLM accepts {listed})"
+        )
 
 
 def _value_count(opt: _Option, token: _Token, available: int) -> int:
@@ -311,23 +341,23 @@ def _values(opt: _Option, token: _Token, following: Sequence[_Token | None]) -> 
             raise ExtraArgError(
                 f"extraArgs: {token.arg!r}: {opt.option} is a switch and takes no value"
             )
-        _check_choices(token, opt, [opt.explicit])
         return 0
     if opt.flag.nargs == 0:
         return 0
     available = 0
     while available < len(following) and following[available] is not None:
         available += 1
-    count = _value_count(opt, token, available)
-    _check_choices(token, opt, [t.text for t in following[:count] if t is not None])
-    return count
+    return _value_count(opt, token, available)
 
 
-def resolve(args: Sequence[str], table: FlagTable | None = None) -> list[Setting]:
+def resolve(
+    args: Sequence[str], table: FlagTable | None = None, values: bool = True
+) -> list[Setting]:
     """What each of ``args`` (extra ``vllm serve`` arguments) sets, as vLLM parses them.
 
     Raises ExtraArgError for what vLLM would refuse: a flag it does not have, an
-    ambiguous prefix, a missing value, a value outside the choices, a positional.
+    ambiguous prefix, a missing value, a positional and, unless ``values`` is False, a
+    value that is not a number where one is needed or not one of the flag's choices.
     """
     table = table or load_table()
     tokens = _undot(list(_rewrite(args)))
@@ -346,17 +376,20 @@ def resolve(args: Sequence[str], table: FlagTable | None = None) -> list[Setting
             raise _unknown(token, kind, table)
         after = zip(tokens[i + 1 :], kinds[i + 1 :], strict=True)
         count = _values(kind, token, [t if k is None else None for t, k in after])
-        values = [kind.explicit] if kind.explicit is not None else []
-        values += [t.text for t in tokens[i + 1 : i + 1 + count]]
-        settings.append(Setting(token.arg, kind.option, kind.flag.dest, tuple(values)))
+        given = [kind.explicit] if kind.explicit is not None else []
+        given += [t.text for t in tokens[i + 1 : i + 1 + count]]
+        for value in given if values else []:
+            _check_value(token, kind, value)
+        settings.append(Setting(token.arg, kind.option, kind.flag.dest, tuple(given)))
         i += 1 + count
     return settings
 
 
 def check_extra_args(args: Sequence[str], table: FlagTable | None = None) -> None:
     """Raise ExtraArgError naming the first extra argument vLLM would refuse or that
-    sets what Rooftop sets (``PLANNED``, ``RESERVED``), with what to do instead."""
-    for setting in resolve(args, table):
+    sets what Rooftop sets (``PLANNED``, ``RESERVED``), with what to do instead.
+    A flag Rooftop owns is named as such even where its value is wrong too."""
+    for setting in resolve(args, table, values=False):
         spelled = "" if setting.arg == setting.option else f" ({setting.option})"
         what = f"extraArgs: {setting.arg!r} sets {setting.dest}{spelled}"
         if setting.dest in PLANNED:
@@ -365,3 +398,4 @@ def check_extra_args(args: Sequence[str], table: FlagTable | None = None) -> Non
             )
         if setting.dest in RESERVED:
             raise ExtraArgError(f"{what}; remove it ({RESERVED[setting.dest]})")
+    resolve(args, table)  # now the values

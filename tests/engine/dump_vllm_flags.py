@@ -8,10 +8,11 @@ tests/engine/install-vllm.sh):
 Why a table: the operator image has no vLLM, yet the planner must check a target's
 ``spec.engine.extraArgs`` the way `vllm serve` will parse them (rooftop_planner.vllm_args).
 So this script walks the parser vLLM itself builds for `vllm serve` and records, per
-argparse action: its option strings, the dest it sets, how many values it takes and, where
-argparse checks them, its choices with the conversion the action's `type` applies before
-the check. Output is sorted and stable, so a regenerated table diffs only where vLLM did.
-``-`` as OUTPUT writes to stdout (the staleness test compares that with the packaged file).
+argparse action: its option strings, the dest it sets, how many values it takes, where
+argparse checks them its choices with the conversion the action's `type` applies before
+the check, and whether a value must be a number. Output is sorted and stable, so a
+regenerated table diffs only where vLLM did. ``-`` as OUTPUT writes to stdout (the
+staleness test compares that with the packaged file).
 """
 
 from __future__ import annotations
@@ -72,6 +73,34 @@ def _conversion(action: argparse.Action) -> list[str] | None:
     return steps if lowered == "Ab-C" else None
 
 
+def _converts(convert: Any, text: str) -> tuple[bool, Any]:
+    """(whether ``convert`` accepts ``text``, what it returns)."""
+    try:
+        return True, convert(text)
+    except Exception:
+        return False, None
+
+
+def _value_type(action: argparse.Action) -> dict[str, str]:
+    """The number a value must be, found by probing the action's type: "int", "float",
+    "human_int" (vLLM's 8k / 2M / 1G suffixes) or "human_int_or_auto" (also "auto");
+    nothing for strings, JSON and anything else (vLLM's own error covers those)."""
+    convert = action.type
+    if convert is None or action.nargs == 0:
+        return {}
+    texts = ("7", "1.5", "abc", "8k", "auto", "{}")
+    probes = {text: _converts(convert, text) for text in texts}
+    if probes["abc"][0] or probes["{}"][0] or not probes["7"][0]:
+        return {}  # any string, or JSON (which takes numbers too)
+    if probes["8k"] == (True, 8000):
+        return {"type": "human_int_or_auto" if probes["auto"] == (True, -1) else "human_int"}
+    if type(probes["7"][1]) is int and not probes["1.5"][0]:
+        return {"type": "int"}
+    if probes["1.5"] == (True, 1.5):
+        return {"type": "float"}
+    return {}
+
+
 def _choices(action: argparse.Action) -> dict[str, Any]:
     if action.choices is None:
         return {}
@@ -88,6 +117,7 @@ def describe(action: argparse.Action) -> dict[str, Any]:
         "dest": action.dest,
         "nargs": _nargs(action),
         **_choices(action),
+        **_value_type(action),
     }
 
 

@@ -53,6 +53,9 @@ from rooftop_planner.spec import Engine
         (["other-model"], r"'other-model' is a positional argument"),
         (["--block-size"], r"--block-size expects a value"),
         (["--enable-prefix-caching=yes"], r"is a switch and takes no value"),
+        (["--block-size", "sixteen"], r"--block-size takes an integer, not 'sixteen'"),
+        # a flag the plan owns is named as such, whatever its value
+        (["--max-num-seqs", "many"], r"sets max_num_seqs.*the feedback loop"),
     ],
 )
 def test_extra_args_that_fight_the_plan_or_crash_the_engine_are_refused(

@@ -50,6 +50,9 @@ def test_removed_flags_are_gone_from_this_vllm(flag: str) -> None:
             [("--enforce-eager", "enforce_eager", ()), ("-cc", "compilation_config", ("{}",))],
         ),
         (["--hf-token"], [("--hf-token", "hf_token", ())]),  # nargs "?": value optional
+        (["--max-num-batched-tokens=25.6k"], [("--max-num-batched-tokens",
+                                              "max_num_batched_tokens", ("25.6k",))]),
+        (["--cpu-offload-gb", "1.5"], [("--cpu-offload-gb", "cpu_offload_gb", ("1.5",))]),
         # vLLM's optional_type reads "None" as None, which is one of the choices here
         (["--dcp-comm-backend", "None"], [("--dcp-comm-backend", "dcp_comm_backend",
                                            ("None",))]),
@@ -71,7 +74,13 @@ def test_what_each_argument_sets(
         (["-cc.mode"], "needs a value"),  # vLLM would index past the end
         (["--", "x"], "positional"),
         (["-d", "2"], "ambiguous"),
-        (["--max-lora-rank", "eight"], "not a choice"),
+        (["--max-lora-rank", "eight"], "--max-lora-rank takes an integer, not 'eight'"),
+        (["--max-lora-rank", "7"], "not a choice"),
+        (["--block-size", "abc"], "takes an integer"),
+        (["--seed", "1.5"], "takes an integer"),
+        (["--cpu-offload-gb", "x"], "takes a number"),
+        (["--max-num-batched-tokens", "8kb"], "suffixes k, M, G"),
+        (["--max-num-batched-tokens", "2.5M"], "suffixes"),  # binary suffix: whole numbers
     ],
 )
 def test_what_vllm_refuses(args: list[str], message: str) -> None:
