@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 ROOFTOP_CACHE ?= $(HOME)/.cache/rooftop
 export ROOFTOP_CACHE
 
-.PHONY: demo test lint typecheck unit e2e loop vllm-e2e vllm-engine loop-figure bench calibrate crd dashboards cluster-up cluster-down tools clean
+.PHONY: demo test lint typecheck unit vllm e2e loop vllm-e2e vllm-engine loop-figure bench calibrate crd dashboards vllm-flags cluster-up cluster-down tools clean
 
 # The demo needs only the runtime; tests add the dev tools (separate stamp, so a
 # `make demo` on a fresh clone stays well under two minutes).
@@ -40,6 +40,11 @@ typecheck: $(VENV)/.dev
 unit: $(VENV)/.dev
 	$(BIN)/pytest -q -m "not e2e and not loop and not vllm"
 
+## vllm: every test against the real vLLM CPU build (flag table, engine-argument
+## contract, simulator metrics, and the real-vLLM e2e, which needs `make tools` first)
+vllm: $(VENV)/.dev vllm-engine
+	$(BIN)/pytest -q -m vllm -p no:cacheprovider
+
 ## tools: build the control plane, kwok and helm into $(ROOFTOP_CACHE) (cached), fetch
 ## Prometheus, install the real vLLM (CPU build) for the vllm tests
 tools: vllm-engine
@@ -53,9 +58,10 @@ vllm-engine:
 e2e: $(VENV)/.dev tools
 	$(BIN)/pytest -q -m "e2e or loop or vllm" -p no:cacheprovider
 
-## vllm-e2e: only the real-vLLM tests (a tiny model on vLLM's CPU build; ~4 min)
+## vllm-e2e: only the real-vLLM end-to-end tests (a tiny model on vLLM's CPU build,
+## the operator on the local control plane; ~3 min)
 vllm-e2e: $(VENV)/.dev tools
-	$(BIN)/pytest -q -m vllm -p no:cacheprovider
+	$(BIN)/pytest -q -m vllm -p no:cacheprovider tests/e2e
 
 ## loop: only the closed-loop tests (operator + engines + real Prometheus, ~3 min)
 loop: $(VENV)/.dev tools
@@ -84,6 +90,10 @@ crd: $(VENV)/.dev
 
 dashboards: $(VENV)/.dev
 	$(BIN)/python dashboards/build.py
+
+## vllm-flags: regenerate the `vllm serve` flag table (extraArgs checks) from the real vLLM
+vllm-flags:
+	PY=$$(tests/engine/install-vllm.sh) && "$$PY" tests/engine/dump_vllm_flags.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
