@@ -5,8 +5,8 @@ module keeps that true. It serves the tiny model with the real vLLM (CPU build) 
 the simulator with the same served name and context length, sends both the same few
 requests (so histograms have samples), and compares every metric family Rooftop reads
 (the ``vllm:`` names in the metrics client, the dashboard queries and the simulator):
-type, label names, histogram bucket bounds, and the pre-created ``finished_reason``
-values. The real engine is the source of truth.
+type, help text, label names, histogram bucket bounds, and the pre-created
+``finished_reason`` values. The real engine is the source of truth.
 """
 
 from __future__ import annotations
@@ -89,13 +89,14 @@ def drive(base_url: str) -> None:
 
 
 def shape(family: Metric) -> dict[str, Any]:
-    """What must match: type, label names, bucket bounds, finished_reason values."""
+    """What must match: type, help text, label names, bucket bounds, finished_reason
+    values."""
     labels = {k for s in family.samples for k in s.labels if k != "le"}
     buckets = sorted({float(s.labels["le"]) for s in family.samples if "le" in s.labels})
     reasons = sorted({s.labels["finished_reason"] for s in family.samples
                       if "finished_reason" in s.labels})  # fmt: skip
-    return {"type": family.type, "labels": sorted(labels), "buckets": buckets,
-            "finished_reason": reasons}  # fmt: skip
+    return {"type": family.type, "help": family.documentation, "labels": sorted(labels),
+            "buckets": buckets, "finished_reason": reasons}  # fmt: skip
 
 
 @pytest.fixture(scope="module")
