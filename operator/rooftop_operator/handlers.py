@@ -372,6 +372,8 @@ def engine_inputs(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: An
         gpu_resource=gpu.resource_name,
         image=builders.engine_image(spec, rt.config.vllm_image, rt.config.self_image),
         pod_monitor=rt.kube.has_api(*PODMONITOR_API),
+        pod_security=rt.config.engine_pod_security,
+        pod_monitor_labels=rt.config.pod_monitor_labels,
     )
 
 
@@ -382,7 +384,7 @@ def desired_children(inp: builders.EngineInputs) -> list[Obj]:
         builders.build_pod_disruption_budget(inp.ref),
     ]
     if inp.pod_monitor:
-        children.append(builders.build_pod_monitor(inp.ref))
+        children.append(builders.build_pod_monitor(inp.ref, inp.pod_monitor_labels))
     return children
 
 
