@@ -129,6 +129,22 @@ def test_the_users_env_wins_and_each_name_appears_once(catalog: Catalog) -> None
     assert "secretKeyRef" in by_name["HF_TOKEN"]["valueFrom"]
 
 
+@pytest.mark.parametrize("mode", ["vllm", "simulated"])
+def test_a_name_given_twice_is_applied_once(catalog: Catalog, mode: str) -> None:
+    """The API server refuses a server-side apply whose env names a variable twice
+    ("duplicate entries for key [name=...]"), so the target would never deploy: a
+    user's HF_TOKEN beside hfTokenSecretRef keeps the Secret's, a repeated name its
+    last value."""
+    user = [{"name": "HF_TOKEN", "value": "plain"}, {"name": "A", "value": "1"},
+            {"name": "A", "value": "2"}]  # fmt: skip
+    engine = {"env": user, "hfTokenSecretRef": {"name": "hf"}}
+    env = pod(catalog, RESTRICTED, {**SPEC, "mode": mode, "engine": engine}, gpu="l4")
+    entries = env["containers"][0]["env"]
+    assert sorted(e["name"] for e in entries if e["name"] in ("A", "HF_TOKEN")) == ["A", "HF_TOKEN"]
+    assert env_of(env)["A"]["value"] == "2"
+    assert env_of(env)["HF_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "hf"
+
+
 def test_a_simulated_pod_changes_only_its_security_context(catalog: Catalog) -> None:
     """The simulator runs the operator's image (user 10001, writes nothing): restricted
     neither picks a uid for it nor adds volumes or environment."""
