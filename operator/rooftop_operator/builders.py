@@ -8,8 +8,10 @@ Operator is installed, PodMonitor ``NAME-engine``. All carry an ownerReference t
 target, so Kubernetes' garbage collector deletes them with it and the operator needs no
 finalizer.
 
-The vLLM command line uses only flags that exist in vLLM 0.33 (shared/docs/vllm-flags.md);
-``ENGINE_FLAGS`` lists the ones the builder itself emits.
+The vLLM command line is ``vllm serve MODEL`` with flags of the vLLM release the chart
+pins (``settings.VLLM_VERSION``); the contract tests parse and validate every plan shape
+with that vLLM's own parser and config classes. ``ENGINE_FLAGS`` lists the flags the
+builder itself emits.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from rooftop_operator.control import max_billed_replicas
 from rooftop_operator.engine_security import PodSecurity
 from rooftop_operator.specs import TargetRef
 from rooftop_planner.inventory import gpu_toleration
-from rooftop_planner.spec import Mode, ServingTargetSpec
+from rooftop_planner.spec import MODELS_MOUNT, Mode, ServingTargetSpec
+from rooftop_planner.weights import ONLINE_FP8, VLLM_DTYPE, Weights, vllm_kv_cache_dtype
 
 ENGINE_PORT: Final = 8000
 PORT_NAME: Final = "http"
@@ -40,32 +43,16 @@ METRICS_PATH: Final = "/metrics"
 # maxSurge); the simulator's cluster (sim.cluster.SimConfig.surge) follows the same rule.
 ROLLOUT_SURGE: Final = 0.25
 
-# Flags the builder emits for mode "vllm" (all in vLLM 0.33's arg_utils.py).
+# The engine container's command for mode "vllm"; the model is its first argument
+# (``vllm serve MODEL``: vLLM deprecates ``--model`` there).
+VLLM_COMMAND: Final = ("vllm", "serve")
+# Flags the builder emits for mode "vllm".
 ENGINE_FLAGS: Final = frozenset(
     {
-        "--model", "--served-model-name", "--tensor-parallel-size", "--max-num-seqs",
-        "--max-model-len", "--gpu-memory-utilization", "--quantization", "--kv-cache-dtype",
-        "--port",
+        "--served-model-name", "--tensor-parallel-size", "--max-num-seqs", "--max-model-len",
+        "--gpu-memory-utilization", "--dtype", "--quantization", "--kv-cache-dtype", "--port",
     }
 )  # fmt: skip
-
-# Weight dtype -> vLLM --quantization. fp8 quantizes a 16-bit checkpoint online; the
-# 4-bit formats need a checkpoint in that format (AWQ, NVFP4) and name its method.
-QUANTIZATION: Final[dict[str, str | None]] = {
-    "bf16": None,
-    "fp16": None,
-    "fp8": "fp8",
-    "int8": "bitsandbytes",
-    "int4": "awq",
-    "fp4": "modelopt_fp4",
-}
-# KV dtype -> vLLM --kv-cache-dtype ("auto" follows the model's 16-bit dtype).
-KV_CACHE_DTYPE: Final[dict[str, str]] = {
-    "auto": "auto",
-    "bf16": "bfloat16",
-    "fp16": "auto",
-    "fp8": "fp8",
-}
 # Per GPU in the pod: CPU and host memory for tokenization, weight loading and the
 # API server. Conservative floors, not tuned per model.
 CPU_PER_GPU: Final = 2
@@ -94,6 +81,8 @@ class PlanLike(Protocol):
     @property
     def max_model_len(self) -> int | None: ...
     @property
+    def checkpoint(self) -> str: ...
+    @property
     def gpu_memory_utilization(self) -> float: ...
     @property
     def usd_per_hour(self) -> float: ...
@@ -113,6 +102,8 @@ class EngineInputs:
         pod_security: the Pod Security level the pods must pass (``engine_security``).
         pod_monitor_labels: extra labels on the PodMonitor, e.g. the ``release`` label
             a kube-prometheus-stack Prometheus selects PodMonitors by.
+        weights: the checkpoint the plan's weight dtype loads (``weights.resolve_weights``);
+            None derives it from ``served_model`` where that is possible (16-bit, fp8).
     """
 
     ref: TargetRef
@@ -125,6 +116,7 @@ class EngineInputs:
     pod_monitor: bool = False
     pod_security: PodSecurity = PodSecurity.BASELINE
     pod_monitor_labels: Mapping[str, str] = field(default_factory=dict)
+    weights: Weights | None = None
 
 
 APPLIED_ANNOTATION: Final = "rooftop.dev/applied"
@@ -185,23 +177,58 @@ def engine_image(spec: ServingTargetSpec, vllm_image: str, self_image: str) -> s
     return self_image if spec.mode is Mode.SIMULATED else vllm_image
 
 
+def plan_weights(inp: EngineInputs) -> Weights:
+    """The checkpoint vLLM loads: the resolved one, else the served model for the dtypes
+    that need none (16-bit as is, fp8 quantized online).
+
+    Raises:
+        UnsupportedPlan: int8/int4/fp4 without a checkpoint in that format (vLLM cannot
+            quantize to them at load; pointing it at 16-bit weights crash-loops).
+    """
+    if inp.weights is not None:
+        return inp.weights
+    dtype = inp.plan.weight_dtype
+    if dtype in VLLM_DTYPE:
+        return Weights(inp.served_model, dtype, None, "")
+    if dtype == "fp8":
+        return Weights(inp.served_model, dtype, ONLINE_FP8, "")
+    raise UnsupportedPlan(
+        f"weight dtype {dtype} needs a checkpoint in that format and none is named; "
+        f"add one under spec.engine.checkpoints.{dtype}"
+    )
+
+
+def served_names(inp: EngineInputs) -> list[str]:
+    """Names clients may call the model by: ``spec.model`` first (it labels vLLM's
+    metrics), then the catalog's repo id where that differs."""
+    names = [inp.spec.model]
+    if inp.served_model != inp.spec.model and not inp.served_model.startswith("/"):
+        names.append(inp.served_model)
+    return names
+
+
 def vllm_args(inp: EngineInputs) -> list[str]:
-    """The vLLM server command line for a plan (``vllm serve`` flags)."""
+    """Arguments of ``vllm serve`` for a plan: the model, then the planned flags.
+
+    ``--dtype`` pins 16-bit weights to the planned type (vLLM's ``auto`` would take
+    the checkpoint's, e.g. fp16 for Llama-2); a quantized checkpoint keeps its own.
+    """
     plan, spec = inp.plan, inp.spec
-    if plan.kv_dtype not in KV_CACHE_DTYPE:
-        raise UnsupportedPlan(f"vLLM has no {plan.kv_dtype} KV cache (planned kvDtype)")
-    if plan.weight_dtype not in QUANTIZATION:
-        raise UnsupportedPlan(f"no vLLM quantization for weight dtype {plan.weight_dtype}")
-    names = [spec.model] + ([inp.served_model] if inp.served_model != spec.model else [])
-    args = ["--model", inp.served_model, "--served-model-name", *names]
+    try:
+        kv_cache_dtype = vllm_kv_cache_dtype(plan.weight_dtype, plan.kv_dtype)
+    except ValueError as err:
+        raise UnsupportedPlan(str(err)) from err
+    weights = plan_weights(inp)
+    args = [weights.model, "--served-model-name", *served_names(inp)]
     args += ["--tensor-parallel-size", str(plan.tp), "--max-num-seqs", str(plan.max_num_seqs)]
     if plan.max_model_len:
         args += ["--max-model-len", str(plan.max_model_len)]
     args += ["--gpu-memory-utilization", f"{plan.gpu_memory_utilization:g}"]
-    quantization = QUANTIZATION[plan.weight_dtype]
-    if quantization:
-        args += ["--quantization", quantization]
-    args += ["--kv-cache-dtype", KV_CACHE_DTYPE[plan.kv_dtype], "--port", str(ENGINE_PORT)]
+    if plan.weight_dtype in VLLM_DTYPE:
+        args += ["--dtype", VLLM_DTYPE[plan.weight_dtype]]
+    if weights.quantization:
+        args += ["--quantization", weights.quantization]
+    args += ["--kv-cache-dtype", kv_cache_dtype, "--port", str(ENGINE_PORT)]
     return args + list(spec.engine.extra_args or [])
 
 
@@ -288,7 +315,12 @@ def _volumes(inp: EngineInputs) -> tuple[list[dict[str, Any]], list[dict[str, An
     else:
         source = {"emptyDir": {}}
     volumes = [{"name": "model-cache", **source}]
-    mounts = [{"name": "model-cache", "mountPath": CACHE_PATH}]
+    mounts: list[dict[str, Any]] = [{"name": "model-cache", "mountPath": CACHE_PATH}]
+    model_volume = inp.spec.engine.model_volume
+    if model_volume is not None:  # the model's files, never written by the engine
+        claim: dict[str, Any] = {"claimName": model_volume.claim_name, "readOnly": True}
+        volumes.append({"name": "model-files", "persistentVolumeClaim": claim})
+        mounts.append({"name": "model-files", "mountPath": MODELS_MOUNT, "readOnly": True})
     if inp.plan.tp > 1:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
@@ -304,6 +336,7 @@ def _container(inp: EngineInputs, mounts: list[dict[str, Any]]) -> dict[str, Any
     if inp.spec.mode is Mode.SIMULATED:
         container["command"] = sim_command(inp)
     else:
+        container["command"] = list(VLLM_COMMAND)
         container["args"] = vllm_args(inp)
     env = _env(inp)
     if env:

@@ -42,8 +42,11 @@ from rooftop_operator.conditions import Cond
 from rooftop_operator.kube import Kube, KubeError
 from rooftop_operator.settings import OperatorConfig, configure, env_defaults
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec, slo_text
+from rooftop_planner.catalog import ACCELERATOR_FAMILIES
 from rooftop_planner.inventory import GpuInventory, Placement, inventory_from_nodes
-from rooftop_planner.spec import KIND, ServingTargetSpec
+from rooftop_planner.search import resolve_model
+from rooftop_planner.spec import KIND, Mode, ServingTargetSpec
+from rooftop_planner.weights import Weights, resolve_weights
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +197,7 @@ def reconcile(
             catalog=rt.catalog,
             step_time_scale=step_time_scale,
             requests_per_second=requests_per_second,
+            engine_families=engine_families(rt, spec),
             **inventory,
         )
     except (KeyError, ValueError) as err:  # unknown model/GPU, bad modelConfig
@@ -205,6 +209,14 @@ def reconcile(
         return WAITING_FOR_NODES if getattr(result, "beyond_inventory", None) else "skipped"
     _deploy(rt, body, ref, spec, result.plan, cause)
     return "success"
+
+
+def engine_families(rt: Runtime, spec: ServingTargetSpec) -> list[str]:
+    """Accelerator families a plan may use: those with a vLLM image, or every family
+    when the target names its own image (the user vouches for it)."""
+    if spec.engine.image:
+        return list(ACCELERATOR_FAMILIES)
+    return sorted(rt.config.engine_images())
 
 
 def gpu_inventory(rt: Runtime, spec: ServingTargetSpec) -> GpuInventory:
@@ -361,6 +373,35 @@ class ChildConflict(RuntimeError):
     """A child's name is taken by an object this target does not control."""
 
 
+def plan_weights(rt: Runtime, spec: ServingTargetSpec, plan: Any) -> Weights | None:
+    """The checkpoint the plan's weight dtype loads (None for a simulated engine).
+
+    Raises:
+        builders.UnsupportedPlan: no checkpoint serves that dtype.
+    """
+    if spec.mode is Mode.SIMULATED:
+        return None
+    weights = resolve_weights(spec, resolve_model(spec, rt.catalog), plan.weight_dtype)
+    if isinstance(weights, str):
+        raise builders.UnsupportedPlan(weights)
+    return weights
+
+
+def engine_image(rt: Runtime, spec: ServingTargetSpec, family: str) -> str:
+    """The image for this accelerator family (the spec's own wins).
+
+    Raises:
+        builders.UnsupportedPlan: no vLLM image for the family is configured.
+    """
+    images = rt.config.engine_images()
+    if spec.mode is Mode.VLLM and not spec.engine.image and family not in images:
+        raise builders.UnsupportedPlan(
+            f"no vLLM image for {family} accelerators is configured "
+            f"(chart value operator.{family}Image)"
+        )
+    return builders.engine_image(spec, images.get(family, ""), rt.config.self_image)
+
+
 def engine_inputs(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: Any) -> Any:
     gpu = rt.catalog.gpu(plan.gpu)
     return builders.EngineInputs(
@@ -370,10 +411,11 @@ def engine_inputs(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: An
         served_model=served_model(spec, rt.catalog),
         node_label=(gpu.node_label_key, gpu.node_label_value),
         gpu_resource=gpu.resource_name,
-        image=builders.engine_image(spec, rt.config.vllm_image, rt.config.self_image),
+        image=engine_image(rt, spec, gpu.family),
         pod_monitor=rt.kube.has_api(*PODMONITOR_API),
         pod_security=rt.config.engine_pod_security,
         pod_monitor_labels=rt.config.pod_monitor_labels,
+        weights=plan_weights(rt, spec, plan),
     )
 
 

@@ -21,9 +21,13 @@ import kopf
 from rooftop_operator import builders
 from rooftop_operator.engine_security import PodSecurity, parse_pod_security
 
-# Engine image for mode "vllm": pinned to a vLLM 0.33 release so that the flags the
-# builders emit (shared/docs/vllm-flags.md) exist in the binary that reads them.
-VLLM_IMAGE: Final = "vllm/vllm-openai:v0.33.0"
+# The vLLM release Rooftop deploys and its tests run (tests/engine/install-vllm.sh installs
+# the same version's CPU build; a unit test keeps the two, the chart and the packaged
+# flag table in step).
+VLLM_VERSION: Final = "0.32.0"
+# Engine image for mode "vllm" on CUDA GPUs. ROCm and TPU need vLLM's builds for them
+# (rocmImage/tpuImage): none is pinned, because none is tested here.
+VLLM_IMAGE: Final = f"vllm/vllm-openai:v{VLLM_VERSION}"
 # Image for mode "simulated": the operator's own image (it ships `rooftop engine-sim`).
 DEFAULT_SELF_IMAGE: Final = "ghcr.io/rooftop-dev/rooftop:0.1.0"
 ANNOTATION_PREFIX: Final = "rooftop.dev"
@@ -38,7 +42,10 @@ class OperatorConfig:
         clusterwide: watch every namespace (needs the chart's cluster RBAC scope).
         peering: kopf peering object name; None runs standalone (one replica, no
             KopfPeering CRDs needed).
-        vllm_image: engine image for ``mode: vllm`` (a target's spec.engine.image wins).
+        vllm_image: engine image for ``mode: vllm`` on CUDA GPUs (a target's
+            spec.engine.image wins).
+        rocm_image / tpu_image: vLLM's image for ROCm GPUs / TPUs; empty: accelerators
+            of that family are not planned (the plan says why).
         self_image: image for ``mode: simulated``; the chart passes the operator's own.
         liveness_endpoint: kopf's liveness URL, e.g. ``http://0.0.0.0:8080/healthz``.
         metrics_port: port of the operator's Prometheus endpoint; None disables it.
@@ -60,6 +67,8 @@ class OperatorConfig:
     clusterwide: bool = False
     peering: str | None = None
     vllm_image: str = VLLM_IMAGE
+    rocm_image: str = ""
+    tpu_image: str = ""
     self_image: str = DEFAULT_SELF_IMAGE
     liveness_endpoint: str | None = None
     metrics_port: int | None = None
@@ -71,6 +80,11 @@ class OperatorConfig:
     engine_pod_security: PodSecurity = PodSecurity.BASELINE
     pod_monitor_labels: Mapping[str, str] = field(default_factory=dict)
 
+    def engine_images(self) -> dict[str, str]:
+        """Accelerator family -> vLLM image, for the families that have one."""
+        images = {"cuda": self.vllm_image, "rocm": self.rocm_image, "tpu": self.tpu_image}
+        return {family: image for family, image in images.items() if image}
+
 
 def env_defaults(environ: Mapping[str, str] | None = None) -> dict[str, object]:
     """Config values the chart sets through the environment (ROOFTOP_*)."""
@@ -80,6 +94,10 @@ def env_defaults(environ: Mapping[str, str] | None = None) -> dict[str, object]:
         out["self_image"] = env["ROOFTOP_SELF_IMAGE"]
     if env.get("ROOFTOP_VLLM_IMAGE"):
         out["vllm_image"] = env["ROOFTOP_VLLM_IMAGE"]
+    if env.get("ROOFTOP_VLLM_ROCM_IMAGE"):
+        out["rocm_image"] = env["ROOFTOP_VLLM_ROCM_IMAGE"]
+    if env.get("ROOFTOP_VLLM_TPU_IMAGE"):
+        out["tpu_image"] = env["ROOFTOP_VLLM_TPU_IMAGE"]
     if env.get("ROOFTOP_GPU_INVENTORY"):
         out["gpu_inventory"] = parse_inventory_mode(env["ROOFTOP_GPU_INVENTORY"])
     if env.get("ROOFTOP_NODES_RETRY_S"):

@@ -50,6 +50,8 @@ class GpuSpec:
         usd_per_gpu_hour: default on-demand price of one GPU.
         node_label_key / node_label_value: the node label that selects this GPU.
         resource_name: the extended resource pods request.
+        family: the accelerator family (``cuda``, ``rocm``, ``tpu``): which vLLM build
+            (container image) can drive it.
     """
 
     id: str
@@ -64,6 +66,7 @@ class GpuSpec:
     node_label_value: str
     node_label_key: str = "nvidia.com/gpu.product"
     resource_name: str = "nvidia.com/gpu"
+    family: str = "cuda"
     sources: Mapping[str, str] = field(default_factory=dict)
 
     @property
@@ -74,6 +77,30 @@ class GpuSpec:
     def flops_per_s(self, compute_dtype: str) -> float:
         """Dense FLOP/s for a compute dtype, falling back to bf16 where the chip lacks it."""
         return self.dense_flops_per_s.get(compute_dtype, self.dense_flops_per_s["bf16"])
+
+
+# Accelerator families vLLM publishes an engine build (container image) for.
+ACCELERATOR_FAMILIES = ("cuda", "rocm", "tpu")
+# Weight dtypes a model's 16-bit checkpoint serves as is (vLLM casts with --dtype) or that
+# vLLM quantizes online at load (fp8); the others need a checkpoint already in that format.
+BASE_CHECKPOINT_DTYPES = ("bf16", "fp16", "fp8")
+QUANTIZED_DTYPES = ("fp8", "int8", "int4", "fp4")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A published checkpoint whose weights are already in one quantized format.
+
+    Attributes:
+        repo: what vLLM loads (Hugging Face repo id), e.g. an AWQ or NVFP4 repository.
+        format: its quantization format as vLLM reads it from the checkpoint's own
+            ``quantization_config`` (awq, gptq, compressed-tensors, fp8, modelopt_fp4).
+        source: where the repository is published.
+    """
+
+    repo: str
+    format: str
+    source: str = ""
 
 
 @dataclass(frozen=True)
@@ -95,6 +122,8 @@ class ModelSpec:
     experts_per_token: int = 1
     sliding_window: int | None = None
     aliases: tuple[str, ...] = ()
+    # weight dtype -> published checkpoint in that format (int4, int8, fp4, fp8)
+    checkpoints: Mapping[str, Checkpoint] = field(default_factory=dict)
 
     @property
     def is_moe(self) -> bool:
@@ -311,6 +340,12 @@ def _gpu_from_entry(gpu_id: str, entry: Mapping[str, Any]) -> GpuSpec:
     values.setdefault("name", gpu_id)
     values.setdefault("interconnect", "unknown")
     values.setdefault("node_label_value", gpu_id)
+    family = values.setdefault("family", "cuda")
+    if family not in ACCELERATOR_FAMILIES:
+        raise CatalogError(
+            f"{at}family: unknown accelerator family {family!r}; use one of "
+            f"{', '.join(ACCELERATOR_FAMILIES)}"
+        )
     return GpuSpec(**values)
 
 
@@ -364,6 +399,7 @@ def _model_from_entry(
             )
     values.setdefault("max_context", 4096)
     values["aliases"] = tuple(str(a).lower() for a in values.get("aliases", ()))
+    values["checkpoints"] = _checkpoints(at("checkpoints"), values.get("checkpoints"))
     if "param_count" not in values:
         tied = {"tie_word_embeddings": tied_embeddings}
         values["param_count"] = estimate_param_count({**values, **tied})
@@ -371,6 +407,33 @@ def _model_from_entry(
     model = ModelSpec(**values)
     _check_model_shape(model, at)
     return model
+
+
+def _checkpoints(path: str, value: Any) -> dict[str, Checkpoint]:
+    """``{int4: {repo, format, source}}``: each key a quantized weight dtype."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise CatalogError(f"{path}: expected a mapping of weight dtype -> {{repo, format}}")
+    out: dict[str, Checkpoint] = {}
+    for dtype, entry in value.items():
+        at = f"{path}.{dtype}"
+        if dtype not in QUANTIZED_DTYPES:
+            raise CatalogError(
+                f"{at}: not a quantized weight dtype; use one of {', '.join(QUANTIZED_DTYPES)} "
+                "(16-bit weights come from hf_repo)"
+            )
+        if not isinstance(entry, Mapping) or not entry.get("repo") or not entry.get("format"):
+            raise CatalogError(f"{at}: needs repo (the checkpoint's repo id) and format")
+        unknown = sorted(set(entry) - {"repo", "format", "source"})
+        if unknown:
+            raise CatalogError(
+                f"{at}: unknown field(s) {', '.join(unknown)}; use repo, format, source"
+            )
+        out[str(dtype)] = Checkpoint(
+            str(entry["repo"]), str(entry["format"]), str(entry.get("source", ""))
+        )
+    return out
 
 
 def estimate_param_count(cfg: Mapping[str, Any]) -> float:

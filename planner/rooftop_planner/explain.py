@@ -81,6 +81,8 @@ def _with_summary(plan: Plan, spec: ServingTargetSpec) -> Plan:
         f"(SLO {slo.tpot_ms:g} ms), {slo.ttft_percentile.value} TTFT {plan.ttft_ms:.0f} ms"
         + (f" (SLO {slo.ttft_ms:g} ms)" if slo.ttft_ms else "")
         + f", ${plan.usd_per_hour:.2f}/h of ${spec.budget.usd_per_hour:g}/h budget"
+        + f"; max-model-len {plan.max_model_len} ({plan.context_note})"
+        + (f"; {plan.weights_note}" if plan.weight_dtype not in ("bf16", "fp16") else "")
     )
     return replace(plan, summary=text)
 

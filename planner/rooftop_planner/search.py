@@ -18,7 +18,7 @@ replicas = ceil(rate · headroom / λ*).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 from typing import Any, Protocol
@@ -42,6 +42,7 @@ from rooftop_planner.spec import (
     ServingTargetSpec,
     WeightDtype,
 )
+from rooftop_planner.weights import Weights, kv_problem, resolve_weights
 from rooftop_planner.workload import LengthDistribution, from_spec
 
 HEADROOM = 1.2  # plan for 20% more traffic than expected, so bursts do not breach the SLO
@@ -49,8 +50,15 @@ BATCH_CAPS = (8, 16, 32, 64, 128, 256, 512)
 TP_DEGREES = (1, 2, 4, 8)
 DEFAULT_WEIGHT_DTYPES = (WeightDtype.BF16, WeightDtype.FP8)
 DEFAULT_KV_DTYPES = (KvDtype.AUTO, KvDtype.FP8)
-# vLLM's --kv-cache-dtype has no int8/int4 KV; those exist for the seed-002 TPU math only.
-VLLM_KV_DTYPES = {"auto", "bf16", "fp16", "fp8"}
+# Accelerator families with a vLLM engine image when the caller names none: the CUDA
+# build the operator pins by default (ROCm and TPU images are opt-in).
+DEFAULT_ENGINE_FAMILIES = frozenset({"cuda"})
+# Share of the predicted KV capacity a default max-model-len may fill: vLLM refuses to
+# start when one max-model-len request does not fit its measured KV cache, and the
+# prediction of that cache (activations, runtime reserve) is an estimate.
+KV_FIT_MARGIN = 0.9
+# A default max-model-len cut below the model's context is rounded down to this.
+CONTEXT_STEP_TOKENS = 256
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,9 @@ class Plan:
     usd_per_hour: float
     capacity_rps: float = 0.0
     summary: str = ""
+    checkpoint: str = ""
+    weights_note: str = ""
+    context_note: str = ""
 
     @property
     def key(self) -> tuple[str, int, str, str]:
@@ -94,6 +105,9 @@ class Plan:
             "weight_dtype": self.weight_dtype,
             "kv_dtype": self.kv_dtype,
             "max_model_len": self.max_model_len,
+            "context_note": self.context_note,
+            "checkpoint": self.checkpoint,
+            "weights_note": self.weights_note,
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "predicted": {
                 "tpot_ms": round(self.tpot_ms, 2),
@@ -114,6 +128,7 @@ class Plan:
             weight_dtype=self.weight_dtype,
             kv_dtype=self.kv_dtype,
             max_model_len=self.max_model_len,
+            checkpoint=self.checkpoint or None,
             usd_per_hour=round(self.usd_per_hour, 3),
             predicted=PredictedLatency(
                 tpot_ms=round(self.tpot_ms, 2),
@@ -137,6 +152,8 @@ class Rejection:
 
 
 REJECTION_CATEGORIES = (
+    "no engine",
+    "no checkpoint",
     "invalid",
     "does not fit",
     "TPOT over SLO",
@@ -300,8 +317,19 @@ class _Context:
     efficiency: EfficiencyTable
     step_time_scale: float
     prices: dict[str, float]
-    max_model_len: int
+    need_tokens: int
+    engine_families: frozenset[str] = DEFAULT_ENGINE_FAMILIES
     inventory: GpuInventory | None = None
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """One candidate's engine: its deployment, the weights it loads, its context."""
+
+    dep: Deployment
+    weights: Weights
+    max_model_len: int
+    context_note: str
 
 
 class HeadCounts(Protocol):
@@ -326,9 +354,42 @@ def tp_problem(model: HeadCounts, tp: int) -> str:
 def _dtype_problem(gpu: GpuSpec, weight_dtype: str, kv_dtype: str) -> str:
     if weight_dtype == "fp4" and "fp4" not in gpu.dense_flops_per_s:
         return f"{gpu.id} has no FP4 support"
-    if kv_dtype not in VLLM_KV_DTYPES:
-        return f"vLLM has no {kv_dtype} KV cache (use auto or fp8)"
-    return ""
+    return kv_problem(weight_dtype, kv_dtype)
+
+
+_FAMILY_NAMES = {"cuda": "CUDA", "rocm": "ROCm", "tpu": "TPU"}
+
+
+def engine_problem(gpu: GpuSpec, families: Collection[str]) -> str:
+    """Why no engine can be deployed on ``gpu``, else ""."""
+    if gpu.family in families:
+        return ""
+    return (
+        f"{gpu.id} needs vLLM's {_FAMILY_NAMES.get(gpu.family, gpu.family)} build and no image "
+        f"for it is configured (chart value operator.{gpu.family}Image)"
+    )
+
+
+def _context_length(ctx: _Context, kv_tokens: int) -> tuple[int, str] | str:
+    """(max-model-len, why) for a KV cache of ``kv_tokens``, or why nothing fits.
+
+    Default: the model's full context where the KV cache holds one such request (so no
+    request the model supports is refused), else the largest length it holds, as long
+    as that still covers the workload's p99 request. ``spec.engine.maxModelLen`` wins.
+    """
+    usable = int(kv_tokens * KV_FIT_MARGIN)
+    requested = ctx.spec.engine.max_model_len
+    if requested is not None:
+        if usable < requested:
+            return f"KV for {kv_tokens} tokens < spec.engine.maxModelLen {requested}"
+        return requested, "spec.engine.maxModelLen"
+    full = ctx.model.max_context
+    if usable >= full:
+        return full, "the model's full context"
+    if usable < ctx.need_tokens:
+        return f"KV for {kv_tokens} tokens < the workload's p99 request of {ctx.need_tokens}"
+    cut = max(usable // CONTEXT_STEP_TOKENS * CONTEXT_STEP_TOKENS, ctx.need_tokens)
+    return cut, f"the most its KV cache holds; the model allows {full}"
 
 
 def _candidates(ctx: _Context, catalog: Catalog) -> Iterator[tuple[GpuSpec, str, str, int]]:
@@ -360,19 +421,22 @@ def _evaluate(
 
     if ctx.inventory is not None and (missing := ctx.inventory.problem(gpu, tp)):
         return reject("not in cluster", missing)
+    if no_engine := engine_problem(gpu, ctx.engine_families):
+        return reject("no engine", no_engine)
+    weights = resolve_weights(ctx.spec, ctx.model, wd)
+    if isinstance(weights, str):
+        return reject("no checkpoint", weights)
     problem = tp_problem(ctx.model, tp) or _dtype_problem(gpu, wd, kv)
     if problem:
         return reject("invalid", problem)
     eff = ctx.efficiency.lookup(gpu.id, "vllm").scaled(ctx.step_time_scale)
     dep = Deployment(ctx.model, gpu, tp, wd, kv, eff)
     kv_tokens = perf.kv_capacity_tokens(dep)
-    if kv_tokens < ctx.max_model_len:
-        need = perf.weight_bytes_per_gpu(dep) / 1e9
-        return reject(
-            "does not fit",
-            f"{need:.1f} GB of weights per GPU leave KV for "
-            f"{kv_tokens} tokens < max-model-len {ctx.max_model_len}",
-        )
+    context = _context_length(ctx, kv_tokens)
+    if isinstance(context, str):
+        weight_gb = perf.weight_bytes_per_gpu(dep) / 1e9
+        return reject("does not fit", f"{weight_gb:.1f} GB of weights per GPU leave {context}")
+    shape = _Shape(dep, weights, *context)
     t = ctx.targets
     kv_batch = kv_tokens / (t.isl_mean + t.osl_mean / 2.0)
     curve = _Curve.build(dep, _mean_batch_for_cap(min(kv_batch, BATCH_CAPS[-1]), t.z_tpot), t)
@@ -381,12 +445,12 @@ def _evaluate(
         if curve.tpot_s[0] > t.tpot_s:
             return reject("TPOT over SLO", f"{curve.tpot_s[0] * 1e3:.1f} ms even at batch 1")
         return reject("TTFT over SLO", f"{curve.ttft_s[0] * 1e3:.0f} ms even at batch 1")
-    _add_caps(ctx, dep, curve, best_batch, kv_batch, out, reject)
+    _add_caps(ctx, shape, curve, best_batch, kv_batch, out, reject)
 
 
 def _add_caps(
     ctx: _Context,
-    dep: Deployment,
+    shape: _Shape,
     curve: _Curve,
     best_batch: float,
     kv_batch: float,
@@ -394,7 +458,7 @@ def _add_caps(
     reject: Any,
 ) -> None:
     """One plan per batch cap: the cap bounds the percentile batch, hence the capacity."""
-    t, c = ctx.targets, ctx.spec.constraints
+    t, c, dep = ctx.targets, ctx.spec.constraints, shape.dep
     rate = ctx.workload.requests_per_second * HEADROOM
     price = ctx.prices.get(dep.gpu.id, dep.gpu.usd_per_gpu_hour)
     seen_batches: set[float] = set()
@@ -412,12 +476,12 @@ def _add_caps(
                 "too many replicas", f"cap {cap}: needs {replicas} > maxReplicas {c.max_replicas}"
             )
             continue
-        out.append(_make_plan(ctx, dep, curve, cap, replicas, capacity, price))
+        out.append(_make_plan(ctx, shape, curve, cap, replicas, capacity, price))
 
 
 def _make_plan(
     ctx: _Context,
-    dep: Deployment,
+    shape: _Shape,
     curve: _Curve,
     cap: int,
     replicas: int,
@@ -425,7 +489,7 @@ def _make_plan(
     price: float,
 ) -> Plan:
     """Predict the operating point at the real rate split over ``replicas``."""
-    t = ctx.targets
+    t, dep = ctx.targets, shape.dep
     per_replica = ctx.workload.requests_per_second / replicas
     batch = min(curve.batch_at_rate(per_replica), float(cap))
     tpot_q, ttft_q, rate = _operating_point(dep, batch, t)
@@ -436,7 +500,10 @@ def _make_plan(
         max_num_seqs=cap,
         weight_dtype=dep.weight_dtype,
         kv_dtype=dep.kv_dtype,
-        max_model_len=ctx.max_model_len,
+        max_model_len=shape.max_model_len,
+        context_note=shape.context_note,
+        checkpoint=shape.weights.model,
+        weights_note=shape.weights.note,
         gpu_memory_utilization=perf.DEFAULT_GPU_MEMORY_UTILIZATION,
         tpot_ms=tpot_q * 1e3,
         ttft_ms=ttft_q * 1e3,
@@ -465,6 +532,7 @@ def _context(
     efficiency: EfficiencyTable,
 ) -> _Context:
     model = resolve_model(spec, catalog)
+    _check_max_model_len(spec, model)
     workload = Workload(
         requests_per_second=spec.workload.requests_per_second if rps is None else rps,
         prompt=from_spec(spec.workload.prompt_tokens),
@@ -487,7 +555,7 @@ def _context(
         efficiency,
         step_time_scale,
         _prices(spec, catalog),
-        _max_model_len(model, workload),
+        _need_tokens(model, workload),
     )
 
 
@@ -504,10 +572,21 @@ def _prices(spec: ServingTargetSpec, catalog: Catalog) -> dict[str, float]:
     return prices
 
 
-def _max_model_len(model: ModelSpec, workload: Workload) -> int:
-    """p99 prompt + p99 output, rounded up to 1024 tokens, within the model's context."""
+def _need_tokens(model: ModelSpec, workload: Workload) -> int:
+    """The workload's p99 request (p99 prompt + p99 output, rounded up to 1024 tokens),
+    within the model's context: the shortest max-model-len a plan may have."""
     need = workload.prompt.quantile(0.99) + workload.output.quantile(0.99)
     return int(min(model.max_context, math.ceil(need / 1024.0) * 1024))
+
+
+def _check_max_model_len(spec: ServingTargetSpec, model: ModelSpec) -> None:
+    """vLLM refuses a max-model-len beyond the model's context (max_position_embeddings)."""
+    wanted = spec.engine.max_model_len
+    if wanted is not None and wanted > model.max_context:
+        raise CatalogError(
+            f"spec.engine.maxModelLen: {wanted} exceeds {model.id}'s context of "
+            f"{model.max_context} tokens (its max_position_embeddings); use at most that"
+        )
 
 
 def plan_target(
@@ -518,17 +597,21 @@ def plan_target(
     requests_per_second: float | None = None,
     efficiency: EfficiencyTable | None = None,
     gpu_inventory: GpuInventory | None = None,
+    engine_families: Collection[str] | None = None,
 ) -> SearchResult:
     """Search every candidate and return the cheapest feasible plan with the evidence.
 
     ``gpu_inventory``: the GPUs the cluster's nodes offer (``inventory.py``); when given,
     only shapes one of its nodes can hold are planned. None plans for the whole catalog
-    (a cluster that adds nodes on demand).
+    (a cluster that adds nodes on demand). ``engine_families``: accelerator families
+    with a vLLM image (default ``DEFAULT_ENGINE_FAMILIES``); others are not planned.
     """
     catalog = catalog or load_catalog()
     ctx = _context(
         spec, catalog, step_time_scale, requests_per_second, efficiency or load_efficiency()
     )
+    if engine_families is not None:
+        ctx = replace(ctx, engine_families=frozenset(engine_families))
     result = _search(replace(ctx, inventory=gpu_inventory), catalog)
     if gpu_inventory is not None and not result.feasible:
         unrestricted = _search(ctx, catalog)

@@ -221,6 +221,49 @@ class EnvVar(_Model):
     value: str = ""
 
 
+class ModelVolume(_Model):
+    """Model files on a PersistentVolumeClaim (a private model, or a mirror of a public one).
+
+    The claim is mounted read-only at ``/models`` and vLLM loads ``/models/<path>``.
+    """
+
+    claim_name: str = Field(
+        min_length=1, max_length=253, pattern=DNS_SUBDOMAIN, description="PVC in the namespace."
+    )
+    path: str = Field(
+        min_length=1,
+        max_length=1024,
+        pattern=r"^[^/]",  # relative to the claim's root
+        description="The model's folder inside the claim (holds config.json).",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _inside_the_claim(cls, value: str) -> str:
+        if ".." in value.split("/"):
+            raise ValueError(f"path {value!r} has a '..' segment; give a folder inside the claim")
+        return value
+
+
+class Checkpoint(_Model):
+    """The weights vLLM loads for one quantized weight dtype."""
+
+    model: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="Hugging Face repo id, or a path in the pod (e.g. /models/llama-awq).",
+    )
+    format: str = Field(
+        default="",
+        max_length=64,
+        description="Its quantization format (awq, gptq, compressed-tensors, fp8, "
+        "modelopt_fp4), for the plan's explanation; vLLM reads the checkpoint's own.",
+    )
+
+
+MODELS_MOUNT = "/models"
+
+
 class ModelCache(_Model):
     """Where the engine caches model weights (mounted at /root/.cache/huggingface)."""
 
@@ -237,13 +280,14 @@ PLANNED_FLAGS: dict[str, str] = {
     "--tensor-parallel-size": "bound it with spec.constraints.maxTensorParallel",
     "-tp": "bound it with spec.constraints.maxTensorParallel",
     "--max-num-seqs": "the plan and the feedback loop choose it",
-    "--max-model-len": "the plan derives it from spec.workload's token lengths",
+    "--max-model-len": "set spec.engine.maxModelLen",
     "--gpu-memory-utilization": "the plan chooses it",
     "--device-memory-utilization": "the plan chooses it",
     "--kv-cache-memory-bytes": "the plan sizes the KV cache",
     "--quantization": "choose with spec.constraints.weightDtypes",
     "-q": "choose with spec.constraints.weightDtypes",
     "--kv-cache-dtype": "choose with spec.constraints.kvDtypes",
+    "--dtype": "choose with spec.constraints.weightDtypes",
     "--port": "the Service and the probes depend on it",
 }
 # Flags absent from vLLM 0.33's arg_utils.py (shared/docs/vllm-flags.md): the engine
@@ -283,6 +327,35 @@ class Engine(_Model):
         "namespace) for pulling the engine image from a private registry.",
     )
     model_cache: ModelCache | None = None
+    model_volume: ModelVolume | None = Field(
+        default=None, description="Serve model files from a PersistentVolumeClaim."
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=16,
+        le=10_000_000,
+        description="Longest request (prompt + output tokens) the engine accepts. Default: "
+        "the model's full context where the KV cache holds one such request, else the "
+        "largest that fits.",
+    )
+    checkpoints: dict[str, Checkpoint] | None = Field(
+        default=None,
+        description="Weight dtype (fp8, int8, int4, fp4) -> the checkpoint already "
+        "quantized to it; overrides the catalog's.",
+    )
+
+    @field_validator("checkpoints")
+    @classmethod
+    def _quantized_only(cls, value: dict[str, Checkpoint] | None) -> dict[str, Checkpoint] | None:
+        quantized = ("fp8", "int8", "int4", "fp4")
+        for dtype in value or {}:
+            if dtype not in quantized:
+                raise ValueError(
+                    f"checkpoints.{dtype}: name checkpoints for {', '.join(quantized)}; "
+                    "16-bit weights come from the model itself (spec.model or "
+                    "spec.engine.modelVolume)"
+                )
+        return value
 
     @model_validator(mode="after")
     def _extra_args_leave_the_plan_alone(self) -> Engine:
@@ -356,6 +429,7 @@ class PlanStatus(_Model):
     weight_dtype: str
     kv_dtype: str
     max_model_len: int | None = None
+    checkpoint: str | None = Field(default=None, description="The weights vLLM loads.")
     predicted: PredictedLatency = Field(default_factory=PredictedLatency)
     usd_per_hour: float
     summary: str | None = None

@@ -66,6 +66,7 @@ class FakePlan:
     output_tok_s: float = 1500.0
     usd_per_hour: float = 6.98
     summary: str = "2x h100-sxm TP1"
+    checkpoint: str = ""
 
     def to_status(self) -> PlanStatus:
         return PlanStatus(

@@ -14,39 +14,18 @@ from rooftop_operator import builders
 from rooftop_operator.engine_sim import server as engine_sim
 from rooftop_operator.specs import TargetRef, parse_spec
 from rooftop_planner.catalog import Catalog
-
-# The vLLM 0.33 flags an operator may set, verbatim from shared/docs/vllm-flags.md
-# (read from vllm/engine/arg_utils.py of the 0.33.0 wheel). Removed/deprecated flags are
-# deliberately absent.
-VLLM_033_FLAGS_DOC = """
---tensor-parallel-size / -tp N
---pipeline-parallel-size / -pp N
---data-parallel-size / -dp N   (+ --data-parallel-size-local, --enable-expert-parallel for MoE)
---distributed-executor-backend {mp,ray,...}
---max-num-seqs N
---max-num-batched-tokens N
---max-model-len N
---gpu-memory-utilization F     alias --device-memory-utilization (0.33)
-                               alt: --kv-cache-memory-bytes
---quantization / -q METHOD     (+ --quantization-config, --allow-deprecated-quantization)
---kv-cache-dtype {auto,fp8,fp8_e4m3,fp8_e5m2,bfloat16,...}
---enable-chunked-prefill / --no-enable-chunked-prefill
---enable-prefix-caching / --no-enable-prefix-caching
---speculative-config / -sc JSON
---block-size N
---served-model-name NAME [NAME...]
---enforce-eager, --async-scheduling, --kv-transfer-config JSON (P/D), --disable-log-stats,
---show-hidden-metrics-for-version X.Y, --custom-histogram-buckets JSON (0.33)
-"""
-# Server-level flags every `vllm serve` has (vllm/entrypoints/openai/cli_args.py).
-SERVER_FLAGS = {"--model", "--port", "--host"}
-ALLOWED_FLAGS = set(re.findall(r"--[a-z0-9][a-z0-9-]*", VLLM_033_FLAGS_DOC)) | SERVER_FLAGS
-KV_CHOICES = {"auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16"}
+from rooftop_planner.weights import Weights, resolve_weights
 
 REF = TargetRef(name="chat", namespace=NS, uid=UID, generation=3)
+KV_CHOICES = {"auto", "fp8"}  # what a planned KV dtype becomes in vLLM 0.32
 
 
-def inputs(catalog: Catalog, spec: dict[str, Any] | None = None, **plan: Any) -> Any:
+def inputs(
+    catalog: Catalog,
+    spec: dict[str, Any] | None = None,
+    weights: Weights | None = None,
+    **plan: Any,
+) -> Any:
     parsed = parse_spec(spec or SPEC)
     the_plan = FakePlan(**plan)
     gpu = catalog.gpu(the_plan.gpu)
@@ -57,7 +36,8 @@ def inputs(catalog: Catalog, spec: dict[str, Any] | None = None, **plan: Any) ->
         served_model="meta-llama/Llama-3.1-8B-Instruct",
         node_label=(gpu.node_label_key, gpu.node_label_value),
         gpu_resource=gpu.resource_name,
-        image=builders.engine_image(parsed, "vllm/vllm-openai:v0.33.0", "rooftop:test"),
+        image=builders.engine_image(parsed, "vllm/vllm-openai:v0.32.0", "rooftop:test"),
+        weights=weights,
     )
 
 
@@ -75,9 +55,14 @@ def flags(args: list[str]) -> list[str]:
     return [a for a in args if a.startswith("--")]
 
 
-def test_flags_list_is_parsed() -> None:
-    assert {"--tensor-parallel-size", "--max-num-seqs", "--kv-cache-dtype"} <= ALLOWED_FLAGS
-    assert "--swap-space" not in ALLOWED_FLAGS  # removed in V1: must never be emitted
+def pairs(args: list[str]) -> dict[str, str]:
+    return {flag: args[i + 1] for i, flag in enumerate(args) if flag.startswith("--")}
+
+
+def weights(catalog: Catalog, dtype: str, spec: dict[str, Any] | None = None) -> Weights:
+    resolved = resolve_weights(parse_spec(spec or SPEC), catalog.model("llama-3.1-8b"), dtype)
+    assert isinstance(resolved, Weights), resolved
+    return resolved
 
 
 @pytest.mark.parametrize(
@@ -85,35 +70,86 @@ def test_flags_list_is_parsed() -> None:
     [
         {},
         {"tp": 4, "weight_dtype": "fp8", "kv_dtype": "fp8"},
-        {"weight_dtype": "int4", "kv_dtype": "bf16", "max_model_len": 0},
-        {"gpu": "l4", "weight_dtype": "fp16"},
+        {"weight_dtype": "bf16", "kv_dtype": "bf16", "max_model_len": 0},
+        {"gpu": "l4", "weight_dtype": "fp16", "kv_dtype": "fp16"},
     ],
 )
-def test_vllm_args_use_only_vllm_033_flags(catalog: Catalog, plan: dict[str, Any]) -> None:
+def test_vllm_args_use_only_the_flags_the_builder_declares(
+    catalog: Catalog, plan: dict[str, Any]
+) -> None:
     args = builders.vllm_args(inputs(catalog, **plan))
-    assert set(flags(args)) <= ALLOWED_FLAGS
     assert set(flags(args)) <= builders.ENGINE_FLAGS
-    kv = args[args.index("--kv-cache-dtype") + 1]
-    assert kv in KV_CHOICES
+    assert pairs(args)["--kv-cache-dtype"] in KV_CHOICES
+
+
+def test_the_model_is_vllm_serves_positional_argument(catalog: Catalog) -> None:
+    deployment = builders.build_deployment(inputs(catalog))
+    engine = container(deployment)
+    assert engine["command"] == ["vllm", "serve"]
+    assert engine["args"][0] == "meta-llama/Llama-3.1-8B-Instruct"
+    assert "--model" not in engine["args"]  # deprecated with `vllm serve`
 
 
 def test_vllm_args_carry_the_plan(catalog: Catalog) -> None:
     args = builders.vllm_args(inputs(catalog, tp=2, max_num_seqs=48, weight_dtype="fp8"))
-    pairs = {flag: args[i + 1] for i, flag in enumerate(args) if flag.startswith("--")}
-    assert pairs["--model"] == "meta-llama/Llama-3.1-8B-Instruct"
-    assert pairs["--tensor-parallel-size"] == "2"
-    assert pairs["--max-num-seqs"] == "48"
-    assert pairs["--max-model-len"] == "4096"
-    assert pairs["--gpu-memory-utilization"] == "0.9"
-    assert pairs["--quantization"] == "fp8"
-    assert pairs["--port"] == "8000"
+    got = pairs(args)
+    assert got["--tensor-parallel-size"] == "2"
+    assert got["--max-num-seqs"] == "48"
+    assert got["--max-model-len"] == "4096"
+    assert got["--gpu-memory-utilization"] == "0.9"
+    assert got["--quantization"] == "fp8_per_tensor"  # online fp8; "fp8" is deprecated
+    assert got["--port"] == "8000"
     # First served name is the one vLLM puts in the model_name metric label.
     names = args[args.index("--served-model-name") + 1 :]
     assert names[:2] == ["llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct"]
 
 
-def test_16_bit_weights_need_no_quantization_flag(catalog: Catalog) -> None:
-    assert "--quantization" not in builders.vllm_args(inputs(catalog, weight_dtype="bf16"))
+@pytest.mark.parametrize(("dtype", "vllm_dtype"), [("bf16", "bfloat16"), ("fp16", "float16")])
+def test_16_bit_weights_are_pinned_with_dtype(
+    catalog: Catalog, dtype: str, vllm_dtype: str
+) -> None:
+    args = builders.vllm_args(inputs(catalog, weight_dtype=dtype))
+    assert pairs(args)["--dtype"] == vllm_dtype  # not the checkpoint's own (Llama-2: fp16)
+    assert "--quantization" not in args
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4", "fp4"])
+def test_quantized_weights_load_a_quantized_checkpoint(catalog: Catalog, dtype: str) -> None:
+    args = builders.vllm_args(inputs(catalog, weight_dtype=dtype, weights=weights(catalog, dtype)))
+    assert args[0] == catalog.model("llama-3.1-8b").checkpoints[dtype].repo
+    assert args[0] != "meta-llama/Llama-3.1-8B-Instruct"
+    # the checkpoint's quantization_config says its format; bitsandbytes is no 0.32 method
+    assert "--quantization" not in args and "--dtype" not in args
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4", "fp4"])
+def test_quantized_weights_without_a_checkpoint_are_refused(catalog: Catalog, dtype: str) -> None:
+    with pytest.raises(builders.UnsupportedPlan, match=f"checkpoints.{dtype}"):
+        builders.vllm_args(inputs(catalog, weight_dtype=dtype))
+
+
+def test_a_16_bit_kv_cache_is_spelled_auto(catalog: Catalog) -> None:
+    args = builders.vllm_args(inputs(catalog, weight_dtype="bf16", kv_dtype="bf16"))
+    assert pairs(args)["--kv-cache-dtype"] == "auto"  # vLLM refuses an explicit bfloat16
+
+
+def test_a_kv_dtype_other_than_the_weights_16_bit_type_is_refused(catalog: Catalog) -> None:
+    with pytest.raises(builders.UnsupportedPlan, match="kv bf16 needs weight dtype bf16"):
+        builders.vllm_args(inputs(catalog, weight_dtype="fp16", kv_dtype="bf16"))
+
+
+def test_model_volume_is_mounted_read_only_and_served_from(catalog: Catalog) -> None:
+    engine_spec = {"modelVolume": {"claimName": "models", "path": "tiny/llama"}}
+    spec = {**SPEC, "engine": engine_spec}
+    inp = inputs(catalog, spec, weights=weights(catalog, "bf16", spec))
+    deployment = builders.build_deployment(inp)
+    assert container(deployment)["args"][0] == "/models/tiny/llama"
+    claim = {"claimName": "models", "readOnly": True}
+    assert {"name": "model-files", "persistentVolumeClaim": claim} in pod_spec(deployment)[
+        "volumes"
+    ]
+    mount = {"name": "model-files", "mountPath": "/models", "readOnly": True}
+    assert mount in container(deployment)["volumeMounts"]
 
 
 def test_extra_args_are_appended_last(catalog: Catalog) -> None:
@@ -331,9 +367,9 @@ def test_user_tolerations_are_added_to_the_gpu_one(catalog: Catalog) -> None:
     ]
 
 
-def test_image_pinned_to_vllm_033_unless_overridden(catalog: Catalog) -> None:
+def test_image_pinned_to_the_tested_vllm_unless_overridden(catalog: Catalog) -> None:
     assert container(builders.build_deployment(inputs(catalog)))["image"] == (
-        "vllm/vllm-openai:v0.33.0"
+        "vllm/vllm-openai:v0.32.0"
     )
     spec = {**SPEC, "engine": {"image": "registry.local/vllm:patched"}}
     assert container(builders.build_deployment(inputs(catalog, spec)))["image"] == (
