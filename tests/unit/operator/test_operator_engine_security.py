@@ -19,6 +19,7 @@ from rooftop_operator.engine_security import MODEL_CACHE_PATH, PodSecurity, pars
 from rooftop_operator.handlers import Runtime, reconcile
 from rooftop_operator.settings import OperatorConfig, env_defaults, parse_pod_monitor_labels
 from rooftop_planner.catalog import Catalog
+from rooftop_planner.spec import ModelCache
 
 Obj = dict[str, Any]
 RESTRICTED = PodSecurity.RESTRICTED
@@ -77,6 +78,12 @@ def test_the_model_cache_is_hf_home_at_every_level(catalog: Catalog, level: PodS
     mounts = {m["name"]: m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
     assert mounts["model-cache"] == MODEL_CACHE_PATH == "/var/cache/rooftop/huggingface"
     assert env_of(spec)["HF_HOME"] == {"name": "HF_HOME", "value": MODEL_CACHE_PATH}
+
+
+def test_the_crd_says_where_the_cache_is() -> None:
+    """The planner (which generates the CRD) may not import the operator: the path is
+    written twice, and this keeps the two equal."""
+    assert MODEL_CACHE_PATH in (ModelCache.__doc__ or "")
 
 
 def test_baseline_fails_restricted(catalog: Catalog) -> None:
