@@ -1,6 +1,6 @@
 """Engine pods' Pod Security level and the engine PodMonitor's extra labels: the
 builder dicts, the operator settings that choose them, and the reconcile that joins the
-two. The real admission check runs in tests/e2e/test_pod_security.py."""
+two. The real admission check runs in tests/e2e/test_engine_settings.py."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Engine pods under Pod Security admission, on the real local control plane.
+"""Engine settings the chart hands the operator, on the real local control plane: the
+engine pods' Pod Security level and the engine PodMonitors' extra labels.
 
 The kube-apiserver's PodSecurity admission plugin is on by default since Kubernetes
 1.25 (tests/cluster/controlplane.py does not turn it off). It judges pods, not
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from rooftop_planner.catalog import Catalog, load_catalog
@@ -26,6 +28,7 @@ from tests.cluster.operator_process import Operator
 from tests.e2e.test_operator import (
     CHART,
     ENGINE,
+    POD_MONITOR_CRD,
     ROOT,
     TIMEOUT,
     Env,
@@ -73,9 +76,10 @@ def install(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) ->
 
 
 @contextlib.contextmanager
-def guarded(install: Install, enforce: str, pod_security: str) -> Iterator[Env]:
+def guarded(install: Install, enforce: str, pod_security: str, **more: str) -> Iterator[Env]:
     """A namespace enforcing Pod Security ``enforce`` and an operator for it started
-    with ROOFTOP_ENGINE_POD_SECURITY=``pod_security``; both go afterwards."""
+    with ROOFTOP_ENGINE_POD_SECURITY=``pod_security`` (and the ``more`` environment);
+    both go afterwards."""
     namespace = f"ps-{enforce}-{uuid.uuid4().hex[:6]}"
     install.cluster.create_namespace(namespace)
     install.cluster.kubectl("label", "namespace", namespace, f"{ENFORCE}={enforce}",
@@ -83,7 +87,7 @@ def guarded(install: Install, enforce: str, pod_security: str) -> Iterator[Env]:
     operator = Operator(install.kubeconfig, namespace, install.work / f"{namespace}.log")
     env = Env(install.cluster, install.api, namespace, operator, install.catalog, install.nodes)
     try:
-        operator.start(ROOFTOP_ENGINE_POD_SECURITY=pod_security)
+        operator.start(ROOFTOP_ENGINE_POD_SECURITY=pod_security, **more)
         yield env
     finally:
         operator.stop()
@@ -148,3 +152,47 @@ def test_baseline_engine_pods_are_admitted_by_a_baseline_namespace(install: Inst
         pods, refused = pod_creation(env, "plain")
         assert refused == [] and len(pods) == 1
         env.wait_condition("plain", "Ready", "True")
+
+
+@contextlib.contextmanager
+def pod_monitor_api(install: Install) -> Iterator[None]:
+    """The PodMonitor API served for the block (test_operator's stand-in CRD: only its
+    API matters), removed afterwards so later tests see a cluster without it."""
+    name = POD_MONITOR_CRD["metadata"]["name"]
+    if install.cluster.kubectl("get", "crd", name, check=False).returncode == 0:
+        pytest.skip("a PodMonitor CRD is installed; not replacing it")
+    crd_file = install.work / "podmonitor-crd.yaml"
+    crd_file.write_text(yaml.safe_dump(POD_MONITOR_CRD))
+    install.cluster.kubectl("apply", "-f", str(crd_file))
+    try:
+        install.cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s",
+                                f"crd/{name}")  # fmt: skip
+        yield
+    finally:
+        install.cluster.kubectl("delete", "crd", name, check=False)
+
+
+def labelled_pod_monitors(env: Env, selector: str) -> list[str]:
+    found = client.CustomObjectsApi(env.api).list_namespaced_custom_object(
+        "monitoring.coreos.com", "v1", env.namespace, "podmonitors", label_selector=selector
+    )
+    return [str(m["metadata"]["name"]) for m in found["items"]]
+
+
+def test_pod_monitor_labels_reach_existing_pod_monitors_after_a_restart(install: Install) -> None:
+    """The README's `helm upgrade --set engine.podMonitor.labels.release=...`: the
+    operator restarts with ROOFTOP_PODMONITOR_LABELS, and the PodMonitors it made before
+    get the label, so `kubectl get podmonitor -l release=kps` finds them."""
+    with pod_monitor_api(install), guarded(install, "baseline", "baseline") as env:
+        doc = load(ROOT / "examples" / "simulated-chat.yaml", name="watched")
+        ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
+        env.apply(doc)
+        env.wait_condition("watched", "Deployed", "True")
+        managed = labelled_pod_monitors(env, "app.kubernetes.io/managed-by=rooftop")
+        assert managed == ["watched-engine"]
+        assert labelled_pod_monitors(env, "release=kps") == []
+        env.operator.stop()
+        env.operator.start(ROOFTOP_ENGINE_POD_SECURITY="baseline",
+                           ROOFTOP_PODMONITOR_LABELS='{"release": "kps"}')  # fmt: skip
+        wait_until(lambda: labelled_pod_monitors(env, "release=kps") == ["watched-engine"],
+                   TIMEOUT, "the release label on watched-engine")  # fmt: skip
