@@ -16,6 +16,7 @@ from collections.abc import Sequence
 SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("plan", "rooftop_planner.cli"),
     ("predict", "rooftop_planner.cli"),
+    ("render", "rooftop_operator.render"),
     ("operator", "rooftop_operator.__main__"),
     ("engine-sim", "rooftop_operator.engine_sim.server"),
     ("load", "rooftop_operator.loadgen"),

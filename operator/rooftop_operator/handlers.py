@@ -36,17 +36,14 @@ from typing import Any, Protocol
 
 import kopf
 
-from rooftop_operator import builders, crd, metrics
+from rooftop_operator import builders, children, crd, metrics
 from rooftop_operator import conditions as cnd
 from rooftop_operator.conditions import Cond
 from rooftop_operator.kube import Kube, KubeError
 from rooftop_operator.settings import OperatorConfig, configure, env_defaults
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec, slo_text
-from rooftop_planner.catalog import ACCELERATOR_FAMILIES
 from rooftop_planner.inventory import GpuInventory, Placement, inventory_from_nodes
-from rooftop_planner.search import resolve_model
-from rooftop_planner.spec import KIND, Mode, ServingTargetSpec
-from rooftop_planner.weights import Weights, resolve_weights
+from rooftop_planner.spec import KIND, ServingTargetSpec
 
 log = logging.getLogger(__name__)
 
@@ -137,18 +134,6 @@ def with_conditions(
     return {**status, **fields, "conditions": merged, "observedGeneration": generation}
 
 
-def served_model(spec: ServingTargetSpec, catalog: Any) -> str:
-    """What vLLM loads: the catalog entry's Hugging Face repo, else ``spec.model``
-    itself (a repo id, with its config given inline in ``modelConfig``)."""
-    if spec.model_config_json is not None:
-        return spec.model
-    try:
-        repo = catalog.model(spec.model).hf_repo
-    except (KeyError, ValueError):
-        return spec.model
-    return str(repo or spec.model)
-
-
 def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
     refs = obj.get("metadata", {}).get("ownerReferences") or []
     return any(r.get("uid") == uid and r.get("controller") for r in refs)
@@ -197,7 +182,7 @@ def reconcile(
             catalog=rt.catalog,
             step_time_scale=step_time_scale,
             requests_per_second=requests_per_second,
-            engine_families=engine_families(rt, spec),
+            engine_families=children.engine_families(rt.config, spec),
             **inventory,
         )
     except (KeyError, ValueError) as err:  # unknown model/GPU, bad modelConfig
@@ -209,14 +194,6 @@ def reconcile(
         return WAITING_FOR_NODES if getattr(result, "beyond_inventory", None) else "skipped"
     _deploy(rt, body, ref, spec, result.plan, cause)
     return "success"
-
-
-def engine_families(rt: Runtime, spec: ServingTargetSpec) -> list[str]:
-    """Accelerator families a plan may use: those with a vLLM image, or every family
-    when the target names its own image (the user vouches for it)."""
-    if spec.engine.image:
-        return list(ACCELERATOR_FAMILIES)
-    return sorted(rt.config.engine_images())
 
 
 def gpu_inventory(rt: Runtime, spec: ServingTargetSpec) -> GpuInventory:
@@ -373,69 +350,14 @@ class ChildConflict(RuntimeError):
     """A child's name is taken by an object this target does not control."""
 
 
-def plan_weights(rt: Runtime, spec: ServingTargetSpec, plan: Any) -> Weights | None:
-    """The checkpoint the plan's weight dtype loads (None for a simulated engine).
-
-    Raises:
-        builders.UnsupportedPlan: no checkpoint serves that dtype.
-    """
-    if spec.mode is Mode.SIMULATED:
-        return None
-    weights = resolve_weights(spec, resolve_model(spec, rt.catalog), plan.weight_dtype)
-    if isinstance(weights, str):
-        raise builders.UnsupportedPlan(weights)
-    return weights
-
-
-def engine_image(rt: Runtime, spec: ServingTargetSpec, family: str) -> str:
-    """The image for this accelerator family (the spec's own wins).
-
-    Raises:
-        builders.UnsupportedPlan: no vLLM image for the family is configured.
-    """
-    images = rt.config.engine_images()
-    if spec.mode is Mode.VLLM and not spec.engine.image and family not in images:
-        raise builders.UnsupportedPlan(
-            f"no vLLM image for {family} accelerators is configured "
-            f"(chart value operator.{family}Image)"
-        )
-    return builders.engine_image(spec, images.get(family, ""), rt.config.self_image)
-
-
-def engine_inputs(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: Any) -> Any:
-    gpu = rt.catalog.gpu(plan.gpu)
-    return builders.EngineInputs(
-        ref=ref,
-        spec=spec,
-        plan=plan,
-        served_model=served_model(spec, rt.catalog),
-        node_label=(gpu.node_label_key, gpu.node_label_value),
-        gpu_resource=gpu.resource_name,
-        image=engine_image(rt, spec, gpu.family),
-        pod_monitor=rt.kube.has_api(*PODMONITOR_API),
-        pod_security=rt.config.engine_pod_security,
-        pod_monitor_labels=rt.config.pod_monitor_labels,
-        weights=plan_weights(rt, spec, plan),
-    )
-
-
-def desired_children(inp: builders.EngineInputs) -> list[Obj]:
-    children = [
-        builders.build_deployment(inp),
-        builders.build_service(inp.ref),
-        builders.build_pod_disruption_budget(inp.ref),
-    ]
-    if inp.pod_monitor:
-        children.append(builders.build_pod_monitor(inp.ref, inp.pod_monitor_labels))
-    return children
-
-
 def apply_children(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: Any) -> None:
     """Server-side apply each child that differs from what is there (its fields, or
     the digest of what was last applied: see ``builders.with_applied_hash``). Raises
     ``ChildConflict`` rather than take over an object someone else created."""
-    children = map(builders.with_applied_hash, desired_children(engine_inputs(rt, ref, spec, plan)))
-    for child in children:
+    inputs = children.engine_inputs(
+        rt.catalog, rt.config, ref, spec, plan, pod_monitor=rt.kube.has_api(*PODMONITOR_API)
+    )
+    for child in map(builders.with_applied_hash, children.desired(inputs)):
         meta = child["metadata"]
         current = rt.kube.get(child["apiVersion"], child["kind"], ref.namespace, meta["name"])
         if current is not None and not controlled_by(current, ref.uid):

@@ -364,3 +364,31 @@ def test_tpot_misses_are_broken_down_by_output_length(
         for b in bands:
             lo, hi = b["output_tokens"]
             assert b["requests"] == int(((lengths >= lo) & (lengths < (hi or 10**9))).sum())
+
+
+def test_requests_longer_than_max_model_len_are_reported_with_the_reason() -> None:
+    """vLLM answers 400 to a request longer than --max-model-len; the report must say how
+    many the plan's context refused and why, not only a count."""
+    from rooftop_planner.manifest import parse_target
+
+    short = {**TARGET["spec"], "engine": {"maxModelLen": 512}}  # type: ignore[dict-item]
+    capped = parse_target({**TARGET, "spec": short}, "test").spec
+    work = tiny_workload()
+    _, s = simulate.run(simulate.scenario(capped, work, noise=0.0), "static-peak", FAST_ORACLE)
+    too_long = int(np.sum(work.prompt_tokens + work.output_tokens > 512))
+    reason = "prompt + output longer than max-model-len 512 (spec.engine.maxModelLen)"
+    assert too_long > 0 and s["rejected_by_reason"] == {reason: too_long}
+    assert f"rejected {too_long}: {reason}" in simulate_text(s)
+
+
+def test_the_default_context_refuses_no_request_the_model_supports(
+    runs: dict[str, tuple[SimResult, dict[str, Any]]],
+) -> None:
+    for _, s in runs.values():
+        assert not any("max-model-len" in why for why in s["rejected_by_reason"])
+
+
+def simulate_text(s: dict[str, Any]) -> str:
+    from rooftop_operator.sim.report import text
+
+    return text(s, Slo(100, 2000))

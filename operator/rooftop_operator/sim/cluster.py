@@ -25,6 +25,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -169,6 +170,8 @@ class SimResult:
     timeline: list[Tick]
     wall_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # why requests were refused -> how many (``rejected`` is their sum)
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
 
 
 class Cluster:
@@ -183,6 +186,7 @@ class Cluster:
         self.fin = np.full(n, math.nan)
         self.tpot = np.full(n, math.nan)
         self.rejected = 0
+        self.rejections: Counter[str] = Counter()
         self.pods: list[Pod] = []
         self.serving: list[Pod] = []  # the balancer's targets, refreshed on changes
         self.heap: list[tuple[float, int, int, int]] = []
@@ -279,7 +283,20 @@ class Cluster:
         return SimResult(
             policy.name, self.w, self.first, self.fin, self.tpot, self.rejected,
             pod_s, r.usd_per_hour, r.tp, timeline, time.perf_counter() - started,
+            rejected_by_reason=dict(self.rejections),
         )  # fmt: skip
+
+    def _reject(self, reason: str) -> None:
+        self.rejected += 1
+        self.rejections[reason] += 1
+
+    def _too_long(self, req: Request) -> str:
+        """Why the engine refused a request: vLLM answers 400 to one longer than its
+        --max-model-len, and cannot serve one longer than its whole KV cache."""
+        limit = self.cfg.replica.max_model_len
+        if req.prompt_tokens + req.max_tokens > limit:
+            return f"prompt + output longer than max-model-len {limit} (spec.engine.maxModelLen)"
+        return "longer than the engine's whole KV cache"
 
     def _loop(self, policy: Policy) -> list[Tick]:
         arr = self.w.arrival_s.tolist()
@@ -318,12 +335,12 @@ class Cluster:
                 best, best_load = pod, load
         req = Request(str(i), int(self.w.prompt_tokens[i]), int(self.w.output_tokens[i]), now)
         if best is None:
-            self.rejected += 1  # no ready pod: the gateway answers 503
+            self._reject("no engine pod was ready (the Service answers 503)")
             return
         try:
             best.engine.add_request(req)
         except ValueError:
-            self.rejected += 1  # longer than max_model_len or the whole KV cache
+            self._reject(self._too_long(req))
             return
         if not best.busy:
             self._step(best, now)

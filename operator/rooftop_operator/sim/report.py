@@ -123,6 +123,7 @@ def summary(res: SimResult, slo: Slo, reality_factor: float) -> dict[str, Any]:
         "token_attainment_tpot": round(att.tpot_tokens, 5),
         "token_attainment_ttft": None if att.ttft_tokens is None else round(att.ttft_tokens, 5),
         "rejected": res.rejected,
+        "rejected_by_reason": res.rejected_by_reason,
         "tpot_p50_ms": _pct(tpots, 0.5),
         "tpot_p99_ms": _pct(tpots, 0.99),
         "reality_factor": reality_factor,
@@ -161,6 +162,7 @@ def text(s: dict[str, Any], slo: Slo) -> str:
         lines.append("  TPOT misses by output tokens: " + ", ".join(
             f"{b['output_tokens'][0]}-{b['output_tokens'][1] or ''}: {b['tpot_misses']} "
             f"of {b['requests']} ({b['miss_share']:.1%})" for b in bands))  # fmt: skip
+    lines += [f"  rejected {n}: {why}" for why, n in s["rejected_by_reason"].items()]
     lines += [f"  note: {n}" for n in s["notes"]]
     return "\n".join(lines)
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import NS, SPEC, UID, Events, FakeKube, FakePlan, FakePlanner, FakeResult, target_body
 
-from rooftop_operator import builders, control, handlers, loop
+from rooftop_operator import builders, children, control, handlers, loop
 from rooftop_operator.conditions import find
 from rooftop_operator.handlers import Runtime, reconcile
 from rooftop_operator.kube import KubeError
@@ -247,6 +247,51 @@ def test_plan_vllm_cannot_run_is_reported(
     assert kinds(kube) == set()
 
 
+@pytest.mark.parametrize(
+    ("plan", "why"),
+    [
+        # int8 used to render --quantization bitsandbytes on the bf16 checkpoint
+        ({"weight_dtype": "int8"}, "checkpoints.int8"),
+        ({"weight_dtype": "fp4", "gpu": "b200"}, "checkpoints.fp4"),
+        ({"weight_dtype": "fp16", "kv_dtype": "bf16"}, "kv bf16 needs weight dtype bf16"),
+        # a ROCm GPU used to get the CUDA image
+        ({"gpu": "mi300x"}, "operator.rocmImage"),
+        ({"gpu": "tpu-v5e"}, "operator.tpuImage"),
+    ],
+)
+def test_a_plan_vllm_would_refuse_is_never_deployed(
+    rt: Runtime, kube: FakeKube, planner: FakePlanner, plan: dict[str, Any], why: str
+) -> None:
+    body = target_body(spec={**SPEC, "model": "mistral-7b"})  # no quantized checkpoints
+    kube.add(body)
+    planner.result = FakeResult(True, FakePlan(**plan))
+    reconcile(rt, body)
+    deployed = cond(kube, "Deployed")
+    assert (deployed["status"], deployed["reason"]) == ("False", "UnsupportedPlan")
+    assert why in deployed["message"]
+    assert kinds(kube) == set()
+
+
+def test_a_quantized_plan_deploys_its_checkpoint(
+    rt: Runtime, kube: FakeKube, planner: FakePlanner
+) -> None:
+    planner.result = FakeResult(True, FakePlan(weight_dtype="int4"))
+    reconcile(rt, created(kube))
+    (deployment,) = [o for o in kube.applied if o["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[0] == "hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4"
+
+
+def test_the_planner_is_told_which_accelerator_families_have_an_engine(
+    rt: Runtime, kube: FakeKube, planner: FakePlanner
+) -> None:
+    reconcile(rt, created(kube))
+    assert planner.calls[-1]["engine_families"] == ["cuda"]
+    with_rocm = replace(rt, config=replace(rt.config, rocm_image="rocm/vllm:tested"))
+    reconcile(with_rocm, created(kube, "other"))
+    assert planner.calls[-1]["engine_families"] == ["cuda", "rocm"]
+
+
 def test_over_budget_plan_is_flagged(rt: Runtime, kube: FakeKube, planner: FakePlanner) -> None:
     planner.result = FakeResult(True, FakePlan(usd_per_hour=25.0))
     reconcile(rt, created(kube))
@@ -432,11 +477,11 @@ def test_deleted_target_forgets_its_metrics(rt: Runtime, kube: FakeKube) -> None
 
 
 def test_served_model_prefers_the_catalog_repo(rt: Runtime) -> None:
-    assert handlers.served_model(parse_spec(SPEC), rt.catalog) == (
+    assert children.served_model(parse_spec(SPEC), rt.catalog) == (
         "meta-llama/Llama-3.1-8B-Instruct"
     )
     unknown = parse_spec({**SPEC, "model": "acme/private-7b", "modelConfig": {"x": 1}})
-    assert handlers.served_model(unknown, rt.catalog) == "acme/private-7b"
+    assert children.served_model(unknown, rt.catalog) == "acme/private-7b"
 
 
 @pytest.mark.parametrize(

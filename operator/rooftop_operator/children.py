@@ -1,0 +1,108 @@
+"""From (target, plan) to the objects the operator applies, without a cluster.
+
+The operator's handlers and ``rooftop render`` both call ``engine_inputs`` and
+``desired``, so what ``render`` prints is what the operator would apply. Everything a
+handler would read from the cluster (whether the PodMonitor API exists) is a parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rooftop_operator import builders
+from rooftop_operator.settings import OperatorConfig
+from rooftop_operator.specs import TargetRef
+from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog
+from rooftop_planner.search import resolve_model
+from rooftop_planner.spec import Mode, ServingTargetSpec
+from rooftop_planner.weights import Weights, resolve_weights
+
+Obj = dict[str, Any]
+
+
+def served_model(spec: ServingTargetSpec, catalog: Any) -> str:
+    """The model's usual name: the catalog entry's Hugging Face repo, else ``spec.model``
+    itself (a repo id, with its config given inline in ``modelConfig``)."""
+    if spec.model_config_json is not None:
+        return spec.model
+    try:
+        repo = catalog.model(spec.model).hf_repo
+    except (KeyError, ValueError):
+        return spec.model
+    return str(repo or spec.model)
+
+
+def engine_families(config: OperatorConfig, spec: ServingTargetSpec) -> list[str]:
+    """Accelerator families a plan may use: those with a vLLM image, or every family
+    when the target names its own image (the user vouches for it)."""
+    if spec.engine.image:
+        return list(ACCELERATOR_FAMILIES)
+    return sorted(config.engine_images())
+
+
+def plan_weights(catalog: Catalog, spec: ServingTargetSpec, plan: Any) -> Weights | None:
+    """The checkpoint the plan's weight dtype loads (None for a simulated engine).
+
+    Raises:
+        builders.UnsupportedPlan: no checkpoint serves that dtype.
+    """
+    if spec.mode is Mode.SIMULATED:
+        return None
+    weights = resolve_weights(spec, resolve_model(spec, catalog), plan.weight_dtype)
+    if isinstance(weights, str):
+        raise builders.UnsupportedPlan(weights)
+    return weights
+
+
+def engine_image(config: OperatorConfig, spec: ServingTargetSpec, family: str) -> str:
+    """The image for this accelerator family (the spec's own wins).
+
+    Raises:
+        builders.UnsupportedPlan: no vLLM image for the family is configured.
+    """
+    images = config.engine_images()
+    if spec.mode is Mode.VLLM and not spec.engine.image and family not in images:
+        raise builders.UnsupportedPlan(
+            f"no vLLM image for {family} accelerators is configured "
+            f"(chart value operator.{family}Image)"
+        )
+    return builders.engine_image(spec, images.get(family, ""), config.self_image)
+
+
+def engine_inputs(
+    catalog: Catalog,
+    config: OperatorConfig,
+    ref: TargetRef,
+    spec: ServingTargetSpec,
+    plan: Any,
+    *,
+    pod_monitor: bool,
+) -> builders.EngineInputs:
+    """Everything the builders need for one target and plan."""
+    gpu = catalog.gpu(plan.gpu)
+    return builders.EngineInputs(
+        ref=ref,
+        spec=spec,
+        plan=plan,
+        served_model=served_model(spec, catalog),
+        node_label=(gpu.node_label_key, gpu.node_label_value),
+        gpu_resource=gpu.resource_name,
+        image=engine_image(config, spec, gpu.family),
+        pod_monitor=pod_monitor,
+        pod_security=config.engine_pod_security,
+        pod_monitor_labels=config.pod_monitor_labels,
+        weights=plan_weights(catalog, spec, plan),
+    )
+
+
+def desired(inp: builders.EngineInputs) -> list[Obj]:
+    """The target's children: Deployment, Service, PodDisruptionBudget and, where the
+    Prometheus Operator is installed, a PodMonitor."""
+    objects = [
+        builders.build_deployment(inp),
+        builders.build_service(inp.ref),
+        builders.build_pod_disruption_budget(inp.ref),
+    ]
+    if inp.pod_monitor:
+        objects.append(builders.build_pod_monitor(inp.ref, inp.pod_monitor_labels))
+    return objects
