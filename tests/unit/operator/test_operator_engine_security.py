@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
+import yaml
 from conftest import NS, SPEC, FakeKube, target_body
 from test_operator_builders import REF, container, inputs, pod_spec
 
@@ -248,3 +249,23 @@ def test_reconcile_applies_what_the_operator_was_configured_with(
     assert deployment is not None
     assert restricted_violations(pod_spec(deployment)) == []
     assert container(deployment)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+
+
+def test_rooftop_render_shows_what_the_operator_is_configured_with(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`rooftop render` reads the same ROOFTOP_* settings, so it prints the pods and
+    PodMonitor the operator would apply; a bad value exits 2 naming the variable."""
+    from rooftop_operator.cli import main
+
+    example = Path(__file__).resolve().parents[3] / "examples" / "chat-llama-3.1-8b.yaml"
+    monkeypatch.setenv("ROOFTOP_ENGINE_POD_SECURITY", "restricted")
+    monkeypatch.setenv("ROOFTOP_PODMONITOR_LABELS", '{"release": "kps"}')
+    assert main(["render", str(example)]) == 0
+    docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
+    deployment, monitor = docs[0], docs[-1]
+    assert restricted_violations(pod_spec(deployment)) == []
+    assert monitor["kind"] == "PodMonitor" and monitor["metadata"]["labels"]["release"] == "kps"
+    monkeypatch.setenv("ROOFTOP_PODMONITOR_LABELS", "release=kps")
+    assert main(["render", str(example)]) == 2
+    assert "ROOFTOP_PODMONITOR_LABELS='release=kps'" in capsys.readouterr().err
