@@ -821,10 +821,13 @@ class PlanTargetPlanner:
         return self._cache[key]
 
     def _size(self, rate: float, factor: float) -> Sizing:
+        from rooftop_planner.catalog import ACCELERATOR_FAMILIES
         from rooftop_planner.search import plan_target
 
+        # The shape is pinned and already runs: its accelerator family had an image.
         res = plan_target(self.spec, catalog=self.catalog, step_time_scale=factor,
-                          requests_per_second=rate)  # fmt: skip
+                          requests_per_second=rate,
+                          engine_families=ACCELERATOR_FAMILIES)  # fmt: skip
         cands = [p for p in res.candidates if p.tp == self.plan.tp]
         if not cands:
             return Sizing(0, self.plan.max_num_seqs, self._price(), None, feasible=False)

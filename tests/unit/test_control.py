@@ -515,3 +515,21 @@ def test_no_cap_change_that_would_stop_the_only_pod() -> None:
     two = decide(replace(state, replicas=2), observe(rate=3.0, step_ms=ok(26.0), ready=2),
                  NOW, config(budget_usd_per_hour=2.0))  # fmt: skip
     assert two.replicas == 2 and two.max_num_seqs == 49
+
+
+def test_the_loop_sizes_a_running_rocm_target_too() -> None:
+    """A target already running on MI300X (its operator had a ROCm image) is re-sized on
+    its own shape; the planner's default families (CUDA only) must not make it infeasible."""
+    from rooftop_operator.control import PlanTargetPlanner
+    from rooftop_planner.search import plan_target
+    from rooftop_planner.spec import ServingTargetSpec
+
+    spec = ServingTargetSpec.model_validate({
+        "model": "llama-3.1-8b", "slo": {"tpotMs": 50},
+        "workload": {"requestsPerSecond": 2, "promptTokens": {"mean": 500},
+                     "outputTokens": {"mean": 100}},
+        "budget": {"usdPerHour": 100}, "constraints": {"gpuTypes": ["mi300x"]},
+    })  # fmt: skip
+    plan = plan_target(spec, engine_families=["cuda", "rocm"]).plan
+    assert plan is not None and plan.gpu == "mi300x"
+    assert PlanTargetPlanner(spec, plan).size(2.0, 1.0).feasible

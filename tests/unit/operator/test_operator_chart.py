@@ -349,3 +349,29 @@ def test_engine_defaults_are_baseline_and_no_extra_labels() -> None:
         env = _env(docs)
         assert env["ROOFTOP_ENGINE_POD_SECURITY"] == "baseline"
         assert "ROOFTOP_PODMONITOR_LABELS" not in env
+
+
+@needs_helm
+def test_engine_images_per_accelerator_family_reach_the_operator() -> None:
+    """ROCm and TPU accelerators are planned only where the chart names their vLLM image;
+    by default only the pinned CUDA image is configured."""
+    from rooftop_operator.settings import VLLM_IMAGE, OperatorConfig, env_defaults
+
+    default = OperatorConfig(**env_defaults(_env(render())))  # type: ignore[arg-type]
+    assert default.engine_images() == {"cuda": VLLM_IMAGE}
+    docs = render("operator.rocmImage=rocm/vllm:tested", "operator.tpuImage=vllm/vllm-tpu:x")
+    configured = OperatorConfig(**env_defaults(_env(docs)))  # type: ignore[arg-type]
+    assert configured.engine_images() == {
+        "cuda": VLLM_IMAGE, "rocm": "rocm/vllm:tested", "tpu": "vllm/vllm-tpu:x"
+    }  # fmt: skip
+
+
+def test_the_chart_deploys_the_vllm_version_the_tests_run() -> None:
+    """One version everywhere: the chart's default image, the operator's default and the
+    CPU build tests/engine/install-vllm.sh installs for the real-engine tests."""
+    from rooftop_operator.settings import VLLM_IMAGE, VLLM_VERSION
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["operator"]["vllmImage"] == VLLM_IMAGE == f"vllm/vllm-openai:v{VLLM_VERSION}"
+    script = (ROOT / "tests" / "engine" / "install-vllm.sh").read_text()
+    assert re.search(rf"^VLLM_VERSION={re.escape(VLLM_VERSION)}$", script, re.M)
