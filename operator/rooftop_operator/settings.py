@@ -134,11 +134,8 @@ def parse_pod_monitor_labels(text: str) -> dict[str, str]:
     renders ``engine.podMonitor.labels`` so). Checked here, at startup, because a bad
     label would otherwise fail every target's PodMonitor apply, one error per target."""
     name = "ROOFTOP_PODMONITOR_LABELS"
-    try:
-        labels = json.loads(text)
-    except ValueError:
-        labels = None
-    if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+    labels = _json_strings(text)
+    if labels is None:
         raise ValueError(
             f'{name}={text!r}: give a JSON object of strings, e.g. {{"release": "kps"}}'
         )
@@ -147,9 +144,20 @@ def parse_pod_monitor_labels(text: str) -> dict[str, str]:
             raise ValueError(f"{name}: {key}={value!r} is not a valid Kubernetes label")
     taken = sorted(set(labels) & set(builders.labels("x")))
     if taken:
-        raise ValueError(f"{name}: {', '.join(taken)} is set by the operator itself; "
-                         "it names and finds its own objects by it")  # fmt: skip
+        raise ValueError(f"{name}: the operator sets {', '.join(taken)} itself, to name "
+                         "and find its own objects")  # fmt: skip
     return labels
+
+
+def _json_strings(text: str) -> dict[str, str] | None:
+    """``text`` as a JSON object whose values are strings, else None."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+        return value
+    return None
 
 
 INVENTORY_MODES: Final = {"nodes": True, "off": False}

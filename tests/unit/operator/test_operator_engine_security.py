@@ -209,8 +209,8 @@ def test_pod_monitor_labels_from_the_environment() -> None:
         ('{"-release": "kps"}', "not a valid Kubernetes label"),
         ('{"release": "kube prometheus"}', "not a valid Kubernetes label"),
         ('{"release": "' + "k" * 64 + '"}', "not a valid Kubernetes label"),
-        ('{"rooftop.dev/servingtarget": "x"}', "is set by the operator itself"),
-        ('{"app.kubernetes.io/managed-by": "helm"}', "is set by the operator itself"),
+        ('{"rooftop.dev/servingtarget": "x"}', "the operator sets"),
+        ('{"app.kubernetes.io/managed-by": "helm"}', "the operator sets"),
     ],
 )
 def test_bad_pod_monitor_labels_name_the_variable(raw: str, message: str) -> None:
