@@ -144,6 +144,10 @@ def test_baseline_engine_pods_are_refused_by_a_restricted_namespace(install: Ins
         assert pods == []
         assert any('violates PodSecurity "restricted:latest"' in m and "runAsNonRoot" in m
                    for m in refused), refused  # fmt: skip
+        wait_until(lambda: env.condition("open", "Ready")["reason"] == "FailedCreate", TIMEOUT,
+                   "Ready=False with reason FailedCreate")  # fmt: skip
+        ready = env.condition("open", "Ready")
+        assert 'violates PodSecurity "restricted:latest"' in ready["message"], ready
 
 
 def test_baseline_engine_pods_are_admitted_by_a_baseline_namespace(install: Install) -> None:

@@ -269,3 +269,22 @@ def test_rooftop_render_shows_what_the_operator_is_configured_with(
     monkeypatch.setenv("ROOFTOP_PODMONITOR_LABELS", "release=kps")
     assert main(["render", str(example)]) == 2
     assert "ROOFTOP_PODMONITOR_LABELS='release=kps'" in capsys.readouterr().err
+
+
+def test_pods_the_api_server_refuses_are_the_ready_reason() -> None:
+    """A namespace enforcing Pod Security refuses the pods themselves: no pod exists
+    to look at, and only the Deployment's ReplicaFailure condition says why."""
+    from rooftop_operator.handlers import readiness
+
+    why = 'pods "chat-engine-1" is forbidden: violates PodSecurity "restricted:latest": ...'
+    deployment = {
+        "metadata": {"generation": 1},
+        "spec": {"replicas": 1},
+        "status": {"observedGeneration": 1, "conditions": [
+            {"type": "Progressing", "status": "True", "reason": "NewReplicaSetCreated"},
+            {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": why},
+        ]},
+    }  # fmt: skip
+    cond, desired, ready = readiness(deployment)
+    assert (cond.status, cond.reason, desired, ready) == ("False", "FailedCreate", 1, 0)
+    assert cond.message == f"0/1 engine replicas ready; {why}"
