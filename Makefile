@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 ROOFTOP_CACHE ?= $(HOME)/.cache/rooftop
 export ROOFTOP_CACHE
 
-.PHONY: demo test lint typecheck unit e2e loop loop-figure bench calibrate crd dashboards cluster-up cluster-down tools clean
+.PHONY: demo test lint typecheck unit vllm e2e loop loop-figure bench calibrate crd dashboards vllm-flags cluster-up cluster-down tools clean
 
 # The demo needs only the runtime; tests add the dev tools (separate stamp, so a
 # `make demo` on a fresh clone stays well under two minutes).
@@ -25,7 +25,7 @@ demo: $(BIN)/rooftop
 
 ## test: lint, type-check, unit, integration and end-to-end tests (tools before the
 ## unit tests: the chart-rendering ones need helm and would skip on a fresh machine)
-test: lint typecheck tools unit e2e
+test: lint typecheck tools unit vllm e2e
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check planner operator tests dashboards benchmarks
@@ -38,7 +38,12 @@ typecheck: $(VENV)/.dev
 	$(BIN)/mypy
 
 unit: $(VENV)/.dev
-	$(BIN)/pytest -q -m "not e2e and not loop"
+	$(BIN)/pytest -q -m "not e2e and not loop and not vllm"
+
+## vllm: the tests against the real vLLM CPU build (flag table, engine-argument contract)
+vllm: $(VENV)/.dev
+	tests/engine/install-vllm.sh >/dev/null
+	$(BIN)/pytest -q -m vllm -p no:cacheprovider
 
 ## tools: build the control plane, kwok and helm into $(ROOFTOP_CACHE) (cached), fetch Prometheus
 tools:
@@ -75,6 +80,10 @@ crd: $(VENV)/.dev
 
 dashboards: $(VENV)/.dev
 	$(BIN)/python dashboards/build.py
+
+## vllm-flags: regenerate the `vllm serve` flag table (extraArgs checks) from the real vLLM
+vllm-flags:
+	PY=$$(tests/engine/install-vllm.sh) && "$$PY" tests/engine/dump_vllm_flags.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -25,6 +25,7 @@ import yaml
 from pydantic import BaseModel
 
 from rooftop_planner import spec as st
+from rooftop_planner import vllm_args
 
 GROUP: Final = "rooftop.dev"
 VERSION: Final = "v1alpha1"
@@ -42,7 +43,22 @@ DEFAULT_OUTPUT: Final = REPO_ROOT / "charts" / "rooftop" / "crds" / f"{CRD_NAME}
 Schema = dict[str, Any]
 
 
-def _no_flag_of(flags: Mapping[str, str]) -> str:
+def guarded_options() -> list[str]:
+    """The option strings of every dest Rooftop owns (``vllm_args.PLANNED`` and
+    ``RESERVED``) and the all-underscore spelling of the long ones, for CEL.
+
+    Why only these: CEL cannot replay argparse (unique prefixes, ``--x_Y`` mixes), so the
+    API server refuses the spellings people write and the pydantic check (operator and
+    ``rooftop plan``) does the rest with vLLM's parsing rules.
+    """
+    table = vllm_args.load_table()
+    owned = {*vllm_args.PLANNED, *vllm_args.RESERVED}
+    options = sorted({o for o, f in table.by_option.items() if f.dest in owned})
+    underscored = [o.replace("-", "_").replace("__", "--", 1) for o in options]
+    return sorted({*options, *(u for u in underscored if u.startswith("--"))})
+
+
+def _no_flag_of(flags: Sequence[str]) -> str:
     """CEL: no extraArgs entry is one of ``flags``, alone or as ``--flag=value``."""
     listed = ", ".join(f"'{f}'" for f in flags)
     return (f"!has(self.extraArgs) || self.extraArgs.all(a, [{listed}].all(f, "
@@ -77,15 +93,16 @@ CEL_RULES: Final[Mapping[str, list[Schema]]] = {
     ],
     "Engine": [
         {
-            "rule": _no_flag_of(st.PLANNED_FLAGS),
-            "message": "extraArgs must not set a flag Rooftop sets from the plan: "
-            + ", ".join(st.PLANNED_FLAGS),
+            "rule": _no_flag_of(guarded_options()),
+            "message": "extraArgs must not set what Rooftop sets (the plan's engine shape, "
+            "the model, the port, a --config file): "
+            + ", ".join(o for o in guarded_options() if "_" not in o),
             "fieldPath": ".extraArgs",
         },
         {
-            "rule": _no_flag_of(st.REMOVED_FLAGS),
-            "message": "extraArgs must not use a flag vLLM 0.33 removed: "
-            + ", ".join(st.REMOVED_FLAGS),
+            "rule": _no_flag_of(list(vllm_args.REMOVED)),
+            "message": f"extraArgs must not use a flag vLLM {vllm_args.load_table().vllm_version} "
+            "does not have: " + ", ".join(vllm_args.REMOVED),
             "fieldPath": ".extraArgs",
         },
     ],

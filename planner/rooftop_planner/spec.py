@@ -17,6 +17,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from rooftop_planner.vllm_args import check_extra_args
+
 API_VERSION = "rooftop.dev/v1alpha1"
 KIND = "ServingTarget"
 
@@ -271,42 +273,6 @@ class ModelCache(_Model):
     size_gi: int | None = Field(default=None, ge=1, le=100_000, description="emptyDir size limit.")
 
 
-# vLLM flags the operator sets from the plan (builders.vllm_args), and where to say
-# what they would say: an extra copy would win in vLLM's argparse (the last one counts)
-# and the plan's memory and latency math would no longer describe the pods.
-PLANNED_FLAGS: dict[str, str] = {
-    "--model": "name the model in spec.model",
-    "--served-model-name": "name the model in spec.model",
-    "--tensor-parallel-size": "bound it with spec.constraints.maxTensorParallel",
-    "-tp": "bound it with spec.constraints.maxTensorParallel",
-    "--max-num-seqs": "the plan and the feedback loop choose it",
-    "--max-model-len": "set spec.engine.maxModelLen",
-    "--gpu-memory-utilization": "the plan chooses it",
-    "--device-memory-utilization": "the plan chooses it",
-    "--kv-cache-memory-bytes": "the plan sizes the KV cache",
-    "--quantization": "choose with spec.constraints.weightDtypes",
-    "-q": "choose with spec.constraints.weightDtypes",
-    "--kv-cache-dtype": "choose with spec.constraints.kvDtypes",
-    "--dtype": "choose with spec.constraints.weightDtypes",
-    "--port": "the Service and the probes depend on it",
-}
-# Flags absent from vLLM 0.33's arg_utils.py (shared/docs/vllm-flags.md): the engine
-# would exit on them at start-up, so the pod would crash-loop.
-REMOVED_FLAGS: dict[str, str] = {
-    "--disable-log-requests": "drop it (0.33 logs no requests unless --enable-log-requests)",
-    "--speculative-model": "use --speculative-config JSON",
-    "--num-speculative-tokens": "use --speculative-config JSON",
-    "--num-scheduler-steps": "drop it (removed with vLLM's V0 engine)",
-    "--use-v2-block-manager": "drop it (removed with vLLM's V0 engine)",
-    "--swap-space": "drop it (removed with vLLM's V0 engine)",
-}
-
-
-def flag_of(arg: str, flags: dict[str, str]) -> str | None:
-    """The flag in ``flags`` that ``arg`` sets (``--port`` or ``--port=8000``), if any."""
-    return next((f for f in flags if arg == f or arg.startswith(f + "=")), None)
-
-
 class Engine(_Model):
     """The engine container: image, extra flags, environment, secrets and cache."""
 
@@ -314,7 +280,9 @@ class Engine(_Model):
     extra_args: list[Annotated[str, Field(max_length=1024)]] | None = Field(
         default=None,
         max_length=64,
-        description="Extra vLLM 0.33 flags; not those the plan sets, not removed ones.",
+        description="Extra `vllm serve` flags for the pinned vLLM, checked with vLLM's own "
+        "parsing rules (prefixes, --x_y, short options): not flags that set what the plan "
+        "sets, nor flags vLLM does not have.",
     )
     env: list[EnvVar] | None = None
     hf_token_secret_ref: SecretKeyRef | None = Field(
@@ -359,17 +327,8 @@ class Engine(_Model):
 
     @model_validator(mode="after")
     def _extra_args_leave_the_plan_alone(self) -> Engine:
-        for arg in self.extra_args or []:
-            if planned := flag_of(arg, PLANNED_FLAGS):
-                raise ValueError(
-                    f"extraArgs: {arg!r} sets {planned}, which Rooftop sets from the plan; "
-                    f"remove it ({PLANNED_FLAGS[planned]})"
-                )
-            if removed := flag_of(arg, REMOVED_FLAGS):
-                raise ValueError(
-                    f"extraArgs: {removed} does not exist in vLLM 0.33 and the engine would "
-                    f"exit on it; {REMOVED_FLAGS[removed]}"
-                )
+        # rooftop_planner.vllm_args replays vLLM's parser over a table of its flags
+        check_extra_args(self.extra_args or [])
         return self
 
 

@@ -434,10 +434,11 @@ def test_engine_pods_pull_with_the_targets_secrets(catalog: Catalog) -> None:
 
 
 def test_every_flag_the_plan_sets_is_kept_out_of_extra_args(catalog: Catalog) -> None:
-    """The spec refuses extraArgs that repeat a planned flag (vLLM keeps the last one):
-    that list must cover every flag the builder writes."""
-    from rooftop_planner.spec import PLANNED_FLAGS
+    """The spec refuses extraArgs that set a dest the builder sets (vLLM keeps the last
+    one): every flag the builder writes must set such a dest, read as vLLM reads it."""
+    from rooftop_planner.vllm_args import PLANNED, RESERVED, resolve
 
     args = container(builders.build_deployment(inputs(catalog)))["args"]
-    emitted = {a for a in args if a.startswith("-")}
-    assert emitted <= set(PLANNED_FLAGS), emitted - set(PLANNED_FLAGS)
+    flags = args if args[0].startswith("-") else args[1:]  # the model may be positional
+    dests = {s.dest for s in resolve(flags)}
+    assert dests and dests <= {*PLANNED, *RESERVED}, dests - {*PLANNED, *RESERVED}
