@@ -135,6 +135,17 @@ def test_restricted_engine_pods_are_admitted_by_a_restricted_namespace(install: 
         assert values["HOME"] == "/home/rooftop"
 
 
+def test_restricted_simulated_engine_pods_are_admitted_too(install: Install) -> None:
+    """A simulated engine (the operator's image, its own non-root user) sets no uid."""
+    with guarded(install, "restricted", "restricted") as env:
+        doc = load(ROOT / "examples" / "simulated-chat.yaml", name="sim")
+        ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
+        env.apply(doc)
+        pods, refused = pod_creation(env, "sim")
+        assert refused == [] and pods
+        assert "runAsUser" not in pods[0]["spec"]["securityContext"]
+
+
 def test_baseline_engine_pods_are_refused_by_a_restricted_namespace(install: Install) -> None:
     """What every engine pod met before the restricted level existed; it also shows
     that this cluster really enforces Pod Security, so the test above can fail."""
