@@ -20,10 +20,12 @@ import hashlib
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
+from rooftop_operator import engine_security
 from rooftop_operator.control import max_billed_replicas
+from rooftop_operator.engine_security import PodSecurity
 from rooftop_operator.specs import TargetRef
 from rooftop_planner.inventory import gpu_toleration
 from rooftop_planner.spec import MODELS_MOUNT, Mode, ServingTargetSpec
@@ -34,7 +36,7 @@ PORT_NAME: Final = "http"
 APP_NAME: Final = "rooftop-engine"
 TARGET_LABEL: Final = "rooftop.dev/servingtarget"
 MANAGED_BY: Final = "rooftop"
-CACHE_PATH: Final = "/root/.cache/huggingface"
+CACHE_PATH: Final = engine_security.MODEL_CACHE_PATH
 HEALTH_PATH: Final = "/health"
 METRICS_PATH: Final = "/metrics"
 # Share of replicas a rollout may start on top of the fleet (Kubernetes' own default
@@ -97,6 +99,9 @@ class EngineInputs:
         image: the container image (already resolved with ``engine_image``).
         pod_monitor: True when a PodMonitor scrapes the pods; False adds the
             ``prometheus.io/*`` annotations instead.
+        pod_security: the Pod Security level the pods must pass (``engine_security``).
+        pod_monitor_labels: extra labels on the PodMonitor, e.g. the ``release`` label
+            a kube-prometheus-stack Prometheus selects PodMonitors by.
         weights: the checkpoint the plan's weight dtype loads (``weights.resolve_weights``);
             None derives it from ``served_model`` where that is possible (16-bit, fp8).
     """
@@ -109,6 +114,8 @@ class EngineInputs:
     image: str
     gpu_resource: str = "nvidia.com/gpu"
     pod_monitor: bool = False
+    pod_security: PodSecurity = PodSecurity.BASELINE
+    pod_monitor_labels: Mapping[str, str] = field(default_factory=dict)
     weights: Weights | None = None
 
 
@@ -278,13 +285,22 @@ def _resources(inp: EngineInputs) -> dict[str, Any]:
     return {"requests": requests, "limits": {inp.gpu_resource: str(tp)}}
 
 
-def _env(spec: ServingTargetSpec) -> list[dict[str, Any]]:
-    env: list[dict[str, Any]] = [{"name": e.name, "value": e.value} for e in spec.engine.env or []]
+def _env(inp: EngineInputs) -> list[dict[str, Any]]:
+    """The operator's engine variables (``engine_security.vllm_env``), then the
+    target's ``spec.engine.env``, then HF_TOKEN from its Secret. A later entry of the
+    same name replaces an earlier one: what the user wrote wins over our defaults, and
+    the list holds each name once, as server-side apply requires (env is a map keyed
+    by name there; a duplicate fails the whole apply)."""
+    spec = inp.spec
+    env: list[dict[str, Any]] = []
+    if spec.mode is not Mode.SIMULATED:
+        env += engine_security.vllm_env(inp.pod_security)
+    env += [{"name": e.name, "value": e.value} for e in spec.engine.env or []]
     ref = spec.engine.hf_token_secret_ref
     if ref is not None:
         secret = {"secretKeyRef": {"name": ref.name, "key": ref.key}}
         env.append({"name": "HF_TOKEN", "valueFrom": secret})
-    return env
+    return list({e["name"]: e for e in env}.values())
 
 
 def _volumes(inp: EngineInputs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -308,6 +324,10 @@ def _volumes(inp: EngineInputs) -> tuple[list[dict[str, Any]], list[dict[str, An
     if inp.plan.tp > 1:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    if inp.spec.mode is not Mode.SIMULATED:  # the simulator writes nothing
+        extra_volumes, extra_mounts = engine_security.writable_volumes(inp.pod_security)
+        volumes += extra_volumes
+        mounts += extra_mounts
     return volumes, mounts
 
 
@@ -318,7 +338,7 @@ def _container(inp: EngineInputs, mounts: list[dict[str, Any]]) -> dict[str, Any
     else:
         container["command"] = list(VLLM_COMMAND)
         container["args"] = vllm_args(inp)
-    env = _env(inp.spec)
+    env = _env(inp)
     if env:
         container["env"] = env
     return {
@@ -326,6 +346,7 @@ def _container(inp: EngineInputs, mounts: list[dict[str, Any]]) -> dict[str, Any
         "ports": [{"name": PORT_NAME, "containerPort": ENGINE_PORT, "protocol": "TCP"}],
         "resources": _resources(inp),
         "volumeMounts": mounts,
+        "securityContext": engine_security.container_security_context(inp.pod_security),
         **_probes(),
     }
 
@@ -369,6 +390,9 @@ def pod_template(inp: EngineInputs) -> dict[str, Any]:
         "volumes": volumes,
         "nodeSelector": _node_selector(inp),
         "tolerations": _tolerations(inp),
+        "securityContext": engine_security.pod_security_context(
+            inp.pod_security, vllm=inp.spec.mode is not Mode.SIMULATED
+        ),
         "terminationGracePeriodSeconds": 60,
     }
     pull_secrets = inp.spec.engine.image_pull_secrets
@@ -469,9 +493,18 @@ VLLM_NAME_FIX: list[dict[str, Any]] = [
 ]
 
 
-def build_pod_monitor(ref: TargetRef) -> dict[str, Any]:
+def build_pod_monitor(
+    ref: TargetRef, extra_labels: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """PodMonitor for the engine pods. The relabelings put ``namespace`` and
-    ``servingtarget`` on every series, which the feedback loop and dashboards group by."""
+    ``servingtarget`` on every series, which the feedback loop and dashboards group by.
+
+    ``extra_labels`` go on the PodMonitor itself, for a Prometheus that selects
+    PodMonitors by label (kube-prometheus-stack: ``release: <its release>``). Our own
+    labels win a clash: ``kubectl get podmonitor -l rooftop.dev/servingtarget=NAME``
+    and the managed-by label must keep finding what the operator made (the settings
+    refuse such keys at startup; this is the builder's own guarantee).
+    """
     relabel = [
         {"sourceLabels": ["__meta_kubernetes_namespace"], "targetLabel": "namespace"},
         {
@@ -479,10 +512,12 @@ def build_pod_monitor(ref: TargetRef) -> dict[str, Any]:
             "targetLabel": "servingtarget",
         },
     ]
+    metadata = _metadata(ref, deployment_name(ref.name))
+    metadata["labels"] = {**(extra_labels or {}), **metadata["labels"]}
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PodMonitor",
-        "metadata": _metadata(ref, deployment_name(ref.name)),
+        "metadata": metadata,
         "spec": {
             "selector": {"matchLabels": selector_labels(ref.name)},
             "podMetricsEndpoints": [

@@ -89,6 +89,8 @@ def engine_inputs(
         gpu_resource=gpu.resource_name,
         image=engine_image(config, spec, gpu.family),
         pod_monitor=pod_monitor,
+        pod_security=config.engine_pod_security,
+        pod_monitor_labels=config.pod_monitor_labels,
         weights=plan_weights(catalog, spec, plan),
     )
 
@@ -102,5 +104,5 @@ def desired(inp: builders.EngineInputs) -> list[Obj]:
         builders.build_pod_disruption_budget(inp.ref),
     ]
     if inp.pod_monitor:
-        objects.append(builders.build_pod_monitor(inp.ref))
+        objects.append(builders.build_pod_monitor(inp.ref, inp.pod_monitor_labels))
     return objects

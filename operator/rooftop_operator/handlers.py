@@ -395,12 +395,25 @@ def readiness(
     if stuck := [why for p in pods if (why := unschedulable(p))]:
         msg = f"{counts}; {len(stuck)} pod(s) cannot be scheduled: {stuck[0]}"
         return Cond(cnd.READY, "False", "Unschedulable", msg), desired, ready
+    if refused := replica_failure(status):
+        # The API server refused the pods (Pod Security admission, a quota): no pod
+        # exists to look at, and only the Deployment's condition says why.
+        return Cond(cnd.READY, "False", "FailedCreate", f"{counts}; {refused}"), desired, ready
     for c in status.get("conditions") or []:
         if c.get("type") == "Progressing" and c.get("status") == "False":
             stalled = Cond(cnd.READY, "False", str(c.get("reason")), str(c.get("message")))
             return stalled, desired, ready
     reason = "RollingOut" if updated < desired or total > desired else "Deploying"
     return Cond(cnd.READY, "False", reason, counts), desired, ready
+
+
+def replica_failure(status: Mapping[str, Any]) -> str:
+    """The message of a Deployment's ReplicaFailure condition (its ReplicaSet could not
+    create pods, e.g. ``violates PodSecurity "restricted:latest"``), else ""."""
+    for c in status.get("conditions") or []:
+        if c.get("type") == "ReplicaFailure" and c.get("status") == "True":
+            return str(c.get("message") or c.get("reason") or "pods cannot be created")
+    return ""
 
 
 def unschedulable(pod: Mapping[str, Any]) -> str:

@@ -7,14 +7,19 @@ environment after startup, so handlers stay testable with a hand-made config.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import kopf
+
+from rooftop_operator import builders
+from rooftop_operator.engine_security import PodSecurity, parse_pod_security
 
 # The vLLM release Rooftop deploys and its tests run (tests/engine/install-vllm.sh installs
 # the same version's CPU build; a unit test keeps the two, the chart and the packaged
@@ -53,6 +58,9 @@ class OperatorConfig:
             autoscaler adds GPU nodes on demand has none until a pod asks.
         nodes_retry_s: with ``gpu_inventory``, how often a target that only absent GPU
             nodes could serve is planned again, s.
+        engine_pod_security: the Pod Security level engine pods are built to pass.
+        pod_monitor_labels: extra labels on every engine PodMonitor (the label a
+            Prometheus selects PodMonitors by).
     """
 
     namespaces: tuple[str, ...] = ()
@@ -69,6 +77,8 @@ class OperatorConfig:
     fault_pause_after_apply_s: float = 0.0
     gpu_inventory: bool = False
     nodes_retry_s: float = 60.0
+    engine_pod_security: PodSecurity = PodSecurity.BASELINE
+    pod_monitor_labels: Mapping[str, str] = field(default_factory=dict)
 
     def engine_images(self) -> dict[str, str]:
         """Accelerator family -> vLLM image, for the families that have one."""
@@ -94,6 +104,10 @@ def env_defaults(environ: Mapping[str, str] | None = None) -> dict[str, object]:
         out["nodes_retry_s"] = _env_seconds(env, "ROOFTOP_NODES_RETRY_S")
     if env.get("ROOFTOP_FAULT_PAUSE_AFTER_APPLY_S"):
         out["fault_pause_after_apply_s"] = _env_seconds(env, "ROOFTOP_FAULT_PAUSE_AFTER_APPLY_S")
+    if env.get("ROOFTOP_ENGINE_POD_SECURITY"):
+        out["engine_pod_security"] = parse_pod_security(env["ROOFTOP_ENGINE_POD_SECURITY"])
+    if env.get("ROOFTOP_PODMONITOR_LABELS"):
+        out["pod_monitor_labels"] = parse_pod_monitor_labels(env["ROOFTOP_PODMONITOR_LABELS"])
     return out
 
 
@@ -106,6 +120,44 @@ def _env_seconds(env: Mapping[str, str], name: str) -> float:
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"{name}={env[name]!r}: give a number of seconds >= 0")
     return value
+
+
+# Kubernetes label syntax: an optional DNS-subdomain prefix and a name of at most 63
+# characters; values of at most 63, alphanumeric at both ends (or empty).
+_LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+LABEL_KEY: Final = re.compile(rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}")
+LABEL_VALUE: Final = re.compile(rf"({_LABEL_NAME})?")
+
+
+def parse_pod_monitor_labels(text: str) -> dict[str, str]:
+    """ROOFTOP_PODMONITOR_LABELS: a JSON object of label names to values (the chart
+    renders ``engine.podMonitor.labels`` so). Checked here, at startup, because a bad
+    label would otherwise fail every target's PodMonitor apply, one error per target."""
+    name = "ROOFTOP_PODMONITOR_LABELS"
+    labels = _json_strings(text)
+    if labels is None:
+        raise ValueError(
+            f'{name}={text!r}: give a JSON object of strings, e.g. {{"release": "kps"}}'
+        )
+    for key, value in labels.items():
+        if not LABEL_KEY.fullmatch(key) or not LABEL_VALUE.fullmatch(value):
+            raise ValueError(f"{name}: {key}={value!r} is not a valid Kubernetes label")
+    taken = sorted(set(labels) & set(builders.labels("x")))
+    if taken:
+        raise ValueError(f"{name}: the operator sets {', '.join(taken)} itself, to name "
+                         "and find its own objects")  # fmt: skip
+    return labels
+
+
+def _json_strings(text: str) -> dict[str, str] | None:
+    """``text`` as a JSON object whose values are strings, else None."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    if isinstance(value, dict) and all(isinstance(v, str) for v in value.values()):
+        return value
+    return None
 
 
 INVENTORY_MODES: Final = {"nodes": True, "off": False}

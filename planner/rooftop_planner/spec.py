@@ -267,7 +267,7 @@ MODELS_MOUNT = "/models"
 
 
 class ModelCache(_Model):
-    """Where the engine caches model weights (mounted at /root/.cache/huggingface)."""
+    """Where the engine caches model weights (at /var/cache/rooftop/huggingface, its HF_HOME)."""
 
     pvc_name: str | None = Field(default=None, description="An existing PVC to mount.")
     size_gi: int | None = Field(default=None, ge=1, le=100_000, description="emptyDir size limit.")

@@ -21,6 +21,14 @@ from tests.cluster.handle import wait_until
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _source_path() -> str:
+    """PYTHONPATH running this checkout's operator and planner, as pytest's own
+    ``pythonpath`` does: the venv's editable install may point at another checkout
+    (a git worktree beside the main one), whose code the test would otherwise run."""
+    ours = [str(ROOT / "operator"), str(ROOT / "planner")]
+    return os.pathsep.join(ours + [p for p in [os.environ.get("PYTHONPATH", "")] if p])
+
+
 @dataclass
 class Operator:
     """`python -m rooftop_operator` as a subprocess with a ServiceAccount kubeconfig."""
@@ -42,7 +50,7 @@ class Operator:
             [sys.executable, "-m", "rooftop_operator", "--namespace", self.namespace,
              "--liveness", f"http://127.0.0.1:{port}/healthz", "--verbose", *args],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-            env=os.environ | {"KUBECONFIG": str(self.kubeconfig),
+            env=os.environ | {"KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": _source_path(),
                               "ROOFTOP_SELF_IMAGE": "rooftop:e2e", **env},
         )  # fmt: skip
         wait_until(lambda: self._healthy(port), 30, f"operator liveness\n{self.tail()}")

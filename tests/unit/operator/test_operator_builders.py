@@ -257,8 +257,9 @@ def test_hf_token_comes_from_the_secret(catalog: Catalog) -> None:
     } in env
 
 
-def test_no_secret_no_env(catalog: Catalog) -> None:
-    assert "env" not in container(builders.build_deployment(inputs(catalog)))
+def test_no_secret_no_hf_token(catalog: Catalog) -> None:
+    env = container(builders.build_deployment(inputs(catalog)))["env"]
+    assert "HF_TOKEN" not in {e["name"] for e in env}
 
 
 @pytest.mark.parametrize(

@@ -48,6 +48,12 @@ def test_values_yaml_matches_its_schema() -> None:
         {"loop": {"prometheusAuth": {"bearerTokenFile": "token.txt"}}},  # not a path
         {"loop": {"prometheusAuth": {"caConfigMap": {"name": "Prom_CA", "key": "ca.crt"}}}},
         {"loop": {"prometheusAuth": {"headers": {"X-Scope-OrgID": 7}}}},
+        {"engine": {"podSecurity": "privileged"}},
+        {"engine": {"podMonitor": {"labels": {"release": 1}}}},
+        {"engine": {"podMonitor": {"labels": {"release": "kube prometheus"}}}},
+        {"engine": {"podMonitor": {"labels": {"-release": "kps"}}}},
+        {"engine": {"podMonitor": {"labels": {"rooftop.dev/servingtarget": "x"}}}},
+        {"engine": {"podMonitor": {"selector": {}}}},
     ],
 )
 def test_schema_rejects_bad_values(override: dict[str, Any]) -> None:
@@ -321,6 +327,28 @@ def test_an_upgrade_reusing_older_values_still_renders() -> None:
     pod, container = _operator_container(render("loop.prometheusAuth=null"))
     assert [v["name"] for v in pod["volumes"]] == ["tmp"]
     assert "ROOFTOP_PROMETHEUS_URL" in {e["name"] for e in container["env"]}
+
+
+@needs_helm
+def test_engine_values_reach_the_operator_as_its_settings() -> None:
+    """engine.podSecurity and engine.podMonitor.labels become the environment the
+    operator's settings read, and parse there to what was asked for."""
+    from rooftop_operator.engine_security import PodSecurity
+    from rooftop_operator.settings import env_defaults
+
+    docs = render("engine.podSecurity=restricted", "engine.podMonitor.labels.release=kps",
+                  "engine.podMonitor.labels.team\\.example\\.com/owner=ml")  # fmt: skip
+    config = env_defaults(_env(docs))
+    assert config["engine_pod_security"] is PodSecurity.RESTRICTED
+    assert config["pod_monitor_labels"] == {"release": "kps", "team.example.com/owner": "ml"}
+
+
+@needs_helm
+def test_engine_defaults_are_baseline_and_no_extra_labels() -> None:
+    for docs in (render(), render("engine=null")):  # null: `--reuse-values` from an older chart
+        env = _env(docs)
+        assert env["ROOFTOP_ENGINE_POD_SECURITY"] == "baseline"
+        assert "ROOFTOP_PODMONITOR_LABELS" not in env
 
 
 @needs_helm
