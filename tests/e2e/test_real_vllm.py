@@ -353,7 +353,7 @@ def run(
     world = World(cluster, api, ns, operator, prom, fleet, work, tiny_model_dir)
     result = Run()
     try:
-        operator.start("--metrics-port", str(metrics_port), PYTHONPATH=SOURCE_PATH,
+        operator.start("--metrics-port", str(metrics_port),
                        ROOFTOP_PROMETHEUS_URL=prom.url, **LOOP_ENV)  # fmt: skip
         fleet.start()
         _apply(cluster, work, target(tiny_model_dir), "-n", ns)
