@@ -386,7 +386,9 @@ class VllmFleet:
     def _spawn(self, pod: Mapping[str, Any]) -> VllmProcess:
         name, port = pod["metadata"]["name"], free_port()
         argv, env = local_command(pod, self.vllm, port, self.paths)
-        (self.log_dir / f"{name}.argv.json").write_text(json.dumps({"argv": argv, "env": env}))
+        mounts = {k: str(v) for k, v in volume_dirs(pod, self.paths).items()}
+        launched = {"argv": argv, "env": env, "mounts": mounts}  # for the test to check
+        (self.log_dir / f"{name}.argv.json").write_text(json.dumps(launched))
         return VllmProcess(argv, env, port, self.log_dir / f"{name}.log").start()
 
     def _pod_monitor(self) -> dict[str, Any] | None:

@@ -45,6 +45,7 @@ from tests.cluster.vllm_engines import (
     SOURCE_PATH,
     HostPaths,
     VllmFleet,
+    host_path,
     model_config,
     vllm_cli,
 )
@@ -390,7 +391,8 @@ def test_the_tiny_model_from_a_pvc_is_planned_and_deployed(run: Run) -> None:
 
 
 def test_the_real_engine_runs_the_pods_own_command(run: Run) -> None:
-    """Only the model path (the PVC's host directory), --port and --host differ."""
+    """Only volume paths (the PVC's host directory, temp dirs for the others), --port
+    and --host differ."""
     pod = run.need("deployed")["pod"]
     launched = run.need("serving")["launched"]
     container = pod["spec"]["containers"][0]
@@ -403,9 +405,12 @@ def test_the_real_engine_runs_the_pods_own_command(run: Run) -> None:
     assert local_args[1:port] == pod_args[1:port]
     assert local_args[port + 2 : len(pod_args)] == pod_args[port + 2 :]
     assert local_args[len(pod_args) :] == ["--host", "127.0.0.1"]
-    env = launched["env"]
-    for var in container["env"]:
-        assert env[var["name"]] == var["value"]
+    env, mounts = launched["env"], {k: Path(v) for k, v in launched["mounts"].items()}
+    pod_env = {v["name"]: v["value"] for v in container["env"]}
+    for name, value in pod_env.items():
+        assert env[name] == host_path(value, mounts), name
+    # HF_HOME is on the model-cache volume: a directory here, not the container's path
+    assert env["HF_HOME"] != pod_env["HF_HOME"] and Path(env["HF_HOME"]).is_dir()
 
 
 def test_prometheus_scrapes_it_through_the_pod_monitor(run: Run) -> None:
