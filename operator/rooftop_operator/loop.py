@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 # unlike the per-token inter_token_latency that also carries every prefill stall.
 REQUEST_TPOT = "vllm:request_time_per_output_token_seconds"
 ITL = "vllm:inter_token_latency_seconds"
-# vLLM 0.33's default buckets for both (shared/docs/vllm-metrics.md)
+# vLLM's default buckets for both (checked against 0.32.0 by tests/e2e/test_vllm_metrics.py)
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 INF_MS = 1e9  # a +Inf quantile ("above the last bucket") as a finite, breaching value
 

@@ -1,4 +1,4 @@
-"""``rooftop engine-sim``: a simulated vLLM server (OpenAI API + vLLM 0.33 /metrics).
+"""``rooftop engine-sim``: a simulated vLLM server (OpenAI API + vLLM's /metrics).
 
 One asyncio task drives ``core.Engine`` in (scaled) real time: it runs an iteration,
 sleeps for its duration from the truth model, then delivers the iteration's tokens to

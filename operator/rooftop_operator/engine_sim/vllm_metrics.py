@@ -1,8 +1,8 @@
-"""Prometheus metrics with vLLM 0.33's exact names, types, labels and default buckets.
+"""Prometheus metrics with vLLM's exact names, types, labels and default buckets.
 
-Source of truth: shared/docs/vllm-metrics.md (read from vllm/v1/metrics/loggers.py and
-buckets.py of the 0.33.0 wheel), checked family by family against the real vLLM 0.32
-(CPU build) by tests/e2e/test_vllm_metrics.py. Everything lives in a dedicated
+Source of truth: the vLLM release Rooftop deploys (settings.VLLM_VERSION, 0.32.0):
+tests/e2e/test_vllm_metrics.py checks every family Rooftop reads against its CPU build,
+family by family (name, type, help, label names, buckets). Everything lives in a dedicated
 ``CollectorRegistry`` so several simulated engines can run in one process (tests)
 without clashing.
 prometheus_client appends ``_total`` to counters, so counters are named without it;
