@@ -20,9 +20,9 @@ from dashboards.panels import DATASOURCE, GRID_WIDTH, SCHEMA_VERSION  # noqa: E4
 
 from rooftop_operator.metrics import METRIC_NAMES  # noqa: E402
 
-# vLLM V1 metric names (as 0.32.0 serves them: tests/e2e/test_vllm_metrics.py), by type. Deprecated and removed
-# names (gpu_cache_usage_perc, time_per_output_token_seconds, gpu_prefix_cache_*) are absent
-# on purpose: dashboards must not use them.
+# vLLM V1 metric names (as 0.32.0 serves them: tests/e2e/test_vllm_metrics.py), by type.
+# Deprecated and removed names (gpu_cache_usage_perc, time_per_output_token_seconds,
+# gpu_prefix_cache_*) are absent on purpose: dashboards must not use them.
 VLLM_GAUGES = (
     "num_requests_running",
     "num_requests_waiting",
