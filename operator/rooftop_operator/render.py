@@ -50,10 +50,9 @@ def register(subparsers: Any) -> None:
 def _config(args: argparse.Namespace) -> OperatorConfig:
     """The operator's image settings: flags over ROOFTOP_* variables over defaults."""
     values: dict[str, Any] = env_defaults()
-    for flag, field in (("vllm_image", "vllm_image"), ("rocm_image", "rocm_image"),
-                        ("tpu_image", "tpu_image"), ("self_image", "self_image")):  # fmt: skip
-        if getattr(args, flag):
-            values[field] = getattr(args, flag)
+    for name in ("vllm_image", "rocm_image", "tpu_image", "self_image"):  # flag = field
+        if getattr(args, name):
+            values[name] = getattr(args, name)
     return OperatorConfig(**values)
 
 

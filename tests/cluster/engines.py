@@ -22,7 +22,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import aiohttp
 from kubernetes import client
@@ -93,8 +93,50 @@ class Engine:
                 self.proc.wait()
 
 
+class PollingFleet:
+    """What both engine fleets share: a thread that calls ``sync`` every ``poll_s``
+    until stopped, errors kept for the test to read, and every engine stopped at the end.
+
+    Subclasses are dataclasses that declare these attributes and define ``sync``.
+    """
+
+    thread_name = "engine-fleet"
+    join_timeout_s = 15.0
+    poll_s: float
+    engines: dict[str, Any]
+    errors: list[str]
+    _stop: threading.Event
+    _lock: threading.Lock
+    _thread: threading.Thread | None
+
+    def start(self) -> Self:
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=self.join_timeout_s)
+        with self._lock:
+            for engine in self.engines.values():
+                engine.stop()
+            self.engines.clear()
+
+    def sync(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sync()
+            except Exception as err:  # keep serving; the test reads `errors`
+                self.errors.append(f"{type(err).__name__}: {err}")
+            self._stop.wait(self.poll_s)
+
+
 @dataclass
-class EngineFleet:
+class EngineFleet(PollingFleet):
     """One engine process per Running engine pod of ``target`` (see the module doc).
 
     Attributes:
@@ -118,20 +160,6 @@ class EngineFleet:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
 
-    def start(self) -> EngineFleet:
-        self._thread = threading.Thread(target=self._run, name="engine-fleet", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=15)
-        with self._lock:
-            for engine in self.engines.values():
-                engine.stop()
-            self.engines.clear()
-
     def endpoints(self) -> list[str]:
         """Base URLs of the engines that answer /health (what a Service would route to)."""
         with self._lock:
@@ -140,14 +168,6 @@ class EngineFleet:
     def relist(self) -> None:
         """Write file_sd again (after a Prometheus restart, say)."""
         self._listed = None
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.sync()
-            except Exception as err:  # keep serving; the test reads `errors`
-                self.errors.append(f"{type(err).__name__}: {err}")
-            self._stop.wait(self.poll_s)
 
     def sync(self) -> None:
         """One pass: start engines for new Running pods, stop those of gone pods."""

@@ -41,7 +41,7 @@ from kubernetes import client
 from rooftop_operator import settings
 from rooftop_operator.builders import APP_NAME, TARGET_LABEL
 from tests.cluster.controlplane import cache_dir, free_port, parent_death_signal
-from tests.cluster.engines import prometheus_relabelings
+from tests.cluster.engines import PollingFleet, prometheus_relabelings
 from tests.cluster.prometheus import PrometheusServer
 
 VLLM_VERSION = settings.VLLM_VERSION  # the one the chart pins and install-vllm.sh installs
@@ -303,7 +303,7 @@ def container_port(pod: Mapping[str, Any], name: str) -> int:
 
 
 @dataclass
-class VllmFleet:
+class VllmFleet(PollingFleet):
     """One real vLLM per Running engine pod of ``target``, scraped per its PodMonitor.
 
     Attributes:
@@ -327,33 +327,13 @@ class VllmFleet:
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
-
-    def start(self) -> VllmFleet:
-        self._thread = threading.Thread(target=self._run, name="vllm-fleet", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-        with self._lock:
-            for engine in self.engines.values():
-                engine.stop()
-            self.engines.clear()
+    thread_name = "vllm-fleet"
+    join_timeout_s = 30.0
 
     def endpoints(self) -> list[str]:
         """Base URLs of the engines that answer /health."""
         with self._lock:
             return [e.url for n, e in self.engines.items() if n in self.ready]
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.sync()
-            except Exception as err:  # keep serving; the test reads `errors`
-                self.errors.append(f"{type(err).__name__}: {err}")
-            self._stop.wait(self.poll_s)
 
     def sync(self) -> None:
         """One pass: start engines for new Running pods, stop those of gone pods, and

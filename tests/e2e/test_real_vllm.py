@@ -27,7 +27,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ from tests.cluster.vllm_engines import (
     model_config,
     vllm_cli,
 )
-from tests.e2e.test_loop import label_values_as_promql
+from tests.e2e.test_loop import PhaseFailed, Run, label_values_as_promql
 from tests.e2e.test_operator import POD_MONITOR_CRD
 
 pytestmark = pytest.mark.vllm
@@ -106,19 +106,6 @@ def target(model_dir: Path) -> dict[str, Any]:
 
 
 @dataclass
-class Run:
-    """What the scenario saw, phase by phase."""
-
-    phases: dict[str, dict[str, Any]] = field(default_factory=dict)
-    failed: str | None = None
-
-    def need(self, phase: str) -> dict[str, Any]:
-        if phase not in self.phases:
-            pytest.fail(f"scenario did not reach {phase!r}: {self.failed}", pytrace=False)
-        return self.phases[phase]
-
-
-@dataclass
 class World:
     cluster: ClusterHandle
     api: Any
@@ -144,10 +131,6 @@ class World:
             self.namespace, label_selector=f"rooftop.dev/servingtarget={NAME}"
         )
         return dict(self.api.sanitize_for_serialization(pods.items[0]))
-
-
-class PhaseFailed(AssertionError):
-    pass
 
 
 def wait(world: World, what: str, check: Callable[[], Any], timeout: float) -> Any:
