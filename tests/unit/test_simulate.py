@@ -392,3 +392,18 @@ def simulate_text(s: dict[str, Any]) -> str:
     from rooftop_operator.sim.report import text
 
     return text(s, Slo(100, 2000))
+
+
+def test_the_oracle_search_ends_when_the_minimum_fleet_always_suffices() -> None:
+    """A light trace that one replica serves at any capacity: the bracket must stop where
+    every window already gets the minimum fleet, not grow forever."""
+    from rooftop_operator.sim.oracle import _bracket
+
+    calls: list[float] = []
+
+    def always(c: float) -> bool:
+        calls.append(c)
+        return True
+
+    lo, hi = _bracket(always, guess=1.0, floor=0.01, ceiling=5.0)
+    assert 5.0 <= lo < hi and len(calls) < 20

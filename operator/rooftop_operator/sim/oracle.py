@@ -149,7 +149,10 @@ def oracle_policy(
         ttft_ok = att.ttft_requests is None or att.ttft_requests >= cfg.ttft_share
         return att.tpot_requests >= cfg.tpot_share and ttft_ok
 
-    lo, hi = _bracket(attains, capacity, mean_rate / max(max_replicas, 1))
+    # Beyond the peak window's rate per minimum fleet every window gets the minimum, so
+    # larger capacities give the same schedule: the search stops there.
+    ceiling = _peak_window_rate(workload, cfg.window_s) / lower
+    lo, hi = _bracket(attains, capacity, mean_rate / max(max_replicas, 1), ceiling)
     for _ in range(cfg.refine_iterations):
         mid = math.sqrt(lo * hi)
         lo, hi = (mid, hi) if attains(mid) else (lo, mid)
@@ -184,13 +187,24 @@ def static_fit(
     return FixedPolicy(hi, cap, "static-fit"), True
 
 
-def _bracket(attains: Callable[[float], bool], guess: float, floor: float) -> tuple[float, float]:
+def _peak_window_rate(workload: Workload, window_s: float) -> float:
+    """The highest arrival rate of any schedule window (req/s)."""
+    n_windows = max(1, math.ceil(workload.horizon_s / window_s) + 1)
+    counts = np.histogram(workload.arrival_s, bins=np.arange(n_windows + 1) * window_s)[0]
+    return max(float(counts.max()) / window_s, 1e-9)
+
+
+def _bracket(
+    attains: Callable[[float], bool], guess: float, floor: float, ceiling: float = math.inf
+) -> tuple[float, float]:
     """(passing, failing) capacities around ``guess``; ``floor`` (every window at the
-    maximum) counts as passing when nothing passes: the oracle cannot do better."""
+    maximum) counts as passing when nothing passes: the oracle cannot do better.
+    ``ceiling`` (every window at the minimum) ends the search upwards: no larger capacity
+    changes the schedule, so it passes as the minimum fleet does."""
     step = 1.25
     if attains(guess):
         lo, hi = guess, guess * step
-        while attains(hi):
+        while lo < ceiling and attains(hi):
             lo, hi = hi, hi * step
         return lo, hi
     lo, hi = guess / step, guess
