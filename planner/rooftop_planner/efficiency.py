@@ -1,93 +1,135 @@
-"""Fitted efficiency parameters: how far real engines fall short of the roofline.
+"""How one engine runs on one GPU: fitted kernel curves plus the engine's fixed costs.
 
-Values live in ``catalog/efficiency.yaml``, written by ``python -m rooftop_planner.calibrate``
-from shared/data/measured/calibration.csv (never edited by hand). Lookup order for a
-(GPU, engine) pair: the GPU's own fit, else the fleet-wide default; then the engine's
-multipliers on top (engines differ mostly in per-step overhead).
+Values live in ``catalog/kernel_curves.json``, written by ``python -m
+rooftop_planner.calibrate --write`` from the measured kernel tables in ``data/ops/`` and the
+end-to-end rows of ``data/measured/calibration.csv`` (never edited by hand).
+
+Lookup for a (GPU, engine) pair: the engine's curves measured on that GPU; a GPU without
+tables borrows the curves of the nearest architecture (``GPU_TABLES``), applied to its own
+peaks, and says so (``Efficiency.borrowed_from``). Engines without tables of their own
+borrow a sibling's (NIM for LLMs runs TensorRT-LLM underneath).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from importlib import resources
 from typing import Any
 
-import yaml
+from rooftop_planner.kernels import KernelCurves
 
 ENGINES = ("vllm", "sglang", "trtllm", "nim")
-# Engines without calibration rows of their own borrow a sibling's: SGLang schedules like
-# vLLM (continuous batching, CUDA graphs); NIM for LLMs runs TensorRT-LLM underneath.
-ENGINE_FAMILY = {"vllm": "vllm", "sglang": "vllm", "trtllm": "trtllm", "nim": "trtllm"}
+# Engines whose kernels were not timed use the engine they run on underneath.
+ENGINE_CURVES = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm", "nim": "trtllm"}
+# Measured table per catalog GPU: its own where it was timed, else the nearest architecture
+# (same memory technology and generation), marked borrowed.
+GPU_TABLES: Mapping[str, str] = {
+    "a100-80gb": "a100_sxm",
+    "a100-40gb": "a100_sxm",
+    "h100-sxm": "h100_sxm",
+    "h100-pcie": "h100_sxm",
+    "h100-nvl": "h100_sxm",
+    "gh200": "h100_sxm",
+    "h200": "h200_sxm",
+    "b200": "b200_sxm",
+    "l40s": "l40s",
+    "l40": "l40s",
+    "l4": "l40s",
+    "a10g": "l40s",
+    "mi300x": "h100_sxm",
+    "tpu-v5e": "h100_sxm",
+}
+# The catalog GPU each measured table was timed on (whose peaks its fractions refer to).
+TABLE_GPU_IDS: Mapping[str, str] = {
+    "a100_sxm": "a100-80gb",
+    "h100_sxm": "h100-sxm",
+    "h200_sxm": "h200",
+    "b200_sxm": "b200",
+    "l40s": "l40s",
+}
+DEFAULT_TABLE = "h100_sxm"
+
+
+@dataclass(frozen=True)
+class EngineOverhead:
+    """Fixed costs the kernel tables do not see, fitted on end-to-end rows.
+
+    Attributes:
+        step_s: per engine step: scheduling, sampling, launch (seconds).
+        layer_s: per layer per step: norms, rotary, activation, residual kernels (seconds).
+        fitted_on: which rows (``calibration.csv:vllm``) or which engine it borrows.
+    """
+
+    step_s: float = 0.0
+    layer_s: float = 0.0
+    fitted_on: str = ""
 
 
 @dataclass(frozen=True)
 class Efficiency:
-    """Achievable fractions of peak and fixed costs of one engine on one GPU.
+    """One engine on one GPU. ``kernels`` None is the ideal roofline (every η = 1, no t0).
 
     Attributes:
-        bandwidth_efficiency: achieved / peak HBM bytes/s while streaming weights and KV.
-        flops_efficiency: achieved / peak dense FLOP/s in large matmuls.
-        step_overhead_s: fixed cost per engine step (scheduling, sampling, launch), seconds.
-        layer_overhead_s: fixed cost per layer per step (small kernels, norms), seconds.
-        allreduce_latency_s: latency of one TP all-reduce, seconds.
+        kernels: the fitted curves (measured GPU and engine inside).
+        overhead: the engine's fixed costs per step and per layer.
+        time_scale: online calibration: observed / predicted step time (1 = as fitted).
+        borrowed_from: the measured GPU whose curves stand in, "" when the GPU's own.
     """
 
-    bandwidth_efficiency: float = 0.80
-    flops_efficiency: float = 0.60
-    step_overhead_s: float = 2.0e-3
-    layer_overhead_s: float = 20.0e-6
-    allreduce_latency_s: float = 15.0e-6
+    kernels: KernelCurves | None = None
+    overhead: EngineOverhead = EngineOverhead()
+    time_scale: float = 1.0
+    borrowed_from: str = ""
 
     def scaled(self, step_time_scale: float) -> Efficiency:
-        """All step costs scaled by ``step_time_scale`` (online calibration: observed/predicted)."""
-        return replace(
-            self,
-            bandwidth_efficiency=self.bandwidth_efficiency / step_time_scale,
-            flops_efficiency=self.flops_efficiency / step_time_scale,
-            step_overhead_s=self.step_overhead_s * step_time_scale,
-            layer_overhead_s=self.layer_overhead_s * step_time_scale,
-            allreduce_latency_s=self.allreduce_latency_s * step_time_scale,
-        )
+        """Every step cost times ``step_time_scale`` (the floor still holds, see perf)."""
+        return replace(self, time_scale=self.time_scale * step_time_scale)
 
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> Efficiency:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: float(v) for k, v in values.items() if k in known})
+    def describe(self) -> str:
+        """One line for explanations: which curves, which engine version."""
+        if self.kernels is None:
+            return "ideal roofline (no fitted curves)"
+        k = self.kernels
+        source = f"{k.engine} {k.engine_version} kernels timed on {k.table_gpu}"
+        return source + (" (borrowed: nearest measured GPU)" if self.borrowed_from else "")
 
 
 @dataclass(frozen=True)
 class EfficiencyTable:
-    default: Efficiency
-    per_gpu: Mapping[str, Efficiency]
-    engine_overhead_factor: Mapping[str, float]
+    """All fitted curves: by (measured GPU, engine), plus per-engine overheads."""
+
+    curves: Mapping[tuple[str, str], KernelCurves] = field(default_factory=dict)
+    overheads: Mapping[str, EngineOverhead] = field(default_factory=dict)
 
     def lookup(self, gpu_id: str, engine: str = "vllm") -> Efficiency:
-        """The efficiency for a GPU under an engine (vLLM when not given)."""
-        base = self.per_gpu.get(gpu_id, self.default)
-        factor = self.engine_overhead_factor.get(ENGINE_FAMILY.get(engine, "vllm"), 1.0)
-        return replace(
-            base,
-            step_overhead_s=base.step_overhead_s * factor,
-            layer_overhead_s=base.layer_overhead_s * factor,
-        )
+        """The curves for ``gpu_id`` under ``engine`` (vLLM when not given)."""
+        table = GPU_TABLES.get(gpu_id, DEFAULT_TABLE)
+        kernels = self.curves.get((table, ENGINE_CURVES.get(engine, "vllm")))
+        if kernels is None:
+            return Efficiency()
+        borrowed = "" if TABLE_GPU_IDS.get(table) == gpu_id else table
+        return Efficiency(kernels, self.overheads.get(engine, EngineOverhead()), 1.0, borrowed)
 
 
 def table_from_mapping(data: Mapping[str, Any]) -> EfficiencyTable:
-    return EfficiencyTable(
-        default=Efficiency.from_mapping(data.get("default", {})),
-        per_gpu={k: Efficiency.from_mapping(v) for k, v in (data.get("gpus") or {}).items()},
-        engine_overhead_factor={
-            k: float(v) for k, v in (data.get("engine_overhead_factor") or {}).items()
-        },
-    )
+    curves = {}
+    for entry in data.get("curves") or []:
+        kc = KernelCurves.from_mapping(entry)
+        curves[(kc.table_gpu, kc.engine)] = kc
+    overheads = {
+        engine: EngineOverhead(float(v["step_s"]), float(v["layer_s"]), str(v.get("fitted_on", "")))
+        for engine, v in (data.get("engine_overhead") or {}).items()
+    }
+    return EfficiencyTable(curves, overheads)
 
 
 @lru_cache(maxsize=1)
 def load_efficiency() -> EfficiencyTable:
-    """The packaged fitted table, or the defaults if it has not been fitted yet."""
-    path = resources.files("rooftop_planner").joinpath("catalog", "efficiency.yaml")
+    """The packaged fitted curves, or the ideal roofline if they have not been fitted yet."""
+    path = resources.files("rooftop_planner").joinpath("catalog", "kernel_curves.json")
     if not path.is_file():
-        return EfficiencyTable(Efficiency(), {}, {})
-    return table_from_mapping(yaml.safe_load(path.read_text()) or {})
+        return EfficiencyTable()
+    return table_from_mapping(json.loads(path.read_text()))

@@ -14,8 +14,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
+from rooftop_planner import kernel_model
 from rooftop_planner.catalog import BYTES_PER_DTYPE, GpuSpec, ModelSpec
 from rooftop_planner.efficiency import Efficiency
+from rooftop_planner.kernels import FloatArray
 
 GIB = 1024**3
 # CUDA context, NCCL buffers, CUDA graphs and allocator slack that vLLM does not give to KV.
@@ -148,6 +152,31 @@ def optimal_batch_size(
 # ---------------------------------------------------------------- step time
 
 
+@dataclass(frozen=True)
+class StepBreakdown:
+    """Where one engine step's time goes, seconds (already scaled by the online factor).
+
+    Attributes:
+        gemm_s: the layers' matmuls (QKV, output projection, MLP or MoE) and the LM head.
+        attention_s: decode attention over the cached KV plus the prefill chunk's attention.
+        allreduce_s: two tensor-parallel all-reduces per layer.
+        overhead_s: the engine's per-step and per-layer fixed costs.
+        floor_s: (weight bytes touched + KV bytes read) / HBM bandwidth: no step is faster.
+    """
+
+    gemm_s: float
+    attention_s: float
+    allreduce_s: float
+    overhead_s: float
+    floor_s: float
+
+    @property
+    def total_s(self) -> float:
+        """The step time: the kernels' sum, never below the physical floor."""
+        return max(self.gemm_s + self.attention_s + self.allreduce_s + self.overhead_s,
+                   self.floor_s)  # fmt: skip
+
+
 def _moe_weight_bytes_touched(dep: Deployment, tokens: float) -> float:
     """Weight bytes a forward over ``tokens`` tokens reads on one GPU.
 
@@ -159,30 +188,48 @@ def _moe_weight_bytes_touched(dep: Deployment, tokens: float) -> float:
     total = weight_bytes_per_gpu(dep)
     if not model.is_moe:
         return total
-    k_over_e = model.experts_per_token / model.num_experts
-    touched = model.num_experts * (1.0 - float((1.0 - k_over_e) ** max(tokens, 1.0)))
     expert_bytes = model.expert_param_count * BYTES_PER_DTYPE[dep.weight_dtype] / dep.tp
-    return total - (model.num_experts - touched) * expert_bytes
+    return total - (model.num_experts - _experts_touched(model, tokens)) * expert_bytes
 
 
-def _allreduce_s(dep: Deployment, tokens: float) -> float:
-    """Two ring all-reduces per layer of tokens · hidden 16-bit activations.
+def _experts_touched(model: ModelSpec, tokens: float) -> float:
+    k_over_e = model.experts_per_token / model.num_experts
+    return model.num_experts * (1.0 - float((1.0 - k_over_e) ** max(tokens, 1.0)))
 
-    Ring all-reduce moves 2 · (tp − 1)/tp of the buffer over each link in 2 · (tp − 1)
-    hops, each paying a latency (fitted as ``allreduce_latency_s`` per hop pair).
+
+def floor_s(dep: Deployment, tokens: float, context_tokens: float) -> float:
+    """The physical floor of one step: every weight byte touched and every cached KV byte
+    read streams from HBM once at peak bandwidth (seconds)."""
+    kv_read = cached_tokens(dep.model, context_tokens) * kv_bytes_per_token_per_gpu(
+        dep.model, dep.kv_dtype, dep.tp
+    )
+    return (_moe_weight_bytes_touched(dep, tokens) + kv_read) / dep.gpu.hbm_bytes_per_s
+
+
+def step_breakdown(
+    dep: Deployment,
+    decode_seqs: float,
+    context_tokens: float,
+    prefill_tokens: float = 0.0,
+    prefill_attended: float = 0.0,
+) -> StepBreakdown:
+    """One engine step that decodes ``decode_seqs`` and prefills ``prefill_tokens``.
+
+    step = overhead + L · (GEMMs(m) + attention + 2 all-reduces) + LM head, each kernel
+    t = t0 + smoothmax(bytes / (BW · η_mem), FLOPs / (peak · η_flop)) with the fitted
+    fractions η of ``kernels``; m = decode_seqs + prefill_tokens is the step's token
+    count. ``context_tokens`` is the total cached context of the decoding sequences (KV
+    read once per step); ``prefill_attended`` the sum over prefill tokens of the keys each
+    attends. With no fitted curves every η is 1 and fixed costs are 0 (the ideal roofline).
     """
-    if dep.tp == 1:
-        return 0.0
-    buffer_bytes = tokens * dep.model.hidden_size * 2.0
-    ring = 2.0 * (dep.tp - 1) / dep.tp * buffer_bytes / dep.gpu.interconnect_bytes_per_s
-    latency = dep.efficiency.allreduce_latency_s * (dep.tp - 1)
-    return 2 * dep.model.num_layers * (ring + latency)
-
-
-def _attention_flops(dep: Deployment, query_tokens: float, attended_tokens: float) -> float:
-    """QKᵀ and AV: 4 · heads · head_dim FLOP per (query, key) pair per layer."""
-    m = dep.model
-    return 4.0 * m.num_layers * m.num_heads * m.head_dim * query_tokens * attended_tokens
+    model = kernel_model.step_model(dep)
+    context = cached_tokens(dep.model, context_tokens)
+    gemm, attention, allreduce = model.parts(decode_seqs, context, prefill_tokens, prefill_attended)
+    scale = model.scale
+    return StepBreakdown(
+        gemm * scale, attention * scale, allreduce * scale, model.overhead_s * scale,
+        floor_s(dep, decode_seqs + prefill_tokens, context_tokens),
+    )  # fmt: skip
 
 
 def forward_time_s(
@@ -192,34 +239,41 @@ def forward_time_s(
     prefill_tokens: float = 0.0,
     prefill_attended: float = 0.0,
 ) -> float:
-    """Time of one engine step that decodes ``decode_seqs`` and prefills ``prefill_tokens``.
-
-    step = overhead + L · layer_overhead + max(t_mem, t_flop) + t_allreduce, where
-      t_mem  = (weight bytes touched + KV bytes read) / (HBM bytes/s · bw_eff)
-      t_flop = (2 · active params · tokens + attention FLOP) / (tp · peak FLOP/s · flop_eff)
-    ``context_tokens`` is the total cached context of the decoding sequences (KV read once
-    per step); ``prefill_attended`` the sum over prefill tokens of the keys each attends.
-    """
-    eff = dep.efficiency
-    tokens = decode_seqs + prefill_tokens
-    kv_read = cached_tokens(dep.model, context_tokens) * kv_bytes_per_token_per_gpu(
-        dep.model, dep.kv_dtype, dep.tp
-    )
-    t_mem = (_moe_weight_bytes_touched(dep, tokens) + kv_read) / (
-        dep.gpu.hbm_bytes_per_s * eff.bandwidth_efficiency
-    )
-    flops = 2.0 * dep.model.active_param_count * tokens
-    flops += _attention_flops(dep, 1.0, context_tokens) + _attention_flops(
-        dep, 1.0, prefill_attended
-    )
-    t_flop = flops / (dep.tp * dep.gpu.flops_per_s(dep.compute_dtype) * eff.flops_efficiency)
-    overhead = eff.step_overhead_s + dep.model.num_layers * eff.layer_overhead_s
-    return overhead + _soft_max(t_mem, t_flop) + _allreduce_s(dep, tokens)
+    """Seconds of one engine step (see ``step_breakdown`` for the sum it is)."""
+    model = kernel_model.step_model(dep)
+    context = cached_tokens(dep.model, context_tokens)
+    gemm, attention, allreduce = model.parts(decode_seqs, context, prefill_tokens, prefill_attended)
+    total = (gemm + attention + allreduce + model.overhead_s) * model.scale
+    return max(total, floor_s(dep, decode_seqs + prefill_tokens, context_tokens))
 
 
-def _soft_max(a: float, b: float, sharpness: float = 4.0) -> float:
-    """A smooth max(a, b): real kernels do not switch abruptly from memory- to compute-bound."""
-    return float((a**sharpness + b**sharpness) ** (1.0 / sharpness))
+def forward_times_s(
+    dep: Deployment,
+    decode_seqs: FloatArray,
+    context_tokens: FloatArray,
+    prefill_tokens: FloatArray,
+    prefill_attended: FloatArray,
+) -> FloatArray:
+    """``forward_time_s`` over arrays of steps (the search's grid of batches)."""
+    context = np.minimum(context_tokens, dep.model.sliding_window or np.inf)
+    floor = _floors_s(dep, decode_seqs + prefill_tokens, context)
+    return kernel_model.step_model(dep).totals_s(
+        decode_seqs, context, prefill_tokens, prefill_attended, floor
+    )
+
+
+def _floors_s(dep: Deployment, tokens: FloatArray, cached: FloatArray) -> FloatArray:
+    """``floor_s`` over arrays (``cached``: context already capped by a sliding window)."""
+    model = dep.model
+    weights = np.full_like(tokens, weight_bytes_per_gpu(dep))
+    if model.is_moe:
+        expert_bytes = model.expert_param_count * BYTES_PER_DTYPE[dep.weight_dtype] / dep.tp
+        k_over_e = model.experts_per_token / model.num_experts
+        touched = model.num_experts * (1.0 - (1.0 - k_over_e) ** np.maximum(tokens, 1.0))
+        weights = weights - (model.num_experts - touched) * expert_bytes
+    kv = cached * kv_bytes_per_token_per_gpu(model, dep.kv_dtype, dep.tp)
+    out: FloatArray = (weights + kv) / dep.gpu.hbm_bytes_per_s
+    return out
 
 
 def decode_step_s(dep: Deployment, batch: float, context_per_seq: float) -> float:

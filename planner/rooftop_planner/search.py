@@ -23,7 +23,9 @@ from dataclasses import dataclass, field, replace
 from statistics import NormalDist
 from typing import Any, Protocol
 
-from rooftop_planner import perf
+import numpy as np
+
+from rooftop_planner import perf, tail
 from rooftop_planner.catalog import (
     Catalog,
     CatalogError,
@@ -34,6 +36,7 @@ from rooftop_planner.catalog import (
 )
 from rooftop_planner.efficiency import EfficiencyTable, load_efficiency
 from rooftop_planner.inventory import GpuInventory
+from rooftop_planner.kernels import FloatArray
 from rooftop_planner.perf import Deployment
 from rooftop_planner.spec import (
     KvDtype,
@@ -211,30 +214,74 @@ class SearchResult:
 class _Targets:
     tpot_s: float
     ttft_s: float | None
+    tpot_q: float
     z_tpot: float
     isl_mean: float
     osl_mean: float
     isl_q: float
+    prompts: tuple[float, ...]
+    outputs: tuple[float, ...]
+
+
+# Prompt lengths whose prefills other requests' decode steps carry: a few quantile points
+# of the prompt distribution give E[Δ] and E[Δ²] of one admission's extra step time.
+PROMPT_POINTS = (0.25, 0.75, 0.95)
+
+
+def _operating_points(
+    dep: Deployment, batches: FloatArray, t: _Targets
+) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """(TPOT_q over requests, TTFT_q, λ) at each mean running batch (arrays, seconds, 1/s).
+
+    A request occupies the batch for its decode steps plus ~1.5 steps of prefill and wait,
+    so λ · t̄ = B / (osl + 1.5) admissions ride in each step, each adding E[Δ]: the mean
+    step is t̄ = t_d + B / (osl + 1.5) · E[Δ] and λ = B / ((osl + 1.5) · t̄). The
+    percentile over requests is ``tail``'s. A prompt longer than the token budget rides in
+    ceil(isl / budget) steps, one chunk each, attending ≈ chunk · isl/2 pairs. All steps
+    are evaluated in one array call.
+    """
+    n = len(batches)
+    batch_q = batches + t.z_tpot * np.sqrt(batches)
+    lengths = (*t.prompts, t.isl_q)
+    chunks = [max(math.ceil(p / perf.DEFAULT_MAX_NUM_BATCHED_TOKENS), 1) for p in lengths]
+    repeat = len(t.prompts) + 1
+    seqs = np.concatenate([batches] * repeat + [batch_q])
+    ctx = seqs * (t.isl_mean + t.osl_mean / 2.0)
+    chunk = np.concatenate(
+        [np.zeros(n)] + [np.full(n, p / c) for p, c in zip(lengths, chunks, strict=True)]
+    )
+    attended = chunk * np.concatenate([np.zeros(n)] + [np.full(n, p / 2.0) for p in lengths])
+    steps = perf.forward_times_s(dep, seqs, ctx, chunk, attended).reshape(repeat + 1, n)
+    decode = steps[0]
+    extras = [c * (steps[i + 1] - decode) for i, c in enumerate(chunks[:-1])]
+    extra_mean = sum(extras, np.zeros(n)) / len(extras)
+    extra_sq = sum((e * e for e in extras), np.zeros(n)) / len(extras)
+    per_step = batches / (t.osl_mean + 1.5)
+    step = decode + per_step * extra_mean
+    rate = per_step / step
+    slope = _slope(decode, batches)
+    tpot_q = tail.tpot_quantile(
+        t.tpot_q, decode, slope, batches, rate, step, extra_mean, extra_sq,
+        np.array(t.outputs), t.osl_mean,
+    )  # fmt: skip
+    ttft = chunks[-1] * steps[-1]
+    return tpot_q, ttft + tpot_q / 2.0, rate
+
+
+def _slope(values: FloatArray, xs: FloatArray) -> FloatArray:
+    """d values / d xs by one-sided differences at the ends, central inside (≥ 0)."""
+    if len(xs) < 2:
+        return np.zeros_like(xs)
+    diffs = np.diff(values) / np.diff(xs)
+    out: FloatArray = np.maximum(np.concatenate([diffs[:1], diffs]), 0.0)
+    return out
 
 
 def _operating_point(dep: Deployment, batch: float, t: _Targets) -> tuple[float, float, float]:
-    """(TPOT_q, TTFT_q, λ) when the mean running batch is ``batch``."""
-    context = batch * (t.isl_mean + t.osl_mean / 2.0)
-    step = perf.forward_time_s(dep, batch, context)
-    # A request occupies the batch for its decode steps plus ~1.5 steps of prefill and wait.
-    rate = batch / ((t.osl_mean + 1.5) * step)
-    for _ in range(3):  # the carried prefill slows the step, which lowers the rate
-        carried = rate * t.isl_mean * step
-        step = perf.forward_time_s(dep, batch, context, carried, carried * t.isl_mean / 2.0)
-        rate = batch / ((t.osl_mean + 1.5) * step)
-    batch_q = batch + t.z_tpot * math.sqrt(batch)
-    context_q = batch_q * (t.isl_mean + t.osl_mean / 2.0)
-    carried = rate * t.isl_mean * step
-    tpot_q = perf.forward_time_s(dep, batch_q, context_q, carried, carried * t.isl_mean / 2.0)
-    chunk = min(t.isl_q, perf.DEFAULT_MAX_NUM_BATCHED_TOKENS)
-    chunks = math.ceil(t.isl_q / chunk)
-    one = perf.forward_time_s(dep, batch_q, context_q, chunk, chunk * t.isl_q / 2.0)
-    return tpot_q, chunks * one + tpot_q / 2.0, rate
+    """(TPOT_q, TTFT_q, λ) at one mean running batch."""
+    grid = np.array([batch, batch * 1.05]) if batch > 0 else np.array([batch])
+    tpot, ttft, rate = _operating_points(dep, grid, t)
+    return float(tpot[0]), float(ttft[0]), float(rate[0])
 
 
 @dataclass(frozen=True)
@@ -254,9 +301,11 @@ class _Curve:
     @classmethod
     def build(cls, dep: Deployment, limit: float, t: _Targets, points: int = 16) -> _Curve:
         limit = max(limit, 1.0)
-        batches = tuple(limit ** (i / (points - 1)) for i in range(points))
-        rows = [_operating_point(dep, b, t) for b in batches]
-        return cls(batches, *(tuple(col) for col in zip(*rows, strict=True)))
+        batches = np.array([limit ** (i / (points - 1)) for i in range(points)])
+        if limit <= 1.0:
+            batches = np.array([1.0, 1.05])
+        tpot, ttft, rate = _operating_points(dep, batches, t)
+        return cls(*(tuple(float(v) for v in col) for col in (batches, tpot, ttft, rate)))
 
     def largest_batch_meeting(self, t: _Targets) -> float:
         """Largest grid-interpolated batch whose TPOT_q and TTFT_q meet the SLO, or 0."""
@@ -276,6 +325,11 @@ class _Curve:
 
     def rate_at(self, batch: float) -> float:
         return _interp(batch, self.batches, self.rate)
+
+    def at(self, batch: float) -> tuple[float, float, float]:
+        """(TPOT_q, TTFT_q, λ) interpolated at a mean batch inside the grid."""
+        return (_interp(batch, self.batches, self.tpot_s),
+                _interp(batch, self.batches, self.ttft_s), self.rate_at(batch))  # fmt: skip
 
     def _last_where(self, margin: Callable[[int], float]) -> float:
         """Interpolated largest batch with margin(batch) >= 0, margin decreasing in batch."""
@@ -492,7 +546,7 @@ def _make_plan(
     t, dep = ctx.targets, shape.dep
     per_replica = ctx.workload.requests_per_second / replicas
     batch = min(curve.batch_at_rate(per_replica), float(cap))
-    tpot_q, ttft_q, rate = _operating_point(dep, batch, t)
+    tpot_q, ttft_q, rate = curve.at(batch)
     return Plan(
         gpu=dep.gpu.id,
         tp=dep.tp,
@@ -542,10 +596,13 @@ def _context(
     targets = _Targets(
         tpot_s=spec.slo.tpot_ms / 1e3,
         ttft_s=spec.slo.ttft_ms / 1e3 if spec.slo.ttft_ms else None,
+        tpot_q=q,
         z_tpot=max(NormalDist().inv_cdf(q), 0.0),
         isl_mean=workload.prompt.mean,
         osl_mean=workload.output.mean,
         isl_q=workload.prompt.quantile(spec.slo.ttft_percentile.quantile),
+        prompts=tuple(workload.prompt.quantile(p) for p in PROMPT_POINTS),
+        outputs=tuple(float(v) for v in tail.output_points(workload.output.quantile)),
     )
     return _Context(
         spec,

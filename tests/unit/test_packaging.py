@@ -54,7 +54,7 @@ def test_every_non_python_file_in_the_packages_is_package_data() -> None:
 def test_the_catalogs_are_among_them() -> None:
     # guards the check itself: these are read by every `rooftop plan`
     package_data = declared()
-    for name in ("gpus.yaml", "models.yaml", "efficiency.yaml"):
+    for name in ("gpus.yaml", "models.yaml", "kernel_curves.json"):
         assert shipped(Path("rooftop_planner/catalog") / name, package_data)
     assert not shipped(Path("rooftop_planner/catalog/notes.txt"), package_data)
     assert not shipped(Path("rooftop_planner/catalog/old/gpus.yaml"), package_data)
@@ -106,4 +106,10 @@ def test_the_installed_wheel_plans_and_simulates_without_the_checkout(installed:
         f"main(['simulate', {str(example)!r}, '--trace', "
         f"{str(trace / 'azure_conv_excerpt.csv')!r}, '--json'])",
     )
-    assert "Chosen: 1x l4 TP2" in out and '"policy": "rooftop"' in out
+    # the same plan as from the checkout: the wheel ships the fitted kernel curves
+    from rooftop_planner.manifest import load_target
+    from rooftop_planner.search import plan_target
+
+    plan = plan_target(load_target(example).spec).plan
+    assert plan is not None
+    assert f"Chosen: {plan.summary}" in out and '"policy": "rooftop"' in out

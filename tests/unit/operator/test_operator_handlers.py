@@ -588,7 +588,13 @@ def test_no_node_big_enough_waits_and_says_which_nodes_would_do(
     assert handlers.waiting_for_nodes(latest(kube)["status"])
     feasible = cond(kube, "Feasible")
     assert feasible["status"] == "False"
-    assert "with nodes of 2 l4 GPU(s) each, this would work" in feasible["message"]
+    # the message names the node size of the plan the whole catalog would give
+    from rooftop_planner.search import plan_target
+    from rooftop_planner.spec import ServingTargetSpec
+
+    best = plan_target(ServingTargetSpec.model_validate(L4_ONLY)).plan
+    assert best is not None and best.tp > 1
+    assert f"with nodes of {best.tp} l4 GPU(s) each, this would work" in feasible["message"]
     assert kinds(kube) == set()  # nothing deployed
     assert feasible["reason"] == "NodesUnavailable"
     assert events.reasons == ["NodesUnavailable"]

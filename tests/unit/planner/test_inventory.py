@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from rooftop_planner.inventory import (
 )
 from rooftop_planner.manifest import load_target
 from rooftop_planner.search import plan_target
+from rooftop_planner.spec import ServingTargetSpec
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "simulated-chat.yaml"
 
@@ -92,9 +94,17 @@ def test_problem_names_the_label_and_the_node_size(catalog: Catalog) -> None:
     assert "nvidia.com/gpu.product=NVIDIA-H100-80GB-HBM3" in missing and "l4 x1/node" in missing
 
 
-def test_the_plan_fits_the_nodes_there_are(catalog: Catalog) -> None:
+def l4_or_h100() -> ServingTargetSpec:
+    """The example on L4 or H100: its cheapest plan shards over several L4s."""
     spec = load_target(EXAMPLE).spec
-    assert plan_target(spec, catalog=catalog).plan.tp == 2  # type: ignore[union-attr]
+    gpus = {"gpu_types": ["l4", "h100-sxm"]}
+    return spec.model_copy(update={"constraints": spec.constraints.model_copy(update=gpus)})
+
+
+def test_the_plan_fits_the_nodes_there_are(catalog: Catalog) -> None:
+    spec = l4_or_h100()
+    best = plan_target(spec, catalog=catalog).plan
+    assert best is not None and (best.gpu, best.tp > 1) == ("l4", True)
     result = plan_target(
         spec, catalog=catalog, gpu_inventory=GpuInventory({"l4": 1, "h100-sxm": 8})
     )
@@ -104,13 +114,15 @@ def test_the_plan_fits_the_nodes_there_are(catalog: Catalog) -> None:
 
 
 def test_no_node_big_enough_says_what_nodes_would_work(catalog: Catalog) -> None:
-    spec = load_target(EXAMPLE).spec
+    spec = l4_or_h100()
+    best = plan_target(spec, catalog=catalog).plan
+    assert best is not None and best.tp > 1
     result = plan_target(spec, catalog=catalog, gpu_inventory=GpuInventory({"l4": 1}))
     assert not result.feasible
-    assert result.beyond_inventory is not None and result.beyond_inventory.tp == 2
+    assert result.beyond_inventory == best
     text = result.explain()
     assert "the cluster's GPU nodes offer l4 x1/node" in text
-    assert "with nodes of 2 l4 GPU(s) each, this would work: 1x l4 TP2" in text
+    assert f"with nodes of {best.tp} l4 GPU(s) each, this would work: 1x l4 TP{best.tp}" in text
     assert "not in cluster" in text
 
 
@@ -244,7 +256,10 @@ def test_plan_cli_takes_nodes(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     path = write(tmp_path, json.dumps({"kind": "List", "items": [node("a", "NVIDIA-L4", "1")]}))
     assert main(["plan", str(EXAMPLE), "--nodes", str(path)]) == 1
     out = capsys.readouterr().out
-    assert f"GPU nodes ({path}): l4 x1/node" in out and "with nodes of 2 l4 GPU(s)" in out
+    best = plan_target(load_target(EXAMPLE).spec).plan
+    assert best is not None
+    assert f"GPU nodes ({path}): l4 x1/node" in out
+    assert f"with nodes of {best.tp} {best.gpu} GPU(s)" in out
     assert main(["plan", str(EXAMPLE), "--nodes", str(tmp_path / "absent.json")]) == 2
     assert "absent.json" in capsys.readouterr().err
 
@@ -263,4 +278,4 @@ def test_plan_cli_reads_the_targets_tolerations(
     doc["spec"]["constraints"]["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
     target.write_text(json.dumps(doc))
     assert main(["plan", str(target), "--nodes", str(path)]) == 0
-    assert "Chosen: 1x l4 TP2" in capsys.readouterr().out
+    assert re.search(r"Chosen: \dx l4 TP[12] ", capsys.readouterr().out)

@@ -1,0 +1,300 @@
+"""A transformer layer as the kernels an engine launches, timed with the fitted curves.
+
+Per layer and GPU (tensor parallelism ``tp`` splits heads and the MLP):
+  QKV      GEMM m × k=hidden → n=(heads/tp + 2 · max(kv_heads/tp, 1)) · head_dim
+  attention  decode: every cached K/V byte once; prefill: 4 · heads/tp · head_dim FLOP per
+             (query, key) pair
+  O-proj   GEMM m × k=heads/tp · head_dim → n=hidden
+  MLP      GEMM m × hidden → 2 · intermediate/tp (gate and up), then intermediate/tp → hidden;
+           MoE models run the fused-MoE kernel over the experts their tokens route to
+  2 all-reduces of m · hidden 16-bit activations when tp > 1
+plus the LM head once per step over the sequences that sample (m × hidden → vocab/tp).
+
+GEMM weight bytes use the weight dtype (int4 reads half a byte per weight), compute runs
+on the GPU's tensor cores for that dtype where it has them (``Deployment.compute_dtype``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rooftop_planner.catalog import BYTES_PER_DTYPE
+from rooftop_planner.kernels import Curve, FloatArray, KernelCurves
+
+if TYPE_CHECKING:
+    from rooftop_planner.perf import Deployment
+
+ACTIVATION_BYTES = 2.0  # activations stay 16-bit between kernels
+IDEAL = Curve(t0_s=0.0, knots=(0.0,), mem_eff=(1.0,), flop_eff=(1.0,))
+GRID_STEPS_PER_OCTAVE = 8
+GRID_OCTAVES = 17
+
+
+def _gemm_curve(dep: Deployment) -> Curve:
+    kernels = dep.efficiency.kernels
+    return IDEAL if kernels is None else kernels.gemm_curve(dep.compute_dtype)
+
+
+def gemm_s(dep: Deployment, m: float, n: float, k: float) -> float:
+    """One GEMM of m tokens through an n × k weight (seconds)."""
+    weight = n * k * BYTES_PER_DTYPE[dep.weight_dtype]
+    moved = weight + (m * k + m * n) * ACTIVATION_BYTES
+    gpu = dep.gpu
+    return _gemm_curve(dep).time_s(
+        moved, 2.0 * m * n * k, m, gpu.hbm_bytes_per_s, gpu.flops_per_s(dep.compute_dtype)
+    )
+
+
+def _layer_shapes(dep: Deployment) -> list[tuple[float, float]]:
+    """(n, k) of the dense GEMMs of one layer on one GPU."""
+    m, tp = dep.model, dep.tp
+    q_heads = m.num_heads / tp
+    kv_heads = max(m.num_kv_heads / tp, 1.0)
+    shapes = [
+        ((q_heads + 2.0 * kv_heads) * m.head_dim, float(m.hidden_size)),
+        (float(m.hidden_size), q_heads * m.head_dim),
+    ]
+    if not m.is_moe:
+        shapes += [
+            (2.0 * m.intermediate_size / tp, float(m.hidden_size)),
+            (float(m.hidden_size), m.intermediate_size / tp),
+        ]
+    return shapes
+
+
+def moe_s(dep: Deployment, tokens: float) -> float:
+    """The fused-MoE kernel of one layer: the touched experts' weights, top-k FLOPs.
+
+    bytes = experts touched · 3 · hidden · intermediate/tp · weight bytes;
+    FLOPs = 2 · tokens · top-k · 3 · hidden · intermediate/tp; driver = tokens per expert.
+    """
+    m, tp = dep.model, dep.tp
+    kernels = dep.efficiency.kernels
+    key = "fp8" if dep.compute_dtype == "fp8" else "bf16"
+    curve = (kernels.moe.get(key) or kernels.moe.get("bf16")) if kernels else IDEAL
+    curve = curve or _gemm_curve(dep)
+    expert = 3.0 * m.hidden_size * m.intermediate_size / tp
+    k_over_e = m.experts_per_token / m.num_experts
+    touched = m.num_experts * (1.0 - (1.0 - k_over_e) ** max(tokens, 1.0))
+    moved = touched * expert * BYTES_PER_DTYPE[dep.weight_dtype]
+    flops = 2.0 * tokens * m.experts_per_token * expert
+    per_expert = tokens * k_over_e
+    gpu = dep.gpu
+    return curve.time_s(
+        moved, flops, per_expert, gpu.hbm_bytes_per_s, gpu.flops_per_s(dep.compute_dtype)
+    )
+
+
+def allreduce_s(dep: Deployment, message_bytes: float) -> float:
+    """One all-reduce of ``message_bytes`` over ``tp`` GPUs (seconds).
+
+    A ring moves 2 · (tp − 1)/tp of the message over each link, so its bus rate is
+    R = link bytes/s · tp / (2 · (tp − 1)). The measured time's part above the smallest
+    message's latency is rescaled from the measured machine's rate (its largest message
+    over its time) to this GPU's R: machines differ most in links (the L40S tables come
+    from a host whose PCIe all-reduce reaches a seventh of a typical PCIe 4 server's).
+    """
+    kernels = dep.efficiency.kernels
+    rate = dep.gpu.interconnect_bytes_per_s * dep.tp / (2.0 * (dep.tp - 1))
+    if kernels is None or not kernels.allreduce:
+        return message_bytes / rate  # the ideal ring
+    measured = kernels.allreduce_for(dep.tp)
+    latency = measured.seconds[0]
+    measured_rate = measured.message_bytes[-1] / measured.seconds[-1]
+    return latency + (measured.time_s(message_bytes) - latency) * measured_rate / rate
+
+
+def _gemms_s(dep: Deployment, m: FloatArray, n: float, k: float) -> FloatArray:
+    """``gemm_s`` over an array of token counts."""
+    weight = n * k * BYTES_PER_DTYPE[dep.weight_dtype]
+    moved = weight + (m * k + m * n) * ACTIVATION_BYTES
+    gpu = dep.gpu
+    return _gemm_curve(dep).times_s(
+        moved, 2.0 * m * n * k, m, gpu.hbm_bytes_per_s, gpu.flops_per_s(dep.compute_dtype)
+    )
+
+
+def allreduces_s(dep: Deployment, message_bytes: FloatArray) -> FloatArray:
+    """``allreduce_s`` over an array of message sizes."""
+    rate = dep.gpu.interconnect_bytes_per_s * dep.tp / (2.0 * (dep.tp - 1))
+    kernels = dep.efficiency.kernels
+    if kernels is None or not kernels.allreduce:
+        out: FloatArray = message_bytes / rate
+        return out
+    measured = kernels.allreduce_for(dep.tp)
+    latency = measured.seconds[0]
+    measured_rate = measured.message_bytes[-1] / measured.seconds[-1]
+    return latency + (measured.times_s(message_bytes) - latency) * measured_rate / rate
+
+
+def _token_costs(dep: Deployment, tokens: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """(GEMM + MoE seconds, all-reduce seconds) of all layers, per token count."""
+    layer = sum((_gemms_s(dep, tokens, n, k) for n, k in _layer_shapes(dep)),
+                np.zeros_like(tokens))  # fmt: skip
+    if dep.model.is_moe:
+        layer = layer + np.array([moe_s(dep, float(t)) for t in tokens])
+    reduce = np.zeros_like(tokens)
+    if dep.tp > 1:
+        hidden_bytes = dep.model.hidden_size * ACTIVATION_BYTES
+        reduce = 2.0 * allreduces_s(dep, tokens * hidden_bytes)
+    layers = dep.model.num_layers
+    return layers * layer, layers * reduce
+
+
+def lm_head_s(dep: Deployment, sampled: float) -> float:
+    """The LM head over the sequences that sample a token this step (vocab split over tp)."""
+    if sampled <= 0:
+        return 0.0
+    m = dep.model
+    return gemm_s(dep, sampled, m.vocab_size / dep.tp, float(m.hidden_size))
+
+
+class StepModel:
+    """One deployment's step time, compiled: the token-dependent kernels tabulated once.
+
+    The GEMMs, MoE, all-reduces and LM head depend on the step's token count only, so they
+    are tabulated on a log2 grid (1/8 octave, up to 2^17 tokens) and interpolated; the
+    attention terms are evaluated per call. The search evaluates tens of thousands of steps,
+    and re-summing every GEMM each time would cost more than the 100 ms a search may take.
+    """
+
+    def __init__(self, dep: Deployment) -> None:
+        self.dep = dep
+        self.gemm, self.allreduce, self.lm_head = _token_tables(dep)
+        self.by_tokens = self.gemm + self.allreduce
+        m, eff = dep.model, dep.efficiency
+        kernels = eff.kernels
+        self.decode, self.prefill = (
+            kernels.attention_curves(dep.kv_dtype) if kernels else (IDEAL, IDEAL)
+        )
+        self.q_heads = m.num_heads / dep.tp
+        self.kv_heads = max(m.num_kv_heads / dep.tp, 1.0)
+        self.kv_bytes_per_token_layer = (
+            2.0 * self.kv_heads * m.head_dim * BYTES_PER_DTYPE[dep.kv_dtype]
+        )
+        self.bw = dep.gpu.hbm_bytes_per_s
+        self.peak = dep.gpu.flops_per_s("bf16")
+        self.overhead_s = eff.overhead.step_s + m.num_layers * eff.overhead.layer_s
+        self.scale = eff.time_scale
+
+    def _grid(self, table: FloatArray, tokens: float) -> float:
+        if tokens <= 0:
+            return 0.0
+        if tokens < 1.0:  # fractional mean batches below one sequence scale down linearly
+            return float(table[0]) * tokens
+        x = math.log2(tokens) * GRID_STEPS_PER_OCTAVE
+        i = min(int(x), len(table) - 2)
+        return float(table[i] + (x - i) * (table[i + 1] - table[i]))
+
+    def parts(
+        self, decode_seqs: float, context: float, prefill: float, attended: float
+    ) -> tuple[float, float, float]:
+        """Unscaled (GEMM + LM head, attention, all-reduce) seconds of one step."""
+        tokens = decode_seqs + prefill
+        sampled = decode_seqs + (1.0 if prefill > 0 else 0.0)
+        gemm = self._grid(self.gemm, tokens) + self._grid(self.lm_head, sampled)
+        layers = self.dep.model.num_layers
+        return (
+            gemm,
+            layers * self._attention(decode_seqs, context, prefill, attended),
+            (self._grid(self.allreduce, tokens)),
+        )
+
+    def _attention(
+        self, decode_seqs: float, context: float, prefill: float, attended: float
+    ) -> float:
+        head_dim = self.dep.model.head_dim
+        total = 0.0
+        if decode_seqs > 0:
+            total += self.decode.time_s(
+                context * self.kv_bytes_per_token_layer,
+                4.0 * self.q_heads * head_dim * context,
+                context / decode_seqs, self.bw, self.peak, decode_seqs,
+            )  # fmt: skip
+        if prefill > 0:
+            moved = prefill * (self.q_heads + 2.0 * self.kv_heads) * head_dim * ACTIVATION_BYTES
+            total += self.prefill.time_s(
+                moved, 4.0 * self.q_heads * head_dim * attended, 2.0 * attended / prefill,
+                self.bw, self.peak,
+            )  # fmt: skip
+        return total
+
+    def totals_s(
+        self, decode_seqs: FloatArray, context: FloatArray, prefill: FloatArray,
+        attended: FloatArray, floor: FloatArray,
+    ) -> FloatArray:  # fmt: skip
+        """Step seconds over arrays (same sum as ``parts``; ``floor`` from the caller)."""
+        tokens = decode_seqs + prefill
+        sampled = decode_seqs + np.where(prefill > 0, 1.0, 0.0)
+        gemm = self._grid_array(self.by_tokens, tokens) + self._grid_array(self.lm_head, sampled)
+        head_dim = self.dep.model.head_dim
+        seqs = np.maximum(decode_seqs, 1e-9)
+        decode = self.decode.times_s(
+            context * self.kv_bytes_per_token_layer, 4.0 * self.q_heads * head_dim * context,
+            context / seqs, self.bw, self.peak, decode_seqs,
+        )  # fmt: skip
+        chunk = np.maximum(prefill, 1e-9)
+        moved = prefill * (self.q_heads + 2.0 * self.kv_heads) * head_dim * ACTIVATION_BYTES
+        pre = self.prefill.times_s(
+            moved, 4.0 * self.q_heads * head_dim * attended, 2.0 * attended / chunk,
+            self.bw, self.peak,
+        )  # fmt: skip
+        attention = np.where(decode_seqs > 0, decode, 0.0) + np.where(prefill > 0, pre, 0.0)
+        total = (gemm + self.dep.model.num_layers * attention + self.overhead_s) * self.scale
+        out: FloatArray = np.maximum(total, floor)
+        return out
+
+    def _grid_array(self, table: FloatArray, tokens: FloatArray) -> FloatArray:
+        x = np.log2(np.maximum(tokens, 1.0)) * GRID_STEPS_PER_OCTAVE
+        grid = np.interp(x, np.arange(len(table), dtype=float), table)
+        out: FloatArray = np.where(tokens < 1.0, table[0] * np.maximum(tokens, 0.0), grid)
+        return out
+
+
+Tables = tuple[FloatArray, FloatArray, FloatArray]
+_TABLES: OrderedDict[tuple[object, ...], Tables] = OrderedDict()
+
+
+def _token_tables(dep: Deployment) -> Tables:
+    """(GEMM + MoE, all-reduce, LM head) seconds on the token grid, cached by shape."""
+    m = dep.model
+    key = (m.id, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim,
+           m.intermediate_size, m.vocab_size, m.num_experts, m.experts_per_token,
+           dep.gpu.id, dep.gpu.hbm_bytes_per_s, dep.gpu.interconnect_bytes_per_s,
+           tuple(sorted(dep.gpu.dense_flops_per_s.items())), dep.tp, dep.weight_dtype,
+           id(dep.efficiency.kernels))  # fmt: skip
+    tables = _TABLES.get(key)
+    if tables is None:
+        points = np.exp2(np.arange(GRID_OCTAVES * GRID_STEPS_PER_OCTAVE + 1)
+                         / GRID_STEPS_PER_OCTAVE)  # fmt: skip
+        gemm, reduce = _token_costs(dep, points)
+        lm_head = _gemms_s(dep, points, m.vocab_size / dep.tp, float(m.hidden_size))
+        tables = _TABLES[key] = (gemm, reduce, lm_head)
+        if len(_TABLES) > _MODELS_MAX:
+            _TABLES.popitem(last=False)
+    return tables
+
+
+_MODELS: OrderedDict[int, tuple[Deployment, StepModel]] = OrderedDict()
+_MODELS_MAX = 512
+
+
+def step_model(dep: Deployment) -> StepModel:
+    """The compiled step model of ``dep`` (an LRU keyed by identity; the entry keeps the
+    deployment alive so its id is not reused while cached)."""
+    entry = _MODELS.get(id(dep))
+    if entry is not None and entry[0] is dep:
+        _MODELS.move_to_end(id(dep))
+        return entry[1]
+    model = StepModel(dep)
+    _MODELS[id(dep)] = (dep, model)
+    if len(_MODELS) > _MODELS_MAX:
+        _MODELS.popitem(last=False)
+    return model
+
+
+__all__ = ["KernelCurves", "StepModel", "gemm_s", "lm_head_s", "moe_s", "step_model"]

@@ -1,0 +1,209 @@
+"""Kernel curves: the achieved fraction of the roofline, per kernel, as data.
+
+Every kernel of a forward pass keeps the roofline's form, bytes over bandwidth and FLOPs
+over peak, so a prediction still explains itself; what is fitted (``calibrate.py``, on the
+measured kernel tables in ``data/ops/``) is the share of peak a real engine's kernel
+reaches, as a function of what drives it:
+
+    t = t0 + n_items · t_item + smoothmax( bytes / (BW · η_mem(x)), FLOPs / (peak · η_flop(x)) )
+
+where x = log2 of the driver (GEMM: tokens m; decode attention: cached tokens per
+sequence; prefill attention: prompt length; MoE: tokens per expert), η are piecewise
+linear in x between knots, t0 is the kernel's fixed latency (s) and t_item a cost per
+sequence (decode attention). All-reduce is latency plus bytes over a fitted bus
+bandwidth per GPU count. Times in seconds, bytes, FLOP.
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+FloatArray = npt.NDArray[np.float64]
+SOFTMAX_SHARPNESS = 4.0
+
+
+def smooth_max(a: float, b: float) -> float:
+    """(a⁴ + b⁴)^¼: real kernels do not switch abruptly from memory- to compute-bound."""
+    return float((a**SOFTMAX_SHARPNESS + b**SOFTMAX_SHARPNESS) ** (1.0 / SOFTMAX_SHARPNESS))
+
+
+def interp(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
+    """Piecewise-linear interpolation, flat beyond the ends (numpy.interp for one value)."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    i = bisect_right(xs, x)
+    frac = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
+    return ys[i - 1] + frac * (ys[i] - ys[i - 1])
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One kernel's fitted achieved fractions (see the module docstring for the formula).
+
+    Attributes:
+        t0_s: fixed latency of one call, seconds.
+        item_s: extra latency per item (decode attention: per sequence), seconds.
+        knots: log2 of the driver at which the fractions are given.
+        mem_eff: achieved / peak HBM bandwidth at each knot.
+        flop_eff: achieved / peak FLOP/s at each knot.
+        median_error: median |predicted / measured − 1| over the table it was fitted on.
+        rows: measured rows it was fitted on.
+    """
+
+    t0_s: float
+    knots: tuple[float, ...]
+    mem_eff: tuple[float, ...]
+    flop_eff: tuple[float, ...]
+    item_s: float = 0.0
+    median_error: float = 0.0
+    rows: int = 0
+
+    def time_s(
+        self,
+        bytes_moved: float,
+        flops: float,
+        driver: float,
+        hbm_bytes_per_s: float,
+        flops_per_s: float,
+        items: float = 0.0,
+    ) -> float:
+        x = _log2(driver)
+        memory = bytes_moved / (hbm_bytes_per_s * interp(x, self.knots, self.mem_eff))
+        compute = flops / (flops_per_s * interp(x, self.knots, self.flop_eff))
+        return self.t0_s + items * self.item_s + smooth_max(memory, compute)
+
+    def times_s(
+        self,
+        bytes_moved: FloatArray,
+        flops: FloatArray,
+        driver: FloatArray,
+        hbm_bytes_per_s: float,
+        flops_per_s: float,
+        items: FloatArray | float = 0.0,
+    ) -> FloatArray:
+        """``time_s`` over arrays (the search evaluates a whole batch grid at once)."""
+        x = np.log2(np.maximum(driver, 1.0))
+        memory = bytes_moved / (hbm_bytes_per_s * np.interp(x, self.knots, self.mem_eff))
+        compute = flops / (flops_per_s * np.interp(x, self.knots, self.flop_eff))
+        out: FloatArray = self.t0_s + items * self.item_s + (memory**4 + compute**4) ** 0.25
+        return out
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> Curve:
+        return cls(
+            t0_s=float(data["t0_s"]),
+            item_s=float(data.get("item_s", 0.0)),
+            knots=tuple(float(v) for v in data["knots"]),
+            mem_eff=tuple(float(v) for v in data["mem_eff"]),
+            flop_eff=tuple(float(v) for v in data["flop_eff"]),
+            median_error=float(data.get("median_error", 0.0)),
+            rows=int(data.get("rows", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class AllReduce:
+    """One TP all-reduce over a fixed GPU count: the measured latency by message size.
+
+    Between measured sizes the time is interpolated in log-log (the protocol switches from
+    latency- to bandwidth-bound, which no two-parameter line follows); beyond the largest
+    it grows in proportion to the bytes. Below the smallest it is that size's latency.
+    """
+
+    message_bytes: tuple[float, ...]
+    seconds: tuple[float, ...]
+
+    def time_s(self, message_bytes: float) -> float:
+        sizes, times = self.message_bytes, self.seconds
+        if message_bytes <= sizes[0]:
+            return times[0]
+        if message_bytes >= sizes[-1]:
+            return times[-1] * message_bytes / sizes[-1]
+        return float(self.times_s(np.array([message_bytes]))[0])
+
+    def times_s(self, message_bytes: FloatArray) -> FloatArray:
+        """``time_s`` over an array of message sizes."""
+        sizes, times = np.array(self.message_bytes), np.array(self.seconds)
+        inside = np.exp(np.interp(np.log(np.maximum(message_bytes, sizes[0])),
+                                  np.log(sizes), np.log(times)))  # fmt: skip
+        out: FloatArray = np.where(
+            message_bytes >= sizes[-1], times[-1] * message_bytes / sizes[-1], inside
+        )
+        return out
+
+
+def _log2(value: float) -> float:
+    return math.log2(max(value, 1.0))
+
+
+@dataclass(frozen=True)
+class KernelCurves:
+    """All curves of one engine on one measured GPU.
+
+    Attributes:
+        table_gpu: the measured GPU the curves come from (``h100_sxm``).
+        engine / engine_version: the engine whose kernels were timed.
+        gemm: by compute dtype (``bf16``, ``fp8``).
+        decode_attention / prefill_attention: by KV dtype (``bf16``, ``fp8``).
+        allreduce: by GPU count.
+        moe: fused MoE layer by compute dtype (absent where the engine has no table).
+        hbm_bytes_per_s / flops_per_s: the measured GPU's peaks the fractions refer to.
+        interconnect_bytes_per_s: its GPU-to-GPU bandwidth (all-reduce is rescaled by it).
+    """
+
+    table_gpu: str
+    engine: str
+    engine_version: str
+    gemm: Mapping[str, Curve]
+    decode_attention: Mapping[str, Curve]
+    prefill_attention: Mapping[str, Curve]
+    allreduce: Mapping[int, AllReduce]
+    moe: Mapping[str, Curve] = field(default_factory=dict)
+    interconnect_bytes_per_s: float = 0.0
+
+    def gemm_curve(self, dtype: str) -> Curve:
+        return self.gemm.get(dtype) or self.gemm["bf16"]
+
+    def attention_curves(self, kv_dtype: str) -> tuple[Curve, Curve]:
+        key = "fp8" if kv_dtype in ("fp8", "int8") else "bf16"
+        return (
+            self.decode_attention.get(key) or self.decode_attention["bf16"],
+            self.prefill_attention.get(key) or self.prefill_attention["bf16"],
+        )
+
+    def allreduce_for(self, tp: int) -> AllReduce:
+        """The measured GPU count nearest above ``tp`` (all-reduce time grows with GPUs)."""
+        counts = sorted(self.allreduce)
+        return self.allreduce[next((n for n in counts if n >= tp), counts[-1])]
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> KernelCurves:
+        def curves(key: str) -> dict[str, Curve]:
+            return {k: Curve.from_mapping(v) for k, v in (data.get(key) or {}).items()}
+
+        return cls(
+            table_gpu=str(data["table_gpu"]),
+            engine=str(data["engine"]),
+            engine_version=str(data["engine_version"]),
+            gemm=curves("gemm"),
+            decode_attention=curves("decode_attention"),
+            prefill_attention=curves("prefill_attention"),
+            allreduce={
+                int(k): AllReduce(
+                    tuple(float(b) for b in v["message_bytes"]),
+                    tuple(float(t) for t in v["seconds"]),
+                )
+                for k, v in (data.get("allreduce") or {}).items()
+            },
+            moe=curves("moe"),
+            interconnect_bytes_per_s=float(data.get("interconnect_bytes_per_s", 0.0)),
+        )

@@ -1,0 +1,116 @@
+"""The TPOT percentile over requests, not over steps.
+
+A request's TPOT averages its own decode steps. While it decodes, other requests arrive
+(Poisson, rate λ per replica) and each one's prefill rides in one of the running steps
+(chunked prefill), adding Δ seconds to that step. A request with o output tokens lives
+T = (o − 1) · t̄ seconds, sees N ~ Poisson(λ · T) admissions, so
+
+    TPOT(o) = t_d + s · ε + Δ · N / (o − 1)
+
+with t_d the decode step without prefill at the mean batch B, s = ∂t_d/∂B the cost of one
+more running sequence, and ε ~ Normal(0, B · osl/(osl + o)) the running batch's deviation
+averaged over the request's life (Poisson occupancy; the batch turns over once per mean
+residence, so a long answer averages more of the spread away). The mean over requests is
+t_d + λ · t̄ · E[Δ] for every o, but the spread grows as o shrinks: short answers are hit
+hardest. The p-quantile over requests is that of the mixture over the output-length
+distribution (K equal-weight quantile points), each component approximated by its first
+three moments (normal-power: x = μ + σ · (w + γ · (w² − 1)/6), w standard normal), read
+off the mixture's CDF between the components' own quantiles (which bracket it).
+Everything is vectorised over the search's batch grid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from math import sqrt
+from statistics import NormalDist
+
+import numpy as np
+
+from rooftop_planner.kernels import FloatArray
+
+OUTPUT_POINTS = 6  # equal-weight output-length points of the mixture
+CDF_POINTS = 17  # the mixture's CDF is read on this many points across the bracket
+_FRACTIONS = np.linspace(0.0, 1.0, CDF_POINTS)
+_SQRT2 = sqrt(2.0)
+_Z = NormalDist()
+# Abramowitz & Stegun 7.1.26: erf to 1.5e-7, vectorised (numpy has no erf)
+_AS = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+
+
+def _erf(x: FloatArray) -> FloatArray:
+    sign = np.sign(x)
+    a = np.abs(x)
+    t = 1.0 / (1.0 + 0.3275911 * a)
+    poly = t * (_AS[0] + t * (_AS[1] + t * (_AS[2] + t * (_AS[3] + t * _AS[4]))))
+    out: FloatArray = sign * (1.0 - poly * np.exp(-a * a))
+    return out
+
+
+def output_points(quantile: Callable[[float], float], count: int = OUTPUT_POINTS) -> FloatArray:
+    """Output lengths at the mid-quantiles (k + ½)/K of a distribution (≥ 2 tokens)."""
+    lengths = [max(quantile((k + 0.5) / count), 2.0) for k in range(count)]
+    return np.array(lengths, dtype=np.float64)
+
+
+def _std_normal_cdf(x: FloatArray) -> FloatArray:
+    out: FloatArray = 0.5 * (1.0 + _erf(x / _SQRT2))
+    return out
+
+
+def _component_cdf(x: FloatArray, mean: FloatArray, sd: FloatArray, skew: FloatArray) -> FloatArray:
+    """P(X ≤ x) under the normal-power approximation of (mean, sd, skew)."""
+    z = (x - mean) / np.maximum(sd, 1e-15)
+    g = np.maximum(skew, 1e-6)
+    # invert z = w + g (w² − 1)/6 for the root continuous at g → 0
+    w = np.sqrt(np.maximum(9.0 / g**2 + 6.0 * z / g + 1.0, 0.0)) - 3.0 / g
+    return _std_normal_cdf(w)
+
+
+def tpot_quantile(
+    q: float,
+    decode_s: FloatArray,
+    slope_s: FloatArray,
+    batch: FloatArray,
+    rate: FloatArray,
+    step_s: FloatArray,
+    extra_mean_s: FloatArray,
+    extra_sq_s2: FloatArray,
+    outputs: FloatArray,
+    output_mean: float,
+) -> FloatArray:
+    """The q-quantile over requests of TPOT (seconds), per grid point.
+
+    Arrays are per grid point (shape G): decode step t_d, slope s, mean batch B, per-replica
+    rate λ (requests/s), mean step t̄, E[Δ] and E[Δ²] of one admission's extra step time.
+    ``outputs`` (shape K) are the mixture's output lengths; ``output_mean`` their mean.
+    """
+    g = decode_s[:, None]
+    steps = np.maximum(outputs[None, :] - 1.0, 1.0)
+    arrivals_per_step = (rate * step_s)[:, None]  # λ · t̄: admissions per decode step
+    mean = g + arrivals_per_step * extra_mean_s[:, None]
+    spread = batch[:, None] * output_mean / (output_mean + outputs[None, :])
+    var_batch = slope_s[:, None] ** 2 * spread
+    # compound Poisson: κ_n = λT · E[Δⁿ] / (o − 1)ⁿ, with E[Δ³] ≈ E[Δ²]^{3/2}
+    m2 = extra_sq_s2[:, None]
+    var_prefill = arrivals_per_step * m2 / steps
+    third = arrivals_per_step * m2**1.5 / steps**2
+    var = var_batch + var_prefill
+    sd = np.sqrt(np.maximum(var, 1e-30))
+    skew = np.minimum(third / np.maximum(var, 1e-30) ** 1.5, 4.0)
+    # The mixture's quantile lies between its components' own quantiles (normal-power).
+    z = float(_Z.inv_cdf(q))
+    own = mean + sd * (z + skew * (z * z - 1.0) / 6.0)
+    lo, hi = own.min(axis=1), own.max(axis=1)
+    # one pass: the mixture's CDF on a grid across the bracket, then the crossing of q
+    xs = lo[:, None] + (hi - lo)[:, None] * _FRACTIONS[None, :]  # G × M
+    cdf = _component_cdf(xs[:, None, :], mean[:, :, None], sd[:, :, None], skew[:, :, None])
+    mix = cdf.mean(axis=1)  # G × M, rising in x
+    above = np.argmax(mix >= q, axis=1)  # first grid point at or past q (0 if none)
+    i = np.clip(above, 1, len(_FRACTIONS) - 1)
+    rows = np.arange(len(lo))
+    x0, x1 = xs[rows, i - 1], xs[rows, i]
+    f0, f1 = mix[rows, i - 1], mix[rows, i]
+    frac = np.clip((q - f0) / np.maximum(f1 - f0, 1e-12), 0.0, 1.0)
+    out: FloatArray = np.where(mix[:, -1] < q, hi, x0 + frac * (x1 - x0))
+    return out
