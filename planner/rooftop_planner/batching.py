@@ -27,6 +27,7 @@ class Prediction:
         batch: sequences decoding concurrently.
         fits: False when not even one sequence of this length fits in memory.
         reason: why it does not fit, else "".
+        step: where the mean decode step's time goes, its physical floor included.
     """
 
     tpot_s: float
@@ -35,6 +36,12 @@ class Prediction:
     batch: float
     fits: bool = True
     reason: str = ""
+    step: perf.StepBreakdown | None = None
+
+    @property
+    def floor_s(self) -> float:
+        """The mean step's physical floor (weights + KV read at peak HBM bandwidth), s."""
+        return self.step.floor_s if self.step else 0.0
 
     @property
     def tpot_ms(self) -> float:
@@ -61,7 +68,9 @@ def predict_static(dep: Deployment, batch: int, isl: int, osl: int) -> Predictio
     output tokens/s = batch · osl / (TTFT + (osl − 1) · TPOT).
     """
     ttft = perf.prefill_s(dep, batch, isl)
-    tpot = perf.decode_step_s(dep, batch, isl + osl / 2.0)
+    context = batch * perf.cached_tokens(dep.model, isl + osl / 2.0)
+    step = perf.step_breakdown(dep, batch, context)
+    tpot = step.total_s
     total = ttft + max(osl - 1, 0) * tpot
     fitting = perf.max_sequences_fitting(dep, isl + osl)
     # Times are still predicted when the batch overflows our memory estimate: engines with
@@ -73,7 +82,7 @@ def predict_static(dep: Deployment, batch: int, isl: int, osl: int) -> Predictio
             f"batch {batch} exceeds the {fitting} sequences whose KV fits on {dep.tp}x {dep.gpu.id}"
         )
     )
-    return Prediction(tpot, ttft, batch * osl / total, float(batch), not reason, reason)
+    return Prediction(tpot, ttft, batch * osl / total, float(batch), not reason, reason, step)
 
 
 @dataclass(frozen=True)
@@ -138,7 +147,9 @@ def predict_continuous(
         prefill_exec = _prefill_exec_s(dep, batch, context, isl, limits) + step / 2.0
     rate = batch / (prefill_exec + max(osl - 1, 0) * step)
     queue_wait = max(concurrency - batch, 0.0) / rate
-    return Prediction(step, prefill_exec + queue_wait, rate * osl, batch)
+    carried = rate * isl * step
+    parts = perf.step_breakdown(dep, batch, context, carried, carried * isl / 2.0)
+    return Prediction(step, prefill_exec + queue_wait, rate * osl, batch, step=parts)
 
 
 def _prefill_exec_s(

@@ -17,6 +17,7 @@ from typing import Any
 
 from rooftop_planner.catalog import CatalogError, load_catalog
 from rooftop_planner.efficiency import load_efficiency
+from rooftop_planner.explain import explain_step
 from rooftop_planner.inventory import Placement, inventory_from_nodes, load_nodes
 from rooftop_planner.manifest import ManifestError, load_target
 from rooftop_planner.scenarios import ScenarioError, scenario_from_row
@@ -34,7 +35,10 @@ PREDICT_INPUT = (
     "concurrency",
     "batch",
 )
-PREDICT_OUTPUT = ("tpot_ms", "ttft_ms", "output_tok_s", "fits", "error")
+PREDICT_OUTPUT = (
+    "tpot_ms", "ttft_ms", "output_tok_s", "floor_ms", "floor_share", "curves", "fits", "error"
+)  # fmt: skip
+NUMERIC_OUTPUT = PREDICT_OUTPUT[:5]
 
 
 def _fail(message: str) -> int:
@@ -96,19 +100,30 @@ def _short(result: Any) -> str:
 # ---------------------------------------------------------------- predict
 
 
-def predict_row(row: dict[str, str]) -> dict[str, str]:
-    """Predict one CSV row; problems go to the ``error`` column, never raise."""
+def predict_row(row: dict[str, str], explain: list[str] | None = None) -> dict[str, str]:
+    """Predict one CSV row; problems go to the ``error`` column, never raise.
+
+    ``floor_ms`` is the mean decode step's physical floor (weights touched + KV read at
+    peak HBM bandwidth) and ``floor_share`` the share of the predicted TPOT it makes up;
+    ``curves`` names the fitted kernel curves used. ``explain``: filled with the step's
+    breakdown when given.
+    """
     out = dict(row)
     try:
         scenario = scenario_from_row(row, load_catalog(), load_efficiency())
         prediction = scenario.predict()
     except (ScenarioError, CatalogError) as err:
-        return {**out, **dict.fromkeys(PREDICT_OUTPUT[:4], ""), "error": str(err)}
-    values = (prediction.tpot_ms, prediction.ttft_ms, prediction.output_tok_s)
+        return {**out, **dict.fromkeys(PREDICT_OUTPUT[:-1], ""), "error": str(err)}
+    floor = prediction.floor_s
+    share = floor / prediction.tpot_s if prediction.fits and prediction.tpot_s > 0 else math.nan
+    values = (prediction.tpot_ms, prediction.ttft_ms, prediction.output_tok_s, floor * 1e3, share)
     formatted = [f"{v:.4g}" if math.isfinite(v) else "" for v in values]
-    out.update(zip(PREDICT_OUTPUT[:3], formatted, strict=True))
+    out.update(zip(NUMERIC_OUTPUT, formatted, strict=True))
+    out["curves"] = scenario.deployment.efficiency.describe()
     out["fits"] = "true" if prediction.fits else "false"
     out["error"] = prediction.reason
+    if explain is not None and prediction.step is not None:
+        explain += explain_step(prediction.step, out["curves"])
     return out
 
 
@@ -129,10 +144,13 @@ def cmd_predict(args: argparse.Namespace) -> int:
     }
     if not args.model or not args.gpu:
         return _fail("--model and --gpu are required without --csv")
-    result = predict_row(row)
+    lines: list[str] = []
+    result = predict_row(row, lines if args.explain else None)
     if result["error"] and not result["tpot_ms"]:
         return _fail(result["error"])
     print(json.dumps({k: result[k] for k in PREDICT_OUTPUT}, indent=2))
+    if lines:
+        print("\n".join(lines))
     return 0
 
 
@@ -215,7 +233,14 @@ def register(subparsers: Any) -> None:
     group = predict.add_mutually_exclusive_group()
     group.add_argument("--concurrency", type=_positive_int, help="requests in flight (continuous)")
     group.add_argument("--batch", type=_positive_int, help="one static batch")
-    predict.add_argument("--engine", default="vllm", help="vllm, sglang, trtllm or nim")
+    predict.add_argument(
+        "--engine", default="vllm",
+        help="vllm, sglang, trtllm or nim: whose measured kernel curves to use",
+    )  # fmt: skip
+    predict.add_argument(
+        "--explain", action="store_true",
+        help="where the decode step's time goes, against its physical floor",
+    )  # fmt: skip
     predict.set_defaults(func=_guarded(cmd_predict))
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from rooftop_planner.spec import ServingTargetSpec
 
 if TYPE_CHECKING:
+    from rooftop_planner.perf import StepBreakdown
     from rooftop_planner.search import Plan, Rejection, SearchResult
 
 MAX_ALTERNATIVES = 5
@@ -190,3 +191,26 @@ def explain_result(result: SearchResult) -> str:
             for r in examples.values()
         ]
     return "\n".join(lines)
+
+
+def explain_step(step: StepBreakdown, curves: str) -> list[str]:
+    """Where a predicted decode step goes, against its physical floor (``rooftop predict
+    --explain``): the floor is what the HBM must stream; the rest is named."""
+    total = step.total_s
+    lines = [
+        f"mean decode step {total * 1e3:.2f} ms ({curves})",
+        f"  floor {step.floor_s * 1e3:.2f} ms: weights touched + KV cache read, at peak HBM "
+        f"bandwidth; the prediction is {total / step.floor_s:.2f}x the floor"
+        if step.floor_s > 0
+        else "  no floor (nothing read)",
+    ]
+    parts = (
+        ("GEMMs (QKV, output projection, MLP/MoE, LM head)", step.gemm_s),
+        ("attention (decode over the KV cache, carried prefill chunks)", step.attention_s),
+        ("tensor-parallel all-reduces", step.allreduce_s),
+        ("engine fixed costs (scheduling, sampling, small per-layer kernels)", step.overhead_s),
+    )
+    lines += [f"  {seconds * 1e3:8.2f} ms  {name}" for name, seconds in parts]
+    if step.floor_s > step.gemm_s + step.attention_s + step.allreduce_s + step.overhead_s:
+        lines.append("  the kernels' sum is below the floor, so the floor is the prediction")
+    return lines

@@ -167,6 +167,60 @@ def test_predict_one_scenario(capsys: pytest.CaptureFixture[str]) -> None:
     assert 3 < float(data["tpot_ms"]) < 30
 
 
+def row(**overrides: str) -> dict[str, str]:
+    base = {
+        "model": "llama-3.1-8b",
+        "gpu": "h100-sxm",
+        "tp": "1",
+        "weight_dtype": "bf16",
+        "kv_dtype": "auto",
+        "isl": "1000",
+        "osl": "500",
+        "concurrency": "32",
+        "batch": "",
+    }
+    return {**base, **overrides}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"concurrency": "1"}, {"concurrency": "256"}, {"gpu": "a10g", "concurrency": "4"},
+     {"model": "llama-3.1-70b", "tp": "4", "weight_dtype": "fp8", "kv_dtype": "fp8"},
+     {"model": "mixtral-8x7b", "tp": "2"}, {"batch": "64", "concurrency": ""},
+     {"gpu": "b200", "engine": "trtllm"}, {"gpu": "l40s", "engine": "sglang"}],
+)  # fmt: skip
+def test_no_prediction_is_below_its_physical_floor(overrides: dict[str, str]) -> None:
+    from rooftop_planner.cli import predict_row
+
+    out = predict_row(row(**overrides))
+    floor, tpot = float(out["floor_ms"]), float(out["tpot_ms"])
+    assert 0 < floor <= tpot and float(out["floor_share"]) == pytest.approx(floor / tpot, 1e-3)
+
+
+def test_the_engine_picks_its_own_measured_curves() -> None:
+    from rooftop_planner.cli import predict_row
+
+    by_engine = {e: predict_row(row(engine=e)) for e in ("vllm", "sglang", "trtllm", "nim")}
+    assert "vllm 0.24.0 kernels timed on h100_sxm" == by_engine["vllm"]["curves"]
+    assert by_engine["sglang"]["curves"].startswith("sglang ")
+    assert by_engine["nim"]["curves"] == by_engine["trtllm"]["curves"]  # NIM runs TRT-LLM
+    assert len({by_engine[e]["tpot_ms"] for e in ("vllm", "sglang", "trtllm")}) == 3
+    borrowed = predict_row(row(gpu="h100-nvl"))
+    assert "borrowed" in borrowed["curves"] and "h100_sxm" in borrowed["curves"]
+
+
+def test_predict_explain_names_where_the_step_goes(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["predict", "--model", "llama-3.1-70b", "--gpu", "h100-sxm", "--tp", "4"]
+    assert main([*args, "--concurrency", "64", "--explain"]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(out[: out.index("}") + 1])
+    for words in ("floor", "x the floor", "GEMMs", "attention", "all-reduces", "fixed costs"):
+        assert words in out
+    parts = [float(line.split()[0]) for line in out.splitlines() if line.endswith(
+        ("LM head)", "prefill chunks)", "all-reduces", "per-layer kernels)"))]  # fmt: skip
+    assert sum(parts) == pytest.approx(float(data["tpot_ms"]), rel=0.01)
+
+
 def test_more_concurrency_raises_tpot_and_throughput() -> None:
     from rooftop_planner.cli import predict_row
 
