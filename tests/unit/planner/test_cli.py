@@ -201,7 +201,7 @@ def test_the_engine_picks_its_own_measured_curves() -> None:
     from rooftop_planner.cli import predict_row
 
     by_engine = {e: predict_row(row(engine=e)) for e in ("vllm", "sglang", "trtllm", "nim")}
-    assert "vllm 0.24.0 kernels timed on h100_sxm" == by_engine["vllm"]["curves"]
+    assert by_engine["vllm"]["curves"] == "vllm 0.24.0 kernels timed on h100_sxm"
     assert by_engine["sglang"]["curves"].startswith("sglang ")
     assert by_engine["nim"]["curves"] == by_engine["trtllm"]["curves"]  # NIM runs TRT-LLM
     assert len({by_engine[e]["tpot_ms"] for e in ("vllm", "sglang", "trtllm")}) == 3
