@@ -1,6 +1,6 @@
 """Fit the kernel curves on measured kernel tables, then the engines' fixed costs.
 
-    python -m rooftop_planner.calibrate [--ops DIR] [--data CSV] [--write]
+    python -m rooftop_planner.calibrate [--ops DIR] [--data CSV] [--write | --stored]
 
 1. Per measured GPU and engine (``data/ops/<gpu>/<engine>/``), every kernel table gets a
    roofline curve (``kernels.Curve``): the achieved fractions of peak bandwidth and FLOP/s
@@ -514,7 +514,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ops", type=Path, default=DEFAULT_OPS, help="kernel tables folder")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="calibration.csv")
     parser.add_argument("--write", action="store_true", help="store the fit in the catalog")
+    parser.add_argument(
+        "--stored", action="store_true", help="print the stored fit's errors; fit nothing"
+    )
     args = parser.parse_args(argv)
+    if args.stored:
+        print(report(json.loads(OUTPUT.read_text())))
+        return 0
     for flag, path in (("--ops", args.ops / "versions.csv"), ("--data", args.data)):
         if not path.is_file():
             print(f"{flag}: {path} not found", file=sys.stderr)
