@@ -1,0 +1,455 @@
+"""Measured kernel latency tables, and interpolation in them: the engine truth's parts.
+
+The tables are NVIDIA aiconfigurator's per-kernel timings measured inside vLLM on real
+GPUs (github.com/ai-dynamo/aiconfigurator, Apache-2.0; vendored under ``data/ops`` with
+their provenance). ``truth_tables.json.gz`` next to this module carries the rows the
+catalog's models need (``truth_fit.py`` cuts it), so the engine simulator runs without the
+repository. Latencies are milliseconds per call on one GPU, as measured.
+
+Interpolation is direct, in each table's own grid, never through a fitted curve:
+
+- between grid points: linear in (log size, log latency), i.e. a power law through the two
+  neighbours on each axis, blended axis by axis (multilinear in the logs);
+- above a table's largest size: the last measured point scaled by the work,
+  ``latency = y_max * (x / x_max) ** power`` (power 1 for sizes that scale the work
+  linearly, 2 for a prompt's length under causal attention): linear in bytes or FLOPs;
+- below its smallest size: the smallest size's latency (a kernel is launch-bound there).
+
+``Roofline`` then makes each interpolated time physical and carries it to the GPU asked for:
+no kernel runs faster than its bytes at peak bandwidth or its FLOPs at peak (a few
+measurements do, with weights left in L2 cache by the benchmark), and a GPU without tables
+borrows another's, scaled by the ratio of the two GPUs' roofline times for the same work
+(bandwidth ratio when memory-bound, peak-FLOPs ratio when compute-bound; interconnect
+bandwidth ratio for all-reduce).
+"""
+
+from __future__ import annotations
+
+import bisect
+import gzip
+import itertools
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from rooftop_planner.catalog import GpuSpec
+
+FloatArray = npt.NDArray[np.float64]
+TABLES_PATH = Path(__file__).with_name("truth_tables.json.gz")
+HEAD_DIM = 128  # the attention tables' head size (every model in the catalog)
+ACT_BYTES = 2.0  # activations and all-reduce messages are bf16
+
+# Measured table -> the catalog GPU it was measured on (whose specs scale a borrow).
+TABLE_GPU = {
+    "a100_sxm": "a100-80gb",
+    "h100_sxm": "h100-sxm",
+    "h200_sxm": "h200",
+    "b200_sxm": "b200",
+    "l40s": "l40s",
+}
+# Catalog GPUs without tables -> the nearest architecture's (same memory technology first).
+BORROW = {
+    "a100-40gb": "a100_sxm",  # Ampere, HBM
+    "h100-pcie": "h100_sxm",  # Hopper
+    "h100-nvl": "h100_sxm",
+    "gh200": "h100_sxm",
+    "a10g": "l40s",  # GDDR
+    "l4": "l40s",
+    "l40": "l40s",
+    "mi300x": "h100_sxm",  # no AMD/TPU tables: the most common HBM part, scaled
+    "tpu-v5e": "h100_sxm",
+}
+DEFAULT_BORROW = "h100_sxm"
+
+
+def table_for(gpu_id: str) -> str:
+    """The measured table a catalog GPU uses: its own, or the one it borrows."""
+    for table, gid in TABLE_GPU.items():
+        if gid == gpu_id:
+            return table
+    return BORROW.get(gpu_id, DEFAULT_BORROW)
+
+
+# --------------------------------------------------------------------------------------
+# Interpolation primitives
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Bracket:
+    """Where ``x`` falls on a grid: the neighbouring grid indices with log-linear weights
+    (summing to 1), and the factor an extrapolation multiplies by (1 inside the grid)."""
+
+    points: tuple[tuple[int, float], ...]
+    factor: float
+
+
+def bracket(
+    grid: Sequence[float], x: float, power: float = 1.0, scale_below: bool = False
+) -> Bracket:
+    """Bracket ``x`` on an increasing ``grid``.
+
+    Inside: neighbours ``i, i+1`` with weights ``1-w, w``, ``w = log(x/g_i) / log(g_i+1/g_i)``.
+    Above: the last point with factor ``(x / g_max) ** power``. Below: the first point, with
+    factor 1, or ``(x / g_min) ** power`` when ``scale_below`` (a fraction of the smallest
+    measured work, e.g. part of one prompt).
+    """
+    last = len(grid) - 1
+    if x >= grid[last]:
+        return Bracket(((last, 1.0),), math.pow(x / grid[last], power))
+    if x <= grid[0]:
+        return Bracket(((0, 1.0),), math.pow(x / grid[0], power) if scale_below else 1.0)
+    j = bisect.bisect_right(grid, x)
+    lo, hi = grid[j - 1], grid[j]
+    if x == lo:
+        return Bracket(((j - 1, 1.0),), 1.0)
+    w = math.log(x / lo) / math.log(hi / lo)
+    return Bracket(((j - 1, 1.0 - w), (j, w)), 1.0)
+
+
+def blend(
+    brackets: Sequence[Bracket], value: Callable[[tuple[int, ...]], FloatArray | None]
+) -> FloatArray | None:
+    """Multilinear interpolation in log latency over several axes, times the extrapolation
+    factors: ``exp(sum_corners weight * log value) * prod(factor)``. None if a corner is
+    missing (not in the packaged table); NaN where a corner was not measured."""
+    total: FloatArray | None = None
+    for corner in itertools.product(*(b.points for b in brackets)):
+        v = value(tuple(i for i, _ in corner))
+        if v is None:
+            return None
+        term = math.prod(w for _, w in corner) * np.log(v)
+        total = term if total is None else total + term
+    assert total is not None
+    return np.asarray(np.exp(total) * math.prod(b.factor for b in brackets))
+
+
+class Curve:
+    """Latency (ms) against one size, log-log interpolated between measured points.
+
+    Unmeasured (NaN) points are skipped; above the last measured point the latency grows
+    as ``size ** power``; below the first it is clamped (or scaled, ``scale_below``).
+    """
+
+    def __init__(
+        self,
+        xs: Iterable[float],
+        ys: Iterable[float],
+        power: float = 1.0,
+        scale_below: bool = False,
+    ) -> None:
+        keep = [(float(x), float(y)) for x, y in zip(xs, ys, strict=True) if y > 0]  # NaN fails
+        if not keep:
+            raise ValueError("a kernel curve needs at least one measured point")
+        self.xs = [x for x, _ in keep]
+        self.ys = [y for _, y in keep]
+        self._lx = [math.log(x) for x in self.xs]
+        self._ly = [math.log(y) for y in self.ys]
+        self.power = power
+        self.scale_below = scale_below
+
+    def __call__(self, x: float) -> float:
+        xs, last = self.xs, len(self.xs) - 1
+        if x >= xs[last]:
+            return self.ys[last] * math.pow(x / xs[last], self.power)
+        if x <= xs[0]:
+            return self.ys[0] * (math.pow(x / xs[0], self.power) if self.scale_below else 1.0)
+        j = bisect.bisect_right(xs, x)
+        lx, ly = self._lx, self._ly
+        w = (math.log(x) - lx[j - 1]) / (lx[j] - lx[j - 1])
+        return math.exp(ly[j - 1] + w * (ly[j] - ly[j - 1]))
+
+
+class Grid:
+    """Latency (ms) against (batch, tokens): one ``Curve`` over tokens per measured batch
+    size, log-log interpolated across batch sizes.
+
+    A row's curve extends past its own last measured point (the tables stop where the
+    GPU's memory ran out) proportionally to the work, ``tokens ** token_power``. Never
+    below the fastest measured call (a kernel launch), even for a fraction of a batch.
+    """
+
+    def __init__(
+        self,
+        batch: Sequence[float],
+        tokens: Sequence[float],
+        values: FloatArray,
+        token_power: float = 1.0,
+        scale_below_batch: bool = False,
+    ) -> None:
+        rows = [(b, row) for b, row in zip(batch, values, strict=True) if np.any(row > 0)]
+        self.batch = [float(b) for b, _ in rows]
+        self.rows = [Curve(tokens, row, token_power) for _, row in rows]
+        self.floor = float(np.nanmin(values))
+        self.scale_below_batch = scale_below_batch
+
+    def __call__(self, batch: float, tokens: float) -> float:
+        br = bracket(self.batch, batch, 1.0, self.scale_below_batch)
+        log_ms = sum(w * math.log(self.rows[i](tokens)) for i, w in br.points)
+        return max(self.floor, math.exp(log_ms) * br.factor)
+
+
+# --------------------------------------------------------------------------------------
+# The roofline: a physical floor, and borrowing another GPU's tables
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Kernel times measured on ``src``, made physical and carried over to ``dst``.
+
+    Floor: no kernel beats its roofline, ``max(B / bw, F / peak)`` for B bytes it must
+    move and F FLOPs, on the GPU that measured it. A few table entries do (small weights
+    that stay resident in L2 cache across the benchmark's repeated calls, e.g. on the
+    L40S's 96 MB L2); a real model streams different weights every layer, so they are
+    lifted to the floor.
+
+    Borrowing (``dst`` is another GPU): times scale by ``roofline_dst / roofline_src``, the
+    bandwidth ratio for a memory-bound kernel, the peak-FLOPs ratio for a compute-bound
+    one. Launch latencies and kernel efficiencies are assumed to carry over.
+    """
+
+    src: GpuSpec
+    dst: GpuSpec
+
+    @staticmethod
+    def time_ms(gpu: GpuSpec, nbytes: FloatArray, flops: FloatArray, compute: str) -> FloatArray:
+        """Roofline time (ms) of B bytes and F FLOPs on ``gpu`` at its peaks."""
+        t = np.maximum(nbytes / gpu.hbm_bytes_per_s, flops / gpu.flops_per_s(compute))
+        return np.asarray(t * 1e3)
+
+    def apply(
+        self, ms: FloatArray, nbytes: FloatArray, flops: FloatArray, compute: str = "bf16"
+    ) -> FloatArray:
+        """Measured ``ms`` (NaN: unmeasured) floored at src's roofline, scaled to dst."""
+        src = self.time_ms(self.src, nbytes, flops, compute)
+        out = np.maximum(ms, src)  # NaN stays NaN
+        if self.src.id == self.dst.id:
+            return out
+        return np.asarray(out * self.time_ms(self.dst, nbytes, flops, compute) / src)
+
+    @property
+    def link_ratio(self) -> float:
+        """All-reduce time scales with the GPU-to-GPU link bandwidth (NVLink vs PCIe)."""
+        return self.src.interconnect_bytes_per_s / self.dst.interconnect_bytes_per_s
+
+
+def _compute_dtype(table_dtype: str) -> str:
+    return "fp8" if table_dtype == "fp8" else "bf16"
+
+
+def _dtype_bytes(table_dtype: str) -> float:
+    return 1.0 if table_dtype == "fp8" else 2.0
+
+
+# --------------------------------------------------------------------------------------
+# The tables
+# --------------------------------------------------------------------------------------
+
+
+def _array(row: Sequence[float | None]) -> FloatArray:
+    """A JSON row (None: not measured) as floats with NaN."""
+    return np.array([math.nan if v is None else v for v in row], dtype=np.float64)
+
+
+def _log_distance(a: Sequence[float], b: Sequence[float]) -> float:
+    return sum(math.log(x / y) ** 2 for x, y in zip(a, b, strict=True))
+
+
+def _nearest(keys: Sequence[str], want: Sequence[float]) -> tuple[str, list[float]]:
+    """The packaged key nearest to ``want`` in log space (for shapes the catalog lacks)."""
+    parsed = [(k, [float(v) for v in k.split(",")]) for k in keys]
+    return min(parsed, key=lambda kv: (_log_distance(kv[1], want), kv[0]))
+
+
+@dataclass(frozen=True)
+class GemmTable:
+    """``gemm_perf`` for one dtype: latency (ms) over m for each packaged (n, k).
+
+    ``n`` and ``k`` are the full measured grids (so brackets match the raw table); ``rows``
+    holds only the packaged ``"n,k"`` pairs, each a list over ``m``.
+    """
+
+    m: tuple[float, ...]
+    n: tuple[float, ...]
+    k: tuple[float, ...]
+    rows: Mapping[str, list[float | None]]
+
+    @classmethod
+    def from_doc(cls, d: Mapping[str, Any]) -> GemmTable:
+        return cls(tuple(d["m"]), tuple(d["n"]), tuple(d["k"]), d["rows"])
+
+    def _row(self, n: float, k: float) -> FloatArray | None:
+        row = self.rows.get(f"{int(n)},{int(k)}")
+        return None if row is None else _array(row)
+
+    def latencies(self, n: float, k: float) -> FloatArray:
+        """Latency (ms) at each grid m for an [m, k] x [k, n] GEMM: interpolated in log n and
+        log k between the four neighbouring measured (n, k), linear in FLOPs beyond the grid.
+        A shape whose neighbours were not packaged (a model outside the catalog) takes the
+        nearest packaged (n0, k0) scaled by n*k / (n0*k0)."""
+        brackets = (bracket(self.n, n), bracket(self.k, k))
+        out = blend(brackets, lambda ij: self._row(self.n[ij[0]], self.k[ij[1]]))
+        if out is not None:
+            return out
+        key, (n0, k0) = _nearest(sorted(self.rows), (n, k))
+        return _array(self.rows[key]) * (n * k / (n0 * k0))
+
+    def curve(self, n: float, k: float, dtype: str, roof: Roofline) -> Curve:
+        """Latency (ms) against m for this (n, k); ``dtype`` is the table's (weight bytes)."""
+        m = np.array(self.m)
+        nbytes = (m * k + m * n) * ACT_BYTES + n * k * _dtype_bytes(dtype)
+        ms = roof.apply(self.latencies(n, k), nbytes, 2.0 * m * n * k, _compute_dtype(dtype))
+        return Curve(self.m, ms)
+
+
+@dataclass(frozen=True)
+class AttentionTable:
+    """Decode or prefill attention for one KV dtype: latency (ms) over (batch, tokens) for
+    each packaged (query heads, KV heads) per GPU, head size 128.
+
+    tokens: decode, the cached tokens each sequence attends to (the table's isl + step);
+    prefill, the prompt length (no cached prefix). ``heads`` maps each measured KV-head
+    count to the query-head counts measured with it (the full grid).
+    """
+
+    batch: tuple[float, ...]
+    tokens: tuple[float, ...]
+    heads: Mapping[str, list[int]]
+    rows: Mapping[str, list[list[float | None]]]
+
+    @classmethod
+    def from_doc(cls, d: Mapping[str, Any]) -> AttentionTable:
+        return cls(tuple(d["batch"]), tuple(d["tokens"]), d["heads"], d["rows"])
+
+    def _row(self, h: int, kv: int) -> FloatArray | None:
+        row = self.rows.get(f"{h},{kv}")
+        return None if row is None else np.array([_array(r) for r in row])
+
+    def latencies(self, h: float, kv: float, decode: bool) -> FloatArray:
+        """Latency grid [batch, tokens] (ms) for ``h`` query and ``kv`` KV heads per GPU.
+
+        Interpolated in log KV heads at a constant group size ``h/kv`` (query heads
+        ``h * kv_i / kv`` at each neighbour ``kv_i``), then in log query heads; beyond the
+        grid linear in the heads. Unpackaged heads take the nearest packaged pair scaled by
+        the work: KV heads for decode (it streams the KV cache), query heads for prefill.
+        """
+        kvs = sorted(int(k) for k in self.heads)
+        kb = bracket(kvs, kv)
+        out = blend([kb], lambda i: self._at_kv(h * kvs[i[0]] / kv, kvs[i[0]]))
+        return self._nearest(h, kv, decode) if out is None else out
+
+    def _at_kv(self, h: float, kv: int) -> FloatArray | None:
+        """Interpolated in log query heads among those measured with ``kv`` KV heads."""
+        hs = self.heads[str(kv)]
+        return blend([bracket(hs, h)], lambda j: self._row(hs[j[0]], kv))
+
+    def _nearest(self, h: float, kv: float, decode: bool) -> FloatArray:
+        key, (h0, kv0) = _nearest(sorted(self.rows), (h, kv))
+        grid = np.array([_array(r) for r in self.rows[key]])
+        return grid * (kv / kv0 if decode else h / h0)
+
+    def grid(
+        self, h: float, kv: float, head_dim: int, dtype: str, decode: bool, roof: Roofline
+    ) -> Grid:
+        """A ``Grid`` for this head configuration; ``dtype`` is the table's KV dtype.
+
+        Other head sizes scale linearly from 128 (bytes and FLOPs both do)."""
+        ms = self.latencies(h, kv, decode) * (head_dim / HEAD_DIM)
+        b, t = np.meshgrid(np.array(self.batch), np.array(self.tokens), indexing="ij")
+        if decode:  # reads K and V of every cached token, one query per sequence
+            nbytes = 2.0 * b * t * kv * head_dim * _dtype_bytes(dtype)
+            flops = 4.0 * b * t * h * head_dim
+        else:  # Q, K, V in and O out; causal QK^T and PV over t^2/2 pairs
+            nbytes = b * t * (2.0 * h + 2.0 * kv) * head_dim * ACT_BYTES
+            flops = 2.0 * b * t * t * h * head_dim
+        ms = roof.apply(ms, nbytes, flops, _compute_dtype(dtype))
+        # prefill: attention work grows as the prompt length squared; a chunk of a prompt
+        # is a fraction of one batch entry (scale_below_batch)
+        return Grid(self.batch, self.tokens, ms, 1.0 if decode else 2.0, not decode)
+
+
+@dataclass(frozen=True)
+class MoeTable:
+    """``moe_perf`` for one dtype: the fused MoE layer's latency (ms) over tokens for each
+    packaged ``"hidden,inter,topk,experts,tp"`` (balanced routing, no expert parallelism)."""
+
+    tokens: tuple[float, ...]
+    rows: Mapping[str, list[float | None]]
+
+    @classmethod
+    def from_doc(cls, d: Mapping[str, Any]) -> MoeTable:
+        return cls(tuple(d["tokens"]), d["rows"])
+
+    def curve(
+        self, hidden: int, inter: int, topk: int, experts: int, tp: int, dtype: str,
+        roof: Roofline,
+    ) -> Curve | None:  # fmt: skip
+        """Latency (ms) against tokens, or None when the shape was not measured."""
+        row = self.rows.get(f"{hidden},{inter},{topk},{experts},{tp}")
+        if row is None:
+            return None
+        t = np.array(self.tokens)
+        touched = experts * (1.0 - (1.0 - topk / experts) ** t)  # experts read, uniform
+        weights = 3.0 * hidden * inter / tp
+        nbytes = touched * weights * _dtype_bytes(dtype) + 2.0 * t * hidden * ACT_BYTES
+        flops = 2.0 * t * topk * weights
+        return Curve(self.tokens, roof.apply(_array(row), nbytes, flops, _compute_dtype(dtype)))
+
+
+@dataclass(frozen=True)
+class GpuTables:
+    """One GPU's measured tables (one engine): GEMM and MoE by weight dtype, attention by KV
+    dtype (``bfloat16``, ``fp8`` where measured), all-reduce by GPU count."""
+
+    name: str
+    versions: Mapping[str, str]
+    gemm: Mapping[str, GemmTable]
+    decode: Mapping[str, AttentionTable]
+    prefill: Mapping[str, AttentionTable]
+    allreduce: Mapping[int, Curve]
+    moe: Mapping[str, MoeTable]
+
+    @classmethod
+    def from_doc(cls, name: str, d: Mapping[str, Any]) -> GpuTables:
+        return cls(
+            name,
+            d["versions"],
+            {k: GemmTable.from_doc(v) for k, v in d["gemm"].items()},
+            {k: AttentionTable.from_doc(v) for k, v in d["decode_attention"].items()},
+            {k: AttentionTable.from_doc(v) for k, v in d["context_attention"].items()},
+            {int(k): Curve(v["elements"], v["latency"]) for k, v in d["allreduce"].items()},
+            {k: MoeTable.from_doc(v) for k, v in d.get("moe", {}).items()},
+        )
+
+    def allreduce_curve(self, gpus: int, roof: Roofline) -> Curve:
+        """Latency (ms) against message elements for ``gpus`` GPUs (nearest measured count)."""
+        n = min(self.allreduce, key=lambda g: (abs(math.log(g / gpus)), g))
+        c = self.allreduce[n]
+        return Curve(c.xs, [y * roof.link_ratio for y in c.ys])
+
+
+def parse_tables(doc: Mapping[str, Any]) -> dict[str, GpuTables]:
+    """Every GPU's tables from an artefact document."""
+    return {name: GpuTables.from_doc(name, d) for name, d in doc["tables"].items()}
+
+
+@lru_cache(maxsize=1)
+def load_document(path: Path = TABLES_PATH) -> dict[str, Any]:
+    """The packaged artefact (gzipped JSON next to this module)."""
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        doc: dict[str, Any] = json.load(fh)
+    return doc
+
+
+@lru_cache(maxsize=1)
+def load_tables() -> dict[str, GpuTables]:
+    """The packaged tables, parsed once per process."""
+    return parse_tables(load_document())
