@@ -59,8 +59,10 @@ async def test_run_load_against_engine_sim(server: TestServer) -> None:
     assert report.sent == 20 and report.completed == 20 and report.errors == 0
     assert report.output_tok_s > 0 and seen[-1] == 20
     assert set(report.ttft_s) == {"p50", "p90", "p99", "mean"}
-    # engine-sim at time scale 20: an 8B decode step (~8 ms) takes ~0.4 ms of wall time
-    assert 0.0002 < report.tpot_s["p50"] < 0.01
+    # engine-sim at time scale 20: an 8B decode step (~6.5 ms on an H100) takes ~0.3 ms of
+    # wall time; client-side timing jitters, so the bounds only rule out no wait at all
+    # and a stall
+    assert 0.0001 < report.tpot_s["p50"] < 0.01
     assert report.ttft_s["p50"] <= report.ttft_s["p99"]
 
 

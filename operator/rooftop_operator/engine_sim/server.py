@@ -37,9 +37,10 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rooftop_operator.engine_sim.core import Engine, EngineConfig, Request, StepResult
-from rooftop_operator.engine_sim.truth import ModelShape, TruthModel
+from rooftop_operator.engine_sim.truth import TruthModel
 from rooftop_operator.engine_sim.vllm_metrics import VllmMetrics
 from rooftop_operator.flags import Rule, check_ranges
+from rooftop_planner.catalog import ModelSpec
 from rooftop_planner.scenarios import normalize_dtype
 from rooftop_planner.search import TP_DEGREES, tp_problem
 
@@ -100,7 +101,7 @@ def sim_dtypes(cfg: SimConfig) -> tuple[str, str]:
     return weight, normalize_dtype(cfg.kv_dtype, "--kv-dtype", kv=True)
 
 
-def check_tp(model: ModelShape, tp: int) -> None:
+def check_tp(model: ModelSpec, tp: int) -> None:
     """The planner's TP rule (``search.tp_problem``), so the simulator refuses what
     ``rooftop plan`` and ``rooftop predict`` refuse."""
     problem = tp_problem(model, tp)
