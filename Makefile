@@ -77,6 +77,7 @@ bench: $(VENV)/.dev
 
 calibrate: $(VENV)/.dev
 	$(BIN)/python -m rooftop_planner.calibrate
+	$(BIN)/python -m rooftop_operator.engine_sim.truth --fit
 
 cluster-up: $(VENV)/.dev tools
 	$(BIN)/python -m tests.cluster up

@@ -1,6 +1,6 @@
 """Simulated vLLM engine: timing truth model, continuous-batching core, HTTP server.
 
-``truth``  fitted step-time oracle (independent of the planner's roofline formula)
+``truth``  step-time oracle: measured kernel tables (``kernels``), independent of the planner
 ``core``   pure, clock-agnostic continuous-batching scheduler (no I/O)
 ``server`` ``rooftop engine-sim``: OpenAI-compatible HTTP + vLLM-named /metrics
 """
