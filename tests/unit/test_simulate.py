@@ -3,10 +3,9 @@
 The trace is a few hundred short requests whose rate steps up and down, so every
 policy has to scale, and a run takes a fraction of a second.
 
-The engine's timing truth (measured vLLM kernels) makes this target's 4x L4 steps 1.3x
-slower than the planner predicts at batch 1 and more as the batch grows (PCIe all-reduce),
-so the planner under-sizes, and a cold loop, which learns one factor, misses part of the
-SLO on a trace this short. The tests assert what holds regardless.
+The engine's timing truth (measured vLLM kernels, interpolated directly) runs this
+target's 4x L4 steps 1.03-1.2x the planner's prediction, so the cold loop has a factor to
+learn but not a large one.
 """
 
 from __future__ import annotations
@@ -32,7 +31,7 @@ TARGET = {
     "metadata": {"name": "tiny"},
     "spec": {
         "model": "llama-3.1-70b",
-        # 100 ms is out of reach once prompts interleave: the truth's step is ~90 ms at batch 1
+        # at 100 ms one 8-GPU replica serves the whole trace and there is nothing to scale
         "slo": {"tpotMs": 150, "ttftMs": 2000},
         "workload": {
             "requestsPerSecond": 1.0,
@@ -112,8 +111,7 @@ def test_oracle_is_the_cheapest_autoscaler(
     meeting = [name for name, (_, s) in runs.items() if _meets_shares(s)]
     assert {"oracle", "oracle-instant", "static-fit"} <= set(meeting)
     assert all(usd[name] >= usd["oracle-instant"] for name in meeting), usd
-    if _meets_shares(runs["rooftop"][1]):
-        assert usd["rooftop"] >= usd["oracle"], usd
+    assert usd["oracle"] <= usd["rooftop"], usd
 
 
 def test_the_oracle_asks_for_pods_a_start_up_ahead() -> None:
@@ -160,8 +158,7 @@ def test_rooftop_scales_with_the_load(runs: dict[str, tuple[SimResult, dict[str,
     res, s = runs["rooftop"]
     counts = [t.replicas for t in res.timeline]
     assert max(counts) > counts[0]  # the 5x step needs more replicas
-    # scaling on what it observes beats the planner's fixed size (which under-sizes here)
-    assert s["slo_attainment_tpot"] > runs["static-peak"][1]["slo_attainment_tpot"] + 0.1
+    assert s["slo_attainment_tpot"] >= 0.95
 
 
 def test_rooftop_reports_where_its_estimates_ended(

@@ -19,8 +19,8 @@ Interpolation is direct, in each table's own grid, never through a fitted curve:
 no kernel runs faster than its bytes at peak bandwidth or its FLOPs at peak (a few
 measurements do, with weights left in L2 cache by the benchmark), and a GPU without tables
 borrows another's, scaled by the ratio of the two GPUs' roofline times for the same work
-(bandwidth ratio when memory-bound, peak-FLOPs ratio when compute-bound; interconnect
-bandwidth ratio for all-reduce).
+(bandwidth ratio when memory-bound, peak-FLOPs ratio when compute-bound; for all-reduce,
+its bandwidth part is rescaled to the GPU's own links, see ``allreduce_curve``).
 """
 
 from __future__ import annotations
@@ -235,11 +235,6 @@ class Roofline:
             return out
         return np.asarray(out * self.time_ms(self.dst, nbytes, flops, compute) / src)
 
-    @property
-    def link_ratio(self) -> float:
-        """All-reduce time scales with the GPU-to-GPU link bandwidth (NVLink vs PCIe)."""
-        return self.src.interconnect_bytes_per_s / self.dst.interconnect_bytes_per_s
-
 
 def _compute_dtype(table_dtype: str) -> str:
     return "fp8" if table_dtype == "fp8" else "bf16"
@@ -430,10 +425,19 @@ class GpuTables:
         )
 
     def allreduce_curve(self, gpus: int, roof: Roofline) -> Curve:
-        """Latency (ms) against message elements for ``gpus`` GPUs (nearest measured count)."""
+        """Latency (ms) against message elements for ``gpus`` GPUs (nearest measured count).
+
+        The part above the smallest message's latency is bandwidth: it is rescaled from
+        the measuring host's rate (largest message over its time) to ``dst``'s ring rate,
+        link bytes/s · n / (2 · (n − 1)). Hosts differ most in links: the L40S tables come
+        from one whose PCIe all-reduce reaches ~2.4 GB/s, a seventh of a PCIe 4 server's.
+        """
         n = min(self.allreduce, key=lambda g: (abs(math.log(g / gpus)), g))
         c = self.allreduce[n]
-        return Curve(c.xs, [y * roof.link_ratio for y in c.ys])
+        latency = c.ys[0]
+        measured = c.xs[-1] * 2.0 / (c.ys[-1] * 1e-3)  # bf16 bytes per second
+        ring = roof.dst.interconnect_bytes_per_s * n / (2.0 * (n - 1))
+        return Curve(c.xs, [latency + (y - latency) * measured / ring for y in c.ys])
 
 
 def parse_tables(doc: Mapping[str, Any]) -> dict[str, GpuTables]:
