@@ -67,7 +67,7 @@ spec:
   mode: simulated
   slo:
     tpotMs: 100
-    tpotPercentile: p90
+    tpotPercentile: p99
     ttftMs: 2000
     ttftPercentile: p90
   workload:
