@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.spec import ServingTargetSpec
 
 if TYPE_CHECKING:
@@ -175,6 +176,8 @@ def explain_result(result: SearchResult) -> str:
     lines = []
     if result.plan:
         lines.append(f"Chosen: {result.plan.summary}")
+        curves = load_efficiency().lookup(result.plan.gpu, "vllm").describe()
+        lines.append(f"  - step times from {curves}")
     else:
         lines.append("No feasible plan.")
     lines += [f"  - {reason}" for reason in result.reasons]

@@ -255,3 +255,10 @@ def test_predict_refuses_a_tensor_parallel_group_wider_than_a_node(
     err = capsys.readouterr().err
     assert "tp: 16 exceeds the 8 h100-sxm GPUs one node holds" in err and "tp <= 8" in err
     assert main([*args, "--tp", "8"]) == 0
+
+
+def test_plan_explain_names_the_curves_it_timed_with(capsys: pytest.CaptureFixture[str]) -> None:
+    example = Path(__file__).parents[3] / "examples" / "llama-3.1-70b-budget.yaml"
+    main(["plan", str(example), "--explain"])
+    out = capsys.readouterr().out
+    assert "  - step times from vllm " in out and " kernels timed on " in out
