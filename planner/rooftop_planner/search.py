@@ -247,10 +247,9 @@ def _operating_points(
     repeat = len(t.prompts) + 1
     seqs = np.concatenate([batches] * repeat + [batch_q])
     ctx = seqs * (t.isl_mean + t.osl_mean / 2.0)
-    chunk = np.concatenate(
-        [np.zeros(n)] + [np.full(n, p / c) for p, c in zip(lengths, chunks, strict=True)]
-    )
-    attended = chunk * np.concatenate([np.zeros(n)] + [np.full(n, p / 2.0) for p in lengths])
+    per_length = np.array([0.0] + [p / c for p, c in zip(lengths, chunks, strict=True)])
+    chunk = np.repeat(per_length, n)
+    attended = chunk * np.repeat(np.array([0.0] + [p / 2.0 for p in lengths]), n)
     steps = perf.forward_times_s(dep, seqs, ctx, chunk, attended).reshape(repeat + 1, n)
     decode = steps[0]
     extras = [c * (steps[i + 1] - decode) for i, c in enumerate(chunks[:-1])]
@@ -301,11 +300,11 @@ class _Curve:
     @classmethod
     def build(cls, dep: Deployment, limit: float, t: _Targets, points: int = 16) -> _Curve:
         limit = max(limit, 1.0)
-        batches = np.array([limit ** (i / (points - 1)) for i in range(points)])
+        batches = limit ** (np.arange(points) / (points - 1))
         if limit <= 1.0:
             batches = np.array([1.0, 1.05])
         tpot, ttft, rate = _operating_points(dep, batches, t)
-        return cls(*(tuple(float(v) for v in col) for col in (batches, tpot, ttft, rate)))
+        return cls(*(tuple(col.tolist()) for col in (batches, tpot, ttft, rate)))
 
     def largest_batch_meeting(self, t: _Targets) -> float:
         """Largest grid-interpolated batch whose TPOT_q and TTFT_q meet the SLO, or 0."""

@@ -30,7 +30,7 @@ import numpy as np
 from rooftop_planner.kernels import FloatArray
 
 OUTPUT_POINTS = 6  # equal-weight output-length points of the mixture
-CDF_POINTS = 17  # the mixture's CDF is read on this many points across the bracket
+CDF_POINTS = 13  # the mixture's CDF is read on this many points across the bracket
 _FRACTIONS = np.linspace(0.0, 1.0, CDF_POINTS)
 _SQRT2 = sqrt(2.0)
 _Z = NormalDist()
