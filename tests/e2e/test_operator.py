@@ -270,7 +270,7 @@ def test_slo_edit_replans_and_rolls_the_deployment(env: Env) -> None:
     doc = load(ROOT / "examples" / "chat-llama-3.1-8b.yaml", name="chat-edit")
     before = expected_plan(doc, env.catalog)
     edited = copy.deepcopy(doc)
-    for tpot in (15, 12, 40, 60, 100):
+    for tpot in (15, 12, 8, 6, 40, 60, 100):
         edited["spec"]["slo"]["tpotMs"] = tpot
         after = expected_plan(edited, env.catalog)
         if (after.gpu, after.tp, after.max_num_seqs) != (
