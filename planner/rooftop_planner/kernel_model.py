@@ -41,12 +41,7 @@ def _gemm_curve(dep: Deployment) -> Curve:
 
 def gemm_s(dep: Deployment, m: float, n: float, k: float) -> float:
     """One GEMM of m tokens through an n × k weight (seconds)."""
-    weight = n * k * BYTES_PER_DTYPE[dep.weight_dtype]
-    moved = weight + (m * k + m * n) * ACTIVATION_BYTES
-    gpu = dep.gpu
-    return _gemm_curve(dep).time_s(
-        moved, 2.0 * m * n * k, m, gpu.hbm_bytes_per_s, gpu.flops_per_s(dep.compute_dtype)
-    )
+    return float(_gemms_s(dep, np.array([m], dtype=np.float64), n, k)[0])
 
 
 def _layer_shapes(dep: Deployment) -> list[tuple[float, float]]:

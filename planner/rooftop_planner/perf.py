@@ -240,11 +240,9 @@ def forward_time_s(
     prefill_attended: float = 0.0,
 ) -> float:
     """Seconds of one engine step (see ``step_breakdown`` for the sum it is)."""
-    model = kernel_model.step_model(dep)
-    context = cached_tokens(dep.model, context_tokens)
-    gemm, attention, allreduce = model.parts(decode_seqs, context, prefill_tokens, prefill_attended)
-    total = (gemm + attention + allreduce + model.overhead_s) * model.scale
-    return max(total, floor_s(dep, decode_seqs + prefill_tokens, context_tokens))
+    return step_breakdown(
+        dep, decode_seqs, context_tokens, prefill_tokens, prefill_attended
+    ).total_s
 
 
 def forward_times_s(
