@@ -177,33 +177,12 @@ class StepBreakdown:
                    self.floor_s)  # fmt: skip
 
 
-def _moe_weight_bytes_touched(dep: Deployment, tokens: float) -> float:
-    """Weight bytes a forward over ``tokens`` tokens reads on one GPU.
-
-    A dense model reads all weights. An MoE reads the shared weights plus every expert that
-    at least one token routed to: E · (1 − (1 − k/E)^tokens) experts per layer in expectation
-    with uniform routing.
-    """
-    model = dep.model
-    total = weight_bytes_per_gpu(dep)
-    if not model.is_moe:
-        return total
-    expert_bytes = model.expert_param_count * BYTES_PER_DTYPE[dep.weight_dtype] / dep.tp
-    return total - (model.num_experts - _experts_touched(model, tokens)) * expert_bytes
-
-
-def _experts_touched(model: ModelSpec, tokens: float) -> float:
-    k_over_e = model.experts_per_token / model.num_experts
-    return model.num_experts * (1.0 - float((1.0 - k_over_e) ** max(tokens, 1.0)))
-
-
 def floor_s(dep: Deployment, tokens: float, context_tokens: float) -> float:
     """The physical floor of one step: every weight byte touched and every cached KV byte
-    read streams from HBM once at peak bandwidth (seconds)."""
-    kv_read = cached_tokens(dep.model, context_tokens) * kv_bytes_per_token_per_gpu(
-        dep.model, dep.kv_dtype, dep.tp
-    )
-    return (_moe_weight_bytes_touched(dep, tokens) + kv_read) / dep.gpu.hbm_bytes_per_s
+    read streams from HBM once at peak bandwidth (seconds). MoE touches only the experts
+    its tokens route to: E · (1 − (1 − k/E)^tokens) in expectation."""
+    cached = np.array([cached_tokens(dep.model, context_tokens)], dtype=np.float64)
+    return float(_floors_s(dep, np.array([tokens], dtype=np.float64), cached)[0])
 
 
 def step_breakdown(
