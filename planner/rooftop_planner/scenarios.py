@@ -1,7 +1,7 @@
 """Benchmark scenarios: one row of a measurement or prediction CSV, normalised.
 
 Both ``rooftop predict --csv`` and the calibration fit read rows shaped like
-shared/data/measured/calibration.csv: ``model,gpu,tp,weight_dtype,kv_dtype,isl,osl,
+data/measured/calibration.csv: ``model,gpu,tp,weight_dtype,kv_dtype,isl,osl,
 concurrency,batch[,engine]``. Sources spell GPUs, dtypes and engines many ways
 ("H100 80GB HBM3", "fp16 (source: Mixed)", "TensorRT-LLM 0.9.0 (static batch)"); this
 module maps them to catalog ids and says precisely what it could not understand.

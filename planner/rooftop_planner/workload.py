@@ -1,7 +1,7 @@
 """Token-length distributions and the percentiles the SLO search needs.
 
 A length given as mean and p90 is modelled as log-normal (request lengths in production
-traces are right-skewed; the Azure 2023 traces in shared/data/traces/ are). A histogram
+traces are right-skewed; the Azure 2023 traces in examples/traces/ are). A histogram
 is used as given. A mean alone means every request has that length.
 """
 
