@@ -1,11 +1,11 @@
 """Roofline performance model: memory, decode step, prefill, static and continuous batching.
 
-All quantities are SI: bytes, seconds, FLOP. The model follows the seed derivations
-(checked in tests/unit/planner/test_seeds.py): a decode step must stream every weight
-byte and every cached KV byte from HBM once, and must do 2 FLOP per active parameter per
-token; whichever takes longer bounds the step (000, 002). Tensor parallelism (TP) splits both across ``tp`` GPUs and adds two
-all-reduces per layer (003). Real engines add fixed costs per step and per layer
-(scheduling, sampling, kernel launches); those and the achievable fractions of peak
+All quantities are SI: bytes, seconds, FLOP. The model follows the seed derivations (checked
+in tests/unit/planner/test_seeds.py): a decode step must stream every weight byte and every
+cached KV byte from HBM once, and must do 2 FLOP per active parameter per token; whichever
+takes longer bounds the step (000, 002). Tensor parallelism (TP) splits both across ``tp``
+GPUs and adds two all-reduces per layer (003). Real engines add fixed costs per step and per
+layer (scheduling, sampling, kernel launches); those and the achievable fractions of peak
 bandwidth and FLOP/s are *fitted* on measured data (``calibrate.py``), never guessed.
 """
 
