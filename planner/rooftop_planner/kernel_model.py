@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -218,36 +219,79 @@ class StepModel:
             )  # fmt: skip
         return total
 
-    def totals_s(
-        self, decode_seqs: FloatArray, context: FloatArray, prefill: FloatArray,
-        attended: FloatArray, floor: FloatArray,
-    ) -> FloatArray:  # fmt: skip
-        """Step seconds over arrays (same sum as ``parts``; ``floor`` from the caller)."""
-        tokens = decode_seqs + prefill
-        sampled = decode_seqs + np.where(prefill > 0, 1.0, 0.0)
-        gemm = self._grid_array(self.by_tokens, tokens) + self._grid_array(self.lm_head, sampled)
-        head_dim = self.dep.model.head_dim
-        seqs = np.maximum(decode_seqs, 1e-9)
-        decode = self.decode.times_s(
-            context * self.kv_bytes_per_token_layer, 4.0 * self.q_heads * head_dim * context,
-            context / seqs, self.bw, self.peak, decode_seqs,
-        )  # fmt: skip
-        chunk = np.maximum(prefill, 1e-9)
-        moved = prefill * (self.q_heads + 2.0 * self.kv_heads) * head_dim * ACTIVATION_BYTES
-        pre = self.prefill.times_s(
-            moved, 4.0 * self.q_heads * head_dim * attended, 2.0 * attended / chunk,
-            self.bw, self.peak,
-        )  # fmt: skip
-        attention = np.where(decode_seqs > 0, decode, 0.0) + np.where(prefill > 0, pre, 0.0)
-        total = (gemm + self.dep.model.num_layers * attention + self.overhead_s) * self.scale
-        out: FloatArray = np.maximum(total, floor)
-        return out
 
-    def _grid_array(self, table: FloatArray, tokens: FloatArray) -> FloatArray:
-        x = np.log2(np.maximum(tokens, 1.0)) * GRID_STEPS_PER_OCTAVE
-        grid = np.interp(x, np.arange(len(table), dtype=float), table)
-        out: FloatArray = np.where(tokens < 1.0, table[0] * np.maximum(tokens, 0.0), grid)
-        return out
+def _column(values: list[float]) -> FloatArray:
+    out: FloatArray = np.array(values, dtype=np.float64)[:, None]
+    return out
+
+
+def totals_s(
+    models: Sequence[StepModel], decode_seqs: FloatArray, context: FloatArray,
+    prefill: FloatArray, attended: FloatArray, floor: FloatArray,
+) -> FloatArray:  # fmt: skip
+    """Step seconds of many deployments at once (same sum as ``StepModel.parts``).
+
+    Every array is D × N: row d holds steps of ``models[d]``; ``floor`` from the caller.
+    The search times all its candidates' batch grids in this one call: per deployment,
+    numpy's call overhead on a few dozen steps costs more than the arithmetic.
+    """
+    tokens = decode_seqs + prefill
+    sampled = decode_seqs + np.where(prefill > 0, 1.0, 0.0)
+    gemm = _grid_rows(np.stack([m.by_tokens for m in models]), tokens) + _grid_rows(
+        np.stack([m.lm_head for m in models]), sampled
+    )
+    attention = np.zeros_like(tokens)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for row, m in enumerate(models):  # models sharing attention curves: one call each
+        groups.setdefault((id(m.decode), id(m.prefill)), []).append(row)
+    for rows in groups.values():
+        part = [models[r] for r in rows]
+        attention[rows] = _attention_rows(part, decode_seqs[rows], context[rows],
+                                          prefill[rows], attended[rows])  # fmt: skip
+    layers = _column([m.dep.model.num_layers for m in models])
+    overhead = _column([m.overhead_s for m in models])
+    total = (gemm + layers * attention + overhead) * _column([m.scale for m in models])
+    out: FloatArray = np.maximum(total, floor)
+    return out
+
+
+def _attention_rows(
+    models: list[StepModel], decode_seqs: FloatArray, context: FloatArray,
+    prefill: FloatArray, attended: FloatArray,
+) -> FloatArray:  # fmt: skip
+    """One layer's attention seconds for models that share their attention curves."""
+    first = models[0]
+    q_heads = _column([m.q_heads for m in models])
+    kv_heads = _column([m.kv_heads for m in models])
+    head_dim = _column([m.dep.model.head_dim for m in models])
+    kv_bytes = _column([m.kv_bytes_per_token_layer for m in models])
+    bw, peak = _column([m.bw for m in models]), _column([m.peak for m in models])
+    seqs = np.maximum(decode_seqs, 1e-9)
+    decode = first.decode.times_s(
+        context * kv_bytes, 4.0 * q_heads * head_dim * context, context / seqs, bw, peak,
+        decode_seqs,
+    )  # fmt: skip
+    chunk = np.maximum(prefill, 1e-9)
+    moved = prefill * (q_heads + 2.0 * kv_heads) * head_dim * ACTIVATION_BYTES
+    pre = first.prefill.times_s(
+        moved, 4.0 * q_heads * head_dim * attended, 2.0 * attended / chunk, bw, peak
+    )
+    out: FloatArray = np.where(decode_seqs > 0, decode, 0.0) + np.where(prefill > 0, pre, 0.0)
+    return out
+
+
+def _grid_rows(tables: FloatArray, tokens: FloatArray) -> FloatArray:
+    """Row d of ``tokens`` interpolated in row d of ``tables`` (the log2 token grid; flat
+    beyond its end, proportional below one token)."""
+    x = np.log2(np.maximum(tokens, 1.0)) * GRID_STEPS_PER_OCTAVE
+    last = tables.shape[1] - 1
+    i = np.minimum(x.astype(np.int64), last - 1)
+    frac = np.minimum(x - i, 1.0)
+    rows = np.arange(tables.shape[0])[:, None]
+    low = tables[rows, i]
+    grid = low + frac * (tables[rows, i + 1] - low)
+    out: FloatArray = np.where(tokens < 1.0, tables[:, :1] * np.maximum(tokens, 0.0), grid)
+    return out
 
 
 Tables = tuple[FloatArray, FloatArray, FloatArray]
@@ -292,4 +336,4 @@ def step_model(dep: Deployment) -> StepModel:
     return model
 
 
-__all__ = ["KernelCurves", "StepModel", "gemm_s", "lm_head_s", "moe_s", "step_model"]
+__all__ = ["KernelCurves", "StepModel", "gemm_s", "lm_head_s", "moe_s", "step_model", "totals_s"]

@@ -86,11 +86,12 @@ class Curve:
         bytes_moved: FloatArray,
         flops: FloatArray,
         driver: FloatArray,
-        hbm_bytes_per_s: float,
-        flops_per_s: float,
+        hbm_bytes_per_s: FloatArray | float,
+        flops_per_s: FloatArray | float,
         items: FloatArray | float = 0.0,
     ) -> FloatArray:
-        """``time_s`` over arrays (the search evaluates a whole batch grid at once)."""
+        """``time_s`` over arrays (the search evaluates its batch grids at once; the GPU's
+        rates may vary along the arrays' first axis)."""
         x = np.log2(np.maximum(driver, 1.0))
         memory = bytes_moved / (hbm_bytes_per_s * np.interp(x, self.knots, self.mem_eff))
         compute = flops / (flops_per_s * np.interp(x, self.knots, self.flop_eff))

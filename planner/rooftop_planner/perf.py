@@ -12,6 +12,7 @@ bandwidth and FLOP/s are *fitted* on measured data (``calibrate.py``), never gue
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -181,8 +182,8 @@ def floor_s(dep: Deployment, tokens: float, context_tokens: float) -> float:
     """The physical floor of one step: every weight byte touched and every cached KV byte
     read streams from HBM once at peak bandwidth (seconds). MoE touches only the experts
     its tokens route to: E · (1 − (1 − k/E)^tokens) in expectation."""
-    cached = np.array([cached_tokens(dep.model, context_tokens)], dtype=np.float64)
-    return float(_floors_s(dep, np.array([tokens], dtype=np.float64), cached)[0])
+    cached = np.array([[cached_tokens(dep.model, context_tokens)]], dtype=np.float64)
+    return float(_floors_s([dep], np.array([[tokens]], dtype=np.float64), cached)[0, 0])
 
 
 def step_breakdown(
@@ -225,31 +226,42 @@ def forward_time_s(
 
 
 def forward_times_s(
-    dep: Deployment,
+    deps: Sequence[Deployment],
     decode_seqs: FloatArray,
     context_tokens: FloatArray,
     prefill_tokens: FloatArray,
     prefill_attended: FloatArray,
 ) -> FloatArray:
-    """``forward_time_s`` over arrays of steps (the search's grid of batches)."""
-    context = np.minimum(context_tokens, dep.model.sliding_window or np.inf)
-    floor = _floors_s(dep, decode_seqs + prefill_tokens, context)
-    return kernel_model.step_model(dep).totals_s(
-        decode_seqs, context, prefill_tokens, prefill_attended, floor
-    )
+    """``forward_time_s`` over D × N arrays of steps: row d is a grid of ``deps[d]``'s."""
+    window = _column([d.model.sliding_window or np.inf for d in deps])
+    context = np.minimum(context_tokens, window)
+    floor = _floors_s(deps, decode_seqs + prefill_tokens, context)
+    models = [kernel_model.step_model(d) for d in deps]
+    return kernel_model.totals_s(models, decode_seqs, context, prefill_tokens,
+                                 prefill_attended, floor)  # fmt: skip
 
 
-def _floors_s(dep: Deployment, tokens: FloatArray, cached: FloatArray) -> FloatArray:
-    """``floor_s`` over arrays (``cached``: context already capped by a sliding window)."""
-    model = dep.model
-    weights = np.full_like(tokens, weight_bytes_per_gpu(dep))
-    if model.is_moe:
-        expert_bytes = model.expert_param_count * BYTES_PER_DTYPE[dep.weight_dtype] / dep.tp
-        k_over_e = model.experts_per_token / model.num_experts
-        touched = model.num_experts * (1.0 - (1.0 - k_over_e) ** np.maximum(tokens, 1.0))
-        weights = weights - (model.num_experts - touched) * expert_bytes
-    kv = cached * kv_bytes_per_token_per_gpu(model, dep.kv_dtype, dep.tp)
-    out: FloatArray = (weights + kv) / dep.gpu.hbm_bytes_per_s
+def _column(values: list[float]) -> FloatArray:
+    out: FloatArray = np.array(values, dtype=np.float64)[:, None]
+    return out
+
+
+def _floors_s(deps: Sequence[Deployment], tokens: FloatArray, cached: FloatArray) -> FloatArray:
+    """``floor_s`` over D × N arrays (``cached``: context already capped by a window).
+
+    MoE weights touched: E · (1 − (1 − k/E)^tokens) of the E experts (the same count
+    ``moe_s`` times), each expert_params · bytes / tp.
+    """
+    weights = _column([weight_bytes_per_gpu(d) for d in deps]) + np.zeros_like(tokens)
+    for row, dep in enumerate(deps):
+        model = dep.model
+        if model.is_moe:
+            expert_bytes = model.expert_param_count * BYTES_PER_DTYPE[dep.weight_dtype] / dep.tp
+            k_over_e = model.experts_per_token / model.num_experts
+            touched = model.num_experts * (1.0 - (1.0 - k_over_e) ** np.maximum(tokens[row], 1.0))
+            weights[row] -= (model.num_experts - touched) * expert_bytes
+    kv = cached * _column([kv_bytes_per_token_per_gpu(d.model, d.kv_dtype, d.tp) for d in deps])
+    out: FloatArray = (weights + kv) / _column([d.gpu.hbm_bytes_per_s for d in deps])
     return out
 
 

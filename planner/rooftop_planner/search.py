@@ -228,59 +228,93 @@ class _Targets:
 PROMPT_POINTS = (0.25, 0.75, 0.95)
 
 
-def _operating_points(
-    dep: Deployment, batches: FloatArray, t: _Targets
-) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """(TPOT_q over requests, TTFT_q, λ) at each mean running batch (arrays, seconds, 1/s).
+GRID_POINTS = 16  # mean batches per candidate's curve, geometric from 1 to its limit
 
-    A request occupies the batch for its decode steps plus ~1.5 steps of prefill and wait,
-    so λ · t̄ = B / (osl + 1.5) admissions ride in each step, each adding E[Δ]: the mean
-    step is t̄ = t_d + B / (osl + 1.5) · E[Δ] and λ = B / ((osl + 1.5) · t̄). The
-    percentile over requests is ``tail``'s. A prompt longer than the token budget rides in
-    ceil(isl / budget) steps, one chunk each, attending ≈ chunk · isl/2 pairs. All steps
-    are evaluated in one array call.
+
+@dataclass(frozen=True)
+class _Steps:
+    """Candidates' steps on their batch grids, before the tail (D × GRID_POINTS arrays).
+
+    decode: step without prefill (s); slope: ∂decode/∂B (s); rate: λ (requests/s); step:
+    mean step t̄ (s); extra_mean, extra_sq: E[Δ] (s), E[Δ²] (s²) of one admission's extra
+    step time; prefill: the TTFT-quantile prompt's prefill steps (s).
     """
-    n = len(batches)
-    batch_q = batches + t.z_tpot * np.sqrt(batches)
-    lengths = (*t.prompts, t.isl_q)
-    chunks = [max(math.ceil(p / perf.DEFAULT_MAX_NUM_BATCHED_TOKENS), 1) for p in lengths]
-    repeat = len(t.prompts) + 1
-    seqs = np.concatenate([batches] * repeat + [batch_q])
-    ctx = seqs * (t.isl_mean + t.osl_mean / 2.0)
-    per_length = np.array([0.0] + [p / c for p, c in zip(lengths, chunks, strict=True)])
-    chunk = np.repeat(per_length, n)
-    attended = chunk * np.repeat(np.array([0.0] + [p / 2.0 for p in lengths]), n)
-    steps = perf.forward_times_s(dep, seqs, ctx, chunk, attended).reshape(repeat + 1, n)
-    decode = steps[0]
-    extras = [c * (steps[i + 1] - decode) for i, c in enumerate(chunks[:-1])]
-    extra_mean = sum(extras, np.zeros(n)) / len(extras)
-    extra_sq = sum((e * e for e in extras), np.zeros(n)) / len(extras)
-    per_step = batches / (t.osl_mean + 1.5)
-    step = decode + per_step * extra_mean
-    rate = per_step / step
-    slope = _slope(decode, batches)
-    tpot_q = tail.tpot_quantile(
-        t.tpot_q, decode, slope, batches, rate, step, extra_mean, extra_sq,
-        np.array(t.outputs), t.osl_mean,
-    )  # fmt: skip
-    ttft = chunks[-1] * steps[-1]
-    return tpot_q, ttft + tpot_q / 2.0, rate
+
+    batches: FloatArray
+    decode: FloatArray
+    slope: FloatArray
+    rate: FloatArray
+    step: FloatArray
+    extra_mean: FloatArray
+    extra_sq: FloatArray
+    prefill: FloatArray
 
 
-def _slope(values: FloatArray, xs: FloatArray) -> FloatArray:
-    """d values / d xs by one-sided differences at the ends, central inside (≥ 0)."""
-    if len(xs) < 2:
-        return np.zeros_like(xs)
-    diffs = np.diff(values) / np.diff(xs)
-    out: FloatArray = np.maximum(np.concatenate([diffs[:1], diffs]), 0.0)
+def _batch_grid(limits: FloatArray) -> FloatArray:
+    """Geometric grids of mean batches from 1 to each limit (to 1.05 where it is ≤ 1)."""
+    top = np.where(limits > 1.0, limits, 1.05)[:, None]
+    out: FloatArray = top ** (np.arange(GRID_POINTS) / (GRID_POINTS - 1))[None, :]
     return out
 
 
-def _operating_point(dep: Deployment, batch: float, t: _Targets) -> tuple[float, float, float]:
-    """(TPOT_q, TTFT_q, λ) at one mean running batch."""
-    grid = np.array([batch, batch * 1.05]) if batch > 0 else np.array([batch])
-    tpot, ttft, rate = _operating_points(dep, grid, t)
-    return float(tpot[0]), float(ttft[0]), float(rate[0])
+def _steps(deps: list[Deployment], limits: FloatArray, t: _Targets) -> _Steps:
+    """Step times of every candidate on its batch grid, in one array call.
+
+    A request occupies the batch for its decode steps plus ~1.5 steps of prefill and wait,
+    so λ · t̄ = B / (osl + 1.5) admissions ride in each step, each adding E[Δ]: the mean
+    step is t̄ = t_d + B / (osl + 1.5) · E[Δ] and λ = B / ((osl + 1.5) · t̄). A prompt
+    longer than the token budget rides in ceil(isl / budget) steps, one chunk each,
+    attending ≈ chunk · isl/2 pairs. Columns: the decode step, one step carrying each
+    prompt point's chunk, and one at the percentile batch carrying the TTFT prompt's.
+    """
+    batches = _batch_grid(limits)
+    batch_q = batches + t.z_tpot * np.sqrt(batches)
+    lengths = (*t.prompts, t.isl_q)
+    chunks = [max(math.ceil(p / perf.DEFAULT_MAX_NUM_BATCHED_TOKENS), 1) for p in lengths]
+    variants = len(t.prompts) + 2
+    seqs = np.concatenate([batches] * (variants - 1) + [batch_q], axis=1)
+    ctx = seqs * (t.isl_mean + t.osl_mean / 2.0)
+    per_length = np.array([0.0] + [p / c for p, c in zip(lengths, chunks, strict=True)])
+    chunk = np.broadcast_to(np.repeat(per_length, GRID_POINTS), seqs.shape)
+    attended = chunk * np.repeat(np.array([0.0] + [p / 2.0 for p in lengths]), GRID_POINTS)
+    steps = perf.forward_times_s(deps, seqs, ctx, chunk, attended)
+    steps = steps.reshape(len(deps), variants, GRID_POINTS)
+    decode = steps[:, 0]
+    extras = np.stack([c * (steps[:, i + 1] - decode) for i, c in enumerate(chunks[:-1])])
+    extra_mean = extras.mean(axis=0)
+    per_step = batches / (t.osl_mean + 1.5)
+    step = decode + per_step * extra_mean
+    return _Steps(
+        batches=batches,
+        decode=decode,
+        slope=_slope(decode, batches),
+        rate=per_step / step,
+        step=step,
+        extra_mean=extra_mean,
+        extra_sq=(extras * extras).mean(axis=0),
+        prefill=chunks[-1] * steps[:, -1],
+    )
+
+
+def _operating_points(steps: _Steps, t: _Targets) -> tuple[FloatArray, FloatArray, FloatArray]:
+    """(TPOT_q over requests, TTFT_q, λ) at every candidate's grid point (D × G arrays).
+
+    The percentile over requests is ``tail``'s, for all candidates in one array call.
+    """
+    flat = {name: getattr(steps, name).ravel() for name in _Steps.__dataclass_fields__}
+    tpot_q = tail.tpot_quantile(
+        t.tpot_q, flat["decode"], flat["slope"], flat["batches"], flat["rate"], flat["step"],
+        flat["extra_mean"], flat["extra_sq"], np.array(t.outputs), t.osl_mean,
+    ).reshape(steps.batches.shape)  # fmt: skip
+    return tpot_q, steps.prefill + tpot_q / 2.0, steps.rate
+
+
+def _slope(values: FloatArray, xs: FloatArray) -> FloatArray:
+    """d values / d xs along each row: the backward difference, the first one at the
+    start (≥ 0)."""
+    diffs = np.diff(values, axis=1) / np.diff(xs, axis=1)
+    out: FloatArray = np.maximum(np.concatenate([diffs[:, :1], diffs], axis=1), 0.0)
+    return out
 
 
 @dataclass(frozen=True)
@@ -298,12 +332,9 @@ class _Curve:
     rate: tuple[float, ...]
 
     @classmethod
-    def build(cls, dep: Deployment, limit: float, t: _Targets, points: int = 16) -> _Curve:
-        limit = max(limit, 1.0)
-        batches = limit ** (np.arange(points) / (points - 1))
-        if limit <= 1.0:
-            batches = np.array([1.0, 1.05])
-        tpot, ttft, rate = _operating_points(dep, batches, t)
+    def of(
+        cls, batches: FloatArray, tpot: FloatArray, ttft: FloatArray, rate: FloatArray
+    ) -> _Curve:
         return cls(*(tuple(col.tolist()) for col in (batches, tpot, ttft, rate)))
 
     def largest_batch_meeting(self, t: _Targets) -> float:
@@ -460,17 +491,20 @@ def _candidates(ctx: _Context, catalog: Catalog) -> Iterator[tuple[GpuSpec, str,
                         yield gpu, wd, kv, tp
 
 
-def _evaluate(
-    ctx: _Context,
-    gpu: GpuSpec,
-    wd: str,
-    kv: str,
-    tp: int,
-    out: list[Plan],
-    rejections: list[Rejection],
-) -> None:
-    def reject(category: str, detail: str) -> None:
-        rejections.append(Rejection(gpu.id, tp, wd, kv, category, detail))
+@dataclass(frozen=True)
+class _Pending:
+    """A candidate that passed every check before the step model: its shape and grid."""
+
+    shape: _Shape
+    kv_batch: float
+    batch_limit: float  # the largest mean batch its curve covers
+
+
+def _prepare(ctx: _Context, gpu: GpuSpec, wd: str, kv: str, tp: int) -> _Pending | Rejection:
+    """The candidate's shape and the batches its curve spans, or why it cannot run."""
+
+    def reject(category: str, detail: str) -> Rejection:
+        return Rejection(gpu.id, tp, wd, kv, category, detail)
 
     if ctx.inventory is not None and (missing := ctx.inventory.problem(gpu, tp)):
         return reject("not in cluster", missing)
@@ -489,16 +523,37 @@ def _evaluate(
     if isinstance(context, str):
         weight_gb = perf.weight_bytes_per_gpu(dep) / 1e9
         return reject("does not fit", f"{weight_gb:.1f} GB of weights per GPU leave {context}")
-    shape = _Shape(dep, weights, *context)
     t = ctx.targets
     kv_batch = kv_tokens / (t.isl_mean + t.osl_mean / 2.0)
-    curve = _Curve.build(dep, _mean_batch_for_cap(min(kv_batch, BATCH_CAPS[-1]), t.z_tpot), t)
+    limit = _mean_batch_for_cap(min(kv_batch, BATCH_CAPS[-1]), t.z_tpot)
+    return _Pending(_Shape(dep, weights, *context), kv_batch, limit)
+
+
+def _curves(pending: list[_Pending], t: _Targets) -> list[_Curve]:
+    """Each pending candidate's operating-point curve, all evaluated in one array pass."""
+    if not pending:
+        return []
+    steps = _steps([p.shape.dep for p in pending], np.array([p.batch_limit for p in pending]), t)
+    tpot, ttft, rate = _operating_points(steps, t)
+    return [_Curve.of(*cols) for cols in zip(steps.batches, tpot, ttft, rate, strict=True)]
+
+
+def _judge(
+    ctx: _Context, pending: _Pending, curve: _Curve, out: list[Plan], rejections: list[Rejection]
+) -> None:
+    """Plans for each batch cap of a candidate whose curve is known, or why none."""
+    dep, t = pending.shape.dep, ctx.targets
+
+    def reject(category: str, detail: str) -> None:
+        rejections.append(Rejection(dep.gpu.id, dep.tp, dep.weight_dtype, dep.kv_dtype,
+                                    category, detail))  # fmt: skip
+
     best_batch = curve.largest_batch_meeting(t)
     if best_batch <= 0:
         if curve.tpot_s[0] > t.tpot_s:
             return reject("TPOT over SLO", f"{curve.tpot_s[0] * 1e3:.1f} ms even at batch 1")
         return reject("TTFT over SLO", f"{curve.ttft_s[0] * 1e3:.0f} ms even at batch 1")
-    _add_caps(ctx, shape, curve, best_batch, kv_batch, out, reject)
+    _add_caps(ctx, pending.shape, curve, best_batch, pending.kv_batch, out, reject)
 
 
 def _add_caps(
@@ -679,10 +734,18 @@ def plan_target(
 def _search(ctx: _Context, catalog: Catalog) -> SearchResult:
     from rooftop_planner.explain import summarize
 
+    # Two passes: every candidate's checks, then all survivors' curves in one array pass
+    # (per candidate, numpy's call overhead would dominate), then plans in candidate order.
+    prepared = [_prepare(ctx, *candidate) for candidate in _candidates(ctx, catalog)]
+    pending = [p for p in prepared if isinstance(p, _Pending)]
+    curves = iter(_curves(pending, ctx.targets))
     plans: list[Plan] = []
     rejections: list[Rejection] = []
-    for gpu, wd, kv, tp in _candidates(ctx, catalog):
-        _evaluate(ctx, gpu, wd, kv, tp, plans, rejections)
+    for item in prepared:
+        if isinstance(item, Rejection):
+            rejections.append(item)
+        else:
+            _judge(ctx, item, next(curves), plans, rejections)
     return summarize(ctx.spec, plans, rejections)
 
 
