@@ -220,12 +220,15 @@ class _Targets:
     osl_mean: float
     isl_q: float
     prompts: tuple[float, ...]
+    prompt_weights: tuple[float, ...]
     outputs: tuple[float, ...]
 
 
-# Prompt lengths whose prefills other requests' decode steps carry: a few quantile points
-# of the prompt distribution give E[Δ] and E[Δ²] of one admission's extra step time.
-PROMPT_POINTS = (0.25, 0.75, 0.95)
+# Prompt lengths whose prefills other requests' decode steps carry: the mean length of
+# each of these quantile strata of the prompt distribution, weighted by the stratum's
+# width, give E[Δ] and E[Δ²] of one admission's extra step time (the weighted lengths
+# average to the mean prompt; the narrow top strata keep the long tail).
+PROMPT_STRATA = (0.0, 0.5, 0.8, 0.95, 1.0)
 
 
 GRID_POINTS = 16  # mean batches per candidate's curve, geometric from 1 to its limit
@@ -265,7 +268,7 @@ def _steps(deps: list[Deployment], limits: FloatArray, t: _Targets) -> _Steps:
     step is t̄ = t_d + B / (osl + 1.5) · E[Δ] and λ = B / ((osl + 1.5) · t̄). A prompt
     longer than the token budget rides in ceil(isl / budget) steps, one chunk each,
     attending ≈ chunk · isl/2 pairs. Columns: the decode step, one step carrying each
-    prompt point's chunk, and one at the percentile batch carrying the TTFT prompt's.
+    prompt stratum's chunk, and one at the percentile batch carrying the TTFT prompt's.
     """
     batches = _batch_grid(limits)
     batch_q = batches + t.z_tpot * np.sqrt(batches)
@@ -281,7 +284,8 @@ def _steps(deps: list[Deployment], limits: FloatArray, t: _Targets) -> _Steps:
     steps = steps.reshape(len(deps), variants, GRID_POINTS)
     decode = steps[:, 0]
     extras = np.stack([c * (steps[:, i + 1] - decode) for i, c in enumerate(chunks[:-1])])
-    extra_mean = extras.mean(axis=0)
+    weights = np.array(t.prompt_weights)[:, None, None]
+    extra_mean = (weights * extras).sum(axis=0)
     per_step = batches / (t.osl_mean + 1.5)
     step = decode + per_step * extra_mean
     return _Steps(
@@ -291,7 +295,7 @@ def _steps(deps: list[Deployment], limits: FloatArray, t: _Targets) -> _Steps:
         rate=per_step / step,
         step=step,
         extra_mean=extra_mean,
-        extra_sq=(extras * extras).mean(axis=0),
+        extra_sq=(weights * extras * extras).sum(axis=0),
         prefill=chunks[-1] * steps[:, -1],
     )
 
@@ -655,7 +659,8 @@ def _context(
         isl_mean=workload.prompt.mean,
         osl_mean=workload.output.mean,
         isl_q=workload.prompt.quantile(spec.slo.ttft_percentile.quantile),
-        prompts=tuple(workload.prompt.quantile(p) for p in PROMPT_POINTS),
+        prompts=workload.prompt.stratum_means(PROMPT_STRATA),
+        prompt_weights=tuple(np.diff(PROMPT_STRATA).tolist()),
         outputs=tuple(float(v) for v in tail.output_points(workload.output.quantile)),
     )
     return _Context(

@@ -39,6 +39,44 @@ class LengthDistribution:
             return self.mean
         return math.exp(self.mu + self.sigma * NormalDist().inv_cdf(q))
 
+    def stratum_means(self, bounds: tuple[float, ...]) -> tuple[float, ...]:
+        """Mean length (tokens) of each quantile stratum [bounds[i], bounds[i+1]).
+
+        Weighted by the strata's widths, these means average to the distribution's mean
+        exactly, and the narrow top strata keep the long tail that equal-weight quantile
+        points miss or, placed in it, overweight. Log-normal:
+        E[X | a ≤ F(X) < b] = e^{μ+σ²/2} · (Φ(z_b − σ) − Φ(z_a − σ)) / (b − a), z = Φ⁻¹.
+        """
+        pairs = list(zip(bounds[:-1], bounds[1:], strict=True))
+        if self.bins:
+            return tuple(self._histogram_stratum(a, b) for a, b in pairs)
+        if self.sigma == 0.0:
+            return tuple(self.mean for _ in pairs)
+        unit = NormalDist()
+
+        def shifted_cdf(q: float) -> float:
+            if q <= 0.0:
+                return 0.0
+            if q >= 1.0:
+                return 1.0
+            return unit.cdf(unit.inv_cdf(q) - self.sigma)
+
+        mean = math.exp(self.mu + self.sigma**2 / 2.0)
+        return tuple(mean * (shifted_cdf(b) - shifted_cdf(a)) / (b - a) for a, b in pairs)
+
+    def _histogram_stratum(self, lower: float, upper: float) -> float:
+        """Mean of the histogram's mass between the lower and upper quantiles."""
+        total = sum(w for _, w in self.bins)
+        start, mass, weighted = 0.0, 0.0, 0.0
+        for tokens, weight in sorted(self.bins):
+            share = weight / total
+            overlap = min(start + share, upper) - max(start, lower)
+            if overlap > 0:
+                mass += overlap
+                weighted += overlap * tokens
+            start += share
+        return weighted / mass if mass > 0 else self.quantile(upper)
+
 
 def from_spec(lengths: TokenLengths) -> LengthDistribution:
     """Fit the distribution the spec describes."""
