@@ -25,8 +25,9 @@ import math
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,7 @@ from rooftop_planner.efficiency import (
     EngineOverhead,
     table_from_mapping,
 )
+from rooftop_planner.kernel_model import layer_gemm_shapes
 from rooftop_planner.kernels import AllReduce, Curve, KernelCurves
 from rooftop_planner.scenarios import Scenario, ScenarioError, scenario_from_row
 
@@ -153,14 +155,39 @@ def _sig(value: float) -> float:
 # ---------------------------------------------------------------- per table
 
 
-def gemm_features(t: dict[str, Any], dtype: str) -> Features:
-    """GEMM rows of one dtype with LLM-like shapes (weights 256..65536 wide, m ≤ 16384).
+def catalog_gemm_shapes(catalog: Catalog) -> list[tuple[float, float]]:
+    """(n, k) of every GEMM a catalog model runs at TP 1, 2, 4 or 8: its layers' dense
+    GEMMs and its LM head."""
+    shapes = []
+    for model in catalog.models.values():
+        for tp in (1, 2, 4, 8):
+            shapes += layer_gemm_shapes(model, tp)
+            shapes.append((model.vocab_size / tp, float(model.hidden_size)))
+    return sorted(set(shapes))
+
+
+def gemm_features(
+    t: dict[str, Any], dtype: str, shapes: Sequence[tuple[float, float]] = ()
+) -> Features:
+    """GEMM rows of one dtype at the weight shapes the planner times (m ≤ 16384).
+
+    ``shapes``: (n, k) of the GEMMs served models run (``catalog_gemm_shapes``); a row is
+    kept when its n and k are both within √2 of one of them. One curve in m is fitted
+    per dtype, so it should describe the shapes it will price: the tables also time
+    weights a few hundred wide, where fp8 GEMMs reach a much smaller share of peak, and
+    fitted on those the curve ran large fp8 GEMMs at m = 64..1024 up to 1.7x slow.
+    Without ``shapes``, every weight 256..65536 wide.
 
     bytes = n · k · weight bytes + (m · k + m · n) · 2; FLOPs = 2 · m · n · k; driver = m.
     """
     t = _select(t, t["gemm_dtype"] == dtype)
     m, n, k = t["m"], t["n"], t["k"]
     keep = (n >= 256) & (k >= 256) & (m <= 16384)
+    if shapes:
+        near = np.zeros_like(keep)
+        for sn, sk in shapes:
+            near |= (np.abs(np.log2(n / sn)) <= 0.5) & (np.abs(np.log2(k / sk)) <= 0.5)
+        keep &= near
     m, n, k, lat = m[keep], n[keep], k[keep], t["latency"][keep]
     weight_bytes = 1.0 if dtype == "fp8" else 2.0
     moved = n * k * weight_bytes + (m * k + m * n) * 2.0
@@ -243,9 +270,13 @@ def fit_engine_curves(
     gpu = catalog.gpus[TABLE_GPU_IDS[table_gpu]]
     bw, bf16 = gpu.hbm_bytes_per_s, gpu.flops_per_s("bf16")
     gemm_table = read_table(folder / "gemm_perf.csv.gz")
+    shapes = catalog_gemm_shapes(catalog)
     gemm = {
         DTYPE_KEYS[d]: fit_curve(
-            gemm_features(gemm_table, d), range(0, 15, 2), bw, gpu.flops_per_s(DTYPE_KEYS[d])
+            gemm_features(gemm_table, d, shapes),
+            range(0, 15, 2),
+            bw,
+            gpu.flops_per_s(DTYPE_KEYS[d]),
         )  # fmt: skip
         for d in DTYPE_KEYS
         if (gemm_table["gemm_dtype"] == d).any()
@@ -293,8 +324,10 @@ def stored_curve_errors(ops: Path, kc: KernelCurves) -> dict[str, tuple[Curve, f
     folder = ops / kc.table_gpu / kc.engine
     dtypes = {v: k for k, v in DTYPE_KEYS.items()}
     out: dict[str, tuple[Curve, float]] = {}
-    tables = {
-        "gemm": ("gemm_perf", gemm_features, kc.gemm, True),
+    tables: dict[str, tuple[str, Callable[[dict[str, Any], str], Features], Mapping[str, Curve],
+                            bool]] = {
+        "gemm": ("gemm_perf", partial(gemm_features, shapes=catalog_gemm_shapes(catalog)),
+                 kc.gemm, True),
         "decode_attention": ("generation_attention_perf", decode_attention_features,
                              kc.decode_attention, False),
         "prefill_attention": ("context_attention_perf", prefill_attention_features,

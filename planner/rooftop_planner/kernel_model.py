@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rooftop_planner.catalog import BYTES_PER_DTYPE
+from rooftop_planner.catalog import BYTES_PER_DTYPE, ModelSpec
 from rooftop_planner.kernels import Curve, FloatArray, KernelCurves
 
 if TYPE_CHECKING:
@@ -47,7 +47,11 @@ def gemm_s(dep: Deployment, m: float, n: float, k: float) -> float:
 
 def _layer_shapes(dep: Deployment) -> list[tuple[float, float]]:
     """(n, k) of the dense GEMMs of one layer on one GPU."""
-    m, tp = dep.model, dep.tp
+    return layer_gemm_shapes(dep.model, dep.tp)
+
+
+def layer_gemm_shapes(m: ModelSpec, tp: int) -> list[tuple[float, float]]:
+    """(n, k) of the dense GEMMs of one layer of ``m`` on one of ``tp`` GPUs."""
     q_heads = m.num_heads / tp
     kv_heads = max(m.num_kv_heads / tp, 1.0)
     shapes = [
