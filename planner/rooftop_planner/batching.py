@@ -118,13 +118,19 @@ def predict_continuous(
 ) -> Prediction:
     """Steady state of ``concurrency`` closed-loop clients on one replica.
 
-    Fixed point over the step time t:
-      λ   = B / (ttft_exec + (osl − 1) · t)         requests completed per second
-      P   = λ · isl · t                            prefill tokens carried per step
-      t   = step(B decode seqs, P prefill tokens)   mixed chunked-prefill step
-    TPOT = t. TTFT = the step that carries the prompt (ceil(isl / token budget) steps),
-    half a step of waiting for the step in flight, and, when C > B, the queue wait
-    (C − B) / λ by Little's law. Output tokens/s = λ · osl.
+    B sequences decode together. A request occupies the batch for its osl − 1 decode
+    steps plus about 1.5 steps of prefill and wait, so a = B / (osl + 1.5) admissions
+    ride in each step on average. Each adds Δ = c · (t_c − t_d) seconds: its prompt rides
+    in c = ceil(isl / (token budget − B)) steps, each carrying one chunk of isl / c
+    tokens beside the decodes (t_c), where a plain decode step takes t_d. So
+
+      t̄ = t_d + a · Δ                          mean step (s), the search's serving model
+      λ = B / (c · t_c + t̄/2 + (osl − 1) · t̄)  requests completed per second
+
+    TPOT = t̄; TTFT = c · t_c + t̄/2, plus the queue wait (C − B)/λ when C > B (Little's
+    law); output tokens/s = λ · osl. A prompt's chunk is a whole step's worth of tokens,
+    not a share spread over every step: its kernels' fixed latencies are paid once per
+    admission, and its GEMMs run at the chunk's size.
     """
     limits = limits or EngineLimits()
     if (
@@ -136,30 +142,29 @@ def predict_continuous(
         return _does_not_fit(dep, isl + osl)
     batch = max(running_batch(dep, concurrency, isl, osl, limits), 1.0)
     context = batch * (isl + osl / 2.0)
-    step = perf.forward_time_s(dep, batch, context)
-    prefill_exec = step
-    for _ in range(30):
-        rate = batch / (prefill_exec + max(osl - 1, 0) * step)
-        carried = rate * isl * step
-        step = perf.forward_time_s(
-            dep, batch, context, prefill_tokens=carried, prefill_attended=carried * isl / 2.0
-        )
-        prefill_exec = _prefill_exec_s(dep, batch, context, isl, limits) + step / 2.0
+    decode = perf.step_breakdown(dep, batch, context)
+    chunks = max(math.ceil(isl / max(limits.max_num_batched_tokens - batch, 1.0)), 1)
+    chunk = isl / chunks
+    carrying = perf.step_breakdown(dep, batch, context, chunk, chunk * isl / 2.0)
+    admissions = batch / (osl + 1.5) * chunks  # chunk-carrying steps per step
+    step = decode.total_s + admissions * (carrying.total_s - decode.total_s)
+    prefill_exec = chunks * carrying.total_s + step / 2.0
     rate = batch / (prefill_exec + max(osl - 1, 0) * step)
     queue_wait = max(concurrency - batch, 0.0) / rate
-    carried = rate * isl * step
-    parts = perf.step_breakdown(dep, batch, context, carried, carried * isl / 2.0)
+    parts = _mean_parts(decode, carrying, admissions)
     return Prediction(step, prefill_exec + queue_wait, rate * osl, batch, step=parts)
 
 
-def _prefill_exec_s(
-    dep: Deployment, batch: float, context: float, isl: float, limits: EngineLimits
-) -> float:
-    """Time of the steps that carry one prompt's chunks alongside the running decodes."""
-    budget = max(limits.max_num_batched_tokens - batch, 1.0)
-    chunks = max(math.ceil(isl / budget), 1)
-    chunk = isl / chunks
-    one = perf.forward_time_s(
-        dep, batch, context, prefill_tokens=chunk, prefill_attended=chunk * isl / 2.0
-    )
-    return chunks * one
+def _mean_parts(
+    decode: perf.StepBreakdown, carrying: perf.StepBreakdown, share: float
+) -> perf.StepBreakdown:
+    """The mean step's parts: the decode step's plus ``share`` of what a chunk adds."""
+
+    def mean(name: str) -> float:
+        base = float(getattr(decode, name))
+        return base + share * (float(getattr(carrying, name)) - base)
+
+    return perf.StepBreakdown(
+        mean("gemm_s"), mean("attention_s"), mean("allreduce_s"), mean("overhead_s"),
+        decode.floor_s,
+    )  # fmt: skip
