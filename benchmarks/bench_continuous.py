@@ -76,7 +76,8 @@ def main() -> None:
                 errors.append(pred / sim - 1)
                 print(f"| {name} | {isl}/{osl} | {clients} | {sim * 1e3:.2f} | "
                       f"{pred * 1e3:.2f} | {pred / sim - 1:+.1%} |")  # fmt: skip
-    print(f"\nmedian |error| {statistics.median(abs(e) for e in errors):.1%} over {len(errors)} rows")
+    median = statistics.median(abs(e) for e in errors)
+    print(f"\nmedian |error| {median:.1%} over {len(errors)} rows")
 
 
 if __name__ == "__main__":
