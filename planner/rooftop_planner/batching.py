@@ -160,11 +160,13 @@ def _mean_parts(
 ) -> perf.StepBreakdown:
     """The mean step's parts: the decode step's plus ``share`` of what a chunk adds."""
 
-    def mean(name: str) -> float:
-        base = float(getattr(decode, name))
-        return base + share * (float(getattr(carrying, name)) - base)
+    def mean(base: float, carried: float) -> float:
+        return base + share * (carried - base)
 
     return perf.StepBreakdown(
-        mean("gemm_s"), mean("attention_s"), mean("allreduce_s"), mean("overhead_s"),
+        mean(decode.gemm_s, carrying.gemm_s),
+        mean(decode.attention_s, carrying.attention_s),
+        mean(decode.allreduce_s, carrying.allreduce_s),
+        mean(decode.overhead_s, carrying.overhead_s),
         decode.floor_s,
-    )  # fmt: skip
+    )

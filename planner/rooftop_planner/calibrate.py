@@ -166,28 +166,23 @@ def catalog_gemm_shapes(catalog: Catalog) -> list[tuple[float, float]]:
     return sorted(set(shapes))
 
 
-def gemm_features(
-    t: dict[str, Any], dtype: str, shapes: Sequence[tuple[float, float]] = ()
-) -> Features:
+def gemm_features(t: dict[str, Any], dtype: str, shapes: Sequence[tuple[float, float]]) -> Features:
     """GEMM rows of one dtype at the weight shapes the planner times (m ≤ 16384).
 
     ``shapes``: (n, k) of the GEMMs served models run (``catalog_gemm_shapes``); a row is
     kept when its n and k are both within √2 of one of them. One curve in m is fitted
     per dtype, so it should describe the shapes it will price: the tables also time
-    weights a few hundred wide, where fp8 GEMMs reach a much smaller share of peak, and
-    fitted on those the curve ran large fp8 GEMMs at m = 64..1024 up to 1.7x slow.
-    Without ``shapes``, every weight 256..65536 wide.
+    weights a few hundred wide, where fp8 GEMMs reach a much smaller share of peak and
+    would pull the curve down for the large weights served models run.
 
     bytes = n · k · weight bytes + (m · k + m · n) · 2; FLOPs = 2 · m · n · k; driver = m.
     """
     t = _select(t, t["gemm_dtype"] == dtype)
     m, n, k = t["m"], t["n"], t["k"]
-    keep = (n >= 256) & (k >= 256) & (m <= 16384)
-    if shapes:
-        near = np.zeros_like(keep)
-        for sn, sk in shapes:
-            near |= (np.abs(np.log2(n / sn)) <= 0.5) & (np.abs(np.log2(k / sk)) <= 0.5)
-        keep &= near
+    keep = np.zeros(len(m), dtype=bool)
+    for sn, sk in shapes:
+        keep |= (np.abs(np.log2(n / sn)) <= 0.5) & (np.abs(np.log2(k / sk)) <= 0.5)
+    keep &= (n >= 256) & (k >= 256) & (m <= 16384)
     m, n, k, lat = m[keep], n[keep], k[keep], t["latency"][keep]
     weight_bytes = 1.0 if dtype == "fp8" else 2.0
     moved = n * k * weight_bytes + (m * k + m * n) * 2.0

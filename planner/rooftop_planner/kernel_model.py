@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rooftop_planner.catalog import BYTES_PER_DTYPE, ModelSpec
-from rooftop_planner.kernels import Curve, FloatArray, KernelCurves
+from rooftop_planner.kernels import Curve, FloatArray, KernelCurves, column
 
 if TYPE_CHECKING:
     from rooftop_planner.perf import Deployment
@@ -207,26 +207,10 @@ class StepModel:
     def _attention(
         self, decode_seqs: float, context: float, prefill: float, attended: float
     ) -> float:
-        head_dim = self.dep.model.head_dim
-        total = 0.0
-        if decode_seqs > 0:
-            total += self.decode.time_s(
-                context * self.kv_bytes_per_token_layer,
-                4.0 * self.q_heads * head_dim * context,
-                context / decode_seqs, self.bw, self.peak, decode_seqs,
-            )  # fmt: skip
-        if prefill > 0:
-            moved = prefill * (self.q_heads + 2.0 * self.kv_heads) * head_dim * ACTIVATION_BYTES
-            total += self.prefill.time_s(
-                moved, 4.0 * self.q_heads * head_dim * attended, 2.0 * attended / prefill,
-                self.bw, self.peak,
-            )  # fmt: skip
-        return total
-
-
-def _column(values: list[float]) -> FloatArray:
-    out: FloatArray = np.array(values, dtype=np.float64)[:, None]
-    return out
+        cells = (
+            np.array([[v]], dtype=np.float64) for v in (decode_seqs, context, prefill, attended)
+        )
+        return float(_attention_rows([self], *cells)[0, 0])
 
 
 def totals_s(
@@ -252,9 +236,9 @@ def totals_s(
         part = [models[r] for r in rows]
         attention[rows] = _attention_rows(part, decode_seqs[rows], context[rows],
                                           prefill[rows], attended[rows])  # fmt: skip
-    layers = _column([m.dep.model.num_layers for m in models])
-    overhead = _column([m.overhead_s for m in models])
-    total = (gemm + layers * attention + overhead) * _column([m.scale for m in models])
+    layers = column([m.dep.model.num_layers for m in models])
+    overhead = column([m.overhead_s for m in models])
+    total = (gemm + layers * attention + overhead) * column([m.scale for m in models])
     out: FloatArray = np.maximum(total, floor)
     return out
 
@@ -265,11 +249,11 @@ def _attention_rows(
 ) -> FloatArray:  # fmt: skip
     """One layer's attention seconds for models that share their attention curves."""
     first = models[0]
-    q_heads = _column([m.q_heads for m in models])
-    kv_heads = _column([m.kv_heads for m in models])
-    head_dim = _column([m.dep.model.head_dim for m in models])
-    kv_bytes = _column([m.kv_bytes_per_token_layer for m in models])
-    bw, peak = _column([m.bw for m in models]), _column([m.peak for m in models])
+    q_heads = column([m.q_heads for m in models])
+    kv_heads = column([m.kv_heads for m in models])
+    head_dim = column([m.dep.model.head_dim for m in models])
+    kv_bytes = column([m.kv_bytes_per_token_layer for m in models])
+    bw, peak = column([m.bw for m in models]), column([m.peak for m in models])
     seqs = np.maximum(decode_seqs, 1e-9)
     decode = first.decode.times_s(
         context * kv_bytes, 4.0 * q_heads * head_dim * context, context / seqs, bw, peak,

@@ -26,6 +26,14 @@ import numpy as np
 import numpy.typing as npt
 
 FloatArray = npt.NDArray[np.float64]
+
+
+def column(values: Sequence[float]) -> FloatArray:
+    """``values`` as a D × 1 column: one per deployment, broadcast over its grid."""
+    out: FloatArray = np.array(values, dtype=np.float64)[:, None]
+    return out
+
+
 SOFTMAX_SHARPNESS = 4.0
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from rooftop_planner import kernel_model
 from rooftop_planner.catalog import BYTES_PER_DTYPE, GpuSpec, ModelSpec
 from rooftop_planner.efficiency import Efficiency
-from rooftop_planner.kernels import FloatArray
+from rooftop_planner.kernels import FloatArray, column
 
 GIB = 1024**3
 # CUDA context, NCCL buffers, CUDA graphs and allocator slack that vLLM does not give to KV.
@@ -233,17 +233,12 @@ def forward_times_s(
     prefill_attended: FloatArray,
 ) -> FloatArray:
     """``forward_time_s`` over D × N arrays of steps: row d is a grid of ``deps[d]``'s."""
-    window = _column([d.model.sliding_window or np.inf for d in deps])
+    window = column([d.model.sliding_window or np.inf for d in deps])
     context = np.minimum(context_tokens, window)
     floor = _floors_s(deps, decode_seqs + prefill_tokens, context)
     models = [kernel_model.step_model(d) for d in deps]
     return kernel_model.totals_s(models, decode_seqs, context, prefill_tokens,
                                  prefill_attended, floor)  # fmt: skip
-
-
-def _column(values: list[float]) -> FloatArray:
-    out: FloatArray = np.array(values, dtype=np.float64)[:, None]
-    return out
 
 
 def _floors_s(deps: Sequence[Deployment], tokens: FloatArray, cached: FloatArray) -> FloatArray:
@@ -252,7 +247,7 @@ def _floors_s(deps: Sequence[Deployment], tokens: FloatArray, cached: FloatArray
     MoE weights touched: E · (1 − (1 − k/E)^tokens) of the E experts (the same count
     ``moe_s`` times), each expert_params · bytes / tp.
     """
-    weights = _column([weight_bytes_per_gpu(d) for d in deps]) + np.zeros_like(tokens)
+    weights = column([weight_bytes_per_gpu(d) for d in deps]) + np.zeros_like(tokens)
     for row, dep in enumerate(deps):
         model = dep.model
         if model.is_moe:
@@ -260,8 +255,8 @@ def _floors_s(deps: Sequence[Deployment], tokens: FloatArray, cached: FloatArray
             k_over_e = model.experts_per_token / model.num_experts
             touched = model.num_experts * (1.0 - (1.0 - k_over_e) ** np.maximum(tokens[row], 1.0))
             weights[row] -= (model.num_experts - touched) * expert_bytes
-    kv = cached * _column([kv_bytes_per_token_per_gpu(d.model, d.kv_dtype, d.tp) for d in deps])
-    out: FloatArray = (weights + kv) / _column([d.gpu.hbm_bytes_per_s for d in deps])
+    kv = cached * column([kv_bytes_per_token_per_gpu(d.model, d.kv_dtype, d.tp) for d in deps])
+    out: FloatArray = (weights + kv) / column([d.gpu.hbm_bytes_per_s for d in deps])
     return out
 
 
