@@ -67,7 +67,7 @@ vllm-e2e: $(VENV)/.dev tools
 loop: $(VENV)/.dev tools
 	$(BIN)/pytest -q -m loop -p no:cacheprovider
 
-## loop-figure: run the closed-loop scenario and redraw the README figure from it
+## loop-figure: run the closed-loop scenario and redraw docs/loop.md's figure from it
 loop-figure: $(VENV)/.dev tools
 	ROOFTOP_LOOP_RECORD=docs/loop-run.json $(BIN)/pytest -q -m loop -p no:cacheprovider
 	$(BIN)/python benchmarks/plot_loop.py docs/loop-run.json docs/img/loop.png

@@ -16,7 +16,7 @@ For ``bench_simulate.py``'s target and trace, at each reality factor:
 
 The ratio measured / planner is what the closed loop's latency trim has to make up
 online. A ratio that moves with the reality factor means the planner's capacity has
-the wrong slope in step time, not only the wrong level; see README, "Known limits".
+the wrong slope in step time, not only the wrong level; see docs/benchmarks.md.
 
 ``--percentiles`` adds a second table on why: the probe fleet run at the planner's
 capacity, the rate at which the planner predicts the SLO's TPOT percentile reaches the

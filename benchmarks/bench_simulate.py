@@ -1,9 +1,9 @@
 """Every scaling policy on the Azure conversation trace, as recorded and day-shaped,
-at several reality factors; a markdown table for the README.
+at several reality factors; a markdown table for docs/benchmarks.md.
 
     .venv/bin/python benchmarks/bench_simulate.py [--trace CSV] [--target YAML]
         [--reality 0.7,1.0,1.3] [--shapes recorded,diurnal] [--seeds 0,1,2] [--jobs 2]
-        [--out benchmarks/simulate_table.md] [--write-readme] [--dump-target FILE]
+        [--out benchmarks/simulate_table.md] [--write-docs] [--dump-target FILE]
 
 The default target (``TARGET`` below) is Llama-3.1-70B on 8x L4 nodes: a fleet of a
 few to a dozen replicas for this trace, so replica counts are not all 1 or 2 and
@@ -37,8 +37,8 @@ Seeds: the table runs every policy with step-time noise seed 0. The simulated en
 step times are noisy (lognormal, sigma 5 %), and rooftop's attainment sits near the
 99 % line, so rooftop is also run with every seed in ``--seeds`` and a second table
 gives its worst attainment and its cost range against the (seed 0) oracle: one seed's
-99.1 % is not a promise. The table goes to ``--out``; ``--write-readme`` also
-splices it into README.md between ``<!-- simulate-table:start -->`` and
+99.1 % is not a promise. The table goes to ``--out``; ``--write-docs`` also
+splices it into docs/benchmarks.md between ``<!-- simulate-table:start -->`` and
 ``<!-- simulate-table:end -->``.
 """
 
@@ -189,14 +189,14 @@ def _ratio(row: dict[str, Any], base: dict[str, Any] | None) -> str:
     return f"{row['usd'] / base['usd']:.2f}{mark}"
 
 
-def splice(readme: Path, text: str) -> None:
-    """Replace what lies between the markers in ``readme`` with ``text``."""
-    body = readme.read_text()
+def splice(doc: Path, text: str) -> None:
+    """Replace what lies between the markers in ``doc`` with ``text``."""
+    body = doc.read_text()
     if START not in body or END not in body:
-        raise SystemExit(f"{readme}: markers {START} / {END} not found; add them first")
+        raise SystemExit(f"{doc}: markers {START} / {END} not found; add them first")
     head, rest = body.split(START, 1)
     _, tail = rest.split(END, 1)
-    readme.write_text(f"{head}{START}\n{text}{END}{tail}")
+    doc.write_text(f"{head}{START}\n{text}{END}{tail}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", default="0,1,2", help="noise seeds rooftop runs with")
     ap.add_argument("--jobs", type=int, default=2, help="parallel processes")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "simulate_table.md"))
-    ap.add_argument("--write-readme", action="store_true")
+    ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--dump-target", metavar="FILE", help="write the built-in target and exit")
     args = ap.parse_args(argv)
     if args.dump_target:
@@ -234,8 +234,8 @@ def main(argv: list[str] | None = None) -> int:
              f"rooftop seeds) in {took:.0f} s.\n")  # fmt: skip
     Path(args.out).write_text(text)
     print(text)
-    if args.write_readme:
-        splice(ROOT / "README.md", text)
+    if args.write_docs:
+        splice(ROOT / "docs" / "benchmarks.md", text)
     return 0
 
 

@@ -17,7 +17,7 @@ the trim moves, how soon after a scale-out it may move, how long a lower
 recommendation must hold, extra headroom, and how much rate history the trend is
 fitted on. A variant that buys attainment with cost
 (or the reverse) moves along the same frontier; a fix for the planner's capacity
-slope (README, "Known limits") would move the frontier itself.
+slope (docs/benchmarks.md) would move the frontier itself.
 
 ``--tpot-percentile`` replaces the target's TPOT percentile (p90 in ``bench_simulate``):
 the planner's prior then sizes for it, and the oracle is searched for that target too.

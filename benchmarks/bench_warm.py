@@ -13,8 +13,8 @@ warped day starts and ends at its trough, so day 2 picks up where day 1 stopped.
 
 If one trim fitted the whole day, day 2 would meet the targets the cold day misses. It
 does not when the trim a day ends at (learned at the trough, one pod, fast steps) is
-lower than the peak needs: the planner's capacity error changes with load (README,
-"Known limits"), and one integral trim remembers only the latest load.
+lower than the peak needs: the planner's capacity error changes with load
+(docs/benchmarks.md), and one integral trim remembers only the latest load.
 """
 
 from __future__ import annotations

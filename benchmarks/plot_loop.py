@@ -1,4 +1,4 @@
-"""Draw the closed-loop run recorded by the ``loop`` e2e test (the README figure).
+"""Draw the closed-loop run recorded by the ``loop`` e2e test (docs/loop.md's figure).
 
     ROOFTOP_LOOP_RECORD=docs/loop-run.json .venv/bin/pytest -m loop tests/e2e/test_loop.py
     .venv/bin/python benchmarks/plot_loop.py docs/loop-run.json docs/img/loop.png

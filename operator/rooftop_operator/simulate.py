@@ -304,7 +304,7 @@ def run(
 
 def controller_note(policy: RooftopPolicy) -> str:
     """Where the loop's estimates ended: the step-time factor and the latency trim (the
-    planner's capacity error it made up online; README, "Known limits")."""
+    planner's capacity error it made up online; docs/benchmarks.md)."""
     st = policy.state
     return (f"controller ended at step-time factor {st.calibration.factor:.2f}, latency "
             f"trim {st.trim:.2f}")  # fmt: skip

@@ -195,7 +195,7 @@ def labelled_pod_monitors(env: Env, selector: str) -> list[str]:
 
 
 def test_pod_monitor_labels_reach_existing_pod_monitors_after_a_restart(install: Install) -> None:
-    """The README's `helm upgrade --set engine.podMonitor.labels.release=...`: the
+    """docs/engine.md's `helm upgrade --set engine.podMonitor.labels.release=...`: the
     operator restarts with ROOFTOP_PODMONITOR_LABELS, and the PodMonitors it made before
     get the label, so `kubectl get podmonitor -l release=kps` finds them."""
     with pod_monitor_api(install), guarded(install, "baseline", "baseline") as env:

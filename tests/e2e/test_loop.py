@@ -17,7 +17,7 @@ The engines run at reality factor 1.0, but the planner is wrong anyway (it
 under-predicts the prefill stalls of 3000-token prompts on an L4): the loop must learn
 that from the metrics. Short intervals (1 s scrapes, 2 s decisions, a 30 s window and
 scale-down window) keep the scenario to a few minutes. ``ROOFTOP_LOOP_RECORD=FILE``
-also writes the timeline there (``make loop-figure`` turns it into the README figure).
+also writes the timeline there (``make loop-figure`` turns it into docs/loop.md's figure).
 """
 
 from __future__ import annotations

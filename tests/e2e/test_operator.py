@@ -517,7 +517,7 @@ def test_namespace_scoped_install_needs_no_cluster_permissions(env: Env, tmp_pat
 
 
 def test_upgrade_and_uninstall_keep_targets_and_their_engines(env: Env, tmp_path: Path) -> None:
-    """The README's upgrade (CRD re-applied server-side, then `helm upgrade`, then the
+    """docs/operating.md's upgrade (CRD re-applied server-side, then `helm upgrade`, then the
     operator restarts) leaves a running target's engine Deployment untouched: resuming,
     the operator applies what is already there. `helm uninstall` then removes the
     operator's objects but neither the CRD (Helm keeps `crds/`) nor the user's

@@ -322,7 +322,7 @@ def test_no_prometheus_credentials_by_default_and_a_plain_token_file() -> None:
 
 @needs_helm
 def test_an_upgrade_reusing_older_values_still_renders() -> None:
-    """`helm upgrade --reuse-values` (the README's upgrade) keeps the old release's
+    """`helm upgrade --reuse-values` (docs/operating.md's upgrade) keeps the old release's
     values, which lack keys this chart added, such as loop.prometheusAuth."""
     pod, container = _operator_container(render("loop.prometheusAuth=null"))
     assert [v["name"] for v in pod["volumes"]] == ["tmp"]

@@ -1,4 +1,4 @@
-"""The README's table of status condition reasons and the operator code agree.
+"""docs/operating.md's table of status condition reasons and the operator code agree.
 
 Both directions: every reason the table lists is a string the operator writes, and
 every reason written as a literal in a condition constructor is in the table (under
@@ -19,8 +19,8 @@ TYPES = {name: getattr(cnd, name) for name in ("PLANNED", "FEASIBLE", "DEPLOYED"
 
 
 def documented() -> set[tuple[str, str]]:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("### Status conditions", 1)[1].split("\n\n", 2)[2]
+    text = (ROOT / "docs" / "operating.md").read_text()
+    section = text.split("## Status conditions", 1)[1].split("\n\n", 2)[2]
     table = section.split("\n\n", 1)[0]
     pairs = set()
     for row in table.splitlines()[2:]:
@@ -50,10 +50,10 @@ def test_the_table_is_parsed() -> None:
 
 def test_every_literal_reason_is_documented() -> None:
     missing = written_literally() - documented()
-    assert not missing, f"add to the README's status conditions table: {sorted(missing)}"
+    assert not missing, f"add to docs/operating.md's status conditions table: {sorted(missing)}"
 
 
 def test_every_documented_reason_is_written_by_the_operator() -> None:
     code = "\n".join(CODE.values())
     stale = sorted(r for _, r in documented() if f'"{r}"' not in code)
-    assert not stale, f"the README documents reasons the operator never writes: {stale}"
+    assert not stale, f"docs/operating.md documents reasons the operator never writes: {stale}"
