@@ -32,7 +32,7 @@ lint: $(VENV)/.dev
 	$(BIN)/ruff format --check planner operator tests dashboards benchmarks
 	$(BIN)/lint-imports
 	$(BIN)/python dashboards/build.py --check
-	$(BIN)/python -m rooftop_operator.crd --check
+	$(BIN)/python -m rooftop_api.crd --check
 
 typecheck: $(VENV)/.dev
 	$(BIN)/mypy
@@ -77,7 +77,7 @@ bench: $(VENV)/.dev
 
 calibrate: $(VENV)/.dev
 	$(BIN)/python -m rooftop_planner.calibrate
-	$(BIN)/python -m rooftop_operator.engine_sim.truth --fit
+	$(BIN)/python -m rooftop_sim.engine.truth --fit
 
 cluster-up: $(VENV)/.dev tools
 	$(BIN)/python -m tests.cluster up
@@ -87,7 +87,7 @@ cluster-down: $(VENV)/.dev
 
 ## crd, dashboards: regenerate the CRD and dashboard JSON from code
 crd: $(VENV)/.dev
-	$(BIN)/python -m rooftop_operator.crd
+	$(BIN)/python -m rooftop_api.crd
 
 dashboards: $(VENV)/.dev
 	$(BIN)/python dashboards/build.py

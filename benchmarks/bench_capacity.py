@@ -42,7 +42,7 @@ import bench_simulate as bench  # noqa: E402  (a sibling script, not a package)
 
 def sized(spec: Any, workload: Any, reality: float) -> tuple[Any, float, Any]:
     """The scenario, the factor a calibrated loop learns, and the planner's sizing there."""
-    from rooftop_operator import simulate
+    from rooftop_sim import simulate
 
     scn = simulate.scenario(spec, workload, reality_factor=reality)
     factor = simulate.true_factor(scn, scn.plan.max_num_seqs / 2)
@@ -51,7 +51,7 @@ def sized(spec: Any, workload: Any, reality: float) -> tuple[Any, float, Any]:
 
 def row(spec: Any, workload: Any, reality: float, shares: list[float], fleet: int) -> str:
     """One markdown row: reality, learned factor, planner capacity, measured ones."""
-    from rooftop_operator.sim.oracle import OracleConfig, measure_capacity
+    from rooftop_sim.oracle import OracleConfig, measure_capacity
 
     scn, factor, size = sized(spec, workload, reality)
     planned = float(size.capacity_rps or 0.0)
@@ -70,10 +70,10 @@ def percentile_row(spec: Any, workload: Any, reality: float, fleet: int) -> str:
 
     import numpy as np
 
-    from rooftop_operator.engine_sim.truth import TruthModel
-    from rooftop_operator.sim.cluster import Cluster
-    from rooftop_operator.sim.oracle import probe_workload
-    from rooftop_operator.sim.policies import FixedPolicy
+    from rooftop_sim.cluster import Cluster
+    from rooftop_sim.engine.truth import TruthModel
+    from rooftop_sim.oracle import probe_workload
+    from rooftop_sim.policies import FixedPolicy
 
     scn, factor, size = sized(spec, workload, reality)
     per_replica = float(size.capacity_rps or 0.0)
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     head = ["reality", "learned factor", "cap", "planner req/s/replica"]
     head += [f"measured @ {s:.0%} within TPOT" for s in shares]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    from rooftop_operator import simulate
+    from rooftop_sim import simulate
 
     spec = bench.load_spec(args.target)
     workload = simulate.workload_from_trace(args.trace, diurnal=True)

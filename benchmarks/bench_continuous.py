@@ -4,7 +4,7 @@
 
 C closed-loop clients (fixed prompt and answer lengths, a new request the moment one
 finishes; the first wave's answers are staggered so that admissions are spread as in a
-steady state) drive the engine simulator (``rooftop_operator.engine_sim``: vLLM's V1
+steady state) drive the engine simulator (``rooftop_sim.engine``: vLLM's V1
 scheduler with chunked prefill, step times interpolated directly in the measured kernel
 tables); the mean TPOT of the requests after the first wave is compared with
 ``rooftop predict``'s (``batching.predict_continuous``, the planner's fitted curves).
@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import statistics
 
-from rooftop_operator.engine_sim.core import Engine, EngineConfig, Request
-from rooftop_operator.engine_sim.truth import TruthModel
 from rooftop_planner.batching import predict_continuous
 from rooftop_planner.catalog import load_catalog
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.perf import Deployment
+from rooftop_sim.engine.core import Engine, EngineConfig, Request
+from rooftop_sim.engine.truth import TruthModel
 
 DEPLOYMENTS = (
     ("llama-3.1-8b", "h100-sxm", 1, "bf16", "auto"),

@@ -42,8 +42,8 @@ Result = tuple[Job, float, float]  # job, TPOT attainment 0..1, USD
 
 def run_job(job: Job) -> Result:
     """One diurnal replay: the oracle, or rooftop with the right factor and a frozen trim."""
-    from rooftop_operator import simulate
-    from rooftop_operator.calibration import TrimConfig
+    from rooftop_control.calibration import TrimConfig
+    from rooftop_sim import simulate
 
     reality, seed, trim = job
     spec = bench_simulate.load_spec(None)

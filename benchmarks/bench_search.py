@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from rooftop_api.manifest import load_target
 from rooftop_planner.batching import predict_continuous
 from rooftop_planner.catalog import load_catalog
 from rooftop_planner.efficiency import load_efficiency
-from rooftop_planner.manifest import load_target
 from rooftop_planner.perf import Deployment
 from rooftop_planner.search import plan_target
 

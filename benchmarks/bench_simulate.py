@@ -88,7 +88,7 @@ TPOT_TARGET = 0.99  # share of requests within the TPOT bound the targets are ab
 
 def load_spec(path: str | None) -> Any:
     """The target's spec: a manifest file, or the built-in ``TARGET``."""
-    from rooftop_planner.manifest import load_target, parse_target
+    from rooftop_api.manifest import load_target, parse_target
 
     if path:
         return load_target(path).spec
@@ -101,7 +101,7 @@ Case = tuple[str | None, str, bool, float, tuple[int, ...]]
 def run_case(args: Case) -> list[dict[str, Any]]:
     """All policies for one (trace shape, reality factor) at seed 0, then rooftop at
     the other seeds: their JSON summaries, each tagged with its shape and seed."""
-    from rooftop_operator import simulate
+    from rooftop_sim import simulate
 
     target, trace, diurnal, reality, seeds = args
     spec = load_spec(target)

@@ -66,7 +66,7 @@ def target_spec() -> Any:
     """``bench_simulate``'s target, with ``TPOT_PERCENTILE`` when one is set."""
     import yaml
 
-    from rooftop_planner.manifest import parse_target
+    from rooftop_api.manifest import parse_target
 
     if TPOT_PERCENTILE is None:
         return bench_simulate.load_spec(None)
@@ -77,7 +77,7 @@ def target_spec() -> Any:
 
 def controller_overrides(variant: str) -> dict[str, Any]:
     """The variant's ``ControllerConfig`` overrides, ``trim`` built as a ``TrimConfig``."""
-    from rooftop_operator.calibration import TrimConfig
+    from rooftop_control.calibration import TrimConfig
 
     fields = dict(VARIANTS[variant])
     if "trim" in fields:
@@ -87,7 +87,7 @@ def controller_overrides(variant: str) -> dict[str, Any]:
 
 def run_job(job: Job) -> tuple[Job, float, float]:
     """(job, TPOT attainment 0..1, USD) of one diurnal replay."""
-    from rooftop_operator import simulate
+    from rooftop_sim import simulate
 
     variant, reality, seed = job
     spec = target_spec()

@@ -36,10 +36,10 @@ Result = tuple[Job, list[tuple[float, float, float]]]  # per day: attainment, US
 
 def run_job(job: Job) -> Result:
     """The seed-0 oracle, or one seed's two days of rooftop."""
-    from rooftop_operator import simulate
-    from rooftop_operator.sim.cluster import Cluster
-    from rooftop_operator.sim.policies import RooftopPolicy
-    from rooftop_operator.sim.report import summary as summarize
+    from rooftop_sim import simulate
+    from rooftop_sim.cluster import Cluster
+    from rooftop_sim.policies import RooftopPolicy
+    from rooftop_sim.report import summary as summarize
 
     reality, seed, oracle = job
     spec = bench_simulate.load_spec(None)

@@ -31,7 +31,7 @@ def ready_at(timeline: list, t_s: float) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rooftop_operator import simulate
+    from rooftop_sim import simulate
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reality", type=float, default=1.3)

@@ -1,1 +1,1 @@
-"""Rooftop's Kubernetes operator (kopf), engine simulator and closed-loop controller."""
+"""Rooftop's Kubernetes operator: kopf handlers, the loop tick, builders and clients."""

@@ -107,7 +107,7 @@ def load_handlers() -> list[str]:
 
 
 def register(subparsers: Any) -> None:
-    """Add ``rooftop operator`` (see rooftop_operator.cli)."""
+    """Add ``rooftop operator`` (see rooftop_cli.main)."""
     parser = subparsers.add_parser("operator", help="run the Kubernetes operator")
     add_arguments(parser)
     parser.set_defaults(func=run)

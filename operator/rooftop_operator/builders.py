@@ -23,12 +23,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
+from rooftop_api.spec import MODELS_MOUNT, Mode, ServingTargetSpec
+from rooftop_control.control import max_billed_replicas
 from rooftop_operator import engine_security
-from rooftop_operator.control import max_billed_replicas
 from rooftop_operator.engine_security import PodSecurity
 from rooftop_operator.specs import TargetRef
 from rooftop_planner.inventory import gpu_toleration
-from rooftop_planner.spec import MODELS_MOUNT, Mode, ServingTargetSpec
 from rooftop_planner.weights import ONLINE_FP8, VLLM_DTYPE, Weights, vllm_kv_cache_dtype
 
 ENGINE_PORT: Final = 8000

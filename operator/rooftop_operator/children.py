@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from rooftop_api.spec import Mode, ServingTargetSpec
 from rooftop_operator import builders
 from rooftop_operator.settings import OperatorConfig
 from rooftop_operator.specs import TargetRef
 from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog
 from rooftop_planner.search import resolve_model
-from rooftop_planner.spec import Mode, ServingTargetSpec
 from rooftop_planner.weights import Weights, resolve_weights
 
 Obj = dict[str, Any]

@@ -36,14 +36,15 @@ from typing import Any, Protocol
 
 import kopf
 
-from rooftop_operator import builders, children, crd, metrics
+from rooftop_api import crd
+from rooftop_api.spec import KIND, ServingTargetSpec
+from rooftop_operator import builders, children, metrics
 from rooftop_operator import conditions as cnd
 from rooftop_operator.conditions import Cond
 from rooftop_operator.kube import Kube, KubeError
 from rooftop_operator.settings import OperatorConfig, configure, env_defaults
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec, slo_text
 from rooftop_planner.inventory import GpuInventory, Placement, inventory_from_nodes
-from rooftop_planner.spec import KIND, ServingTargetSpec
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from typing import Any, Final
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from rooftop_planner.spec import API_VERSION, KIND
+from rooftop_api.spec import API_VERSION, KIND
 
 FIELD_MANAGER: Final = "rooftop"
 APPLY_CONTENT_TYPE: Final = "application/apply-patch+yaml"

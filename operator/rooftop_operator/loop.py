@@ -33,10 +33,12 @@ from typing import Any
 
 import kopf
 
+from rooftop_api import crd
+from rooftop_control import control
+from rooftop_control.calibration import CalibrationConfig, TrimConfig, clamp
 from rooftop_operator import conditions as cnd
-from rooftop_operator import control, crd, handlers, metrics_client
+from rooftop_operator import handlers, metrics_client
 from rooftop_operator.builders import deployment_name
-from rooftop_operator.calibration import CalibrationConfig, TrimConfig, clamp
 from rooftop_operator.metrics_client import MetricsClient, PrometheusAuth, Selector, State
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec
 

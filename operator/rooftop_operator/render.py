@@ -58,8 +58,8 @@ def _config(args: argparse.Namespace) -> OperatorConfig:
 
 def render(args: argparse.Namespace) -> tuple[int, str]:
     """(exit code, text): YAML documents, or the reason there are none."""
+    from rooftop_api.manifest import ManifestError, load_target
     from rooftop_planner.catalog import CatalogError, load_catalog
-    from rooftop_planner.manifest import ManifestError, load_target
     from rooftop_planner.search import plan_target
 
     try:

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rooftop_planner.spec import API_VERSION, KIND, ServingTargetSpec
+from rooftop_api.spec import API_VERSION, KIND, ServingTargetSpec
 
 
 class SpecError(ValueError):

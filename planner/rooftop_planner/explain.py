@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from rooftop_api.spec import ServingTargetSpec
 from rooftop_planner.efficiency import load_efficiency
-from rooftop_planner.spec import ServingTargetSpec
 
 if TYPE_CHECKING:
     from rooftop_planner.perf import StepBreakdown

@@ -29,8 +29,8 @@ from typing import Any
 
 import yaml
 
+from rooftop_api.spec import Constraints
 from rooftop_planner.catalog import Catalog, CatalogError, GpuSpec
-from rooftop_planner.spec import Constraints
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 CONDITION_TAINT_PREFIX = "node.kubernetes.io/"

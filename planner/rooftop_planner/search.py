@@ -25,6 +25,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from rooftop_api.spec import (
+    KvDtype,
+    PlanStatus,
+    PredictedLatency,
+    ServingTargetSpec,
+    WeightDtype,
+)
 from rooftop_planner import perf, tail
 from rooftop_planner.catalog import (
     Catalog,
@@ -38,13 +45,6 @@ from rooftop_planner.efficiency import EfficiencyTable, load_efficiency
 from rooftop_planner.inventory import GpuInventory
 from rooftop_planner.kernels import FloatArray
 from rooftop_planner.perf import Deployment
-from rooftop_planner.spec import (
-    KvDtype,
-    PlanStatus,
-    PredictedLatency,
-    ServingTargetSpec,
-    WeightDtype,
-)
 from rooftop_planner.weights import Weights, kv_problem, resolve_weights
 from rooftop_planner.workload import LengthDistribution, from_spec
 

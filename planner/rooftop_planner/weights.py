@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rooftop_api.spec import MODELS_MOUNT, ServingTargetSpec
 from rooftop_planner.catalog import ModelSpec
-from rooftop_planner.spec import MODELS_MOUNT, ServingTargetSpec
 
 # Planned 16-bit weight dtype -> vLLM --dtype.
 VLLM_DTYPE: dict[str, str] = {"bf16": "bfloat16", "fp16": "float16"}

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from rooftop_planner.spec import TokenLengths
+from rooftop_api.spec import TokenLengths
 
 _Z90 = NormalDist().inv_cdf(0.9)
 

@@ -28,7 +28,7 @@ import aiohttp
 from kubernetes import client
 
 from rooftop_operator.builders import APP_NAME, TARGET_LABEL, VLLM_NAME_FIX
-from rooftop_operator.loadgen import LoadSpec, RequestResult, send_request
+from rooftop_sim.loadgen import LoadSpec, RequestResult, send_request
 from tests.cluster.controlplane import free_port
 from tests.cluster.prometheus import PrometheusServer
 
@@ -61,7 +61,7 @@ def engine_argv(pod: Mapping[str, Any], port: int, extra: Sequence[str]) -> list
         else:
             args += [flag, value]
     script = Path(sys.executable).with_name("rooftop")
-    launcher = [str(script)] if script.exists() else [sys.executable, "-m", "rooftop_operator.cli"]
+    launcher = [str(script)] if script.exists() else [sys.executable, "-m", "rooftop_cli.main"]
     return [*launcher, "engine-sim", *args, *extra]
 
 

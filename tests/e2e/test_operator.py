@@ -27,9 +27,9 @@ import pytest
 import yaml
 from kubernetes import client
 
+from rooftop_api.spec import ServingTarget
 from rooftop_planner.catalog import Catalog, load_catalog
 from rooftop_planner.search import plan_target
-from rooftop_planner.spec import ServingTarget
 from tests.cluster.controlplane import find_binary
 from tests.cluster.handle import ClusterHandle, wait_until
 from tests.cluster.nodes import GpuType, gpu_node

@@ -193,7 +193,7 @@ def _no_errors(world: World) -> bool:
 def loaded(world: World, url: str) -> dict[str, Any]:
     """``rooftop load`` against the engine; meanwhile the loop must observe it and the
     dashboards must have data (rates over a window that holds traffic)."""
-    argv = [sys.executable, "-m", "rooftop_operator.cli", "load", "--url", url,
+    argv = [sys.executable, "-m", "rooftop_cli.main", "load", "--url", url,
             "--model", SERVED, "--rate", f"{LOAD_RPS:g}", "--duration", f"{LOAD_S:g}",
             "--prompt-tokens", str(PROMPT_TOKENS), "--output-tokens", str(OUTPUT_TOKENS),
             "--seed", "3", "--json", "--quiet"]  # fmt: skip

@@ -24,7 +24,7 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from rooftop_operator.loadgen import LoadSpec, send_request
+from rooftop_sim.loadgen import LoadSpec, send_request
 from tests.cluster.controlplane import free_port
 from tests.cluster.vllm_engines import SOURCE_PATH, VllmProcess, vllm_cli
 
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 READERS = (
     "operator/rooftop_operator/metrics_client.py",
     "dashboards/queries.py",
-    "operator/rooftop_operator/engine_sim/vllm_metrics.py",
+    "operator/rooftop_sim/engine/vllm_metrics.py",
 )
 SERVED = "tiny"
 MAX_MODEL_LEN = 1024  # the token-count histograms' buckets follow it
@@ -123,7 +123,7 @@ def real(
 @pytest.fixture(scope="module")
 def simulated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Metric]]:
     port = free_port()
-    argv = [sys.executable, "-m", "rooftop_operator.cli", "engine-sim", "--port", str(port),
+    argv = [sys.executable, "-m", "rooftop_cli.main", "engine-sim", "--port", str(port),
             "--model-name", SERVED, "--gpu", "l4", "--max-model-len", str(MAX_MODEL_LEN),
             "--max-num-seqs", "8", "--time-scale", "20"]  # fmt: skip
     log = tmp_path_factory.mktemp("engine-sim") / "engine-sim.log"

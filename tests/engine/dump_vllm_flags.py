@@ -1,4 +1,4 @@
-"""Write the `vllm serve` flag table (planner/rooftop_planner/catalog/vllm_flags.json).
+"""Write the `vllm serve` flag table (planner/rooftop_api/vllm_flags.json).
 
 Run with the real vLLM's python (`make vllm-flags`, which gets it from
 tests/engine/install-vllm.sh):
@@ -6,7 +6,7 @@ tests/engine/install-vllm.sh):
     PY=$(tests/engine/install-vllm.sh) && $PY tests/engine/dump_vllm_flags.py [OUTPUT]
 
 Why a table: the operator image has no vLLM, yet the planner must check a target's
-``spec.engine.extraArgs`` the way `vllm serve` will parse them (rooftop_planner.vllm_args).
+``spec.engine.extraArgs`` the way `vllm serve` will parse them (rooftop_api.vllm_args).
 So this script walks the parser vLLM itself builds for `vllm serve` and records, per
 argparse action: its option strings, the dest it sets, how many values it takes, where
 argparse checks them its choices with the conversion the action's `type` applies before
@@ -24,9 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-DEFAULT_OUTPUT = (
-    Path(__file__).resolve().parents[2] / "planner/rooftop_planner/catalog/vllm_flags.json"
-)
+DEFAULT_OUTPUT = Path(__file__).resolve().parents[2] / "planner/rooftop_api/vllm_flags.json"
 GENERATED_BY = (
     "tests/engine/dump_vllm_flags.py (make vllm-flags) from the `vllm serve` argument "
     "parser of the real vLLM; do not edit by hand"

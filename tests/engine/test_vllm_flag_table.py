@@ -10,7 +10,7 @@ import pytest
 pytestmark = pytest.mark.vllm
 
 HERE = Path(__file__).resolve().parent
-TABLE = HERE.parents[1] / "planner" / "rooftop_planner" / "catalog" / "vllm_flags.json"
+TABLE = HERE.parents[1] / "planner" / "rooftop_api" / "vllm_flags.json"
 
 
 def test_the_packaged_flag_table_is_current(vllm_python: str) -> None:

@@ -1,4 +1,4 @@
-"""rooftop_planner.vllm_args against the real `vllm serve` parser: every argument list
+"""rooftop_api.vllm_args against the real `vllm serve` parser: every argument list
 the checker resolves, vLLM parses, setting the same dests; every one the checker
 refuses as vLLM would (unknown, ambiguous, missing value, not a choice, positional),
 vLLM refuses too. Policy refusals (a dest the plan owns) are not parse errors, so the
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from rooftop_planner.vllm_args import ExtraArgError, resolve
+from rooftop_api.vllm_args import ExtraArgError, resolve
 from tests.engine.conftest import RunCases
 
 pytestmark = pytest.mark.vllm

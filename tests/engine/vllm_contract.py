@@ -19,7 +19,7 @@ AsyncLLM's start-up), each stage only if the one before passed:
 
 1. ``parse``: the serve parser (FlexibleArgumentParser: prefixes, choices, dotted JSON
    arguments) and ``validate_parsed_serve_args``. ``dests`` lists what differs from the
-   parser's defaults (the flag checker's tests compare it with rooftop_planner.vllm_args).
+   parser's defaults (the flag checker's tests compare it with rooftop_api.vllm_args).
    Cases without ``config`` stop here.
 2. ``model``: ``EngineArgs.from_cli_args(...).create_model_config()``: the config.json is
    loaded; dtype, max-model-len against the model's context and the quantization method

@@ -31,7 +31,7 @@ def test_worst_seed_and_mean_cost_decide_the_marks(bench: ModuleType) -> None:
 
 
 def test_variants_build_real_controller_overrides(bench: ModuleType) -> None:
-    from rooftop_operator.calibration import TrimConfig
+    from rooftop_control.calibration import TrimConfig
 
     for name in bench.VARIANTS:
         overrides = bench.controller_overrides(name)

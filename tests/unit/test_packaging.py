@@ -99,15 +99,15 @@ def test_the_installed_wheel_plans_and_simulates_without_the_checkout(installed:
     example, trace = ROOT / "examples" / "simulated-chat.yaml", ROOT / "examples" / "traces"
     out = run_installed(
         installed,
-        "import rooftop_planner, rooftop_operator.engine_sim.truth as truth",
+        "import rooftop_planner, rooftop_sim.engine.truth as truth",
         f"assert rooftop_planner.__file__.startswith({str(installed)!r}), rooftop_planner.__file__",
-        "from rooftop_operator.cli import main",
+        "from rooftop_cli.main import main",
         f"assert main(['plan', {str(example)!r}]) == 0",
         f"main(['simulate', {str(example)!r}, '--trace', "
         f"{str(trace / 'azure_conv_excerpt.csv')!r}, '--json'])",
     )
     # the same plan as from the checkout: the wheel ships the fitted kernel curves
-    from rooftop_planner.manifest import load_target
+    from rooftop_api.manifest import load_target
     from rooftop_planner.search import plan_target
 
     plan = plan_target(load_target(example).spec).plan

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from rooftop_api.spec import PlanStatus, PredictedLatency
 from rooftop_operator.handlers import Runtime
 from rooftop_operator.metrics import OperatorMetrics
 from rooftop_operator.settings import OperatorConfig
 from rooftop_planner.catalog import Catalog, load_catalog
-from rooftop_planner.spec import PlanStatus, PredictedLatency
 
 Obj = dict[str, Any]
 NS = "team-a"

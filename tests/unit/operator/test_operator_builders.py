@@ -11,10 +11,10 @@ import pytest
 from conftest import NS, SPEC, UID, FakePlan
 
 from rooftop_operator import builders
-from rooftop_operator.engine_sim import server as engine_sim
 from rooftop_operator.specs import TargetRef, parse_spec
 from rooftop_planner.catalog import Catalog
 from rooftop_planner.weights import Weights, resolve_weights
+from rooftop_sim.engine import server as engine_sim
 
 REF = TargetRef(name="chat", namespace=NS, uid=UID, generation=3)
 KV_CHOICES = {"auto", "fp8"}  # what a planned KV dtype becomes in vLLM 0.32
@@ -436,7 +436,7 @@ def test_engine_pods_pull_with_the_targets_secrets(catalog: Catalog) -> None:
 def test_every_flag_the_plan_sets_is_kept_out_of_extra_args(catalog: Catalog) -> None:
     """The spec refuses extraArgs that set a dest the builder sets (vLLM keeps the last
     one): every flag the builder writes must set such a dest, read as vLLM reads it."""
-    from rooftop_planner.vllm_args import PLANNED, RESERVED, resolve
+    from rooftop_api.vllm_args import PLANNED, RESERVED, resolve
 
     args = container(builders.build_deployment(inputs(catalog)))["args"]
     flags = args if args[0].startswith("-") else args[1:]  # the model may be positional

@@ -14,13 +14,13 @@ import yaml
 from conftest import NS, SPEC, FakeKube, target_body
 from test_operator_builders import REF, container, inputs, pod_spec
 
+from rooftop_api.spec import ModelCache
 from rooftop_operator import __main__ as main_mod
 from rooftop_operator import builders
 from rooftop_operator.engine_security import MODEL_CACHE_PATH, PodSecurity, parse_pod_security
 from rooftop_operator.handlers import Runtime, reconcile
 from rooftop_operator.settings import OperatorConfig, env_defaults, parse_pod_monitor_labels
 from rooftop_planner.catalog import Catalog
-from rooftop_planner.spec import ModelCache
 
 Obj = dict[str, Any]
 RESTRICTED = PodSecurity.RESTRICTED
@@ -256,7 +256,7 @@ def test_rooftop_render_shows_what_the_operator_is_configured_with(
 ) -> None:
     """`rooftop render` reads the same ROOFTOP_* settings, so it prints the pods and
     PodMonitor the operator would apply; a bad value exits 2 naming the variable."""
-    from rooftop_operator.cli import main
+    from rooftop_cli.main import main
 
     example = Path(__file__).resolve().parents[3] / "examples" / "chat-llama-3.1-8b.yaml"
     monkeypatch.setenv("ROOFTOP_ENGINE_POD_SECURITY", "restricted")

@@ -13,7 +13,8 @@ import pytest
 import yaml
 from conftest import NS, SPEC, UID, Events, FakeKube, FakePlan, FakePlanner, FakeResult, target_body
 
-from rooftop_operator import builders, children, control, handlers, loop
+from rooftop_control import control
+from rooftop_operator import builders, children, handlers, loop
 from rooftop_operator.conditions import find
 from rooftop_operator.handlers import Runtime, reconcile
 from rooftop_operator.kube import KubeError
@@ -589,8 +590,8 @@ def test_no_node_big_enough_waits_and_says_which_nodes_would_do(
     feasible = cond(kube, "Feasible")
     assert feasible["status"] == "False"
     # the message names the node size of the plan the whole catalog would give
+    from rooftop_api.spec import ServingTargetSpec
     from rooftop_planner.search import plan_target
-    from rooftop_planner.spec import ServingTargetSpec
 
     best = plan_target(ServingTargetSpec.model_validate(L4_ONLY)).plan
     assert best is not None and best.tp > 1

@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
+from rooftop_cli.main import build_parser
 from rooftop_operator import __main__ as main_mod
-from rooftop_operator.cli import build_parser
 from rooftop_operator.settings import VLLM_IMAGE, OperatorConfig, configure, env_defaults
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 from rooftop_operator import conditions as cnd
 
 ROOT = Path(__file__).resolve().parents[3]
-CODE = {p.name: p.read_text() for p in (ROOT / "operator" / "rooftop_operator").glob("*.py")}
+PACKAGES = ("rooftop_operator", "rooftop_control")
+CODE = {p.name: p.read_text() for pkg in PACKAGES for p in (ROOT / "operator" / pkg).glob("*.py")}
 TYPES = {name: getattr(cnd, name) for name in ("PLANNED", "FEASIBLE", "DEPLOYED", "READY",
                                                "SLO_MET", "WITHIN_BUDGET")}  # fmt: skip
 

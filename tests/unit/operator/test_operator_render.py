@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rooftop_operator.cli import main
+from rooftop_cli.main import main
 
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "chat-llama-3.1-8b.yaml"

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
+from rooftop_api.spec import ServingTargetSpec
 from rooftop_planner.catalog import CatalogError, load_catalog, model_from_hf_config
 from rooftop_planner.search import resolve_model
-from rooftop_planner.spec import ServingTargetSpec
 
 HF_CONFIG: dict[str, Any] = {
     "num_hidden_layers": 32,

@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from rooftop_operator.cli import main
+from rooftop_api.manifest import load_target
+from rooftop_api.spec import ServingTargetSpec
+from rooftop_cli.main import main
 from rooftop_planner.catalog import Catalog, load_catalog
 from rooftop_planner.inventory import (
     GpuInventory,
@@ -19,9 +21,7 @@ from rooftop_planner.inventory import (
     load_nodes,
     tolerates,
 )
-from rooftop_planner.manifest import load_target
 from rooftop_planner.search import plan_target
-from rooftop_planner.spec import ServingTargetSpec
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "simulated-chat.yaml"
 
@@ -138,7 +138,7 @@ def test_a_target_no_gpu_can_meet_is_not_waiting_for_nodes(catalog: Catalog) -> 
 
 
 def placement(**constraints: Any) -> Placement:
-    from rooftop_planner.spec import Constraints
+    from rooftop_api.spec import Constraints
 
     return Placement.of(Constraints.model_validate(constraints))
 

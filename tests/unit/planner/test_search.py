@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from rooftop_api.spec import ServingTargetSpec
 from rooftop_planner.catalog import CatalogError
 from rooftop_planner.search import plan_target
-from rooftop_planner.spec import ServingTargetSpec
 
 
 def spec(**overrides: Any) -> ServingTargetSpec:

@@ -1,0 +1,1 @@
+"""The ``rooftop`` command: a thin layer over the API, planner, operator and simulator."""

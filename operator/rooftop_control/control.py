@@ -1,0 +1,874 @@
+"""The closed-loop controller's decisions, as pure functions.
+
+``decide(state, obs, now_s, config) -> Decision`` is called once per scrape by the
+operator's timer (``loop.py``) and, unchanged, by ``rooftop simulate``'s ``rooftop``
+policy, so what the simulator measures is what the operator does.
+
+One decision:
+
+1. Classify the readings (ok / missing / stale / nan). Latency percentiles may be
+   absent with no traffic; the request rate, running, waiting and KV usage must be OK
+   for anything but scaling up.
+2. Calibrate, from OK readings only (``calibration.py``: smoothed and bounded):
+   - the step-time factor = observed mean step time / the planner's predicted step
+     time at the observed batch (running per ready replica) and lengths;
+   - the latency trim, an integral controller on the share of requests within the
+     TPOT bound: up while under 99.5 %, down while no request missed and the
+     percentile has room, in steps that grow with the evidence. The factor makes the
+     planner's mean right; the trim its tail (prefill bursts, length mix, how fast
+     TPOT grows with load), which the SLO is about. A window moves the trim only when
+     it says something about the planner's capacity: one settled fleet (no pod
+     became ready for ``trim.settle_windows`` windows, two by default, none
+     starting), at most once per window; misses count only when the trimmed planner
+     called the ready pods enough for the observed rate (not a lag or a budget cap),
+     a clean window only when the fleet ran near what the trimmed planner calls its
+     capacity (not a spare fleet).
+3. Re-plan with the planner at the observed request rate (projected ``startup_s`` ahead
+   when it is rising) times the trim, with ``step_time_scale`` = the step factor.
+   The trim scales the rate, not the step time: a tail the planner gets wrong is
+   fixed by more (or fewer) replicas, not by a smaller batch cap.
+4. Add reactive signals: an observed TPOT/TTFT breach, TPOT close to the SLO, a
+   queue, a full KV cache.
+5. Stabilize: scale up at once (pods still starting count as capacity, because the
+   desired count already includes them); scale down only to the highest recommendation
+   of the last ``scale_down_window_s`` (120 s: two metrics windows; the planner's
+   recommendation already carries headroom and a rising trend, so a longer hold
+   mostly pays for idle pods on the way down), and only after that many seconds of OK
+   metrics. Never scale down on missing, stale or NaN metrics (hold and say so), nor
+   while a batch-cap rollout is starting pods.
+6. Limit: min/max replicas and the budget (a hard limit: never exceeded, even when the
+   SLO then cannot be met; the conditions say which).
+7. Batch cap: adopt the planner's ``max_num_seqs`` when the calibrated factors show the
+   current cap misses the TPOT SLO at a full batch (or, with margin, that a larger cap
+   is safe and gives a replica more capacity) - rarely, since it restarts pods: only
+   in a steady fleet, after a cooldown, and never when the rollout would stop a
+   single pod with no room under the budget to start its replacement first.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from enum import StrEnum
+from typing import Any, Protocol
+
+from rooftop_api.spec import Condition, ServingTargetSpec
+from rooftop_control import calibration as cal_mod
+from rooftop_control.calibration import Calibration, CalibrationConfig, TrimConfig
+
+SLO_MET = "SLOMet"
+WITHIN_BUDGET = "WithinBudget"
+
+
+class MetricState(StrEnum):
+    """Whether a reading can be trusted."""
+
+    OK = "ok"
+    MISSING = "missing"  # no series (target down, never scraped, query returned nothing)
+    STALE = "stale"  # the newest sample is older than the scrape allows
+    NAN = "nan"  # NaN or infinite (histogram_quantile over an empty window)
+
+
+_BADNESS = {MetricState.OK: 0, MetricState.NAN: 1, MetricState.STALE: 2, MetricState.MISSING: 3}
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One metric value and whether it can be trusted; ``value`` is NaN unless OK."""
+
+    value: float = math.nan
+    state: MetricState = MetricState.MISSING
+
+    @classmethod
+    def of(cls, value: float | None, age_s: float = 0.0, max_age_s: float = math.inf) -> Reading:
+        """Classify a raw sample: None is missing, NaN/inf is nan, too old is stale."""
+        if value is None:
+            return cls()
+        if not math.isfinite(value):
+            return cls(math.nan, MetricState.NAN)
+        if age_s > max_age_s:
+            return cls(math.nan, MetricState.STALE)
+        return cls(float(value), MetricState.OK)
+
+    @property
+    def ok(self) -> bool:
+        """True when the value is usable."""
+        return self.state is MetricState.OK
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the metrics said over the last window (all replicas of one target).
+
+    Attributes:
+        tpot_ms: the SLO's percentile of per-request time per output token, ms.
+        ttft_ms: the SLO's percentile of time to first token, ms.
+        requests_per_second: arrival (or completion) rate over the window, req/s.
+        running: requests in running batches, summed over ready replicas.
+        waiting: requests queued, summed over ready replicas.
+        kv_usage_ratio: KV-cache usage, mean over ready replicas, 0..1.
+        step_ms: mean inter-token latency over the window, ms (for calibration).
+        tpot_attainment: share 0..1 of the window's requests whose TPOT met the bound
+            (a histogram bucket at the bound over the count).
+        prompt_tokens / output_tokens: mean lengths of requests in the window, tokens.
+        ready_replicas: pods ready to serve (from the Deployment, always known).
+        pending_replicas: pods created but not ready yet.
+    """
+
+    tpot_ms: Reading = Reading()
+    ttft_ms: Reading = Reading()
+    requests_per_second: Reading = Reading()
+    running: Reading = Reading()
+    waiting: Reading = Reading()
+    kv_usage_ratio: Reading = Reading()
+    step_ms: Reading = Reading()
+    tpot_attainment: Reading = Reading()
+    prompt_tokens: Reading = Reading()
+    output_tokens: Reading = Reading()
+    ready_replicas: int = 0
+    pending_replicas: int = 0
+
+    def gating(self) -> list[tuple[str, Reading]]:
+        """The readings that must be OK before scaling down, by name.
+
+        Latency is excused when the rate is a trustworthy zero: with no requests,
+        histogram_quantile is NaN by construction, and an idle target must still be
+        able to shrink.
+        """
+        names = ["requests_per_second", "running", "waiting", "kv_usage_ratio"]
+        if not (self.requests_per_second.ok and self.requests_per_second.value <= 0):
+            names.append("tpot_ms")
+        return [(n, getattr(self, n)) for n in names]
+
+    def unhealthy(self) -> list[str]:
+        """Gating readings that are not OK, as ``name: state`` (empty when healthy)."""
+        return [f"{n}: {r.state.value}" for n, r in self.gating() if not r.ok]
+
+    def state(self) -> MetricState:
+        """The worst state of the gating readings."""
+        return max((r.state for _, r in self.gating()), key=_BADNESS.__getitem__)
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The planner's answer for one request rate and calibration factor.
+
+    Attributes:
+        replicas: replicas needed, NOT limited by min/max/budget (the controller does that).
+        max_num_seqs: the batch cap that keeps TPOT within the SLO at this factor.
+        usd_per_replica_hour: price of one replica (all its GPUs), USD/h.
+        tpot_ms: predicted TPOT at that sizing, ms (None if unknown).
+        feasible: False when no batch cap meets the SLO on this deployment.
+        capacity_rps: requests/s one replica serves within the SLO (None if unknown).
+    """
+
+    replicas: int
+    max_num_seqs: int
+    usd_per_replica_hour: float
+    tpot_ms: float | None = None
+    feasible: bool = True
+    capacity_rps: float | None = None
+
+
+class Planner(Protocol):
+    """The planner, as the controller needs it (``PlanTargetPlanner`` is the real one)."""
+
+    def size(self, requests_per_second: float, step_time_scale: float) -> Sizing:
+        """Replicas and batch cap for a rate (req/s) with step times scaled by a factor."""
+        ...
+
+    def step_ms(self, batch: float, prompt_tokens: float, output_tokens: float) -> float:
+        """Predicted (unscaled) mean step time, ms, of ``batch`` running requests with
+        these mean prompt and output lengths (tokens), prefill chunks included."""
+        ...
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Everything ``decide`` needs besides state and observation.
+
+    Attributes:
+        planner: re-plans at a rate and factor; predicts step times.
+        tpot_slo_ms / ttft_slo_ms: the SLO bounds, ms (TTFT optional).
+        min_replicas / max_replicas: hard replica limits.
+        budget_usd_per_hour: hard spend limit for all replicas, USD/h.
+        usd_per_replica_hour: price of one replica, USD/h.
+        default_prompt_tokens / default_output_tokens: mean lengths when not observed.
+        scale_down_window_s: a lower recommendation must hold this long, s.
+        startup_s: expected pod start-up time, s; a rising rate is projected this far.
+        metrics_window_s: the window rates and percentiles are computed over, s.
+        trend_window_s: how much rate history the trend is fitted on, s.
+        headroom: extra rate planned for (0.1 = 10 %), on top of the planner's own.
+        max_breach_step: at most this multiple of ready replicas per reactive step.
+        tpot_margin: observed TPOT above this share of the SLO adds one replica.
+        waiting_per_replica: queued requests per ready replica that count as a breach.
+        kv_usage_limit: KV usage ratio above which preemptions start; a breach.
+        cap_cooldown_s: minimum time between batch-cap changes (they restart pods), s.
+        cap_raise_margin: a larger cap is adopted only if the planner still picks it
+            with step times this much slower (0.15 = 15 %): hysteresis, so a factor
+            near a boundary does not roll the fleet back and forth.
+        calibration: smoothing and bounds of the step-time factor.
+        trim: dead band, gains and bounds of the latency trim.
+    """
+
+    planner: Planner
+    tpot_slo_ms: float
+    ttft_slo_ms: float | None
+    min_replicas: int
+    max_replicas: int
+    budget_usd_per_hour: float
+    usd_per_replica_hour: float
+    default_prompt_tokens: float
+    default_output_tokens: float
+    scale_down_window_s: float = 120.0
+    startup_s: float = 120.0
+    metrics_window_s: float = 60.0
+    trend_window_s: float = 300.0
+    headroom: float = 0.0
+    max_breach_step: float = 2.0
+    tpot_margin: float = 0.9
+    waiting_per_replica: float = 2.0
+    kv_usage_limit: float = 0.9
+    cap_cooldown_s: float = 900.0
+    cap_raise_margin: float = 0.15
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    trim: TrimConfig = field(default_factory=TrimConfig)
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    """What the controller remembers between decisions (restartable: defaults are safe).
+
+    Attributes:
+        replicas: desired replicas now (ready + pending), as last decided.
+        max_num_seqs: batch cap the pods run with now.
+        calibration: the step-time factor estimate.
+        history: (time s, recommended replicas) of healthy decisions in the window.
+        healthy_since_s: start of the current run of healthy decisions, s (None: unhealthy).
+        rates: (time s, req/s) of OK rate readings within the trend window.
+        last_cap_change_s: when the batch cap last changed, s.
+        trim: the latency trim on the step-time scale (1.0 = none).
+        ready_seen: ready pods at the last decision (None: no decision yet).
+        ready_grew_s: when the ready count last grew, s.
+        trim_at_s: when the trim last moved, s (at most one move per metrics window:
+            the scrapes of one window see the same requests).
+        held_cap: the batch cap the planner asks for but the controller holds back
+            (``sole_pod_would_go``), else None.
+    """
+
+    replicas: int
+    max_num_seqs: int
+    calibration: Calibration = Calibration()
+    history: tuple[tuple[float, int], ...] = ()
+    healthy_since_s: float | None = None
+    rates: tuple[tuple[float, float], ...] = ()
+    last_cap_change_s: float | None = None
+    trim: float = 1.0
+    ready_seen: int | None = None
+    ready_grew_s: float | None = None
+    trim_at_s: float | None = None
+    held_cap: int | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of one ``decide`` call.
+
+    Attributes:
+        replicas: desired replicas (write to the Deployment).
+        max_num_seqs: batch cap (a change means new pod args).
+        reason: one line for a Kubernetes event / log, why this decision.
+        conditions: SLOMet and WithinBudget.
+        state: pass to the next ``decide``.
+        metrics_state: worst state of the gating readings.
+        needed_replicas: what the SLO needs before min/max/budget limits.
+        previous_replicas / previous_max_num_seqs: the values before this decision.
+        cap_hold_began: this decision started holding back a new batch cap (worth an
+            event once, not on every decision that keeps holding it).
+    """
+
+    replicas: int
+    max_num_seqs: int
+    reason: str
+    conditions: tuple[Condition, ...]
+    state: ControllerState
+    metrics_state: MetricState
+    needed_replicas: int
+    previous_replicas: int
+    previous_max_num_seqs: int
+    cap_hold_began: bool = False
+
+    @property
+    def changed(self) -> bool:
+        """Whether replicas or the batch cap changed."""
+        return (self.replicas, self.max_num_seqs) != (
+            self.previous_replicas,
+            self.previous_max_num_seqs,
+        )
+
+    @property
+    def calibration_factor(self) -> float:
+        """The smoothed step-time factor after this decision."""
+        return self.state.calibration.factor
+
+
+def config_from_spec(spec: ServingTargetSpec, planner: Planner, usd_per_replica_hour: float,
+                     **overrides: Any) -> ControllerConfig:  # fmt: skip
+    """Build a config from a ServingTarget spec; ``overrides`` set the tuning fields."""
+    mean_prompt = spec.workload.prompt_tokens.mean or _hist_mean(spec.workload.prompt_tokens)
+    mean_out = spec.workload.output_tokens.mean or _hist_mean(spec.workload.output_tokens)
+    return ControllerConfig(
+        planner=planner,
+        tpot_slo_ms=spec.slo.tpot_ms,
+        ttft_slo_ms=spec.slo.ttft_ms,
+        min_replicas=spec.constraints.min_replicas,
+        max_replicas=spec.constraints.max_replicas,
+        budget_usd_per_hour=spec.budget.usd_per_hour,
+        usd_per_replica_hour=usd_per_replica_hour,
+        default_prompt_tokens=mean_prompt,
+        default_output_tokens=mean_out,
+        **overrides,
+    )
+
+
+def _hist_mean(lengths: object) -> float:
+    hist = getattr(lengths, "histogram", None) or []
+    total = sum(b.weight for b in hist)
+    return sum(b.tokens * b.weight for b in hist) / total if total else 1.0
+
+
+# ---------------------------------------------------------------- the decision
+
+
+def decide(
+    state: ControllerState, obs: Observation, now_s: float, config: ControllerConfig
+) -> Decision:
+    """One control step: calibrate, re-plan, scale (see the module docstring).
+
+    Args:
+        state: what the last decision left (``initial_state`` for the first call).
+        obs: readings over the last window and the Deployment's ready/pending pods.
+        now_s: a monotonic clock, s (simulated or wall; only differences matter).
+        config: SLO, limits, planner and tuning.
+    """
+    bad = obs.unhealthy()
+    seen = state.ready_seen
+    grew_s = now_s if seen is not None and obs.ready_replicas > seen else state.ready_grew_s
+    fresh = grew_s is None or now_s - grew_s >= config.metrics_window_s
+    cal = calibrate(state.calibration, obs, config)
+    scale = cal.factor
+    rates = _remember_rate(state.rates, obs.requests_per_second, now_s, config.trend_window_s)
+    sizing, plan_why = _plan(obs, scale, state.trim, rates, config)
+    trim, trim_at = _retrim(state, obs, grew_s, now_s, scale, config)
+    if sizing is not None and not sizing.feasible:
+        # More replicas cannot fix a too-slow step; hold (never shrink on that news)
+        # and let the reactive signals add capacity for queues.
+        sizing = replace(sizing, replicas=state.replicas)
+    wanted, why = _wanted(obs, sizing, plan_why, state.max_num_seqs, fresh, config)
+    history, since = _remember_history(state, wanted, now_s, not bad, config)
+    rolling = _rolling_out(state, obs, now_s, config)
+    replicas, why = _stabilize(state.replicas, wanted, why, history, since, now_s, bad,
+                               rolling, config)  # fmt: skip
+    lower, upper = replica_limits(config)
+    limited = clamp_replicas(replicas, lower, upper)
+    # a new cap rolls pods: only in a steady fleet, never on top of a scale-up
+    steady = not bad and limited == state.replicas and obs.pending_replicas == 0
+    cap, cap_why, cap_at = _choose_cap(state, obs, sizing, cal, scale, now_s, steady, config)
+    held = None
+    if cap != state.max_num_seqs and sole_pod_would_go(limited, upper):
+        cap_why = (f"max_num_seqs held at {state.max_num_seqs}, not {cap}: the rollout would "
+                   "stop the only pod before its replacement serves (no room under "
+                   "maxReplicas and the budget for a surge pod)")  # fmt: skip
+        held, cap, cap_at = cap, state.max_num_seqs, state.last_cap_change_s
+    new_state = ControllerState(
+        limited, cap, cal, history, since, rates, cap_at, trim, obs.ready_replicas, grew_s,
+        trim_at, held,
+    )  # fmt: skip
+    return Decision(
+        replicas=limited,
+        max_num_seqs=cap,
+        reason=_reason(state, limited, replicas, why, cap_why, config),
+        conditions=(
+            slo_condition(obs, max(wanted, replicas), upper, config),
+            budget_condition(limited, max(wanted, replicas), config),
+        ),
+        state=new_state,
+        metrics_state=obs.state(),
+        needed_replicas=max(wanted, replicas),
+        previous_replicas=state.replicas,
+        previous_max_num_seqs=state.max_num_seqs,
+        cap_hold_began=held is not None and held != state.held_cap,
+    )
+
+
+def initial_state(replicas: int, max_num_seqs: int, factor: float = 1.0) -> ControllerState:
+    """State for a fresh (or restarted) controller: no history, so no early scale-down."""
+    return ControllerState(replicas, max_num_seqs, Calibration(factor=factor))
+
+
+def calibrate(cal: Calibration, obs: Observation, config: ControllerConfig) -> Calibration:
+    """Update the factor from the window's mean step time (OK readings only)."""
+    if not (obs.step_ms.ok and obs.running.ok) or obs.ready_replicas <= 0:
+        return cal
+    batch = obs.running.value / obs.ready_replicas
+    if batch < config.calibration.min_batch:
+        return cal
+    isl = obs.prompt_tokens.value if obs.prompt_tokens.ok else config.default_prompt_tokens
+    osl = obs.output_tokens.value if obs.output_tokens.ok else config.default_output_tokens
+    predicted = config.planner.step_ms(batch, isl, osl)
+    return cal_mod.update(cal, obs.step_ms.value, predicted, config.calibration)
+
+
+def _retrim(
+    state: ControllerState,
+    obs: Observation,
+    grew_s: float | None,
+    now_s: float,
+    scale: float,
+    config: ControllerConfig,
+) -> tuple[float, float | None]:
+    """(trim, when it last moved): at most one move per metrics window (the scrapes
+    of one window see the same requests), and none until ``trim.settle_windows``
+    windows after a pod became ready (a request finishing in the window may have
+    started a window earlier, on the smaller fleet)."""
+    settle_s = config.trim.settle_windows * config.metrics_window_s
+    settled = grew_s is None or now_s - grew_s >= settle_s
+    last = state.trim_at_s
+    if not settled or (last is not None and now_s - last < config.metrics_window_s):
+        return state.trim, last
+    trim = update_trim(state, obs, scale, config)
+    return trim, (now_s if trim != state.trim else last)
+
+
+def update_trim(
+    state: ControllerState, obs: Observation, scale: float, config: ControllerConfig
+) -> float:
+    """The latency trim after this window (``scale``: the step-time factor in use).
+
+    The caller (``_retrim``) passes only windows of one settled fleet; no pod may be
+    starting either: while capacity is on its way the error is being corrected
+    already, so integrating it would wind up. A window then moves the trim only when
+    it says something about the planner's capacity model, judged by what the trimmed
+    planner wants for the OBSERVED rate (not the forecast):
+
+    - up, on misses, only when the planner called the ready pods enough: misses in a
+      fleet the planner already wants bigger (pods still to come after a steep rise,
+      a budget or maxReplicas cap) are a lag or a limit, not a model error;
+    - down, on a clean window, only when ``trim.tight`` more load would make the
+      planner want more pods than are ready: a fast TPOT in a fleet with spare pods
+      (minReplicas, the scale-down window, a forecast that overshot) says nothing
+      about the planner being pessimistic.
+    """
+    ok = obs.tpot_ms.ok and obs.tpot_attainment.ok and obs.requests_per_second.ok
+    if not (ok and obs.ready_replicas > 0 and obs.pending_replicas == 0):
+        return state.trim
+    new = cal_mod.update_trim(
+        state.trim, obs.tpot_attainment.value, obs.tpot_ms.value, config.tpot_slo_ms, config.trim
+    )
+    if new == state.trim:
+        return new
+    rate, ready = obs.requests_per_second.value * state.trim, obs.ready_replicas
+    if new > state.trim:
+        needed = config.planner.size(rate, scale)
+        return new if needed.feasible and needed.replicas <= ready else state.trim
+    needed = config.planner.size(rate * (1 + config.trim.tight), scale)
+    return new if needed.feasible and needed.replicas > ready else state.trim
+
+
+def clamp_replicas(replicas: int, lower: int, upper: int) -> int:
+    """``replicas`` within [lower, upper]; ``upper`` (budget, maxReplicas) wins when the
+    two cross. The one clamp every policy uses: the controller and the simulator's
+    baselines alike."""
+    return max(0, min(max(replicas, lower), upper))
+
+
+def max_billed_replicas(
+    max_replicas: int, budget_usd_per_hour: float, usd_per_replica_hour: float
+) -> int:
+    """The most replicas that may run (or start) at once: maxReplicas, and no more than
+    the budget pays for (the 1e-9 keeps a budget of exactly n replicas from rounding
+    down to n - 1)."""
+    if usd_per_replica_hour > 0:
+        affordable = int(budget_usd_per_hour / usd_per_replica_hour + 1e-9)
+    else:
+        affordable = max_replicas
+    return max(0, min(max_replicas, affordable))
+
+
+def sole_pod_would_go(replicas: int, ceiling: int) -> bool:
+    """Whether a rollout of ``replicas`` pods would be an outage: a single pod and no
+    room under ``ceiling`` (``max_billed_replicas``) to start its replacement first, so
+    the Deployment's strategy (``builders.rollout_strategy``) replaces it in place and
+    nothing serves for the start-up time. A new batch cap is not worth that."""
+    return replicas <= 1 and ceiling <= replicas
+
+
+def replica_limits(config: ControllerConfig) -> tuple[int, int]:
+    """(lowest, highest) replica count allowed; the budget wins over min_replicas."""
+    upper = max_billed_replicas(
+        config.max_replicas, config.budget_usd_per_hour, config.usd_per_replica_hour
+    )
+    return min(config.min_replicas, upper), upper
+
+
+def forecast_rate(rates: Sequence[tuple[float, float]], lead_s: float) -> float:
+    """The rate expected ``lead_s`` ahead, req/s: never below the latest reading.
+
+    A least-squares line over the remembered readings; only a rising trend is
+    projected (a falling one is left to the slow scale-down, which is the safe side).
+    """
+    if not rates:
+        return 0.0
+    latest_t, latest = rates[-1]
+    if len(rates) < 3 or latest_t - rates[0][0] < 60.0:
+        return latest
+    n = len(rates)
+    mt = sum(t for t, _ in rates) / n
+    mr = sum(r for _, r in rates) / n
+    var = sum((t - mt) ** 2 for t, _ in rates)
+    slope = sum((t - mt) * (r - mr) for t, r in rates) / var if var > 0 else 0.0
+    fitted_now = mr + slope * (latest_t - mt)
+    return max(latest, fitted_now) + max(0.0, slope) * lead_s
+
+
+def _remember_rate(
+    rates: tuple[tuple[float, float], ...], rate: Reading, now_s: float, window_s: float
+) -> tuple[tuple[float, float], ...]:
+    kept = tuple((t, r) for t, r in rates if t > now_s - window_s)
+    return (*kept, (now_s, rate.value)) if rate.ok else kept
+
+
+def _plan(
+    obs: Observation,
+    scale: float,
+    trim: float,
+    rates: Sequence[tuple[float, float]],
+    config: ControllerConfig,
+) -> tuple[Sizing | None, str]:
+    """The planner's sizing at the projected rate, or None without a usable rate."""
+    if not obs.requests_per_second.ok:
+        return None, ""
+    # the rate is a window average, so it lags by half a window on top of start-up
+    lead = config.startup_s + config.metrics_window_s / 2
+    rate = forecast_rate(rates, lead) * (1 + config.headroom) * trim
+    sizing = config.planner.size(rate, scale)
+    if not sizing.feasible:
+        why = f"no batch size meets the TPOT SLO at step-time scale {scale:.2f}"
+        return sizing, why
+    why = (f"planned {sizing.replicas} for {rate:.2f} req/s (trim {trim:.2f}) at "
+           f"step-time factor {scale:.2f}")  # fmt: skip
+    return sizing, why
+
+
+def _wanted(
+    obs: Observation,
+    sizing: Sizing | None,
+    plan_why: str,
+    cap: int,
+    fresh: bool,
+    config: ControllerConfig,
+) -> tuple[int, str]:
+    """The highest replica count any signal asks for, and why (0 when none speaks).
+
+    ``fresh``: the latency window only covers the current set of ready pods.
+    """
+    signals: list[tuple[int, str]] = []
+    if sizing is not None:
+        signals.append((sizing.replicas, plan_why))
+    ready = obs.ready_replicas
+    if ready > 0:
+        signals.extend(_breaches(obs, ready, cap, fresh, config))
+    if not signals:
+        return 0, ""
+    return max(signals, key=lambda s: s[0])
+
+
+def _breaches(
+    obs: Observation, ready: int, cap: int, fresh: bool, config: ControllerConfig
+) -> list[tuple[int, str]]:
+    """Reactive signals, sized from READY pods: pending ones already raise the count.
+
+    Latency percentiles cover the whole window; right after new pods became ready they
+    still describe the smaller fleet, so they are only used once ``fresh``.
+    """
+    out: list[tuple[int, str]] = []
+    step = config.max_breach_step
+    tpot, slo = obs.tpot_ms.value, config.tpot_slo_ms
+    if not fresh:
+        pass
+    elif obs.tpot_ms.ok and tpot > slo:
+        n = max(ready + 1, math.ceil(ready * min(tpot / slo, step)))
+        out.append((n, f"TPOT {tpot:.0f} ms > SLO {slo:.0f} ms"))
+    elif obs.tpot_ms.ok and tpot > config.tpot_margin * slo:
+        # Predicted breach: a new pod takes startup_s to help, so act while there is
+        # still slack. One pod at a time; pending pods already count (desired >= ready+1).
+        out.append((ready + 1, f"TPOT {tpot:.0f} ms is over {config.tpot_margin:.0%} of SLO"))
+    slo_ttft = config.ttft_slo_ms
+    if fresh and slo_ttft is not None and obs.ttft_ms.ok and obs.ttft_ms.value > slo_ttft:
+        # TTFT is mostly queueing, which the queue signal below sizes; TTFT itself
+        # says little about how many replicas are missing (50 s of queue is not 25x).
+        out.append((ready + 1, f"TTFT {obs.ttft_ms.value:.0f} ms > SLO {slo_ttft:.0f} ms"))
+    if obs.waiting.ok and obs.waiting.value > config.waiting_per_replica * ready:
+        # each added replica can take up to a batch cap of the queue
+        extra = min(math.ceil(obs.waiting.value / max(cap, 1)), math.ceil(ready * (step - 1)))
+        out.append((ready + max(extra, 1), f"{obs.waiting.value:.0f} requests waiting"))
+    if obs.kv_usage_ratio.ok and obs.kv_usage_ratio.value > config.kv_usage_limit:
+        out.append((ready + 1, f"KV cache {obs.kv_usage_ratio.value:.0%} full"))
+    return out
+
+
+def _remember_history(
+    state: ControllerState, wanted: int, now_s: float, healthy: bool, config: ControllerConfig
+) -> tuple[tuple[tuple[float, int], ...], float | None]:
+    """Recommendations of the window; forgotten whenever the metrics go bad, so a
+    scale-down always needs a full window of trustworthy data after an outage."""
+    if not healthy:
+        return (), None
+    cutoff = now_s - config.scale_down_window_s
+    kept = tuple((t, n) for t, n in state.history if t > cutoff)
+    since = state.healthy_since_s if state.healthy_since_s is not None else now_s
+    return (*kept, (now_s, wanted)), since
+
+
+def _rolling_out(
+    state: ControllerState, obs: Observation, now_s: float, config: ControllerConfig
+) -> bool:
+    """Pods are starting after a batch-cap change (within the cap cooldown)."""
+    last = state.last_cap_change_s
+    recent = last is not None and now_s - last < config.cap_cooldown_s
+    return recent and obs.pending_replicas > 0
+
+
+def _stabilize(
+    current: int,
+    wanted: int,
+    why: str,
+    history: Sequence[tuple[float, int]],
+    since: float | None,
+    now_s: float,
+    bad: list[str],
+    rolling: bool,
+    config: ControllerConfig,
+) -> tuple[int, str]:
+    """Fast up, slow down, hold on bad metrics and during a batch-cap rollout.
+
+    ``rolling``: pods are starting after a batch-cap change (bounded by the cap
+    cooldown, so pods that never schedule cannot freeze scale-down). A rollout
+    replaces ready pods with starting ones; removing pods on top of it can leave too
+    few ready when the load turns.
+    """
+    if wanted > current:
+        return wanted, why
+    if bad:
+        return current, "holding: metrics unavailable (" + ", ".join(bad) + ")"
+    if rolling and wanted < current:
+        return current, f"{why}; holding while the batch-cap rollout starts pods"
+    if since is None or now_s - since < config.scale_down_window_s:
+        return current, why
+    highest = max(n for _, n in history)
+    if highest < current:
+        window = f"{config.scale_down_window_s:.0f} s"
+        return highest, f"recommendation stayed <= {highest} for {window}; {why}"
+    return current, why
+
+
+def _choose_cap(
+    state: ControllerState,
+    obs: Observation,
+    sizing: Sizing | None,
+    cal: Calibration,
+    scale: float,
+    now_s: float,
+    steady: bool,
+    config: ControllerConfig,
+) -> tuple[int, str, float | None]:
+    """(batch cap, why it changed or "", time of the last change)."""
+    keep = state.max_num_seqs, "", state.last_cap_change_s
+    if sizing is None or not sizing.feasible or not steady:
+        return keep
+    if not cal.settled(config.calibration):
+        return keep
+    last = state.last_cap_change_s
+    if last is not None and now_s - last < config.cap_cooldown_s:
+        return keep
+    cur, new = state.max_num_seqs, sizing.max_num_seqs
+    if new < cur:
+        why = f"batch cap {cur} misses TPOT at step-time scale {scale:.2f}"
+    elif new > cur:
+        rate = obs.requests_per_second.value
+        slower = config.planner.size(rate, scale * (1 + config.cap_raise_margin))
+        if not (slower.feasible and slower.max_num_seqs > cur):
+            return keep
+        new = slower.max_num_seqs
+        why = f"batch cap {new} is safe at step-time scale {scale:.2f} and serves more"
+    else:
+        return keep
+    return new, f"max_num_seqs {cur} -> {new}: {why}", now_s
+
+
+def _reason(
+    state: ControllerState,
+    limited: int,
+    unlimited: int,
+    why: str,
+    cap_why: str,
+    config: ControllerConfig,
+) -> str:
+    parts = []
+    if limited != state.replicas:
+        verb = "scale up" if limited > state.replicas else "scale down"
+        parts.append(f"{verb} {state.replicas} -> {limited}: {why}")
+    else:
+        parts.append(f"hold {limited}: {why}" if why else f"hold {limited}")
+    if unlimited > limited:
+        parts.append(f"capped at {limited} (max replicas {config.max_replicas}, budget "
+                     f"${config.budget_usd_per_hour:.2f}/h)")  # fmt: skip
+    if cap_why:
+        parts.append(cap_why)
+    return "; ".join(parts)
+
+
+# ---------------------------------------------------------------- conditions
+
+
+def slo_condition(obs: Observation, needed: int, upper: int, config: ControllerConfig) -> Condition:
+    """SLOMet: True/False from the observed percentiles, Unknown without them."""
+    capped = needed > upper
+    limit_reason = "BudgetLimited" if _budget_binds(config) else "MaxReplicasLimited"
+    if not obs.tpot_ms.ok:
+        rate = obs.requests_per_second
+        if rate.ok and rate.value <= 0:
+            return Condition(type=SLO_MET, status="Unknown", reason="NoTraffic",
+                             message="no requests in the window")  # fmt: skip
+        msg = "cannot judge the SLO: tpot_ms is " + obs.tpot_ms.state.value
+        return Condition(type=SLO_MET, status="Unknown", reason="MetricsUnavailable", message=msg)
+    tpot, slo = obs.tpot_ms.value, config.tpot_slo_ms
+    ttft, slo_ttft = obs.ttft_ms, config.ttft_slo_ms
+    if tpot > slo:
+        reason, msg = "TPOTAboveSLO", f"observed TPOT {tpot:.1f} ms > SLO {slo:.1f} ms"
+    elif slo_ttft is not None and ttft.ok and ttft.value > slo_ttft:
+        reason, msg = "TTFTAboveSLO", f"observed TTFT {ttft.value:.0f} ms > SLO {slo_ttft:.0f} ms"
+    else:
+        msg = f"observed TPOT {tpot:.1f} ms <= SLO {slo:.1f} ms"
+        if capped:
+            msg += f"; the SLO needs {needed} replicas but only {upper} are allowed"
+        return Condition(type=SLO_MET, status="True", reason="SLOMet", message=msg)
+    if capped:
+        reason = limit_reason
+        msg += f"; needs {needed} replicas, limited to {upper}"
+    return Condition(type=SLO_MET, status="False", reason=reason, message=msg)
+
+
+def budget_condition(replicas: int, needed: int, config: ControllerConfig) -> Condition:
+    """WithinBudget: always True (the budget is never exceeded); the reason says
+    whether the budget is what limits the replica count."""
+    price = config.usd_per_replica_hour
+    spend, budget = replicas * price, config.budget_usd_per_hour
+    msg = f"${spend:.2f}/h of ${budget:.2f}/h ({replicas} x ${price:.2f}/h)"
+    _, upper = replica_limits(config)
+    if needed > upper and _budget_binds(config):
+        msg += f"; the SLO needs {needed} replicas (${needed * price:.2f}/h)"
+        return Condition(type=WITHIN_BUDGET, status="True", reason="CappedAtBudget", message=msg)
+    if replicas < config.min_replicas:
+        msg += f"; minReplicas {config.min_replicas} is not affordable"
+        return Condition(type=WITHIN_BUDGET, status="True", reason="CappedAtBudget", message=msg)
+    return Condition(type=WITHIN_BUDGET, status="True", reason="WithinBudget", message=msg)
+
+
+def _budget_binds(config: ControllerConfig) -> bool:
+    """Whether the budget, not max_replicas, sets the upper replica limit."""
+    _, upper = replica_limits(config)
+    return upper < config.max_replicas
+
+
+# ---------------------------------------------------------------- the real planner
+
+
+class PlanTargetPlanner:
+    """``Planner`` backed by ``rooftop_planner``, pinned to the running deployment's shape.
+
+    Re-planning may change replicas and the batch cap, never the GPU type, TP or dtypes:
+    those need new nodes and a full redeploy, which is the planner's (``rooftop plan``)
+    job, not the feedback loop's. min/max replicas and the budget are lifted from the
+    pinned spec so the planner reports what the SLO needs; ``decide`` applies the limits
+    (and says in the conditions when they bind).
+    """
+
+    def __init__(self, spec: ServingTargetSpec, plan: Any, catalog: Any = None) -> None:
+        from rooftop_planner.catalog import load_catalog
+        from rooftop_planner.efficiency import load_efficiency
+        from rooftop_planner.perf import Deployment
+        from rooftop_planner.search import resolve_model
+
+        self.catalog = catalog or load_catalog()
+        self.plan = plan
+        self.spec = pinned_spec(spec, plan)
+        gpu = self.catalog.gpu(plan.gpu)
+        eff = load_efficiency().lookup(gpu.id, "vllm")
+        model = resolve_model(spec, self.catalog)
+        self.deployment = Deployment(model, gpu, plan.tp, plan.weight_dtype, plan.kv_dtype, eff)
+        self._cache: dict[tuple[float, float], Sizing] = {}
+        # Plan once now, so a spec the planner rejects (say, an edit that added a price
+        # for an unknown GPU) raises here, where the caller expects it, not mid-decision.
+        self.size(spec.workload.requests_per_second, 1.0)
+
+    def size(self, requests_per_second: float, step_time_scale: float) -> Sizing:
+        """Replicas and batch cap at a rate (req/s) and factor; cached on a 1 % grid."""
+        key = (quantize_rate(requests_per_second), round(step_time_scale, 2))
+        if key not in self._cache:
+            self._cache[key] = self._size(*key)
+        return self._cache[key]
+
+    def _size(self, rate: float, factor: float) -> Sizing:
+        from rooftop_planner.catalog import ACCELERATOR_FAMILIES
+        from rooftop_planner.search import plan_target
+
+        # The shape is pinned and already runs: its accelerator family had an image.
+        res = plan_target(self.spec, catalog=self.catalog, step_time_scale=factor,
+                          requests_per_second=rate,
+                          engine_families=ACCELERATOR_FAMILIES)  # fmt: skip
+        cands = [p for p in res.candidates if p.tp == self.plan.tp]
+        if not cands:
+            return Sizing(0, self.plan.max_num_seqs, self._price(), None, feasible=False)
+        # The cap that gives a replica the most capacity (ties: the smaller cap, lower
+        # TPOT). Not simply the cheapest plan: at low rates several caps tie at one
+        # replica, and the tie-break would make the cap flap with the load.
+        best = max(cands, key=lambda p: (p.capacity_rps / p.replicas, -p.max_num_seqs))
+        return Sizing(best.replicas, best.max_num_seqs, best.usd_per_hour / best.replicas,
+                      best.tpot_ms, True, best.capacity_rps / best.replicas)  # fmt: skip
+
+    def _price(self) -> float:
+        return float(self.plan.usd_per_hour) / max(int(self.plan.replicas), 1)
+
+    def step_ms(self, batch: float, prompt_tokens: float, output_tokens: float) -> float:
+        """The planner's mean step time (TPOT) at this running batch, ms, unscaled."""
+        from rooftop_planner.batching import predict_continuous
+
+        pred = predict_continuous(self.deployment, batch, prompt_tokens, output_tokens)
+        return float(pred.tpot_s) * 1e3
+
+
+def quantize_rate(rate: float) -> float:
+    """``rate`` rounded UP to a 1 % grid (req/s), so cached plans never under-size."""
+    if rate <= 1e-3:
+        return 0.0
+    return round(1.01 ** math.ceil(math.log(rate) / math.log(1.01) - 1e-9), 6)
+
+
+def pinned_spec(spec: ServingTargetSpec, plan: Any) -> ServingTargetSpec:
+    """``spec`` restricted to ``plan``'s GPU, TP and dtypes, with limits lifted."""
+    from rooftop_api.spec import KvDtype, WeightDtype
+
+    constraints = spec.constraints.model_copy(
+        update={
+            "gpu_types": [plan.gpu],
+            "weight_dtypes": [WeightDtype(plan.weight_dtype)],
+            "kv_dtypes": [KvDtype(plan.kv_dtype)],
+            "max_tensor_parallel": plan.tp,
+            "min_replicas": 0,
+            "max_replicas": 1000,
+        }
+    )
+    budget = spec.budget.model_copy(update={"usd_per_hour": 1e7})
+    return spec.model_copy(update={"constraints": constraints, "budget": budget})

@@ -1,0 +1,423 @@
+"""A discrete-event cluster: pods running ``engine_sim.core`` engines, in simulated time.
+
+Events, in time order (ties: engine steps, then arrivals, then scrapes):
+
+- arrival: the balancer sends the request to the ready pod with the fewest outstanding
+  requests (running + waiting), as a least-outstanding-requests gateway does;
+- step end: the pod's engine starts its next iteration at once (an engine loop never
+  sleeps while it has work). ``core.Engine.step`` advances request state immediately
+  and stamps token times with the iteration's end, so there are no per-token events:
+  the cost of a simulated hour is one Python call per engine iteration plus the
+  engine's own per-request work;
+- pod ready: ``startup_s`` after creation (image pull, weight load, CUDA graphs);
+- scrape: every ``scrape_s``, metrics of the last ``window_s`` become an
+  ``Observation``; the policy answers with (replicas, batch cap); the cluster
+  reconciles like a Deployment (pending pods are deleted first when scaling in, ready
+  ones drain: no new requests, deleted when empty; a new batch cap rolls out with 25 %
+  surge, an old pod draining whenever a new one is ready).
+
+Cost: every pod is billed from creation until deletion (start-up and draining included),
+clipped to the trace's horizon.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from rooftop_control.control import Observation
+from rooftop_sim.engine.core import Engine, EngineConfig, Request
+from rooftop_sim.engine.truth import TruthModel
+from rooftop_sim.window import Gauges, MetricsWindow
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+_STEP, _READY = 0, 1
+_PENDING, _SERVING, _DRAINING, _GONE = "pending", "ready", "draining", "gone"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests to replay: arrival times (s from 0, sorted) and token counts."""
+
+    arrival_s: FloatArray
+    prompt_tokens: IntArray
+    output_tokens: IntArray
+    name: str = "trace"
+
+    @property
+    def horizon_s(self) -> float:
+        """End of the trace, s (the last arrival)."""
+        return float(self.arrival_s[-1]) if len(self.arrival_s) else 0.0
+
+
+@dataclass(frozen=True)
+class Replica:
+    """One replica's deployment (what the plan chose), for the truth model and engine."""
+
+    model: str
+    gpu: str
+    tp: int
+    weight_dtype: str
+    kv_dtype: str
+    usd_per_hour: float
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int = 8192
+    max_num_batched_tokens: int = 8192
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """How the cluster behaves; times in seconds.
+
+    Attributes:
+        replica: what each pod runs.
+        reality_factor: truth step times x this (the planner does not know it).
+        noise: lognormal sigma of per-iteration step-time noise.
+        seed: base seed (pod i uses seed + i).
+        startup_s: pod creation to ready.
+        scrape_s: scrape and decision interval.
+        window_s: range of rate/quantile queries.
+        tpot_quantile / ttft_quantile: the SLO percentiles, 0..1.
+        tpot_slo_ms: the TPOT bound, ms (metrics report the share within it).
+        outages: [start, end) intervals during which every metric is missing.
+        surge: rolling-update surge, fraction of replicas (Deployment maxSurge).
+        max_pods: never more billed pods (starting, serving, draining) than this
+            (the budget's limit); a rollout then replaces pods one at a time.
+    """
+
+    replica: Replica
+    reality_factor: float = 1.0
+    noise: float = 0.05
+    seed: int = 0
+    startup_s: float = 120.0
+    scrape_s: float = 15.0
+    window_s: float = 60.0
+    tpot_quantile: float = 0.9
+    ttft_quantile: float = 0.9
+    tpot_slo_ms: float = math.inf
+    outages: tuple[tuple[float, float], ...] = ()
+    surge: float = 0.25
+    max_pods: int | None = None
+
+
+class Policy(Protocol):
+    """A scaling policy: initial size, then one answer per scrape."""
+
+    name: str
+
+    def start(self) -> tuple[int, int]:
+        """(replicas, batch cap) at time 0; those pods are ready at once."""
+        ...
+
+    def decide(self, now_s: float, obs: Observation) -> tuple[int, int]:
+        """(replicas, batch cap) wanted after a scrape at ``now_s``."""
+        ...
+
+
+@dataclass
+class Pod:
+    """One engine pod and its lifecycle."""
+
+    index: int
+    engine: Engine
+    cap: int
+    created_s: float
+    state: str = _PENDING
+    gone_s: float | None = None
+    busy: bool = False
+    prefilling: list[Request] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Tick:
+    """The timeline at one scrape."""
+
+    t_s: float
+    rate: float  # arrivals/s over the window
+    tpot_ms: float  # observed SLO percentile (NaN when none)
+    ttft_ms: float
+    replicas: int  # desired
+    alive: int  # pods created and not deleted (billed)
+    ready: int
+    cap: int
+    running: float
+    waiting: float
+
+
+@dataclass
+class SimResult:
+    """Per-request outcomes and the timeline of one run. Times in s, NaN = never."""
+
+    policy: str
+    workload: Workload
+    first_token_s: FloatArray
+    finished_s: FloatArray
+    tpot_s: FloatArray
+    rejected: int
+    pod_seconds: float
+    usd_per_pod_hour: float
+    gpus_per_pod: int
+    timeline: list[Tick]
+    wall_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    # why requests were refused -> how many (``rejected`` is their sum)
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+class Cluster:
+    """The simulated target. ``run(policy)`` replays the workload once."""
+
+    def __init__(self, workload: Workload, config: SimConfig, startup_s: float | None = None):
+        self.w = workload
+        self.cfg = config
+        self.startup_s = config.startup_s if startup_s is None else startup_s
+        n = len(workload.arrival_s)
+        self.first = np.full(n, math.nan)
+        self.fin = np.full(n, math.nan)
+        self.tpot = np.full(n, math.nan)
+        self.rejected = 0
+        self.rejections: Counter[str] = Counter()
+        self.pods: list[Pod] = []
+        self.serving: list[Pod] = []  # the balancer's targets, refreshed on changes
+        self.heap: list[tuple[float, int, int, int]] = []
+        self.seq = 0
+        self.desired = 0
+        self.cap = 1
+        self.window = MetricsWindow(
+            config.window_s, config.tpot_quantile, config.ttft_quantile, config.tpot_slo_ms
+        )
+        self.kv_tokens = _kv_tokens(config)
+
+    # ---- pods -------------------------------------------------------------------
+    def _new_pod(self, now: float, ready: bool) -> Pod:
+        r, i = self.cfg.replica, len(self.pods)
+        truth = TruthModel.for_deployment(
+            r.model, r.gpu, r.tp, r.weight_dtype, r.kv_dtype,
+            self.cfg.reality_factor, self.cfg.noise, self.cfg.seed + i,
+        )  # fmt: skip
+        ecfg = EngineConfig(self.kv_tokens, self.cap, r.max_num_batched_tokens, r.max_model_len)
+        pod = Pod(i, Engine(ecfg, truth), self.cap, now)
+        self.pods.append(pod)
+        if ready or self.startup_s <= 0:
+            pod.state = _SERVING
+        else:
+            self._push(now + self.startup_s, _READY, i)
+        return pod
+
+    def _push(self, t: float, kind: int, pod: int) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, pod))
+
+    def _remove(self, pod: Pod, now: float) -> None:
+        if pod.state == _PENDING or not (pod.busy or pod.engine.has_work()):
+            pod.state, pod.gone_s = _GONE, now
+        else:
+            pod.state = _DRAINING
+
+    def reconcile(self, now: float) -> None:
+        """Move the pods toward ``desired`` pods of batch cap ``cap`` (Deployment-like)."""
+        alive = [p for p in self.pods if p.state in (_PENDING, _SERVING)]
+        new = [p for p in alive if p.cap == self.cap]
+        old = [p for p in alive if p.cap != self.cap]
+        # scale in: pending pods first (nothing to drain), newest first
+        excess = len(new) - self.desired
+        for pod in sorted(new, key=lambda p: (p.state != _PENDING, -p.created_s))[: max(excess, 0)]:
+            self._remove(pod, now)
+            new.remove(pod)
+        # rolling update: an old pod goes when a ready new one can take its place
+        ready_new = sum(p.state == _SERVING for p in new)
+        for pod in sorted(old, key=lambda p: (p.state != _PENDING, _load(p))):
+            if pod.state == _PENDING or ready_new + len(old) > self.desired:
+                self._remove(pod, now)
+                old.remove(pod)
+        surge = max(1, math.ceil(self.cfg.surge * self.desired)) if old else 0
+        room = self._room()
+        if (
+            old
+            and room <= 0
+            and ready_new + len(old) >= self.desired
+            and not any(p.state == _PENDING for p in new)
+        ):
+            # no budget to surge: maxUnavailable 1, an old pod goes before a new one
+            victim = min(old, key=_load)
+            self._remove(victim, now)
+            old.remove(victim)
+            room = self._room()
+        while len(new) < self.desired and len(new) + len(old) < self.desired + surge:
+            if room <= 0:
+                break
+            new.append(self._new_pod(now, ready=False))
+            room -= 1
+        self.serving = [p for p in self.pods if p.state == _SERVING]
+
+    def _room(self) -> int:
+        """Pods that may still be created under ``max_pods``."""
+        if self.cfg.max_pods is None:
+            return 1 << 30
+        billed = sum(p.state != _GONE for p in self.pods)
+        return self.cfg.max_pods - billed
+
+    # ---- the event loop -----------------------------------------------------------
+    def run(self, policy: Policy) -> SimResult:
+        """Replay the workload under ``policy``; returns outcomes and the timeline."""
+        started = time.perf_counter()
+        self.desired, self.cap = policy.start()
+        for _ in range(self.desired):
+            self._new_pod(0.0, ready=True)
+        self.serving = list(self.pods)
+        timeline = self._loop(policy)
+        horizon = self.w.horizon_s
+        pod_s = sum(min(p.gone_s if p.gone_s is not None else horizon, horizon) - p.created_s
+                    for p in self.pods if p.created_s < horizon)  # fmt: skip
+        r = self.cfg.replica
+        return SimResult(
+            policy.name, self.w, self.first, self.fin, self.tpot, self.rejected,
+            pod_s, r.usd_per_hour, r.tp, timeline, time.perf_counter() - started,
+            rejected_by_reason=dict(self.rejections),
+        )  # fmt: skip
+
+    def _reject(self, reason: str) -> None:
+        self.rejected += 1
+        self.rejections[reason] += 1
+
+    def _too_long(self, req: Request) -> str:
+        """Why the engine refused a request: vLLM answers 400 to one longer than its
+        --max-model-len, and cannot serve one longer than its whole KV cache."""
+        limit = self.cfg.replica.max_model_len
+        if req.prompt_tokens + req.max_tokens > limit:
+            return f"prompt + output longer than max-model-len {limit} (spec.engine.maxModelLen)"
+        return "longer than the engine's whole KV cache"
+
+    def _loop(self, policy: Policy) -> list[Tick]:
+        arr = self.w.arrival_s.tolist()
+        n, i = len(arr), 0
+        horizon, scrape = self.w.horizon_s, self.cfg.scrape_s
+        next_tick = scrape
+        timeline: list[Tick] = []
+        heap = self.heap
+        while True:
+            t_heap = heap[0][0] if heap else math.inf
+            t_arr = arr[i] if i < n else math.inf
+            t_tick = next_tick if next_tick <= horizon else math.inf
+            if t_heap <= t_arr and t_heap <= t_tick:
+                if t_heap == math.inf:
+                    break
+                t, _, kind, idx = heapq.heappop(heap)
+                if kind == _STEP:
+                    self._step(self.pods[idx], t)
+                else:
+                    self._ready(self.pods[idx], t)
+            elif t_arr <= t_tick:
+                self._arrive(i, t_arr)
+                i += 1
+            else:
+                timeline.append(self._tick(policy, t_tick, arr))
+                next_tick += scrape
+        return timeline
+
+    def _arrive(self, i: int, now: float) -> None:
+        best: Pod | None = None
+        best_load = 1 << 60
+        for pod in self.serving:
+            eng = pod.engine
+            load = len(eng.running) + len(eng.waiting)
+            if load < best_load:
+                best, best_load = pod, load
+        req = Request(str(i), int(self.w.prompt_tokens[i]), int(self.w.output_tokens[i]), now)
+        if best is None:
+            self._reject("no engine pod was ready (the Service answers 503)")
+            return
+        try:
+            best.engine.add_request(req)
+        except ValueError:
+            self._reject(self._too_long(req))
+            return
+        if not best.busy:
+            self._step(best, now)
+
+    def _step(self, pod: Pod, now: float) -> None:
+        """Start the pod's next iteration at ``now`` (or idle / delete it)."""
+        res = pod.engine.step(now)
+        if res is None:
+            pod.busy = False
+            if pod.state == _DRAINING:
+                pod.state, pod.gone_s = _GONE, now
+            return
+        pod.busy = True
+        self._push(res.end_s, _STEP, pod.index)
+        if res.decode_tokens:
+            self.window.add_step(res.duration_s, res.decode_tokens)
+        if res.admitted or pod.prefilling:
+            self._first_tokens(pod, res.admitted)
+        for req in res.finished:
+            self._finished(req)
+
+    def _first_tokens(self, pod: Pod, admitted: Sequence[Request]) -> None:
+        still = []
+        for req in (*pod.prefilling, *admitted):
+            if req.first_token_s is None:
+                still.append(req)
+            elif math.isnan(self.first[int(req.request_id)]):
+                self.first[int(req.request_id)] = req.first_token_s
+                self.window.ttft.append((req.first_token_s, req.first_token_s - req.arrival_s))
+        pod.prefilling = still
+
+    def _finished(self, req: Request) -> None:
+        j = int(req.request_id)
+        self.fin[j] = req.finished_s
+        tpot = req.tpot_s
+        self.tpot[j] = math.nan if tpot is None else tpot
+        if math.isnan(self.first[j]) and req.first_token_s is not None:
+            self.first[j] = req.first_token_s
+            self.window.ttft.append((req.first_token_s, req.first_token_s - req.arrival_s))
+        assert req.finished_s is not None
+        self.window.finished.append((req.finished_s, self.tpot[j], req.prompt_tokens, req.out))
+
+    def _ready(self, pod: Pod, now: float) -> None:
+        if pod.state == _PENDING:
+            pod.state = _SERVING
+            self.reconcile(now)
+
+    def _tick(self, policy: Policy, now: float, arr: list[float]) -> Tick:
+        lo = np.searchsorted(self.w.arrival_s, now - self.cfg.window_s, side="right")
+        hi = np.searchsorted(self.w.arrival_s, now, side="right")
+        gauges = self._gauges()
+        outage = any(a <= now < b for a, b in self.cfg.outages)
+        # rate() over a range reaching back before the first sample uses what exists
+        span = min(self.cfg.window_s, now)
+        obs = self.window.observe(now, (hi - lo) / span, gauges, outage)
+        self.desired, self.cap = policy.decide(now, obs)
+        self.reconcile(now)
+        alive = sum(p.state in (_PENDING, _SERVING) for p in self.pods)
+        return Tick(now, (hi - lo) / span, obs.tpot_ms.value, obs.ttft_ms.value,
+                    self.desired, alive, gauges.ready, self.cap, gauges.running,
+                    gauges.waiting)  # fmt: skip
+
+    def _gauges(self) -> Gauges:
+        ready = [p.engine for p in self.pods if p.state == _SERVING]
+        pending = sum(p.state == _PENDING for p in self.pods)
+        if not ready:
+            return Gauges(0.0, 0.0, 0.0, 0, pending)
+        kv = sum(e.kv_usage for e in ready) / len(ready)
+        running = float(sum(e.num_running for e in ready))
+        return Gauges(running, float(sum(e.num_waiting for e in ready)), kv, len(ready), pending)
+
+
+def _load(pod: Pod) -> int:
+    return pod.engine.num_running + pod.engine.num_waiting
+
+
+def _kv_tokens(config: SimConfig) -> int:
+    r = config.replica
+    truth = TruthModel.for_deployment(r.model, r.gpu, r.tp, r.weight_dtype, r.kv_dtype)
+    return truth.kv_capacity_tokens(r.gpu_memory_utilization)

@@ -1,0 +1,402 @@
+"""Engine timing "truth": how long one engine iteration takes on a given deployment.
+
+This is the ground truth that engine-sim and ``rooftop simulate`` run against, so it is
+deliberately NOT the planner's roofline formula (``rooftop_planner.perf``) nor its fitted
+curves: it adds up kernel latencies measured inside vLLM on real GPUs (``kernels.py``), so
+a simulated benchmark can show the planner wrong.
+
+One step with ``b`` decode sequences holding ``ctx`` cached tokens in all and ``p`` prompt
+tokens being prefilled (T = b + p tokens through the linear layers), per GPU::
+
+    step = L * ( GEMM(T, n=(h_g + 2 kv_g) d, k=H)          QKV projection
+               + attn_decode(b sequences, ctx/b tokens)      if b > 0
+               + attn_prefill(the chunk)                     if p > 0
+               + GEMM(T, n=H, k=h_g d)                       output projection
+               + GEMM(T, n=2 I/tp, k=H) + GEMM(T, n=H, k=I/tp)   MLP (MoE: the fused MoE table)
+               + 2 * allreduce(T * H elements)               if tp > 1 )
+         + GEMM(b (+1 if p > 0), n=V/tp, k=H)                LM head
+         + ENGINE_STEP_OVERHEAD_S
+
+L layers, H hidden size, I intermediate size, V vocabulary, d head size, h_g = heads/tp and
+kv_g = ceil(kv_heads/tp) heads per GPU (KV heads replicate when tp > kv_heads). Norms,
+rotary embedding, activation and residual kernels are not in the tables and not counted.
+The prefill chunk of p tokens attending ``pairs`` (query, key) pairs in all is priced as
+``p / l`` prompts of length ``l = 2 pairs / p - 1`` (same FLOPs, same mean context): a whole
+prompt of n tokens is exactly that; a later chunk of a long prompt is a fraction of one.
+
+Each kernel is interpolated directly in its measured table and floored at its roofline
+(``kernels.py``); a GPU without tables borrows the nearest architecture's, scaled by
+bandwidth or FLOPs, and ``fit_source`` says which table times it. Being measured, the sum
+is not smooth: where a kernel changes tiles (GEMM m = 16 -> 17, 3072 -> 3073, ...) one
+more token can make a step a few percent faster, as on the real GPU.
+
+Dtypes. GEMMs: fp8 weights use the fp8 rows where the GPU has FP8 tensor cores and the
+table measured them, else bf16 (fp8 weight-only on Ampere is priced as bf16); fp4 weights
+use the fp8 rows likewise (the nearest measured low-precision path); int8/int4 weights use
+the bf16 rows: an approximation (weight-only kernels stream fewer bytes, so small-batch
+decode is really faster than this, large batches about the same). Attention: an fp8 KV
+cache uses the fp8 rows where measured, else bf16.
+
+Run ``python -m rooftop_sim.engine.truth --fit`` to cut the packaged tables from
+``data/ops`` and print how well they reproduce it (``truth_fit.py``); ``--write`` stores them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from rooftop_planner.catalog import CatalogError, GpuSpec, ModelSpec, load_catalog
+from rooftop_sim.engine.kernels import (
+    TABLE_GPU,
+    Curve,
+    GpuTables,
+    Grid,
+    Roofline,
+    load_tables,
+    table_for,
+)
+
+# ASSUMPTION, not measured: vLLM V1's fixed cost per engine step outside the GPU kernels
+# in the tables (scheduling, input preparation, sampling, output processing), with CUDA
+# graphs on. A few hundred microseconds; the kernel tables cannot show it.
+ENGINE_STEP_OVERHEAD_S = 400e-6
+GIB = 1 << 30
+# Per-GPU memory vLLM cannot give to the KV cache besides weights: CUDA context,
+# activation peak of the profiling run, CUDA graphs. ~2 GiB is typical for 7-70B models.
+NON_KV_OVERHEAD_BYTES = 2 * GIB
+BLOCK_TOKENS = 16
+DEFAULT_OPS = Path(__file__).resolve().parents[3] / "data" / "ops"
+
+
+def dtype_bytes(dtype: str) -> float:
+    """Bytes per element of a weight/KV dtype name ("bf16", "fp8", "int4", "auto", ...)."""
+    d = dtype.lower()
+    if "fp8" in d or "int8" in d or "e4m3" in d or "e5m2" in d:
+        return 1.0
+    if "int4" in d or "fp4" in d or "awq" in d or "gptq" in d:
+        return 0.5
+    if "fp32" in d or "float32" in d:
+        return 4.0
+    return 2.0  # fp16 / bf16 / auto
+
+
+def model_spec(name: str) -> ModelSpec:
+    """A model by catalog id, alias or Hugging Face repo; KeyError if the catalog lacks it."""
+    catalog = load_catalog()
+    try:
+        return catalog.model(name)
+    except CatalogError:  # its message speaks of ServingTargets; say what engine-sim takes
+        known = ", ".join(sorted(catalog.models))
+        raise KeyError(f"unknown model {name!r}; known: {known}") from None
+
+
+def gpu_spec(name: str) -> GpuSpec:
+    """A GPU by catalog id, node label or any spelling the catalog knows; else KeyError."""
+    try:
+        return load_catalog().gpu(name)
+    except CatalogError as err:
+        raise KeyError(str(err)) from err
+
+
+# --------------------------------------------------------------------------------------
+# Deployment shape
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """One engine replica's static shape: model, GPU, tensor parallelism, dtypes."""
+
+    model: ModelSpec
+    gpu: GpuSpec
+    tp: int
+    weight_dtype: str
+    kv_dtype: str
+
+    @property
+    def kv_bytes_per_token_per_gpu(self) -> float:
+        """K and V of one token, all layers, on one GPU (bytes)."""
+        m = self.model
+        per_layer = 2.0 * kv_heads_per_gpu(m, self.tp) * m.head_dim  # K and V elements
+        return m.num_layers * per_layer * dtype_bytes(self.kv_dtype)
+
+    @property
+    def weight_bytes_per_gpu(self) -> float:
+        """All weights one GPU holds (bytes): parameters x dtype bytes / tp."""
+        return self.model.param_count * dtype_bytes(self.weight_dtype) / self.tp
+
+
+def kv_heads_per_gpu(model: ModelSpec, tp: int) -> int:
+    """KV heads on one GPU: split by tp, replicated once tp exceeds them."""
+    return math.ceil(model.num_kv_heads / tp)
+
+
+def gemm_dtype(weight_dtype: str, gpu: GpuSpec, tables: GpuTables) -> str:
+    """The GEMM table rows a weight dtype runs as (see the module docstring)."""
+    d = weight_dtype.lower()
+    low_precision = "fp8" in d or "fp4" in d
+    if low_precision and "fp8" in gpu.dense_flops_per_s and "fp8" in tables.gemm:
+        return "fp8"
+    return "bfloat16"
+
+
+def kv_table_dtype(kv_dtype: str, tables: GpuTables) -> str:
+    """The attention table rows a KV dtype runs as: fp8 (any 1-byte KV) where measured."""
+    one_byte = dtype_bytes(kv_dtype) <= 1.0
+    return "fp8" if one_byte and "fp8" in tables.decode and "fp8" in tables.prefill else "bfloat16"
+
+
+# --------------------------------------------------------------------------------------
+# One deployment's kernels
+# --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StepKernels:
+    """One deployment's kernels, each a latency curve (ms) against its size.
+
+    ``gate_up``/``down`` are the dense MLP's GEMMs, or one expert's for an MoE model whose
+    fused MoE layer was not measured (then ``moe`` is None and experts are priced as GEMMs).
+    """
+
+    num_layers: int
+    hidden: int
+    experts: int
+    topk: int
+    qkv: Curve
+    o_proj: Curve
+    gate_up: Curve
+    down: Curve
+    lm_head: Curve
+    moe: Curve | None
+    decode_attn: Grid
+    prefill_attn: Grid
+    allreduce: Curve | None
+
+    def mlp_ms(self, tokens: float) -> float:
+        """The MLP of one layer for ``tokens`` tokens (ms).
+
+        MoE without a measured fused layer: with uniform routing ``tokens`` tokens touch
+        ``e = E (1 - (1 - k/E)^T)`` experts, each running its GEMMs on ``T k / e`` tokens.
+        """
+        if self.experts <= 1:
+            return self.gate_up(tokens) + self.down(tokens)
+        if self.moe is not None:
+            return self.moe(tokens)
+        e, k = self.experts, self.topk
+        touched = e * (1.0 - math.pow(1.0 - k / e, tokens))
+        per_expert = tokens * k / touched
+        return touched * (self.gate_up(per_expert) + self.down(per_expert))
+
+    def prefill_attn_ms(self, tokens: float, pairs: float) -> float:
+        """Prefill attention of ``tokens`` query tokens attending ``pairs`` keys in all (ms),
+        priced as ``tokens / l`` prompts of length ``l = 2 pairs / tokens - 1``."""
+        length = max(1.0, 2.0 * pairs / tokens - 1.0)
+        return self.prefill_attn(tokens / length, length)
+
+    def step_ms(
+        self, batch: int, context_tokens: float, prefill_tokens: int, pairs: float, sampled: int
+    ) -> float:
+        """GPU time of one step (ms): the module docstring's sum, without the engine overhead.
+
+        batch: decode sequences; context_tokens: the KV tokens they hold in all;
+        prefill_tokens/pairs: the prefill chunk; sampled: rows through the LM head.
+        """
+        tokens = batch + prefill_tokens
+        layer = self.qkv(tokens) + self.o_proj(tokens) + self.mlp_ms(tokens)
+        if batch > 0:
+            layer += self.decode_attn(batch, max(1.0, context_tokens / batch))
+        if prefill_tokens > 0:
+            layer += self.prefill_attn_ms(prefill_tokens, pairs)
+        if self.allreduce is not None:
+            layer += 2.0 * self.allreduce(tokens * self.hidden)
+        return self.num_layers * layer + (self.lm_head(sampled) if sampled > 0 else 0.0)
+
+
+def build_kernels(
+    model: ModelSpec, tp: int, tables: GpuTables, gemm_dt: str, kv_dt: str, roof: Roofline
+) -> StepKernels:
+    """Interpolate every kernel of ``model`` at ``tp`` in ``tables``, floored and scaled by
+    ``roof`` (see ``kernels.Roofline``). ``gemm_dt``/``kv_dt`` are table dtypes
+    (``bfloat16`` or ``fp8``)."""
+    hd, hidden, inter = model.head_dim, model.hidden_size, model.intermediate_size
+    heads, kv = math.ceil(model.num_heads / tp), kv_heads_per_gpu(model, tp)
+    gemm = tables.gemm[gemm_dt]
+
+    def linear(n: float, k: float) -> Curve:
+        return gemm.curve(n, k, gemm_dt, roof)
+
+    moe = None
+    if model.is_moe and gemm_dt in tables.moe:
+        moe = tables.moe[gemm_dt].curve(
+            hidden, inter, model.experts_per_token, model.num_experts, tp, gemm_dt, roof
+        )
+    return StepKernels(
+        model.num_layers, hidden, model.num_experts, model.experts_per_token,
+        qkv=linear((heads + 2 * kv) * hd, hidden),
+        o_proj=linear(hidden, heads * hd),
+        gate_up=linear(2 * math.ceil(inter / tp), hidden),
+        down=linear(hidden, math.ceil(inter / tp)),
+        lm_head=linear(math.ceil(model.vocab_size / tp), hidden),
+        moe=moe,
+        decode_attn=tables.decode[kv_dt].grid(heads, kv, hd, kv_dt, True, roof),
+        prefill_attn=tables.prefill[kv_dt].grid(heads, kv, hd, kv_dt, False, roof),
+        allreduce=tables.allreduce_curve(tp, roof) if tp > 1 else None,
+    )  # fmt: skip
+
+
+def fit_source(gpu: GpuSpec) -> str:
+    """Which measured table times ``gpu``: ``tables:<name>``, and whether it is borrowed."""
+    name = table_for(gpu.id)
+    if TABLE_GPU[name] == gpu.id:
+        return f"tables:{name}"
+    return f"tables:{name} borrowed by {gpu.id} (scaled by bandwidth/FLOPs)"
+
+
+@lru_cache(maxsize=64)
+def _kernels(model: str, gpu: str, tp: int, weight_dtype: str, kv_dtype: str) -> StepKernels:
+    """Cached per deployment: every simulated pod of a fleet shares its kernels."""
+    m, g = model_spec(model), gpu_spec(gpu)
+    name = table_for(g.id)
+    tables = load_tables()[name]
+    roof = Roofline(gpu_spec(TABLE_GPU[name]), g)
+    gemm_dt, kv_dt = gemm_dtype(weight_dtype, g, tables), kv_table_dtype(kv_dtype, tables)
+    return build_kernels(m, tp, tables, gemm_dt, kv_dt, roof)
+
+
+# --------------------------------------------------------------------------------------
+# The model engines run against
+# --------------------------------------------------------------------------------------
+
+
+class TruthModel:
+    """Step-time oracle for one engine replica (model x GPU x TP x dtypes).
+
+    Every returned time is the kernel sum plus the engine overhead, times
+    ``reality_factor``, times a mean-one lognormal draw with sigma ``noise`` (seeded, so
+    runs are reproducible). ``reality_factor`` is a plain attribute: engine-sim's
+    /admin/reality changes it live.
+    """
+
+    def __init__(
+        self,
+        dep: Deployment,
+        kernels: StepKernels,
+        fit_source: str,
+        reality_factor: float = 1.0,
+        noise: float = 0.0,
+        seed: int = 0,
+    ) -> None:
+        if reality_factor <= 0 or noise < 0:
+            raise ValueError("reality_factor must be > 0 and noise >= 0")
+        self.dep = dep
+        self.kernels = kernels
+        self.fit_source = fit_source  # "tables:<gpu table>" (+ " borrowed by <gpu> ...")
+        self.reality_factor = reality_factor
+        self.noise = noise
+        self._rng = np.random.default_rng(seed)
+
+    @classmethod
+    def for_deployment(
+        cls,
+        model: str,
+        gpu: str,
+        tp: int,
+        weight_dtype: str,
+        kv_dtype: str,
+        reality_factor: float = 1.0,
+        noise: float = 0.0,
+        seed: int = 0,
+    ) -> TruthModel:
+        """Build from names (catalog ids, aliases, HF repos, node labels all resolve)."""
+        if tp < 1:
+            raise ValueError(f"tp must be >= 1, got {tp}")
+        dep = Deployment(model_spec(model), gpu_spec(gpu), tp, weight_dtype, kv_dtype)
+        kernels = _kernels(dep.model.id, dep.gpu.id, tp, weight_dtype, kv_dtype)
+        return cls(dep, kernels, fit_source(dep.gpu), reality_factor, noise, seed)
+
+    def _scale(self, gpu_ms: float) -> float:
+        """Seconds: kernel time plus the engine overhead, times reality and noise."""
+        factor = self.reality_factor
+        if self.noise > 0:
+            # mean-one lognormal: E[exp(N(-s^2/2, s))] = 1, so noise does not bias means
+            factor *= float(self._rng.lognormal(-(self.noise**2) / 2, self.noise))
+        return (gpu_ms * 1e-3 + ENGINE_STEP_OVERHEAD_S) * factor
+
+    def decode_step_s(self, batch: int, context_tokens: int) -> float:
+        """Seconds of one decode iteration: ``batch`` sequences, ``context_tokens`` in all."""
+        if batch <= 0:
+            return 0.0
+        return self._scale(self.kernels.step_ms(batch, context_tokens, 0, 0.0, batch))
+
+    def prefill_s(self, prompt_tokens: int, batch: int = 1) -> float:
+        """Seconds to prefill ``batch`` prompts of ``prompt_tokens`` each, in one iteration
+        (each samples its first token)."""
+        if prompt_tokens <= 0 or batch <= 0:
+            return 0.0
+        n = batch * prompt_tokens
+        pairs = batch * prompt_tokens * (prompt_tokens + 1) / 2
+        return self._scale(self.kernels.step_ms(0, 0, n, pairs, batch))
+
+    def step_s(
+        self,
+        decode_batch: int,
+        decode_context_tokens: int,
+        prefill_tokens: int,
+        prefill_attn_pairs: float,
+    ) -> float:
+        """Seconds of one mixed iteration (continuous batching with chunked prefill): one
+        forward pass over the decode tokens and the prefill chunk together.
+
+        prefill_attn_pairs: sum over prefill tokens of the context each attends to.
+        """
+        decode_batch = max(0, decode_batch)
+        prefill_tokens = max(0, prefill_tokens)
+        if decode_batch == 0 and prefill_tokens == 0:
+            return 0.0
+        sampled = decode_batch + (1 if prefill_tokens > 0 else 0)
+        ms = self.kernels.step_ms(
+            decode_batch, decode_context_tokens, prefill_tokens, prefill_attn_pairs, sampled
+        )
+        return self._scale(ms)
+
+    def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
+        """KV-cache tokens one replica holds (whole 16-token blocks), like vLLM's profile."""
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ValueError("gpu_memory_utilization must be in (0, 1]")
+        d = self.dep
+        free = d.gpu.hbm_bytes * gpu_memory_utilization - d.weight_bytes_per_gpu
+        tokens = int(max(0.0, free - NON_KV_OVERHEAD_BYTES) // d.kv_bytes_per_token_per_gpu)
+        return tokens - tokens % BLOCK_TOKENS
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m rooftop_sim.engine.truth --fit [--ops DIR] [--write]``."""
+    ap = argparse.ArgumentParser(prog="python -m rooftop_sim.engine.truth")
+    ap.add_argument(
+        "--fit", action="store_true", help="cut the tables from data/ops, print their errors"
+    )
+    ap.add_argument("--ops", type=Path, default=DEFAULT_OPS, help="measured tables (data/ops)")
+    ap.add_argument("--write", action="store_true", help="store the cut tables in the package")
+    args = ap.parse_args(argv)
+    if not args.fit:
+        ap.print_help()
+        return 2
+    if not args.ops.is_dir():
+        print(f"measured tables not found: {args.ops}", file=sys.stderr)
+        return 1
+    from rooftop_sim.engine import truth_fit  # the builder needs this module
+
+    return truth_fit.run(args.ops, args.write)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,430 @@
+"""``rooftop simulate``: replay a request trace against a simulated cluster, per policy.
+
+    rooftop simulate TARGET.yaml --trace CSV [--policy rooftop|static-peak|queue-threshold
+        |oracle|oracle-instant|static-fit|all] [--reality-factor F] [--startup-s S]
+        [--scrape-s 15] [--diurnal] [--json] [--plot FILE.png]
+
+The planner picks the deployment shape (GPU, TP, dtypes) for the target once; every
+policy then runs that shape, so they differ only in how many replicas (and which batch
+cap) they run when. Each replica is an ``engine_sim.core`` engine timed by the truth
+model times ``--reality-factor`` (the planner does not know it: that is what online
+calibration is for). Simulated time, so an hour of trace takes seconds.
+
+Exit codes: 0 ok, 2 unusable input (target, trace, or no feasible plan).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from rooftop_control import control
+from rooftop_control.calibration import Calibration
+from rooftop_sim.cluster import Cluster, Policy, Replica, SimConfig, SimResult, Workload
+from rooftop_sim.flags import Rule, check_ranges
+from rooftop_sim.oracle import OracleConfig, oracle_policy, static_fit
+from rooftop_sim.policies import (
+    FixedPolicy,
+    QueueThresholdPolicy,
+    RooftopPolicy,
+    SchedulePolicy,
+)
+from rooftop_sim.report import Slo, plot, summary, text
+
+POLICIES = ("rooftop", "static-peak", "queue-threshold", "oracle", "oracle-instant", "static-fit")
+# Hindsight schedules: "oracle" starts each pod a start-up ahead of when it is needed
+# (perfect knowledge, same physics as every other policy, start-up billed);
+# "oracle-instant" gets pods ready the moment it wants them (a looser lower bound).
+ORACLES = ("oracle", "oracle-instant")
+
+
+class InputError(ValueError):
+    """The target or trace cannot be simulated; the message says why."""
+
+
+@dataclass(frozen=True)
+class Prior:
+    """What the rooftop controller knows before the first scrape (experiments:
+    ``benchmarks/bench_prior.py``). The operator itself starts cold: factor 1, trim 1.
+
+    Attributes:
+        factor: step-time factor, held as a settled estimate (later windows still
+            move it, as in a controller that has run for a while).
+        trim: latency trim on the rate the planner sizes for.
+    """
+
+    factor: float = 1.0
+    trim: float = 1.0
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything a run needs besides the policy."""
+
+    spec: Any  # rooftop_api.spec.ServingTargetSpec
+    plan: Any  # rooftop_planner.search.Plan: the shape every policy runs
+    planner: control.PlanTargetPlanner
+    workload: Workload
+    sim: SimConfig
+    slo: Slo
+    cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @property
+    def usd_per_replica_hour(self) -> float:
+        return float(self.plan.usd_per_hour) / max(int(self.plan.replicas), 1)
+
+    def limits(self) -> tuple[int, int]:
+        """(min, max) replicas allowed by the target's constraints and budget."""
+        cfg = control.config_from_spec(self.spec, self.planner, self.usd_per_replica_hour)
+        return control.replica_limits(cfg)
+
+
+# A week of simulated time: the longest Azure LLM traces; beyond that a span is far more
+# likely a unit mistake (epoch milliseconds) than a trace, and would run for hours.
+MAX_TRACE_SPAN_S = 7 * 86400.0
+
+
+def workload_from_trace(path: str, diurnal: bool = False) -> Workload:
+    """Read an Azure-format trace (``traces.load_trace``); optionally day-shaped."""
+    from rooftop_sim.traces import TraceError, TraceWarning, diurnal_warp, load_trace
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", TraceWarning)
+            trace = load_trace(path)
+    except TraceError as err:
+        raise InputError(str(err)) from err
+    for warning in caught:  # rows out of order: sorted, but the user should know
+        print(f"rooftop simulate: warning: {warning.message}", file=sys.stderr)
+    if len(trace) < 2:
+        raise InputError(f"{path}: needs at least 2 requests, has {len(trace)}")
+    span_s = float(trace.arrival_s[-1])
+    if not 0 < span_s <= MAX_TRACE_SPAN_S:
+        raise InputError(
+            f"{path}: the requests span {span_s:.6g} s; rooftop simulate replays traces "
+            f"that span more than 0 s and at most {MAX_TRACE_SPAN_S / 86400:g} days "
+            "(are the TIMESTAMPs milliseconds? they must be seconds or ISO date-times)"
+        )
+    arrivals = diurnal_warp(trace.arrival_s) if diurnal else trace.arrival_s
+    name = f"{path}{' (diurnal)' if diurnal else ''}"
+    return Workload(
+        np.asarray(arrivals, dtype=np.float64),
+        np.maximum(trace.prompt_tokens, 1),
+        np.maximum(trace.output_tokens, 1),  # a 0-token answer still takes a step
+        name,
+    )
+
+
+def load_spec(path: str) -> Any:
+    """The ServingTarget spec from a manifest (ManifestError -> InputError)."""
+    from rooftop_api.manifest import ManifestError, load_target
+
+    try:
+        return load_target(path).spec
+    except ManifestError as err:
+        raise InputError(str(err)) from err
+
+
+def scenario(spec: Any, workload: Workload, **sim_kw: Any) -> Scenario:
+    """Plan the target (its shape, at its own workload rate) and set up the cluster."""
+    from rooftop_planner.catalog import CatalogError
+    from rooftop_planner.search import plan_target
+
+    try:
+        result = plan_target(spec)
+    except CatalogError as err:  # an unknown model or a bad spec.modelConfig
+        raise InputError(str(err)) from err
+    if result.plan is None:
+        raise InputError("no plan meets the SLO within the budget:\n" + result.explain())
+    plan = result.plan
+    replica = Replica(
+        spec.model, plan.gpu, plan.tp, plan.weight_dtype, plan.kv_dtype,
+        plan.usd_per_hour / plan.replicas, plan.gpu_memory_utilization, plan.max_model_len,
+    )  # fmt: skip
+    sim = SimConfig(
+        replica,
+        tpot_quantile=spec.slo.tpot_percentile.quantile,
+        ttft_quantile=spec.slo.ttft_percentile.quantile,
+        tpot_slo_ms=spec.slo.tpot_ms,
+        **sim_kw,
+    )
+    slo = Slo(spec.slo.tpot_ms, spec.slo.ttft_ms)
+    scn = Scenario(spec, plan, control.PlanTargetPlanner(spec, plan), workload, sim, slo)
+    # the budget and maxReplicas bound the pods every policy may run (billed pods:
+    # starting and draining ones included)
+    return replace(scn, sim=replace(sim, max_pods=scn.limits()[1]))
+
+
+def peak_rate(workload: Workload, window_s: float = 60.0) -> float:
+    """Highest arrival rate over non-overlapping ``window_s`` windows, req/s."""
+    edges = np.arange(0.0, workload.horizon_s + window_s, window_s)
+    if len(edges) < 2:
+        return len(workload.arrival_s) / window_s
+    return float(np.histogram(workload.arrival_s, bins=edges)[0].max()) / window_s
+
+
+def true_factor(scn: Scenario, batch: float) -> float:
+    """Truth step time / planner step time at ``batch`` (with carried prefill), x reality.
+
+    What a perfectly calibrated controller would learn; only the oracle gets it.
+    """
+    from rooftop_sim.engine.truth import TruthModel
+
+    r = scn.sim.replica
+    truth = TruthModel.for_deployment(r.model, r.gpu, r.tp, r.weight_dtype, r.kv_dtype)
+    isl = float(np.mean(scn.workload.prompt_tokens))
+    osl = float(np.mean(scn.workload.output_tokens))
+    predicted_ms = scn.planner.step_ms(batch, isl, osl)
+    carried = batch * isl / (osl + 1.5)  # prefill tokens per step in steady state
+    step = truth.step_s(int(round(batch)), int(batch * (isl + osl / 2)), int(carried),
+                        carried * isl / 2)  # fmt: skip
+    return scn.sim.reality_factor * step * 1e3 / predicted_ms
+
+
+def make_policy(
+    scn: Scenario,
+    name: str,
+    oracle: OracleConfig | None = None,
+    controller: Mapping[str, Any] | None = None,
+    prior: Prior | None = None,
+) -> tuple[Policy, list[str]]:
+    """The named policy for this scenario, and notes on how it was sized.
+
+    ``controller``: ``ControllerConfig`` fields to override for ``rooftop`` (tuning
+    experiments, ``benchmarks/bench_targets.py``); the operator's defaults otherwise.
+    ``prior``: what ``rooftop`` knows at the start (cold, as the operator, by default).
+    """
+    lower, upper = scn.limits()
+    # Autoscalers start warm, as if they had been running before the trace: at the
+    # planner's size for the first minutes' rate (not the spec's rate, which would make
+    # the first scale-down window a transient of the experiment, not of the policy).
+    head_s = min(300.0, scn.workload.horizon_s) or 1.0
+    head_rate = np.searchsorted(scn.workload.arrival_s, head_s) / head_s
+    if name == "rooftop":
+        return _rooftop(scn, head_rate, (lower, upper), controller or {}, prior or Prior()), []
+    first = scn.planner.size(head_rate, 1.0)
+    start = control.clamp_replicas(first.replicas, lower, upper)
+    if name in ("static-peak", "static-fit"):
+        peak = peak_rate(scn.workload)
+        size = scn.planner.size(peak, 1.0)
+        n = control.clamp_replicas(size.replicas, lower, upper)
+        if name == "static-peak":
+            return FixedPolicy(n, size.max_num_seqs), [f"sized for peak {peak:.2f} req/s: {n}"]
+        fixed, met = static_fit(
+            scn.workload, scn.sim, scn.slo, size.max_num_seqs, n, lower, upper, oracle
+        )
+        how = "fewest" if met else "none within the limits meet the SLO; the most"
+        return fixed, [f"{how} fixed replicas meeting the SLO on this trace: {fixed.replicas}"]
+    if name == "queue-threshold":
+        return QueueThresholdPolicy(start, first.max_num_seqs, lower, upper), []
+    if name in ORACLES:
+        startup = scn.sim.startup_s if name == "oracle" else 0.0
+        policy, notes = _oracle(scn, lower, upper, oracle or OracleConfig(), startup)
+        return replace(policy, name=name), notes
+    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+
+
+def _rooftop(
+    scn: Scenario,
+    head_rate: float,
+    limits: tuple[int, int],
+    controller: Mapping[str, Any],
+    prior: Prior,
+) -> RooftopPolicy:
+    """The operator's controller, started at the planner's size for ``head_rate`` (within
+    ``limits``, min and max replicas) with what ``prior`` says it knows."""
+    cfg = control.config_from_spec(
+        scn.spec, scn.planner, scn.usd_per_replica_hour,
+        startup_s=scn.sim.startup_s, metrics_window_s=scn.sim.window_s, **controller,
+    )  # fmt: skip
+    first = scn.planner.size(head_rate * prior.trim, prior.factor)
+    policy = RooftopPolicy(cfg, control.clamp_replicas(first.replicas, *limits),
+                           first.max_num_seqs)  # fmt: skip
+    if prior != Prior():
+        settled = Calibration(prior.factor, cfg.calibration.settled_samples)
+        policy.state = replace(policy.state, calibration=settled, trim=prior.trim)
+    return policy
+
+
+def _oracle(
+    scn: Scenario, lower: int, upper: int, cfg: OracleConfig, startup_s: float
+) -> tuple[SchedulePolicy, list[str]]:
+    """The hindsight schedule for pods that take ``startup_s`` to start (searched once
+    per scenario, config and start-up: about a minute each)."""
+    key = ("oracle", lower, upper, cfg, startup_s)
+    if key not in scn.cache:
+        scn.cache[key] = _search_oracle(scn, lower, upper, cfg, startup_s)
+    cached: tuple[SchedulePolicy, list[str]] = scn.cache[key]
+    return cached
+
+
+def _search_oracle(
+    scn: Scenario, lower: int, upper: int, cfg: OracleConfig, startup_s: float
+) -> tuple[SchedulePolicy, list[str]]:
+    mean_rate = len(scn.workload.arrival_s) / max(scn.workload.horizon_s, 1e-9)
+    first = scn.planner.size(mean_rate, 1.0)
+    factor = true_factor(scn, first.max_num_seqs / 2)
+    size = scn.planner.size(mean_rate, min(factor, 3.0))
+    if not size.feasible:
+        size = first
+    guess = size.capacity_rps or mean_rate / max(size.replicas, 1)
+    policy, capacity = oracle_policy(
+        scn.workload, scn.sim, scn.slo, size.max_num_seqs, guess, lower, upper, cfg, startup_s
+    )
+    note = (f"true step-time factor {factor:.2f}, cap {size.max_num_seqs}, measured "
+            f"capacity {capacity:.3f} req/s per replica")  # fmt: skip
+    return policy, [note]
+
+
+def run(
+    scn: Scenario,
+    name: str,
+    oracle: OracleConfig | None = None,
+    controller: Mapping[str, Any] | None = None,
+    prior: Prior | None = None,
+) -> tuple[SimResult, dict[str, Any]]:
+    """One policy over the scenario: the raw result and its JSON summary
+    (``controller``, ``prior``: see ``make_policy``)."""
+    policy, notes = make_policy(scn, name, oracle, controller, prior)
+    startup = 0.0 if name == "oracle-instant" else None
+    res = Cluster(scn.workload, scn.sim, startup_s=startup).run(policy)
+    res.notes.extend(notes)
+    if isinstance(policy, RooftopPolicy):
+        res.notes.append(controller_note(policy))
+    return res, summary(res, scn.slo, scn.sim.reality_factor)
+
+
+def controller_note(policy: RooftopPolicy) -> str:
+    """Where the loop's estimates ended: the step-time factor and the latency trim (the
+    planner's capacity error it made up online; docs/benchmarks.md)."""
+    st = policy.state
+    return (f"controller ended at step-time factor {st.calibration.factor:.2f}, latency "
+            f"trim {st.trim:.2f}")  # fmt: skip
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def register(subparsers: Any) -> None:
+    """Add ``rooftop simulate`` (see CONTRACTS.md)."""
+    p: argparse.ArgumentParser = subparsers.add_parser(
+        "simulate",
+        help="replay a trace against a simulated cluster under a scaling policy",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )
+    p.add_argument("target", help="ServingTarget manifest (YAML)")
+    p.add_argument("--trace", required=True, help="Azure-format trace CSV")
+    p.add_argument("--policy", default="rooftop", choices=(*POLICIES, "all"))
+    p.add_argument(
+        "--reality-factor",
+        type=float,
+        default=1.0,
+        help="true step times / the fitted truth model (default 1.0)",
+    )
+    p.add_argument("--startup-s", type=float, default=120.0, help="pod start-up delay, s")
+    p.add_argument("--scrape-s", type=float, default=15.0, help="scrape/decision interval, s")
+    p.add_argument("--window-s", type=float, default=60.0, help="rate/quantile window, s")
+    p.add_argument("--noise", type=float, default=0.05, help="step-time noise (lognormal sigma)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--diurnal",
+        action="store_true",
+        help="time-warp the trace into a day shape (3x peak/trough)",
+    )
+    p.add_argument(
+        "--outage",
+        action="append",
+        default=[],
+        metavar="START:END",
+        help="seconds during which every metric is missing (repeatable)",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON (a list for --policy all)")
+    p.add_argument("--plot", metavar="FILE.png", help="plot load, TPOT and replicas")
+    p.set_defaults(func=main)  # fmt: skip
+
+
+def _outages(values: list[str]) -> tuple[tuple[float, float], ...]:
+    out = []
+    for v in values:
+        try:
+            a, b = (float(x) for x in v.split(":"))
+        except ValueError:
+            raise InputError(f"--outage {v!r}: expected START:END in seconds") from None
+        if not (math.isfinite(a) and math.isfinite(b) and 0 <= a < b):
+            raise InputError(f"--outage {v!r}: need 0 <= START < END, both finite seconds")
+        out.append((a, b))
+    return tuple(out)
+
+
+def check_flags(args: argparse.Namespace) -> None:
+    """Each numeric flag finite and in range, and --plot writable, before any work."""
+    from rooftop_planner.plot import plot_path_problem
+
+    rules: tuple[Rule, ...] = (
+        ("--reality-factor", args.reality_factor, 0.0, True),
+        ("--startup-s", args.startup_s, 0.0, False),
+        ("--scrape-s", args.scrape_s, 0.0, True),
+        ("--window-s", args.window_s, 0.0, True),
+        ("--noise", args.noise, 0.0, False),
+        ("--seed", args.seed, 0, False),
+    )
+    try:
+        check_ranges(rules)
+    except ValueError as err:
+        raise InputError(str(err)) from None
+    if args.plot and (problem := plot_path_problem(args.plot)):
+        raise InputError(problem)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the simulation(s) and print the report; 2 on unusable input."""
+    try:
+        check_flags(args)
+        spec = load_spec(args.target)
+        workload = workload_from_trace(args.trace, args.diurnal)
+        scn = scenario(
+            spec, workload, reality_factor=args.reality_factor, noise=args.noise,
+            seed=args.seed, startup_s=args.startup_s, scrape_s=args.scrape_s,
+            window_s=args.window_s, outages=_outages(args.outage),
+        )  # fmt: skip
+    except InputError as err:
+        print(f"rooftop simulate: {err}", file=sys.stderr)
+        return 2
+    names = POLICIES if args.policy == "all" else (args.policy,)
+    results, summaries = [], []
+    for name in names:
+        res, s = run(scn, name)
+        results.append(res)
+        summaries.append(s)
+        if not args.json:
+            print(text(s, scn.slo))
+    if args.json:
+        print(json.dumps(summaries[0] if len(summaries) == 1 else summaries, default=_json))
+    if args.plot:
+        plot(results, scn.slo, args.plot)
+    return 0
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+
+
+def with_rate(spec: Any, requests_per_second: float) -> Any:
+    """``spec`` with its workload rate replaced (req/s)."""
+    workload = spec.workload.model_copy(update={"requests_per_second": requests_per_second})
+    return spec.model_copy(update={"workload": workload})
+
+
+__all__ = ["POLICIES", "InputError", "Scenario", "main", "register", "run"]

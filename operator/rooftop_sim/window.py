@@ -1,0 +1,123 @@
+"""Prometheus, emulated: what a ``rate(...[1m])`` / ``histogram_quantile(...)`` query
+would return at a scrape, computed from the simulation's per-request samples.
+
+Percentiles are exact quantiles of the samples observed in the window (no bucket
+interpolation): the simulator measures the policy, not the histogram layout. Counters
+(inter-token latency sum and count) are accumulated per scrape interval, so a window is
+a sum over its intervals, like ``rate()`` over scraped counter values.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from rooftop_control.control import MetricState, Observation, Reading
+
+
+@dataclass(frozen=True)
+class Gauges:
+    """Instant gauges summed (running, waiting) or averaged (KV) over ready pods."""
+
+    running: float
+    waiting: float
+    kv_usage_ratio: float
+    ready: int
+    pending: int
+
+
+class MetricsWindow:
+    """Samples of the last ``window_s`` seconds, as Prometheus would hold them.
+
+    Args:
+        window_s: range of the rate/quantile queries, s.
+        tpot_quantile / ttft_quantile: the SLO percentiles as 0..1 quantiles.
+        tpot_slo_ms: the TPOT bound, ms (for the attainment reading).
+    """
+
+    def __init__(
+        self, window_s: float, tpot_quantile: float, ttft_quantile: float, tpot_slo_ms: float
+    ) -> None:
+        self.window_s = window_s
+        self.tpot_slo_s = tpot_slo_ms / 1e3
+        self.tpot_q = tpot_quantile
+        self.ttft_q = ttft_quantile
+        # (time s, value) in roughly increasing time; trimmed at each scrape
+        self.finished: deque[tuple[float, float, int, int]] = deque()  # t, tpot s, isl, osl
+        self.ttft: deque[tuple[float, float]] = deque()
+        self.intervals: deque[tuple[float, float, int]] = deque()  # t, itl sum s, tokens
+        self.itl_sum = 0.0
+        self.itl_tokens = 0
+
+    def add_step(self, duration_s: float, decode_tokens: int) -> None:
+        """One engine iteration: each decoded token waited ``duration_s`` for it."""
+        self.itl_sum += duration_s * decode_tokens
+        self.itl_tokens += decode_tokens
+
+    def observe(
+        self, now_s: float, rate: float, gauges: Gauges, outage: bool = False
+    ) -> Observation:
+        """The observation a scrape at ``now_s`` yields (``outage``: metrics missing).
+
+        Args:
+            now_s: scrape time, s.
+            rate: arrivals per second over the window, req/s.
+            gauges: instant gauges at ``now_s``.
+            outage: emulate a broken metrics pipeline (all readings missing).
+        """
+        self.intervals.append((now_s, self.itl_sum, self.itl_tokens))
+        self.itl_sum, self.itl_tokens = 0.0, 0
+        start = now_s - self.window_s
+        for q in (self.finished, self.ttft, self.intervals):
+            while q and q[0][0] <= start:
+                q.popleft()
+        if outage:
+            return Observation(ready_replicas=gauges.ready, pending_replicas=gauges.pending)
+        return self._observation(now_s, rate, gauges)
+
+    def _observation(self, now_s: float, rate: float, gauges: Gauges) -> Observation:
+        fin = [f for f in self.finished if f[0] <= now_s]
+        tpots = [f[1] for f in fin if not math.isnan(f[1])]
+        ttfts = [v for t, v in self.ttft if t <= now_s]
+        itl_sum = sum(i[1] for i in self.intervals)
+        itl_n = sum(i[2] for i in self.intervals)
+        return Observation(
+            tpot_ms=_quantile_ms(tpots, self.tpot_q),
+            ttft_ms=_quantile_ms(ttfts, self.ttft_q),
+            requests_per_second=_ok(rate),
+            running=_ok(gauges.running),
+            waiting=_ok(gauges.waiting),
+            kv_usage_ratio=_ok(gauges.kv_usage_ratio),
+            step_ms=_ok(1e3 * itl_sum / itl_n) if itl_n else Reading(math.nan, MetricState.NAN),
+            tpot_attainment=_share([t <= self.tpot_slo_s for t in tpots]),
+            prompt_tokens=_mean([f[2] for f in fin]),
+            output_tokens=_mean([f[3] for f in fin]),
+            ready_replicas=gauges.ready,
+            pending_replicas=gauges.pending,
+        )
+
+
+def _ok(value: float) -> Reading:
+    return Reading(float(value), MetricState.OK)
+
+
+def _quantile_ms(samples: list[float], q: float) -> Reading:
+    """histogram_quantile over an empty window is NaN; so is this."""
+    if not samples:
+        return Reading(math.nan, MetricState.NAN)
+    return _ok(1e3 * float(np.quantile(samples, q)))
+
+
+def _share(flags: list[bool]) -> Reading:
+    if not flags:
+        return Reading(math.nan, MetricState.NAN)
+    return _ok(sum(flags) / len(flags))
+
+
+def _mean(values: list[int]) -> Reading:
+    if not values:
+        return Reading(math.nan, MetricState.NAN)
+    return _ok(sum(values) / len(values))

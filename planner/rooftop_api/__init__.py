@@ -1,0 +1,9 @@
+"""The ServingTarget API: pydantic models, manifest loading, extraArgs checks, the CRD.
+
+``spec``       the resource as pydantic models (the single source of truth)
+``manifest``   read a ServingTarget from YAML with messages that name the field
+``vllm_args``  check ``spec.engine.extraArgs`` the way vLLM's own parser would
+``crd``        generate the CustomResourceDefinition from ``spec``
+
+No Kubernetes client, no kopf, no planner: everything else builds on this package.
+"""

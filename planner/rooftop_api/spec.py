@@ -1,0 +1,443 @@
+"""The ServingTarget resource as pydantic models: the single source of truth.
+
+The planner reads these models from a manifest (``rooftop plan``); the operator's
+CRD (``charts/rooftop/crds/``) is generated from the same models
+(``python -m rooftop_api.crd``), so a field exists in exactly one place.
+
+Field names are snake_case in Python and camelCase in YAML (Kubernetes style);
+units live in the names (``tpot_ms``, ``usd_per_hour``). Every model forbids
+unknown fields so that a typo is an error naming the field, not a silent default.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.alias_generators import to_camel
+
+from rooftop_api.vllm_args import check_extra_args
+
+API_VERSION = "rooftop.dev/v1alpha1"
+KIND = "ServingTarget"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        allow_inf_nan=False,  # YAML's .nan/.inf would slip past every range check
+    )
+
+
+class Percentile(StrEnum):
+    """Which percentile of the latency distribution the SLO bounds."""
+
+    P50 = "p50"
+    P90 = "p90"
+    P95 = "p95"
+    P99 = "p99"
+
+    @property
+    def quantile(self) -> float:
+        """The percentile as a 0..1 quantile (p90 -> 0.9)."""
+        return int(self.value[1:]) / 100.0
+
+
+class WeightDtype(StrEnum):
+    """How weights are stored. int4 covers AWQ/GPTQ checkpoints; fp4 is NVFP4/MXFP4."""
+
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+    INT8 = "int8"
+    INT4 = "int4"
+    FP4 = "fp4"
+
+
+class KvDtype(StrEnum):
+    """How the KV cache is stored. ``auto`` follows the activation dtype (16-bit)."""
+
+    AUTO = "auto"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+    INT8 = "int8"
+    INT4 = "int4"
+
+
+class Mode(StrEnum):
+    """``vllm`` deploys real vLLM on GPUs; ``simulated`` deploys the engine simulator."""
+
+    VLLM = "vllm"
+    SIMULATED = "simulated"
+
+
+PositiveMs = Annotated[float, Field(gt=0, le=3_600_000)]
+
+
+class Slo(_Model):
+    """Latency objective: time per output token and time to first token."""
+
+    tpot_ms: PositiveMs = Field(description="Time per output token bound, milliseconds.")
+    tpot_percentile: Percentile = Field(
+        default=Percentile.P90, description="Percentile the TPOT bound applies to."
+    )
+    ttft_ms: PositiveMs | None = Field(
+        default=None, description="Time to first token bound, milliseconds (optional)."
+    )
+    ttft_percentile: Percentile = Field(
+        default=Percentile.P90, description="Percentile the TTFT bound applies to."
+    )
+
+
+class HistogramBin(_Model):
+    """One bin of a token-length histogram: ``weight`` of requests have ``tokens`` tokens."""
+
+    tokens: int = Field(ge=1, le=10_000_000)
+    # relative weights; the bound keeps their sum finite (256 bins of 1e308 overflow)
+    weight: float = Field(gt=0, le=1e12)
+
+
+class TokenLengths(_Model):
+    """A token-length distribution: mean and p90, or a histogram."""
+
+    mean: float | None = Field(default=None, ge=1, le=10_000_000, description="Mean tokens.")
+    p90: float | None = Field(default=None, ge=1, le=10_000_000, description="p90 tokens.")
+    histogram: list[HistogramBin] | None = Field(
+        default=None, min_length=1, max_length=256, description="Lengths and their weights."
+    )
+
+    @model_validator(mode="after")
+    def _one_form(self) -> TokenLengths:
+        if self.histogram is None and self.mean is None:
+            raise ValueError("give either mean (and optionally p90) or histogram")
+        if self.histogram is not None and self.mean is not None:
+            raise ValueError("give either mean/p90 or histogram, not both")
+        if self.mean is not None and self.p90 is not None and self.p90 < self.mean:
+            raise ValueError(f"p90 ({self.p90}) must be >= mean ({self.mean})")
+        return self
+
+
+class Workload(_Model):
+    """Expected traffic: arrival rate and prompt/output lengths."""
+
+    requests_per_second: float = Field(ge=0, le=1_000_000, description="Mean arrival rate.")
+    prompt_tokens: TokenLengths = Field(description="Prompt (input) length distribution.")
+    output_tokens: TokenLengths = Field(description="Output length distribution.")
+
+
+class Budget(_Model):
+    """Spend ceiling for the whole target (all replicas)."""
+
+    usd_per_hour: float = Field(ge=0, le=10_000_000, description="Maximum USD per hour.")
+
+
+class Toleration(_Model):
+    """A Kubernetes toleration (subset of core/v1 Toleration)."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class Constraints(_Model):
+    """Limits on the search and on where pods may run."""
+
+    gpu_types: list[str] | None = Field(
+        default=None, description="Allowed GPU catalog ids (default: all)."
+    )
+    weight_dtypes: list[WeightDtype] | None = Field(
+        default=None, description="Allowed weight dtypes (default: bf16, fp8)."
+    )
+    kv_dtypes: list[KvDtype] | None = Field(
+        default=None, description="Allowed KV cache dtypes (default: auto, fp8)."
+    )
+    max_tensor_parallel: int | None = Field(default=None, ge=1, le=64)
+    min_replicas: int = Field(default=1, ge=0, le=1000)
+    max_replicas: int = Field(default=16, ge=1, le=1000)
+    node_selector: dict[str, str] | None = Field(
+        default=None, description="Extra node labels that engine pods require."
+    )
+    tolerations: list[Toleration] | None = None
+
+    @model_validator(mode="after")
+    def _replica_range(self) -> Constraints:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"minReplicas ({self.min_replicas}) must be <= maxReplicas ({self.max_replicas})"
+            )
+        return self
+
+
+class Pricing(_Model):
+    """Price overrides: your negotiated $/GPU-hour per catalog GPU id."""
+
+    usd_per_gpu_hour: dict[str, float] | None = Field(
+        default=None, description="GPU id -> USD per GPU-hour."
+    )
+
+    @field_validator("usd_per_gpu_hour", mode="before")
+    @classmethod
+    def _no_bools(cls, value: Any) -> Any:
+        # YAML's true/false would be read as a price of $1/$0 an hour
+        for gpu, price in (value or {}).items() if isinstance(value, dict) else ():
+            if isinstance(price, bool):
+                raise ValueError(f"usdPerGpuHour[{gpu}] is {price}; give a price in USD")
+        return value
+
+    @model_validator(mode="after")
+    def _non_negative(self) -> Pricing:
+        for gpu, price in (self.usd_per_gpu_hour or {}).items():
+            if price < 0:
+                raise ValueError(f"usdPerGpuHour[{gpu}] is {price}; prices must be >= 0")
+        return self
+
+
+class SecretKeyRef(_Model):
+    """A key in a Secret in the target's namespace."""
+
+    name: str = Field(min_length=1, max_length=253)
+    key: str = Field(default="token", min_length=1, max_length=253)
+
+
+# A Secret's name: a DNS subdomain (RFC 1123), as Kubernetes checks it.
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+
+class LocalSecretRef(_Model):
+    """A Secret in the target's namespace, by name."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
+
+
+class EnvVar(_Model):
+    """A plain environment variable for the engine container."""
+
+    name: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")
+    value: str = ""
+
+
+class ModelVolume(_Model):
+    """Model files on a PersistentVolumeClaim (a private model, or a mirror of a public one).
+
+    The claim is mounted read-only at ``/models`` and vLLM loads ``/models/<path>``.
+    """
+
+    claim_name: str = Field(
+        min_length=1, max_length=253, pattern=DNS_SUBDOMAIN, description="PVC in the namespace."
+    )
+    path: str = Field(
+        min_length=1,
+        max_length=1024,
+        pattern=r"^[^/]",  # relative to the claim's root
+        description="The model's folder inside the claim (holds config.json).",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _inside_the_claim(cls, value: str) -> str:
+        if ".." in value.split("/"):
+            raise ValueError(f"path {value!r} has a '..' segment; give a folder inside the claim")
+        return value
+
+
+class Checkpoint(_Model):
+    """The weights vLLM loads for one quantized weight dtype."""
+
+    model: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="Hugging Face repo id, or a path in the pod (e.g. /models/llama-awq).",
+    )
+    format: str = Field(
+        default="",
+        max_length=64,
+        description="Its quantization format (awq, gptq, compressed-tensors, fp8, "
+        "modelopt_fp4), for the plan's explanation; vLLM reads the checkpoint's own.",
+    )
+
+
+MODELS_MOUNT = "/models"
+
+
+class ModelCache(_Model):
+    """Where the engine caches model weights (at /var/cache/rooftop/huggingface, its HF_HOME)."""
+
+    pvc_name: str | None = Field(default=None, description="An existing PVC to mount.")
+    size_gi: int | None = Field(default=None, ge=1, le=100_000, description="emptyDir size limit.")
+
+
+class Engine(_Model):
+    """The engine container: image, extra flags, environment, secrets and cache."""
+
+    image: str | None = Field(default=None, description="Override the pinned engine image.")
+    extra_args: list[Annotated[str, Field(max_length=1024)]] | None = Field(
+        default=None,
+        max_length=64,
+        description="Extra `vllm serve` flags for the pinned vLLM, checked with vLLM's own "
+        "parsing rules (prefixes, --x_y, short options): not flags that set what the plan "
+        "sets, nor flags vLLM does not have.",
+    )
+    env: list[EnvVar] | None = None
+    hf_token_secret_ref: SecretKeyRef | None = Field(
+        default=None, description="Secret holding the Hugging Face token (HF_TOKEN)."
+    )
+    image_pull_secrets: list[LocalSecretRef] | None = Field(
+        default=None,
+        max_length=16,
+        description="Secrets (type kubernetes.io/dockerconfigjson, in the target's "
+        "namespace) for pulling the engine image from a private registry.",
+    )
+    model_cache: ModelCache | None = None
+    model_volume: ModelVolume | None = Field(
+        default=None, description="Serve model files from a PersistentVolumeClaim."
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=16,
+        le=10_000_000,
+        description="Longest request (prompt + output tokens) the engine accepts. Default: "
+        "the model's full context where the KV cache holds one such request, else the "
+        "largest that fits.",
+    )
+    checkpoints: dict[str, Checkpoint] | None = Field(
+        default=None,
+        description="Weight dtype (fp8, int8, int4, fp4) -> the checkpoint already "
+        "quantized to it; overrides the catalog's.",
+    )
+
+    @field_validator("checkpoints")
+    @classmethod
+    def _quantized_only(cls, value: dict[str, Checkpoint] | None) -> dict[str, Checkpoint] | None:
+        quantized = ("fp8", "int8", "int4", "fp4")
+        for dtype in value or {}:
+            if dtype not in quantized:
+                raise ValueError(
+                    f"checkpoints.{dtype}: name checkpoints for {', '.join(quantized)}; "
+                    "16-bit weights come from the model itself (spec.model or "
+                    "spec.engine.modelVolume)"
+                )
+        return value
+
+    @model_validator(mode="after")
+    def _extra_args_leave_the_plan_alone(self) -> Engine:
+        # rooftop_api.vllm_args replays vLLM's parser over a table of its flags
+        check_extra_args(self.extra_args or [])
+        return self
+
+
+class ServingTargetSpec(_Model):
+    """What the user wants: a model served to an SLO within a budget."""
+
+    model: str = Field(
+        min_length=1, max_length=256, description="Catalog id or Hugging Face repo id."
+    )
+    model_config_json: dict[str, Any] | None = Field(
+        default=None,
+        alias="modelConfig",
+        description="Inline Hugging Face config.json, for models not in the catalog.",
+    )
+    slo: Slo
+    workload: Workload
+    budget: Budget
+    constraints: Constraints = Field(default_factory=Constraints)
+    pricing: Pricing = Field(default_factory=Pricing)
+    mode: Mode = Mode.VLLM
+    engine: Engine = Field(default_factory=Engine)
+
+
+class Metadata(_Model):
+    """The part of ObjectMeta a manifest file needs."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    name: str = Field(min_length=1, max_length=253)
+    namespace: str | None = None
+
+
+class ServingTarget(_Model):
+    """A whole ServingTarget manifest as read from a YAML file."""
+
+    api_version: Literal["rooftop.dev/v1alpha1"]
+    kind: Literal["ServingTarget"]
+    metadata: Metadata
+    spec: ServingTargetSpec
+
+
+# ---- status (written by the operator; defined here so the CRD has one source) ----
+
+
+class PredictedLatency(_Model):
+    tpot_ms: float | None = None
+    ttft_ms: float | None = None
+    output_tok_s: float | None = None
+
+
+class PlanStatus(_Model):
+    """The chosen plan as stored in ``status.plan``."""
+
+    gpu: str
+    tp: int
+    replicas: int
+    max_num_seqs: int
+    weight_dtype: str
+    kv_dtype: str
+    max_model_len: int | None = None
+    checkpoint: str | None = Field(default=None, description="The weights vLLM loads.")
+    predicted: PredictedLatency = Field(default_factory=PredictedLatency)
+    usd_per_hour: float
+    summary: str | None = None
+
+
+class ObservedStatus(_Model):
+    """What the feedback loop measured (Prometheus)."""
+
+    tpot_ms: float | None = None
+    ttft_ms: float | None = None
+    requests_per_second: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    kv_cache_usage_ratio: float | None = None
+    calibration_factor: float | None = None
+    calibration_samples: int | None = Field(
+        default=None,
+        ge=0,
+        description="Metrics windows the calibration factor has averaged; an operator "
+        "restart resumes from it (a factor with few samples still moves fast).",
+    )
+    latency_trim: float | None = Field(
+        default=None,
+        description="The loop's latency trim: the multiplier on the rate the planner sizes "
+        "for, learned from the share of requests within the TPOT bound; an operator "
+        "restart resumes from it.",
+    )
+    metrics_state: str | None = Field(default=None, description="ok, missing, stale or nan.")
+    time: str | None = None
+
+
+class Condition(_Model):
+    """A standard Kubernetes condition."""
+
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str
+    message: str = ""
+    last_transition_time: str | None = None
+    observed_generation: int | None = None
+
+
+class ServingTargetStatus(_Model):
+    plan: PlanStatus | None = None
+    observed: ObservedStatus | None = None
+    conditions: list[Condition] | None = None
+    observed_generation: int | None = None
+    replicas: int | None = None
+    ready_replicas: int | None = None
+    gpu: str | None = Field(default=None, description="Planned GPU id (printer column).")
+    slo: str | None = Field(default=None, description="SLO in words (printer column).")
+    ready: str | None = Field(default=None, description="Ready condition (printer column).")

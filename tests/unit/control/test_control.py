@@ -1,0 +1,535 @@
+"""The controller's decisions: one table row per rule, each with why it must hold.
+
+A fake planner keeps these fast and exact: one replica serves 2 req/s at factor 1.0
+(so ``replicas = ceil(rate * factor / 2)``), the batch cap is ``64 / factor``, and the
+predicted step time is always 20 ms (so ``factor = observed step ms / 20``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import pytest
+
+from rooftop_control.calibration import Calibration, TrimConfig
+from rooftop_control.control import (
+    ControllerConfig,
+    ControllerState,
+    MetricState,
+    Observation,
+    Reading,
+    Sizing,
+    clamp_replicas,
+    decide,
+    forecast_rate,
+    initial_state,
+    replica_limits,
+)
+
+NOW = 10_000.0
+WINDOW = 120.0  # ControllerConfig's default scale_down_window_s
+
+
+class FakePlanner:
+    def size(self, requests_per_second: float, step_time_scale: float) -> Sizing:
+        n = math.ceil(requests_per_second * step_time_scale / 2.0 - 1e-9)
+        return Sizing(n, int(64 / step_time_scale), 1.0)
+
+    def step_ms(self, batch: float, prompt_tokens: float, output_tokens: float) -> float:
+        return 20.0
+
+
+def config(**kw: object) -> ControllerConfig:
+    base = ControllerConfig(
+        planner=FakePlanner(),
+        tpot_slo_ms=40.0,
+        ttft_slo_ms=2000.0,
+        min_replicas=1,
+        max_replicas=16,
+        budget_usd_per_hour=100.0,
+        usd_per_replica_hour=1.0,
+        default_prompt_tokens=1000.0,
+        default_output_tokens=200.0,
+        headroom=0.0,  # exact arithmetic in the table; headroom has its own test
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def ok(value: float) -> Reading:
+    return Reading(value, MetricState.OK)
+
+
+BAD = {
+    "missing": Reading(),
+    "stale": Reading(math.nan, MetricState.STALE),
+    "nan": Reading(math.nan, MetricState.NAN),
+}
+
+
+def observe(rate: float = 4.0, tpot: float = 30.0, ready: int = 2, **kw: object) -> Observation:
+    base = Observation(
+        tpot_ms=ok(tpot),
+        ttft_ms=ok(500.0),
+        requests_per_second=ok(rate),
+        running=ok(10.0 * ready),
+        waiting=ok(0.0),
+        kv_usage_ratio=ok(0.3),
+        step_ms=ok(20.0),
+        ready_replicas=ready,
+    )
+    return replace(base, **kw)  # type: ignore[arg-type]
+
+
+def with_reading(obs: Observation, name: str, reading: Reading) -> Observation:
+    changes: dict[str, object] = {name: reading}
+    return replace(obs, **changes)  # type: ignore[arg-type]
+
+
+def settled(replicas: int, low: int, held_s: float, cap: int = 64) -> ControllerState:
+    """A controller that has recommended ``low`` for ``held_s`` seconds of OK data."""
+    history = tuple((NOW - t, low) for t in range(int(held_s), 0, -15))
+    return ControllerState(replicas, cap, Calibration(1.0, 10), history, NOW - held_s)
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    state: ControllerState
+    obs: Observation
+    want_replicas: int
+    why: str
+    cfg: ControllerConfig = config()
+
+
+CASES = [
+    Case(
+        "observed TPOT breach scales up at once",
+        initial_state(2, 64),
+        observe(rate=4.0, tpot=60.0),
+        3,
+        "TPOT 1.5x over the SLO on 2 ready replicas -> ceil(2 * 1.5) = 3, no waiting",
+    ),
+    Case(
+        "predicted breach scales up before any latency breach",
+        initial_state(2, 64),
+        observe(rate=8.0, tpot=30.0),
+        4,
+        "the planner needs 4 replicas for 8 req/s; waiting for the breach costs start-up",
+    ),
+    Case(
+        "pending pods count as capacity",
+        initial_state(4, 64),
+        observe(rate=4.0, tpot=48.0, ready=2),
+        4,
+        "2 ready + 2 starting; the breach asks ceil(2 * 1.2) = 3 <= 4: no double scale-up",
+    ),
+    Case(
+        "breach while pods start still adds when starting pods are too few",
+        initial_state(3, 64),
+        observe(rate=4.0, tpot=80.0, ready=2),
+        4,
+        "2 ready, TPOT 2x: ceil(2 * 2) = 4 > 3 desired",
+    ),
+    Case(
+        "breach step is bounded",
+        initial_state(2, 64),
+        observe(rate=4.0, tpot=400.0),
+        4,
+        "TPOT 10x over would ask 20 replicas; one step is at most 2x (max_breach_step)",
+    ),
+    Case(
+        "queue adds replicas by batch caps",
+        initial_state(2, 64),
+        observe(rate=4.0, waiting=ok(130.0)),
+        4,
+        "130 waiting / cap 64 -> 3 more, bounded to 2x ready = 4",
+    ),
+    Case(
+        "full KV cache adds one",
+        initial_state(2, 64),
+        observe(rate=4.0, kv_usage_ratio=ok(0.95)),
+        3,
+        "above 90 % KV usage vLLM preempts; one more replica relieves it",
+    ),
+    Case(
+        "lower recommendation not held long enough: hold",
+        settled(4, 2, WINDOW - 60.0),
+        observe(rate=4.0),
+        4,
+        "only 60 s of the 120 s window have passed",
+    ),
+    Case(
+        "lower recommendation held for the window: scale down",
+        settled(4, 2, WINDOW),
+        observe(rate=4.0),
+        2,
+        "2 was recommended for the whole 120 s window",
+    ),
+    Case(
+        "scale down only to the window's highest recommendation",
+        replace(settled(4, 2, WINDOW), history=((NOW - 90, 3), (NOW - 45, 2))),
+        observe(rate=4.0),
+        3,
+        "3 was recommended 90 s ago, inside the window",
+    ),
+    Case(
+        "no scale-down during a batch-cap rollout",
+        replace(settled(4, 2, WINDOW), last_cap_change_s=NOW - 60),
+        observe(rate=4.0, ready=3, pending_replicas=1),
+        4,
+        "the rollout replaces ready pods with starting ones: removing more can starve",
+    ),
+    Case(
+        "pods pending long after the last cap change do not freeze scale-down",
+        replace(settled(4, 2, WINDOW), last_cap_change_s=NOW - 3600),
+        observe(rate=4.0, ready=3, pending_replicas=1),
+        2,
+        "an unschedulable pod stays pending forever; the hold is bounded by the cooldown",
+    ),
+    *[
+        Case(
+            f"{state} {name} never scales down",
+            settled(4, 2, 600.0),
+            with_reading(observe(rate=4.0), name, BAD[state]),
+            4,
+            "a missing/stale/NaN gauge could hide load; hold until it is trustworthy",
+        )
+        for state in BAD
+        for name in ("requests_per_second", "running", "waiting", "kv_usage_ratio")
+    ],
+    Case(
+        "missing TPOT under traffic never scales down",
+        settled(4, 2, 600.0),
+        observe(rate=4.0, tpot_ms=BAD["nan"]),
+        4,
+        "with requests flowing, a NaN percentile means broken metrics, not idle",
+    ),
+    Case(
+        "bad metrics still allow scaling up on a visible breach",
+        initial_state(2, 64),
+        observe(rate=4.0, tpot=80.0, running=BAD["missing"]),
+        4,
+        "scaling up is the safe direction even with partial data",
+    ),
+    Case(
+        "no traffic: NaN latencies do not block a scale-down",
+        settled(4, 1, WINDOW),
+        observe(rate=0.0, tpot_ms=BAD["nan"], ttft_ms=BAD["nan"], running=ok(0.0)),
+        1,
+        "rate is a trustworthy 0, so the NaN percentile is expected",
+    ),
+    Case(
+        "budget caps the replica count",
+        initial_state(2, 64),
+        observe(rate=20.0),
+        5,
+        "10 needed at $1/h but the budget is $5/h",
+        config(budget_usd_per_hour=5.0),
+    ),
+    Case(
+        "max replicas caps the replica count",
+        initial_state(2, 64),
+        observe(rate=40.0),
+        16,
+        "20 needed, maxReplicas 16",
+    ),
+    Case(
+        "min replicas floors the replica count",
+        settled(3, 0, WINDOW),
+        observe(rate=0.0, tpot_ms=BAD["nan"], running=ok(0.0)),
+        2,
+        "the planner wants 0, minReplicas is 2",
+        config(min_replicas=2),
+    ),
+    Case(
+        "budget wins over min replicas",
+        initial_state(3, 64),
+        observe(rate=4.0),
+        2,
+        "minReplicas 3 costs $3/h, the budget is $2.5/h: never exceed the budget",
+        config(min_replicas=3, budget_usd_per_hour=2.5),
+    ),
+    Case(
+        "over budget is cut even with missing metrics",
+        initial_state(6, 64),
+        observe(rate=4.0, running=BAD["missing"]),
+        5,
+        "the budget is a hard limit; 'hold on bad metrics' never means 'overspend'",
+        config(budget_usd_per_hour=5.0),
+    ),
+    Case(
+        "calibrated factor sizes the re-plan",
+        initial_state(2, 64),
+        observe(rate=4.0, step_ms=ok(30.0)),
+        3,
+        "observed 30 ms vs predicted 20 -> factor 1.5 -> ceil(4 * 1.5 / 2) = 3",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_decide_table(case: Case) -> None:
+    got = decide(case.state, case.obs, NOW, case.cfg)
+    assert got.replicas == case.want_replicas, f"{case.why}: {got.reason}"
+    lower, upper = replica_limits(case.cfg)
+    assert lower <= got.replicas <= upper
+    assert got.replicas * case.cfg.usd_per_replica_hour <= case.cfg.budget_usd_per_hour
+
+
+def _cond(decision_conditions: tuple[object, ...], kind: str) -> object:
+    return next(c for c in decision_conditions if c.type == kind)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("obs", "cfg", "slo", "budget"),
+    [
+        # breach with room to grow: SLO False with the breach as the reason
+        (observe(tpot=60.0), config(), ("False", "TPOTAboveSLO"), ("True", "WithinBudget")),
+        # breach that the budget stops us fixing: say so on both conditions
+        (
+            observe(rate=20.0, tpot=60.0),
+            config(budget_usd_per_hour=5.0),
+            ("False", "BudgetLimited"),
+            ("True", "CappedAtBudget"),
+        ),
+        # breach that maxReplicas stops us fixing (budget is not the limit)
+        (
+            observe(rate=40.0, tpot=60.0),
+            config(),
+            ("False", "MaxReplicasLimited"),
+            ("True", "WithinBudget"),
+        ),
+        # TTFT alone over the SLO
+        (
+            observe(ttft_ms=ok(5000.0)),
+            config(),
+            ("False", "TTFTAboveSLO"),
+            ("True", "WithinBudget"),
+        ),
+        # the metrics pipeline is broken: Unknown, not False
+        (
+            observe(tpot_ms=BAD["missing"]),
+            config(),
+            ("Unknown", "MetricsUnavailable"),
+            ("True", "WithinBudget"),
+        ),
+        # idle target: Unknown with its own reason (not an alarm)
+        (
+            observe(rate=0.0, tpot_ms=BAD["nan"]),
+            config(),
+            ("Unknown", "NoTraffic"),
+            ("True", "WithinBudget"),
+        ),
+        (observe(), config(), ("True", "SLOMet"), ("True", "WithinBudget")),
+    ],
+)
+def test_conditions(
+    obs: Observation, cfg: ControllerConfig, slo: tuple[str, str], budget: tuple[str, str]
+) -> None:
+    got = decide(initial_state(2, 64), obs, NOW, cfg)
+    s, b = _cond(got.conditions, "SLOMet"), _cond(got.conditions, "WithinBudget")
+    assert (s.status, s.reason) == slo, s.message  # type: ignore[attr-defined]
+    assert (b.status, b.reason) == budget, b.message  # type: ignore[attr-defined]
+
+
+def test_hold_reason_names_the_bad_metric() -> None:
+    got = decide(settled(4, 2, 600.0), observe(waiting=BAD["stale"]), NOW, config())
+    assert got.replicas == 4
+    assert "waiting: stale" in got.reason
+    assert got.metrics_state is MetricState.STALE
+
+
+def test_outage_restarts_the_scale_down_window() -> None:
+    # After metrics return, a full window of OK data must pass before a scale-down:
+    # the outage could have hidden a peak.
+    cfg = config()
+    state = decide(settled(4, 2, 600.0), observe(running=BAD["missing"]), NOW, cfg).state
+    end = 15 + int(cfg.scale_down_window_s)
+    for t in range(15, end, 15):  # the first OK reading (t = 15) starts the window
+        d = decide(state, observe(), NOW + t, cfg)
+        assert d.replicas == 4, f"scaled down {t} s after the outage"
+        state = d.state
+    assert decide(state, observe(), NOW + end, cfg).replicas == 2
+
+
+def test_calibration_updates_only_on_ok_data() -> None:
+    cfg = config()
+    d = decide(initial_state(2, 64), observe(step_ms=ok(26.0)), NOW, cfg)
+    assert d.calibration_factor == pytest.approx(1.3)
+    d2 = decide(d.state, observe(step_ms=BAD["nan"]), NOW + 15, cfg)
+    assert d2.state.calibration == d.state.calibration
+    # an idle replica's step time says little about a loaded one: skipped
+    d3 = decide(d.state, observe(step_ms=ok(60.0), running=ok(0.0)), NOW + 30, cfg)
+    assert d3.state.calibration == d.state.calibration
+
+
+def test_batch_cap_follows_a_settled_factor_with_cooldown() -> None:
+    cfg = config()
+    settle = cfg.calibration.settled_samples
+    state = initial_state(3, 64)  # 3 replicas: what factor 1.3 needs, so the fleet is steady
+    for i in range(settle - 1):  # not settled yet: the cap waits for evidence
+        state = decide(state, observe(step_ms=ok(26.0), ready=3), NOW + 15 * i, cfg).state
+        assert state.max_num_seqs == 64
+    t = NOW + 15 * settle
+    d = decide(state, observe(step_ms=ok(26.0), ready=3), t, cfg)
+    assert d.max_num_seqs == int(64 / 1.3)  # 64 seqs would miss TPOT at factor 1.3
+    assert "max_num_seqs 64 -> 49" in d.reason
+    # the engine turns out fast; but a cap change restarts pods: wait for the cooldown
+    state = d.state
+    for dt in range(60, 900, 60):
+        state = decide(state, observe(step_ms=ok(12.0), ready=3), t + dt, cfg).state
+        assert state.max_num_seqs == 49
+    raised = decide(state, observe(step_ms=ok(12.0), ready=3), t + 900, cfg)
+    # raised to what the planner still picks with 15 % slower steps (hysteresis)
+    assert raised.max_num_seqs == int(64 / (raised.calibration_factor * 1.15))
+
+
+def test_no_cap_change_while_scaling() -> None:
+    # A new cap rolls every pod; on top of a scale-up it would delay the new capacity.
+    cfg = config()
+    state = replace(initial_state(2, 64), calibration=Calibration(1.3, 50))
+    d = decide(state, observe(rate=8.0, step_ms=ok(26.0)), NOW, cfg)
+    assert d.replicas > 2 and d.max_num_seqs == 64
+
+
+def test_latency_ignored_right_after_pods_became_ready() -> None:
+    # The window still holds the smaller fleet's latencies: acting on them again would
+    # double the scale-up that is just taking effect.
+    cfg = config()
+    state = decide(initial_state(3, 64), observe(ready=2), NOW, cfg).state
+    d = decide(state, observe(ready=3, tpot=60.0), NOW + 15, cfg)
+    assert d.replicas == 3
+    later = decide(d.state, observe(ready=3, tpot=60.0), NOW + 15 + 60, cfg)
+    assert later.replicas > 3
+
+
+@pytest.mark.parametrize(
+    ("rate", "attained", "tpot", "kw", "expected", "why"),
+    [
+        (4.0, 0.99, 30.0, {}, 1.10, "1 % misses = 2x the 0.5 % allowance: two 5 % steps"),
+        (4.0, 0.90, 30.0, {}, 1.20, "10 % misses: the step is capped at four"),
+        (6.0, 0.90, 30.0, {}, 1.0, "planner wants 3 > 2 ready: a lag, not a model error"),
+        (4.0, 0.995, 30.0, {}, 1.0, "within target: dead band"),
+        (4.0, 1.0, 20.0, {}, 1 - 0.04 * 28 / 20, "clean, p90 at 20 ms < 0.7 x 40: down 1.4 steps"),
+        (4.0, 1.0, 7.0, {}, 1 - 0.04 * 4, "p90 at a sixth of the bound: capped at four steps"),
+        (2.0, 1.0, 20.0, {}, 1.0, "clean but 40 % more load still fits 2: a spare fleet"),
+        (4.0, 1.0, 35.0, {}, 1.0, "clean but little room: dead band"),
+        (4.0, 0.9, 30.0, {"pending_replicas": 1}, 1.0, "a pod is starting: would wind up"),
+    ],
+)
+def test_latency_trim(
+    rate: float, attained: float, tpot: float, kw: dict[str, object], expected: float, why: str
+) -> None:
+    # 2 ready pods, SLO 40 ms; the fake planner needs ceil(rate * trim / 2) pods
+    state = replace(initial_state(2, 64), ready_seen=2)
+    obs = observe(rate=rate, tpot=tpot, tpot_attainment=ok(attained), **kw)
+    assert decide(state, obs, NOW, config()).state.trim == pytest.approx(expected), why
+
+
+def test_trim_judges_each_window_once_and_waits_for_new_pods() -> None:
+    cfg = config()
+    missed = observe(rate=3.0, tpot=30.0, tpot_attainment=ok(0.99))  # 2 pods suffice
+    moved = decide(replace(initial_state(2, 64), ready_seen=2), missed, NOW, cfg).state
+    assert moved.trim == pytest.approx(1.1)
+    # the next scrapes see mostly the same requests: no second step within the window
+    assert decide(moved, missed, NOW + 15, cfg).state.trim == pytest.approx(1.1)
+    assert decide(moved, missed, NOW + 60, cfg).state.trim == pytest.approx(1.1 * 1.1)
+    # a third pod just became ready: its window still holds requests served by two
+    grown = replace(moved, ready_seen=2)
+    three = observe(rate=3.0, ready=3, tpot=30.0, tpot_attainment=ok(0.99))
+    state = decide(grown, three, NOW + 60, cfg).state
+    assert state.trim == pytest.approx(1.1)
+    assert decide(state, three, NOW + 60 + 105, cfg).state.trim == pytest.approx(1.1)
+    assert decide(state, three, NOW + 60 + 120, cfg).state.trim > 1.1
+
+
+def test_trim_settle_windows_sets_how_long_new_pods_are_waited_for() -> None:
+    quick = config(trim=TrimConfig(settle_windows=1.0))
+    grown = replace(initial_state(2, 64), ready_seen=2)
+    three = observe(rate=3.0, ready=3, tpot=30.0, tpot_attainment=ok(0.99))
+    state = decide(grown, three, NOW, quick).state  # the third pod is ready now
+    assert decide(state, three, NOW + 45, quick).state.trim == 1.0
+    assert decide(state, three, NOW + 60, quick).state.trim == pytest.approx(1.1)
+    assert decide(state, three, NOW + 60, config()).state.trim == 1.0  # default: two windows
+    with pytest.raises(ValueError, match="settle_windows"):
+        TrimConfig(settle_windows=-1.0)
+
+
+def test_clamp_replicas() -> None:
+    assert clamp_replicas(5, 1, 8) == 5
+    assert clamp_replicas(0, 2, 8) == 2  # minReplicas
+    assert clamp_replicas(12, 1, 8) == 8  # maxReplicas or budget
+    assert clamp_replicas(1, 3, 2) == 2  # the budget wins over minReplicas
+    assert config().scale_down_window_s == WINDOW  # what the table above assumes
+
+
+def test_headroom_and_rising_trend_plan_ahead() -> None:
+    cfg = config(headroom=0.1)
+    # 4 req/s * 1.1 = 4.4 -> 3 replicas (exactly 2 without headroom)
+    assert decide(initial_state(2, 64), observe(rate=4.0), NOW, cfg).replicas == 3
+    # rising 1 req/s per minute: 150 s ahead (start-up + half a window) is ~2.5 req/s more
+    state = initial_state(1, 64)
+    for i, rate in enumerate([1.0, 2.0, 3.0, 4.0]):
+        state = decide(state, observe(rate=rate, ready=4), NOW + 60 * i, config()).state
+    assert state.replicas == math.ceil(forecast_rate(state.rates, 150.0) / 2.0)
+    assert state.replicas == 4  # 4 + 2.5 = 6.5 req/s -> 4 replicas
+
+
+@pytest.mark.parametrize(
+    ("rates", "expected"),
+    [
+        ([], 0.0),  # nothing known
+        ([(0.0, 3.0)], 3.0),  # one point: no trend
+        ([(0.0, 1.0), (60.0, 2.0), (120.0, 3.0)], 3.0 + 100.0 / 60.0),  # rising: projected
+        ([(0.0, 3.0), (60.0, 2.0), (120.0, 1.0)], 1.0),  # falling: never projected down
+    ],
+)
+def test_forecast_rate(rates: list[tuple[float, float]], expected: float) -> None:
+    assert forecast_rate(rates, 100.0) == pytest.approx(expected)
+
+
+def test_reading_classification() -> None:
+    assert Reading.of(None).state is MetricState.MISSING
+    assert Reading.of(float("nan")).state is MetricState.NAN
+    assert Reading.of(1.0, age_s=120.0, max_age_s=60.0).state is MetricState.STALE
+    assert Reading.of(1.0).ok
+
+
+def test_no_cap_change_that_would_stop_the_only_pod() -> None:
+    # One pod and a budget for exactly one: the rollout could not start the new pod
+    # first, so a new cap would mean minutes with nothing serving. Hold and say why.
+    cfg = config(budget_usd_per_hour=1.0)
+    state = replace(initial_state(1, 64), calibration=Calibration(1.3, 50))
+    d = decide(state, observe(rate=1.0, step_ms=ok(26.0), ready=1), NOW, cfg)
+    assert d.replicas == 1 and d.max_num_seqs == 64
+    assert "max_num_seqs held at 64, not 49" in d.reason
+    assert "no room under maxReplicas and the budget" in d.reason
+    assert d.cap_hold_began and d.state.held_cap == 49
+    again = decide(d.state, observe(rate=1.0, step_ms=ok(26.0), ready=1), NOW + 15, cfg)
+    assert again.max_num_seqs == 64 and not again.cap_hold_began  # one event, not one a tick
+    # with room for a surge pod the same evidence does change the cap
+    roomy = decide(state, observe(rate=1.0, step_ms=ok(26.0), ready=1), NOW, config())
+    assert roomy.max_num_seqs == 49
+    # and with two pods one keeps serving while the other is replaced
+    two = decide(replace(state, replicas=2), observe(rate=3.0, step_ms=ok(26.0), ready=2),
+                 NOW, config(budget_usd_per_hour=2.0))  # fmt: skip
+    assert two.replicas == 2 and two.max_num_seqs == 49
+
+
+def test_the_loop_sizes_a_running_rocm_target_too() -> None:
+    """A target already running on MI300X (its operator had a ROCm image) is re-sized on
+    its own shape; the planner's default families (CUDA only) must not make it infeasible."""
+    from rooftop_api.spec import ServingTargetSpec
+    from rooftop_control.control import PlanTargetPlanner
+    from rooftop_planner.search import plan_target
+
+    spec = ServingTargetSpec.model_validate({
+        "model": "llama-3.1-8b", "slo": {"tpotMs": 50},
+        "workload": {"requestsPerSecond": 2, "promptTokens": {"mean": 500},
+                     "outputTokens": {"mean": 100}},
+        "budget": {"usdPerHour": 100}, "constraints": {"gpuTypes": ["mi300x"]},
+    })  # fmt: skip
+    plan = plan_target(spec, engine_families=["cuda", "rocm"]).plan
+    assert plan is not None and plan.gpu == "mi300x"
+    assert PlanTargetPlanner(spec, plan).size(2.0, 1.0).feasible

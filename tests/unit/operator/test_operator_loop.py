@@ -1,0 +1,162 @@
+"""The feedback loop's glue: metric readings in, status out (no cluster, no Prometheus)."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+
+from rooftop_api.spec import Condition
+from rooftop_control import control
+from rooftop_control.calibration import CalibrationConfig, TrimConfig
+from rooftop_operator import loop
+from rooftop_operator.metrics_client import Reading, Selector, State, TargetMetrics
+from rooftop_operator.specs import TargetRef, parse_spec
+
+
+@pytest.mark.parametrize(
+    ("raw", "state", "value"),
+    [
+        (Reading(State.OK, 0.05), control.MetricState.OK, 50.0),  # seconds -> ms
+        (Reading(State.OK, math.inf), control.MetricState.OK, loop.INF_MS),  # over the top
+        (Reading(State.NAN), control.MetricState.NAN, None),  # empty window
+        (Reading(State.STALE, 0.05), control.MetricState.STALE, None),  # old value dropped
+        (Reading(State.ERROR, detail="down"), control.MetricState.MISSING, None),  # unknown
+    ],
+)
+def test_reading(raw: Reading, state: control.MetricState, value: float | None) -> None:
+    got = loop.reading(raw, 1e3)
+    assert got.state is state
+    assert got.value == pytest.approx(value) if value is not None else math.isnan(got.value)
+
+
+@pytest.mark.parametrize(
+    ("slo_ms", "bucket"),
+    [(100.0, 0.1), (80.0, 0.075), (60.0, 0.05), (5.0, None)],  # never a bucket above it
+)
+def test_attainment_bucket(slo_ms: float, bucket: float | None) -> None:
+    assert loop.attainment_bucket(slo_ms) == bucket
+
+
+def test_extra_queries_select_the_target() -> None:
+    exprs = loop.extra_exprs(Selector.for_target("ns", "chat"), "1m", 0.9, 100.0)
+    assert 'le="0.1"' in exprs["tpot_attainment"]
+    assert all('servingtarget="chat"' in e for e in exprs.values())
+
+
+def test_observation_falls_back_to_completions() -> None:
+    ok = Reading(State.OK, 1.0)
+    snap = TargetMetrics({}, {0.9: Reading(State.OK, 0.4)}, Reading(State.OK, 3.0), ok, ok, ok)
+    obs = loop.observation(snap, {"requests_per_second": Reading(State.NAN)}, 0.9, 2, 1)
+    assert obs.requests_per_second.value == 3.0  # deriv needs two samples; completions do
+    assert obs.ttft_ms.value == pytest.approx(400.0)
+    assert (obs.ready_replicas, obs.pending_replicas) == (2, 1)
+    assert obs.tpot_ms.state is control.MetricState.MISSING
+
+
+def test_pod_counts() -> None:
+    dep = {"spec": {"replicas": 4}, "status": {"readyReplicas": 3}}
+    assert loop.pod_counts(dep) == (4, 3, 1)
+    assert loop.pod_counts(None) == (0, 0, 0)
+
+
+def test_status_update_is_json_clean() -> None:
+    plan = loop.PlanView("l4", 8, 2, 64, "fp8", "fp8", 8192, 12.8)
+    status = {"plan": {"gpu": "l4", "replicas": 2, "maxNumSeqs": 64, "usdPerHour": 12.8}}
+    obs = control.Observation(tpot_ms=control.Reading(), ready_replicas=2)
+    d = _decision(replicas=3)
+    out = loop.status_update(status, d, obs, plan, "2026-01-01T00:00:00Z")
+    json.dumps(out)  # no NaN
+    assert out["plan"]["replicas"] == 3 and out["plan"]["usdPerHour"] == pytest.approx(19.2)
+    assert "tpotMs" not in out["observed"]  # missing stays missing, not 0
+    assert {c["type"] for c in out["conditions"]} == {"SLOMet", "WithinBudget"}
+
+
+def _decision(replicas: int) -> control.Decision:
+    conds = (
+        Condition(type="SLOMet", status="Unknown", reason="MetricsUnavailable"),
+        Condition(type="WithinBudget", status="True", reason="WithinBudget"),
+    )
+    state = control.initial_state(replicas, 64)
+    return control.Decision(replicas, 64, "scale up 2 -> 3: TPOT 120 ms > SLO 100 ms", conds,
+                            state, control.MetricState.OK, replicas, 2, 64)  # fmt: skip
+
+
+def test_decision_labels() -> None:
+    assert loop.decision_labels(_decision(3)) == ("up", "slo_violation")
+
+
+def test_unavailable_metrics_say_why_and_that_replicas_hold() -> None:
+    d = loop.explain_unavailable(
+        _decision(3), ["prometheus unreachable: ConnectionRefused"], "http://prom:9090"
+    )
+    slo = next(c for c in d.conditions if c.type == "SLOMet")
+    assert "Prometheus at http://prom:9090: prometheus unreachable" in slo.message
+    assert "holding 3 replica(s)" in slo.message
+    budget = next(c for c in d.conditions if c.type == "WithinBudget")
+    assert budget.message == ""  # other conditions untouched
+
+
+def test_silent_engines_are_told_apart_from_a_down_prometheus() -> None:
+    d = loop.explain_unavailable(_decision(2), [], "http://prom:9090")
+    slo = next(c for c in d.conditions if c.type == "SLOMet")
+    assert "no engine series" in slo.message and "Prometheus at" not in slo.message
+
+
+def _chat_target() -> tuple[Any, TargetRef, loop.PlanView]:
+    """The simulated chat example's spec, a reference to it and a 1x L4 plan."""
+    doc = yaml.safe_load((Path(__file__).parents[3] / "examples/simulated-chat.yaml").read_text())
+    body = {**doc, "metadata": {"namespace": "ns", "name": "chat", "uid": "u1", "generation": 1}}
+    plan = loop.PlanView("l4", 1, 1, 64, "bf16", "auto", 8192, 0.8)
+    return parse_spec(doc["spec"]), TargetRef.from_body(body), plan
+
+
+def test_an_operator_restart_resumes_what_the_loop_learned() -> None:
+    """The trim is learned over many windows (near 1.6 where the planner is 1.3x
+    optimistic); a restart that started it over at 1 would under-serve until relearned.
+    The factor keeps its weight: with none, the first window would replace it."""
+    spec, ref, plan = _chat_target()
+    learned = _decision(replicas=3)
+    calibration = replace(learned.state.calibration, factor=1.2, samples=40)
+    learned = replace(learned, state=replace(learned.state, trim=1.6, calibration=calibration))
+    status = loop.status_update({}, learned, control.Observation(), plan, "2026-01-01T00:00:00Z")
+    assert status["observed"]["latencyTrim"] == 1.6
+    restarted = loop._memory(SimpleNamespace(), ref, spec, plan, status, replicas=3)
+    assert restarted.state.trim == 1.6
+    assert (restarted.state.calibration.factor, restarted.state.calibration.samples) == (1.2, 40)
+    fresh = loop._memory(SimpleNamespace(), ref, spec, plan, {}, replicas=3)
+    assert (fresh.state.trim, fresh.state.calibration.samples) == (1.0, 0)
+
+
+@pytest.mark.parametrize(
+    ("value", "samples"), [(None, 0), (-3, 0), (2.5, 0), (True, 0), ("7", 0), (7, 7)]
+)
+def test_calibration_samples_from_status_are_a_count_or_nothing(
+    value: object, samples: int
+) -> None:
+    assert loop.resumed_samples(value) == samples
+
+
+@pytest.mark.parametrize(
+    ("value", "trim"),
+    [(None, 1.0), ("junk", 1.0), (math.nan, 1.0), (math.inf, 1.0), (0.01, 0.5), (9.0, 2.0),
+     (1.25, 1.25), ("1.25", 1.25)],
+)  # fmt: skip
+def test_a_trim_edited_into_status_is_kept_within_its_bounds(value: object, trim: float) -> None:
+    assert loop.resumed(value, TrimConfig()) == trim
+
+
+@pytest.mark.parametrize(("value", "factor"), [("abc", 1.0), ([], 1.0), (0.1, 0.5), (7, 3.0)])
+def test_a_factor_edited_into_status_cannot_stop_the_loop(value: object, factor: float) -> None:
+    """It used to be float(value): a string there raised on every tick."""
+    assert loop.resumed(value, CalibrationConfig()) == factor
+    status = {"observed": {"calibrationFactor": value}}
+    spec, ref, plan = _chat_target()
+    mem = loop._memory(SimpleNamespace(), ref, spec, plan, status, replicas=1)
+    assert mem.state.calibration.factor == factor
