@@ -48,14 +48,25 @@ One decision:
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
-from rooftop_api.spec import Condition, ServingTargetSpec
+from rooftop_api.spec import Condition, KvDtype, ServingTargetSpec, WeightDtype
 from rooftop_control import calibration as cal_mod
 from rooftop_control.calibration import Calibration, CalibrationConfig, TrimConfig
+from rooftop_planner.batching import predict_continuous
+from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog, load_catalog
+from rooftop_planner.efficiency import load_efficiency
+from rooftop_planner.perf import Deployment
+from rooftop_planner.plan import Plan
+from rooftop_planner.search import plan_target, resolve_model
+
+# Sizings one target keeps (rate on a 1 % grid x factor to 0.01): enough for hours of
+# a daily swing at one factor, bounded so a long-lived operator's memory stays flat.
+SIZING_CACHE_ENTRIES = 512
 
 SLO_MET = "SLOMet"
 WITHIN_BUDGET = "WithinBudget"
@@ -795,12 +806,7 @@ class PlanTargetPlanner:
     (and says in the conditions when they bind).
     """
 
-    def __init__(self, spec: ServingTargetSpec, plan: Any, catalog: Any = None) -> None:
-        from rooftop_planner.catalog import load_catalog
-        from rooftop_planner.efficiency import load_efficiency
-        from rooftop_planner.perf import Deployment
-        from rooftop_planner.search import resolve_model
-
+    def __init__(self, spec: ServingTargetSpec, plan: Plan, catalog: Catalog | None = None) -> None:
         self.catalog = catalog or load_catalog()
         self.plan = plan
         self.spec = pinned_spec(spec, plan)
@@ -808,7 +814,7 @@ class PlanTargetPlanner:
         eff = load_efficiency().lookup(gpu.id, "vllm")
         model = resolve_model(spec, self.catalog)
         self.deployment = Deployment(model, gpu, plan.tp, plan.weight_dtype, plan.kv_dtype, eff)
-        self._cache: dict[tuple[float, float], Sizing] = {}
+        self._cache: OrderedDict[tuple[float, float], Sizing] = OrderedDict()
         # Plan once now, so a spec the planner rejects (say, an edit that added a price
         # for an unknown GPU) raises here, where the caller expects it, not mid-decision.
         self.size(spec.workload.requests_per_second, 1.0)
@@ -816,14 +822,15 @@ class PlanTargetPlanner:
     def size(self, requests_per_second: float, step_time_scale: float) -> Sizing:
         """Replicas and batch cap at a rate (req/s) and factor; cached on a 1 % grid."""
         key = (quantize_rate(requests_per_second), round(step_time_scale, 2))
-        if key not in self._cache:
-            self._cache[key] = self._size(*key)
-        return self._cache[key]
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            return self._cache[key]
+        sizing = self._cache[key] = self._size(*key)
+        if len(self._cache) > SIZING_CACHE_ENTRIES:
+            self._cache.popitem(last=False)  # least recently used
+        return sizing
 
     def _size(self, rate: float, factor: float) -> Sizing:
-        from rooftop_planner.catalog import ACCELERATOR_FAMILIES
-        from rooftop_planner.search import plan_target
-
         # The shape is pinned and already runs: its accelerator family had an image.
         res = plan_target(self.spec, catalog=self.catalog, step_time_scale=factor,
                           requests_per_second=rate,
@@ -839,12 +846,10 @@ class PlanTargetPlanner:
                       best.tpot_ms, True, best.capacity_rps / best.replicas)  # fmt: skip
 
     def _price(self) -> float:
-        return float(self.plan.usd_per_hour) / max(int(self.plan.replicas), 1)
+        return self.plan.usd_per_replica_hour
 
     def step_ms(self, batch: float, prompt_tokens: float, output_tokens: float) -> float:
         """The planner's mean step time (TPOT) at this running batch, ms, unscaled."""
-        from rooftop_planner.batching import predict_continuous
-
         pred = predict_continuous(self.deployment, batch, prompt_tokens, output_tokens)
         return float(pred.tpot_s) * 1e3
 
@@ -856,10 +861,8 @@ def quantize_rate(rate: float) -> float:
     return round(1.01 ** math.ceil(math.log(rate) / math.log(1.01) - 1e-9), 6)
 
 
-def pinned_spec(spec: ServingTargetSpec, plan: Any) -> ServingTargetSpec:
+def pinned_spec(spec: ServingTargetSpec, plan: Plan) -> ServingTargetSpec:
     """``spec`` restricted to ``plan``'s GPU, TP and dtypes, with limits lifted."""
-    from rooftop_api.spec import KvDtype, WeightDtype
-
     constraints = spec.constraints.model_copy(
         update={
             "gpu_types": [plan.gpu],

@@ -16,6 +16,7 @@ from typing import Any
 
 from rooftop_operator.settings import (
     INVENTORY_MODES,
+    LoopSettings,
     OperatorConfig,
     env_defaults,
     parse_inventory_mode,
@@ -54,6 +55,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> OperatorConfig:
     """Command-line flags over ROOFTOP_* environment variables over defaults."""
     values: dict[str, Any] = env_defaults()
+    values["loop"] = LoopSettings.from_env()
     if args.self_image:
         values["self_image"] = args.self_image
     if args.vllm_image:
@@ -79,11 +81,11 @@ def run(args: argparse.Namespace) -> int:
     import kopf
 
     try:
-        load_handlers()  # the loop reads its ROOFTOP_* settings when imported
-        config = config_from_args(args)
+        config = config_from_args(args)  # the one read of flags and ROOFTOP_* variables
     except ValueError as err:
         print(f"rooftop operator: {err}", file=sys.stderr)
         return 2
+    load_handlers(config)
     # log_prefix: every per-object line starts with [namespace/name].
     kopf.configure(debug=args.debug, verbose=args.verbose or args.debug, log_prefix=True)
     kopf.run(
@@ -97,12 +99,14 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def load_handlers() -> list[str]:
-    """Import the handler modules (kopf registers handlers at import time)."""
+def load_handlers(config: OperatorConfig, registry: Any = None) -> list[str]:
+    """Import the handler modules (kopf registers event handlers at import time) and
+    register their timers, whose periods come from ``config``."""
     names = list(HANDLER_MODULES)
     names += [m for m in OPTIONAL_HANDLER_MODULES if importlib.util.find_spec(m) is not None]
     for name in names:
-        importlib.import_module(name)
+        module = importlib.import_module(name)
+        module.register_timers(config, registry)
     return names
 
 

@@ -21,7 +21,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 from rooftop_api.spec import MODELS_MOUNT, Mode, ServingTargetSpec
 from rooftop_control.control import max_billed_replicas
@@ -29,6 +29,7 @@ from rooftop_operator import engine_security
 from rooftop_operator.engine_security import PodSecurity
 from rooftop_operator.specs import TargetRef
 from rooftop_planner.inventory import gpu_toleration
+from rooftop_planner.plan import Plan
 from rooftop_planner.weights import ONLINE_FP8, VLLM_DTYPE, Weights, vllm_kv_cache_dtype
 
 ENGINE_PORT: Final = 8000
@@ -63,31 +64,6 @@ class UnsupportedPlan(ValueError):
     """The plan needs something the engine cannot do (e.g. an int8 KV cache in vLLM)."""
 
 
-class PlanLike(Protocol):
-    """What builders read from a planner ``Plan`` (or a test double)."""
-
-    @property
-    def gpu(self) -> str: ...
-    @property
-    def tp(self) -> int: ...
-    @property
-    def replicas(self) -> int: ...
-    @property
-    def max_num_seqs(self) -> int: ...
-    @property
-    def weight_dtype(self) -> str: ...
-    @property
-    def kv_dtype(self) -> str: ...
-    @property
-    def max_model_len(self) -> int | None: ...
-    @property
-    def checkpoint(self) -> str: ...
-    @property
-    def gpu_memory_utilization(self) -> float: ...
-    @property
-    def usd_per_hour(self) -> float: ...
-
-
 @dataclass(frozen=True)
 class EngineInputs:
     """Everything the engine builders need, resolved by the caller.
@@ -108,7 +84,7 @@ class EngineInputs:
 
     ref: TargetRef
     spec: ServingTargetSpec
-    plan: PlanLike
+    plan: Plan
     served_model: str
     node_label: tuple[str, str]
     image: str

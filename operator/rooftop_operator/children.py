@@ -14,13 +14,14 @@ from rooftop_operator import builders
 from rooftop_operator.settings import OperatorConfig
 from rooftop_operator.specs import TargetRef
 from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog
+from rooftop_planner.plan import Plan
 from rooftop_planner.search import resolve_model
 from rooftop_planner.weights import Weights, resolve_weights
 
 Obj = dict[str, Any]
 
 
-def served_model(spec: ServingTargetSpec, catalog: Any) -> str:
+def served_model(spec: ServingTargetSpec, catalog: Catalog) -> str:
     """The model's usual name: the catalog entry's Hugging Face repo, else ``spec.model``
     itself (a repo id, with its config given inline in ``modelConfig``)."""
     if spec.model_config_json is not None:
@@ -40,7 +41,7 @@ def engine_families(config: OperatorConfig, spec: ServingTargetSpec) -> list[str
     return sorted(config.engine_images())
 
 
-def plan_weights(catalog: Catalog, spec: ServingTargetSpec, plan: Any) -> Weights | None:
+def plan_weights(catalog: Catalog, spec: ServingTargetSpec, plan: Plan) -> Weights | None:
     """The checkpoint the plan's weight dtype loads (None for a simulated engine).
 
     Raises:
@@ -74,7 +75,7 @@ def engine_inputs(
     config: OperatorConfig,
     ref: TargetRef,
     spec: ServingTargetSpec,
-    plan: Any,
+    plan: Plan,
     *,
     pod_monitor: bool,
 ) -> builders.EngineInputs:

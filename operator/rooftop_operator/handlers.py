@@ -27,7 +27,6 @@ those (``keep_loop_scale``); a spec edit or a new engine shape starts from the n
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -42,9 +41,12 @@ from rooftop_operator import builders, children, metrics
 from rooftop_operator import conditions as cnd
 from rooftop_operator.conditions import Cond
 from rooftop_operator.kube import Kube, KubeError
-from rooftop_operator.settings import OperatorConfig, configure, env_defaults
+from rooftop_operator.settings import OperatorConfig, configure
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec, slo_text
+from rooftop_planner.catalog import Catalog, load_catalog
 from rooftop_planner.inventory import GpuInventory, Placement, inventory_from_nodes
+from rooftop_planner.plan import Plan
+from rooftop_planner.search import SearchResult, plan_target
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +87,8 @@ class Runtime:
     """What every handler needs; built once at startup and kept in kopf's memo."""
 
     kube: KubeLike
-    catalog: Any
-    plan: Callable[..., Any]
+    catalog: Catalog
+    plan: Callable[..., SearchResult]
     config: OperatorConfig = field(default_factory=OperatorConfig)
     emit: EmitFn = kopf_emit
     metrics: metrics.OperatorMetrics = metrics.DEFAULT
@@ -96,7 +98,7 @@ class Runtime:
 # ---------------------------------------------------------------- pure helpers
 
 
-def plan_status(plan: Any) -> Obj:
+def plan_status(plan: Plan) -> Obj:
     """A planner ``Plan`` as the camelCase dict stored in ``status.plan``."""
     dumped: Obj = plan.to_status().model_dump(by_alias=True, exclude_none=True, mode="json")
     return dumped
@@ -190,9 +192,9 @@ def reconcile(
         _plan_error(rt, body, ref, spec, err)
         return "skipped"
     _record_plan(rt, ref, spec, result)
-    if not result.feasible:
+    if not result.feasible or result.plan is None:
         _infeasible(rt, body, ref, spec, result)
-        return WAITING_FOR_NODES if getattr(result, "beyond_inventory", None) else "skipped"
+        return WAITING_FOR_NODES if result.beyond_inventory else "skipped"
     _deploy(rt, body, ref, spec, result.plan, cause)
     return "success"
 
@@ -222,7 +224,11 @@ def _plan_error(
 
 
 def _infeasible(
-    rt: Runtime, body: Mapping[str, Any], ref: TargetRef, spec: ServingTargetSpec, result: Any
+    rt: Runtime,
+    body: Mapping[str, Any],
+    ref: TargetRef,
+    spec: ServingTargetSpec,
+    result: SearchResult,
 ) -> None:
     """Say why no plan fits; leave the workload exactly as it was. The reason tells
     the two fixes apart: ``Infeasible`` (change the spec) and ``NodesUnavailable``
@@ -242,7 +248,7 @@ def _deploy(
     body: Mapping[str, Any],
     ref: TargetRef,
     spec: ServingTargetSpec,
-    plan: Any,
+    plan: Plan,
     cause: str,
 ) -> None:
     status = body.get("status") or {}
@@ -279,7 +285,7 @@ def _same_generation(body: Mapping[str, Any]) -> bool:
     return seen is not None and seen == (body.get("metadata") or {}).get("generation")
 
 
-def keep_loop_scale(plan: Any, old_plan: Mapping[str, Any] | None) -> Any:
+def keep_loop_scale(plan: Plan, old_plan: Mapping[str, Any] | None) -> Plan:
     """``plan`` with the replicas and batch cap the feedback loop last chose.
 
     Why: the planner sizes for the spec's expected rate, the loop for the observed one.
@@ -295,10 +301,7 @@ def keep_loop_scale(plan: Any, old_plan: Mapping[str, Any] | None) -> Any:
     replicas, cap = int(old_plan.get("replicas") or 0), int(old_plan.get("maxNumSeqs") or 0)
     if replicas < 1 or cap < 1 or (replicas, cap) == (plan.replicas, plan.max_num_seqs):
         return plan
-    per_replica = plan.usd_per_hour / max(plan.replicas, 1)
-    return dataclasses.replace(
-        plan, replicas=replicas, max_num_seqs=cap, usd_per_hour=per_replica * replicas
-    )
+    return plan.rescaled(replicas, cap)
 
 
 def _plan_conditions(spec: ServingTargetSpec, plan: Mapping[str, Any]) -> list[Cond]:
@@ -326,7 +329,9 @@ def _write(rt: Runtime, ref: TargetRef, conds: Sequence[Cond], **fields: Any) ->
     return rt.kube.update_status(ref.namespace, ref.name, mutate) is not None
 
 
-def _record_plan(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, result: Any) -> None:
+def _record_plan(
+    rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, result: SearchResult
+) -> None:
     plan = result.plan if result.feasible else None
     ttft = spec.slo.ttft_ms
     rt.metrics.record_plan(
@@ -351,7 +356,7 @@ class ChildConflict(RuntimeError):
     """A child's name is taken by an object this target does not control."""
 
 
-def apply_children(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: Any) -> None:
+def apply_children(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: Plan) -> None:
     """Server-side apply each child that differs from what is there (its fields, or
     the digest of what was last applied: see ``builders.with_applied_hash``). Raises
     ``ChildConflict`` rather than take over an object someone else created."""
@@ -474,9 +479,6 @@ def runtime(memo: Any) -> Runtime:
 
 def build_runtime(config: OperatorConfig) -> Runtime:
     """The production runtime: real API client, packaged catalog, the planner."""
-    from rooftop_planner.catalog import load_catalog
-    from rooftop_planner.search import plan_target
-
     return Runtime(kube=Kube.from_environment(), catalog=load_catalog(), plan=plan_target,
                    config=config)  # fmt: skip
 
@@ -518,23 +520,15 @@ def waiting_for_nodes(status: Mapping[str, Any]) -> bool:
     return feasible.get("status") == "False" and feasible.get("reason") == "NodesUnavailable"
 
 
-def _nodes_retry_s() -> float:
-    """``OperatorConfig.nodes_retry_s`` from the environment, read when the handlers are
-    imported: a kopf timer's interval is fixed when it registers. A bad value falls back
-    to the default here; ``__main__`` reports it and exits before kopf runs."""
-    try:
-        value = env_defaults().get("nodes_retry_s")
-    except ValueError:
-        value = None
-    return value if isinstance(value, float) else OperatorConfig.nodes_retry_s
+def register_timers(config: OperatorConfig, registry: kopf.OperatorRegistry | None = None) -> None:
+    """Register ``replan_waiting`` at ``config.nodes_retry_s`` (a kopf timer's period is
+    fixed when it registers, so ``__main__`` calls this once, with the start-up config)."""
+    every = config.nodes_retry_s
+    kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=every, initial_delay=every,
+               when=lambda status, **_: waiting_for_nodes(status),
+               registry=registry)(replan_waiting)  # fmt: skip
 
 
-NODES_RETRY_S = _nodes_retry_s()
-
-
-@kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=NODES_RETRY_S,
-            initial_delay=NODES_RETRY_S,
-            when=lambda status, **_: waiting_for_nodes(status))  # fmt: skip
 def replan_waiting(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Plan a target that waits for GPU nodes again, so nodes added later (by hand or by
     an autoscaler) are picked up without a spec edit. A timer, not a handler retry:

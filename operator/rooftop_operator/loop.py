@@ -16,8 +16,8 @@ simulator's ``rooftop`` policy runs); this module only
    SLOMet / WithinBudget conditions.
 
 It imports ``handlers`` (for ``runtime`` and ``apply_children``); ``__main__`` imports
-this module when present, which registers the timer. Settings come from the
-environment once, at import (``LoopSettings.from_env``), like the rest of the config.
+this module and registers its timer (``register_timers``) with the configuration it
+read once at start-up (``OperatorConfig.loop``, a ``LoopSettings``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -34,13 +33,16 @@ from typing import Any
 import kopf
 
 from rooftop_api import crd
+from rooftop_api.spec import ServingTargetSpec
 from rooftop_control import control
 from rooftop_control.calibration import CalibrationConfig, TrimConfig, clamp
 from rooftop_operator import conditions as cnd
 from rooftop_operator import handlers, metrics_client
 from rooftop_operator.builders import deployment_name
-from rooftop_operator.metrics_client import MetricsClient, PrometheusAuth, Selector, State
+from rooftop_operator.metrics_client import MetricsClient, Selector, State
+from rooftop_operator.settings import LoopSettings, OperatorConfig
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec
+from rooftop_planner.plan import Plan, PlanStatusError
 
 log = logging.getLogger(__name__)
 
@@ -51,58 +53,6 @@ ITL = "vllm:inter_token_latency_seconds"
 # vLLM's default buckets for both (checked against 0.32.0 by tests/e2e/test_vllm_metrics.py)
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 INF_MS = 1e9  # a +Inf quantile ("above the last bucket") as a finite, breaching value
-
-
-@dataclass(frozen=True)
-class LoopSettings:
-    """The loop's knobs (environment ``ROOFTOP_LOOP_*`` / ``ROOFTOP_PROMETHEUS_URL``).
-
-    Attributes:
-        prometheus_url: Prometheus HTTP API base URL.
-        interval_s: timer period (one decision per period), s.
-        window: PromQL range of rate() / quantiles (>= 4 scrape intervals).
-        stale_after_s: newest-sample age beyond which readings are stale, s.
-        startup_s: expected engine pod start-up (image pull, weights, graphs), s.
-        scale_down_window_s: how long a lower recommendation must hold, s (the
-            controller's default, which the simulate benchmark measures).
-        prometheus_auth: bearer token file, CA bundle and headers for Prometheus.
-    """
-
-    prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
-    interval_s: float = 15.0
-    window: str = "1m"
-    stale_after_s: float = 60.0
-    startup_s: float = 120.0
-    scale_down_window_s: float = control.ControllerConfig.scale_down_window_s
-    prometheus_auth: PrometheusAuth = PrometheusAuth()
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> LoopSettings:
-        env = os.environ if environ is None else environ
-        base = cls()
-        return cls(
-            prometheus_url=env.get("ROOFTOP_PROMETHEUS_URL", base.prometheus_url),
-            interval_s=float(env.get("ROOFTOP_LOOP_INTERVAL_S", base.interval_s)),
-            window=env.get("ROOFTOP_LOOP_WINDOW", base.window),
-            stale_after_s=float(env.get("ROOFTOP_LOOP_STALE_AFTER_S", base.stale_after_s)),
-            startup_s=float(env.get("ROOFTOP_LOOP_STARTUP_S", base.startup_s)),
-            scale_down_window_s=float(
-                env.get("ROOFTOP_LOOP_SCALE_DOWN_WINDOW_S", base.scale_down_window_s)
-            ),
-            prometheus_auth=PrometheusAuth.from_env(env),
-        )
-
-    @property
-    def window_s(self) -> float:
-        """``window`` in seconds (single-unit durations: 90s, 1m, 2m...)."""
-        units = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-        for unit in ("ms", "s", "m", "h"):
-            if self.window.endswith(unit) and self.window[: -len(unit)].isdigit():
-                return float(self.window[: -len(unit)]) * units[unit]
-        return 60.0
-
-
-SETTINGS = LoopSettings.from_env()
 
 
 # ---------------------------------------------------------------- pure conversions
@@ -197,35 +147,6 @@ def observation(
     )
 
 
-@dataclass(frozen=True)
-class PlanView:
-    """``status.plan`` as the object builders and ``PlanTargetPlanner`` read."""
-
-    gpu: str
-    tp: int
-    replicas: int
-    max_num_seqs: int
-    weight_dtype: str
-    kv_dtype: str
-    max_model_len: int | None
-    usd_per_hour: float
-    gpu_memory_utilization: float = 0.9
-
-    @classmethod
-    def from_status(cls, plan: Mapping[str, Any]) -> PlanView:
-        return cls(
-            gpu=str(plan["gpu"]), tp=int(plan["tp"]), replicas=int(plan["replicas"]),
-            max_num_seqs=int(plan["maxNumSeqs"]), weight_dtype=str(plan["weightDtype"]),
-            kv_dtype=str(plan["kvDtype"]),
-            max_model_len=int(plan["maxModelLen"]) if plan.get("maxModelLen") else None,
-            usd_per_hour=float(plan.get("usdPerHour") or 0.0),
-        )  # fmt: skip
-
-    @property
-    def usd_per_replica_hour(self) -> float:
-        return self.usd_per_hour / max(self.replicas, 1)
-
-
 def pod_counts(deployment: Mapping[str, Any] | None) -> tuple[int, int, int]:
     """(desired, ready, pending) pods of the engine Deployment (0s when absent)."""
     if not deployment:
@@ -281,7 +202,7 @@ def observed_status(d: control.Decision, obs: control.Observation, now: str) -> 
 
 
 def status_update(
-    status: Mapping[str, Any], d: control.Decision, obs: control.Observation, plan: PlanView,
+    status: Mapping[str, Any], d: control.Decision, obs: control.Observation, plan: Plan,
     now: str,
 ) -> dict[str, Any]:  # fmt: skip
     """The new status: observed, plan (replicas, cap, cost) and the two conditions."""
@@ -311,8 +232,10 @@ class _Target:
     state: control.ControllerState
 
 
-def _memory(memo: Any, ref: TargetRef, spec: Any, plan: PlanView, status: Mapping[str, Any],
-            replicas: int) -> _Target:  # fmt: skip
+def _memory(
+    memo: Any, ref: TargetRef, spec: ServingTargetSpec, plan: Plan, status: Mapping[str, Any],
+    replicas: int,
+) -> _Target:  # fmt: skip
     """The target's controller memory; rebuilt when the spec or the plan's shape changed."""
     targets: dict[str, _Target] = memo.__dict__.setdefault("loop_targets", {})
     key = (ref.generation, plan.gpu, plan.tp, plan.max_num_seqs, plan.weight_dtype, plan.kv_dtype)
@@ -371,33 +294,37 @@ def _errors(*readings: metrics_client.Reading) -> list[str]:
 
 
 async def _observe(
-    spec: Any, ref: TargetRef, ready: int, pending: int
+    settings: LoopSettings, spec: ServingTargetSpec, ref: TargetRef, ready: int, pending: int
 ) -> tuple[control.Observation, list[str]]:
     sel = Selector.for_target(ref.namespace, ref.name)
     q_tpot, q_ttft = spec.slo.tpot_percentile.quantile, spec.slo.ttft_percentile.quantile
-    exprs = extra_exprs(sel, SETTINGS.window, q_tpot, spec.slo.tpot_ms)
-    async with MetricsClient(SETTINGS.prometheus_url, SETTINGS.window, SETTINGS.stale_after_s,
-                             auth=SETTINGS.prometheus_auth) as client:  # fmt: skip
+    exprs = extra_exprs(sel, settings.window, q_tpot, spec.slo.tpot_ms)
+    async with MetricsClient(settings.prometheus_url, settings.window, settings.stale_after_s,
+                             auth=settings.prometheus_auth) as client:  # fmt: skip
         snap, age = await asyncio.gather(
             client.snapshot(sel, quantiles=(q_ttft,)), client.newest_sample_age(sel)
         )
         values = await asyncio.gather(*(client.query(e) for e in exprs.values()))
-        extra = {k: _aged(v, age) for k, v in zip(exprs, values, strict=True)}
+        extra = {
+            k: _aged(v, age, settings.stale_after_s) for k, v in zip(exprs, values, strict=True)
+        }
     errors = [*snap.errors, *_errors(age, *values)]
     return observation(snap, extra, q_ttft, ready, pending), sorted(set(errors))
 
 
-def _aged(r: metrics_client.Reading, age: metrics_client.Reading) -> metrics_client.Reading:
-    if r.ok and age.ok and age.value is not None and age.value > SETTINGS.stale_after_s:
+def _aged(
+    r: metrics_client.Reading, age: metrics_client.Reading, stale_after_s: float
+) -> metrics_client.Reading:
+    if r.ok and age.ok and age.value is not None and age.value > stale_after_s:
         return metrics_client.Reading(State.STALE, r.value, "newest sample too old")
     return r
 
 
-def _apply(rt: handlers.Runtime, body: Mapping[str, Any], ref: TargetRef, spec: Any,
-           plan: PlanView, d: control.Decision, obs: control.Observation) -> None:  # fmt: skip
+def _apply(rt: handlers.Runtime, body: Mapping[str, Any], ref: TargetRef, spec: ServingTargetSpec,
+           plan: Plan, d: control.Decision, obs: control.Observation) -> None:  # fmt: skip
     """Deployment (when changed), event, metrics, status. Blocking: run in a thread."""
     if d.changed:
-        new = replace(plan, replicas=d.replicas, max_num_seqs=d.max_num_seqs)
+        new = plan.rescaled(d.replicas, d.max_num_seqs)
         handlers.apply_children(rt, ref, spec, new)
         rt.emit(body, "Normal", "Scaled", d.reason)
         rt.metrics.record_decision(ref.namespace, ref.name, *decision_labels(d))
@@ -417,8 +344,14 @@ def _apply(rt: handlers.Runtime, body: Mapping[str, Any], ref: TargetRef, spec: 
     )
 
 
-@kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=SETTINGS.interval_s,
-            initial_delay=SETTINGS.interval_s)  # fmt: skip
+def register_timers(config: OperatorConfig, registry: kopf.OperatorRegistry | None = None) -> None:
+    """Register ``feedback`` as a kopf timer at the configured period (``__main__`` calls
+    this once, with the configuration it read at start-up)."""
+    interval = config.loop.interval_s
+    kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=interval, initial_delay=interval,
+               registry=registry)(feedback)  # fmt: skip
+
+
 async def feedback(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """One decision for one deployed target (skips targets with no plan yet)."""
     status = body.get("status") or {}
@@ -429,7 +362,12 @@ async def feedback(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     except SpecError:
         return  # reconcile reports it
     rt, ref = handlers.runtime(memo), TargetRef.from_body(body)
-    plan = PlanView.from_status(status["plan"])
+    settings = rt.config.loop
+    try:
+        plan = Plan.from_status(status["plan"])
+    except PlanStatusError as err:  # hand-edited status: reconcile writes it again
+        log.warning("feedback %s/%s: holding: %s", ref.namespace, ref.name, err)
+        return
     dep = await asyncio.to_thread(
         rt.kube.get, "apps/v1", "Deployment", ref.namespace, deployment_name(ref.name)
     )
@@ -444,15 +382,15 @@ async def feedback(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
                     ref.namespace, ref.name, err)  # fmt: skip
         return
     cfg = control.config_from_spec(
-        spec, mem.planner, plan.usd_per_replica_hour, startup_s=SETTINGS.startup_s,
-        metrics_window_s=SETTINGS.window_s, scale_down_window_s=SETTINGS.scale_down_window_s,
+        spec, mem.planner, plan.usd_per_replica_hour, startup_s=settings.startup_s,
+        metrics_window_s=settings.window_s, scale_down_window_s=settings.scale_down_window_s,
     )  # fmt: skip
-    obs, errors = await _observe(spec, ref, ready, pending)
+    obs, errors = await _observe(settings, spec, ref, ready, pending)
     d = control.decide(mem.state, obs, time.monotonic(), cfg)
-    d = explain_unavailable(d, errors, SETTINGS.prometheus_url)
+    d = explain_unavailable(d, errors, settings.prometheus_url)
     mem.state = d.state
     try:
         await asyncio.to_thread(_apply, rt, body, ref, spec, plan, d, obs)
     except Exception as err:  # kube errors: the next tick decides again from fresh data
         log.warning("feedback %s/%s: %s", ref.namespace, ref.name, err)
-        raise kopf.TemporaryError(str(err), delay=SETTINGS.interval_s) from err
+        raise kopf.TemporaryError(str(err), delay=settings.interval_s) from err

@@ -18,8 +18,10 @@ from typing import Final
 
 import kopf
 
+from rooftop_control.control import ControllerConfig
 from rooftop_operator import builders
 from rooftop_operator.engine_security import PodSecurity, parse_pod_security
+from rooftop_operator.metrics_client import PrometheusAuth
 
 # The vLLM release Rooftop deploys and its tests run (tests/engine/install-vllm.sh installs
 # the same version's CPU build; a unit test keeps the two, the chart and the packaged
@@ -31,6 +33,55 @@ VLLM_IMAGE: Final = f"vllm/vllm-openai:v{VLLM_VERSION}"
 # Image for mode "simulated": the operator's own image (it ships `rooftop engine-sim`).
 DEFAULT_SELF_IMAGE: Final = "ghcr.io/rooftop-dev/rooftop:0.1.0"
 ANNOTATION_PREFIX: Final = "rooftop.dev"
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """The loop's knobs (environment ``ROOFTOP_LOOP_*`` / ``ROOFTOP_PROMETHEUS_URL``).
+
+    Attributes:
+        prometheus_url: Prometheus HTTP API base URL.
+        interval_s: timer period (one decision per period), s.
+        window: PromQL range of rate() / quantiles (>= 4 scrape intervals).
+        stale_after_s: newest-sample age beyond which readings are stale, s.
+        startup_s: expected engine pod start-up (image pull, weights, graphs), s.
+        scale_down_window_s: how long a lower recommendation must hold, s (the
+            controller's default, which the simulate benchmark measures).
+        prometheus_auth: bearer token file, CA bundle and headers for Prometheus.
+    """
+
+    prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
+    interval_s: float = 15.0
+    window: str = "1m"
+    stale_after_s: float = 60.0
+    startup_s: float = 120.0
+    scale_down_window_s: float = ControllerConfig.scale_down_window_s
+    prometheus_auth: PrometheusAuth = PrometheusAuth()
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> LoopSettings:
+        env = os.environ if environ is None else environ
+        base = cls()
+        return cls(
+            prometheus_url=env.get("ROOFTOP_PROMETHEUS_URL", base.prometheus_url),
+            interval_s=float(env.get("ROOFTOP_LOOP_INTERVAL_S", base.interval_s)),
+            window=env.get("ROOFTOP_LOOP_WINDOW", base.window),
+            stale_after_s=float(env.get("ROOFTOP_LOOP_STALE_AFTER_S", base.stale_after_s)),
+            startup_s=float(env.get("ROOFTOP_LOOP_STARTUP_S", base.startup_s)),
+            scale_down_window_s=float(
+                env.get("ROOFTOP_LOOP_SCALE_DOWN_WINDOW_S", base.scale_down_window_s)
+            ),
+            prometheus_auth=PrometheusAuth.from_env(env),
+        )
+
+    @property
+    def window_s(self) -> float:
+        """``window`` in seconds (single-unit durations: 90s, 1m, 2m...)."""
+        units = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+        for unit in ("ms", "s", "m", "h"):
+            if self.window.endswith(unit) and self.window[: -len(unit)].isdigit():
+                return float(self.window[: -len(unit)]) * units[unit]
+        return 60.0
 
 
 @dataclass(frozen=True)
@@ -61,6 +112,7 @@ class OperatorConfig:
         engine_pod_security: the Pod Security level engine pods are built to pass.
         pod_monitor_labels: extra labels on every engine PodMonitor (the label a
             Prometheus selects PodMonitors by).
+        loop: the feedback loop's settings (Prometheus, period, windows).
     """
 
     namespaces: tuple[str, ...] = ()
@@ -79,6 +131,7 @@ class OperatorConfig:
     nodes_retry_s: float = 60.0
     engine_pod_security: PodSecurity = PodSecurity.BASELINE
     pod_monitor_labels: Mapping[str, str] = field(default_factory=dict)
+    loop: LoopSettings = field(default_factory=LoopSettings)
 
     def engine_images(self) -> dict[str, str]:
         """Accelerator family -> vLLM image, for the families that have one."""

@@ -69,7 +69,7 @@ class Replica:
     tp: int
     weight_dtype: str
     kv_dtype: str
-    usd_per_hour: float
+    usd_per_replica_hour: float
     gpu_memory_utilization: float = 0.9
     max_model_len: int = 8192
     max_num_batched_tokens: int = 8192
@@ -282,7 +282,7 @@ class Cluster:
         r = self.cfg.replica
         return SimResult(
             policy.name, self.w, self.first, self.fin, self.tpot, self.rejected,
-            pod_s, r.usd_per_hour, r.tp, timeline, time.perf_counter() - started,
+            pod_s, r.usd_per_replica_hour, r.tp, timeline, time.perf_counter() - started,
             rejected_by_reason=dict(self.rejections),
         )  # fmt: skip
 

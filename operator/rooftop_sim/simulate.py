@@ -26,8 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from rooftop_api.spec import ServingTargetSpec
 from rooftop_control import control
 from rooftop_control.calibration import Calibration
+from rooftop_planner.plan import Plan
 from rooftop_sim.cluster import Cluster, Policy, Replica, SimConfig, SimResult, Workload
 from rooftop_sim.flags import Rule, check_ranges
 from rooftop_sim.oracle import OracleConfig, oracle_policy, static_fit
@@ -69,8 +71,8 @@ class Prior:
 class Scenario:
     """Everything a run needs besides the policy."""
 
-    spec: Any  # rooftop_api.spec.ServingTargetSpec
-    plan: Any  # rooftop_planner.search.Plan: the shape every policy runs
+    spec: ServingTargetSpec
+    plan: Plan  # the shape every policy runs
     planner: control.PlanTargetPlanner
     workload: Workload
     sim: SimConfig
@@ -79,7 +81,7 @@ class Scenario:
 
     @property
     def usd_per_replica_hour(self) -> float:
-        return float(self.plan.usd_per_hour) / max(int(self.plan.replicas), 1)
+        return self.plan.usd_per_replica_hour
 
     def limits(self) -> tuple[int, int]:
         """(min, max) replicas allowed by the target's constraints and budget."""
@@ -147,7 +149,7 @@ def scenario(spec: Any, workload: Workload, **sim_kw: Any) -> Scenario:
     plan = result.plan
     replica = Replica(
         spec.model, plan.gpu, plan.tp, plan.weight_dtype, plan.kv_dtype,
-        plan.usd_per_hour / plan.replicas, plan.gpu_memory_utilization, plan.max_model_len,
+        plan.usd_per_replica_hour, plan.gpu_memory_utilization, plan.max_model_len,
     )  # fmt: skip
     sim = SimConfig(
         replica,

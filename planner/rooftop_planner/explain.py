@@ -10,7 +10,8 @@ from rooftop_planner.efficiency import load_efficiency
 
 if TYPE_CHECKING:
     from rooftop_planner.perf import StepBreakdown
-    from rooftop_planner.search import Plan, Rejection, SearchResult
+    from rooftop_planner.plan import Plan
+    from rooftop_planner.search import Rejection, SearchResult
 
 MAX_ALTERNATIVES = 5
 

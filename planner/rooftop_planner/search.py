@@ -25,13 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from rooftop_api.spec import (
-    KvDtype,
-    PlanStatus,
-    PredictedLatency,
-    ServingTargetSpec,
-    WeightDtype,
-)
+from rooftop_api.spec import KvDtype, ServingTargetSpec, WeightDtype
 from rooftop_planner import perf, tail
 from rooftop_planner.catalog import (
     Catalog,
@@ -45,6 +39,7 @@ from rooftop_planner.efficiency import EfficiencyTable, load_efficiency
 from rooftop_planner.inventory import GpuInventory
 from rooftop_planner.kernels import FloatArray
 from rooftop_planner.perf import Deployment
+from rooftop_planner.plan import Plan
 from rooftop_planner.weights import Weights, kv_problem, resolve_weights
 from rooftop_planner.workload import LengthDistribution, from_spec
 
@@ -71,75 +66,6 @@ class Workload:
     requests_per_second: float
     prompt: LengthDistribution
     output: LengthDistribution
-
-
-@dataclass(frozen=True)
-class Plan:
-    """One candidate deployment and its predicted operating point at the target rate."""
-
-    gpu: str
-    tp: int
-    replicas: int
-    max_num_seqs: int
-    weight_dtype: str
-    kv_dtype: str
-    max_model_len: int
-    gpu_memory_utilization: float
-    tpot_ms: float
-    ttft_ms: float
-    output_tok_s: float
-    usd_per_hour: float
-    capacity_rps: float = 0.0
-    summary: str = ""
-    checkpoint: str = ""
-    weights_note: str = ""
-    context_note: str = ""
-
-    @property
-    def key(self) -> tuple[str, int, str, str]:
-        return (self.gpu, self.tp, self.weight_dtype, self.kv_dtype)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "gpu": self.gpu,
-            "tp": self.tp,
-            "replicas": self.replicas,
-            "max_num_seqs": self.max_num_seqs,
-            "weight_dtype": self.weight_dtype,
-            "kv_dtype": self.kv_dtype,
-            "max_model_len": self.max_model_len,
-            "context_note": self.context_note,
-            "checkpoint": self.checkpoint,
-            "weights_note": self.weights_note,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
-            "predicted": {
-                "tpot_ms": round(self.tpot_ms, 2),
-                "ttft_ms": round(self.ttft_ms, 1),
-                "output_tok_s": round(self.output_tok_s, 1),
-            },
-            "usd_per_hour": round(self.usd_per_hour, 3),
-            "capacity_rps": round(self.capacity_rps, 3),
-            "summary": self.summary,
-        }
-
-    def to_status(self) -> PlanStatus:
-        return PlanStatus(
-            gpu=self.gpu,
-            tp=self.tp,
-            replicas=self.replicas,
-            max_num_seqs=self.max_num_seqs,
-            weight_dtype=self.weight_dtype,
-            kv_dtype=self.kv_dtype,
-            max_model_len=self.max_model_len,
-            checkpoint=self.checkpoint or None,
-            usd_per_hour=round(self.usd_per_hour, 3),
-            predicted=PredictedLatency(
-                tpot_ms=round(self.tpot_ms, 2),
-                ttft_ms=round(self.ttft_ms, 1),
-                output_tok_s=round(self.output_tok_s, 1),
-            ),
-            summary=self.summary,
-        )
 
 
 @dataclass(frozen=True)

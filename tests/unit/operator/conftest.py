@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from rooftop_api.spec import PlanStatus, PredictedLatency
 from rooftop_operator.handlers import Runtime
 from rooftop_operator.metrics import OperatorMetrics
 from rooftop_operator.settings import OperatorConfig
 from rooftop_planner.catalog import Catalog, load_catalog
+from rooftop_planner.plan import Plan
 
 Obj = dict[str, Any]
 NS = "team-a"
@@ -49,40 +49,23 @@ SPEC: Obj = {
 }
 
 
-@dataclass(frozen=True)
-class FakePlan:
-    """Quacks like rooftop_planner.search.Plan."""
-
-    gpu: str = "h100-sxm"
-    tp: int = 1
-    replicas: int = 2
-    max_num_seqs: int = 64
-    weight_dtype: str = "bf16"
-    kv_dtype: str = "auto"
-    max_model_len: int = 4096
-    gpu_memory_utilization: float = 0.9
-    tpot_ms: float = 30.0
-    ttft_ms: float = 200.0
-    output_tok_s: float = 1500.0
-    usd_per_hour: float = 6.98
-    summary: str = "2x h100-sxm TP1"
-    checkpoint: str = ""
-
-    def to_status(self) -> PlanStatus:
-        return PlanStatus(
-            gpu=self.gpu, tp=self.tp, replicas=self.replicas, max_num_seqs=self.max_num_seqs,
-            weight_dtype=self.weight_dtype, kv_dtype=self.kv_dtype,
-            max_model_len=self.max_model_len, usd_per_hour=self.usd_per_hour,
-            predicted=PredictedLatency(tpot_ms=self.tpot_ms, ttft_ms=self.ttft_ms),
-            summary=self.summary,
-        )  # fmt: skip
+def make_plan(**overrides: Any) -> Plan:
+    """A real planner ``Plan`` (2x H100 TP1 unless overridden), without running a search."""
+    fields: Obj = {
+        "gpu": "h100-sxm", "tp": 1, "replicas": 2, "max_num_seqs": 64, "weight_dtype": "bf16",
+        "kv_dtype": "auto", "max_model_len": 4096, "gpu_memory_utilization": 0.9,
+        "tpot_ms": 30.0, "ttft_ms": 200.0, "output_tok_s": 1500.0, "usd_per_hour": 6.98,
+        "summary": "2x h100-sxm TP1",
+    }  # fmt: skip
+    return Plan(**{**fields, **overrides})
 
 
 @dataclass
 class FakeResult:
     feasible: bool
-    plan: FakePlan | None
+    plan: Plan | None
     reasons: list[str] = field(default_factory=list)
+    beyond_inventory: Plan | None = None
 
     def explain(self) -> str:
         return "no plan: " + "; ".join(self.reasons)
@@ -92,7 +75,7 @@ class FakeResult:
 class FakePlanner:
     """Returns ``result``; records the keyword arguments of each call."""
 
-    result: FakeResult = field(default_factory=lambda: FakeResult(True, FakePlan()))
+    result: FakeResult = field(default_factory=lambda: FakeResult(True, make_plan()))
     calls: list[Obj] = field(default_factory=list)
     error: Exception | None = None
 

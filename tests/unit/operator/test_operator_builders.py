@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from conftest import NS, SPEC, UID, FakePlan
+from conftest import NS, SPEC, UID, make_plan
 
 from rooftop_operator import builders
 from rooftop_operator.specs import TargetRef, parse_spec
@@ -27,7 +27,7 @@ def inputs(
     **plan: Any,
 ) -> Any:
     parsed = parse_spec(spec or SPEC)
-    the_plan = FakePlan(**plan)
+    the_plan = make_plan(**plan)
     gpu = catalog.gpu(the_plan.gpu)
     return builders.EngineInputs(
         ref=REF,

@@ -226,7 +226,7 @@ def test_one_resource_per_template_file() -> None:
 @needs_helm
 def test_loop_values_reach_the_operator_as_its_settings() -> None:
     """The chart's loop values become the environment LoopSettings reads."""
-    from rooftop_operator.loop import LoopSettings
+    from rooftop_operator.settings import LoopSettings
 
     docs = render("loop.prometheusUrl=http://prom.mon:9090", "loop.scaleDownWindowSeconds=600")
     (deployment,) = by_kind(docs, "Deployment")

@@ -11,13 +11,24 @@ from typing import Any
 import kopf
 import pytest
 import yaml
-from conftest import NS, SPEC, UID, Events, FakeKube, FakePlan, FakePlanner, FakeResult, target_body
+from conftest import (
+    NS,
+    SPEC,
+    UID,
+    Events,
+    FakeKube,
+    FakePlanner,
+    FakeResult,
+    make_plan,
+    target_body,
+)
 
 from rooftop_control import control
 from rooftop_operator import builders, children, handlers, loop
 from rooftop_operator.conditions import find
 from rooftop_operator.handlers import Runtime, reconcile
 from rooftop_operator.kube import KubeError
+from rooftop_operator.settings import OperatorConfig
 from rooftop_operator.specs import TargetRef, parse_spec
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
@@ -120,7 +131,7 @@ def test_new_plan_rolls_the_deployment(
 ) -> None:
     reconcile(rt, created(kube))
     feasible_since = cond(kube, "Feasible")["lastTransitionTime"]
-    planner.result = FakeResult(True, FakePlan(max_num_seqs=32, replicas=3))
+    planner.result = FakeResult(True, make_plan(max_num_seqs=32, replicas=3))
     rt.now = lambda: "2026-01-02T00:00:00Z"
     body = latest(kube)
     body["metadata"]["generation"] = 2
@@ -172,7 +183,7 @@ def test_new_engine_shape_starts_from_its_plan(
 ) -> None:
     reconcile(rt, created(kube))
     body = _loop_scaled(kube, replicas=5, cap=48)
-    planner.result = FakeResult(True, FakePlan(gpu="a100-80gb", replicas=3))
+    planner.result = FakeResult(True, make_plan(gpu="a100-80gb", replicas=3))
     reconcile(rt, body)  # same generation, but the planner now picks another GPU
     deployment = kube.get("apps/v1", "Deployment", NS, "chat-engine")
     assert deployment is not None and deployment["spec"]["replicas"] == 3
@@ -242,7 +253,7 @@ def test_foreign_object_with_our_name_is_not_taken_over(
 def test_plan_vllm_cannot_run_is_reported(
     rt: Runtime, kube: FakeKube, planner: FakePlanner
 ) -> None:
-    planner.result = FakeResult(True, FakePlan(kv_dtype="int4"))
+    planner.result = FakeResult(True, make_plan(kv_dtype="int4"))
     reconcile(rt, created(kube))
     assert cond(kube, "Deployed")["reason"] == "UnsupportedPlan"
     assert kinds(kube) == set()
@@ -265,7 +276,7 @@ def test_a_plan_vllm_would_refuse_is_never_deployed(
 ) -> None:
     body = target_body(spec={**SPEC, "model": "mistral-7b"})  # no quantized checkpoints
     kube.add(body)
-    planner.result = FakeResult(True, FakePlan(**plan))
+    planner.result = FakeResult(True, make_plan(**plan))
     reconcile(rt, body)
     deployed = cond(kube, "Deployed")
     assert (deployed["status"], deployed["reason"]) == ("False", "UnsupportedPlan")
@@ -276,7 +287,7 @@ def test_a_plan_vllm_would_refuse_is_never_deployed(
 def test_a_quantized_plan_deploys_its_checkpoint(
     rt: Runtime, kube: FakeKube, planner: FakePlanner
 ) -> None:
-    planner.result = FakeResult(True, FakePlan(weight_dtype="int4"))
+    planner.result = FakeResult(True, make_plan(weight_dtype="int4"))
     reconcile(rt, created(kube))
     (deployment,) = [o for o in kube.applied if o["kind"] == "Deployment"]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -294,7 +305,7 @@ def test_the_planner_is_told_which_accelerator_families_have_an_engine(
 
 
 def test_over_budget_plan_is_flagged(rt: Runtime, kube: FakeKube, planner: FakePlanner) -> None:
-    planner.result = FakeResult(True, FakePlan(usd_per_hour=25.0))
+    planner.result = FakeResult(True, make_plan(usd_per_hour=25.0))
     reconcile(rt, created(kube))
     budget = cond(kube, "WithinBudget")
     assert (budget["status"], budget["reason"]) == ("False", "OverBudget")
@@ -523,7 +534,16 @@ def _held(began: bool) -> control.Decision:
 def test_a_held_batch_cap_is_an_event_once(rt: Runtime, kube: FakeKube, events: Events) -> None:
     body = target_body()
     kube.add(body)
-    plan = loop.PlanView("l4", 1, 1, 64, "fp8", "fp8", 8192, 0.8)
+    plan = make_plan(
+        gpu="l4",
+        tp=1,
+        replicas=1,
+        max_num_seqs=64,
+        weight_dtype="fp8",
+        kv_dtype="fp8",
+        max_model_len=8192,
+        usd_per_hour=0.8,
+    )
     obs = control.Observation(ready_replicas=1)
     loop._apply(rt, body, TargetRef.from_body(body), parse_spec(SPEC), plan, _held(True), obs)
     assert events.items == [("Normal", "BatchCapHeld", _held(True).reason)]
@@ -626,13 +646,12 @@ def test_only_targets_waiting_for_nodes_get_the_replan_timer(
     assert handlers.waiting_for_nodes({"conditions": conditions}) is waiting
 
 
-def test_the_replan_interval_comes_from_the_environment_and_survives_a_bad_value(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("ROOFTOP_NODES_RETRY_S", "5")
-    assert handlers._nodes_retry_s() == 5
-    monkeypatch.setenv("ROOFTOP_NODES_RETRY_S", "soon")  # __main__ reports it and exits
-    assert handlers._nodes_retry_s() == 60
+def test_the_replan_timer_runs_at_the_configured_interval() -> None:
+    registry = kopf.OperatorRegistry()
+    handlers.register_timers(OperatorConfig(nodes_retry_s=5.0), registry)
+    spawning = registry._spawning.get_all_handlers()  # kopf keeps timers with daemons
+    timers = [h for h in spawning if type(h).__name__ == "TimerHandler"]
+    assert [(t.interval, t.initial_delay) for t in timers] == [(5.0, 5.0)]
 
 
 def test_with_inventory_only_nodes_the_pods_tolerate_count(

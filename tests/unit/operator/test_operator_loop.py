@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import make_plan
 
 from rooftop_api.spec import Condition
 from rooftop_control import control
@@ -18,6 +19,7 @@ from rooftop_control.calibration import CalibrationConfig, TrimConfig
 from rooftop_operator import loop
 from rooftop_operator.metrics_client import Reading, Selector, State, TargetMetrics
 from rooftop_operator.specs import TargetRef, parse_spec
+from rooftop_planner.plan import Plan
 
 
 @pytest.mark.parametrize(
@@ -67,7 +69,16 @@ def test_pod_counts() -> None:
 
 
 def test_status_update_is_json_clean() -> None:
-    plan = loop.PlanView("l4", 8, 2, 64, "fp8", "fp8", 8192, 12.8)
+    plan = make_plan(
+        gpu="l4",
+        tp=8,
+        replicas=2,
+        max_num_seqs=64,
+        weight_dtype="fp8",
+        kv_dtype="fp8",
+        max_model_len=8192,
+        usd_per_hour=12.8,
+    )
     status = {"plan": {"gpu": "l4", "replicas": 2, "maxNumSeqs": 64, "usdPerHour": 12.8}}
     obs = control.Observation(tpot_ms=control.Reading(), ready_replicas=2)
     d = _decision(replicas=3)
@@ -109,11 +120,20 @@ def test_silent_engines_are_told_apart_from_a_down_prometheus() -> None:
     assert "no engine series" in slo.message and "Prometheus at" not in slo.message
 
 
-def _chat_target() -> tuple[Any, TargetRef, loop.PlanView]:
+def _chat_target() -> tuple[Any, TargetRef, Plan]:
     """The simulated chat example's spec, a reference to it and a 1x L4 plan."""
     doc = yaml.safe_load((Path(__file__).parents[3] / "examples/simulated-chat.yaml").read_text())
     body = {**doc, "metadata": {"namespace": "ns", "name": "chat", "uid": "u1", "generation": 1}}
-    plan = loop.PlanView("l4", 1, 1, 64, "bf16", "auto", 8192, 0.8)
+    plan = make_plan(
+        gpu="l4",
+        tp=1,
+        replicas=1,
+        max_num_seqs=64,
+        weight_dtype="bf16",
+        kv_dtype="auto",
+        max_model_len=8192,
+        usd_per_hour=0.8,
+    )
     return parse_spec(doc["spec"]), TargetRef.from_body(body), plan
 
 

@@ -4,11 +4,18 @@ from __future__ import annotations
 
 import argparse
 
+import kopf
 import pytest
 
 from rooftop_cli.main import build_parser
 from rooftop_operator import __main__ as main_mod
-from rooftop_operator.settings import VLLM_IMAGE, OperatorConfig, configure, env_defaults
+from rooftop_operator.settings import (
+    VLLM_IMAGE,
+    LoopSettings,
+    OperatorConfig,
+    configure,
+    env_defaults,
+)
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -60,8 +67,25 @@ def test_kopf_settings() -> None:
     assert settings.peering.standalone is False and settings.scanning.disabled is False
 
 
-def test_handler_modules_load() -> None:
-    assert main_mod.load_handlers()[0] == "rooftop_operator.handlers"
+def test_handler_modules_load_and_their_timers_take_the_startup_config() -> None:
+    """Timer periods come from the one configuration read at start-up, not the
+    environment at import: the loop's ROOFTOP_LOOP_INTERVAL_S and the inventory retry."""
+    registry = kopf.OperatorRegistry()
+    config = OperatorConfig(nodes_retry_s=7.0, loop=LoopSettings(interval_s=3.0))
+    assert main_mod.load_handlers(config, registry) == [
+        "rooftop_operator.handlers", "rooftop_operator.loop"
+    ]  # fmt: skip
+    spawning = registry._spawning.get_all_handlers()  # kopf keeps timers with daemons
+    timers = [h for h in spawning if type(h).__name__ == "TimerHandler"]
+    assert sorted(t.interval for t in timers) == [3.0, 7.0]
+
+
+def test_loop_settings_come_from_the_environment_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ROOFTOP_LOOP_INTERVAL_S", "9")
+    assert main_mod.config_from_args(parse("-n", "x")).loop.interval_s == 9.0
+    monkeypatch.setenv("ROOFTOP_LOOP_INTERVAL_S", "soon")
+    with pytest.raises(ValueError):
+        main_mod.config_from_args(parse("-n", "x"))
 
 
 def test_gpu_inventory_from_env_or_flag(monkeypatch: pytest.MonkeyPatch) -> None:

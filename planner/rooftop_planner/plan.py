@@ -1,0 +1,147 @@
+"""The plan: one deployment shape and its predicted operating point.
+
+This is the one plan type. The search returns it, the operator deploys it, the
+control law rescales it and the simulator runs it. ``status.plan`` on the resource is
+its stored form: ``to_status`` writes it and ``from_status`` reads it back (the loop
+resumes from status after an operator restart). ``usd_per_hour`` is always the whole
+plan's cost (every replica); ``usd_per_replica_hour`` is one replica's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from pydantic import ValidationError
+
+from rooftop_api.spec import PlanStatus, PredictedLatency
+from rooftop_planner.perf import DEFAULT_GPU_MEMORY_UTILIZATION
+
+
+class PlanStatusError(ValueError):
+    """``status.plan`` cannot be read back as a plan (hand-edited or from another version)."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One candidate deployment and its predicted operating point at the target rate.
+
+    Latencies in ms, throughput in output tokens/s over all replicas, cost in $/hour over
+    all replicas, capacity in requests/s over all replicas.
+    """
+
+    gpu: str
+    tp: int
+    replicas: int
+    max_num_seqs: int
+    weight_dtype: str
+    kv_dtype: str
+    max_model_len: int
+    gpu_memory_utilization: float
+    tpot_ms: float
+    ttft_ms: float
+    output_tok_s: float
+    usd_per_hour: float
+    capacity_rps: float = 0.0
+    summary: str = ""
+    checkpoint: str = ""
+    weights_note: str = ""
+    context_note: str = ""
+
+    @property
+    def key(self) -> tuple[str, int, str, str]:
+        """The deployment shape a rollout changes: GPU, TP and the two dtypes."""
+        return (self.gpu, self.tp, self.weight_dtype, self.kv_dtype)
+
+    @property
+    def usd_per_replica_hour(self) -> float:
+        """One replica's cost: the plan's $/hour over its replicas."""
+        return self.usd_per_hour / max(self.replicas, 1)
+
+    def rescaled(self, replicas: int, max_num_seqs: int | None = None) -> Plan:
+        """The same shape at another replica count (and batch cap); cost follows replicas."""
+        return replace(
+            self,
+            replicas=replicas,
+            max_num_seqs=self.max_num_seqs if max_num_seqs is None else max_num_seqs,
+            usd_per_hour=self.usd_per_replica_hour * replicas,
+        )
+
+    def to_json(self) -> dict[str, object]:
+        """The plan as ``rooftop plan --json`` prints it (snake_case, rounded)."""
+        return {
+            "gpu": self.gpu,
+            "tp": self.tp,
+            "replicas": self.replicas,
+            "max_num_seqs": self.max_num_seqs,
+            "weight_dtype": self.weight_dtype,
+            "kv_dtype": self.kv_dtype,
+            "max_model_len": self.max_model_len,
+            "context_note": self.context_note,
+            "checkpoint": self.checkpoint,
+            "weights_note": self.weights_note,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "predicted": {
+                "tpot_ms": round(self.tpot_ms, 2),
+                "ttft_ms": round(self.ttft_ms, 1),
+                "output_tok_s": round(self.output_tok_s, 1),
+            },
+            "usd_per_hour": round(self.usd_per_hour, 3),
+            "capacity_rps": round(self.capacity_rps, 3),
+            "summary": self.summary,
+        }
+
+    def to_status(self) -> PlanStatus:
+        """``status.plan``: what the operator stores on the resource."""
+        return PlanStatus(
+            gpu=self.gpu,
+            tp=self.tp,
+            replicas=self.replicas,
+            max_num_seqs=self.max_num_seqs,
+            weight_dtype=self.weight_dtype,
+            kv_dtype=self.kv_dtype,
+            max_model_len=self.max_model_len,
+            checkpoint=self.checkpoint or None,
+            usd_per_hour=round(self.usd_per_hour, 3),
+            predicted=PredictedLatency(
+                tpot_ms=round(self.tpot_ms, 2),
+                ttft_ms=round(self.ttft_ms, 1),
+                output_tok_s=round(self.output_tok_s, 1),
+            ),
+            summary=self.summary,
+        )
+
+    @classmethod
+    def from_status(cls, status_plan: Mapping[str, object] | PlanStatus) -> Plan:
+        """Read ``status.plan`` (camelCase, as stored) back into a plan.
+
+        Fields the status does not keep (capacity, notes) take their defaults; a stored
+        plan without a context length (older status) reads as 0, which builders omit.
+
+        Raises:
+            PlanStatusError: the stored plan lacks a field or has a wrong type.
+        """
+        try:
+            stored = (
+                status_plan
+                if isinstance(status_plan, PlanStatus)
+                else PlanStatus.model_validate(dict(status_plan))
+            )
+        except ValidationError as err:
+            raise PlanStatusError(f"status.plan is not a plan: {err}") from err
+        return cls(
+            gpu=stored.gpu,
+            tp=stored.tp,
+            replicas=stored.replicas,
+            max_num_seqs=stored.max_num_seqs,
+            weight_dtype=stored.weight_dtype,
+            kv_dtype=stored.kv_dtype,
+            max_model_len=stored.max_model_len or 0,
+            gpu_memory_utilization=DEFAULT_GPU_MEMORY_UTILIZATION,
+            tpot_ms=stored.predicted.tpot_ms or 0.0,
+            ttft_ms=stored.predicted.ttft_ms or 0.0,
+            output_tok_s=stored.predicted.output_tok_s or 0.0,
+            usd_per_hour=stored.usd_per_hour,
+            summary=stored.summary or "",
+            checkpoint=stored.checkpoint or "",
+        )
