@@ -54,7 +54,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
-from rooftop_api.spec import Condition, KvDtype, ServingTargetSpec, WeightDtype
+from rooftop_api.conditions import SLO_MET, WITHIN_BUDGET, Condition
+from rooftop_api.spec import KvDtype, ServingTargetSpec, WeightDtype
 from rooftop_control import calibration as cal_mod
 from rooftop_control.calibration import Calibration, CalibrationConfig, TrimConfig
 from rooftop_planner.batching import predict_continuous
@@ -67,9 +68,6 @@ from rooftop_planner.search import plan_target, resolve_model
 # Sizings one target keeps (rate on a 1 % grid x factor to 0.01): enough for hours of
 # a daily swing at one factor, bounded so a long-lived operator's memory stays flat.
 SIZING_CACHE_ENTRIES = 512
-
-SLO_MET = "SLOMet"
-WITHIN_BUDGET = "WithinBudget"
 
 
 class MetricState(StrEnum):

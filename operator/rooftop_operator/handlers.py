@@ -35,11 +35,11 @@ from typing import Any, Protocol
 
 import kopf
 
+from rooftop_api import conditions as cnd
 from rooftop_api import crd
+from rooftop_api.conditions import Condition
 from rooftop_api.spec import KIND, ServingTargetSpec
 from rooftop_operator import builders, children, metrics
-from rooftop_operator import conditions as cnd
-from rooftop_operator.conditions import Cond
 from rooftop_operator.kube import Kube, KubeError
 from rooftop_operator.settings import OperatorConfig, configure
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec, slo_text
@@ -118,18 +118,18 @@ def describe_plan(plan: Mapping[str, Any]) -> str:
     )
 
 
-def _initial(status: Mapping[str, Any]) -> list[Cond]:
+def _initial(status: Mapping[str, Any]) -> list[Condition]:
     """Ready and SLOMet belong to other writers; seed them so columns are never blank."""
     seeds = [
-        Cond(cnd.READY, "False", "Deploying", "waiting for the engine Deployment"),
-        Cond(cnd.SLO_MET, "Unknown", "NotObserved", "no engine metrics observed yet"),
+        Condition(cnd.READY, "False", "Deploying", "waiting for the engine Deployment"),
+        Condition(cnd.SLO_MET, "Unknown", "NotObserved", "no engine metrics observed yet"),
     ]
     current = status.get("conditions")
     return [c for c in seeds if cnd.find(current, c.type) is None]
 
 
 def with_conditions(
-    status: Obj, updates: Sequence[Cond], *, now: str, generation: int, **fields: Any
+    status: Obj, updates: Sequence[Condition], *, now: str, generation: int, **fields: Any
 ) -> Obj:
     """``status`` with ``fields`` set and ``updates`` merged into its conditions."""
     merged = cnd.merge(status.get("conditions"), [*_initial(status), *updates], now=now,
@@ -209,7 +209,7 @@ def gpu_inventory(rt: Runtime, spec: ServingTargetSpec) -> GpuInventory:
 
 
 def _invalid(rt: Runtime, body: Mapping[str, Any], ref: TargetRef, err: SpecError) -> None:
-    cond = Cond(cnd.PLANNED, "False", "InvalidSpec", str(err))
+    cond = Condition(cnd.PLANNED, "False", "InvalidSpec", str(err))
     if _write(rt, ref, [cond]):
         rt.emit(body, "Warning", "InvalidSpec", str(err))
 
@@ -218,7 +218,7 @@ def _plan_error(
     rt: Runtime, body: Mapping[str, Any], ref: TargetRef, spec: ServingTargetSpec, err: Exception
 ) -> None:
     message = f"planner error: {err}"
-    cond = Cond(cnd.PLANNED, "False", "PlannerError", message)
+    cond = Condition(cnd.PLANNED, "False", "PlannerError", message)
     if _write(rt, ref, [cond], slo=slo_text(spec)):
         rt.emit(body, "Warning", "PlannerError", message)
 
@@ -236,8 +236,8 @@ def _infeasible(
     explanation = str(result.explain())
     reason = "NodesUnavailable" if getattr(result, "beyond_inventory", None) else "Infeasible"
     conds = [
-        Cond(cnd.PLANNED, "True", "Planned", "the planner ran on this generation"),
-        Cond(cnd.FEASIBLE, "False", reason, explanation),
+        Condition(cnd.PLANNED, "True", "Planned", "the planner ran on this generation"),
+        Condition(cnd.FEASIBLE, "False", reason, explanation),
     ]
     if _write(rt, ref, conds, slo=slo_text(spec)):
         rt.emit(body, "Warning", reason, explanation)
@@ -260,11 +260,11 @@ def _deploy(
         apply_children(rt, ref, spec, plan)
     except (builders.UnsupportedPlan, ChildConflict) as err:
         reason = "UnsupportedPlan" if isinstance(err, builders.UnsupportedPlan) else "NameConflict"
-        failed = Cond(cnd.DEPLOYED, "False", reason, str(err))
+        failed = Condition(cnd.DEPLOYED, "False", reason, str(err))
         if _write(rt, ref, [*_plan_conditions(spec, new_plan), failed], slo=slo_text(spec)):
             rt.emit(body, "Warning", reason, str(err))
         return
-    deployed = Cond(cnd.DEPLOYED, "True", "Applied", f"engine {describe_plan(new_plan)}")
+    deployed = Condition(cnd.DEPLOYED, "True", "Applied", f"engine {describe_plan(new_plan)}")
     conds = [*_plan_conditions(spec, new_plan), deployed]
     _write(rt, ref, conds, plan=new_plan, gpu=new_plan["gpu"], slo=slo_text(spec))
     if plan_changed(old_plan, new_plan):
@@ -304,13 +304,13 @@ def keep_loop_scale(plan: Plan, old_plan: Mapping[str, Any] | None) -> Plan:
     return plan.rescaled(replicas, cap)
 
 
-def _plan_conditions(spec: ServingTargetSpec, plan: Mapping[str, Any]) -> list[Cond]:
+def _plan_conditions(spec: ServingTargetSpec, plan: Mapping[str, Any]) -> list[Condition]:
     cost, budget = float(plan.get("usdPerHour") or 0), spec.budget.usd_per_hour
     within = cost <= budget
     return [
-        Cond(cnd.PLANNED, "True", "Planned", str(plan.get("summary") or describe_plan(plan))),
-        Cond(cnd.FEASIBLE, "True", "PlanFound", "a plan meets the SLO within the budget"),
-        Cond(
+        Condition(cnd.PLANNED, "True", "Planned", str(plan.get("summary") or describe_plan(plan))),
+        Condition(cnd.FEASIBLE, "True", "PlanFound", "a plan meets the SLO within the budget"),
+        Condition(
             cnd.WITHIN_BUDGET,
             "True" if within else "False",
             "WithinBudget" if within else "OverBudget",
@@ -319,7 +319,7 @@ def _plan_conditions(spec: ServingTargetSpec, plan: Mapping[str, Any]) -> list[C
     ]
 
 
-def _write(rt: Runtime, ref: TargetRef, conds: Sequence[Cond], **fields: Any) -> bool:
+def _write(rt: Runtime, ref: TargetRef, conds: Sequence[Condition], **fields: Any) -> bool:
     """Merge our conditions and fields into status; True if anything changed."""
     now = rt.now()
 
@@ -381,7 +381,7 @@ def apply_children(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: P
 
 def readiness(
     deployment: Mapping[str, Any], pods: Sequence[Mapping[str, Any]] = ()
-) -> tuple[Cond, int, int]:
+) -> tuple[Condition, int, int]:
     """(Ready condition, desired replicas, ready replicas) of an engine Deployment.
     Ready means the rollout finished: every desired pod runs the current template.
     ``pods``: its pods; one the scheduler cannot place makes the reason
@@ -395,22 +395,22 @@ def readiness(
     )
     counts = f"{ready}/{desired} engine replicas ready"
     if desired == 0:
-        return Cond(cnd.READY, "False", "ScaledToZero", "no engine replicas"), 0, ready
+        return Condition(cnd.READY, "False", "ScaledToZero", "no engine replicas"), 0, ready
     if current and updated >= desired and ready >= desired and total == desired:
-        return Cond(cnd.READY, "True", "EngineReady", counts), desired, ready
+        return Condition(cnd.READY, "True", "EngineReady", counts), desired, ready
     if stuck := [why for p in pods if (why := unschedulable(p))]:
         msg = f"{counts}; {len(stuck)} pod(s) cannot be scheduled: {stuck[0]}"
-        return Cond(cnd.READY, "False", "Unschedulable", msg), desired, ready
+        return Condition(cnd.READY, "False", "Unschedulable", msg), desired, ready
     if refused := replica_failure(status):
         # The API server refused the pods (Pod Security admission, a quota): no pod
         # exists to look at, and only the Deployment's condition says why.
-        return Cond(cnd.READY, "False", "FailedCreate", f"{counts}; {refused}"), desired, ready
+        return Condition(cnd.READY, "False", "FailedCreate", f"{counts}; {refused}"), desired, ready
     for c in status.get("conditions") or []:
         if c.get("type") == "Progressing" and c.get("status") == "False":
-            stalled = Cond(cnd.READY, "False", str(c.get("reason")), str(c.get("message")))
+            stalled = Condition(cnd.READY, "False", str(c.get("reason")), str(c.get("message")))
             return stalled, desired, ready
     reason = "RollingOut" if updated < desired or total > desired else "Deploying"
-    return Cond(cnd.READY, "False", reason, counts), desired, ready
+    return Condition(cnd.READY, "False", reason, counts), desired, ready
 
 
 def replica_failure(status: Mapping[str, Any]) -> str:

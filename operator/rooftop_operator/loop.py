@@ -32,11 +32,11 @@ from typing import Any
 
 import kopf
 
+from rooftop_api import conditions as cnd
 from rooftop_api import crd
 from rooftop_api.spec import ServingTargetSpec
 from rooftop_control import control
 from rooftop_control.calibration import CalibrationConfig, TrimConfig, clamp
-from rooftop_operator import conditions as cnd
 from rooftop_operator import handlers, metrics_client
 from rooftop_operator.builders import deployment_name
 from rooftop_operator.metrics_client import MetricsClient, Selector, State
@@ -215,8 +215,7 @@ def status_update(
             "maxNumSeqs": d.max_num_seqs,
             "usdPerHour": round(d.replicas * plan.usd_per_replica_hour, 3),
         }
-    conds = [cnd.Cond(c.type, c.status, c.reason, c.message) for c in d.conditions]
-    out["conditions"] = cnd.merge(status.get("conditions"), conds, now=now)
+    out["conditions"] = cnd.merge(status.get("conditions"), d.conditions, now=now)
     return out
 
 
@@ -284,7 +283,7 @@ def explain_unavailable(d: control.Decision, errors: list[str], url: str) -> con
             cause = f"Prometheus at {url}: {errors[0]}" if errors else "no engine series"
             message = (f"{c.message} ({cause}); holding {d.replicas} replica(s): "
                        "no scale-down without metrics")  # fmt: skip
-            c = c.model_copy(update={"message": message[:1000]})
+            c = replace(c, message=message[:1000])
         conds.append(c)
     return replace(d, conditions=tuple(conds))
 

@@ -420,7 +420,9 @@ class ObservedStatus(_Model):
     time: str | None = None
 
 
-class Condition(_Model):
+# The stored form, for the CRD schema only: the operator and the control law build
+# ``rooftop_api.conditions.Condition`` and ``conditions.merge`` writes it here.
+class ConditionStatus(_Model):
     """A standard Kubernetes condition."""
 
     type: str
@@ -434,7 +436,7 @@ class Condition(_Model):
 class ServingTargetStatus(_Model):
     plan: PlanStatus | None = None
     observed: ObservedStatus | None = None
-    conditions: list[Condition] | None = None
+    conditions: list[ConditionStatus] | None = None
     observed_generation: int | None = None
     replicas: int | None = None
     ready_replicas: int | None = None

@@ -23,9 +23,9 @@ from conftest import (
     target_body,
 )
 
+from rooftop_api.conditions import find
 from rooftop_control import control
 from rooftop_operator import builders, children, handlers, loop
-from rooftop_operator.conditions import find
 from rooftop_operator.handlers import Runtime, reconcile
 from rooftop_operator.kube import KubeError
 from rooftop_operator.settings import OperatorConfig

@@ -13,7 +13,7 @@ import pytest
 import yaml
 from conftest import make_plan
 
-from rooftop_api.spec import Condition
+from rooftop_api.conditions import Condition
 from rooftop_control import control
 from rooftop_control.calibration import CalibrationConfig, TrimConfig
 from rooftop_operator import loop

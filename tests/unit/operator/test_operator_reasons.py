@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from rooftop_operator import conditions as cnd
+from rooftop_api import conditions as cnd
 
 ROOT = Path(__file__).resolve().parents[3]
 PACKAGES = ("rooftop_operator", "rooftop_control")
@@ -33,7 +33,7 @@ def documented() -> set[tuple[str, str]]:
 def written_literally() -> set[tuple[str, str]]:
     pairs = set()
     for source in CODE.values():
-        for const, reason in re.findall(r'Cond\(cnd\.(\w+), "\w+", "(\w+)"', source):
+        for const, reason in re.findall(r'Condition\(cnd\.(\w+), "\w+", "(\w+)"', source):
             pairs.add((TYPES[const], reason))
         for const, reason in re.findall(
             r'Condition\(type=(\w+), status="\w+", reason="(\w+)"', source

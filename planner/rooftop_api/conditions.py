@@ -1,4 +1,4 @@
-"""Kubernetes-style status conditions as plain functions over lists of dicts.
+"""Kubernetes-style status conditions: the one condition type, and how a list is merged.
 
 Conventions (Kubernetes API conventions, "typical status properties"): one entry per
 ``type``; ``status`` is "True"/"False"/"Unknown"; ``reason`` is a CamelCase word for
@@ -26,7 +26,7 @@ Status = Literal["True", "False", "Unknown"]
 
 
 @dataclass(frozen=True)
-class Cond:
+class Condition:
     """One desired condition, before timestamps are attached."""
 
     type: str
@@ -54,7 +54,7 @@ def is_true(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> bool:
 
 
 def _entry(
-    new: Cond, old: Mapping[str, Any] | None, now: str, generation: int | None
+    new: Condition, old: Mapping[str, Any] | None, now: str, generation: int | None
 ) -> dict[str, Any]:
     """A condition dict; keeps the old transition time while the status is unchanged."""
     unchanged = old is not None and old.get("status") == new.status
@@ -73,7 +73,7 @@ def _entry(
 
 def merge(
     current: Sequence[Mapping[str, Any]] | None,
-    updates: Iterable[Cond],
+    updates: Iterable[Condition],
     *,
     now: str,
     generation: int | None = None,
