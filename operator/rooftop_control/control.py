@@ -280,6 +280,20 @@ class ControllerState:
     held_cap: int | None = None
 
 
+class Cause(StrEnum):
+    """Why a decision changed the fleet (the operator's decision metric's ``reason``)."""
+
+    LOAD_CHANGE = "load_change"  # the planner re-sized for the observed request rate
+    SLO_VIOLATION = "slo_violation"  # a TPOT/TTFT breach, a queue, a full KV cache
+    OVERPROVISIONED = "overprovisioned"  # the recommendation stayed lower for a window
+    CALIBRATION = "calibration"  # only the batch cap moved, with the step-time factor
+    BUDGET = "budget"  # maxReplicas or the budget cut what the SLO needs
+
+
+Signal = tuple[int, str, Cause]  # (replicas asked for, why, cause)
+BREACH = Cause.SLO_VIOLATION
+
+
 @dataclass(frozen=True)
 class Decision:
     """The outcome of one ``decide`` call.
@@ -295,6 +309,7 @@ class Decision:
         previous_replicas / previous_max_num_seqs: the values before this decision.
         cap_hold_began: this decision started holding back a new batch cap (worth an
             event once, not on every decision that keeps holding it).
+        cause: why the fleet changed (meaningful when ``changed``).
     """
 
     replicas: int
@@ -307,6 +322,7 @@ class Decision:
     previous_replicas: int
     previous_max_num_seqs: int
     cap_hold_began: bool = False
+    cause: Cause = field(kw_only=True)
 
     @property
     def changed(self) -> bool:
@@ -374,7 +390,7 @@ def decide(
         # More replicas cannot fix a too-slow step; hold (never shrink on that news)
         # and let the reactive signals add capacity for queues.
         sizing = replace(sizing, replicas=state.replicas)
-    wanted, why = _wanted(obs, sizing, plan_why, state.max_num_seqs, fresh, config)
+    wanted, why, cause = _wanted(obs, sizing, plan_why, state.max_num_seqs, fresh, config)
     history, since = _remember_history(state, wanted, now_s, not bad, config)
     rolling = _rolling_out(state, obs, now_s, config)
     replicas, why = _stabilize(state.replicas, wanted, why, history, since, now_s, bad,
@@ -408,7 +424,17 @@ def decide(
         previous_replicas=state.replicas,
         previous_max_num_seqs=state.max_num_seqs,
         cap_hold_began=held is not None and held != state.held_cap,
+        cause=_cause(state.replicas, limited, replicas, cause, held is not None),
     )
+
+
+def _cause(before: int, limited: int, unlimited: int, signal: Cause, cap_held: bool) -> Cause:
+    """The decision's cause: a limit that bound, else the direction and its signal."""
+    if unlimited > limited or cap_held:
+        return Cause.BUDGET
+    if limited == before:
+        return Cause.CALIBRATION  # replicas held: only the batch cap can have changed
+    return signal if limited > before else Cause.OVERPROVISIONED
 
 
 def initial_state(replicas: int, max_num_seqs: int, factor: float = 1.0) -> ControllerState:
@@ -577,53 +603,57 @@ def _wanted(
     cap: int,
     fresh: bool,
     config: ControllerConfig,
-) -> tuple[int, str]:
+) -> Signal:
     """The highest replica count any signal asks for, and why (0 when none speaks).
 
     ``fresh``: the latency window only covers the current set of ready pods.
     """
-    signals: list[tuple[int, str]] = []
+    signals: list[Signal] = []
     if sizing is not None:
-        signals.append((sizing.replicas, plan_why))
+        # a step too slow for the SLO at any batch is an SLO problem, not a load one
+        cause = Cause.LOAD_CHANGE if sizing.feasible else Cause.SLO_VIOLATION
+        signals.append((sizing.replicas, plan_why, cause))
     ready = obs.ready_replicas
     if ready > 0:
         signals.extend(_breaches(obs, ready, cap, fresh, config))
     if not signals:
-        return 0, ""
+        return 0, "", Cause.LOAD_CHANGE
     return max(signals, key=lambda s: s[0])
 
 
 def _breaches(
     obs: Observation, ready: int, cap: int, fresh: bool, config: ControllerConfig
-) -> list[tuple[int, str]]:
+) -> list[Signal]:
     """Reactive signals, sized from READY pods: pending ones already raise the count.
 
     Latency percentiles cover the whole window; right after new pods became ready they
     still describe the smaller fleet, so they are only used once ``fresh``.
     """
-    out: list[tuple[int, str]] = []
+    out: list[Signal] = []
     step = config.max_breach_step
     tpot, slo = obs.tpot_ms.value, config.tpot_slo_ms
     if not fresh:
         pass
     elif obs.tpot_ms.ok and tpot > slo:
         n = max(ready + 1, math.ceil(ready * min(tpot / slo, step)))
-        out.append((n, f"TPOT {tpot:.0f} ms > SLO {slo:.0f} ms"))
+        out.append((n, f"TPOT {tpot:.0f} ms > SLO {slo:.0f} ms", BREACH))
     elif obs.tpot_ms.ok and tpot > config.tpot_margin * slo:
         # Predicted breach: a new pod takes startup_s to help, so act while there is
         # still slack. One pod at a time; pending pods already count (desired >= ready+1).
-        out.append((ready + 1, f"TPOT {tpot:.0f} ms is over {config.tpot_margin:.0%} of SLO"))
+        out.append(
+            (ready + 1, f"TPOT {tpot:.0f} ms is over {config.tpot_margin:.0%} of SLO", BREACH)
+        )
     slo_ttft = config.ttft_slo_ms
     if fresh and slo_ttft is not None and obs.ttft_ms.ok and obs.ttft_ms.value > slo_ttft:
         # TTFT is mostly queueing, which the queue signal below sizes; TTFT itself
         # says little about how many replicas are missing (50 s of queue is not 25x).
-        out.append((ready + 1, f"TTFT {obs.ttft_ms.value:.0f} ms > SLO {slo_ttft:.0f} ms"))
+        out.append((ready + 1, f"TTFT {obs.ttft_ms.value:.0f} ms > SLO {slo_ttft:.0f} ms", BREACH))
     if obs.waiting.ok and obs.waiting.value > config.waiting_per_replica * ready:
         # each added replica can take up to a batch cap of the queue
         extra = min(math.ceil(obs.waiting.value / max(cap, 1)), math.ceil(ready * (step - 1)))
-        out.append((ready + max(extra, 1), f"{obs.waiting.value:.0f} requests waiting"))
+        out.append((ready + max(extra, 1), f"{obs.waiting.value:.0f} requests waiting", BREACH))
     if obs.kv_usage_ratio.ok and obs.kv_usage_ratio.value > config.kv_usage_limit:
-        out.append((ready + 1, f"KV cache {obs.kv_usage_ratio.value:.0%} full"))
+        out.append((ready + 1, f"KV cache {obs.kv_usage_ratio.value:.0%} full", BREACH))
     return out
 
 

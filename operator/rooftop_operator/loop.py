@@ -162,18 +162,7 @@ def decision_labels(d: control.Decision) -> tuple[str, str]:
         direction = "up" if d.replicas > d.previous_replicas else "down"
     else:
         direction = "replan"  # only the batch cap changed
-    text = d.reason
-    if "budget" in text or "capped" in text:
-        reason = "budget"
-    elif "TPOT" in text or "TTFT" in text or "waiting" in text or "KV cache" in text:
-        reason = "slo_violation"
-    elif direction == "replan":
-        reason = "calibration"
-    elif direction == "down":
-        reason = "overprovisioned"
-    else:
-        reason = "load_change"
-    return direction, reason
+    return direction, d.cause.value
 
 
 def observed_status(d: control.Decision, obs: control.Observation, now: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import pytest
 
 from rooftop_control.calibration import Calibration, TrimConfig
 from rooftop_control.control import (
+    Cause,
     ControllerConfig,
     ControllerState,
     MetricState,
@@ -275,6 +276,28 @@ def test_decide_table(case: Case) -> None:
     lower, upper = replica_limits(case.cfg)
     assert lower <= got.replicas <= upper
     assert got.replicas * case.cfg.usd_per_replica_hour <= case.cfg.budget_usd_per_hour
+
+
+CAUSES = {
+    "observed TPOT breach scales up at once": Cause.SLO_VIOLATION,
+    "queue adds replicas by batch caps": Cause.SLO_VIOLATION,
+    "full KV cache adds one": Cause.SLO_VIOLATION,
+    "predicted breach scales up before any latency breach": Cause.LOAD_CHANGE,
+    "calibrated factor sizes the re-plan": Cause.LOAD_CHANGE,
+    "lower recommendation held for the window: scale down": Cause.OVERPROVISIONED,
+    "budget caps the replica count": Cause.BUDGET,
+    "max replicas caps the replica count": Cause.BUDGET,
+    "over budget is cut even with missing metrics": Cause.BUDGET,
+}
+
+
+@pytest.mark.parametrize("name", sorted(CAUSES))
+def test_each_decision_names_its_cause(name: str) -> None:
+    """The cause labels the operator's decision metric: chosen by the signal that won,
+    never by searching the reason's words."""
+    case = next(c for c in CASES if c.name == name)
+    got = decide(case.state, case.obs, NOW, case.cfg)
+    assert got.changed and got.cause is CAUSES[name], got.reason
 
 
 def _cond(decision_conditions: tuple[object, ...], kind: str) -> object:

@@ -528,7 +528,8 @@ def test_deployment_deleted_with_its_target_is_left_alone(rt: Runtime, kube: Fak
 def _held(began: bool) -> control.Decision:
     state = replace(control.initial_state(1, 64), held_cap=32)
     return control.Decision(1, 64, "hold 1; max_num_seqs held at 64, not 32: ...", (), state,
-                            control.MetricState.OK, 1, 1, 64, cap_hold_began=began)  # fmt: skip
+                            control.MetricState.OK, 1, 1, 64, cap_hold_began=began,
+                            cause=control.Cause.BUDGET)  # fmt: skip
 
 
 def test_a_held_batch_cap_is_an_event_once(rt: Runtime, kube: FakeKube, events: Events) -> None:

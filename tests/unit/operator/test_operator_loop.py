@@ -96,11 +96,15 @@ def _decision(replicas: int) -> control.Decision:
     )
     state = control.initial_state(replicas, 64)
     return control.Decision(replicas, 64, "scale up 2 -> 3: TPOT 120 ms > SLO 100 ms", conds,
-                            state, control.MetricState.OK, replicas, 2, 64)  # fmt: skip
+                            state, control.MetricState.OK, replicas, 2, 64,
+                            cause=control.Cause.SLO_VIOLATION)  # fmt: skip
 
 
 def test_decision_labels() -> None:
     assert loop.decision_labels(_decision(3)) == ("up", "slo_violation")
+    assert loop.decision_labels(replace(_decision(2), cause=control.Cause.CALIBRATION)) == (
+        "replan", "calibration"
+    )  # fmt: skip
 
 
 def test_unavailable_metrics_say_why_and_that_replicas_hold() -> None:
