@@ -39,109 +39,47 @@ from rooftop_control import control
 from rooftop_control.calibration import CalibrationConfig, TrimConfig, clamp
 from rooftop_operator import handlers, metrics_client
 from rooftop_operator.builders import deployment_name
-from rooftop_operator.metrics_client import MetricsClient, Selector, State
+from rooftop_operator.metrics_client import MetricsClient, Selector
 from rooftop_operator.settings import LoopSettings, OperatorConfig
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec
 from rooftop_planner.plan import Plan, PlanStatusError
 
 log = logging.getLogger(__name__)
 
-# vLLM's per-request TPOT histogram: what a TPOT SLO is about (a request's mean gap),
-# unlike the per-token inter_token_latency that also carries every prefill stall.
-REQUEST_TPOT = "vllm:request_time_per_output_token_seconds"
-ITL = "vllm:inter_token_latency_seconds"
-# vLLM's default buckets for both (checked against 0.32.0 by tests/e2e/test_vllm_metrics.py)
-TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 INF_MS = 1e9  # a +Inf quantile ("above the last bucket") as a finite, breaching value
 
 
 # ---------------------------------------------------------------- pure conversions
 
 
-def reading(r: metrics_client.Reading, scale: float = 1.0) -> control.Reading:
-    """A metrics_client reading as a control reading (``scale``: unit conversion).
-
-    An error (Prometheus unreachable, bad answer) is "missing": the loop cannot tell.
-    +Inf (a quantile above the last bucket) is a real, breaching value.
-    """
-    if r.state is State.OK and r.value is not None:
-        value = r.value * scale
-        return control.Reading(INF_MS if math.isinf(value) else value, control.MetricState.OK)
-    states = {State.NAN: control.MetricState.NAN, State.STALE: control.MetricState.STALE}
-    return control.Reading(math.nan, states.get(r.state, control.MetricState.MISSING))
-
-
-def attainment_bucket(slo_ms: float) -> float | None:
-    """The largest bucket bound (s) within the SLO: the share below it under-counts
-    attainment (conservative), never over-counts. None when the SLO is below them all."""
-    within = [b for b in TPOT_BUCKETS if b * 1e3 <= slo_ms + 1e-9]
-    return max(within) if within else None
-
-
-def extra_exprs(sel: Selector, window: str, q: float, slo_ms: float) -> dict[str, str]:
-    """PromQL for what ``MetricsClient.snapshot`` does not read, by Observation field."""
-    s, w = sel.promql(), window
-
-    def ratio(num: str, den: str) -> str:
-        return f"sum(rate({num}{s}[{w}])) / sum(rate({den}{s}[{w}]))"
-
-    out = {
-        "tpot_ms": f"histogram_quantile({q}, sum by (le) (rate({REQUEST_TPOT}_bucket{s}[{w}])))",
-        "step_ms": ratio(f"{ITL}_sum", f"{ITL}_count"),
-        "prompt_tokens": ratio(
-            "vllm:request_prompt_tokens_sum", "vllm:request_prompt_tokens_count"
-        ),
-        "output_tokens": ratio(
-            "vllm:request_generation_tokens_sum", "vllm:request_generation_tokens_count"
-        ),
-        # arrivals = completions + growth of what is in the engines (a gauge's deriv).
-        # The subquery step is left to Prometheus (its evaluation interval): a fixed
-        # coarse step leaves deriv() two or three points per window, and its noise
-        # became phantom load (3.1 req/s read at 1.5 offered in the loop e2e run).
-        "requests_per_second": (
-            f"sum(rate(vllm:request_success_total{s}[{w}])) + deriv((sum("
-            f"vllm:num_requests_running{s}) + sum(vllm:num_requests_waiting{s}))[{w}:])"
-        ),
-    }
-    bucket = attainment_bucket(slo_ms)
-    if bucket is not None:
-        le = {**sel.labels, "le": f"{bucket:g}"}
-        out["tpot_attainment"] = (
-            f"sum(rate({REQUEST_TPOT}_bucket{Selector(le).promql()}[{w}])) / "
-            f"sum(rate({REQUEST_TPOT}_count{s}[{w}]))"
-        )
-    return out
+def _scaled(r: control.Reading, scale: float) -> control.Reading:
+    """``r`` in other units (s -> ms); +Inf stays a finite, breaching number."""
+    if not r.ok:
+        return r
+    value = r.value * scale
+    return control.Reading(INF_MS if math.isinf(value) else value, control.MetricState.OK)
 
 
 def observation(
-    snap: metrics_client.TargetMetrics,
-    extra: Mapping[str, metrics_client.Reading],
-    ttft_q: float,
-    ready: int,
-    pending: int,
+    snap: metrics_client.TargetMetrics, ready: int, pending: int
 ) -> control.Observation:
-    """The controller's view of one snapshot (+ the extra queries) and the Deployment."""
-    missing = metrics_client.Reading(State.MISSING)
-
-    def get(name: str, scale: float = 1.0) -> control.Reading:
-        return reading(extra.get(name, missing), scale)
-
-    rate = get("requests_per_second")
+    """The controller's view of one snapshot and of the Deployment's pods."""
+    rate = snap.get("requests_per_second")
     if not rate.ok:  # the derivative needs 2 samples; completions alone still tell
-        rate = reading(snap.request_rate)
+        rate = snap.get("completions_per_second")
     elif rate.value < 0:  # a draining queue makes the estimate dip below zero
         rate = control.Reading(0.0, control.MetricState.OK)
     return control.Observation(
-        tpot_ms=get("tpot_ms", 1e3),
-        ttft_ms=reading(snap.ttft_s.get(ttft_q, missing), 1e3),
+        tpot_ms=_scaled(snap.get("tpot_s"), 1e3),
+        ttft_ms=_scaled(snap.get("ttft_s"), 1e3),
         requests_per_second=rate,
-        running=reading(snap.running),
-        waiting=reading(snap.waiting),
-        kv_usage_ratio=reading(snap.kv_usage),
-        step_ms=get("step_ms", 1e3),
-        tpot_attainment=get("tpot_attainment"),
-        prompt_tokens=get("prompt_tokens"),
-        output_tokens=get("output_tokens"),
+        running=snap.get("running"),
+        waiting=snap.get("waiting"),
+        kv_usage_ratio=snap.get("kv_usage_ratio"),
+        step_ms=_scaled(snap.get("step_s"), 1e3),
+        tpot_attainment=snap.get("tpot_attainment"),
+        prompt_tokens=snap.get("prompt_tokens"),
+        output_tokens=snap.get("output_tokens"),
         ready_replicas=ready,
         pending_replicas=pending,
     )
@@ -277,35 +215,20 @@ def explain_unavailable(d: control.Decision, errors: list[str], url: str) -> con
     return replace(d, conditions=tuple(conds))
 
 
-def _errors(*readings: metrics_client.Reading) -> list[str]:
-    return sorted({r.detail for r in readings if r.state is State.ERROR and r.detail})
-
-
 async def _observe(
     settings: LoopSettings, spec: ServingTargetSpec, ref: TargetRef, ready: int, pending: int
 ) -> tuple[control.Observation, list[str]]:
+    """One snapshot of the target's engines and the errors Prometheus gave, if any."""
     sel = Selector.for_target(ref.namespace, ref.name)
-    q_tpot, q_ttft = spec.slo.tpot_percentile.quantile, spec.slo.ttft_percentile.quantile
-    exprs = extra_exprs(sel, settings.window, q_tpot, spec.slo.tpot_ms)
-    async with MetricsClient(settings.prometheus_url, settings.window, settings.stale_after_s,
+    slo = spec.slo
+    queries = metrics_client.target_queries(
+        sel, settings.window, slo.tpot_percentile.quantile, slo.ttft_percentile.quantile,
+        slo.tpot_ms,
+    )  # fmt: skip
+    async with MetricsClient(settings.prometheus_url, settings.stale_after_s,
                              auth=settings.prometheus_auth) as client:  # fmt: skip
-        snap, age = await asyncio.gather(
-            client.snapshot(sel, quantiles=(q_ttft,)), client.newest_sample_age(sel)
-        )
-        values = await asyncio.gather(*(client.query(e) for e in exprs.values()))
-        extra = {
-            k: _aged(v, age, settings.stale_after_s) for k, v in zip(exprs, values, strict=True)
-        }
-    errors = [*snap.errors, *_errors(age, *values)]
-    return observation(snap, extra, q_ttft, ready, pending), sorted(set(errors))
-
-
-def _aged(
-    r: metrics_client.Reading, age: metrics_client.Reading, stale_after_s: float
-) -> metrics_client.Reading:
-    if r.ok and age.ok and age.value is not None and age.value > stale_after_s:
-        return metrics_client.Reading(State.STALE, r.value, "newest sample too old")
-    return r
+        snap = await client.snapshot(sel, queries)
+    return observation(snap, ready, pending), list(snap.errors)
 
 
 def _apply(rt: handlers.Runtime, body: Mapping[str, Any], ref: TargetRef, spec: ServingTargetSpec,

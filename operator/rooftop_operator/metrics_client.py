@@ -1,16 +1,17 @@
 """Read one ServingTarget's serving metrics from Prometheus (HTTP API, PromQL).
 
-Every value comes back as a ``Reading`` whose ``state`` says what it is worth:
+Every value comes back as the control law's own ``Reading``, whose ``state`` says what
+it is worth:
 
-- ``OK``: a number (``value``); ``+Inf`` is OK too (histogram_quantile above the last
-  finite bucket: "worse than the largest bucket", which a controller must act on);
-- ``MISSING``: no series matched (engine not scraped yet, wrong selector);
+- ``OK``: a number; ``+Inf`` is OK too (histogram_quantile above the last finite
+  bucket: "worse than the largest bucket", which a controller must act on);
+- ``MISSING``: no series matched (engine not scraped yet, wrong selector), or
+  Prometheus could not answer (unreachable, timed out, rejected the query, more than one
+  series): the answer's ``error`` says which;
 - ``STALE``: series exist but the newest sample is older than ``stale_after_s`` (scrapes
-  stopped); ``value`` holds the old number for display only;
+  stopped);
 - ``NAN``: the query returned NaN (e.g. no requests in the window, so the quantile of an
-  empty histogram is NaN);
-- ``ERROR``: Prometheus unreachable, timed out, rejected the query, or the answer was not
-  a single series (``detail`` says which).
+  empty histogram is NaN).
 
 Missing data is never turned into zeros: a controller that scales on "0 waiting" because
 Prometheus was down would scale in at the worst moment.
@@ -18,7 +19,8 @@ Prometheus was down would scale in at the worst moment.
 Series are selected by labels that the scrape config / PodMonitor attaches to each
 engine pod (by default ``namespace`` and ``servingtarget``; both names configurable).
 Freshness is checked once per snapshot with ``max(timestamp(vllm:num_requests_running{sel}))``
-against the query's evaluation time, because a gauge is present whenever a pod is scraped.
+against the query's evaluation time, because a gauge is present whenever a pod is scraped,
+and applied once, here, to every reading of the snapshot.
 """
 
 from __future__ import annotations
@@ -30,46 +32,39 @@ import re
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from types import TracebackType
 from typing import Any
 
 import aiohttp
 
-TPOT_HISTOGRAM = "vllm:inter_token_latency_seconds"  # per-token gaps: what a TPOT SLO bounds
+from rooftop_control.control import MetricState, Reading
+
+# vLLM's per-request TPOT histogram: what a TPOT SLO bounds (a request's mean gap between
+# output tokens), unlike the per-token inter-token latency, which also carries every
+# prefill stall; the mean of the latter is the mean step time the calibration compares.
+REQUEST_TPOT_HISTOGRAM = "vllm:request_time_per_output_token_seconds"
+ITL_HISTOGRAM = "vllm:inter_token_latency_seconds"
 TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
+# Bounds of vLLM's TPOT histogram up to 5 s (a unit test keeps them among the simulated
+# engine's buckets, which tests/e2e/test_vllm_metrics.py checks against the real vLLM).
+TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 FRESHNESS_GAUGE = "vllm:num_requests_running"
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 
 
-class State(Enum):
-    """What a Reading holds; see the module docstring."""
-
-    OK = "ok"
-    MISSING = "missing"
-    STALE = "stale"
-    NAN = "nan"
-    ERROR = "error"
-
-
 @dataclass(frozen=True)
-class Reading:
-    """One query result. ``value`` is set for OK (and, informationally, STALE) only."""
+class Answer:
+    """One instant query's answer: the reading and, when Prometheus failed, why."""
 
-    state: State
-    value: float | None = None
-    detail: str = ""
+    reading: Reading
+    error: str = ""
+    eval_time: float | None = None  # Prometheus' evaluation time, s since the epoch
 
-    @property
-    def ok(self) -> bool:
-        """True when ``value`` is a usable number."""
-        return self.state is State.OK
-
-    def __str__(self) -> str:
-        if self.state is State.OK:
-            return f"{self.value:.6g}"
-        return f"{self.state.value}({self.detail})" if self.detail else self.state.value
+    @classmethod
+    def failed(cls, why: str) -> Answer:
+        """An answer that tells nothing: missing data, with the reason."""
+        return cls(Reading(), why)
 
 
 @dataclass(frozen=True)
@@ -103,50 +98,108 @@ class Selector:
 
 @dataclass(frozen=True)
 class TargetMetrics:
-    """A snapshot of one ServingTarget. Quantile keys are q in (0, 1); seconds, req/s."""
+    """A snapshot of one ServingTarget: readings by query name (``target_queries``), in
+    Prometheus' units (seconds, req/s, tokens, ratios), freshness already applied."""
 
-    tpot_s: Mapping[float, Reading]
-    ttft_s: Mapping[float, Reading]
-    request_rate: Reading
-    running: Reading
-    waiting: Reading
-    kv_usage: Reading
+    readings: Mapping[str, Reading]
     newest_sample_age_s: float | None = None
-    errors: Sequence[str] = field(default_factory=tuple)
+    errors: Sequence[str] = ()
+
+    def get(self, name: str) -> Reading:
+        """The reading of one query; missing when the snapshot did not ask for it."""
+        return self.readings.get(name, Reading())
 
 
-@dataclass(frozen=True)
-class _Raw:
-    """An instant-query answer before freshness is applied: Reading + evaluation time."""
+def attainment_bucket(slo_ms: float) -> float | None:
+    """The largest bucket bound (s) within the SLO: the share below it under-counts
+    attainment (conservative), never over-counts. None when the SLO is below them all."""
+    within = [b for b in TPOT_BUCKETS if b * 1e3 <= slo_ms + 1e-9]
+    return max(within) if within else None
 
-    reading: Reading
-    eval_time: float | None = None
+
+def quantile_expr(histogram: str, q: float, sel: Selector, window: str) -> str:
+    """histogram_quantile over all of the target's pods, merged by bucket."""
+    if not 0 < q < 1:
+        raise ValueError(f"quantile must be in (0, 1), got {q}")
+    return (
+        f"histogram_quantile({q}, sum by (le) (rate({histogram}_bucket{sel.promql()}[{window}])))"
+    )
 
 
-def _parse_answer(body: Any) -> _Raw:
+def check_window(window: str) -> str:
+    """``window`` if it is a PromQL duration (range of rate(), e.g. "2m"), else ValueError."""
+    if not _DURATION.match(window):
+        raise ValueError(f"window must be a PromQL duration like '2m', got {window!r}")
+    return window
+
+
+def target_queries(
+    sel: Selector, window: str, tpot_q: float, ttft_q: float, tpot_slo_ms: float
+) -> dict[str, str]:
+    """The PromQL of one snapshot by name, every one read by the loop's observation."""
+    s, w = sel.promql(), check_window(window)
+
+    def ratio(num: str, den: str) -> str:
+        return f"sum(rate({num}{s}[{w}])) / sum(rate({den}{s}[{w}]))"
+
+    out = {
+        "tpot_s": quantile_expr(REQUEST_TPOT_HISTOGRAM, tpot_q, sel, w),
+        "ttft_s": quantile_expr(TTFT_HISTOGRAM, ttft_q, sel, w),
+        "step_s": ratio(f"{ITL_HISTOGRAM}_sum", f"{ITL_HISTOGRAM}_count"),
+        "prompt_tokens": ratio(
+            "vllm:request_prompt_tokens_sum", "vllm:request_prompt_tokens_count"
+        ),
+        "output_tokens": ratio(
+            "vllm:request_generation_tokens_sum", "vllm:request_generation_tokens_count"
+        ),
+        # arrivals = completions + growth of what is in the engines (a gauge's deriv).
+        # The subquery step is left to Prometheus (its evaluation interval): a fixed
+        # coarse step leaves deriv() two or three points per window, and its noise
+        # became phantom load (3.1 req/s read at 1.5 offered in the loop e2e run).
+        "requests_per_second": (
+            f"sum(rate(vllm:request_success_total{s}[{w}])) + deriv((sum("
+            f"vllm:num_requests_running{s}) + sum(vllm:num_requests_waiting{s}))[{w}:])"
+        ),
+        # the arrival estimate's fallback: deriv() needs two samples in the window
+        "completions_per_second": f"sum(rate(vllm:request_success_total{s}[{w}]))",
+        "running": f"sum(vllm:num_requests_running{s})",
+        "waiting": f"sum(vllm:num_requests_waiting{s})",
+        "kv_usage_ratio": f"max(vllm:kv_cache_usage_perc{s})",  # the fullest replica
+    }
+    bucket = attainment_bucket(tpot_slo_ms)
+    if bucket is not None:
+        le = {**sel.labels, "le": f"{bucket:g}"}
+        out["tpot_attainment"] = (
+            f"sum(rate({REQUEST_TPOT_HISTOGRAM}_bucket{Selector(le).promql()}[{w}])) / "
+            f"sum(rate({REQUEST_TPOT_HISTOGRAM}_count{s}[{w}]))"
+        )
+    return out
+
+
+def _parse_answer(body: Any) -> Answer:
     """Turn a /api/v1/query JSON body into one reading (single series expected)."""
     if not isinstance(body, dict) or body.get("status") != "success":
         err = body.get("error", "unexpected answer") if isinstance(body, dict) else "not JSON"
-        return _Raw(Reading(State.ERROR, detail=f"prometheus: {err}"))
+        return Answer.failed(f"prometheus: {err}")
     data = body.get("data") or {}
     kind, result = data.get("resultType"), data.get("result")
     if kind == "scalar" and isinstance(result, list) and len(result) == 2:
         sample = result
     elif kind == "vector" and isinstance(result, list):
         if not result:
-            return _Raw(Reading(State.MISSING, detail="no series matched"))
+            return Answer(Reading())  # no series matched: missing, not an error
         if len(result) > 1:
-            return _Raw(Reading(State.ERROR, detail=f"{len(result)} series; expected one"))
+            return Answer.failed(f"{len(result)} series; expected one")
         sample = result[0].get("value")
     else:
-        return _Raw(Reading(State.ERROR, detail=f"unsupported result type {kind!r}"))
+        return Answer.failed(f"unsupported result type {kind!r}")
     try:
         ts, value = float(sample[0]), float(sample[1])
     except (TypeError, ValueError, IndexError):
-        return _Raw(Reading(State.ERROR, detail=f"malformed sample {sample!r}"))
-    if math.isnan(value):
-        return _Raw(Reading(State.NAN, detail="query returned NaN (no data in window?)"), ts)
-    return _Raw(Reading(State.OK, value), ts)
+        return Answer.failed(f"malformed sample {sample!r}")
+    if math.isnan(value):  # no data in the window
+        return Answer(Reading(math.nan, MetricState.NAN), eval_time=ts)
+    return Answer(Reading(value, MetricState.OK), eval_time=ts)
 
 
 @dataclass(frozen=True)
@@ -200,7 +253,6 @@ class PrometheusAuth:
 class MetricsClient:
     """PromQL client for ServingTarget metrics. Use as ``async with MetricsClient(url)``.
 
-    window: range of rate() (PromQL duration, e.g. "2m": at least 4 scrape intervals).
     stale_after_s: newest-sample age (s) beyond which readings are STALE.
     timeout_s: per HTTP request.
     auth: bearer token, CA bundle and headers (default: none).
@@ -209,15 +261,11 @@ class MetricsClient:
     def __init__(
         self,
         base_url: str,
-        window: str = "2m",
         stale_after_s: float = 120.0,
         timeout_s: float = 5.0,
         auth: PrometheusAuth | None = None,
     ) -> None:
-        if not _DURATION.match(window):
-            raise ValueError(f"window must be a PromQL duration like '2m', got {window!r}")
         self.base_url = base_url.rstrip("/")
-        self.window = window
         self.stale_after_s = stale_after_s
         self.auth = auth or PrometheusAuth()
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -240,16 +288,17 @@ class MetricsClient:
             await self._session.close()
             self._session = None
 
-    async def _raw(self, promql: str) -> _Raw:
+    async def query(self, promql: str) -> Answer:
+        """One instant query, no freshness check (the expression must yield one series)."""
         try:
             headers = self.auth.request_headers()
         except OSError as err:  # missing data, not zero: the loop holds
-            return _Raw(Reading(State.ERROR, detail=f"prometheus bearer token: {err}"))
+            return Answer.failed(f"prometheus bearer token: {err}")
         if self._session is None:
             try:
                 context = self.auth.ssl_context()
             except OSError as err:  # ssl.SSLError is one too: a bad bundle
-                return _Raw(Reading(State.ERROR, detail=f"prometheus CA file: {err}"))
+                return Answer.failed(f"prometheus CA file: {err}")
             connector = aiohttp.TCPConnector(ssl=context or True)
             self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
         url = f"{self.base_url}/api/v1/query"
@@ -258,77 +307,40 @@ class MetricsClient:
                 try:
                     body = await resp.json(content_type=None)
                 except ValueError:
-                    return _Raw(Reading(State.ERROR, detail=f"HTTP {resp.status}: not JSON"))
-                raw = _parse_answer(body)
-                if resp.status != 200 and raw.reading.state is not State.ERROR:
-                    return _Raw(Reading(State.ERROR, detail=f"HTTP {resp.status}"))
-                return raw
+                    return Answer.failed(f"HTTP {resp.status}: not JSON")
+                answer = _parse_answer(body)
+                if resp.status != 200 and not answer.error:
+                    return Answer.failed(f"HTTP {resp.status}")
+                return answer
         except (TimeoutError, aiohttp.ClientError, OSError) as err:
             # str(), not repr(): the detail ends up in a status condition people read
             why = str(err) or type(err).__name__
-            return _Raw(Reading(State.ERROR, detail=f"prometheus unreachable: {why}"))
+            return Answer.failed(f"prometheus unreachable: {why}")
 
-    async def query(self, promql: str) -> Reading:
-        """One instant query, no freshness check (the expression must yield one series)."""
-        return (await self._raw(promql)).reading
-
-    # ---- ServingTarget queries ---------------------------------------------------
-    def quantile_expr(self, histogram: str, q: float, sel: Selector) -> str:
-        """histogram_quantile over all of the target's pods, merged by bucket."""
-        if not 0 < q < 1:
-            raise ValueError(f"quantile must be in (0, 1), got {q}")
-        return (
-            f"histogram_quantile({q}, sum by (le) "
-            f"(rate({histogram}_bucket{sel.promql()}[{self.window}])))"
-        )
-
-    def exprs(self, sel: Selector) -> dict[str, str]:
-        """The scalar (non-quantile) queries of a snapshot, by field name."""
-        s, w = sel.promql(), self.window
-        return {
-            "request_rate": f"sum(rate(vllm:request_success_total{s}[{w}]))",
-            "running": f"sum(vllm:num_requests_running{s})",
-            "waiting": f"sum(vllm:num_requests_waiting{s})",
-            "kv_usage": f"max(vllm:kv_cache_usage_perc{s})",  # the fullest replica
-        }
-
-    async def newest_sample_age(self, sel: Selector) -> Reading:
+    async def newest_sample_age(self, sel: Selector) -> Answer:
         """Seconds since the newest scrape of the target's gauge (OK) or why unknown."""
-        raw = await self._raw(f"max(timestamp({FRESHNESS_GAUGE}{sel.promql()}))")
-        if not raw.reading.ok or raw.eval_time is None or raw.reading.value is None:
-            return raw.reading
-        return Reading(State.OK, max(0.0, raw.eval_time - raw.reading.value))
+        answer = await self.query(f"max(timestamp({FRESHNESS_GAUGE}{sel.promql()}))")
+        if not answer.reading.ok or answer.eval_time is None:
+            return answer
+        return Answer(Reading(max(0.0, answer.eval_time - answer.reading.value), MetricState.OK))
 
-    async def snapshot(
-        self, sel: Selector, quantiles: Sequence[float] = (0.5, 0.9, 0.99)
-    ) -> TargetMetrics:
-        """All serving metrics of one target, queried concurrently."""
-        names = [("tpot", q) for q in quantiles] + [("ttft", q) for q in quantiles]
-        hist = {"tpot": TPOT_HISTOGRAM, "ttft": TTFT_HISTOGRAM}
-        qexprs = [self.quantile_expr(hist[kind], q, sel) for kind, q in names]
-        scalars = self.exprs(sel)
-        results = await asyncio.gather(
-            self.newest_sample_age(sel), *(self.query(e) for e in [*qexprs, *scalars.values()])
+    async def snapshot(self, sel: Selector, queries: Mapping[str, str]) -> TargetMetrics:
+        """Every query of one target (``target_queries``), concurrently, with freshness
+        applied once: all readings are stale when the target's newest sample is too old."""
+        age, *answers = await asyncio.gather(
+            self.newest_sample_age(sel), *(self.query(e) for e in queries.values())
         )
-        age, readings = results[0], [self._apply_age(r, results[0]) for r in results[1:]]
-        by_q = dict(zip(names, readings[: len(names)], strict=True))
-        rest = dict(zip(scalars, readings[len(names) :], strict=True))
+        readings = {
+            name: self._fresh(answer.reading, age.reading)
+            for name, answer in zip(queries, answers, strict=True)
+        }
+        errors = {a.error for a in (age, *answers) if a.error}
         return TargetMetrics(
-            tpot_s={q: by_q[("tpot", q)] for q in quantiles},
-            ttft_s={q: by_q[("ttft", q)] for q in quantiles},
-            request_rate=rest["request_rate"],
-            running=rest["running"],
-            waiting=rest["waiting"],
-            kv_usage=rest["kv_usage"],
-            newest_sample_age_s=age.value if age.ok else None,
-            errors=tuple(sorted({r.detail for r in results if r.state is State.ERROR})),
+            readings, age.reading.value if age.reading.ok else None, tuple(sorted(errors))
         )
 
-    def _apply_age(self, reading: Reading, age: Reading) -> Reading:
-        """Downgrade to STALE when the target's newest sample is too old."""
-        if reading.state is State.ERROR or age.state is State.ERROR:
+    def _fresh(self, reading: Reading, age: Reading) -> Reading:
+        """``reading``, or STALE when the target's newest sample is older than allowed."""
+        if reading.state is MetricState.MISSING or not age.ok:
             return reading
-        if age.ok and age.value is not None and age.value > self.stale_after_s:
-            detail = f"newest sample {age.value:.0f} s old (> {self.stale_after_s:.0f} s)"
-            return Reading(State.STALE, reading.value, detail)
-        return reading
+        return Reading(math.nan, MetricState.STALE) if age.value > self.stale_after_s else reading

@@ -21,7 +21,7 @@ import kopf
 from rooftop_control.control import ControllerConfig
 from rooftop_operator import builders
 from rooftop_operator.engine_security import PodSecurity, parse_pod_security
-from rooftop_operator.metrics_client import PrometheusAuth
+from rooftop_operator.metrics_client import PrometheusAuth, check_window
 
 # The vLLM release Rooftop deploys and its tests run (tests/engine/install-vllm.sh installs
 # the same version's CPU build; a unit test keeps the two, the chart and the packaged
@@ -65,7 +65,7 @@ class LoopSettings:
         return cls(
             prometheus_url=env.get("ROOFTOP_PROMETHEUS_URL", base.prometheus_url),
             interval_s=float(env.get("ROOFTOP_LOOP_INTERVAL_S", base.interval_s)),
-            window=env.get("ROOFTOP_LOOP_WINDOW", base.window),
+            window=check_window(env.get("ROOFTOP_LOOP_WINDOW", base.window)),
             stale_after_s=float(env.get("ROOFTOP_LOOP_STALE_AFTER_S", base.stale_after_s)),
             startup_s=float(env.get("ROOFTOP_LOOP_STARTUP_S", base.startup_s)),
             scale_down_window_s=float(

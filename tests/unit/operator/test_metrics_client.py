@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -9,7 +10,15 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from rooftop_operator.metrics_client import MetricsClient, Selector, State
+from rooftop_control.control import MetricState, Reading
+from rooftop_operator.metrics_client import (
+    TPOT_BUCKETS,
+    MetricsClient,
+    Selector,
+    attainment_bucket,
+    quantile_expr,
+    target_queries,
+)
 
 NOW = 1_700_000_000.0
 SEL = Selector.for_target("prod", "llama")
@@ -57,30 +66,55 @@ def test_selector_escapes_and_validates() -> None:
     assert sel.promql() == '{app="we\\"ird\\\\",engine="0",namespace="ns"}'
     with pytest.raises(ValueError):
         Selector({"bad-label": "x"}).promql()
-    with pytest.raises(ValueError):
-        MetricsClient("http://x", window="two minutes")
+    with pytest.raises(ValueError, match="PromQL duration"):
+        target_queries(SEL, "two minutes", 0.9, 0.9, 100.0)
+
+
+@pytest.mark.parametrize(
+    ("slo_ms", "bucket"),
+    [(100.0, 0.1), (80.0, 0.075), (60.0, 0.05), (5.0, None)],  # never a bucket above it
+)
+def test_attainment_bucket(slo_ms: float, bucket: float | None) -> None:
+    assert attainment_bucket(slo_ms) == bucket
+
+
+def test_every_query_selects_the_target_and_the_tpot_slo_reads_per_request_tpot() -> None:
+    queries = target_queries(Selector.for_target("ns", "chat"), "1m", 0.9, 0.99, 100.0)
+    assert all('servingtarget="chat"' in e for e in queries.values())
+    assert 'le="0.1"' in queries["tpot_attainment"]
+    assert "histogram_quantile(0.9," in queries["tpot_s"]
+    assert "vllm:request_time_per_output_token_seconds_bucket" in queries["tpot_s"]
+    assert "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first" in queries["ttft_s"]
+    assert "vllm:inter_token_latency_seconds_sum" in queries["step_s"]
+    assert "tpot_attainment" not in target_queries(SEL, "1m", 0.9, 0.9, 5.0)  # no bucket
+
+
+def queries(window: str = "1m") -> dict[str, str]:
+    return target_queries(SEL, window, 0.9, 0.9, 100.0)
 
 
 async def test_snapshot_ok_values_and_exact_promql(prom: tuple[FakeProm, str]) -> None:
     fake, url = prom
     fake.on("timestamp(", vector(str(NOW - 10)))
-    fake.on("histogram_quantile(0.9, sum by (le) (rate(vllm:inter_token_latency", vector("0.042"))
+    fake.on("histogram_quantile(0.9, sum by (le) (rate(vllm:request_time_per", vector("0.042"))
     fake.on("histogram_quantile(0.9, sum by (le) (rate(vllm:time_to_first", vector("+Inf"))
+    fake.on("deriv(", vector("11.5"))
     fake.on("vllm:request_success_total", vector("12.5"))
     fake.on("vllm:num_requests_running", vector("7"))
     fake.on("vllm:num_requests_waiting", vector("0"))
     fake.on("vllm:kv_cache_usage_perc", vector("0.31"))
-    async with MetricsClient(url, window="1m") as mc:
-        snap = await mc.snapshot(SEL, quantiles=(0.5, 0.9))
-    assert snap.tpot_s[0.9].ok and snap.tpot_s[0.9].value == 0.042
-    assert snap.ttft_s[0.9].state is State.OK and snap.ttft_s[0.9].value == float("inf")
-    assert snap.tpot_s[0.5].state is State.MISSING  # no rule: empty vector, not 0
-    assert snap.request_rate.value == 12.5 and snap.running.value == 7
-    assert snap.waiting.ok and snap.waiting.value == 0.0  # a real zero stays a zero
-    assert snap.kv_usage.value == 0.31 and snap.newest_sample_age_s == pytest.approx(10)
+    async with MetricsClient(url) as mc:
+        snap = await mc.snapshot(SEL, queries())
+    assert snap.get("tpot_s") == Reading(0.042, MetricState.OK)
+    assert snap.get("ttft_s") == Reading(math.inf, MetricState.OK)  # over the last bucket
+    assert snap.get("step_s").state is MetricState.MISSING  # no rule: empty vector, not 0
+    assert snap.get("requests_per_second").value == 11.5
+    assert snap.get("completions_per_second").value == 12.5
+    assert snap.get("running").value == 7 and snap.get("kv_usage_ratio").value == 0.31
+    assert snap.get("waiting") == Reading(0.0, MetricState.OK)  # a real zero stays a zero
+    assert snap.newest_sample_age_s == pytest.approx(10) and not snap.errors
     s = SEL.promql()
-    itl = f"rate(vllm:inter_token_latency_seconds_bucket{s}[1m])"
-    assert f"histogram_quantile(0.9, sum by (le) ({itl}))" in fake.queries
+    assert len(fake.queries) == len(queries()) + 1  # one freshness query, none unread
     assert f"sum(rate(vllm:request_success_total{s}[1m]))" in fake.queries
     assert f"max(timestamp(vllm:num_requests_running{s}))" in fake.queries
 
@@ -89,28 +123,29 @@ async def test_nan_quantile_is_nan_not_zero(prom: tuple[FakeProm, str]) -> None:
     fake, url = prom
     fake.on("histogram_quantile", vector("NaN"))
     async with MetricsClient(url) as mc:
-        r = await mc.query(mc.quantile_expr("vllm:time_to_first_token_seconds", 0.99, SEL))
-    assert r.state is State.NAN and r.value is None
+        answer = await mc.query(quantile_expr("vllm:time_to_first_token_seconds", 0.99, SEL, "1m"))
+    assert answer.reading.state is MetricState.NAN and math.isnan(answer.reading.value)
 
 
 async def test_stale_when_newest_sample_is_old(prom: tuple[FakeProm, str]) -> None:
     fake, url = prom
     fake.on("timestamp(", vector(str(NOW - 600)))
     fake.on("vllm:num_requests_running", vector("3"))
+    fake.on("histogram_quantile", vector("NaN"))
     async with MetricsClient(url, stale_after_s=120) as mc:
-        snap = await mc.snapshot(SEL)
-    assert snap.running.state is State.STALE and snap.running.value == 3.0
-    assert "600 s old" in snap.running.detail
-    assert snap.waiting.state is State.STALE and snap.waiting.value is None
+        snap = await mc.snapshot(SEL, queries())
+    assert snap.get("running").state is MetricState.STALE  # the old value is not used
+    assert snap.get("tpot_s").state is MetricState.STALE
+    assert snap.get("waiting").state is MetricState.MISSING  # no series: missing, not stale
+    assert snap.newest_sample_age_s == pytest.approx(600)
 
 
 async def test_missing_when_no_series(prom: tuple[FakeProm, str]) -> None:
     _, url = prom
     async with MetricsClient(url) as mc:
-        snap = await mc.snapshot(SEL)
-    readings = [*snap.tpot_s.values(), *snap.ttft_s.values(), snap.request_rate, snap.running,
-                snap.waiting, snap.kv_usage]  # fmt: skip
-    assert all(r.state is State.MISSING and r.value is None for r in readings)
+        snap = await mc.snapshot(SEL, queries())
+    assert all(r.state is MetricState.MISSING for r in snap.readings.values())
+    assert set(snap.readings) == set(queries())
     assert snap.newest_sample_age_s is None and not snap.errors
 
 
@@ -120,16 +155,24 @@ async def test_prometheus_errors(prom: tuple[FakeProm, str]) -> None:
     fake.on("bogus", bad, status=400)
     fake.on("vllm:num_requests_waiting", vector("1", "2"))
     async with MetricsClient(url) as mc:
-        r = await mc.query("bogus(")
-        assert r.state is State.ERROR and "parse error" in r.detail
-        r = await mc.query("sum(vllm:num_requests_waiting)")
-        assert r.state is State.ERROR and "2 series" in r.detail
+        answer = await mc.query("bogus(")
+        assert answer.reading.state is MetricState.MISSING and "parse error" in answer.error
+        answer = await mc.query("sum(vllm:num_requests_waiting)")
+        assert answer.reading.state is MetricState.MISSING and "2 series" in answer.error
 
 
-async def test_unreachable_prometheus_is_error() -> None:
+async def test_unreachable_prometheus_is_missing_with_the_reason() -> None:
     async with MetricsClient("http://127.0.0.1:9", timeout_s=1.0) as mc:
-        snap = await mc.snapshot(SEL, quantiles=(0.5,))
-    assert snap.running.state is State.ERROR and "unreachable" in snap.running.detail
-    assert "127.0.0.1:9" in snap.running.detail and len(snap.running.detail) < 200
-    assert snap.tpot_s[0.5].state is State.ERROR and snap.errors
-    assert str(snap.running).startswith("error(")
+        snap = await mc.snapshot(SEL, queries())
+    assert snap.get("running").state is MetricState.MISSING
+    assert len(snap.errors) == 1 and "unreachable" in snap.errors[0]
+    assert "127.0.0.1:9" in snap.errors[0] and len(snap.errors[0]) < 200
+
+
+def test_attainment_buckets_are_bounds_vllm_exports() -> None:
+    """The attainment query selects one ``le`` series: a bound vLLM does not export
+    would match nothing. The simulated engine's buckets are vLLM's (checked against the
+    real engine by tests/e2e/test_vllm_metrics.py)."""
+    from rooftop_sim.engine.vllm_metrics import ITL_BUCKETS
+
+    assert set(TPOT_BUCKETS) <= set(ITL_BUCKETS)

@@ -14,7 +14,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from tests.cluster import pki
 
-from rooftop_operator.metrics_client import MetricsClient, PrometheusAuth, State
+from rooftop_control.control import MetricState, Reading
+from rooftop_operator.metrics_client import MetricsClient, PrometheusAuth
 
 ANSWER = {"status": "success", "data": {"resultType": "vector",
           "result": [{"metric": {}, "value": [1.7e9, "42"]}]}}  # fmt: skip
@@ -52,7 +53,7 @@ async def guarded() -> AsyncIterator[tuple[GuardedProm, str]]:
 
 
 async def query(url: str, auth: PrometheusAuth | None) -> Any:
-    async with MetricsClient(url, "1m", auth=auth) as client:
+    async with MetricsClient(url, auth=auth) as client:
         return await client.query("up")
 
 
@@ -70,9 +71,9 @@ async def test_token_and_tenant_header_are_sent(
 ) -> None:
     prom, url = guarded
     auth = PrometheusAuth(str(token_file(tmp_path, "s3cret\n")), headers=TENANT)
-    reading = await query(url, auth)
-    assert (reading.state, reading.value) == (State.OK, 42.0)
-    assert (await query(url, None)).state is State.ERROR  # the same server, no credentials
+    answer = await query(url, auth)
+    assert answer.reading == Reading(42.0, MetricState.OK) and not answer.error
+    assert "unauthorized" in (await query(url, None)).error  # the same server, no credentials
 
 
 async def test_a_rotated_token_is_read_again(
@@ -82,19 +83,19 @@ async def test_a_rotated_token_is_read_again(
     prom, url = guarded
     token = token_file(tmp_path, "old")
     auth = PrometheusAuth(str(token), headers=TENANT)
-    async with MetricsClient(url, "1m", auth=auth) as client:
-        assert (await client.query("up")).state is State.ERROR
+    async with MetricsClient(url, auth=auth) as client:
+        assert (await client.query("up")).error
         token.write_text("s3cret")
-        assert (await client.query("up")).state is State.OK
+        assert (await client.query("up")).reading.ok
 
 
 async def test_a_missing_token_file_is_missing_data_naming_the_file(
     guarded: tuple[GuardedProm, str], tmp_path: Path
 ) -> None:
     prom, url = guarded
-    reading = await query(url, PrometheusAuth(str(tmp_path / "absent")))
-    assert reading.state is State.ERROR and "bearer token" in reading.detail
-    assert "absent" in reading.detail and not prom.seen  # nothing sent without it
+    answer = await query(url, PrometheusAuth(str(tmp_path / "absent")))
+    assert answer.reading.state is MetricState.MISSING and "bearer token" in answer.error
+    assert "absent" in answer.error and not prom.seen  # nothing sent without it
 
 
 async def test_https_with_a_private_ca(tmp_path: Path) -> None:
@@ -108,11 +109,11 @@ async def test_https_with_a_private_ca(tmp_path: Path) -> None:
     token = token_file(tmp_path, "s3cret")
     try:
         trusted = await query(url, PrometheusAuth(str(token), str(certs.ca_crt), TENANT))
-        assert (trusted.state, trusted.value) == (State.OK, 42.0)
+        assert trusted.reading == Reading(42.0, MetricState.OK)
         untrusted = await query(url, PrometheusAuth(str(token), None, TENANT))
-        assert untrusted.state is State.ERROR and "certificate" in untrusted.detail.lower()
+        assert not untrusted.reading.ok and "certificate" in untrusted.error.lower()
         no_bundle = await query(url, PrometheusAuth(str(token), str(tmp_path / "no.pem")))
-        assert no_bundle.state is State.ERROR and "CA file" in no_bundle.detail
+        assert not no_bundle.reading.ok and "CA file" in no_bundle.error
     finally:
         await srv.close()
 

@@ -17,49 +17,51 @@ from rooftop_api.conditions import Condition
 from rooftop_control import control
 from rooftop_control.calibration import CalibrationConfig, TrimConfig
 from rooftop_operator import loop
-from rooftop_operator.metrics_client import Reading, Selector, State, TargetMetrics
+from rooftop_operator.metrics_client import TargetMetrics
 from rooftop_operator.specs import TargetRef, parse_spec
 from rooftop_planner.plan import Plan
+
+
+def snapshot(**readings: control.Reading) -> TargetMetrics:
+    return TargetMetrics(readings)
 
 
 @pytest.mark.parametrize(
     ("raw", "state", "value"),
     [
-        (Reading(State.OK, 0.05), control.MetricState.OK, 50.0),  # seconds -> ms
-        (Reading(State.OK, math.inf), control.MetricState.OK, loop.INF_MS),  # over the top
-        (Reading(State.NAN), control.MetricState.NAN, None),  # empty window
-        (Reading(State.STALE, 0.05), control.MetricState.STALE, None),  # old value dropped
-        (Reading(State.ERROR, detail="down"), control.MetricState.MISSING, None),  # unknown
+        (control.Reading(0.05, control.MetricState.OK), control.MetricState.OK, 50.0),  # s -> ms
+        (control.Reading(math.inf, control.MetricState.OK), control.MetricState.OK, loop.INF_MS),
+        (control.Reading(math.nan, control.MetricState.NAN), control.MetricState.NAN, None),
+        (control.Reading(math.nan, control.MetricState.STALE), control.MetricState.STALE, None),
+        (control.Reading(), control.MetricState.MISSING, None),  # unknown stays unknown
     ],
 )
-def test_reading(raw: Reading, state: control.MetricState, value: float | None) -> None:
-    got = loop.reading(raw, 1e3)
+def test_latencies_become_ms(
+    raw: control.Reading, state: control.MetricState, value: float | None
+) -> None:
+    got = loop.observation(snapshot(tpot_s=raw), 1, 0).tpot_ms
     assert got.state is state
     assert got.value == pytest.approx(value) if value is not None else math.isnan(got.value)
 
 
-@pytest.mark.parametrize(
-    ("slo_ms", "bucket"),
-    [(100.0, 0.1), (80.0, 0.075), (60.0, 0.05), (5.0, None)],  # never a bucket above it
-)
-def test_attainment_bucket(slo_ms: float, bucket: float | None) -> None:
-    assert loop.attainment_bucket(slo_ms) == bucket
-
-
-def test_extra_queries_select_the_target() -> None:
-    exprs = loop.extra_exprs(Selector.for_target("ns", "chat"), "1m", 0.9, 100.0)
-    assert 'le="0.1"' in exprs["tpot_attainment"]
-    assert all('servingtarget="chat"' in e for e in exprs.values())
-
-
 def test_observation_falls_back_to_completions() -> None:
-    ok = Reading(State.OK, 1.0)
-    snap = TargetMetrics({}, {0.9: Reading(State.OK, 0.4)}, Reading(State.OK, 3.0), ok, ok, ok)
-    obs = loop.observation(snap, {"requests_per_second": Reading(State.NAN)}, 0.9, 2, 1)
+    ok = control.Reading(1.0, control.MetricState.OK)
+    snap = snapshot(
+        ttft_s=control.Reading(0.4, control.MetricState.OK),
+        requests_per_second=control.Reading(math.nan, control.MetricState.NAN),
+        completions_per_second=control.Reading(3.0, control.MetricState.OK),
+        running=ok, waiting=ok, kv_usage_ratio=ok,
+    )  # fmt: skip
+    obs = loop.observation(snap, 2, 1)
     assert obs.requests_per_second.value == 3.0  # deriv needs two samples; completions do
     assert obs.ttft_ms.value == pytest.approx(400.0)
     assert (obs.ready_replicas, obs.pending_replicas) == (2, 1)
     assert obs.tpot_ms.state is control.MetricState.MISSING
+
+
+def test_a_draining_queue_is_no_negative_rate() -> None:
+    snap = snapshot(requests_per_second=control.Reading(-0.5, control.MetricState.OK))
+    assert loop.observation(snap, 1, 0).requests_per_second.value == 0.0
 
 
 def test_pod_counts() -> None:
