@@ -29,6 +29,7 @@ import numpy as np
 from rooftop_api.spec import ServingTargetSpec
 from rooftop_control import control
 from rooftop_control.calibration import Calibration
+from rooftop_planner.batching import mean_step_s
 from rooftop_planner.plan import Plan
 from rooftop_sim.cluster import Cluster, Policy, Replica, SimConfig, SimResult, Workload
 from rooftop_sim.flags import Rule, check_ranges
@@ -174,9 +175,12 @@ def peak_rate(workload: Workload, window_s: float = 60.0) -> float:
 
 
 def true_factor(scn: Scenario, batch: float) -> float:
-    """Truth step time / planner step time at ``batch`` (with carried prefill), x reality.
+    """Truth mean step / planner mean step at ``batch``, x reality: what a perfectly
+    calibrated controller would learn; only the oracle gets it.
 
-    What a perfectly calibrated controller would learn; only the oracle gets it.
+    Both sides use the one serving model (``batching.mean_step_s``): a decode step of
+    ``batch`` sequences plus B / (osl + 1.5) admissions per step, each carrying its
+    prompt in chunks of at most the token budget beside the decodes.
     """
     from rooftop_sim.engine.truth import TruthModel
 
@@ -185,9 +189,12 @@ def true_factor(scn: Scenario, batch: float) -> float:
     isl = float(np.mean(scn.workload.prompt_tokens))
     osl = float(np.mean(scn.workload.output_tokens))
     predicted_ms = scn.planner.step_ms(batch, isl, osl)
-    carried = batch * isl / (osl + 1.5)  # prefill tokens per step in steady state
-    step = truth.step_s(int(round(batch)), int(batch * (isl + osl / 2)), int(carried),
-                        carried * isl / 2)  # fmt: skip
+    running, context = int(round(batch)), int(batch * (isl + osl / 2))
+    chunks = max(math.ceil(isl / max(r.max_num_batched_tokens - batch, 1.0)), 1)
+    chunk = isl / chunks
+    decode = truth.step_s(running, context, 0, 0.0)
+    carrying = truth.step_s(running, context, int(chunk), chunk * isl / 2)
+    step = mean_step_s(decode, chunks * (carrying - decode), batch, osl)
     return scn.sim.reality_factor * step * 1e3 / predicted_ms
 
 

@@ -11,9 +11,35 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TypeVar
 
 from rooftop_planner import perf
+from rooftop_planner.kernels import FloatArray
 from rooftop_planner.perf import Deployment
+
+# Steps a request spends in the batch beyond its decode steps: its prefill and its
+# wait for a slot, about one and a half steps in steady state.
+STEPS_BEYOND_DECODE = 1.5
+
+Num = TypeVar("Num", float, FloatArray)
+
+
+def admissions_per_step(batch: Num, osl: float) -> Num:
+    """a = B / (osl + 1.5): requests admitted per step when B sequences run and each
+    stays osl + 1.5 steps (Little's law over steps)."""
+    return batch / (osl + STEPS_BEYOND_DECODE)
+
+
+def mean_step_s(decode_s: Num, admission_s: Num, batch: Num, osl: float) -> Num:
+    """The serving model of one replica at running batch B: the mean step, s.
+
+    t̄ = t_d + a · Δ, where t_d is a plain decode step of B sequences, a = B / (osl + 1.5)
+    the admissions per step and Δ what one admission adds: its prompt rides in c steps,
+    each carrying a chunk beside the decodes (t_c), so Δ = c · (t_c − t_d). The search,
+    ``predict_continuous`` (which the controller calibrates against) and the simulator's
+    oracle all compute t̄ here; arrays (the search's grids) or floats.
+    """
+    return decode_s + admissions_per_step(batch, osl) * admission_s
 
 
 @dataclass(frozen=True)
@@ -146,8 +172,8 @@ def predict_continuous(
     chunks = max(math.ceil(isl / max(limits.max_num_batched_tokens - batch, 1.0)), 1)
     chunk = isl / chunks
     carrying = perf.step_breakdown(dep, batch, context, chunk, chunk * isl / 2.0)
-    admissions = batch / (osl + 1.5) * chunks  # chunk-carrying steps per step
-    step = decode.total_s + admissions * (carrying.total_s - decode.total_s)
+    step = mean_step_s(decode.total_s, chunks * (carrying.total_s - decode.total_s), batch, osl)
+    admissions = admissions_per_step(batch, osl) * chunks  # chunk-carrying steps per step
     prefill_exec = chunks * carrying.total_s + step / 2.0
     rate = batch / (prefill_exec + max(osl - 1, 0) * step)
     queue_wait = max(concurrency - batch, 0.0) / rate

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from rooftop_api.spec import KvDtype, ServingTargetSpec, WeightDtype
-from rooftop_planner import perf, tail
+from rooftop_planner import batching, perf, tail
 from rooftop_planner.catalog import (
     Catalog,
     CatalogError,
@@ -189,9 +189,9 @@ def _batch_grid(limits: FloatArray) -> FloatArray:
 def _steps(deps: list[Deployment], limits: FloatArray, t: _Targets) -> _Steps:
     """Step times of every candidate on its batch grid, in one array call.
 
-    A request occupies the batch for its decode steps plus ~1.5 steps of prefill and wait,
-    so λ · t̄ = B / (osl + 1.5) admissions ride in each step, each adding E[Δ]: the mean
-    step is t̄ = t_d + B / (osl + 1.5) · E[Δ] and λ = B / ((osl + 1.5) · t̄). A prompt
+    The serving model is ``batching.mean_step_s``: B / (osl + 1.5) admissions ride in
+    each step, each adding E[Δ] (averaged over the prompt strata), so
+    t̄ = t_d + B / (osl + 1.5) · E[Δ] and λ = B / ((osl + 1.5) · t̄). A prompt
     longer than the token budget rides in ceil(isl / budget) steps, one chunk each,
     attending ≈ chunk · isl/2 pairs. Columns: the decode step, one step carrying each
     prompt stratum's chunk, and one at the percentile batch carrying the TTFT prompt's.
@@ -212,13 +212,12 @@ def _steps(deps: list[Deployment], limits: FloatArray, t: _Targets) -> _Steps:
     extras = np.stack([c * (steps[:, i + 1] - decode) for i, c in enumerate(chunks[:-1])])
     weights = np.array(t.prompt_weights)[:, None, None]
     extra_mean = (weights * extras).sum(axis=0)
-    per_step = batches / (t.osl_mean + 1.5)
-    step = decode + per_step * extra_mean
+    step = batching.mean_step_s(decode, extra_mean, batches, t.osl_mean)
     return _Steps(
         batches=batches,
         decode=decode,
         slope=_slope(decode, batches),
-        rate=per_step / step,
+        rate=batching.admissions_per_step(batches, t.osl_mean) / step,
         step=step,
         extra_mean=extra_mean,
         extra_sq=(weights * extras * extras).sum(axis=0),
