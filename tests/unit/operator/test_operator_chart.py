@@ -104,7 +104,7 @@ def test_app_version_matches_the_package() -> None:
 
 
 def test_operator_image_is_non_root() -> None:
-    dockerfile = (ROOT / "operator" / "Dockerfile").read_text()
+    dockerfile = (ROOT / "Containerfile").read_text()
     assert "FROM python:3.11-slim" in dockerfile
     assert re.search(r"^USER 10001", dockerfile, re.M)
 
