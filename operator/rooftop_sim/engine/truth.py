@@ -53,7 +53,13 @@ from pathlib import Path
 
 import numpy as np
 
-from rooftop_planner.catalog import CatalogError, GpuSpec, ModelSpec, load_catalog
+from rooftop_planner.catalog import (
+    BYTES_PER_DTYPE,
+    CatalogError,
+    GpuSpec,
+    ModelSpec,
+    load_catalog,
+)
 from rooftop_sim.engine.kernels import (
     TABLE_GPU,
     Curve,
@@ -77,15 +83,12 @@ DEFAULT_OPS = Path(__file__).resolve().parents[3] / "data" / "ops"
 
 
 def dtype_bytes(dtype: str) -> float:
-    """Bytes per element of a weight/KV dtype name ("bf16", "fp8", "int4", "auto", ...)."""
-    d = dtype.lower()
-    if "fp8" in d or "int8" in d or "e4m3" in d or "e5m2" in d:
-        return 1.0
-    if "int4" in d or "fp4" in d or "awq" in d or "gptq" in d:
-        return 0.5
-    if "fp32" in d or "float32" in d:
-        return 4.0
-    return 2.0  # fp16 / bf16 / auto
+    """Bytes per element of a weight/KV dtype: the catalog's table (one source), with
+    KeyError naming the dtypes it knows."""
+    try:
+        return BYTES_PER_DTYPE[dtype.lower()]
+    except KeyError:
+        raise KeyError(f"unknown dtype {dtype!r}; known: {', '.join(BYTES_PER_DTYPE)}") from None
 
 
 def model_spec(name: str) -> ModelSpec:
