@@ -21,7 +21,7 @@ import math
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field, replace
 from statistics import NormalDist
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from rooftop_planner.catalog import (
 from rooftop_planner.efficiency import EfficiencyTable, load_efficiency
 from rooftop_planner.inventory import GpuInventory
 from rooftop_planner.kernels import FloatArray
+from rooftop_planner.parallelism import TP_DEGREES, tp_problem
 from rooftop_planner.perf import Deployment
 from rooftop_planner.plan import Plan
 from rooftop_planner.weights import Weights, kv_problem, resolve_weights
@@ -45,7 +46,6 @@ from rooftop_planner.workload import LengthDistribution, from_spec
 
 HEADROOM = 1.2  # plan for 20% more traffic than expected, so bursts do not breach the SLO
 BATCH_CAPS = (8, 16, 32, 64, 128, 256, 512)
-TP_DEGREES = (1, 2, 4, 8)
 DEFAULT_WEIGHT_DTYPES = (WeightDtype.BF16, WeightDtype.FP8)
 DEFAULT_KV_DTYPES = (KvDtype.AUTO, KvDtype.FP8)
 # Accelerator families with a vLLM engine image when the caller names none: the CUDA
@@ -343,25 +343,6 @@ class _Shape:
     weights: Weights
     max_model_len: int
     context_note: str
-
-
-class HeadCounts(Protocol):
-    """What the tensor-parallel rule reads of a model (the planner's ModelSpec, or the
-    engine simulator's shape)."""
-
-    @property
-    def num_heads(self) -> int: ...
-    @property
-    def num_kv_heads(self) -> int: ...
-
-
-def tp_problem(model: HeadCounts, tp: int) -> str:
-    """Why ``tp`` GPUs cannot shard the model's attention heads, else ""."""
-    if model.num_heads % tp:
-        return f"TP {tp} does not divide {model.num_heads} attention heads"
-    if model.num_kv_heads % tp and tp % model.num_kv_heads:
-        return f"TP {tp} and {model.num_kv_heads} KV heads do not divide one another"
-    return ""
 
 
 def _dtype_problem(gpu: GpuSpec, weight_dtype: str, kv_dtype: str) -> str:

@@ -26,7 +26,8 @@ from rooftop_api.spec import KvDtype, ServingTargetSpec, WeightDtype
 from rooftop_operator import builders
 from rooftop_operator.specs import TargetRef
 from rooftop_planner.catalog import Catalog, ModelSpec, load_catalog
-from rooftop_planner.search import TP_DEGREES, _dtype_problem, engine_problem, tp_problem
+from rooftop_planner.parallelism import TP_DEGREES, tp_problem
+from rooftop_planner.search import _dtype_problem, engine_problem
 from rooftop_planner.weights import Weights, resolve_weights
 from tests.engine.conftest import Result, RunCases
 

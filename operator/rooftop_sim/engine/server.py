@@ -37,8 +37,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rooftop_planner.catalog import ModelSpec
+from rooftop_planner.parallelism import TP_DEGREES, tp_problem
 from rooftop_planner.scenarios import normalize_dtype
-from rooftop_planner.search import TP_DEGREES, tp_problem
 from rooftop_sim.engine.core import Engine, EngineConfig, Request, StepResult
 from rooftop_sim.engine.truth import TruthModel
 from rooftop_sim.engine.vllm_metrics import VllmMetrics
@@ -102,7 +102,7 @@ def sim_dtypes(cfg: SimConfig) -> tuple[str, str]:
 
 
 def check_tp(model: ModelSpec, tp: int) -> None:
-    """The planner's TP rule (``search.tp_problem``), so the simulator refuses what
+    """The planner's TP rule (``parallelism.tp_problem``), so the simulator refuses what
     ``rooftop plan`` and ``rooftop predict`` refuse."""
     problem = tp_problem(model, tp)
     if problem:

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from rooftop_planner.catalog import load_catalog
-from rooftop_planner.search import tp_problem
+from rooftop_planner.parallelism import TP_DEGREES, tp_problem
 from rooftop_sim.engine import kernels
 from rooftop_sim.engine.kernels import FloatArray, GpuTables, Roofline, parse_tables
 from rooftop_sim.engine.truth import (
@@ -44,7 +44,6 @@ from rooftop_sim.engine.truth import (
 )
 
 ENGINE = "vllm"
-TP_DEGREES = (1, 2, 4, 8)
 SOURCE = (
     "NVIDIA aiconfigurator kernel timings measured in vLLM "
     "(github.com/ai-dynamo/aiconfigurator @ 095f58a51c4ca8e61b66ec108d86f223f8d559ce, "
