@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 ROOFTOP_CACHE ?= $(HOME)/.cache/rooftop
 export ROOFTOP_CACHE
 
-.PHONY: demo test lint typecheck unit vllm e2e loop vllm-e2e vllm-engine loop-figure bench calibrate crd dashboards vllm-flags cluster-up cluster-down tools clean
+.PHONY: demo test lint typecheck unit vllm e2e loop vllm-e2e vllm-engine loop-figure bench calibrate crd dashboards docs vllm-flags cluster-up cluster-down tools clean
 
 # The demo needs only the runtime; tests add the dev tools (separate stamp, so a
 # `make demo` on a fresh clone stays well under two minutes).
@@ -33,6 +33,8 @@ lint: $(VENV)/.dev
 	$(BIN)/lint-imports
 	$(BIN)/python dashboards/build.py --check
 	$(BIN)/python -m rooftop_api.crd --check
+	$(BIN)/python -m rooftop_api.reference --check
+	$(BIN)/mkdocs build --strict
 
 typecheck: $(VENV)/.dev
 	$(BIN)/mypy
@@ -91,6 +93,13 @@ crd: $(VENV)/.dev
 
 dashboards: $(VENV)/.dev
 	$(BIN)/python dashboards/build.py
+
+## docs: build the documentation site into site/ (strict: broken links fail) and check
+## that docs/reference.md matches the API models (`python -m rooftop_api.reference`
+## regenerates it). Not `mkdocs -q`: quiet mode hides the warnings strict mode counts.
+docs: $(VENV)/.dev
+	$(BIN)/python -m rooftop_api.reference --check
+	$(BIN)/mkdocs build --strict
 
 ## vllm-flags: regenerate the `vllm serve` flag table (extraArgs checks) from the real vLLM
 vllm-flags:
