@@ -349,7 +349,7 @@ def progress_bar(stream: Any = sys.stderr, width: int = 30) -> ProgressFn:
 
 
 def register(subparsers: Any) -> None:
-    """Add ``rooftop load`` (CONTRACTS.md: register(subparsers) sets func)."""
+    """Add ``rooftop load`` (rooftop_cli.main: register(subparsers) sets func)."""
     p = subparsers.add_parser("load", help="send open-loop streaming load, report TTFT/TPOT")
     p.add_argument("--url", default="http://127.0.0.1:8000", help="server base URL")
     p.add_argument("--model", required=True, help="served model name")

@@ -323,7 +323,7 @@ def controller_note(policy: RooftopPolicy) -> str:
 
 
 def register(subparsers: Any) -> None:
-    """Add ``rooftop simulate`` (see CONTRACTS.md)."""
+    """Add ``rooftop simulate`` (see rooftop_cli.main)."""
     p: argparse.ArgumentParser = subparsers.add_parser(
         "simulate",
         help="replay a trace against a simulated cluster under a scaling policy",

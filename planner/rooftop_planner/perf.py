@@ -63,7 +63,7 @@ def kv_bytes_per_token(model: ModelSpec, kv_dtype: str) -> float:
 
     The 2 is one K and one V vector. Grouped-query attention shares each KV head among
     ``num_heads / num_kv_heads`` query heads, which is why 70B models cache 8, not 64.
-    Seed 002: LLaMA 3-70B in int8 -> 2 · 80 · 8 · 128 · 1 = 160 KiB.
+    Example: LLaMA 3-70B in int8 -> 2 · 80 · 8 · 128 · 1 = 160 KiB.
     """
     return 2.0 * model.num_layers * model.num_kv_heads * model.head_dim * BYTES_PER_DTYPE[kv_dtype]
 
@@ -121,7 +121,7 @@ def kv_capacity_tokens(
 def max_sequences(free_bytes: float, kv_bytes_per_sequence: float) -> int:
     """Sequences that fit: free HBM after weights over KV bytes per full-length sequence.
 
-    Seed 000: LLaMA-7B fp16 needs ≈2 GB per 4K-token sequence, so ≈5 fit on 24 GB
+    Example: LLaMA-7B fp16 needs ≈2 GB per 4K-token sequence, so ≈5 fit on 24 GB
     and ≈33 on 80 GB once 14 GB of weights are loaded.
     """
     return max(int(free_bytes // kv_bytes_per_sequence), 0)
@@ -142,10 +142,10 @@ def max_sequences_fitting(
 def optimal_batch_size(
     peak_flops_per_s: float, hbm_bytes_per_s: float, bytes_per_param: float
 ) -> float:
-    """Seed 001: B* = peak FLOP/s · bytes per parameter / (2 · HBM bytes/s).
+    """The critical batch: B* = peak FLOP/s · bytes per parameter / (2 · HBM bytes/s).
 
     Below B* a decode step is memory-bound (FLOPs are wasted), above it compute-bound.
-    A10G/A100 in fp16 give ≈ 230/306; seed 000 quotes the FLOP:byte ratio ≈ 400.
+    A10G/A100 in fp16 give ≈ 230/306.
     """
     return peak_flops_per_s * bytes_per_param / (2.0 * hbm_bytes_per_s)
 

@@ -1,4 +1,4 @@
-"""The throughput-latency plane (seeds 000 and 003): one curve per deployment shape.
+"""The throughput-latency plane: one curve per deployment shape.
 
 x = time per output token (ms), y = output tokens/s per GPU; each curve sweeps the
 running batch from 1 to the KV limit. The SLO is a vertical line; the chosen plan's

@@ -566,7 +566,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def register(subparsers: Any) -> None:
-    """Add ``rooftop engine-sim`` (CONTRACTS.md: register(subparsers) sets func)."""
+    """Add ``rooftop engine-sim`` (rooftop_cli.main: register(subparsers) sets func)."""
     p = subparsers.add_parser(
         "engine-sim",
         help="run a simulated vLLM server (OpenAI API, vLLM metrics)",
