@@ -1,4 +1,4 @@
-"""Choosing among candidates and saying why, in words a platform engineer can act on."""
+"""The search's decisions in words a platform engineer can act on (``choice`` decides)."""
 
 from __future__ import annotations
 
@@ -8,17 +8,10 @@ from typing import TYPE_CHECKING
 from rooftop_api.spec import ServingTargetSpec
 from rooftop_planner.efficiency import load_efficiency
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # types only: results are built by ``choice``, which imports this module
     from rooftop_planner.perf import StepBreakdown
     from rooftop_planner.plan import Plan
-    from rooftop_planner.search import Rejection, SearchResult
-
-MAX_ALTERNATIVES = 5
-
-
-def _rank(plan: Plan) -> tuple[float, float, int]:
-    """Cheapest first; ties go to lower latency, then fewer GPUs."""
-    return (round(plan.usd_per_hour, 6), plan.tpot_ms, plan.replicas * plan.tp)
+    from rooftop_planner.result import Rejection, SearchResult
 
 
 def describe(plan: Plan) -> str:
@@ -28,58 +21,10 @@ def describe(plan: Plan) -> str:
     )
 
 
-def pareto_frontier(plans: list[Plan]) -> list[Plan]:
-    """Plans no other plan beats on both $/hour and TPOT (sorted by cost)."""
-    frontier: list[Plan] = []
-    for plan in sorted(plans, key=_rank):
-        if not frontier or plan.tpot_ms < frontier[-1].tpot_ms:
-            frontier.append(plan)
-    return frontier
-
-
-def _best_per_shape(plans: list[Plan]) -> list[Plan]:
-    """The cheapest plan of each (GPU, TP, dtypes) shape, so alternatives differ in kind."""
-    best: dict[tuple[str, int, str, str], Plan] = {}
-    for plan in sorted(plans, key=_rank):
-        best.setdefault(plan.key, plan)
-    return sorted(best.values(), key=_rank)
-
-
-def summarize(
-    spec: ServingTargetSpec, plans: list[Plan], rejections: list[Rejection]
-) -> SearchResult:
-    """Pick the cheapest plan within budget; otherwise explain what would work."""
-    from rooftop_planner.search import SearchResult
-
-    budget = spec.budget.usd_per_hour
-    affordable = [p for p in plans if p.usd_per_hour <= budget + 1e-9]
-    over = [p for p in plans if p.usd_per_hour > budget + 1e-9]
-    rejections = rejections + [_over_budget(p, budget) for p in _best_per_shape(over)]
-    result = SearchResult(
-        feasible=bool(affordable),
-        plan=None,
-        rejections=rejections,
-        frontier=pareto_frontier(plans),
-        candidates=plans,
-        slo_tpot_ms=spec.slo.tpot_ms,
-        budget_usd_per_hour=budget,
-    )
-    if affordable:
-        ranked = _best_per_shape(affordable)
-        chosen = ranked[0]
-        result.plan = _with_summary(chosen, spec)
-        result.alternatives = [_lost_to(p, chosen) for p in ranked[1 : 1 + MAX_ALTERNATIVES]]
-    else:
-        result.alternatives = _closest(plans, spec)
-    result.reasons = _reasons(result, rejections, spec)
-    return result
-
-
-def _with_summary(plan: Plan, spec: ServingTargetSpec) -> Plan:
-    from dataclasses import replace
-
+def chosen(plan: Plan, spec: ServingTargetSpec) -> str:
+    """The chosen plan's one-line summary: shape, predictions against the SLO, cost."""
     slo = spec.slo
-    text = (
+    return (
         f"{describe(plan)}: predicted {slo.tpot_percentile.value} TPOT {plan.tpot_ms:.1f} ms "
         f"(SLO {slo.tpot_ms:g} ms), {slo.ttft_percentile.value} TTFT {plan.ttft_ms:.0f} ms"
         + (f" (SLO {slo.ttft_ms:g} ms)" if slo.ttft_ms else "")
@@ -87,62 +32,32 @@ def _with_summary(plan: Plan, spec: ServingTargetSpec) -> Plan:
         + f"; max-model-len {plan.max_model_len} ({plan.context_note})"
         + (f"; {plan.weights_note}" if plan.weight_dtype not in ("bf16", "fp16") else "")
     )
-    return replace(plan, summary=text)
 
 
-def _lost_to(plan: Plan, chosen: Plan) -> Plan:
-    from dataclasses import replace
-
-    extra = plan.usd_per_hour - chosen.usd_per_hour
+def lost_to(plan: Plan, winner: Plan) -> str:
+    """Why a runner-up lost to the chosen plan."""
+    extra = plan.usd_per_hour - winner.usd_per_hour
     why = (
         f"costs ${extra:.2f}/h more"
         if extra > 1e-9
-        else f"same cost, higher TPOT ({plan.tpot_ms:.1f} vs {chosen.tpot_ms:.1f} ms)"
+        else f"same cost, higher TPOT ({plan.tpot_ms:.1f} vs {winner.tpot_ms:.1f} ms)"
     )
-    return replace(plan, summary=f"{describe(plan)}: {why}")
+    return f"{describe(plan)}: {why}"
 
 
-def _over_budget(plan: Plan, budget: float) -> Rejection:
-    from rooftop_planner.search import Rejection
-
-    return Rejection(
-        plan.gpu,
-        plan.tp,
-        plan.weight_dtype,
-        plan.kv_dtype,
-        "over budget",
-        f"${plan.usd_per_hour:.2f}/h > ${budget:g}/h",
-    )
+def over_budget(plan: Plan, budget: float) -> str:
+    """A plan that meets the SLO but not the budget, and by how much."""
+    gap = plan.usd_per_hour - budget
+    return f"{describe(plan)} meets the SLO at ${plan.usd_per_hour:.2f}/h, ${gap:.2f} over budget"
 
 
-def _closest(plans: list[Plan], spec: ServingTargetSpec) -> list[Plan]:
-    """When nothing fits the budget: the cheapest plan that meets the SLO, in words."""
-    from dataclasses import replace
-
-    budget = spec.budget.usd_per_hour
-    out = []
-    for plan in _best_per_shape(plans)[:MAX_ALTERNATIVES]:
-        gap = plan.usd_per_hour - budget
-        out.append(
-            replace(
-                plan,
-                summary=(
-                    f"{describe(plan)} meets the SLO at ${plan.usd_per_hour:.2f}/h, "
-                    f"${gap:.2f} over budget"
-                ),
-            )
-        )
-    return out
-
-
-def _reasons(
-    result: SearchResult, rejections: list[Rejection], spec: ServingTargetSpec
-) -> list[str]:
+def reasons(result: SearchResult, spec: ServingTargetSpec) -> list[str]:
+    """The lines a user reads first: rejections by class and, with no plan, why not."""
+    rejections = result.rejections
     counts = Counter(r.category for r in rejections)
     lines = [f"{n} candidate(s) rejected: {cat}" for cat, n in counts.most_common()]
     if result.feasible:
         return lines
-    slo = spec.slo
     if result.alternatives:
         lines.insert(
             0,
@@ -150,14 +65,33 @@ def _reasons(
             f"cheapest that meets it: {result.alternatives[0].summary}",
         )
     else:
-        lines.insert(
-            0,
-            f"no plan meets a {slo.tpot_percentile.value} TPOT of {slo.tpot_ms:g} ms"
-            + (f" and TTFT of {slo.ttft_ms:g} ms" if slo.ttft_ms else "")
-            + " at any cost with these constraints",
-        )
+        lines.insert(0, _no_plan(counts, spec))
         lines.extend(_nearest_misses(rejections))
     return lines
+
+
+LATENCY_MISSES = ("TPOT over SLO", "TTFT over SLO")
+
+
+def _no_plan(counts: Counter[str], spec: ServingTargetSpec) -> str:
+    """The headline when no candidate meets the SLO: blame what actually stopped them."""
+    slo = spec.slo
+    target = f"a {slo.tpot_percentile.value} TPOT of {slo.tpot_ms:g} ms" + (
+        f" and TTFT of {slo.ttft_ms:g} ms" if slo.ttft_ms else ""
+    )
+    slow = sum(counts[c] for c in LATENCY_MISSES)
+    if counts["too many replicas"]:
+        limit = spec.constraints.max_replicas
+        rest = "; the other shapes are too slow at any batch" if slow else ""
+        return (
+            f"no plan meets {target} within maxReplicas {limit}: every shape fast enough "
+            f"needs more replicas{rest}; raise maxReplicas or allow larger GPUs or more "
+            "tensor parallelism"
+        )
+    if slow:
+        return f"no plan meets {target} at any cost with these constraints"
+    blocked = ", ".join(f"{cat} ({n})" for cat, n in counts.most_common())
+    return f"no candidate can run at all: {blocked or 'no GPU or dtype is allowed'}"
 
 
 def _nearest_misses(rejections: list[Rejection]) -> list[str]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 from typing import Any
 
@@ -35,12 +35,14 @@ from rooftop_planner.catalog import (
     load_catalog,
     model_from_hf_config,
 )
+from rooftop_planner.choice import choose
 from rooftop_planner.efficiency import EfficiencyTable, load_efficiency
 from rooftop_planner.inventory import GpuInventory
 from rooftop_planner.kernels import FloatArray
 from rooftop_planner.parallelism import TP_DEGREES, tp_problem
 from rooftop_planner.perf import Deployment
 from rooftop_planner.plan import Plan
+from rooftop_planner.result import Rejection, SearchResult
 from rooftop_planner.weights import Weights, kv_problem, resolve_weights
 from rooftop_planner.workload import LengthDistribution, from_spec
 
@@ -66,71 +68,6 @@ class Workload:
     requests_per_second: float
     prompt: LengthDistribution
     output: LengthDistribution
-
-
-@dataclass(frozen=True)
-class Rejection:
-    """A candidate that lost, and why (category is one of REJECTION_CATEGORIES)."""
-
-    gpu: str
-    tp: int
-    weight_dtype: str
-    kv_dtype: str
-    category: str
-    detail: str
-
-
-REJECTION_CATEGORIES = (
-    "no engine",
-    "no checkpoint",
-    "invalid",
-    "does not fit",
-    "TPOT over SLO",
-    "TTFT over SLO",
-    "too many replicas",
-    "over budget",
-)
-
-
-@dataclass
-class SearchResult:
-    feasible: bool
-    plan: Plan | None
-    alternatives: list[Plan] = field(default_factory=list)
-    reasons: list[str] = field(default_factory=list)
-    rejections: list[Rejection] = field(default_factory=list)
-    frontier: list[Plan] = field(default_factory=list)
-    candidates: list[Plan] = field(default_factory=list)
-    slo_tpot_ms: float = 0.0
-    budget_usd_per_hour: float = 0.0
-    # Infeasible only for want of GPU nodes: the plan the whole catalog would give.
-    beyond_inventory: Plan | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "feasible": self.feasible,
-            "plan": self.plan.to_json() if self.plan else None,
-            "alternatives": [p.to_json() for p in self.alternatives],
-            "reasons": self.reasons,
-            "frontier": [
-                {
-                    "gpu": p.gpu,
-                    "tp": p.tp,
-                    "replicas": p.replicas,
-                    "max_num_seqs": p.max_num_seqs,
-                    "weight_dtype": p.weight_dtype,
-                    "kv_dtype": p.kv_dtype,
-                    "usd_per_hour": round(p.usd_per_hour, 3),
-                    "tpot_ms": round(p.tpot_ms, 2),
-                }
-                for p in self.frontier
-            ],
-        }
-
-    def explain(self) -> str:
-        from rooftop_planner.explain import explain_result
-
-        return explain_result(self)
 
 
 # ---------------------------------------------------------------- per-replica model
@@ -643,8 +580,6 @@ def plan_target(
 
 
 def _search(ctx: _Context, catalog: Catalog) -> SearchResult:
-    from rooftop_planner.explain import summarize
-
     # Two passes: every candidate's checks, then all survivors' curves in one array pass
     # (per candidate, numpy's call overhead would dominate), then plans in candidate order.
     prepared = [_prepare(ctx, *candidate) for candidate in _candidates(ctx, catalog)]
@@ -657,7 +592,7 @@ def _search(ctx: _Context, catalog: Catalog) -> SearchResult:
             rejections.append(item)
         else:
             _judge(ctx, item, next(curves), plans, rejections)
-    return summarize(ctx.spec, plans, rejections)
+    return choose(ctx.spec, plans, rejections)
 
 
 def _beyond_cluster(unrestricted: SearchResult, inventory: GpuInventory) -> str:

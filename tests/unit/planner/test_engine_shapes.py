@@ -10,7 +10,8 @@ import pytest
 from rooftop_api.spec import ServingTargetSpec
 from rooftop_planner.catalog import CatalogError, load_catalog
 from rooftop_planner.plan import Plan
-from rooftop_planner.search import KV_FIT_MARGIN, SearchResult, plan_target
+from rooftop_planner.result import SearchResult
+from rooftop_planner.search import KV_FIT_MARGIN, plan_target
 from rooftop_planner.weights import ONLINE_FP8, Weights, resolve_weights
 
 AWQ_8B = "hugging-quants/Meta-Llama-3.1-8B-Instruct-AWQ-INT4"

@@ -27,7 +27,8 @@ import pytest
 
 from rooftop_api.spec import ServingTargetSpec
 from rooftop_planner.catalog import load_catalog
-from rooftop_planner.search import SearchResult, plan_target
+from rooftop_planner.result import SearchResult
+from rooftop_planner.search import plan_target
 
 
 @dataclass(frozen=True)
@@ -278,8 +279,6 @@ CASES: tuple[Case, ...] = (
         tpot_ms=80,
         rps=40,
         constraints={"gpuTypes": ["l4"], "maxTensorParallel": 1, "maxReplicas": 4},
-        xfail="explain._reasons: with no plan at all the headline always reads 'no plan meets "
-        "a p90 TPOT of 80 ms at any cost', though every rejection is 'too many replicas'",
     ),
 )
 

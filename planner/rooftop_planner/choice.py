@@ -1,0 +1,78 @@
+"""Choosing among the plans that meet the SLO: the budget cut, the ranking, the runners-up.
+
+The search calls ``choose`` with every plan that met the SLO and every rejection; it
+decides (cheapest within budget, ties to lower TPOT, then fewer GPUs; alternatives of a
+different shape) and ``explain`` puts each decision into words.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from rooftop_api.spec import ServingTargetSpec
+from rooftop_planner import explain
+from rooftop_planner.plan import Plan
+from rooftop_planner.result import Rejection, SearchResult
+
+MAX_ALTERNATIVES = 5
+BUDGET_TOLERANCE_USD_PER_HOUR = 1e-9  # float noise in a sum of prices is not overspending
+
+
+def rank(plan: Plan) -> tuple[float, float, int]:
+    """Cheapest first; ties go to lower latency, then fewer GPUs."""
+    return (round(plan.usd_per_hour, 6), plan.tpot_ms, plan.replicas * plan.tp)
+
+
+def pareto_frontier(plans: list[Plan]) -> list[Plan]:
+    """Plans no other plan beats on both $/hour and TPOT (sorted by cost)."""
+    frontier: list[Plan] = []
+    for plan in sorted(plans, key=rank):
+        if not frontier or plan.tpot_ms < frontier[-1].tpot_ms:
+            frontier.append(plan)
+    return frontier
+
+
+def best_per_shape(plans: list[Plan]) -> list[Plan]:
+    """The cheapest plan of each (GPU, TP, dtypes) shape, so alternatives differ in kind."""
+    best: dict[tuple[str, int, str, str], Plan] = {}
+    for plan in sorted(plans, key=rank):
+        best.setdefault(plan.key, plan)
+    return sorted(best.values(), key=rank)
+
+
+def choose(spec: ServingTargetSpec, plans: list[Plan], rejections: list[Rejection]) -> SearchResult:
+    """Pick the cheapest plan within budget; otherwise say what would work."""
+    budget = spec.budget.usd_per_hour
+    affordable = [p for p in plans if p.usd_per_hour <= budget + BUDGET_TOLERANCE_USD_PER_HOUR]
+    over = [p for p in plans if p.usd_per_hour > budget + BUDGET_TOLERANCE_USD_PER_HOUR]
+    rejections = rejections + [_over_budget(p, budget) for p in best_per_shape(over)]
+    result = SearchResult(
+        feasible=bool(affordable),
+        plan=None,
+        rejections=rejections,
+        frontier=pareto_frontier(plans),
+        candidates=plans,
+        slo_tpot_ms=spec.slo.tpot_ms,
+        budget_usd_per_hour=budget,
+    )
+    if affordable:
+        ranked = best_per_shape(affordable)
+        chosen = ranked[0]
+        result.plan = replace(chosen, summary=explain.chosen(chosen, spec))
+        result.alternatives = [
+            replace(p, summary=explain.lost_to(p, chosen)) for p in ranked[1 : 1 + MAX_ALTERNATIVES]
+        ]
+    else:  # what would work: the cheapest plan of each shape that meets the SLO
+        result.alternatives = [
+            replace(p, summary=explain.over_budget(p, budget))
+            for p in best_per_shape(plans)[:MAX_ALTERNATIVES]
+        ]
+    result.reasons = explain.reasons(result, spec)
+    return result
+
+
+def _over_budget(plan: Plan, budget: float) -> Rejection:
+    return Rejection(
+        plan.gpu, plan.tp, plan.weight_dtype, plan.kv_dtype, "over budget",
+        f"${plan.usd_per_hour:.2f}/h > ${budget:g}/h",
+    )  # fmt: skip
