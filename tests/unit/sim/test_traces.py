@@ -87,7 +87,7 @@ def test_missing_file() -> None:
 
 
 def test_bundled_azure_trace_loads_whole() -> None:
-    # the simulate benchmark's input: the README of shared/data says one hour,
+    # the simulate benchmark's input: examples/traces/README.md says one hour,
     # 19,366 requests, mean 1,155 prompt / 211 output tokens, 3-8 req/s
     t = load_trace(BUNDLED)
     assert len(t) == 19_366 and np.all(np.diff(t.arrival_s) >= 0)
