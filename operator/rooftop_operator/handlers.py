@@ -46,7 +46,8 @@ from rooftop_operator.specs import SpecError, TargetRef, parse_spec, slo_text
 from rooftop_planner.catalog import Catalog, load_catalog
 from rooftop_planner.inventory import GpuInventory, Placement, inventory_from_nodes
 from rooftop_planner.plan import Plan
-from rooftop_planner.search import SearchResult, plan_target
+from rooftop_planner.result import SearchResult
+from rooftop_planner.search import plan_target
 
 log = logging.getLogger(__name__)
 
@@ -472,6 +473,11 @@ def sync_readiness(rt: Runtime, deployment: Mapping[str, Any]) -> None:
 # ---------------------------------------------------------------- kopf wiring
 
 
+# Where the feedback loop keeps each target's controller state in kopf's memo, by uid
+# (the loop writes it; a deleted target's entry goes with its DELETED event).
+LOOP_MEMORY = "loop_targets"
+
+
 def runtime(memo: Any) -> Runtime:
     rt: Runtime = memo.runtime
     return rt
@@ -578,7 +584,10 @@ def engine_deployment_event(
 @kopf.on.event(crd.GROUP, crd.VERSION, crd.PLURAL)
 def target_event(event: kopf.RawEvent, name: str | None, namespace: str | None,
                  memo: kopf.Memo, **_: Any) -> None:  # fmt: skip
-    """Drop a deleted target's metric series. A watch event rather than on.delete: a
-    deletion handler would need a finalizer, and the children go by garbage collection."""
+    """Drop a deleted target's metric series and the loop's memory of it. A watch event
+    rather than on.delete: a deletion handler would need a finalizer, and the children
+    go by garbage collection."""
     if event.get("type") == "DELETED":
         runtime(memo).metrics.forget(str(namespace), str(name))
+        uid = ((event.get("object") or {}).get("metadata") or {}).get("uid")
+        getattr(memo, LOOP_MEMORY, {}).pop(uid, None)

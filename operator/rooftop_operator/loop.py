@@ -163,7 +163,7 @@ def _memory(
     replicas: int,
 ) -> _Target:  # fmt: skip
     """The target's controller memory; rebuilt when the spec or the plan's shape changed."""
-    targets: dict[str, _Target] = memo.__dict__.setdefault("loop_targets", {})
+    targets: dict[str, _Target] = memo.__dict__.setdefault(handlers.LOOP_MEMORY, {})
     key = (ref.generation, plan.gpu, plan.tp, plan.max_num_seqs, plan.weight_dtype, plan.kv_dtype)
     mem = targets.get(ref.uid)
     if mem is None or mem.key[:3] != key[:3] or mem.key[4:] != key[4:]:

@@ -480,9 +480,11 @@ def test_deleted_target_forgets_its_metrics(rt: Runtime, kube: FakeKube) -> None
     reconcile(rt, created(kube))
     labels = {"namespace": NS, "name": "chat"}
     assert rt.metrics.registry.get_sample_value("rooftop_target_feasible", labels) == 1.0
-    handlers.target_event(event={"type": "DELETED"}, name="chat", namespace=NS,
-                          memo=kopf.Memo(runtime=rt))  # fmt: skip
+    memo = kopf.Memo(runtime=rt, loop_targets={UID: "state", "other-uid": "state"})
+    deleted = {"type": "DELETED", "object": target_body()}
+    handlers.target_event(event=deleted, name="chat", namespace=NS, memo=memo)
     assert rt.metrics.registry.get_sample_value("rooftop_target_feasible", labels) is None
+    assert memo.loop_targets == {"other-uid": "state"}  # the loop's memory of it is gone too
 
 
 # ---------------------------------------------------------------- helpers
