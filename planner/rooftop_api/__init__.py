@@ -6,6 +6,7 @@
 ``conditions`` the one status-condition type and how a condition list is merged
 ``crd``        generate the CustomResourceDefinition from ``spec``
 ``reference``  generate docs/reference.md (the ServingTarget reference) from ``spec``
+``generated``  write or check (``--check``) what the two generators produce
 
 No Kubernetes client, no kopf, no planner: everything else builds on this package.
 """

@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from rooftop_api import spec as st
 from rooftop_api import vllm_args
+from rooftop_api.generated import write_or_check
 
 GROUP: Final = "rooftop.dev"
 VERSION: Final = "v1alpha1"
@@ -330,18 +331,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="CRD YAML path")
     parser.add_argument("--check", action="store_true", help="fail if the file is stale")
     args = parser.parse_args(argv)
-    text = render()
-    output: Path = args.output
-    if args.check:
-        current = output.read_text() if output.exists() else ""
-        if current != text:
-            print(f"{output} is stale: run `python -m rooftop_api.crd`", file=sys.stderr)
-            return 1
-        return 0
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text)
-    print(output)
-    return 0
+    return write_or_check(
+        args.output, render(), check=args.check, stale_hint="run `python -m rooftop_api.crd`"
+    )
 
 
 if __name__ == "__main__":

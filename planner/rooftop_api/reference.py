@@ -27,6 +27,7 @@ from typing import Final
 from pydantic import BaseModel
 
 from rooftop_api import spec as st
+from rooftop_api.generated import write_or_check
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 DEFAULT_OUTPUT: Final = REPO_ROOT / "docs" / "reference.md"
@@ -443,22 +444,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="page path")
     parser.add_argument("--check", action="store_true", help="fail if the page is stale")
     args = parser.parse_args(argv)
-    text = render()
-    output: Path = args.output
-    if args.check:
-        current = output.read_text() if output.exists() else ""
-        if current != text:
-            print(
-                f"{output} is stale: the ServingTarget models changed; "
-                "run `python -m rooftop_api.reference` and commit the page",
-                file=sys.stderr,
-            )
-            return 1
-        return 0
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text)
-    print(output)
-    return 0
+    hint = "the ServingTarget models changed; run `python -m rooftop_api.reference` and commit it"
+    return write_or_check(args.output, render(), check=args.check, stale_hint=hint)
 
 
 if __name__ == "__main__":
