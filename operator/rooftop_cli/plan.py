@@ -20,6 +20,7 @@ from rooftop_planner.catalog import CatalogError, load_catalog
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.explain import explain_step
 from rooftop_planner.inventory import Placement, inventory_from_nodes, load_nodes
+from rooftop_planner.result import SearchResult
 from rooftop_planner.scenarios import ScenarioError, scenario_from_row
 from rooftop_planner.search import plan_target
 
@@ -91,7 +92,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0 if result.feasible else 1
 
 
-def _short(result: Any) -> str:
+def _short(result: SearchResult) -> str:
     if result.plan:
         return f"Chosen: {result.plan.summary}"
     return "No feasible plan.\n" + "\n".join(f"  - {r}" for r in result.reasons[:3])

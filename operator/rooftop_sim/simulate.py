@@ -136,7 +136,7 @@ def load_spec(path: str) -> Any:
         raise InputError(str(err)) from err
 
 
-def scenario(spec: Any, workload: Workload, **sim_kw: Any) -> Scenario:
+def scenario(spec: ServingTargetSpec, workload: Workload, **sim_kw: Any) -> Scenario:
     """Plan the target (its shape, at its own workload rate) and set up the cluster."""
     from rooftop_planner.catalog import CatalogError
     from rooftop_planner.search import plan_target
@@ -430,7 +430,7 @@ def _json(value: Any) -> Any:
     raise TypeError(f"not JSON serializable: {type(value).__name__}")
 
 
-def with_rate(spec: Any, requests_per_second: float) -> Any:
+def with_rate(spec: ServingTargetSpec, requests_per_second: float) -> ServingTargetSpec:
     """``spec`` with its workload rate replaced (req/s)."""
     workload = spec.workload.model_copy(update={"requests_per_second": requests_per_second})
     return spec.model_copy(update={"workload": workload})
