@@ -17,11 +17,12 @@ import contextlib
 import copy
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from rooftop_api.spec import API_VERSION, KIND
 
@@ -55,6 +56,19 @@ class KubeError(RuntimeError):
         with contextlib.suppress(TypeError, ValueError, KeyError):
             message = json.loads(err.body or "")["message"]
         return cls(int(err.status or 0), message)
+
+
+@contextlib.contextmanager
+def api_errors() -> Iterator[None]:
+    """Turn the client's failures into ``KubeError``: an HTTP error keeps its status; a
+    connection that fails (API server restarting, network blip) is status 0, transient,
+    so callers handle both the same way instead of one as an unexpected traceback."""
+    try:
+        yield
+    except ApiException as err:
+        raise KubeError.from_api(err) from err
+    except (HTTPError, OSError) as err:
+        raise KubeError(0, f"API server unreachable: {err}") from err
 
 
 def _plural(kind: str) -> str:
@@ -93,17 +107,18 @@ class Kube:
     def get(self, api_version: str, kind: str, namespace: str, name: str) -> Obj | None:
         """The object, or None when it does not exist."""
         try:
-            if api_version == "v1":
-                return self._plain(self._read_core(kind, namespace, name))
-            group, version = api_version.split("/")
-            found = self._custom().get_namespaced_custom_object(
-                group, version, namespace, _plural(kind), name
-            )
-            return dict(found)
-        except ApiException as err:
+            with api_errors():
+                if api_version == "v1":
+                    return self._plain(self._read_core(kind, namespace, name))
+                group, version = api_version.split("/")
+                found = self._custom().get_namespaced_custom_object(
+                    group, version, namespace, _plural(kind), name
+                )
+                return dict(found)
+        except KubeError as err:
             if err.status == 404:
                 return None
-            raise KubeError.from_api(err) from err
+            raise
 
     def _read_core(self, kind: str, namespace: str, name: str) -> Any:
         if kind != "Service":
@@ -120,7 +135,7 @@ class Kube:
             "force": True,
             "_content_type": APPLY_CONTENT_TYPE,
         }
-        try:
+        with api_errors():
             if obj["apiVersion"] == "v1" and obj["kind"] == "Service":
                 self._core().patch_namespaced_service(
                     meta["name"], meta["namespace"], dict(obj), **options
@@ -131,36 +146,31 @@ class Kube:
                 group, version, meta["namespace"], _plural(obj["kind"]), meta["name"],
                 dict(obj), **options,
             )  # fmt: skip
-        except ApiException as err:
-            raise KubeError.from_api(err) from err
 
     def has_api(self, group_version: str, plural: str) -> bool:
         """Whether the API server serves ``plural`` in ``group_version`` (discovery),
         e.g. ``has_api("monitoring.coreos.com/v1", "podmonitors")``."""
         group, version = group_version.split("/")
         try:
-            found = self._custom().get_api_resources(group, version)
-        except ApiException as err:
+            with api_errors():
+                found = self._custom().get_api_resources(group, version)
+        except KubeError as err:
             if err.status in (403, 404, 503):
                 return False
-            raise KubeError.from_api(err) from err
+            raise
         return any(r.name == plural for r in found.resources or [])
 
     def list_nodes(self) -> list[Obj]:
         """Every Node, as plain dicts (for the GPU inventory; needs cluster RBAC)."""
-        try:
+        with api_errors():
             found = self._core().list_node()
-        except ApiException as err:
-            raise KubeError.from_api(err) from err
         return [self._plain(node) for node in found.items or []]
 
     def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[Obj]:
         """Pods in ``namespace`` carrying all of ``labels``, as plain dicts."""
         selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
-        try:
+        with api_errors():
             found = self._core().list_namespaced_pod(namespace, label_selector=selector)
-        except ApiException as err:
-            raise KubeError.from_api(err) from err
         return [self._plain(pod) for pod in found.items or []]
 
     def get_target(self, namespace: str, name: str) -> Obj | None:
@@ -183,13 +193,14 @@ class Kube:
                 return None
             body = {**target, "status": new}
             try:
-                self._custom().replace_namespaced_custom_object_status(
-                    *TARGET_GVP[:2], namespace, TARGET_GVP[2], name, body
-                )
-            except ApiException as err:
+                with api_errors():
+                    self._custom().replace_namespaced_custom_object_status(
+                        *TARGET_GVP[:2], namespace, TARGET_GVP[2], name, body
+                    )
+            except KubeError as err:
                 if err.status == 409:
                     log.debug("status of %s/%s changed under us; retrying", namespace, name)
                     continue
-                raise KubeError.from_api(err) from err
+                raise
             return new
         raise KubeError(409, f"status of {namespace}/{name} kept changing; gave up")

@@ -26,7 +26,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -39,6 +39,7 @@ from rooftop_control import control
 from rooftop_control.calibration import CalibrationConfig, TrimConfig, clamp
 from rooftop_operator import handlers, metrics_client
 from rooftop_operator.builders import deployment_name
+from rooftop_operator.kube import KubeError
 from rooftop_operator.metrics_client import MetricsClient, Selector
 from rooftop_operator.settings import LoopSettings, OperatorConfig
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec
@@ -128,13 +129,43 @@ def observed_status(d: control.Decision, obs: control.Observation, now: str) -> 
     }
 
 
+# How far an observed figure must move before status is written again: window-to-window
+# noise is not news, and a write per target per tick is what limits how many targets one
+# operator can run. Relative, with an absolute floor for figures near zero.
+OBSERVED_NOISE_RATIO = 0.05
+OBSERVED_NOISE_FLOOR = {"running": 1.0, "waiting": 1.0, "kvCacheUsageRatio": 0.02}
+# Kept up to date only alongside a visible change: the sample count grows every tick.
+OBSERVED_BOOKKEEPING = ("calibrationSamples", "time")
+
+
+def observed_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Whether ``new`` says something ``old`` does not, beyond each figure's noise."""
+    keys = (set(old) | set(new)) - set(OBSERVED_BOOKKEEPING)
+    for key in keys:
+        before, after = old.get(key), new.get(key)
+        if isinstance(before, int | float) and isinstance(after, int | float):
+            noise = max(OBSERVED_NOISE_RATIO * abs(before), OBSERVED_NOISE_FLOOR.get(key, 0.0))
+            if abs(after - before) > noise:
+                return True
+        elif before != after:  # appeared, vanished, or a state such as metricsState
+            return True
+    return False
+
+
 def status_update(
     status: Mapping[str, Any], d: control.Decision, obs: control.Observation, plan: Plan,
     now: str,
 ) -> dict[str, Any]:  # fmt: skip
-    """The new status: observed, plan (replicas, cap, cost) and the two conditions."""
+    """The new status: observed, plan (replicas, cap, cost) and the two conditions.
+
+    ``observed`` keeps its previous figures (and time) unless one moved beyond its
+    noise, so a quiet tick leaves status exactly as it was and nothing is written.
+    """
     out = dict(status)
-    out["observed"] = observed_status(d, obs, now)
+    old = status.get("observed") or {}
+    new = observed_status(d, obs, now)
+    quiet = not observed_changed(old, new)
+    out["observed"] = old if quiet else new
     if status.get("plan"):
         out["plan"] = {
             **status["plan"],
@@ -142,7 +173,21 @@ def status_update(
             "maxNumSeqs": d.max_num_seqs,
             "usdPerHour": round(d.replicas * plan.usd_per_replica_hour, 3),
         }
-    out["conditions"] = cnd.merge(status.get("conditions"), d.conditions, now=now)
+    conds = _same_words(status.get("conditions"), d.conditions) if quiet else d.conditions
+    out["conditions"] = cnd.merge(status.get("conditions"), conds, now=now)
+    return out
+
+
+def _same_words(
+    current: Sequence[Mapping[str, Any]] | None, updates: Sequence[cnd.Condition]
+) -> list[cnd.Condition]:
+    """``updates``, keeping the stored message of a condition whose status and reason are
+    unchanged: its figures (an observed TPOT) moved only within their noise."""
+    out = []
+    for c in updates:
+        old = cnd.find(current, c.type)
+        same = old is not None and (old.get("status"), old.get("reason")) == (c.status, c.reason)
+        out.append(replace(c, message=str(old.get("message", ""))) if same and old else c)
     return out
 
 
@@ -231,6 +276,41 @@ async def _observe(
     return observation(snap, ready, pending), list(snap.errors)
 
 
+def _read_deployment(rt: handlers.Runtime, ref: TargetRef) -> Mapping[str, Any] | None:
+    """The target's engine Deployment, with its readiness mirrored into status."""
+    dep = rt.kube.get("apps/v1", "Deployment", ref.namespace, deployment_name(ref.name))
+    handlers.refresh_readiness(rt, dep)
+    return dep
+
+
+class ApiHealth:
+    """One warning per API server outage, not one per target and tick: while the server
+    is unreachable every target's tick fails the same way."""
+
+    def __init__(self) -> None:
+        self.down = False
+
+    def failed(self, err: KubeError, target: str = "") -> None:
+        """Log ``err``: a transient one once per outage, any other one per target."""
+        if not err.transient:
+            log.warning("feedback %s: %s", target, err)
+        elif not self.down:
+            self.down = True
+            log.warning("Kubernetes API unavailable (%s); the loop skips ticks until it "
+                        "answers", err)  # fmt: skip
+        else:
+            log.debug("still unavailable: %s", err)
+
+    def answered(self) -> None:
+        """A call went through: the outage, if any, is over."""
+        if self.down:
+            self.down = False
+            log.info("Kubernetes API answers again; the loop resumes")
+
+
+API_HEALTH = ApiHealth()
+
+
 def _apply(rt: handlers.Runtime, body: Mapping[str, Any], ref: TargetRef, spec: ServingTargetSpec,
            plan: Plan, d: control.Decision, obs: control.Observation) -> None:  # fmt: skip
     """Deployment (when changed), event, metrics, status. Blocking: run in a thread."""
@@ -250,6 +330,9 @@ def _apply(rt: handlers.Runtime, body: Mapping[str, Any], ref: TargetRef, spec: 
         slo_met=None if slo is None or slo.status == "Unknown" else slo.status == "True",
     )  # fmt: skip
     now = rt.now()
+    seen = body.get("status") or {}
+    if status_update(seen, d, obs, plan, now) == seen:
+        return  # nothing a user would see changed: no read, no write
     rt.kube.update_status(
         ref.namespace, ref.name, lambda status: status_update(status, d, obs, plan, now)
     )
@@ -279,10 +362,11 @@ async def feedback(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     except PlanStatusError as err:  # hand-edited status: reconcile writes it again
         log.warning("feedback %s/%s: holding: %s", ref.namespace, ref.name, err)
         return
-    dep = await asyncio.to_thread(
-        rt.kube.get, "apps/v1", "Deployment", ref.namespace, deployment_name(ref.name)
-    )
-    await asyncio.to_thread(handlers.refresh_readiness, rt, dep)
+    try:
+        dep = await asyncio.to_thread(_read_deployment, rt, ref)
+    except KubeError as err:
+        API_HEALTH.failed(err)
+        return  # the next tick reads again: no back-off, no traceback
     desired, ready, pending = pod_counts(dep)
     try:
         mem = _memory(memo, ref, spec, plan, status, desired)
@@ -302,6 +386,7 @@ async def feedback(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     mem.state = d.state
     try:
         await asyncio.to_thread(_apply, rt, body, ref, spec, plan, d, obs)
-    except Exception as err:  # kube errors: the next tick decides again from fresh data
-        log.warning("feedback %s/%s: %s", ref.namespace, ref.name, err)
-        raise kopf.TemporaryError(str(err), delay=settings.interval_s) from err
+    except KubeError as err:  # the next tick decides again from fresh data
+        API_HEALTH.failed(err, f"{ref.namespace}/{ref.name}")
+        return
+    API_HEALTH.answered()

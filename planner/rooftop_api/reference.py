@@ -90,7 +90,6 @@ NOTES: Final[Mapping[str, str]] = {
     "status.observed.kvCacheUsageRatio": "KV cache in use, 0 to 1 (mean over pods).",
     "status.observed.calibrationFactor": "Observed over predicted decode step time; the "
     "planner's step times are scaled by it when the loop re-plans.",
-    "status.observed.time": "When the metrics were read (RFC 3339).",
     "status.plan.gpu": "GPU catalog id.",
     "status.plan.tp": "Tensor-parallel size (GPUs per replica).",
     "status.plan.replicas": "Engine replicas (the loop updates it).",

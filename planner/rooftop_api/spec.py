@@ -417,7 +417,12 @@ class ObservedStatus(_Model):
         "restart resumes from it.",
     )
     metrics_state: str | None = Field(default=None, description="ok, missing, stale or nan.")
-    time: str | None = None
+    time: str | None = Field(
+        default=None,
+        description="When these figures were written: the loop rewrites them only when one "
+        "moves beyond its noise (5 %), the metrics state changes or a condition does, so "
+        "a steady target's status stays still.",
+    )
 
 
 # The stored form, for the CRD schema only: the operator and the control law build

@@ -23,7 +23,7 @@ from conftest import (
     target_body,
 )
 
-from rooftop_api.conditions import find
+from rooftop_api.conditions import Condition, find
 from rooftop_control import control
 from rooftop_operator import builders, children, handlers, loop
 from rooftop_operator.handlers import Runtime, reconcile
@@ -553,6 +553,57 @@ def test_a_held_batch_cap_is_an_event_once(rt: Runtime, kube: FakeKube, events: 
     loop._apply(rt, body, TargetRef.from_body(body), parse_spec(SPEC), plan, _held(False), obs)
     assert len(events.items) == 1  # still held: no event on every tick
     assert kube.applied == []  # nothing changed, nothing written to the Deployment
+
+
+def _steady(tpot_ms: float) -> tuple[control.Decision, control.Observation]:
+    """A decision that changes nothing, with SLOMet's message carrying the figure."""
+    conds = (
+        Condition("SLOMet", "True", "SLOMet", f"observed TPOT {tpot_ms:.1f} ms <= SLO 50 ms"),
+        Condition("WithinBudget", "True", "WithinBudget", "1 replica, $0.80/h"),
+    )
+    state = control.initial_state(1, 64)
+    d = control.Decision(1, 64, "hold 1", conds, state, control.MetricState.OK, 1, 1, 64,
+                         cause=control.Cause.LOAD_CHANGE)  # fmt: skip
+    ok = control.MetricState.OK
+    return d, control.Observation(tpot_ms=control.Reading(tpot_ms, ok), ready_replicas=1)
+
+
+def test_a_quiet_tick_writes_nothing(rt: Runtime, kube: FakeKube) -> None:
+    """Status is written when something a user can see changed, never for a timestamp
+    or a figure moving within its noise: a write per target per tick is what limits how
+    many targets one operator runs."""
+    body = created(kube)
+    plan = make_plan(gpu="l4", replicas=1, usd_per_hour=0.8)
+    ref, spec = TargetRef.from_body(body), parse_spec(SPEC)
+    loop._apply(rt, body, ref, spec, plan, *_steady(30.0))
+    assert kube.status_writes == 1
+    rt.now = lambda: "2030-01-01T00:00:00Z"  # a later tick
+    loop._apply(rt, latest(kube), ref, spec, plan, *_steady(30.9))  # within 5 %
+    assert kube.status_writes == 1
+    assert latest(kube)["status"]["observed"]["tpotMs"] == 30.0
+    loop._apply(rt, latest(kube), ref, spec, plan, *_steady(36.0))  # news
+    assert kube.status_writes == 2
+    assert latest(kube)["status"]["observed"]["tpotMs"] == 36.0
+    slo = find(latest(kube)["status"]["conditions"], "SLOMet")
+    assert slo is not None and "36.0 ms" in slo["message"]
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "changed"),
+    [
+        ({"tpotMs": 30.0, "time": "t0"}, {"tpotMs": 31.0, "time": "t1"}, False),
+        ({"tpotMs": 30.0}, {"tpotMs": 32.0}, True),  # > 5 %
+        ({"running": 0.0}, {"running": 1.0}, False),  # a count within its floor
+        ({"running": 0.0}, {"running": 2.0}, True),
+        ({"tpotMs": 30.0}, {}, True),  # vanished: metrics went missing
+        ({"metricsState": "ok"}, {"metricsState": "stale"}, True),
+        ({"calibrationSamples": 3}, {"calibrationSamples": 4}, False),  # bookkeeping
+    ],
+)
+def test_observed_figures_change_beyond_their_noise(
+    old: dict[str, Any], new: dict[str, Any], changed: bool
+) -> None:
+    assert loop.observed_changed(old, new) is changed
 
 
 async def test_the_loop_holds_when_an_edit_no_longer_plans(rt: Runtime, kube: FakeKube) -> None:
