@@ -255,3 +255,26 @@ def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     settings.posting.level = logging.WARNING
     # Namespace-scoped installs have no cluster-wide RBAC to scan CRDs/namespaces with.
     settings.scanning.disabled = not config.clusterwide
+    # A line per timer tick and watch event is noise at scale (about 100 lines/s with
+    # 1,000 targets); those successes go to DEBUG, a decision that changes something
+    # still says so at INFO (its event).
+    objects = logging.getLogger("kopf.objects")
+    if not any(isinstance(f, RoutineSuccesses) for f in objects.filters):
+        objects.addFilter(RoutineSuccesses())
+
+
+# Handlers that run on every tick or watch event, not on a user's change.
+ROUTINE_HANDLERS: Final = ("feedback", "replan_waiting", "engine_deployment_event", "target_event")
+
+
+class RoutineSuccesses(logging.Filter):
+    """kopf logs "<handler> succeeded." at INFO after every call; for the routine
+    handlers that becomes DEBUG (shown with --verbose)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        routine = any(f"'{name}'" in message for name in ROUTINE_HANDLERS)
+        if record.levelno == logging.INFO and routine and message.endswith(" succeeded."):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger().isEnabledFor(logging.DEBUG)
+        return True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 
 import kopf
 import pytest
@@ -13,6 +14,7 @@ from rooftop_operator.settings import (
     VLLM_IMAGE,
     LoopSettings,
     OperatorConfig,
+    RoutineSuccesses,
     configure,
     env_defaults,
 )
@@ -127,3 +129,25 @@ def test_bad_prometheus_headers_stop_the_operator_before_it_starts() -> None:
     assert proc.returncode == 2, proc.stderr
     assert "ROOFTOP_PROMETHEUS_HEADERS='X-Scope-OrgID=team-a': give a JSON object" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("message", "level", "shown_at_info"),
+    [
+        ("Timer 'feedback' succeeded.", logging.INFO, False),
+        ("Handler 'engine_deployment_event' succeeded.", logging.INFO, False),
+        ("Handler 'reconcile_target' succeeded.", logging.INFO, True),  # a user's change
+        ("Timer 'feedback' failed with an exception", logging.ERROR, True),
+    ],
+)
+def test_routine_successes_are_debug(message: str, level: int, shown_at_info: bool) -> None:
+    record = logging.LogRecord("kopf.objects", level, __file__, 1, message, None, None)
+    root = logging.getLogger()
+    before = root.level
+    try:
+        root.setLevel(logging.INFO)
+        assert RoutineSuccesses().filter(record) is shown_at_info
+        root.setLevel(logging.DEBUG)  # --verbose: everything, routine lines as DEBUG
+        assert RoutineSuccesses().filter(record) is True
+    finally:
+        root.setLevel(before)
