@@ -78,6 +78,8 @@ spec:
     usdPerHour: 120
   constraints:
     gpuTypes: [l4]
+    weightDtypes: [fp8]               # 70B in bf16 fits no L4 shape; the table's shape is fp8
+    kvDtypes: [fp8]
     maxReplicas: 20
 """
 

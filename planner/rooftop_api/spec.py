@@ -59,14 +59,16 @@ class WeightDtype(StrEnum):
 
 
 class KvDtype(StrEnum):
-    """How the KV cache is stored. ``auto`` follows the activation dtype (16-bit)."""
+    """How the KV cache is stored, as vLLM can. ``auto`` follows the activation dtype (16-bit)."""
 
     AUTO = "auto"
     BF16 = "bf16"
     FP16 = "fp16"
     FP8 = "fp8"
-    INT8 = "int8"
-    INT4 = "int4"
+
+
+# KV dtypes people ask for that vLLM cannot store: named in the error, with the fix.
+NO_VLLM_KV_DTYPES = ("int8", "int4")
 
 
 class Mode(StrEnum):
@@ -153,10 +155,16 @@ class Constraints(_Model):
         default=None, description="Allowed GPU catalog ids (default: all)."
     )
     weight_dtypes: list[WeightDtype] | None = Field(
-        default=None, description="Allowed weight dtypes (default: bf16, fp8)."
+        default=None,
+        description="Allowed weight dtypes. Default: bf16 only, the model's 16-bit weights "
+        "(list fp16 to serve a model published in fp16 as is). fp8, int8, int4 and fp4 "
+        "weights change the model's outputs, so they are planned only when listed here.",
     )
     kv_dtypes: list[KvDtype] | None = Field(
-        default=None, description="Allowed KV cache dtypes (default: auto, fp8)."
+        default=None,
+        description="Allowed KV cache dtypes. Default: auto (16-bit) and fp8, which halves "
+        "the cache and changes outputs slightly; at equal cost the 16-bit cache is planned, "
+        "and [auto] allows only it. vLLM has no int8 or int4 KV cache.",
     )
     max_tensor_parallel: int | None = Field(default=None, ge=1, le=64)
     min_replicas: int = Field(default=1, ge=0, le=1000)
@@ -165,6 +173,18 @@ class Constraints(_Model):
         default=None, description="Extra node labels that engine pods require."
     )
     tolerations: list[Toleration] | None = None
+
+    @field_validator("kv_dtypes", mode="before")
+    @classmethod
+    def _kv_dtypes_vllm_has(cls, value: Any) -> Any:
+        """Name the KV dtypes vLLM lacks and the fix, before the enum's generic error."""
+        lacking = [v for v in value if v in NO_VLLM_KV_DTYPES] if isinstance(value, list) else []
+        if lacking:
+            raise ValueError(
+                f"kvDtypes [{', '.join(map(str, lacking))}]: vLLM has no "
+                f"{' or '.join(map(str, lacking))} KV cache; use auto or fp8"
+            )
+        return value
 
     @model_validator(mode="after")
     def _replica_range(self) -> Constraints:

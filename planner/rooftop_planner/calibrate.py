@@ -412,7 +412,7 @@ def log_error(observation: Observation, overhead: EngineOverhead) -> float:
     scenario = observation.scenario
     eff = replace(scenario.deployment.efficiency, overhead=overhead)
     prediction = replace(scenario, deployment=replace(scenario.deployment, efficiency=eff))
-    value: float = getattr(prediction.predict(), observation.metric)
+    value: float = getattr(prediction.predict(check_context=False), observation.metric)
     if not math.isfinite(value) or value <= 0:
         return 3.0  # a row we claim does not fit but was measured: a large, bounded penalty
     return math.log(value / observation.measured)

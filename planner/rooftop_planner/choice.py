@@ -1,8 +1,9 @@
 """Choosing among the plans that meet the SLO: the budget cut, the ranking, the runners-up.
 
 The search calls ``choose`` with every plan that met the SLO and every rejection; it
-decides (cheapest within budget, ties to lower TPOT, then fewer GPUs; alternatives of a
-different shape) and ``explain`` puts each decision into words.
+decides (cheapest within budget, ties to fewer quantized parts, then lower TPOT, then
+fewer GPUs; alternatives of a different shape, same-cost KV-only variants folded into
+one) and ``explain`` puts each decision into words.
 """
 
 from __future__ import annotations
@@ -18,9 +19,12 @@ MAX_ALTERNATIVES = 5
 BUDGET_TOLERANCE_USD_PER_HOUR = 1e-9  # float noise in a sum of prices is not overspending
 
 
-def rank(plan: Plan) -> tuple[float, float, int]:
-    """Cheapest first; ties go to lower latency, then fewer GPUs."""
-    return (round(plan.usd_per_hour, 6), plan.tpot_ms, plan.replicas * plan.tp)
+def rank(plan: Plan) -> tuple[float, int, float, int]:
+    """Cheapest first; ties go to the plan that keeps more of the model's 16-bit outputs
+    (quantized weights or KV only where they save money), then lower latency, then fewer
+    GPUs."""
+    quantized = sum(d not in explain.SIXTEEN_BIT for d in (plan.weight_dtype, plan.kv_dtype))
+    return (round(plan.usd_per_hour, 6), quantized, plan.tpot_ms, plan.replicas * plan.tp)
 
 
 def pareto_frontier(plans: list[Plan]) -> list[Plan]:
@@ -40,6 +44,18 @@ def best_per_shape(plans: list[Plan]) -> list[Plan]:
     return sorted(best.values(), key=rank)
 
 
+def fold_kv(plans: list[Plan]) -> list[tuple[Plan, tuple[str, ...]]]:
+    """Ranked plans with their same-cost KV-dtype variants folded into the best-ranked
+    one: (plan, KV dtypes of the folded line). Variants that differ only in the KV cache
+    at the same price are one alternative, not two."""
+    folded: dict[tuple[str, int, str, int, float], tuple[Plan, tuple[str, ...]]] = {}
+    for plan in plans:
+        key = (plan.gpu, plan.tp, plan.weight_dtype, plan.replicas, rank(plan)[0])
+        first, kvs = folded.get(key, (plan, ()))
+        folded[key] = (first, (*kvs, plan.kv_dtype))
+    return list(folded.values())
+
+
 def choose(spec: ServingTargetSpec, plans: list[Plan], rejections: list[Rejection]) -> SearchResult:
     """Pick the cheapest plan within budget; otherwise say what would work."""
     budget = spec.budget.usd_per_hour
@@ -56,16 +72,16 @@ def choose(spec: ServingTargetSpec, plans: list[Plan], rejections: list[Rejectio
         budget_usd_per_hour=budget,
     )
     if affordable:
-        ranked = best_per_shape(affordable)
-        chosen = ranked[0]
+        (chosen, _), *others = fold_kv(best_per_shape(affordable))
         result.plan = replace(chosen, summary=explain.chosen(chosen, spec))
         result.alternatives = [
-            replace(p, summary=explain.lost_to(p, chosen)) for p in ranked[1 : 1 + MAX_ALTERNATIVES]
+            replace(p, summary=explain.lost_to(p, chosen, kvs))
+            for p, kvs in others[:MAX_ALTERNATIVES]
         ]
     else:  # what would work: the cheapest plan of each shape that meets the SLO
         result.alternatives = [
-            replace(p, summary=explain.over_budget(p, budget))
-            for p in best_per_shape(plans)[:MAX_ALTERNATIVES]
+            replace(p, summary=explain.over_budget(p, budget, kvs))
+            for p, kvs in fold_kv(best_per_shape(plans))[:MAX_ALTERNATIVES]
         ]
     result.reasons = explain.reasons(result, spec)
     return result

@@ -14,11 +14,24 @@ if TYPE_CHECKING:  # types only: results are built by ``choice``, which imports 
     from rooftop_planner.result import Rejection, SearchResult
 
 
-def describe(plan: Plan) -> str:
+SIXTEEN_BIT = ("bf16", "fp16", "auto")  # weights and KV caches that keep the model's outputs
+
+
+def describe(plan: Plan, kv_dtypes: tuple[str, ...] = ()) -> str:
+    """``1x l4 TP1 bf16/KV auto, max-num-seqs 32``; ``kv_dtypes``: the KV dtypes of
+    same-cost variants folded into this line (``KV auto|fp8``)."""
+    kv = "|".join(kv_dtypes or (plan.kv_dtype,))
     return (
-        f"{plan.replicas}x {plan.gpu} TP{plan.tp} {plan.weight_dtype}/KV {plan.kv_dtype}, "
+        f"{plan.replicas}x {plan.gpu} TP{plan.tp} {plan.weight_dtype}/KV {kv}, "
         f"max-num-seqs {plan.max_num_seqs}"
     )
+
+
+def changes_outputs(plan: Plan) -> str:
+    """What in the plan makes outputs differ from the model's 16-bit weights, else ""."""
+    parts = [f"weights {plan.weight_dtype}"] if plan.weight_dtype not in SIXTEEN_BIT else []
+    parts += [f"KV {plan.kv_dtype}"] if plan.kv_dtype not in SIXTEEN_BIT else []
+    return " and ".join(parts)
 
 
 def chosen(plan: Plan, spec: ServingTargetSpec) -> str:
@@ -30,25 +43,53 @@ def chosen(plan: Plan, spec: ServingTargetSpec) -> str:
         + (f" (SLO {slo.ttft_ms:g} ms)" if slo.ttft_ms else "")
         + f", ${plan.usd_per_hour:.2f}/h of ${spec.budget.usd_per_hour:g}/h budget"
         + f"; max-model-len {plan.max_model_len} ({plan.context_note})"
-        + (f"; {plan.weights_note}" if plan.weight_dtype not in ("bf16", "fp16") else "")
+        + _quantized_note(plan)
     )
 
 
-def lost_to(plan: Plan, winner: Plan) -> str:
+def _quantized_note(plan: Plan) -> str:
+    """For a plan with quantized weights or KV: that its outputs differ, and why."""
+    changed = changes_outputs(plan)
+    if not changed:
+        return ""
+    note = f"; {changed}: outputs differ from bf16"
+    if plan.weight_dtype not in SIXTEEN_BIT:
+        note += f"; {plan.weights_note}"
+    if plan.kv_dtype not in SIXTEEN_BIT:
+        note += "; pin kvDtypes: [auto] for a 16-bit KV cache"
+    return note
+
+
+def lost_to(plan: Plan, winner: Plan, kv_dtypes: tuple[str, ...] = ()) -> str:
     """Why a runner-up lost to the chosen plan."""
     extra = plan.usd_per_hour - winner.usd_per_hour
-    why = (
-        f"costs ${extra:.2f}/h more"
-        if extra > 1e-9
-        else f"same cost, higher TPOT ({plan.tpot_ms:.1f} vs {winner.tpot_ms:.1f} ms)"
-    )
-    return f"{describe(plan)}: {why}"
+    if extra > 1e-9:
+        why = f"costs ${extra:.2f}/h more"
+    elif plan.tpot_ms < winner.tpot_ms:  # lost the tie on quantization
+        why = (f"same cost, lower TPOT ({plan.tpot_ms:.1f} vs {winner.tpot_ms:.1f} ms), but "
+               f"{changes_outputs(plan)} would change the outputs")  # fmt: skip
+    else:
+        why = f"same cost, higher TPOT ({plan.tpot_ms:.1f} vs {winner.tpot_ms:.1f} ms)"
+    return f"{describe(plan, kv_dtypes)}: {why}"
 
 
-def over_budget(plan: Plan, budget: float) -> str:
+def over_budget(plan: Plan, budget: float, kv_dtypes: tuple[str, ...] = ()) -> str:
     """A plan that meets the SLO but not the budget, and by how much."""
     gap = plan.usd_per_hour - budget
-    return f"{describe(plan)} meets the SLO at ${plan.usd_per_hour:.2f}/h, ${gap:.2f} over budget"
+    return (f"{describe(plan, kv_dtypes)} meets the SLO at ${plan.usd_per_hour:.2f}/h, "
+            f"${gap:.2f} over budget")  # fmt: skip
+
+
+def too_long(model: str, prompt: float, output: float, context: int) -> str:
+    """The headline when the workload's p90 requests exceed the model's context."""
+    where = f"{model}'s {context:,}-token context"
+    if prompt > context:
+        what = f"prompts of {prompt:,.0f} tokens (the workload's p90) exceed {where}"
+    else:
+        what = (f"requests of {prompt:,.0f} prompt + {output:,.0f} output tokens (the workload's "
+                f"p90s) exceed {where}")  # fmt: skip
+    return (f"{what}; vLLM refuses such requests, so no GPU serves this workload: serve a "
+            "model with a longer context, or shorten them")  # fmt: skip
 
 
 def reasons(result: SearchResult, spec: ServingTargetSpec) -> list[str]:
@@ -65,7 +106,7 @@ def reasons(result: SearchResult, spec: ServingTargetSpec) -> list[str]:
             f"cheapest that meets it: {result.alternatives[0].summary}",
         )
     else:
-        lines.insert(0, _no_plan(counts, spec))
+        lines.insert(0, _no_plan(rejections, spec))
         lines.extend(_nearest_misses(rejections))
     return lines
 
@@ -73,8 +114,9 @@ def reasons(result: SearchResult, spec: ServingTargetSpec) -> list[str]:
 LATENCY_MISSES = ("TPOT over SLO", "TTFT over SLO")
 
 
-def _no_plan(counts: Counter[str], spec: ServingTargetSpec) -> str:
+def _no_plan(rejections: list[Rejection], spec: ServingTargetSpec) -> str:
     """The headline when no candidate meets the SLO: blame what actually stopped them."""
+    counts = Counter(r.category for r in rejections)
     slo = spec.slo
     target = f"a {slo.tpot_percentile.value} TPOT of {slo.tpot_ms:g} ms" + (
         f" and TTFT of {slo.ttft_ms:g} ms" if slo.ttft_ms else ""
@@ -90,8 +132,42 @@ def _no_plan(counts: Counter[str], spec: ServingTargetSpec) -> str:
         )
     if slow:
         return f"no plan meets {target} at any cost with these constraints"
-    blocked = ", ".join(f"{cat} ({n})" for cat, n in counts.most_common())
-    return f"no candidate can run at all: {blocked or 'no GPU or dtype is allowed'}"
+    return _cannot_run(rejections)
+
+
+# Rejections that say where a GPU is missing (an engine image, a node), not why the
+# candidates that have one cannot run.
+PLACEMENT_MISSES = ("no engine", "not in cluster")
+FIXES = {
+    "does not fit": "allow GPUs with more memory (constraints.gpuTypes), more tensor "
+    "parallelism (constraints.maxTensorParallel) or quantized weights (constraints.weightDtypes)",
+    "no checkpoint": "name one in spec.engine.checkpoints, or allow bf16 weights "
+    "(constraints.weightDtypes)",
+    "invalid": "change constraints.weightDtypes, kvDtypes or maxTensorParallel as each says",
+    "no engine": "configure that engine image, or allow CUDA GPUs (constraints.gpuTypes)",
+    "not in cluster": "add the GPU nodes it names",
+}
+
+
+def _cannot_run(rejections: list[Rejection]) -> str:
+    """The headline when no candidate reached the latency model: the reason they share
+    (ignoring GPUs with no engine or node, unless that is all there is) and its fix."""
+    if not rejections:
+        return "no candidate can run at all: no GPU or dtype is allowed"
+    blocked = [r for r in rejections if r.category not in PLACEMENT_MISSES] or rejections
+    if len({r.detail for r in blocked}) == 1:
+        return f"no candidate can run: {blocked[0].detail}"
+    counts = Counter(r.category for r in blocked)
+    if len(counts) > 1:
+        listed = ", ".join(f"{cat} ({n})" for cat, n in counts.most_common())
+        return f"no candidate can run at all: {listed}"
+    widest = max(blocked, key=lambda r: r.tp)  # the best chance, for "does not fit"
+    category = widest.category
+    return (
+        f"no candidate can run: all {len(blocked)} are rejected as {category}, e.g. "
+        f"{widest.gpu} TP{widest.tp} {widest.weight_dtype}/KV {widest.kv_dtype}: "
+        f"{widest.detail}; {FIXES.get(category, 'see the rejections below')}"
+    )
 
 
 def _nearest_misses(rejections: list[Rejection]) -> list[str]:

@@ -115,11 +115,16 @@ class GpuInventory:
             so a user sees why those nodes were not used).
         unusable: catalog GPU id -> (GPUs on the biggest node the target's pods may not
             use, why), kept only where that node is bigger than every usable one.
+        nodes: schedulable nodes read (None: not built from a node list).
+        unlabelled: GPU resource name -> nodes that offer it with no label telling
+            which GPU it is (no GPU Feature Discovery), so no catalog GPU matches them.
     """
 
     gpus_per_node: Mapping[str, int] = field(default_factory=dict)
     unknown_products: tuple[str, ...] = ()
     unusable: Mapping[str, tuple[int, str]] = field(default_factory=dict)
+    nodes: int | None = None
+    unlabelled: Mapping[str, int] = field(default_factory=dict)
 
     def problem(self, gpu: GpuSpec, tp: int) -> str:
         """Why no node of this cluster can run a ``tp``-GPU pod of ``gpu``, else ""."""
@@ -136,14 +141,24 @@ class GpuInventory:
         return f"the cluster's {gpu.id} nodes have at most {have} GPU(s) each"
 
     def describe(self) -> str:
-        """``l4 x1/node, h100-sxm x8/node`` (and unmatched products, unusable nodes),
-        or ``no GPU nodes``."""
+        """``l4 x1/node, h100-sxm x8/node`` (and unmatched products, unusable nodes,
+        unlabelled GPU nodes), or ``no GPU nodes (3 nodes, none with a GPU resource)``."""
         parts = [f"{g} x{n}/node" for g, n in sorted(self.gpus_per_node.items())]
         parts += [
             f"{g} x{n}/node not usable: {why}" for g, (n, why) in sorted(self.unusable.items())
         ]
         parts += [f"{p} (not in the catalog)" for p in self.unknown_products]
-        return ", ".join(parts) or "no GPU nodes"
+        parts += [
+            f"{n} node(s) with allocatable {res} but no GPU product label (is GPU Feature "
+            "Discovery installed?)"
+            for res, n in sorted(self.unlabelled.items())
+        ]
+        if parts:
+            return ", ".join(parts)
+        if self.nodes is None:
+            return "no GPU nodes"
+        nodes = f"{self.nodes} schedulable node{'' if self.nodes == 1 else 's'}"
+        return f"no GPU nodes ({nodes}, none with a GPU resource)"
 
 
 def inventory_from_nodes(
@@ -155,14 +170,19 @@ def inventory_from_nodes(
     best: dict[str, int] = {}
     blocked: dict[str, tuple[int, str]] = {}
     unknown: set[str] = set()
+    unlabelled: dict[str, int] = {}
+    schedulable = 0
     for node in nodes:
         if (node.get("spec") or {}).get("unschedulable"):
             continue  # cordoned: nothing new lands there
+        schedulable += 1
         labels = (node.get("metadata") or {}).get("labels") or {}
         allocatable = (node.get("status") or {}).get("allocatable") or {}
         gpus = [
             g for g in catalog.gpus.values() if labels.get(g.node_label_key) == g.node_label_value
         ]
+        if not gpus and (resource := _unlabelled_gpus(labels, allocatable, catalog)):
+            unlabelled[resource] = unlabelled.get(resource, 0) + 1
         for gpu in gpus:
             count = _gpu_count(allocatable.get(gpu.resource_name))
             if count <= 0:
@@ -176,7 +196,17 @@ def inventory_from_nodes(
         if not gpus and product:
             unknown.add(str(product))
     unusable = {g: b for g, b in blocked.items() if b[0] > best.get(g, 0)}
-    return GpuInventory(best, tuple(sorted(unknown)), unusable)
+    return GpuInventory(best, tuple(sorted(unknown)), unusable, schedulable, unlabelled)
+
+
+def _unlabelled_gpus(
+    labels: Mapping[str, Any], allocatable: Mapping[str, Any], catalog: Catalog
+) -> str:
+    """The GPU resource a node offers without any label saying which GPU, else ""."""
+    for gpu in catalog.gpus.values():
+        if gpu.node_label_key not in labels and _gpu_count(allocatable.get(gpu.resource_name)):
+            return gpu.resource_name
+    return ""
 
 
 def _gpu_count(quantity: Any) -> int:

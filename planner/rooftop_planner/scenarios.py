@@ -32,12 +32,31 @@ class Scenario:
     concurrency: int | None
     batch: int | None
 
-    def predict(self) -> Prediction:
+    def predict(self, check_context: bool = True) -> Prediction:
+        """The scenario's prediction; one that does not fit says why (``fits``, ``reason``).
+
+        ``check_context``: a request longer than the model's context does not fit (vLLM
+        refuses it). The calibration fit turns it off: its rows were measured, some past
+        ``max_position_embeddings`` (Llama-2 at 4096 + 128 tokens).
+        """
+        if check_context and (beyond := self._beyond_context()):
+            return Prediction(math.inf, math.inf, 0.0, 0.0, fits=False, reason=beyond)
         if self.batch is not None:
             return predict_static(self.deployment, self.batch, self.isl, self.osl)
         assert self.concurrency is not None
         limits = EngineLimits(max_num_seqs=max(self.concurrency, 256))
         return predict_continuous(self.deployment, self.concurrency, self.isl, self.osl, limits)
+
+    def _beyond_context(self) -> str:
+        """Why no engine runs a request this long on this model (its context), else ""."""
+        model, tokens = self.deployment.model, self.isl + self.osl
+        if tokens <= model.max_context:
+            return ""
+        return (
+            f"isl {self.isl:,} + osl {self.osl:,} = {tokens:,} tokens exceed {model.id}'s "
+            f"{model.max_context:,}-token context (max_position_embeddings); engines refuse "
+            "such requests, so nothing is predicted"
+        )
 
 
 _DTYPE_WORDS = (

@@ -3,7 +3,9 @@
 Enumerates GPU type × weight dtype × KV dtype × TP × batch cap, rejects each candidate
 with a reason (invalid TP, does not fit, TPOT/TTFT over SLO, over budget, too many
 replicas), sizes replicas (data parallelism) for the request rate with headroom, and
-ranks by $/hour, ties to lower TPOT. Pure: no I/O, no Kubernetes.
+ranks by $/hour, ties to fewer quantized parts, then lower TPOT (``choice.rank``). A
+workload whose p90 requests exceed the model's context is infeasible before any of
+that. Pure: no I/O, no Kubernetes.
 
 Serving model at a per-replica Poisson arrival rate λ (requests/s):
   mean running batch      B   = λ · (TTFT + osl · TPOT(B))           (Little's law)
@@ -26,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from rooftop_api.spec import KvDtype, ServingTargetSpec, WeightDtype
-from rooftop_planner import batching, perf, tail
+from rooftop_planner import batching, explain, perf, tail
 from rooftop_planner.catalog import (
     Catalog,
     CatalogError,
@@ -48,7 +50,11 @@ from rooftop_planner.workload import LengthDistribution, from_spec
 
 HEADROOM = 1.2  # plan for 20% more traffic than expected, so bursts do not breach the SLO
 BATCH_CAPS = (8, 16, 32, 64, 128, 256, 512)
-DEFAULT_WEIGHT_DTYPES = (WeightDtype.BF16, WeightDtype.FP8)
+# Without constraints.weightDtypes only the model's own 16-bit weights: quantized weights
+# change the outputs, so they are planned only where the target lists them. An fp8 KV
+# cache changes outputs far less and halves the cache (longer contexts, bigger batches);
+# it is planned by default, and at equal cost the 16-bit cache wins (``choice.rank``).
+DEFAULT_WEIGHT_DTYPES = (WeightDtype.BF16,)
 DEFAULT_KV_DTYPES = (KvDtype.AUTO, KvDtype.FP8)
 # Accelerator families with a vLLM engine image when the caller names none: the CUDA
 # build the operator pins by default (ROCm and TPU images are opt-in).
@@ -571,12 +577,41 @@ def plan_target(
     )
     if engine_families is not None:
         ctx = replace(ctx, engine_families=frozenset(engine_families))
+    if too_long := _too_long(ctx):
+        return SearchResult(False, None, reasons=[too_long], slo_tpot_ms=spec.slo.tpot_ms,
+                            budget_usd_per_hour=spec.budget.usd_per_hour)  # fmt: skip
     result = _search(replace(ctx, inventory=gpu_inventory), catalog)
     if gpu_inventory is not None and not result.feasible:
-        unrestricted = _search(ctx, catalog)
-        result.beyond_inventory = unrestricted.plan
-        result.reasons.insert(1, _beyond_cluster(unrestricted, gpu_inventory))
+        _blame_the_cluster(result, _search(ctx, catalog), gpu_inventory)
     return result
+
+
+def _too_long(ctx: _Context) -> str:
+    """Why the workload's p90 requests cannot run on this model at all, else "".
+
+    vLLM refuses a request longer than the model's context (max_position_embeddings),
+    so when the p90 prompt, or the p90 prompt plus the p90 output, exceeds it, no GPU
+    and no budget serves the workload: that is the headline, not a latency miss. (A
+    shorter spec.engine.maxModelLen is the user's choice: its refusals are counted by
+    ``rooftop simulate``, not planned away.)
+    """
+    prompt = ctx.workload.prompt.quantile(0.9)
+    output = ctx.workload.output.quantile(0.9)
+    if prompt + output > ctx.model.max_context:
+        return explain.too_long(ctx.model.id, prompt, output, ctx.model.max_context)
+    return ""
+
+
+def _blame_the_cluster(
+    result: SearchResult, unrestricted: SearchResult, inventory: GpuInventory
+) -> None:
+    """An infeasible plan on the cluster's nodes: the headline is what the cluster has and
+    what would work, since the nodes are the cause; when no GPU in the catalog would do
+    either, the target's own problem (the whole catalog's headline) leads."""
+    result.beyond_inventory = unrestricted.plan
+    have = _beyond_cluster(unrestricted, inventory)
+    lead = [] if unrestricted.plan is not None else unrestricted.reasons[:1]
+    result.reasons[:1] = [*lead, have]
 
 
 def _search(ctx: _Context, catalog: Catalog) -> SearchResult:
@@ -597,7 +632,10 @@ def _search(ctx: _Context, catalog: Catalog) -> SearchResult:
 
 def _beyond_cluster(unrestricted: SearchResult, inventory: GpuInventory) -> str:
     """What nodes the cluster would need, from the same search over the whole catalog."""
-    have = f"the cluster's GPU nodes offer {inventory.describe()}"
+    if inventory.gpus_per_node or inventory.unusable or inventory.unknown_products:
+        have = f"the cluster's GPU nodes offer {inventory.describe()}"
+    else:
+        have = f"the cluster has {inventory.describe()}"
     if unrestricted.plan is None:
         return f"{have}; no GPU in the catalog meets this target either"
     p = unrestricted.plan

@@ -631,7 +631,9 @@ def l4_node(name: str, gpus: int) -> dict[str, Any]:
 
 
 SIM_CHAT = yaml.safe_load((EXAMPLES / "simulated-chat.yaml").read_text())["spec"]
-L4_ONLY = {**SIM_CHAT, "constraints": {**SIM_CHAT["constraints"], "gpuTypes": ["l4"]}}
+# fp8 weights allowed: the plan then fits a 2-GPU L4 node (bf16 alone needs four L4s)
+L4_ONLY = {**SIM_CHAT, "constraints": {**SIM_CHAT["constraints"], "gpuTypes": ["l4"],
+                                       "weightDtypes": ["bf16", "fp8"]}}  # fmt: skip
 
 
 @pytest.fixture

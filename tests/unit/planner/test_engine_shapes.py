@@ -112,13 +112,20 @@ def test_bf16_kv_is_offered_only_with_bf16_weights() -> None:
     result = only("h100-sxm", "fp16", kv="bf16", model="llama-2-7b")
     assert not result.feasible
     assert any("kv bf16 needs weight dtype bf16" in d for d in rejected(result, "invalid"))
+    # every candidate fails for that one reason, so the headline is that reason and its fix
+    assert result.reasons[0] == (
+        "no candidate can run: vLLM keeps a 16-bit KV cache in the model's dtype: kv bf16 "
+        "needs weight dtype bf16 (use kvDtype auto)"
+    )
     assert chosen(only("h100-sxm", "bf16", kv="bf16", model="llama-2-7b")).kv_dtype == "bf16"
 
 
 @pytest.mark.parametrize("kv", ["int8", "int4"])
-def test_kv_dtypes_vllm_lacks_are_never_planned(kv: str) -> None:
-    result = only("h100-sxm", "bf16", kv=kv)
-    assert not result.feasible and rejected(result, "invalid")
+def test_kv_dtypes_vllm_lacks_are_refused_by_the_schema(kv: str) -> None:
+    """vLLM has no int8 or int4 KV cache: the spec (and the CRD generated from it) refuses
+    them with the fix, rather than every candidate being rejected as invalid."""
+    with pytest.raises(ValueError, match=rf"kvDtypes \[{kv}\]: vLLM has no {kv} KV cache; use"):
+        only("h100-sxm", "bf16", kv=kv)
 
 
 # ---------------------------------------------------------------- context length

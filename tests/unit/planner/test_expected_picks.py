@@ -5,10 +5,14 @@ Each row of ``CASES`` is a serving target, the plan a person reasoning from the 
 measured kernel tables would pick, and one line of that reasoning. The figures the reasons
 quote:
 
-  $/GPU-hour   l4 0.80 < l40 1.00 < a10g 1.006 < l40s 1.37 < gh200 1.49 (96 GB, 4 TB/s,
-               Hopper FLOPs, one GPU per node) < a100-80gb 2.09 < h100-sxm 3.49 < b200 6.565
+  $/GPU-hour   l4 0.80 < l40 1.00 (assumed) < a10g 1.006 < l40s 1.37 < a100-80gb 2.09 <
+               gh200 2.29 (96 GB, 4 TB/s, Hopper FLOPs, one GPU per node) < h100-pcie 2.64 <
+               h100-sxm 3.49 < b200 6.565 (midpoints of data/gpus_reference.csv's ranges)
   weights      llama-3.1-8b 16.1 GB bf16 / 9.1 GB fp8; llama-3.1-70b 141 GB / 73 GB;
                mixtral-8x7b 93 GB / 47 GB (all 8 experts resident, 2 active per token)
+  dtypes       without constraints.weightDtypes only bf16 weights are planned (quantized
+               weights change the outputs); KV auto and fp8 by default. At equal cost the
+               plan with fewer quantized parts wins, then the lower TPOT.
 
 One parametrised test runs every row through the real search; a mismatch prints the row's
 reason next to the planner's own explanation, so the reader sees which reasoning broke.
@@ -40,6 +44,7 @@ class Pick:
     tp: int
     replicas: tuple[int, int] = (1, 1)
     max_batch_cap: int | None = None  # the chosen max-num-seqs is at most this
+    kv_dtype: str | None = None  # the KV dtype too, where the row's reasoning is about it
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,8 @@ L4_FP8: dict[str, Any] = {
     "maxTensorParallel": 1,
     "maxReplicas": 100,
 }
+# Rows whose reasoning weighs fp8 weights list them: the default plans bf16 only.
+FP8_OK: dict[str, Any] = {"weightDtypes": ["bf16", "fp8"]}
 LONG_PROMPTS: dict[str, Any] = {
     "prompt": (8000, 16000),
     "rps": 0.5,
@@ -105,29 +112,39 @@ CASES: tuple[Case, ...] = (
     # ---- small model, cheap GPU
     Case(
         "8b-trickle-cheapest-gpu",
-        "L4 ($0.80) is the cheapest CUDA GPU and holds 8B either way; 0.24 rps needs one replica; "
-        "fp8 ties bf16 on price and wins the tie on TPOT (half the bytes per step)",
-        Pick("l4", "fp8", 1),
+        "L4 ($0.80) is the cheapest CUDA GPU and holds 8B in bf16 (16.1 GB of 24); 0.24 rps "
+        "needs one replica; no weightDtypes, so bf16 weights, the model's own",
+        Pick("l4", "bf16", 1, kv_dtype="auto"),
         tpot_ms=100,
         rps=0.2,
         budget=5,
     ),
     Case(
         "8b-chat-gh200",
-        "14.4 rps (with headroom) of 1k-token prompts is ~230 TFLOP/s of prefill, ~70% of an "
-        "L40S's time, so it misses 30 ms; GH200 (4 TB/s, Hopper FLOPs) at $1.49 beats 2x L4 "
-        "($1.60)",
-        Pick("gh200", "fp8", 1),
+        "an L4 takes 64 ms a bf16 step even at batch 1 (33 ms over two), so 30 ms needs "
+        "Ampere or Hopper bandwidth; GH200 (4 TB/s) at $2.29 carries 14.4 rps alone, below one "
+        "H100 PCIe ($2.64)",
+        Pick("gh200", "bf16", 1),
         tpot_ms=30,
         rps=12,
         budget=20,
     ),
+    Case(
+        "8b-chat-fp8-allowed-ties-to-bf16",
+        "fp8 weights allowed, but one GH200 serves it either way at $2.29: at equal cost the "
+        "model's own bf16 weights (and 16-bit KV) win, fp8 would only lower TPOT",
+        Pick("gh200", "bf16", 1, kv_dtype="auto"),
+        tpot_ms=30,
+        rps=12,
+        budget=20,
+        constraints=FP8_OK,
+    ),
     # ---- GPU constraint
     Case(
         "8b-only-h100-allowed",
-        "only H100 allowed: one streams 8B fp8 in ~3 ms a step, so one replica carries 9.6 rps at "
-        "30 ms; fp8 wins the same-price tie on TPOT",
-        Pick("h100-sxm", "fp8", 1),
+        "only H100 allowed: one streams 16 GB of bf16 weights in ~5 ms a step, so one replica "
+        "carries 9.6 rps at 30 ms",
+        Pick("h100-sxm", "bf16", 1),
         rps=8,
         constraints={"gpuTypes": ["h100-sxm"]},
     ),
@@ -150,13 +167,25 @@ CASES: tuple[Case, ...] = (
         model="llama-3.1-70b",
         tpot_ms=60,
         rps=0.3,
-        constraints={"gpuTypes": ["h100-sxm"]},
+        constraints={"gpuTypes": ["h100-sxm"], **FP8_OK},
     ),
     Case(
         "70b-fp8-tp2-when-kv-runs-out",
         "fp8 TP1 keeps KV for only ~8 requests (~0.6 rps a replica), so 2.4 rps needs 4 of "
-        "them ($13.96) against one TP2 ($6.98), where fp8 beats bf16 on TPOT at the same price",
-        Pick("h100-sxm", "fp8", 2),
+        "them ($13.96) against one TP2 ($6.98), where fp8 weights with a 16-bit KV cache beat "
+        "bf16 weights with an fp8 one (one quantized part each) on TPOT at the same price",
+        Pick("h100-sxm", "fp8", 2, kv_dtype="auto"),
+        model="llama-3.1-70b",
+        tpot_ms=60,
+        rps=2,
+        constraints={"gpuTypes": ["h100-sxm"], **FP8_OK},
+    ),
+    Case(
+        "70b-default-kv-fp8-saves-a-replica",
+        "no weightDtypes, so bf16: TP2 with a 16-bit KV cache holds too few requests for 2.4 "
+        "rps and needs 2 replicas ($13.96), as does TP4; the fp8 KV cache, allowed by default, "
+        "doubles the room and one TP2 ($6.98) does it",
+        Pick("h100-sxm", "bf16", 2, kv_dtype="fp8"),
         model="llama-3.1-70b",
         tpot_ms=60,
         rps=2,
@@ -170,28 +199,38 @@ CASES: tuple[Case, ...] = (
         model="llama-3.1-70b",
         tpot_ms=100,
         rps=0.5,
-        constraints={"gpuTypes": ["l40s"]},
+        constraints={"gpuTypes": ["l40s"], **FP8_OK},
     ),
     Case(
-        "70b-anywhere-gh200-fp8",
-        "GH200 ($1.49, 96 GB) is the only GPU under $2/h that holds 70B fp8 (73 GB) on one card; "
-        "the next cheapest shape is L40 fp8 TP2 at $2.00",
-        Pick("gh200", "fp8", 1),
+        "70b-anywhere-bf16-a100-pair",
+        "141 GB of bf16 weights need two 80 GB cards (or one B200 at $6.57): two A100-80GB "
+        "($4.18) make 80 ms at 0.36 rps, below two H100 PCIe ($5.28) or four L40S ($5.48)",
+        Pick("a100-80gb", "bf16", 2),
         model="llama-3.1-70b",
         tpot_ms=80,
         rps=0.3,
+    ),
+    Case(
+        "70b-anywhere-fp8-l40-pair",
+        "fp8 halves 70B to 73 GB: one GH200 (96 GB) holds it for $2.29, but two L40s (48 GB "
+        "each, TP2) do it for $2.00 at 80 ms",
+        Pick("l40", "fp8", 2),
+        model="llama-3.1-70b",
+        tpot_ms=80,
+        rps=0.3,
+        constraints=FP8_OK,
     ),
     # ---- mixture of experts
     Case(
         "mixtral-fp8-moe-slow-on-hopper",
         "bf16 Mixtral (93 GB) fits neither card, fp8 (47 GB) fits both; but Hopper's measured fp8 "
         "fused-MoE takes 2.2 ms/layer at 8 tokens (72 ms a step), so GH200 batches ~2 under "
-        "50 ms, ~0.3 rps a replica, 4 for $5.96, while one A100-80GB (fp8 weight-only) does it",
+        "50 ms, ~0.3 rps a replica, 4 for $9.16, while one A100-80GB (fp8 weight-only) does it",
         Pick("a100-80gb", "fp8", 1),
         model="mixtral-8x7b",
         tpot_ms=50,
         rps=1,
-        constraints={"gpuTypes": ["gh200", "a100-80gb"]},
+        constraints={"gpuTypes": ["gh200", "a100-80gb"], **FP8_OK},
     ),
     Case(
         "mixtral-h100-bf16-tp2",
@@ -201,7 +240,7 @@ CASES: tuple[Case, ...] = (
         model="mixtral-8x7b",
         tpot_ms=50,
         rps=1,
-        constraints={"gpuTypes": ["h100-sxm"]},
+        constraints={"gpuTypes": ["h100-sxm"], **FP8_OK},
     ),
     # ---- rate scaling and TPOT vs batch (one pinned L4 fp8 shape)
     Case(
@@ -236,21 +275,23 @@ CASES: tuple[Case, ...] = (
         "an 8k-token prefill takes ~1.3 s on an L4 (242 fp8 TFLOP/s): 0.6 rps saturates one, "
         "two cost $1.60; one L40 (1.5x the FLOPs, 2.9x the bandwidth) does it for $1.00",
         Pick("l40", "fp8", 1),
+        constraints=FP8_OK,
         **LONG_PROMPTS,
     ),
     Case(
         "long-prompts-ttft-1500-l40s",
-        "the p90 prompt (16k) prefills in ~1.8 s on L40 but ~0.9 s on L40S (2x its fp8 FLOPs): "
-        "L40S at $1.37 is the cheapest under a 1.5 s TTFT",
-        Pick("l40s", "fp8", 1),
+        "in bf16 the p90 prompt (16k) prefills in ~2.8 s on one L40 (1.7 s over two) but "
+        "~1.4 s on an L40S (2x its FLOPs): L40S at $1.37 is the cheapest under a 1.5 s TTFT",
+        Pick("l40s", "bf16", 1),
         ttft_ms=1500,
         **LONG_PROMPTS,
     ),
     Case(
         "long-prompts-ttft-700-gh200",
-        "0.7 s for a 16k prefill is beyond L40S (~0.9 s) and A100 (~1.1 s); GH200's Hopper FLOPs "
-        "do it in ~0.3 s at $1.49, the cheapest GPU that can",
-        Pick("gh200", "fp8", 1),
+        "0.7 s for a 16k bf16 prefill is beyond L40S (~1.4 s; 0.76 s over four) and A100 "
+        "(~1.2 s); GH200's Hopper FLOPs do it in ~0.4 s at $2.29, the cheapest GPU that can "
+        "(H100 PCIe $2.64)",
+        Pick("gh200", "bf16", 1),
         ttft_ms=700,
         **LONG_PROMPTS,
     ),
@@ -335,6 +376,8 @@ def test_expected_pick(case: Case) -> None:
     assert got == (expect.gpu, expect.weight_dtype, expect.tp), (
         f"picked {got}, expected {(expect.gpu, expect.weight_dtype, expect.tp)}{say}"
     )
+    if expect.kv_dtype is not None:
+        assert plan.kv_dtype == expect.kv_dtype, f"KV {plan.kv_dtype}, not {expect.kv_dtype}{say}"
     low, high = expect.replicas
     assert low <= plan.replicas <= high, f"{plan.replicas} replicas, expected {low}..{high}{say}"
     if expect.max_batch_cap is not None:
@@ -397,9 +440,10 @@ def test_a_looser_slo_never_raises_the_cost(case: Case) -> None:
 
 @pytest.mark.parametrize("case", [c for c in FEASIBLE if c.constraints], ids=lambda c: c.id)
 def test_fewer_constraints_never_raise_the_cost(case: Case) -> None:
-    """Dropping GPU, dtype and TP limits only adds candidates (maxReplicas is kept: its
-    default of 16 could be tighter than the row's)."""
-    kept = {k: v for k, v in case.constraints.items() if k == "maxReplicas"}
+    """Dropping GPU, KV dtype and TP limits only adds candidates. Kept: maxReplicas (its
+    default of 16 could be tighter than the row's) and weightDtypes (without it only bf16
+    is planned: fewer candidates, not more)."""
+    kept = {k: v for k, v in case.constraints.items() if k in ("maxReplicas", "weightDtypes")}
     _no_dearer(replace(case, id=case.id + "+free", constraints=kept), case)
 
 

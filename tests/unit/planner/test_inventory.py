@@ -271,6 +271,7 @@ def test_plan_cli_reads_the_targets_tolerations(
     path = write(tmp_path, json.dumps({"kind": "List", "items": [tainted]}))
     doc = load_target(EXAMPLE).model_dump(by_alias=True, exclude_none=True)
     doc["spec"]["constraints"]["gpuTypes"] = ["l4"]
+    doc["spec"]["constraints"]["weightDtypes"] = ["bf16", "fp8"]  # fp8 fits a 2-L4 node
     target = tmp_path / "target.json"
     target.write_text(json.dumps(doc))
     assert main(["plan", str(target), "--nodes", str(path)]) == 1

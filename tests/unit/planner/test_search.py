@@ -125,7 +125,10 @@ def test_online_calibration_slower_reality_needs_more_capacity() -> None:
     slow = plan_target(spec(constraints={"gpuTypes": ["a100-80gb"]}), step_time_scale=1.5)
     assert base.plan is not None and slow.plan is not None
     assert slow.plan.usd_per_hour >= base.plan.usd_per_hour
-    assert slow.plan.tpot_ms > base.plan.tpot_ms * 0.9
+    # either more GPUs (bf16 here: TP2 at twice the cost) or, at the same cost, slower steps
+    assert slow.plan.usd_per_hour > base.plan.usd_per_hour or (
+        slow.plan.tpot_ms > base.plan.tpot_ms * 0.9
+    )
 
 
 def test_json_shape() -> None:
