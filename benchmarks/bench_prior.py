@@ -33,6 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_simulate  # noqa: E402  (sibling scripts, not a package)
 import bench_targets  # noqa: E402
 
+from rooftop_planner.progress import Progress  # noqa: E402
+
 TRIMS = tuple(0.5 * 1.025**k for k in range(57))  # 0.5 .. 1.99
 FROZEN_GAIN = 1e-9
 TPOT_TARGET = bench_targets.TPOT_TARGET
@@ -73,8 +75,12 @@ def next_index(fails: int, passes: int | None, top: int) -> int | None:
     return (fails + passes) // 2
 
 
-def search(realities: list[float], seeds: list[int], pool: Executor) -> list[Result]:
-    """Bisect every reality factor's trim at once (one batch of replays per round)."""
+def search(
+    realities: list[float], seeds: list[int], pool: Executor, progress: Progress | None = None
+) -> list[Result]:
+    """Bisect every reality factor's trim at once (one batch of replays per round;
+    ``progress`` gets a line per round, on a terminal)."""
+    progress = progress or Progress()
     bounds: dict[float, tuple[int, int | None]] = {r: (-1, None) for r in realities}
     results: list[Result] = []
     while True:
@@ -83,7 +89,10 @@ def search(realities: list[float], seeds: list[int], pool: Executor) -> list[Res
         if not todo:
             return results
         jobs: list[Job] = [(r, s, TRIMS[i]) for r, i in todo.items() for s in seeds]
+        progress.status(f"bench_prior: bisection, {len(jobs)} replays running", force=True)
         batch = list(pool.map(run_job, jobs))
+        progress.line(f"bench_prior: bisection round of {len(jobs)} replays done, "
+                      f"{len(results) + len(batch)} in all")  # fmt: skip
         results += batch
         for reality, index in todo.items():
             worst = min(a for job, a, _ in batch if job[0] == reality)
@@ -124,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     realities, seeds = bench_targets.realities_and_seeds(args)
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        results = list(pool.map(run_job, [(r, 0, None) for r in realities]))
+        first: list[Job] = [(r, 0, None) for r in realities]
+        results = bench_simulate.map_reporting(pool, run_job, first, "bench_prior")
         results += search(realities, seeds, pool)
     print(table(results, realities))
     print(f"{len(results)} replays in {time.perf_counter() - started:.0f} s.")

@@ -39,7 +39,7 @@ step times are noisy (lognormal, sigma 5 %), and rooftop's attainment sits near 
 gives its worst attainment and its cost range against the (seed 0) oracle: one seed's
 99.1 % is not a promise. The table goes to ``--out``; ``--write-docs`` also
 splices it into docs/benchmarks.md between ``<!-- simulate-table:start -->`` and
-``<!-- simulate-table:end -->``.
+``<!-- simulate-table:end -->``. On a terminal, stderr gets a line as each case ends.
 """
 
 from __future__ import annotations
@@ -47,11 +47,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Executor, ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
+
+from rooftop_planner.progress import Progress
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TRACE = ROOT / "examples" / "traces" / "azure_llm_2023_conv.csv"  # see its README
@@ -86,6 +89,8 @@ spec:
 POLICIES = ("rooftop", "static-peak", "queue-threshold", "oracle", "oracle-instant", "static-fit")
 BASELINES = ("oracle", "oracle-instant", "static-peak", "static-fit")
 TPOT_TARGET = 0.99  # share of requests within the TPOT bound the targets are about
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def load_spec(path: str | None) -> Any:
@@ -120,6 +125,41 @@ def run_case(args: Case) -> list[dict[str, Any]]:
         summary["seed"] = seed
         out.append(summary)
     return out
+
+
+def run_cases(cases: list[Case], jobs: int, progress: Progress) -> list[dict[str, Any]]:
+    """Every case on ``jobs`` processes, in case order, reporting each as it ends."""
+    with ProcessPoolExecutor(max_workers=max(1, jobs)) as pool:
+        done = map_reporting(pool, run_case, cases, "bench_simulate", progress, _case_name)
+    return [row for case in done for row in case]
+
+
+def _case_name(case: Case) -> str:
+    _, _, diurnal, reality, _ = case
+    return f"{'diurnal' if diurnal else 'recorded'}, reality {reality:g}"
+
+
+def map_reporting(
+    pool: Executor,
+    fn: Callable[[T], R],
+    items: list[T],
+    label: str,
+    progress: Progress | None = None,
+    describe: Callable[[T], str] = str,
+) -> list[R]:
+    """``list(pool.map(fn, items))``, with a ``progress`` line (on a terminal) as each
+    item ends: these benchmarks run for many minutes."""
+    progress = progress or Progress()
+    started = time.perf_counter()
+    progress.status(f"{label}: {len(items)} jobs running", force=True)
+    futures = {pool.submit(fn, item): i for i, item in enumerate(items)}
+    done: dict[int, R] = {}
+    for future in as_completed(futures):
+        i = futures[future]
+        done[i] = future.result()
+        progress.line(f"{label}: {len(done)}/{len(items)} done ({describe(items[i])}) after "
+                      f"{time.perf_counter() - started:.0f} s")  # fmt: skip
+    return [done[i] for i in range(len(items))]
 
 
 def table(rows: list[dict[str, Any]], command: str) -> str:
@@ -224,8 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     cases: list[Case] = [(args.target, args.trace, shape == "diurnal", float(r), seeds)
                          for shape in shapes for r in args.reality.split(",")]  # fmt: skip
     started = time.perf_counter()
-    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        rows = [row for case in pool.map(run_case, cases) for row in case]
+    rows = run_cases(cases, args.jobs, Progress())
     command = "python benchmarks/bench_simulate.py " + " ".join(
         sys.argv[1:] if argv is None else argv
     )

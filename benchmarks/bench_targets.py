@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs), initializer=use_tpot_percentile,
                              initargs=(args.tpot_percentile,)) as pool:  # fmt: skip
-        results = list(pool.map(run_job, jobs))
+        results = bench_simulate.map_reporting(pool, run_job, jobs, "bench_targets")
     print(table(results, variants, realities))
     print(f"{len(jobs)} replays in {time.perf_counter() - started:.0f} s.")
     return 0

@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs += [(r, s, False) for r in realities for s in seeds]
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        results = list(pool.map(run_job, jobs))
+        results = bench_simulate.map_reporting(pool, run_job, jobs, "bench_warm")
     print(table(results, realities))
     print(f"{len(jobs)} jobs ({len(realities) * (2 * len(seeds) + 1)} replays) in "
           f"{time.perf_counter() - started:.0f} s.")  # fmt: skip

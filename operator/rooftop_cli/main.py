@@ -3,12 +3,17 @@
 Each subcommand module exposes ``register(subparsers)``, which adds its parser and
 sets ``func`` to a callable taking the parsed namespace and returning an exit code.
 Modules are imported lazily by name so that ``rooftop plan`` never pays for kopf.
+
+Exit codes common to every subcommand: 141 (128 + SIGPIPE) when whoever reads stdout
+stops reading (``rooftop plan X --explain | head -1``), 130 (128 + SIGINT) on Ctrl-C;
+both end quietly, without a message or a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -50,8 +55,24 @@ def _names() -> set[str]:
     return {name for name, _ in SUBCOMMANDS}
 
 
+EXIT_BROKEN_PIPE = 128 + 13  # SIGPIPE: the shell's status for a writer whose reader left
+EXIT_INTERRUPTED = 128 + 2  # SIGINT
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args_list = list(sys.argv[1:] if argv is None else argv)
+    """Run one subcommand; its exit code. A closed stdout or Ctrl-C ends quietly."""
+    try:
+        code = _dispatch(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # here, so that a reader gone by now is a broken pipe we catch
+    except BrokenPipeError:
+        _silence_stdout()
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    return code
+
+
+def _dispatch(args_list: list[str]) -> int:
     parser = build_parser(args_list)
     args = parser.parse_args(args_list)
     if not getattr(args, "func", None):
@@ -59,6 +80,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     code: int = args.func(args)
     return code
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush of what is still
+    buffered does not raise again (the recipe of Python's ``signal`` documentation)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by a stream without a file
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - lives until exit
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
             return func(args)
         except (ManifestError, CatalogError, ScenarioError) as err:
             return _fail(str(err))
+        except BrokenPipeError:  # stdout's reader left: rooftop_cli.main ends quietly
+            raise
         except OSError as err:
             return _fail(f"{getattr(err, 'filename', '') or ''}: {err.strerror or err}")
 

@@ -85,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         print(f"rooftop operator: {err}", file=sys.stderr)
         return 2
+    if (code := preflight()) != 0:
+        return code
     load_handlers(config)
     # log_prefix: every per-object line starts with [namespace/name].
     kopf.configure(debug=args.debug, verbose=args.verbose or args.debug, log_prefix=True)
@@ -99,6 +101,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def preflight() -> int:
+    """0 when there is a cluster to talk to (``kube.check_cluster``), else its exit code
+    after one line on stderr: kopf would log a traceback and retry every minute."""
+    from rooftop_operator.kube import ClusterUnavailable, check_cluster
+
+    try:
+        check_cluster()
+    except ClusterUnavailable as err:
+        print(f"rooftop operator: {err}", file=sys.stderr)
+        return err.exit_code
+    return 0
+
+
 def load_handlers(config: OperatorConfig, registry: Any = None) -> list[str]:
     """Import the handler modules (kopf registers event handlers at import time) and
     register their timers, whose periods come from ``config``."""
@@ -110,15 +125,34 @@ def load_handlers(config: OperatorConfig, registry: Any = None) -> list[str]:
     return names
 
 
+EPILOG = """\
+credentials: in a pod, its ServiceAccount; elsewhere the kubeconfig ($KUBECONFIG, else
+~/.kube/config). Before starting, the operator loads them and asks the API server its
+version (5 s timeout).
+
+exit codes:
+  0  stopped by SIGINT/SIGTERM
+  1  the API server cannot be reached (or answers with a server error)
+  2  bad flags or ROOFTOP_* settings, or no usable Kubernetes configuration
+     (none found, unreadable, or credentials refused with HTTP 401)
+"""
+
+
 def register(subparsers: Any) -> None:
     """Add ``rooftop operator`` (see rooftop_cli.main)."""
-    parser = subparsers.add_parser("operator", help="run the Kubernetes operator")
+    parser = subparsers.add_parser(
+        "operator", help="run the Kubernetes operator", epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     add_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rooftop_operator", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m rooftop_operator", description=__doc__, epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -8,7 +8,8 @@ by ``resourceVersion`` (``update_status``), because three writers share
 loop) and a merge patch would let one overwrite another's condition.
 
 ``Kube`` is the only place that imports the kubernetes client; handler tests pass a fake
-with the same methods.
+with the same methods. ``check_cluster`` is the operator's pre-flight: the credentials
+kopf will load, and one cheap call to the API server, before kopf starts.
 """
 
 from __future__ import annotations
@@ -17,9 +18,13 @@ import contextlib
 import copy
 import json
 import logging
+import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
+import urllib3
+import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
@@ -71,6 +76,92 @@ def api_errors() -> Iterator[None]:
         raise KubeError(0, f"API server unreachable: {err}") from err
 
 
+class ClusterUnavailable(RuntimeError):
+    """No cluster to talk to. ``exit_code``: 2, no usable configuration (credentials);
+    1, the API server cannot be reached (or answers with a server error)."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def load_credentials() -> str:
+    """Load credentials as kopf does: in-cluster (a pod's ServiceAccount), else the
+    kubeconfig ($KUBECONFIG or ~/.kube/config). Returns the API server's URL."""
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException as in_cluster:
+        try:
+            config.load_kube_config()  # type: ignore[no-untyped-call]
+        except (config.ConfigException, yaml.YAMLError, OSError) as err:
+            raise ClusterUnavailable(_no_config(in_cluster, err), 2) from None
+    return str(client.Configuration.get_default_copy().host)
+
+
+def _no_config(in_cluster: Exception, kubeconfig: Exception) -> str:
+    """Why neither way of loading credentials worked, and what to do: one line."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        pod = f"the in-cluster credentials are unusable ({_one_line(in_cluster)})"
+    else:
+        pod = "not in a cluster (KUBERNETES_SERVICE_HOST is unset)"
+    named = os.environ.get("KUBECONFIG")
+    where = f"KUBECONFIG={named}" if named else "~/.kube/config"
+    paths = [os.path.expanduser(p) for p in (named or "~/.kube/config").split(os.pathsep) if p]
+    if any(os.path.exists(p) for p in paths):
+        kube = f"the kubeconfig ({where}) is unusable: {_one_line(kubeconfig)}"
+    else:
+        kube = f"no kubeconfig ({where} not found)"
+    return (f"no Kubernetes configuration: {pod} and {kube}; point KUBECONFIG at a "
+            "kubeconfig, or run in a pod with a ServiceAccount")  # fmt: skip
+
+
+def _one_line(err: BaseException, limit: int = 200) -> str:
+    """An error's message on one line, at most ``limit`` characters."""
+    text = " ".join(str(err).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def check_cluster(timeout_s: float = 5.0) -> str:
+    """The operator's pre-flight: load the credentials (``load_credentials``) and ask
+    the API server its version, once, within ``timeout_s``. Returns the server's URL;
+    raises ``ClusterUnavailable`` saying what is wrong."""
+    host = load_credentials()
+    settings = client.Configuration.get_default_copy()
+    settings.retries = 0  # one try: a pre-flight, not a wait for the cluster
+    with client.ApiClient(settings) as api:
+        try:
+            # raw: whether it answers matters, not whether its answer fits the client's model
+            client.VersionApi(api).get_code(
+                _request_timeout=(timeout_s, timeout_s), _preload_content=False
+            )
+        except ApiException as err:
+            _judge_answer(err, host)
+        except (urllib3.exceptions.HTTPError, OSError) as err:
+            unreachable = f"cannot reach the API server at {host}: {_reason(err)}"
+            raise ClusterUnavailable(unreachable, 1) from None
+    return host
+
+
+def _judge_answer(err: ApiException, host: str) -> None:
+    """Raise for a 401 (credentials refused), a server error or no HTTP answer (status
+    0: TLS failed). Any other answer passes: the server is there, and the operator's own
+    calls report their permissions."""
+    if err.status == 401:
+        raise ClusterUnavailable(
+            f"the API server at {host} refused the credentials (HTTP 401); check the "
+            "kubeconfig's user or the ServiceAccount token", 2) from None  # fmt: skip
+    if not err.status or err.status >= 500:
+        unreachable = f"cannot reach the API server at {host}: {_one_line(err)}"
+        raise ClusterUnavailable(unreachable, 1) from None
+
+
+def _reason(err: Exception) -> str:
+    """urllib3's innermost reason, without the connection object's description
+    (``HTTPSConnection(host=..., port=...): `` or ``<...Connection object at 0x...>: ``)."""
+    reason = getattr(err, "reason", None) or err
+    return re.sub(r"^(<[^>]*>|\w+\([^)]*\)): ", "", _one_line(reason))
+
+
 def _plural(kind: str) -> str:
     """Kinds the operator writes all pluralize regularly (Deployment -> deployments)."""
     return kind.lower() + "s"
@@ -84,11 +175,9 @@ class Kube:
 
     @classmethod
     def from_environment(cls) -> Kube:
-        """In-cluster credentials when running in a pod, else $KUBECONFIG / ~/.kube."""
-        try:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-        except config.ConfigException:
-            config.load_kube_config()  # type: ignore[no-untyped-call]
+        """In-cluster credentials when running in a pod, else $KUBECONFIG / ~/.kube
+        (``load_credentials``)."""
+        load_credentials()
         api = client.ApiClient()
         # Also the field manager of status updates in managedFields.
         api.user_agent = "rooftop-operator"

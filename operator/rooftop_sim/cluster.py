@@ -26,7 +26,7 @@ import heapq
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -268,14 +268,15 @@ class Cluster:
         return self.cfg.max_pods - billed
 
     # ---- the event loop -----------------------------------------------------------
-    def run(self, policy: Policy) -> SimResult:
-        """Replay the workload under ``policy``; returns outcomes and the timeline."""
+    def run(self, policy: Policy, progress: Callable[[float], None] | None = None) -> SimResult:
+        """Replay the workload under ``policy``; returns outcomes and the timeline.
+        ``progress``: called with the simulated time at each scrape."""
         started = time.perf_counter()
         self.desired, self.cap = policy.start()
         for _ in range(self.desired):
             self._new_pod(0.0, ready=True)
         self.serving = list(self.pods)
-        timeline = self._loop(policy)
+        timeline = self._loop(policy, progress)
         horizon = self.w.horizon_s
         pod_s = sum(min(p.gone_s if p.gone_s is not None else horizon, horizon) - p.created_s
                     for p in self.pods if p.created_s < horizon)  # fmt: skip
@@ -298,7 +299,7 @@ class Cluster:
             return f"prompt + output longer than max-model-len {limit} (spec.engine.maxModelLen)"
         return "longer than the engine's whole KV cache"
 
-    def _loop(self, policy: Policy) -> list[Tick]:
+    def _loop(self, policy: Policy, progress: Callable[[float], None] | None) -> list[Tick]:
         arr = self.w.arrival_s.tolist()
         n, i = len(arr), 0
         horizon, scrape = self.w.horizon_s, self.cfg.scrape_s
@@ -323,6 +324,8 @@ class Cluster:
             else:
                 timeline.append(self._tick(policy, t_tick, arr))
                 next_tick += scrape
+                if progress is not None:
+                    progress(t_tick)
         return timeline
 
     def _arrive(self, i: int, now: float) -> None:

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
 
 from rooftop_sim.cluster import SimResult
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 BoolArray = npt.NDArray[np.bool_]
 
@@ -129,6 +132,7 @@ def summary(res: SimResult, slo: Slo, reality_factor: float) -> dict[str, Any]:
         "reality_factor": reality_factor,
         "horizon_s": round(res.workload.horizon_s, 1),
         "mean_replicas": round(res.pod_seconds / max(res.workload.horizon_s, 1e-9), 3),
+        "replica_hours": round(res.pod_seconds / 3600.0, 4),
         "replica_timeline": replica_changes(res),
         "tpot_misses_by_output_tokens": tpot_misses_by_output(res, slo),
         "wall_s": round(res.wall_s, 2),
@@ -150,8 +154,7 @@ def text(s: dict[str, Any], slo: Slo) -> str:
         f"policy {s['policy']} (reality factor {s['reality_factor']:g}, "
         f"{s['requests']} requests over {s['horizon_s'] / 60:.1f} min)",
         f"  within TPOT {slo.tpot_ms:g} ms: {s['slo_attainment_tpot']:.2%} of requests, "
-        f"{s['token_attainment_tpot']:.2%} of tokens (p50 {s['tpot_p50_ms']} ms, "
-        f"p99 {s['tpot_p99_ms']} ms)",
+        f"{s['token_attainment_tpot']:.2%} of tokens ({_tpot_percentiles(s)})",
         f"  within TTFT{'' if slo.ttft_ms is None else f' {slo.ttft_ms:g} ms'}: {ttft_txt}",
         f"  cost: {s['gpu_hours']:.2f} GPU-hours, ${s['usd']:.2f} "
         f"(mean {s['mean_replicas']:.2f} replicas); rejected {s['rejected']}",
@@ -167,12 +170,62 @@ def text(s: dict[str, Any], slo: Slo) -> str:
     return "\n".join(lines)
 
 
+def _tpot_percentiles(s: dict[str, Any]) -> str:
+    """The TPOT percentiles (p50, p99) in ms, or why there are none."""
+    if s["tpot_p50_ms"] is None:
+        return "TPOT percentiles n/a: no request finished with two or more output tokens"
+    return f"p50 {s['tpot_p50_ms']} ms, p99 {s['tpot_p99_ms']} ms"
+
+
+COMPARISON_BASELINE = "oracle"
+
+
+def comparison(summaries: list[dict[str, Any]], slo: Slo) -> str:
+    """One row per policy: SLO attainment, mean $/h, cost against the oracle's, replica-
+    and GPU-hours, rejected requests (``--policy all``)."""
+    base = next((s for s in summaries if s["policy"] == COMPARISON_BASELINE), None)
+    ttft = "n/a" if slo.ttft_ms is None else f"{slo.ttft_ms:g} ms"
+    head = (f"{'policy':<16} {'TPOT met':>9} {'TTFT met':>9} {'$/h mean':>9} "
+            f"{'x oracle':>9} {'replica-h':>10} {'GPU-h':>8} {'rejected':>9}")  # fmt: skip
+    lines = [f"comparison (TPOT {slo.tpot_ms:g} ms, TTFT {ttft}; met: share of all requests; "
+             f"x oracle: cost / {COMPARISON_BASELINE}'s):", head]  # fmt: skip
+    for s in summaries:
+        hours = max(s["horizon_s"], 1e-9) / 3600.0
+        lines.append(
+            f"{s['policy']:<16} {_share(s['slo_attainment_tpot']):>9} "
+            f"{_share(s['slo_attainment_ttft']):>9} {s['usd'] / hours:>9.2f} "
+            f"{_ratio(s['usd'], base):>9} {s['replica_hours']:>10.2f} "
+            f"{s['gpu_hours']:>8.2f} {s['rejected']:>9}"
+        )
+    if base is None:
+        lines.append(f"x oracle: n/a, the {COMPARISON_BASELINE} policy did not run")
+    return "\n".join(lines)
+
+
+def _share(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2%}"
+
+
+def _ratio(usd: float, base: dict[str, Any] | None) -> str:
+    return "n/a" if base is None or not base["usd"] else f"{usd / base['usd']:.2f}"
+
+
 def plot(results: list[SimResult], slo: Slo, path: str) -> None:
     """Load, observed TPOT percentile vs the SLO, and replicas over time (PNG)."""
+    fig = figure(results, slo)
+    fig.savefig(path, dpi=100)
+    import matplotlib.pyplot as plt  # after figure() chose the backend
+
+    plt.close(fig)
+
+
+def figure(results: list[SimResult], slo: Slo) -> Figure:
+    """The plot's figure: arrivals; each policy's TPOT percentile and pods over time."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(3, 1, figsize=(10, 8), sharex=True)
     load, lat, reps = axes
@@ -187,11 +240,11 @@ def plot(results: list[SimResult], slo: Slo, path: str) -> None:
     lat.set_ylabel("TPOT percentile (ms)")
     lat.legend(fontsize=8)
     reps.set_ylabel("pods (incl. starting)")
+    reps.yaxis.set_major_locator(MaxNLocator(integer=True))  # no 2.5 pods
     reps.set_xlabel("minutes")
     reps.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return fig
 
 
 def finite_or_none(value: float) -> float | None:

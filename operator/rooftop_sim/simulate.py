@@ -4,6 +4,10 @@
         |oracle|oracle-instant|static-fit|all] [--reality-factor F] [--startup-s S]
         [--scrape-s 15] [--diurnal] [--json] [--plot FILE.png]
 
+``--policy all`` ends with a table comparing the policies (SLO attainment, mean $/h,
+cost against the oracle, replica-hours). On a terminal, stderr shows which policy runs
+and how much of the trace it has simulated; nothing is written there otherwise.
+
 The planner picks the deployment shape (GPU, TP, dtypes) for the target once; every
 policy then runs that shape, so they differ only in how many replicas (and which batch
 cap) they run when. Each replica is an ``engine_sim.core`` engine timed by the truth
@@ -20,7 +24,7 @@ import json
 import math
 import sys
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -31,6 +35,7 @@ from rooftop_control import control
 from rooftop_control.calibration import Calibration
 from rooftop_planner.batching import mean_step_s
 from rooftop_planner.plan import Plan
+from rooftop_planner.progress import Progress
 from rooftop_sim.cluster import Cluster, Policy, Replica, SimConfig, SimResult, Workload
 from rooftop_sim.flags import Rule, check_ranges
 from rooftop_sim.oracle import OracleConfig, oracle_policy, static_fit
@@ -40,7 +45,7 @@ from rooftop_sim.policies import (
     RooftopPolicy,
     SchedulePolicy,
 )
-from rooftop_sim.report import Slo, plot, summary, text
+from rooftop_sim.report import Slo, comparison, plot, summary, text
 
 POLICIES = ("rooftop", "static-peak", "queue-threshold", "oracle", "oracle-instant", "static-fit")
 # Hindsight schedules: "oracle" starts each pod a start-up ahead of when it is needed
@@ -299,12 +304,14 @@ def run(
     oracle: OracleConfig | None = None,
     controller: Mapping[str, Any] | None = None,
     prior: Prior | None = None,
+    progress: Callable[[float], None] | None = None,
 ) -> tuple[SimResult, dict[str, Any]]:
     """One policy over the scenario: the raw result and its JSON summary
-    (``controller``, ``prior``: see ``make_policy``)."""
+    (``controller``, ``prior``: see ``make_policy``; ``progress``: called with the
+    simulated time at each scrape of the final run)."""
     policy, notes = make_policy(scn, name, oracle, controller, prior)
     startup = 0.0 if name == "oracle-instant" else None
-    res = Cluster(scn.workload, scn.sim, startup_s=startup).run(policy)
+    res = Cluster(scn.workload, scn.sim, startup_s=startup).run(policy, progress)
     res.notes.extend(notes)
     if isinstance(policy, RooftopPolicy):
         res.notes.append(controller_note(policy))
@@ -408,18 +415,44 @@ def main(args: argparse.Namespace) -> int:
         print(f"rooftop simulate: {err}", file=sys.stderr)
         return 2
     names = POLICIES if args.policy == "all" else (args.policy,)
-    results, summaries = [], []
-    for name in names:
-        res, s = run(scn, name)
-        results.append(res)
-        summaries.append(s)
-        if not args.json:
-            print(text(s, scn.slo))
+    progress = Progress()
+    results, summaries = run_policies(scn, names, progress, echo=not args.json)
     if args.json:
         print(json.dumps(summaries[0] if len(summaries) == 1 else summaries, default=_json))
+    elif len(summaries) > 1:
+        print("\n" + comparison(summaries, scn.slo))
     if args.plot:
+        progress.status(f"rooftop simulate: drawing {args.plot}", force=True)
         plot(results, scn.slo, args.plot)
+        progress.clear()
     return 0
+
+
+def run_policies(
+    scn: Scenario, names: Sequence[str], progress: Progress, echo: bool
+) -> tuple[list[SimResult], list[dict[str, Any]]]:
+    """Run each named policy, showing on ``progress`` which one and how far it is;
+    ``echo``: print each one's text report as it ends."""
+    results, summaries = [], []
+    for k, name in enumerate(names, 1):
+        label = f"rooftop simulate: {name} ({k}/{len(names)})"
+        progress.status(f"{label}: sizing the policy", force=True)
+        res, s = run(scn, name, progress=_ticker(progress, label, scn.workload.horizon_s))
+        progress.clear()
+        results.append(res)
+        summaries.append(s)
+        if echo:
+            print(text(s, scn.slo), flush=True)
+    return results, summaries
+
+
+def _ticker(progress: Progress, label: str, horizon_s: float) -> Callable[[float], None]:
+    """A ``Cluster.run`` progress callback: simulated minutes of the trace so far."""
+
+    def tick(now_s: float) -> None:
+        progress.status(f"{label}: {now_s / 60:.1f} of {horizon_s / 60:.1f} min simulated")
+
+    return tick
 
 
 def _json(value: Any) -> Any:

@@ -13,6 +13,7 @@
    and metric is printed and stored.
 
 ``--write`` stores the result in ``catalog/kernel_curves.json``; only this command writes it.
+On a terminal, stderr reports each table as it is fitted (the whole fit takes minutes).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from rooftop_planner.efficiency import (
 )
 from rooftop_planner.kernel_model import layer_gemm_shapes
 from rooftop_planner.kernels import AllReduce, Curve, KernelCurves
+from rooftop_planner.progress import Progress
 from rooftop_planner.scenarios import Scenario, ScenarioError, scenario_from_row
 
 Array = npt.NDArray[np.float64]
@@ -452,25 +454,54 @@ def overhead_errors(
 # ---------------------------------------------------------------- the whole fit
 
 
-def fit_all(ops: Path, data: Path) -> dict[str, Any]:
-    """The document ``--write`` stores: curves, engine overheads, and their errors."""
-    catalog = load_catalog()
-    curves = [
-        kc
-        for table_gpu in sorted(TABLE_GPU_IDS)
-        for engine in FIT_ENGINES
-        if (kc := fit_engine_curves(ops, table_gpu, engine, catalog)) is not None
-    ]
+def fit_all(ops: Path, data: Path, progress: Progress | None = None) -> dict[str, Any]:
+    """The document ``--write`` stores: curves, engine overheads, and their errors.
+    ``progress``: where each fitted table is reported as it is done (on a terminal)."""
+    progress = progress or Progress()
+    curves = fit_every_engine(ops, load_catalog(), progress)
     doc: dict[str, Any] = {"curves": [curves_to_mapping(kc) for kc in curves]}
     table = table_from_mapping(doc)
+    progress.status(f"calibrate: reading {data.name}", force=True)
     observations = load_observations(data, table)
+    progress.status(f"calibrate: fitting the engines' fixed costs on {len(observations)} "
+                    "measurements", force=True)  # fmt: skip
     overheads = _fit_overheads(observations)
+    base = overheads["trtllm"]
+    progress.line(f"calibrate: engine fixed costs: {base.step_s * 1e3:.3f} ms per step, "
+                  f"{base.layer_s * 1e6:.1f} us per layer")  # fmt: skip
     doc["engine_overhead"] = {
         e: {"step_s": o.step_s, "layer_s": o.layer_s, "fitted_on": o.fitted_on}
         for e, o in overheads.items()
     }
     doc["calibration_error"] = overhead_errors(observations, lambda e: overheads[e])
     return doc
+
+
+def fit_every_engine(ops: Path, catalog: Catalog, progress: Progress) -> list[KernelCurves]:
+    """The curves of every measured GPU and engine, one ``progress`` line per table."""
+    curves = []
+    for table_gpu in sorted(TABLE_GPU_IDS):
+        for engine in FIT_ENGINES:
+            progress.status(f"calibrate: fitting {table_gpu}/{engine}", force=True)
+            kc = fit_engine_curves(ops, table_gpu, engine, catalog)
+            if kc is not None:
+                curves.append(kc)
+                for line in curve_lines(kc):
+                    progress.line(line)
+    progress.clear()
+    return curves
+
+
+def curve_lines(kc: KernelCurves) -> list[str]:
+    """One line per fitted table of an engine/GPU: its rows and median error."""
+    kinds = {"gemm": kc.gemm, "decode_attention": kc.decode_attention,
+             "prefill_attention": kc.prefill_attention, "moe": kc.moe}  # fmt: skip
+    return [
+        f"calibrate: {kc.table_gpu}/{kc.engine} {kind}.{dtype}: {c.rows} rows, "
+        f"median |error| {c.median_error:.1%}"
+        for kind, fitted in kinds.items()
+        for dtype, c in fitted.items()
+    ]
 
 
 def _fit_overheads(observations: Sequence[Observation]) -> dict[str, EngineOverhead]:

@@ -1,9 +1,12 @@
 """The simulate benchmark's tables (``benchmarks/bench_simulate.py``), on made-up rows:
-the seed-0 table ignores the other seeds; the seed table reports the worst seed."""
+the seed-0 table ignores the other seeds; the seed table reports the worst seed. And the
+progress lines its jobs (and the other benchmarks') report on a terminal."""
 
 from __future__ import annotations
 
+import io
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import Any
 
@@ -43,3 +46,30 @@ def test_seed_table_reports_the_worst_seed(bench: ModuleType) -> None:
     cells = [c.strip() for c in line.strip("|").split("|")]
     # trace, reality, seeds, worst, mean, $ mean, x oracle mean, worst
     assert cells == ["diurnal", "1", "3", "98.80%", "99.20%", "12.00", "1.20", "1.30"]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_map_reporting_keeps_the_order_and_reports_each_job_on_a_terminal(
+    bench: ModuleType,
+) -> None:
+    from rooftop_planner.progress import Progress
+
+    stream = _Terminal()
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        out = bench.map_reporting(pool, lambda x: x * 10, [3, 1, 2], "bench", Progress(stream))
+    assert out == [30, 10, 20]
+    lines = stream.getvalue().split("\n")
+    assert sum("bench: " in ln and "/3 done (" in ln for ln in lines) == 3
+
+
+def test_map_reporting_writes_nothing_when_not_a_terminal(bench: ModuleType) -> None:
+    from rooftop_planner.progress import Progress
+
+    stream = io.StringIO()
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        assert bench.map_reporting(pool, str, [1], "bench", Progress(stream)) == ["1"]
+    assert stream.getvalue() == ""

@@ -425,3 +425,21 @@ def test_the_oracle_search_ends_when_the_minimum_fleet_always_suffices() -> None
 
     lo, hi = _bracket(always, guess=1.0, floor=0.01, ceiling=5.0)
     assert 5.0 <= lo < hi and len(calls) < 20
+
+
+def test_the_plot_counts_pods_in_whole_numbers(
+    scn: simulate.Scenario, runs: dict[str, tuple[SimResult, dict[str, Any]]]
+) -> None:
+    import matplotlib.pyplot as plt
+
+    from rooftop_sim.report import figure
+
+    fig = figure([res for res, _ in runs.values()], scn.slo)
+    try:
+        pods = fig.axes[2]
+        assert pods.get_ylabel() == "pods (incl. starting)"
+        ticks = [t for t in pods.get_yticks() if pods.get_ylim()[0] <= t <= pods.get_ylim()[1]]
+        assert len(ticks) >= 2 and all(float(t).is_integer() for t in ticks), ticks
+        assert len(pods.get_legend().get_texts()) == len(runs)  # every policy drawn
+    finally:
+        plt.close(fig)
