@@ -23,7 +23,6 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
-import urllib3
 import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -136,7 +135,7 @@ def check_cluster(timeout_s: float = 5.0) -> str:
             )
         except ApiException as err:
             _judge_answer(err, host)
-        except (urllib3.exceptions.HTTPError, OSError) as err:
+        except (HTTPError, OSError) as err:
             unreachable = f"cannot reach the API server at {host}: {_reason(err)}"
             raise ClusterUnavailable(unreachable, 1) from None
     return host
