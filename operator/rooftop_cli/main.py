@@ -2,7 +2,8 @@
 
 Each subcommand module exposes ``register(subparsers)``, which adds its parser and
 sets ``func`` to a callable taking the parsed namespace and returning an exit code.
-Modules are imported lazily by name so that ``rooftop plan`` never pays for kopf.
+Modules are imported lazily by name so that ``rooftop plan`` never pays for kopf. Every
+subcommand's help ends with its exit codes (``rooftop_cli.exits``).
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from importlib import metadata
+
+from rooftop_cli import exits
 
 # (subcommand, module that registers it). Order is the help order.
 SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("plan", "rooftop_cli.plan"),
-    ("predict", "rooftop_cli.plan"),
+    ("predict", "rooftop_cli.predict"),
     ("render", "rooftop_operator.render"),
     ("operator", "rooftop_operator.__main__"),
     ("engine-sim", "rooftop_sim.engine.server"),
@@ -24,11 +28,25 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
 )
 
 
+def version() -> str:
+    """The installed package's version (the planner's own when not installed)."""
+    try:
+        return metadata.version("rooftop")
+    except metadata.PackageNotFoundError:
+        from rooftop_planner import __version__
+
+        return __version__
+
+
 def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
+    """The parser, with only the subcommand ``argv`` names registered (all without one)."""
     parser = argparse.ArgumentParser(
         prog="rooftop",
         description="Serve LLMs to a latency SLO at the lowest cost.",
+        epilog=exits.TOP_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"rooftop {version()}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     wanted = argv[0] if argv else None
     seen: set[str] = set()
@@ -43,6 +61,9 @@ def build_parser(argv: Sequence[str]) -> argparse.ArgumentParser:
                 raise SystemExit(f"rooftop {name}: not available ({err})") from err
             continue
         module.register(subparsers)
+    for name, sub in subparsers.choices.items():
+        sub.epilog = exits.epilog(name)
+        sub.formatter_class = argparse.RawDescriptionHelpFormatter
     return parser
 
 
@@ -51,13 +72,18 @@ def _names() -> set[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``rooftop ARGV``; the exit code (130 when interrupted, without a traceback)."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(args_list)
-    args = parser.parse_args(args_list)
-    if not getattr(args, "func", None):
-        parser.print_help()
-        return 2
-    code: int = args.func(args)
+    try:
+        parser = build_parser(args_list)
+        args = parser.parse_args(args_list)
+        if not getattr(args, "func", None):
+            parser.print_help()
+            return exits.BAD_INPUT
+        code: int = args.func(args)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return exits.INTERRUPTED
     return code
 
 
