@@ -46,6 +46,7 @@ CODES: Mapping[str, Codes] = {
         (OK, "simulated"),
         (BAD_INPUT, "bad input: target, trace or flags, or a target with no feasible plan"),
     ),
+    "completion": ((OK, "printed the script"), (BAD_INPUT, "an unknown shell")),
 }
 SEVERAL = "With several targets, the exit code is the worst of theirs: 2 over 1 over 0."
 MULTI_TARGET = ("plan", "render")
@@ -65,7 +66,8 @@ def epilog(command: str) -> str:
 
 TOP_EPILOG = (
     "exit codes: 0 ok, 1 no feasible plan (plan, render), 2 bad input, 130 interrupted;\n"
-    "`rooftop COMMAND --help` lists a command's."
+    "`rooftop COMMAND --help` lists a command's.\n"
+    "shell completion: source <(rooftop completion bash), or see `rooftop completion -h`."
 )
 
 

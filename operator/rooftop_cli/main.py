@@ -25,6 +25,7 @@ SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     ("engine-sim", "rooftop_sim.engine.server"),
     ("load", "rooftop_sim.loadgen"),
     ("simulate", "rooftop_sim.simulate"),
+    ("completion", "rooftop_cli.completion"),
 )
 
 
