@@ -34,6 +34,7 @@ lint: $(VENV)/.dev
 	$(BIN)/python dashboards/build.py --check
 	$(BIN)/python -m rooftop_api.crd --check
 	$(BIN)/python -m rooftop_api.reference --check
+	$(BIN)/python -m rooftop_cli.reference --check
 	$(BIN)/mkdocs build --strict
 
 typecheck: $(VENV)/.dev
@@ -99,6 +100,7 @@ dashboards: $(VENV)/.dev
 ## regenerates it). Not `mkdocs -q`: quiet mode hides the warnings strict mode counts.
 docs: $(VENV)/.dev
 	$(BIN)/python -m rooftop_api.reference --check
+	$(BIN)/python -m rooftop_cli.reference --check
 	$(BIN)/mkdocs build --strict
 
 ## vllm-flags: regenerate the `vllm serve` flag table (extraArgs checks) from the real vLLM

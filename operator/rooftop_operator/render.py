@@ -1,23 +1,29 @@
-"""``rooftop render TARGET.yaml``: the objects the operator would apply, as YAML.
+"""``rooftop render TARGET.yaml...``: the objects the operator would apply, as YAML or JSON.
 
 Like ``helm template``: for review, for GitOps, and to read the exact vLLM command
 line without a cluster. It plans the target with the same planner and builds the
 children with the same functions as the operator (``children.engine_inputs`` and
 ``children.desired``). Bad input exits 2 as ``rooftop plan`` does; a target no plan
-serves exits 1 with the planner's explanation.
+serves exits 1 with the planner's explanation. Several manifests, or several documents
+in one: every target rendered, the exit code the worst of theirs.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from rooftop_operator import builders, children
 from rooftop_operator.settings import VLLM_IMAGE, OperatorConfig, env_defaults
 from rooftop_operator.specs import TargetRef
+
+if TYPE_CHECKING:
+    from rooftop_api.manifest import Loaded
+    from rooftop_planner.catalog import Catalog
 
 EXIT_INFEASIBLE = 1
 EXIT_USAGE = 2
@@ -27,15 +33,23 @@ UID_PLACEHOLDER = "00000000-0000-0000-0000-000000000000"
 
 
 def register(subparsers: Any) -> None:
+    """Add ``rooftop render`` (see rooftop_cli.main)."""
+    from rooftop_api.output import JSON, YAML, add_output_option
+
     p = subparsers.add_parser(
         "render",
         help="print the Deployment, Service, PodDisruptionBudget and PodMonitor the "
-        "operator would apply for a ServingTarget (YAML)",
+        "operator would apply for ServingTargets (YAML or JSON)",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    p.add_argument("target", help="ServingTarget YAML file")
+    p.add_argument(
+        "targets", nargs="+", metavar="TARGET.yaml",
+        help="ServingTarget manifests (YAML; several documents each; - for standard input)",
+    )  # fmt: skip
+    add_output_option(p, (YAML, JSON), YAML, note="default yaml; json is one List")
     p.add_argument("-n", "--namespace", default=None, help="default: the manifest's, else default")
-    p.add_argument("--catalog", default=None, help="GPU/model catalog overlay (YAML)")
+    p.add_argument("--catalog", default=None, metavar="FILE.yaml",
+                   help="GPU/model catalog overlay (YAML)")  # fmt: skip
     p.add_argument("--vllm-image", default=None, help=f"CUDA engine image (default {VLLM_IMAGE})")
     p.add_argument("--rocm-image", default=None, help="vLLM image for ROCm GPUs")
     p.add_argument("--tpu-image", default=None, help="vLLM image for TPUs")
@@ -56,24 +70,34 @@ def _config(args: argparse.Namespace) -> OperatorConfig:
     return OperatorConfig(**values)
 
 
-def render(args: argparse.Namespace) -> tuple[int, str]:
-    """(exit code, text): YAML documents, or the reason there are none."""
-    from rooftop_api.manifest import ManifestError, load_target
-    from rooftop_planner.catalog import CatalogError, load_catalog
+@dataclass(frozen=True)
+class Rendered:
+    """One target's outcome: exit code, a header comment or the error, the objects."""
+
+    code: int
+    note: str
+    objects: list[dict[str, Any]] = field(default_factory=list)
+
+
+def render_one(
+    item: Loaded, catalog: Catalog, config: OperatorConfig, args: argparse.Namespace
+) -> Rendered:
+    """Plan one loaded target and build the objects the operator would apply for it."""
+    from rooftop_planner.catalog import CatalogError
     from rooftop_planner.search import plan_target
 
+    if item.target is None:
+        return Rendered(EXIT_USAGE, f"rooftop: error: {item.error}")
+    target = item.target
     try:
-        config = _config(args)
-        target = load_target(args.target)
-        catalog = load_catalog(args.catalog)
         families = children.engine_families(config, target.spec)
         result = plan_target(target.spec, catalog=catalog, engine_families=families)
-    except (ManifestError, CatalogError, ValueError) as err:
-        return EXIT_USAGE, f"rooftop: error: {err}"
-    except OSError as err:
-        return EXIT_USAGE, f"rooftop: error: {getattr(err, 'filename', '') or ''}: {err}"
+    except (CatalogError, ValueError) as err:
+        return Rendered(EXIT_USAGE, f"rooftop: error: {item.source}: {err}")
     if result.plan is None:
-        return EXIT_INFEASIBLE, f"rooftop: no plan for {target.metadata.name}:\n{result.explain()}"
+        return Rendered(
+            EXIT_INFEASIBLE, f"rooftop: no plan for {target.metadata.name}:\n{result.explain()}"
+        )
     namespace = args.namespace or target.metadata.namespace or "default"
     ref = TargetRef(target.metadata.name, namespace, UID_PLACEHOLDER)
     try:
@@ -82,12 +106,44 @@ def render(args: argparse.Namespace) -> tuple[int, str]:
         )
         objects = children.desired(inputs)
     except builders.UnsupportedPlan as err:
-        return EXIT_INFEASIBLE, f"rooftop: the plan cannot be deployed: {err}"
-    header = f"# rooftop render {args.target}: {result.plan.summary}\n"
-    return 0, header + yaml.safe_dump_all(objects, sort_keys=False, width=100)
+        return Rendered(EXIT_INFEASIBLE, f"rooftop: the plan cannot be deployed: {err}")
+    return Rendered(0, f"# rooftop render {item.source}: {result.plan.summary}", objects)
+
+
+def render(args: argparse.Namespace) -> list[Rendered]:
+    """Every target of every manifest, rendered (or why not)."""
+    from rooftop_api.manifest import load_all
+    from rooftop_planner.catalog import CatalogError, load_catalog
+
+    try:
+        config = _config(args)
+        catalog = load_catalog(args.catalog)
+    except (CatalogError, ValueError) as err:
+        return [Rendered(EXIT_USAGE, f"rooftop: error: {err}")]
+    except OSError as err:
+        where = getattr(err, "filename", "") or ""
+        return [Rendered(EXIT_USAGE, f"rooftop: error: {where}: {err}")]
+    return [render_one(item, catalog, config, args) for item in load_all(args.targets)]
+
+
+def to_text(rendered: list[Rendered], fmt: str) -> str:
+    """YAML documents (each target's headed by a comment), or JSON: one kubectl List."""
+    from rooftop_api.output import JSON, dumps
+
+    if fmt == JSON:
+        items = [obj for r in rendered for obj in r.objects]
+        return dumps({"apiVersion": "v1", "kind": "List", "items": items}, JSON)
+    blocks = [f"{r.note}\n" + yaml.safe_dump_all(r.objects, sort_keys=False, width=100)
+              for r in rendered]  # fmt: skip
+    return "---\n".join(blocks)
 
 
 def run(args: argparse.Namespace) -> int:
-    code, text = render(args)
-    print(text, file=sys.stdout if code == 0 else sys.stderr)
-    return code
+    """Print what renders to stdout and every error to stderr; the worst exit code."""
+    rendered = render(args)
+    for failed in (r for r in rendered if r.code):
+        print(failed.note, file=sys.stderr)
+    done = [r for r in rendered if not r.code]
+    if done:
+        print(to_text(done, args.output).rstrip("\n"))
+    return max(r.code for r in rendered)

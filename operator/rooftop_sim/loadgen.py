@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 import numpy as np
 
+from rooftop_api.output import JSON, TEXT, YAML, add_output_option, dumps
 from rooftop_sim.flags import Rule, check_ranges
 from rooftop_sim.traces import Trace, TraceError, load_trace
 
@@ -365,7 +366,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds to wait for requests in flight after sending stops")  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_output_option(p, (TEXT, JSON, YAML), TEXT, json_alias=True)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=main)
 
@@ -386,5 +387,5 @@ def main(args: argparse.Namespace) -> int:
         return 2
     show = None if args.quiet or not sys.stderr.isatty() else progress_bar()
     report = asyncio.run(run_load(spec, show))
-    print(json.dumps(report.to_json(), indent=2) if args.json else report.format())
+    print(dumps(report.to_json(), args.output) if args.output != TEXT else report.format())
     return 0 if report.completed > 0 else 1

@@ -2,7 +2,7 @@
 
     rooftop simulate TARGET.yaml --trace CSV [--policy rooftop|static-peak|queue-threshold
         |oracle|oracle-instant|static-fit|all] [--reality-factor F] [--startup-s S]
-        [--scrape-s 15] [--diurnal] [--json] [--plot FILE.png]
+        [--scrape-s 15] [--diurnal] [-o text|table|wide|json|yaml] [--plot FILE.png]
 
 ``--policy all`` ends with a table comparing the policies (SLO attainment, mean $/h,
 cost against the oracle, replica-hours). On a terminal, stderr shows which policy runs
@@ -20,7 +20,6 @@ Exit codes: 0 ok, 2 unusable input (target, trace, or no feasible plan).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 import warnings
@@ -30,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from rooftop_api.output import JSON, TABLE, TEXT, WIDE, YAML, add_output_option, dumps, print_table
 from rooftop_api.spec import ServingTargetSpec
 from rooftop_control import control
 from rooftop_control.calibration import Calibration
@@ -52,6 +52,7 @@ POLICIES = ("rooftop", "static-peak", "queue-threshold", "oracle", "oracle-insta
 # (perfect knowledge, same physics as every other policy, start-up billed);
 # "oracle-instant" gets pods ready the moment it wants them (a looser lower bound).
 ORACLES = ("oracle", "oracle-instant")
+FORMATS = (TEXT, TABLE, WIDE, JSON, YAML)
 
 
 class InputError(ValueError):
@@ -362,7 +363,8 @@ def register(subparsers: Any) -> None:
         metavar="START:END",
         help="seconds during which every metric is missing (repeatable)",
     )
-    p.add_argument("--json", action="store_true", help="print JSON (a list for --policy all)")
+    add_output_option(p, FORMATS, TEXT, json_alias=True, note="default text; json and yaml "
+                      "are a list for --policy all, tables one row per policy")  # fmt: skip
     p.add_argument("--plot", metavar="FILE.png", help="plot load, TPOT and replicas")
     p.set_defaults(func=main)  # fmt: skip
 
@@ -416,11 +418,10 @@ def main(args: argparse.Namespace) -> int:
         return 2
     names = POLICIES if args.policy == "all" else (args.policy,)
     progress = Progress()
-    results, summaries = run_policies(scn, names, progress, echo=not args.json)
-    if args.json:
-        print(json.dumps(summaries[0] if len(summaries) == 1 else summaries, default=_json))
-    elif len(summaries) > 1:
+    results, summaries = run_policies(scn, names, progress, echo=args.output == TEXT)
+    if args.output == TEXT and len(summaries) > 1:
         print("\n" + comparison(summaries, scn.slo))
+    show(summaries, args.output)
     if args.plot:
         progress.status(f"rooftop simulate: drawing {args.plot}", force=True)
         plot(results, scn.slo, args.plot)
@@ -455,12 +456,28 @@ def _ticker(progress: Progress, label: str, horizon_s: float) -> Callable[[float
     return tick
 
 
-def _json(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+TABLE_COLUMNS = (
+    ("POLICY", "policy"), ("TPOT-OK", "slo_attainment_tpot"),
+    ("TTFT-OK", "slo_attainment_ttft"), ("GPU-HOURS", "gpu_hours"), ("USD", "usd"),
+    ("MEAN-REPLICAS", "mean_replicas"), ("REJECTED", "rejected"),
+)  # fmt: skip
+WIDE_COLUMNS = (
+    ("REQUESTS", "requests"), ("TOKENS-TPOT-OK", "token_attainment_tpot"),
+    ("TOKENS-TTFT-OK", "token_attainment_ttft"), ("TPOT-P50(ms)", "tpot_p50_ms"),
+    ("TPOT-P99(ms)", "tpot_p99_ms"), ("REALITY-FACTOR", "reality_factor"),
+    ("HORIZON(s)", "horizon_s"), ("WALL(s)", "wall_s"),
+)  # fmt: skip
+
+
+def show(summaries: list[dict[str, Any]], fmt: str) -> None:
+    """Print the runs' summaries as JSON or YAML (a list for several policies) or a
+    table, one row per policy (attainments are shares 0..1). Text is printed per run."""
+    if fmt in (JSON, YAML):
+        print(dumps(summaries[0] if len(summaries) == 1 else summaries, fmt))
+    elif fmt in (TABLE, WIDE):
+        columns = TABLE_COLUMNS + (WIDE_COLUMNS if fmt == WIDE else ())
+        rows = [[s[key] for _, key in columns] for s in summaries]
+        print_table([name for name, _ in columns], rows)
 
 
 def with_rate(spec: ServingTargetSpec, requests_per_second: float) -> ServingTargetSpec:

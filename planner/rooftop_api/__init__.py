@@ -1,4 +1,5 @@
-"""The ServingTarget API: pydantic models, manifest loading, extraArgs checks, the CRD.
+"""The ServingTarget API: pydantic models, manifest loading, extraArgs checks, the CRD,
+and the output formats every command shares.
 
 ``spec``       the resource as pydantic models (the single source of truth)
 ``manifest``   read a ServingTarget from YAML with messages that name the field
@@ -6,7 +7,8 @@
 ``conditions`` the one status-condition type and how a condition list is merged
 ``crd``        generate the CustomResourceDefinition from ``spec``
 ``reference``  generate docs/reference.md (the ServingTarget reference) from ``spec``
-``generated``  write or check (``--check``) what the two generators produce
+``generated``  write or check (``--check``) what the generators produce
+``output``     how every command prints results (``-o json|yaml|table|wide``)
 
 No Kubernetes client, no kopf, no planner: everything else builds on this package.
 """

@@ -35,8 +35,9 @@ SINGULAR: Final = "servingtarget"
 SHORT_NAMES: Final = ["st"]
 CRD_NAME: Final = f"{PLURAL}.{GROUP}"
 # Children are named "<name>" (Service) and "<name>-engine" (Deployment, PodMonitor), and
-# the Service name must be a DNS-1035 label (63 chars): 63 - len("-engine") = 56.
-MAX_NAME_LENGTH: Final = 56
+# the Service name must be a DNS-1035 label (63 chars): 63 - len("-engine") = 56. The
+# manifest loader checks the same (spec.Metadata).
+MAX_NAME_LENGTH: Final = st.MAX_NAME_LENGTH
 
 REPO_ROOT: Final = Path(__file__).resolve().parents[2]
 DEFAULT_OUTPUT: Final = REPO_ROOT / "charts" / "rooftop" / "crds" / f"{CRD_NAME}.yaml"
@@ -114,7 +115,7 @@ ROOT_RULES: Final[list[Schema]] = [
     {
         "rule": (
             f"size(self.metadata.name) <= {MAX_NAME_LENGTH} && "
-            "self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')"
+            f"self.metadata.name.matches('{st.NAME_PATTERN}')"
         ),
         "message": (
             f"metadata.name must be a DNS-1035 label of at most {MAX_NAME_LENGTH} characters "

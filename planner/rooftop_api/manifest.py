@@ -1,7 +1,17 @@
-"""Reading ServingTarget manifests with errors that name the field and the fix."""
+"""Reading ServingTarget manifests with errors that name the field and the fix.
+
+A manifest path may be ``-`` (standard input) and a file may hold several YAML
+documents: ``load_all`` gives one entry per ServingTarget document, each with its target
+or the message why it is not one, so a command can go on with the others. Documents of
+other kinds (a Namespace or Secret in the same bundle) are skipped. A mapping that gives
+a key twice is an error naming the line: YAML itself would keep the last value silently.
+"""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -10,9 +20,36 @@ from pydantic import ValidationError
 
 from rooftop_api.spec import API_VERSION, KIND, ServingTarget
 
+STDIN = "-"
+STDIN_NAME = "<stdin>"
+
 
 class ManifestError(ValueError):
     """The manifest cannot be used; ``str()`` is the whole message for the user."""
+
+
+class _DuplicateKey(yaml.YAMLError):
+    """A mapping gives ``key`` twice; ``line`` (1-based) is the second one."""
+
+    def __init__(self, key: object, line: int) -> None:
+        super().__init__(f"line {line}: duplicate key {key!r}")
+        self.key, self.line = key, line
+
+
+class StrictLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader that refuses a mapping giving the same key twice."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        """Check the mapping's own keys (merge keys ``<<`` may be overridden), then build it."""
+        seen: set[object] = set()
+        for key_node, _ in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag.endswith(":merge"):
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise _DuplicateKey(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def format_validation_error(err: ValidationError, prefix: str = "") -> str:
@@ -26,11 +63,14 @@ def format_validation_error(err: ValidationError, prefix: str = "") -> str:
             message = "unknown field; check its spelling (fields are camelCase)"
         elif problem["type"] == "missing":
             message = "required field is missing"
+        elif problem["type"] == "value_error":  # our validators' own words, no prefix
+            message = str(problem.get("ctx", {}).get("error", message))
         lines.append(f"{where}: {message}")
     return "\n".join(lines)
 
 
-def parse_target(document: Any, source: str = "manifest") -> ServingTarget:
+def parse_target(document: object, source: str = "manifest") -> ServingTarget:
+    """Validate one parsed YAML document as a ServingTarget (ManifestError if it is not)."""
     if not isinstance(document, dict):
         raise ManifestError(
             f"{source}: expected a YAML mapping with apiVersion, kind, metadata, spec"
@@ -48,21 +88,93 @@ def parse_target(document: Any, source: str = "manifest") -> ServingTarget:
         ) from err
 
 
+def read_text(path: str | Path) -> tuple[str, str]:
+    """(name for messages, text) of a manifest file, or of standard input for ``-``."""
+    name = STDIN_NAME if str(path) == STDIN else str(path)
+    try:
+        data = sys.stdin.buffer.read() if str(path) == STDIN else Path(path).read_bytes()
+    except OSError as err:
+        raise ManifestError(f"{name}: cannot read ({err.strerror})") from err
+    try:
+        return name, data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ManifestError(f"{name}: not a UTF-8 text file ({err.reason}); expected a "
+                            "ServingTarget manifest in YAML") from None  # fmt: skip
+
+
+def parse_documents(text: str, name: str) -> list[tuple[str, object]]:
+    """The non-empty YAML documents of ``text``, each with its name for messages
+    (``x.yaml (document 2)`` when there are several)."""
+    try:
+        documents = list(yaml.load_all(text, Loader=StrictLoader))
+    except _DuplicateKey as err:
+        raise ManifestError(f"{name} line {err.line}: duplicate key {err.key!r}; give each "
+                            "field once (YAML would keep only the last)") from None  # fmt: skip
+    except yaml.YAMLError as err:
+        raise ManifestError(f"{name}: malformed YAML: {err}") from err
+    if not any(d is not None for d in documents):
+        raise ManifestError(f"{name}: empty file; expected a ServingTarget manifest")
+    several = len(documents) > 1
+    return [
+        (f"{name} (document {i})" if several else name, doc)
+        for i, doc in enumerate(documents, 1)
+        if doc is not None
+    ]
+
+
+def _is_ours(document: object) -> bool:
+    """A document meant as a ServingTarget: its kind, or Rooftop's API group."""
+    if not isinstance(document, dict):
+        return False
+    api = str(document.get("apiVersion") or "")
+    return document.get("kind") == KIND or api.startswith(API_VERSION.split("/")[0] + "/")
+
+
+def target_documents(path: str | Path) -> list[tuple[str, object]]:
+    """The documents of a manifest meant as ServingTargets (if none is, the first one,
+    so that parsing it says what is wrong)."""
+    name, text = read_text(path)
+    documents = parse_documents(text, name)
+    return [d for d in documents if _is_ours(d[1])] or documents[:1]
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """One ServingTarget document's outcome: its target, or why it is not one."""
+
+    source: str
+    target: ServingTarget | None = None
+    error: str = ""
+
+
+def _load_file(path: str | Path) -> list[Loaded]:
+    """Every ServingTarget of one file; a file that cannot be read is one error entry."""
+    try:
+        documents = target_documents(path)
+    except ManifestError as err:
+        return [Loaded(STDIN_NAME if str(path) == STDIN else str(path), error=str(err))]
+    out = []
+    for source, document in documents:
+        try:
+            out.append(Loaded(source, target=parse_target(document, source)))
+        except ManifestError as err:
+            out.append(Loaded(source, error=str(err)))
+    return out
+
+
+def load_all(paths: Sequence[str | Path]) -> list[Loaded]:
+    """Every ServingTarget document of every path, in order (``-``: standard input,
+    which can be read once)."""
+    out: list[Loaded] = []
+    for i, path in enumerate(paths):
+        if str(path) == STDIN and STDIN in (str(p) for p in paths[:i]):
+            out.append(Loaded(STDIN_NAME, error="- (standard input) can be given only once"))
+            continue
+        out += _load_file(path)
+    return out
+
+
 def load_target(path: str | Path) -> ServingTarget:
     """Load one ServingTarget from a YAML file (the first ServingTarget of a multi-doc file)."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ManifestError(f"{path}: cannot read ({err.strerror})") from err
-    except UnicodeDecodeError as err:
-        raise ManifestError(f"{path}: not a UTF-8 text file ({err.reason}); expected a "
-                            "ServingTarget manifest in YAML") from None  # fmt: skip
-    try:
-        documents = [d for d in yaml.safe_load_all(text) if d is not None]
-    except yaml.YAMLError as err:
-        raise ManifestError(f"{path}: malformed YAML: {err}") from err
-    if not documents:
-        raise ManifestError(f"{path}: empty file; expected a ServingTarget manifest")
-    targets = [d for d in documents if isinstance(d, dict) and d.get("kind") == KIND]
-    return parse_target(targets[0] if targets else documents[0], str(path))
+    source, document = target_documents(path)[0]
+    return parse_target(document, source)

@@ -42,8 +42,8 @@ NOTES: Final[Mapping[str, str]] = {
     "kind": "The resource kind.",
     "metadata": "Standard Kubernetes object metadata; a manifest needs `name`.",
     "metadata.name": "The target's name. It names the engine Deployment (`NAME-engine`) "
-    "and Service (`NAME`), so the API server accepts a DNS-1035 label of at most 56 "
-    "characters.",
+    "and Service (`NAME`), so it must be a DNS-1035 label of at most 56 characters: the "
+    "API server and `rooftop plan` refuse any other, and say what to use instead.",
     "metadata.namespace": "The namespace; the engine objects are created in it.",
     "spec.constraints.maxTensorParallel": "Largest tensor-parallel size to plan (GPUs per "
     "replica).",

@@ -11,6 +11,7 @@ unknown fields so that a typo is an error naming the field, not a silent default
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
@@ -372,12 +373,41 @@ class ServingTargetSpec(_Model):
     engine: Engine = Field(default_factory=Engine)
 
 
+# A target's name names its children: the Service ``NAME`` and the Deployment and
+# PodMonitor ``NAME-engine``. A Service name is a DNS-1035 label (at most 63 characters),
+# so the name is one of at most 63 - len("-engine") = 56. The CRD's CEL rule (crd.py)
+# and the manifest loader check the same pattern and length.
+MAX_NAME_LENGTH = 56
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a ServingTarget, with a name that can; None when it can."""
+    if re.fullmatch(NAME_PATTERN, name) and len(name) <= MAX_NAME_LENGTH:
+        return None
+    fix = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-").lstrip("0123456789-")
+    fix = fix[:MAX_NAME_LENGTH].rstrip("-") or "my-target"
+    return (
+        f"{name!r} is not a valid name: use at most {MAX_NAME_LENGTH} lowercase letters, "
+        "digits and '-', starting with a letter and ending with a letter or digit (a "
+        f"DNS-1035 label: it names the Service and the Deployment), e.g. {fix!r}"
+    )
+
+
 class Metadata(_Model):
     """The part of ObjectMeta a manifest file needs."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
-    name: str = Field(min_length=1, max_length=253)
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)
     namespace: str | None = None
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _valid_name(cls, value: object) -> object:
+        """Say what a valid name looks like (before the bare pattern and length checks)."""
+        if isinstance(value, str) and (problem := name_problem(value)):
+            raise ValueError(problem)
+        return value
 
 
 class ServingTarget(_Model):

@@ -163,9 +163,10 @@ class Catalog:
         if model_id is None:
             raise CatalogError(
                 f"unknown model {name!r}; use a catalog id ({', '.join(sorted(self.models))}), "
-                "or describe the model: put its Hugging Face config.json fields under "
-                "spec.modelConfig in the ServingTarget, or add it under models: in a catalog "
-                "file (rooftop plan --catalog FILE.yaml)"
+                "or describe the model by its Hugging Face config.json (its fields under "
+                "spec.modelConfig in a ServingTarget; the file with rooftop predict "
+                "--model-config config.json), or add it under models: in a catalog file "
+                "(--catalog FILE.yaml for rooftop plan, predict and render)"
             )
         return self.models[model_id]
 

@@ -190,7 +190,7 @@ def row(**overrides: str) -> dict[str, str]:
      {"gpu": "b200", "engine": "trtllm"}, {"gpu": "l40s", "engine": "sglang"}],
 )  # fmt: skip
 def test_no_prediction_is_below_its_physical_floor(overrides: dict[str, str]) -> None:
-    from rooftop_cli.plan import predict_row
+    from rooftop_cli.predict import predict_row
 
     out = predict_row(row(**overrides))
     floor, tpot = float(out["floor_ms"]), float(out["tpot_ms"])
@@ -198,7 +198,7 @@ def test_no_prediction_is_below_its_physical_floor(overrides: dict[str, str]) ->
 
 
 def test_the_engine_picks_its_own_measured_curves() -> None:
-    from rooftop_cli.plan import predict_row
+    from rooftop_cli.predict import predict_row
 
     by_engine = {e: predict_row(row(engine=e)) for e in ("vllm", "sglang", "trtllm", "nim")}
     assert by_engine["vllm"]["curves"] == "vllm 0.24.0 kernels timed on h100_sxm"
@@ -222,7 +222,7 @@ def test_predict_explain_names_where_the_step_goes(capsys: pytest.CaptureFixture
 
 
 def test_more_concurrency_raises_tpot_and_throughput() -> None:
-    from rooftop_cli.plan import predict_row
+    from rooftop_cli.predict import predict_row
 
     rows = [
         predict_row(

@@ -181,4 +181,6 @@ def test_empty_model_config_is_reported_as_incomplete_not_unknown_model() -> Non
 def test_unknown_model_message_names_real_options() -> None:
     with pytest.raises(CatalogError, match="spec.modelConfig") as caught:
         resolve_model(target(None), load_catalog())
-    assert "--catalog" in str(caught.value) and "--model-config" not in str(caught.value)
+    message = str(caught.value)  # every option it names exists where it says
+    assert "--catalog FILE.yaml for rooftop plan, predict and render" in message
+    assert "rooftop predict --model-config config.json" in message

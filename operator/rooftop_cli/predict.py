@@ -1,0 +1,270 @@
+"""``rooftop predict``: TPOT, TTFT and throughput of one deployment, or of a CSV of them.
+
+One scenario prints typed JSON (numbers as numbers, ``fits`` a boolean, ``error`` null
+when there is none), YAML or a table; ``--csv`` reads rows and writes CSV. A model outside
+the catalog is described by its Hugging Face ``config.json`` (``--model-config``) or
+added under ``models:`` in a catalog file (``--catalog``), as ``rooftop plan`` does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rooftop_api.output import JSON, TABLE, WIDE, YAML, Cell, add_output_option, dumps, print_table
+from rooftop_cli import exits
+from rooftop_planner.catalog import Catalog, CatalogError, load_catalog, model_from_hf_config
+from rooftop_planner.efficiency import load_efficiency
+from rooftop_planner.explain import explain_step
+from rooftop_planner.scenarios import ScenarioError, scenario_from_row
+
+FORMATS = (JSON, YAML, TABLE, WIDE)
+PREDICT_INPUT = (
+    "model",
+    "gpu",
+    "tp",
+    "weight_dtype",
+    "kv_dtype",
+    "isl",
+    "osl",
+    "concurrency",
+    "batch",
+)
+PREDICT_OUTPUT = (
+    "tpot_ms", "ttft_ms", "output_tok_s", "floor_ms", "floor_share", "curves", "fits", "error"
+)  # fmt: skip
+NUMERIC_OUTPUT = PREDICT_OUTPUT[:5]
+
+
+def _significant(value: float) -> float | None:
+    """``value`` to 4 significant digits; None when it is not finite (no prediction)."""
+    return float(f"{value:.4g}") if math.isfinite(value) else None
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """One scenario's prediction, typed. Times in ms; None: no finite value.
+
+    ``floor_ms`` is the mean decode step's physical floor (weights touched + KV read at
+    peak HBM bandwidth) and ``floor_share`` the share of the predicted TPOT it makes up;
+    ``curves`` names the fitted kernel curves used; ``explanation``: where the step's
+    time goes, when asked for.
+    """
+
+    tpot_ms: float | None
+    ttft_ms: float | None
+    output_tok_s: float | None
+    floor_ms: float | None
+    floor_share: float | None
+    curves: str
+    fits: bool
+    error: str | None
+    explanation: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, object]:
+        """The ``-o json`` object (the CSV's output columns, typed)."""
+        return {key: getattr(self, key) for key in PREDICT_OUTPUT}
+
+    def csv_cells(self) -> dict[str, str]:
+        """The CSV's output columns as text (empty for a missing value)."""
+        numbers = {k: _csv_number(getattr(self, k)) for k in NUMERIC_OUTPUT}
+        return {**numbers, "curves": self.curves, "fits": "true" if self.fits else "false",
+                "error": self.error or ""}  # fmt: skip
+
+
+def _csv_number(value: float | None) -> str:
+    return "" if value is None else f"{value:.4g}"
+
+
+def predict_one(
+    row: Mapping[str, str], catalog: Catalog | None = None, explain: bool = False
+) -> Predicted:
+    """Predict one scenario row (ScenarioError/CatalogError when it cannot be)."""
+    scenario = scenario_from_row(row, catalog or load_catalog(), load_efficiency())
+    prediction = scenario.predict()
+    floor = prediction.floor_s
+    share = floor / prediction.tpot_s if prediction.fits and prediction.tpot_s > 0 else math.nan
+    curves = scenario.deployment.efficiency.describe()
+    lines = explain_step(prediction.step, curves) if explain and prediction.step else []
+    return Predicted(
+        tpot_ms=_significant(prediction.tpot_ms),
+        ttft_ms=_significant(prediction.ttft_ms),
+        output_tok_s=_significant(prediction.output_tok_s),
+        floor_ms=_significant(floor * 1e3),
+        floor_share=_significant(share),
+        curves=curves,
+        fits=prediction.fits,
+        error=prediction.reason or None,
+        explanation=tuple(lines),
+    )
+
+
+def predict_row(
+    row: dict[str, str], explain: list[str] | None = None, catalog: Catalog | None = None
+) -> dict[str, str]:
+    """Predict one CSV row as CSV cells; problems go to the ``error`` column, never raise.
+
+    ``explain``: filled with the step's breakdown when given.
+    """
+    try:
+        predicted = predict_one(row, catalog, explain is not None)
+    except (ScenarioError, CatalogError) as err:
+        return {**row, **dict.fromkeys(PREDICT_OUTPUT[:-1], ""), "error": str(err)}
+    if explain is not None:
+        explain += predicted.explanation
+    return {**row, **predicted.csv_cells()}
+
+
+def with_model_config(catalog: Catalog, config: str, name: str | None) -> tuple[Catalog, str]:
+    """The catalog with the model that a Hugging Face config.json describes first in it
+    (named ``name``, else by the config), and the name to ask for it by."""
+    model = model_from_hf_config(Path(config), name=name or "")
+    others = {k: v for k, v in catalog.models.items() if k != model.id}
+    return replace(catalog, models={model.id: model, **others}), name or model.id
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    """One scenario from the flags, or every row of ``--csv``."""
+    catalog, model = load_catalog(args.catalog), args.model
+    if args.model_config:
+        catalog, model = with_model_config(catalog, args.model_config, args.model)
+    if args.csv:
+        if args.output:
+            return exits.fail("--csv writes CSV; -o/--output is for one scenario from flags")
+        return _predict_csv(Path(args.csv), Path(args.out) if args.out else None, catalog)
+    if not model or not args.gpu:
+        return exits.fail("--model (or --model-config) and --gpu are required without --csv")
+    predicted = predict_one(_row(args, model), catalog, args.explain)
+    if predicted.error and predicted.tpot_ms is None:
+        return exits.fail(predicted.error)
+    _show(predicted, _row(args, model), args.output or JSON)
+    if predicted.explanation:
+        print("\n".join(predicted.explanation))
+    return exits.OK
+
+
+def _row(args: argparse.Namespace, model: str) -> dict[str, str]:
+    """The flags as a CSV row."""
+    return {
+        "model": model,
+        "gpu": args.gpu,
+        "tp": str(args.tp),
+        "weight_dtype": args.weight_dtype,
+        "kv_dtype": args.kv_dtype,
+        "isl": str(args.isl),
+        "osl": str(args.osl),
+        "concurrency": str(args.concurrency or ""),
+        "batch": str(args.batch or ""),
+        "engine": args.engine,
+    }
+
+
+HEADERS = ("MODEL", "GPU", "TP", "TPOT(ms)", "TTFT(ms)", "TOK/s", "FITS")
+WIDE_HEADERS = ("WEIGHTS", "KV", "ISL", "OSL", "CONCURRENCY", "BATCH", "ENGINE",
+                "FLOOR(ms)", "FLOOR-SHARE", "CURVES", "ERROR")  # fmt: skip
+
+
+def _show(predicted: Predicted, row: Mapping[str, str], fmt: str) -> None:
+    """Print one prediction as JSON, YAML or a one-row table."""
+    if fmt in (JSON, YAML):
+        print(dumps(predicted.to_json(), fmt))
+        return
+    cells: list[Cell] = [row["model"], row["gpu"], row["tp"], predicted.tpot_ms,
+                         predicted.ttft_ms, predicted.output_tok_s, predicted.fits]  # fmt: skip
+    if fmt == WIDE:
+        cells += [row[k] for k in ("weight_dtype", "kv_dtype", "isl", "osl", "concurrency",
+                                   "batch", "engine")]  # fmt: skip
+        cells += [predicted.floor_ms, predicted.floor_share, predicted.curves, predicted.error]
+    print_table(HEADERS + (WIDE_HEADERS if fmt == WIDE else ()), [cells])
+
+
+def _predict_csv(path: Path, out_path: Path | None, catalog: Catalog) -> int:
+    try:
+        return _predict_rows(path, out_path, catalog)
+    except UnicodeDecodeError as err:
+        return exits.fail(f"{path}: not a UTF-8 text CSV ({err.reason}); export it as CSV text")
+
+
+def _predict_rows(path: Path, out_path: Path | None, catalog: Catalog) -> int:
+    with path.open(newline="", encoding="utf-8-sig") as handle:
+        reader = csv.DictReader(handle)
+        missing = [c for c in PREDICT_INPUT if c not in (reader.fieldnames or [])]
+        if missing:
+            return exits.fail(
+                f"{path}: missing column(s) {', '.join(missing)}; "
+                f"expected {','.join(PREDICT_INPUT)}[,engine]"
+            )
+        rows = [predict_row(row, catalog=catalog) for row in reader]
+        columns = list(reader.fieldnames or []) + [
+            c for c in PREDICT_OUTPUT if c not in (reader.fieldnames or [])
+        ]
+    out = out_path.open("w", newline="") if out_path else sys.stdout
+    try:
+        writer = csv.DictWriter(out, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    finally:
+        if out_path:
+            out.close()
+    failed = sum(1 for r in rows if r["error"] and not r["tpot_ms"])
+    print(f"predicted {len(rows) - failed}/{len(rows)} rows", file=sys.stderr)
+    return exits.OK
+
+
+# ---------------------------------------------------------------- registration
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from err
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    """Add ``rooftop predict`` (see rooftop_cli.main)."""
+    predict = subparsers.add_parser(
+        "predict", help="predict TPOT/TTFT/throughput of scenarios",
+        description=__doc__.split("\n\n")[0] if __doc__ else None,
+    )  # fmt: skip
+    predict.add_argument(
+        "--csv", metavar="IN.csv", help=f"columns: {','.join(PREDICT_INPUT)}[,engine]"
+    )
+    predict.add_argument("--out", metavar="OUT.csv", help="where to write (default stdout)")
+    add_output_option(
+        predict, FORMATS, None, json_alias=True, note="default json; --csv writes CSV"
+    )
+    predict.add_argument("--model", help="catalog id, Hugging Face repo id or alias")
+    predict.add_argument(
+        "--model-config", metavar="config.json",
+        help="the model's Hugging Face config.json, for a model outside the catalog (named "
+        "--model, else by the config; CSV rows ask for it by that name)",
+    )  # fmt: skip
+    predict.add_argument("--catalog", metavar="FILE.yaml", help="your GPU/model catalog overrides")
+    predict.add_argument("--gpu", help="catalog GPU id or common name (H100 80GB HBM3)")
+    predict.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel size")
+    predict.add_argument("--weight-dtype", default="bf16")
+    predict.add_argument("--kv-dtype", default="auto")
+    predict.add_argument("--isl", type=_positive_int, default=1024, help="input tokens")
+    predict.add_argument("--osl", type=_positive_int, default=256, help="output tokens")
+    group = predict.add_mutually_exclusive_group()
+    group.add_argument("--concurrency", type=_positive_int, help="requests in flight (continuous)")
+    group.add_argument("--batch", type=_positive_int, help="one static batch")
+    predict.add_argument(
+        "--engine", default="vllm",
+        help="vllm, sglang, trtllm or nim: whose measured kernel curves to use",
+    )  # fmt: skip
+    predict.add_argument(
+        "--explain", action="store_true",
+        help="where the decode step's time goes, against its physical floor",
+    )  # fmt: skip
+    predict.set_defaults(func=exits.guarded(cmd_predict))

@@ -1,0 +1,120 @@
+"""How the ``rooftop`` commands print results: ``-o json|yaml|table|wide``.
+
+JSON and YAML are typed (numbers as numbers, booleans as booleans, NaN and infinity as
+null). Tables are drawn with rich on a terminal and plain (no colour, no box drawing:
+columns separated by spaces, a ``-`` for an empty cell) when standard output is not a
+terminal or ``NO_COLOR`` is set, so ``| grep`` and ``| awk`` read them as kubectl's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import shutil
+import sys
+from collections.abc import Mapping, Sequence
+from typing import TextIO
+
+import yaml
+
+JSON, YAML, TABLE, WIDE, TEXT = "json", "yaml", "table", "wide", "text"
+# A cell: what a table shows; None shows as "-".
+Cell = str | int | float | bool | None
+
+
+def add_output_option(
+    parser: argparse.ArgumentParser,
+    formats: Sequence[str],
+    default: str | None,
+    json_alias: bool = False,
+    note: str = "",
+) -> None:
+    """``-o/--output FORMAT`` (and ``--json``, the same as ``-o json``). ``note``: said
+    in the help instead of the default."""
+    said = ", ".join(f"{f} (a table with more columns)" if f == WIDE else f for f in formats)
+    note = note or (f"default {default}" if default else "")
+    parser.add_argument(
+        "-o", "--output", choices=formats, default=default, metavar="FORMAT",
+        help=f"{said}; {note}" if note else said,
+    )  # fmt: skip
+    if json_alias:
+        parser.add_argument(
+            "--json", dest="output", action="store_const", const=JSON, help="same as -o json"
+        )
+
+
+def plain(value: object) -> object:
+    """``value`` as JSON/YAML can hold it: tuples as lists, numpy scalars as numbers,
+    NaN and infinity as None."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    item = getattr(value, "item", None)  # a numpy scalar
+    if callable(item) and not isinstance(value, str | bytes):
+        value = item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def dumps(data: object, fmt: str) -> str:
+    """``data`` as JSON (indented) or YAML text, without a trailing newline."""
+    if fmt == YAML:
+        return yaml.safe_dump(plain(data), sort_keys=False, width=100).rstrip("\n")
+    return json.dumps(plain(data), indent=2)
+
+
+def is_plain(stream: TextIO) -> bool:
+    """Whether a table on ``stream`` is drawn plain: not a terminal, or NO_COLOR set."""
+    return bool(os.environ.get("NO_COLOR")) or not stream.isatty()
+
+
+def _cell(value: object) -> str:
+    value = plain(value)
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def format_table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], width: int | None = None
+) -> str:
+    """The table as text: with ``width`` (a terminal's), rich's box and colours in that
+    width; without, plain columns that never wrap."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    styled = width is not None
+    table = Table(
+        box=box.SIMPLE_HEAD if styled else None,
+        header_style="bold" if styled else "",
+        pad_edge=styled,
+        padding=(0, 1) if styled else (0, 3, 0, 0),
+    )
+    for header in headers:
+        table.add_column(header, no_wrap=not styled)
+    for row in rows:
+        table.add_row(*(_cell(v) for v in row))
+    buffer = io.StringIO()
+    console = Console(
+        file=buffer, width=width or 10_000, no_color=not styled, force_terminal=styled,
+        color_system="auto" if styled else None, highlight=False,
+    )  # fmt: skip
+    console.print(table)
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()).strip("\n")
+
+
+def print_table(
+    headers: Sequence[str], rows: Sequence[Sequence[object]], stream: TextIO | None = None
+) -> None:
+    """Print the table to ``stream`` (stdout), plain unless it is a colour terminal."""
+    out = stream or sys.stdout
+    width = None if is_plain(out) else shutil.get_terminal_size().columns
+    print(format_table(headers, rows, width), file=out)
