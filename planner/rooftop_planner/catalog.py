@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from rooftop_api.manifest import StrictLoader
+
 BYTES_PER_DTYPE: dict[str, float] = {
     "fp32": 4.0,
     "bf16": 2.0,
@@ -456,7 +458,7 @@ def estimate_param_count(cfg: Mapping[str, Any]) -> float:
 
 def _read_yaml(text: str, where: str) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=StrictLoader)  # a key given twice is an error
     except yaml.YAMLError as err:
         raise CatalogError(f"{where}: not valid YAML ({err})") from err
     if not isinstance(data, dict):

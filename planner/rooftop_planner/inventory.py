@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from rooftop_api.manifest import StrictLoader
 from rooftop_api.spec import Constraints
 from rooftop_planner.catalog import Catalog, CatalogError, GpuSpec
 
@@ -222,7 +223,8 @@ def load_nodes(path: str | Path) -> list[Mapping[str, Any]]:
     """Nodes from ``kubectl get nodes -o json`` (or ``-o yaml``, or one Node)."""
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8-sig"))  # JSON is YAML
+        text = path.read_text(encoding="utf-8-sig")  # JSON is YAML
+        doc = yaml.load(text, Loader=StrictLoader)  # a key given twice is an error
     except UnicodeDecodeError as err:
         raise InventoryError(f"{path}: not UTF-8 text ({err.reason})") from err
     except yaml.YAMLError as err:

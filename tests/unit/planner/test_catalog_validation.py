@@ -98,6 +98,13 @@ def test_whole_float_counts_and_zero_price_are_accepted(tmp_path: Path) -> None:
     assert isinstance(gpu.gpus_per_node, int)
 
 
+def test_a_key_given_twice_is_refused_with_its_line(tmp_path: Path) -> None:
+    """YAML would keep the last price silently; a catalog says it once."""
+    text = "gpus:\n  l4:\n    usd_per_gpu_hour: 0.8\n    usd_per_gpu_hour: 0.5\n"
+    with pytest.raises(CatalogError, match="line 4: duplicate key 'usd_per_gpu_hour'"):
+        load_catalog(user_catalog(tmp_path, text))
+
+
 def test_catalog_directory_is_not_reported_as_missing(tmp_path: Path) -> None:
     with pytest.raises(CatalogError, match="is a directory; give a YAML file"):
         load_catalog(str(tmp_path))

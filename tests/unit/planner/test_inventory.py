@@ -280,3 +280,10 @@ def test_plan_cli_reads_the_targets_tolerations(
     target.write_text(json.dumps(doc))
     assert main(["plan", str(target), "--nodes", str(path)]) == 0
     assert re.search(r"Chosen: \dx l4 TP[12] ", capsys.readouterr().out)
+
+
+def test_a_nodes_file_giving_a_key_twice_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "nodes.yaml"
+    path.write_text("kind: Node\nmetadata: {name: a}\nmetadata: {name: b}\n")
+    with pytest.raises(InventoryError, match="line 3: duplicate key 'metadata'"):
+        load_nodes(path)
