@@ -161,9 +161,40 @@ def _reason(err: Exception) -> str:
     return re.sub(r"^(<[^>]*>|\w+\([^)]*\)): ", "", _one_line(reason))
 
 
+# A UTF-16 surrogate pair as json.dumps escapes a character beyond U+FFFF ("🚀" ->
+# "\ud83d\ude80"), not preceded by an escaping backslash.
+_SURROGATE_PAIR = re.compile(r"(?<!\\)((?:\\\\)*)\\u(d[89ab][0-9a-f]{2})\\u(d[c-f][0-9a-f]{2})")
+
+
+def apply_body(obj: Mapping[str, Any]) -> bytes:
+    """``obj`` as the body of a server-side apply: JSON (valid YAML), ASCII-escaped except
+    characters beyond U+FFFF, which are written as themselves.
+
+    Why: the API server reads an apply body as YAML, and its YAML reader refuses the
+    surrogate-pair escapes JSON uses for those characters (an emoji in an env value made
+    the apply fail with HTTP 400). Written raw they are printable YAML; everything else
+    stays escaped, so no control character reaches the YAML reader raw.
+    """
+    text = json.dumps(obj, separators=(",", ":"))
+
+    def joined(match: re.Match[str]) -> str:
+        high, low = int(match.group(2), 16), int(match.group(3), 16)
+        return match.group(1) + chr(0x10000 + ((high - 0xD800) << 10) + (low - 0xDC00))
+
+    return _SURROGATE_PAIR.sub(joined, text).encode("utf-8")
+
+
 def _plural(kind: str) -> str:
     """Kinds the operator writes all pluralize regularly (Deployment -> deployments)."""
     return kind.lower() + "s"
+
+
+def _object_path(obj: Mapping[str, Any]) -> str:
+    """The API path of a namespaced object: /api/v1/... for the core group, else /apis/..."""
+    meta, api_version = obj["metadata"], str(obj["apiVersion"])
+    root = "/api" if "/" not in api_version else "/apis"
+    return (f"{root}/{api_version}/namespaces/{meta['namespace']}/{_plural(obj['kind'])}/"
+            f"{meta['name']}")  # fmt: skip
 
 
 class Kube:
@@ -217,23 +248,24 @@ class Kube:
         """Server-side apply ``obj`` as field manager ``rooftop``, forcing conflicts:
         the operator is the source of truth for every field it sets. (No return value:
         the client deserializes 200 but not the 201 of a first apply.)"""
-        meta = obj["metadata"]
-        options: dict[str, Any] = {
-            "field_manager": FIELD_MANAGER,
-            "force": True,
-            "_content_type": APPLY_CONTENT_TYPE,
-        }
         with api_errors():
-            if obj["apiVersion"] == "v1" and obj["kind"] == "Service":
-                self._core().patch_namespaced_service(
-                    meta["name"], meta["namespace"], dict(obj), **options
-                )
-                return
-            group, version = str(obj["apiVersion"]).split("/")
-            self._custom().patch_namespaced_custom_object(
-                group, version, meta["namespace"], _plural(obj["kind"]), meta["name"],
-                dict(obj), **options,
-            )  # fmt: skip
+            self._patch_apply(_object_path(obj), apply_body(obj))
+
+    def _patch_apply(self, path: str, body: bytes) -> None:
+        """PATCH ``path`` with an apply body as bytes, through the client's own request
+        plumbing (auth, TLS, proxies). The generated methods only take a dict, which the
+        client encodes with the surrogate escapes the API server's YAML reader refuses."""
+        method, url, headers, _, _ = self.api.param_serialize(
+            "PATCH", path,
+            query_params=[("fieldManager", FIELD_MANAGER), ("force", "true")],
+            header_params={"Content-Type": APPLY_CONTENT_TYPE, "Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )  # fmt: skip
+        response = self.api.call_api(method, url, header_params=headers, body=body)
+        data = response.read()
+        if not 200 <= response.status < 300:
+            text = data.decode("utf-8", "replace") if data else None
+            raise ApiException(http_resp=response, body=text, data=None)
 
     def has_api(self, group_version: str, plural: str) -> bool:
         """Whether the API server serves ``plural`` in ``group_version`` (discovery),

@@ -100,7 +100,14 @@ def deploy_vllm_target(env: Env, name: str) -> None:
     doc = load(ROOT / "examples" / "chat-llama-3.1-8b.yaml", name=name)
     doc["spec"]["workload"]["requestsPerSecond"] = 1
     doc["spec"]["constraints"] = {"gpuTypes": ["h100-sxm"], "maxReplicas": 1}
-    doc["spec"]["engine"] = {"env": [{"name": "HF_HOME", "value": "/var/cache/rooftop/hf"}]}
+    # a value beyond U+FFFF: JSON escapes it as a surrogate pair the API server's YAML
+    # reader refuses, so the operator must write it raw for the apply to succeed
+    doc["spec"]["engine"] = {
+        "env": [
+            {"name": "HF_HOME", "value": "/var/cache/rooftop/hf"},
+            {"name": "GREETING", "value": "héllo 🚀 שלום"},
+        ]
+    }
     ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
     env.apply(doc)
     env.wait_condition(name, "Deployed", "True")
@@ -132,6 +139,7 @@ def test_restricted_engine_pods_are_admitted_by_a_restricted_namespace(install: 
         engine = pod["spec"]["containers"][0]
         values = {e["name"]: e.get("value") for e in engine["env"]}
         assert values["HF_HOME"] == "/var/cache/rooftop/hf"  # the user's, not ours
+        assert values["GREETING"] == "héllo 🚀 שלום"
         assert values["HOME"] == "/home/rooftop"
 
 

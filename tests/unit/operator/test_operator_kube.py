@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import yaml
 from kubernetes import client
 
-from rooftop_operator.kube import Kube, KubeError
+from rooftop_operator.kube import Kube, KubeError, apply_body
 
 
 @pytest.fixture
@@ -38,3 +41,16 @@ def test_a_refused_connection_is_a_transient_kube_error(unreachable: Kube) -> No
 def test_every_call_reports_the_outage_the_same_way(unreachable: Kube, call: object) -> None:
     with pytest.raises(KubeError, match="unreachable"):
         call(unreachable)  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["héllo 🚀 שלום", "🚀🚀", "nul\x00 and \u0085 stay escaped", "a\\ud83d\\ude80 is text", "\\🚀"],
+)
+def test_an_apply_body_is_yaml_the_api_server_reads(value: str) -> None:
+    """Characters beyond U+FFFF go raw (the API server's YAML reader refuses their JSON
+    surrogate escapes); everything else stays escaped; the value round-trips."""
+    body = apply_body({"env": [{"name": "X", "value": value}]})
+    assert json.loads(body) == {"env": [{"name": "X", "value": value}]}
+    assert yaml.safe_load(body.decode("utf-8")) == {"env": [{"name": "X", "value": value}]}
+    assert b"\\ud83d\\ude80" not in body.replace(b"\\\\ud83d\\\\ude80", b"")
