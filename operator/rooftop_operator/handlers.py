@@ -52,7 +52,8 @@ from rooftop_planner.search import plan_target
 log = logging.getLogger(__name__)
 
 PODMONITOR_API = ("monitoring.coreos.com/v1", "podmonitors")
-RETRY_DELAY_S = 10.0
+RETRY_DELAY_S = 10.0  # first retry after a failed API call, doubling up to:
+MAX_RETRY_DELAY_S = 600.0
 # A target only GPU nodes the cluster lacks could serve is planned again every
 # ``OperatorConfig.nodes_retry_s`` (``replan_waiting``), so nodes added later (by hand
 # or by an autoscaler) are picked up without a spec edit.
@@ -261,10 +262,13 @@ def _deploy(
         apply_children(rt, ref, spec, plan)
     except (builders.UnsupportedPlan, ChildConflict) as err:
         reason = "UnsupportedPlan" if isinstance(err, builders.UnsupportedPlan) else "NameConflict"
-        failed = Condition(cnd.DEPLOYED, "False", reason, str(err))
-        if _write(rt, ref, [*_plan_conditions(spec, new_plan), failed], slo=slo_text(spec)):
-            rt.emit(body, "Warning", reason, str(err))
+        _not_deployed(rt, body, ref, spec, new_plan, reason, str(err))
         return
+    except KubeError as err:
+        if not err.transient:  # the API server refused a child: say so on the resource
+            message = f"the API server refused the engine's objects: {err}"
+            _not_deployed(rt, body, ref, spec, new_plan, "ApplyRejected", message)
+        raise  # reconcile_target retries, backing off
     deployed = Condition(cnd.DEPLOYED, "True", "Applied", f"engine {describe_plan(new_plan)}")
     conds = [*_plan_conditions(spec, new_plan), deployed]
     _write(rt, ref, conds, plan=new_plan, gpu=new_plan["gpu"], slo=slo_text(spec))
@@ -273,6 +277,16 @@ def _deploy(
         rt.emit(body, "Normal", verb, f"{describe_plan(new_plan)} ({cause})")
         if old_plan:
             rt.metrics.record_decision(ref.namespace, ref.name, "replan", cause)
+
+
+def _not_deployed(
+    rt: Runtime, body: Mapping[str, Any], ref: TargetRef, spec: ServingTargetSpec,
+    new_plan: Obj, reason: str, message: str,
+) -> None:  # fmt: skip
+    """Deployed=False with ``reason``; a Warning event only when that is news."""
+    failed = Condition(cnd.DEPLOYED, "False", reason, message[:1000])
+    if _write(rt, ref, [*_plan_conditions(spec, new_plan), failed], slo=slo_text(spec)):
+        rt.emit(body, "Warning", reason, message[:1000])
 
 
 # The part of a plan the feedback loop may change without a new spec generation.
@@ -502,14 +516,21 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
 @kopf.on.resume(crd.GROUP, crd.VERSION, crd.PLURAL)
 @kopf.on.create(crd.GROUP, crd.VERSION, crd.PLURAL)
 @kopf.on.update(crd.GROUP, crd.VERSION, crd.PLURAL, field="spec")
-def reconcile_target(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+def reconcile_target(body: kopf.Body, memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
     rt = runtime(memo)
     try:
         result = reconcile(rt, body)
     except KubeError as err:
         rt.metrics.record_reconcile("retry")
-        raise kopf.TemporaryError(str(err), delay=RETRY_DELAY_S) from err
+        raise kopf.TemporaryError(str(err), delay=retry_delay_s(retry)) from err
     _record(rt, result)
+
+
+def retry_delay_s(retry: int) -> float:
+    """Seconds before the next attempt after ``retry`` failed ones: doubling from
+    ``RETRY_DELAY_S`` up to ``MAX_RETRY_DELAY_S``, so a child the API server refuses (an
+    invalid field, a full Service IP range) is retried, not logged every 10 s forever."""
+    return float(min(RETRY_DELAY_S * 2 ** min(retry, 16), MAX_RETRY_DELAY_S))
 
 
 def _record(rt: Runtime, result: str) -> None:

@@ -96,6 +96,7 @@ class FakeKube:
         self.pod_monitors = pod_monitors
         self.nodes: list[Obj] = []
         self.nodes_error: Exception | None = None
+        self.apply_error: Exception | None = None  # what applying a Deployment raises
         self.node_lists = 0
         self.pod_lists = 0
 
@@ -108,6 +109,8 @@ class FakeKube:
         return copy.deepcopy(found) if found is not None else None
 
     def apply(self, obj: Mapping[str, Any]) -> None:
+        if self.apply_error is not None and obj["kind"] == "Deployment":
+            raise self.apply_error
         self.applied.append(copy.deepcopy(dict(obj)))
         self.add(obj)
 

@@ -476,6 +476,35 @@ def test_handler_records_reconcile_metrics(rt: Runtime, kube: FakeKube) -> None:
     assert value == 1.0
 
 
+def test_a_child_the_api_server_refuses_is_on_the_resource_once(
+    rt: Runtime, kube: FakeKube, events: Events
+) -> None:
+    """A 422 (say, a nodeSelector value over 63 characters) says so in Deployed with the
+    server's words and one event; kopf retries, backing off, instead of every 10 s."""
+    kube.apply_error = KubeError(422, 'Deployment.apps "chat-engine" is invalid: spec...')
+    memo = kopf.Memo(runtime=rt)
+    created(kube)
+    for attempt in range(3):
+        with pytest.raises(kopf.TemporaryError) as err:
+            handlers.reconcile_target(body=latest(kube), memo=memo, retry=attempt)
+        assert err.value.delay == handlers.retry_delay_s(attempt)
+    deployed = cond(kube, "Deployed")
+    assert (deployed["status"], deployed["reason"]) == ("False", "ApplyRejected")
+    assert "is invalid" in deployed["message"]
+    assert [e[1] for e in events.items].count("ApplyRejected") == 1
+    assert [handlers.retry_delay_s(n) for n in (0, 1, 2, 10)] == [10.0, 20.0, 40.0, 600.0]
+
+
+def test_an_outage_while_applying_is_retried_without_a_condition(
+    rt: Runtime, kube: FakeKube
+) -> None:
+    kube.apply_error = KubeError(0, "API server unreachable: connection refused")
+    with pytest.raises(kopf.TemporaryError):
+        handlers.reconcile_target(body=created(kube), memo=kopf.Memo(runtime=rt))
+    deployed = find(kube.status().get("conditions"), "Deployed")
+    assert deployed is None or deployed["reason"] != "ApplyRejected"  # not the user's fault
+
+
 def test_deleted_target_forgets_its_metrics(rt: Runtime, kube: FakeKube) -> None:
     reconcile(rt, created(kube))
     labels = {"namespace": NS, "name": "chat"}
