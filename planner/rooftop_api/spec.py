@@ -285,6 +285,7 @@ class Checkpoint(_Model):
 
 
 MODELS_MOUNT = "/models"
+IMAGE_REFERENCE = r"^[a-z0-9]([a-zA-Z0-9._/:@-]*[a-zA-Z0-9_])?$"
 
 
 class ModelCache(_Model):
@@ -297,7 +298,15 @@ class ModelCache(_Model):
 class Engine(_Model):
     """The engine container: image, extra flags, environment, secrets and cache."""
 
-    image: str | None = Field(default=None, description="Override the pinned engine image.")
+    image: str | None = Field(
+        default=None,
+        max_length=512,
+        # A container image reference: registry/path:tag@digest, no spaces (a name with
+        # surrounding whitespace was accepted and every pod then failed with FailedCreate).
+        pattern=IMAGE_REFERENCE,
+        description="Override the pinned engine image (a reference such as "
+        "registry.example.com/vllm/vllm-openai:v0.32.0, without spaces).",
+    )
     extra_args: list[Annotated[str, Field(max_length=1024)]] | None = Field(
         default=None,
         max_length=64,

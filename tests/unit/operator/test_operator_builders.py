@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from conftest import NS, SPEC, UID, make_plan
+from operator_fakes import NS, SPEC, UID, make_plan
 
 from rooftop_operator import builders
 from rooftop_operator.specs import TargetRef, parse_spec

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import NS, SPEC, FakeKube, target_body
+from operator_fakes import NS, SPEC, FakeKube, target_body
 from test_operator_builders import REF, container, inputs, pod_spec
 
 from rooftop_api.spec import ModelCache

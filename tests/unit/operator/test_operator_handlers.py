@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 import pytest
 import yaml
-from conftest import (
+from operator_fakes import (
     NS,
     SPEC,
     UID,

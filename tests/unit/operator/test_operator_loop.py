@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import make_plan
+from operator_fakes import make_plan
 
 from rooftop_api.conditions import Condition
 from rooftop_control import control

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import SPEC, UID, target_body
+from operator_fakes import SPEC, UID, target_body
 
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec, slo_text
 
