@@ -40,7 +40,7 @@ from rooftop_control.calibration import CalibrationConfig, TrimConfig, clamp
 from rooftop_operator import handlers, metrics_client
 from rooftop_operator.builders import deployment_name
 from rooftop_operator.kube import KubeError
-from rooftop_operator.metrics_client import MetricsClient, Selector
+from rooftop_operator.metrics_client import MetricsClient
 from rooftop_operator.settings import LoopSettings, OperatorConfig
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec
 from rooftop_planner.plan import Plan, PlanStatusError
@@ -263,17 +263,47 @@ def explain_unavailable(d: control.Decision, errors: list[str], url: str) -> con
 async def _observe(
     settings: LoopSettings, spec: ServingTargetSpec, ref: TargetRef, ready: int, pending: int
 ) -> tuple[control.Observation, list[str]]:
-    """One snapshot of the target's engines and the errors Prometheus gave, if any."""
-    sel = Selector.for_target(ref.namespace, ref.name)
+    """The target's readings from this tick's fleet snapshot, and Prometheus' errors."""
     slo = spec.slo
-    queries = metrics_client.target_queries(
-        sel, settings.window, slo.tpot_percentile.quantile, slo.ttft_percentile.quantile,
-        slo.tpot_ms,
-    )  # fmt: skip
-    async with MetricsClient(settings.prometheus_url, settings.stale_after_s,
-                             auth=settings.prometheus_auth) as client:  # fmt: skip
-        snap = await client.snapshot(sel, queries)
+    shape = (slo.tpot_percentile.quantile, slo.ttft_percentile.quantile,
+             metrics_client.attainment_bucket(slo.tpot_ms))  # fmt: skip
+    fleet = await FLEET.snapshot(settings, shape, slo.tpot_ms)
+    snap = fleet.target(ref.namespace, ref.name)
     return observation(snap, ready, pending), list(snap.errors)
+
+
+QueryShape = tuple[float, float, float | None]  # TPOT and TTFT quantiles, attainment bucket
+
+
+class FleetCache:
+    """One set of grouped PromQL queries per tick for every target that shares an SLO
+    shape (percentiles and attainment bucket), instead of a set per target: what the
+    loop asks Prometheus grows with the shapes in use, not with the targets. A snapshot
+    serves the ticks of the next half interval (each target's timer runs on its own
+    phase)."""
+
+    def __init__(self) -> None:
+        self._snapshots: dict[QueryShape, tuple[float, metrics_client.FleetMetrics]] = {}
+        self._lock = asyncio.Lock()
+
+    async def snapshot(
+        self, settings: LoopSettings, shape: QueryShape, tpot_slo_ms: float
+    ) -> metrics_client.FleetMetrics:
+        async with self._lock:  # one refresh at a time: the others then reuse it
+            now = time.monotonic()
+            cached = self._snapshots.get(shape)
+            if cached is not None and now - cached[0] < settings.interval_s / 2:
+                return cached[1]
+            queries = metrics_client.fleet_queries(settings.window, shape[0], shape[1],
+                                                   tpot_slo_ms)  # fmt: skip
+            async with MetricsClient(settings.prometheus_url, settings.stale_after_s,
+                                     auth=settings.prometheus_auth) as client:  # fmt: skip
+                fleet = await client.fleet_snapshot(queries)
+            self._snapshots[shape] = (time.monotonic(), fleet)
+            return fleet
+
+
+FLEET = FleetCache()
 
 
 def _read_deployment(rt: handlers.Runtime, ref: TargetRef) -> Mapping[str, Any] | None:

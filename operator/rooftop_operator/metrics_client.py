@@ -16,11 +16,13 @@ it is worth:
 Missing data is never turned into zeros: a controller that scales on "0 waiting" because
 Prometheus was down would scale in at the worst moment.
 
-Series are selected by labels that the scrape config / PodMonitor attaches to each
-engine pod (by default ``namespace`` and ``servingtarget``; both names configurable).
-Freshness is checked once per snapshot with ``max(timestamp(vllm:num_requests_running{sel}))``
-against the query's evaluation time, because a gauge is present whenever a pod is scraped,
-and applied once, here, to every reading of the snapshot.
+Every engine series carries the labels the PodMonitor (or scrape config) attaches to its
+pod, ``namespace`` and ``servingtarget``. One set of queries reads every target at once,
+aggregated by those labels (``fleet_queries``), so what a tick asks Prometheus does not
+grow with the number of targets. Freshness is checked once per snapshot with
+``max by (namespace, servingtarget) (timestamp(vllm:num_requests_running))`` against the
+query's evaluation time, because a gauge is present whenever a pod is scraped, and applied
+once, here, to each target's readings.
 """
 
 from __future__ import annotations
@@ -49,7 +51,6 @@ TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
 # engine's buckets, which tests/e2e/test_vllm_metrics.py checks against the real vLLM).
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 FRESHNESS_GAUGE = "vllm:num_requests_running"
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 
 
@@ -68,37 +69,8 @@ class Answer:
 
 
 @dataclass(frozen=True)
-class Selector:
-    """Label matchers selecting one ServingTarget's engine series (exact matches)."""
-
-    labels: Mapping[str, str]
-
-    @classmethod
-    def for_target(
-        cls,
-        namespace: str,
-        name: str,
-        namespace_label: str = "namespace",
-        target_label: str = "servingtarget",
-        extra: Mapping[str, str] | None = None,
-    ) -> Selector:
-        """The usual selector: {namespace_label=namespace, target_label=name, **extra}."""
-        return cls({namespace_label: namespace, target_label: name, **(extra or {})})
-
-    def promql(self) -> str:
-        """``{a="x",b="y"}`` with values escaped for PromQL string literals."""
-        parts = []
-        for key, value in sorted(self.labels.items()):
-            if not _LABEL_NAME.match(key):
-                raise ValueError(f"invalid Prometheus label name {key!r}")
-            escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-            parts.append(f'{key}="{escaped}"')
-        return "{" + ",".join(parts) + "}"
-
-
-@dataclass(frozen=True)
 class TargetMetrics:
-    """A snapshot of one ServingTarget: readings by query name (``target_queries``), in
+    """A snapshot of one ServingTarget: readings by query name (``fleet_queries``), in
     Prometheus' units (seconds, req/s, tokens, ratios), freshness already applied."""
 
     readings: Mapping[str, Reading]
@@ -117,15 +89,6 @@ def attainment_bucket(slo_ms: float) -> float | None:
     return max(within) if within else None
 
 
-def quantile_expr(histogram: str, q: float, sel: Selector, window: str) -> str:
-    """histogram_quantile over all of the target's pods, merged by bucket."""
-    if not 0 < q < 1:
-        raise ValueError(f"quantile must be in (0, 1), got {q}")
-    return (
-        f"histogram_quantile({q}, sum by (le) (rate({histogram}_bucket{sel.promql()}[{window}])))"
-    )
-
-
 def check_window(window: str) -> str:
     """``window`` if it is a PromQL duration (range of rate(), e.g. "2m"), else ValueError."""
     if not _DURATION.match(window):
@@ -133,18 +96,40 @@ def check_window(window: str) -> str:
     return window
 
 
-def target_queries(
-    sel: Selector, window: str, tpot_q: float, ttft_q: float, tpot_slo_ms: float
-) -> dict[str, str]:
-    """The PromQL of one snapshot by name, every one read by the loop's observation."""
-    s, w = sel.promql(), check_window(window)
+def fleet_queries(window: str, tpot_q: float, ttft_q: float, tpot_slo_ms: float) -> dict[str, str]:
+    """The same queries for every target at once, one series per (namespace,
+    servingtarget): what one tick asks Prometheus does not grow with the targets."""
+    return _queries(check_window(window), tpot_q, ttft_q, tpot_slo_ms)
+
+
+# The labels every engine series carries (PodMonitor relabelings), naming its target.
+GROUP_LABELS = ("namespace", "servingtarget")
+
+
+def _queries(w: str, tpot_q: float, ttft_q: float, tpot_slo_ms: float) -> dict[str, str]:
+    """PromQL by name over every target's engine series, aggregated by target."""
+    s, by = '{servingtarget!=""}', GROUP_LABELS
+    group = f" by ({', '.join(by)}) "
+
+    def agg(fn: str, expr: str) -> str:
+        return f"{fn}{group}({expr})"
 
     def ratio(num: str, den: str) -> str:
-        return f"sum(rate({num}{s}[{w}])) / sum(rate({den}{s}[{w}]))"
+        return f"{agg('sum', f'rate({num}{s}[{w}])')} / {agg('sum', f'rate({den}{s}[{w}])')}"
 
+    def quantile(histogram: str, q: float) -> str:
+        if not 0 < q < 1:
+            raise ValueError(f"quantile must be in (0, 1), got {q}")
+        return (f"histogram_quantile({q}, sum by ({', '.join(('le', *by))}) "
+                f"(rate({histogram}_bucket{s}[{w}])))")  # fmt: skip
+
+    running, waiting = (
+        f"{agg('sum', f'vllm:num_requests_{k}{s}')}" for k in ("running", "waiting")
+    )
+    completions = agg("sum", f"rate(vllm:request_success_total{s}[{w}])")
     out = {
-        "tpot_s": quantile_expr(REQUEST_TPOT_HISTOGRAM, tpot_q, sel, w),
-        "ttft_s": quantile_expr(TTFT_HISTOGRAM, ttft_q, sel, w),
+        "tpot_s": quantile(REQUEST_TPOT_HISTOGRAM, tpot_q),
+        "ttft_s": quantile(TTFT_HISTOGRAM, ttft_q),
         "step_s": ratio(f"{ITL_HISTOGRAM}_sum", f"{ITL_HISTOGRAM}_count"),
         "prompt_tokens": ratio(
             "vllm:request_prompt_tokens_sum", "vllm:request_prompt_tokens_count"
@@ -156,31 +141,88 @@ def target_queries(
         # The subquery step is left to Prometheus (its evaluation interval): a fixed
         # coarse step leaves deriv() two or three points per window, and its noise
         # became phantom load (3.1 req/s read at 1.5 offered in the loop e2e run).
-        "requests_per_second": (
-            f"sum(rate(vllm:request_success_total{s}[{w}])) + deriv((sum("
-            f"vllm:num_requests_running{s}) + sum(vllm:num_requests_waiting{s}))[{w}:])"
-        ),
+        "requests_per_second": f"{completions} + deriv(({running} + {waiting})[{w}:])",
         # the arrival estimate's fallback: deriv() needs two samples in the window
-        "completions_per_second": f"sum(rate(vllm:request_success_total{s}[{w}]))",
-        "running": f"sum(vllm:num_requests_running{s})",
-        "waiting": f"sum(vllm:num_requests_waiting{s})",
-        "kv_usage_ratio": f"max(vllm:kv_cache_usage_perc{s})",  # the fullest replica
+        "completions_per_second": completions,
+        "running": running,
+        "waiting": waiting,
+        "kv_usage_ratio": agg("max", f"vllm:kv_cache_usage_perc{s}"),  # the fullest replica
     }
     bucket = attainment_bucket(tpot_slo_ms)
     if bucket is not None:
-        le = {**sel.labels, "le": f"{bucket:g}"}
-        out["tpot_attainment"] = (
-            f"sum(rate({REQUEST_TPOT_HISTOGRAM}_bucket{Selector(le).promql()}[{w}])) / "
-            f"sum(rate({REQUEST_TPOT_HISTOGRAM}_count{s}[{w}]))"
-        )
+        le = f'{{le="{bucket:g}",servingtarget!=""}}'
+        below = agg("sum", f"rate({REQUEST_TPOT_HISTOGRAM}_bucket{le}[{w}])")
+        total = agg("sum", f"rate({REQUEST_TPOT_HISTOGRAM}_count{s}[{w}])")
+        out["tpot_attainment"] = f"{below} / {total}"
     return out
+
+
+TargetKey = tuple[str, str]  # (namespace, servingtarget)
+
+
+def _error_of(body: Any) -> str:
+    """Prometheus' own error in a body, "" when it says success."""
+    if not isinstance(body, dict) or body.get("status") != "success":
+        err = body.get("error", "unexpected answer") if isinstance(body, dict) else "not JSON"
+        return f"prometheus: {err}"
+    return ""
+
+
+def _parse_by_target(body: Any) -> tuple[dict[TargetKey, Answer], str]:
+    """A grouped vector as one answer per target, or the error."""
+    error = _error_of(body)
+    data = body.get("data") or {} if not error else {}
+    result = data.get("result")
+    if error or data.get("resultType") != "vector" or not isinstance(result, list):
+        return {}, error or f"unsupported result type {data.get('resultType')!r}"
+    out: dict[TargetKey, Answer] = {}
+    for series in result:
+        labels = series.get("metric") or {}
+        key = (str(labels.get(GROUP_LABELS[0], "")), str(labels.get(GROUP_LABELS[1], "")))
+        one = {"status": "success", "data": {"resultType": "vector", "result": [series]}}
+        out[key] = _parse_answer(one)
+    return out, ""
+
+
+def _age(answer: Answer) -> Reading:
+    """A newest-sample timestamp answer as an age in seconds (OK) or as it was."""
+    if not answer.reading.ok or answer.eval_time is None:
+        return answer.reading
+    return Reading(max(0.0, answer.eval_time - answer.reading.value), MetricState.OK)
+
+
+def fresh(reading: Reading, age: Reading, stale_after_s: float) -> Reading:
+    """``reading``, or STALE when its target's newest sample is older than allowed."""
+    if reading.state is MetricState.MISSING or not age.ok:
+        return reading
+    return Reading(math.nan, MetricState.STALE) if age.value > stale_after_s else reading
+
+
+@dataclass(frozen=True)
+class FleetMetrics:
+    """One tick's readings of every target: per query name, per (namespace, target)."""
+
+    ages: Mapping[TargetKey, Reading]
+    readings: Mapping[str, Mapping[TargetKey, Answer]]
+    stale_after_s: float
+    errors: Sequence[str] = ()
+
+    def target(self, namespace: str, name: str) -> TargetMetrics:
+        """One target's snapshot, freshness applied; missing where it has no series."""
+        key = (namespace, name)
+        age = self.ages.get(key, Reading())
+        readings = {
+            query: fresh(answers[key].reading if key in answers else Reading(), age,
+                         self.stale_after_s)
+            for query, answers in self.readings.items()
+        }  # fmt: skip
+        return TargetMetrics(readings, age.value if age.ok else None, self.errors)
 
 
 def _parse_answer(body: Any) -> Answer:
     """Turn a /api/v1/query JSON body into one reading (single series expected)."""
-    if not isinstance(body, dict) or body.get("status") != "success":
-        err = body.get("error", "unexpected answer") if isinstance(body, dict) else "not JSON"
-        return Answer.failed(f"prometheus: {err}")
+    if error := _error_of(body):
+        return Answer.failed(error)
     data = body.get("data") or {}
     kind, result = data.get("resultType"), data.get("result")
     if kind == "scalar" and isinstance(result, list) and len(result) == 2:
@@ -290,15 +332,26 @@ class MetricsClient:
 
     async def query(self, promql: str) -> Answer:
         """One instant query, no freshness check (the expression must yield one series)."""
+        body, error = await self._fetch(promql)
+        return Answer.failed(error) if error else _parse_answer(body)
+
+    async def query_by_target(self, promql: str) -> tuple[dict[TargetKey, Answer], str]:
+        """One instant query whose series carry the target labels: an answer per
+        (namespace, servingtarget), and the error when the query failed."""
+        body, error = await self._fetch(promql)
+        return ({}, error) if error else _parse_by_target(body)
+
+    async def _fetch(self, promql: str) -> tuple[Any, str]:
+        """(decoded JSON body, "") or (None, why it failed)."""
         try:
             headers = self.auth.request_headers()
         except OSError as err:  # missing data, not zero: the loop holds
-            return Answer.failed(f"prometheus bearer token: {err}")
+            return None, f"prometheus bearer token: {err}"
         if self._session is None:
             try:
                 context = self.auth.ssl_context()
             except OSError as err:  # ssl.SSLError is one too: a bad bundle
-                return Answer.failed(f"prometheus CA file: {err}")
+                return None, f"prometheus CA file: {err}"
             connector = aiohttp.TCPConnector(ssl=context or True)
             self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
         url = f"{self.base_url}/api/v1/query"
@@ -307,40 +360,25 @@ class MetricsClient:
                 try:
                     body = await resp.json(content_type=None)
                 except ValueError:
-                    return Answer.failed(f"HTTP {resp.status}: not JSON")
-                answer = _parse_answer(body)
-                if resp.status != 200 and not answer.error:
-                    return Answer.failed(f"HTTP {resp.status}")
-                return answer
+                    return None, f"HTTP {resp.status}: not JSON"
+                if resp.status != 200 and _error_of(body) == "":
+                    return None, f"HTTP {resp.status}"
+                return body, ""
         except (TimeoutError, aiohttp.ClientError, OSError) as err:
             # str(), not repr(): the detail ends up in a status condition people read
             why = str(err) or type(err).__name__
-            return Answer.failed(f"prometheus unreachable: {why}")
+            return None, f"prometheus unreachable: {why}"
 
-    async def newest_sample_age(self, sel: Selector) -> Answer:
-        """Seconds since the newest scrape of the target's gauge (OK) or why unknown."""
-        answer = await self.query(f"max(timestamp({FRESHNESS_GAUGE}{sel.promql()}))")
-        if not answer.reading.ok or answer.eval_time is None:
-            return answer
-        return Answer(Reading(max(0.0, answer.eval_time - answer.reading.value), MetricState.OK))
-
-    async def snapshot(self, sel: Selector, queries: Mapping[str, str]) -> TargetMetrics:
-        """Every query of one target (``target_queries``), concurrently, with freshness
-        applied once: all readings are stale when the target's newest sample is too old."""
-        age, *answers = await asyncio.gather(
-            self.newest_sample_age(sel), *(self.query(e) for e in queries.values())
+    async def fleet_snapshot(self, queries: Mapping[str, str]) -> FleetMetrics:
+        """Every target's readings from one set of grouped queries (``fleet_queries``),
+        with each target's freshness from one grouped timestamp query."""
+        age_query = f"max by ({', '.join(GROUP_LABELS)}) (timestamp({FRESHNESS_GAUGE}))"
+        (ages, age_error), *grouped = await asyncio.gather(
+            self.query_by_target(age_query), *(self.query_by_target(e) for e in queries.values())
         )
-        readings = {
-            name: self._fresh(answer.reading, age.reading)
-            for name, answer in zip(queries, answers, strict=True)
-        }
-        errors = {a.error for a in (age, *answers) if a.error}
-        return TargetMetrics(
-            readings, age.reading.value if age.reading.ok else None, tuple(sorted(errors))
-        )
-
-    def _fresh(self, reading: Reading, age: Reading) -> Reading:
-        """``reading``, or STALE when the target's newest sample is older than allowed."""
-        if reading.state is MetricState.MISSING or not age.ok:
-            return reading
-        return Reading(math.nan, MetricState.STALE) if age.value > self.stale_after_s else reading
+        errors = {error for _, error in ((ages, age_error), *grouped) if error}
+        by_query = {name: answers for name, (answers, _) in zip(queries, grouped, strict=True)}
+        return FleetMetrics(
+            {k: _age(a) for k, a in ages.items()}, by_query, self.stale_after_s,
+            tuple(sorted(errors)),
+        )  # fmt: skip

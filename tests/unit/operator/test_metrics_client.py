@@ -14,18 +14,24 @@ from rooftop_control.control import MetricState, Reading
 from rooftop_operator.metrics_client import (
     TPOT_BUCKETS,
     MetricsClient,
-    Selector,
     attainment_bucket,
-    quantile_expr,
-    target_queries,
+    fleet_queries,
 )
 
 NOW = 1_700_000_000.0
-SEL = Selector.for_target("prod", "llama")
 
 
 def vector(*values: str, ts: float = NOW) -> dict[str, Any]:
     result = [{"metric": {}, "value": [ts, v]} for v in values]
+    return {"status": "success", "data": {"resultType": "vector", "result": result}}
+
+
+def grouped(*series: tuple[str, str, str], ts: float = NOW) -> dict[str, Any]:
+    """A vector with one series per (namespace, servingtarget, value)."""
+    result = [
+        {"metric": {"namespace": ns, "servingtarget": name}, "value": [ts, value]}
+        for ns, name, value in series
+    ]
     return {"status": "success", "data": {"resultType": "vector", "result": result}}
 
 
@@ -60,16 +66,6 @@ async def prom() -> AsyncIterator[tuple[FakeProm, str]]:
     await srv.close()
 
 
-def test_selector_escapes_and_validates() -> None:
-    assert SEL.promql() == '{namespace="prod",servingtarget="llama"}'
-    sel = Selector.for_target("ns", 'we"ird\\', target_label="app", extra={"engine": "0"})
-    assert sel.promql() == '{app="we\\"ird\\\\",engine="0",namespace="ns"}'
-    with pytest.raises(ValueError):
-        Selector({"bad-label": "x"}).promql()
-    with pytest.raises(ValueError, match="PromQL duration"):
-        target_queries(SEL, "two minutes", 0.9, 0.9, 100.0)
-
-
 @pytest.mark.parametrize(
     ("slo_ms", "bucket"),
     [(100.0, 0.1), (80.0, 0.075), (60.0, 0.05), (5.0, None)],  # never a bucket above it
@@ -78,33 +74,45 @@ def test_attainment_bucket(slo_ms: float, bucket: float | None) -> None:
     assert attainment_bucket(slo_ms) == bucket
 
 
-def test_every_query_selects_the_target_and_the_tpot_slo_reads_per_request_tpot() -> None:
-    queries = target_queries(Selector.for_target("ns", "chat"), "1m", 0.9, 0.99, 100.0)
-    assert all('servingtarget="chat"' in e for e in queries.values())
+def test_every_query_groups_by_target_and_the_tpot_slo_reads_per_request_tpot() -> None:
+    queries = fleet_queries("1m", 0.9, 0.99, 100.0)
+    assert all("by (namespace, servingtarget)" in e or "sum by (le, namespace, servingtarget)"
+               in e for e in queries.values())  # fmt: skip
+    assert all('servingtarget!=""' in e for e in queries.values())
     assert 'le="0.1"' in queries["tpot_attainment"]
     assert "histogram_quantile(0.9," in queries["tpot_s"]
     assert "vllm:request_time_per_output_token_seconds_bucket" in queries["tpot_s"]
-    assert "histogram_quantile(0.99, sum by (le) (rate(vllm:time_to_first" in queries["ttft_s"]
+    assert "histogram_quantile(0.99," in queries["ttft_s"]
+    assert "vllm:time_to_first_token_seconds_bucket" in queries["ttft_s"]
     assert "vllm:inter_token_latency_seconds_sum" in queries["step_s"]
-    assert "tpot_attainment" not in target_queries(SEL, "1m", 0.9, 0.9, 5.0)  # no bucket
+    assert "tpot_attainment" not in fleet_queries("1m", 0.9, 0.9, 5.0)  # no bucket
+    with pytest.raises(ValueError, match="PromQL duration"):
+        fleet_queries("two minutes", 0.9, 0.9, 100.0)
 
 
 def queries(window: str = "1m") -> dict[str, str]:
-    return target_queries(SEL, window, 0.9, 0.9, 100.0)
+    return fleet_queries(window, 0.9, 0.9, 100.0)
+
+
+def chat(value: str) -> dict[str, Any]:
+    """A grouped answer with one series, the target ns/chat's."""
+    return grouped(("ns", "chat", value))
 
 
 async def test_snapshot_ok_values_and_exact_promql(prom: tuple[FakeProm, str]) -> None:
     fake, url = prom
-    fake.on("timestamp(", vector(str(NOW - 10)))
-    fake.on("histogram_quantile(0.9, sum by (le) (rate(vllm:request_time_per", vector("0.042"))
-    fake.on("histogram_quantile(0.9, sum by (le) (rate(vllm:time_to_first", vector("+Inf"))
-    fake.on("deriv(", vector("11.5"))
-    fake.on("vllm:request_success_total", vector("12.5"))
-    fake.on("vllm:num_requests_running", vector("7"))
-    fake.on("vllm:num_requests_waiting", vector("0"))
-    fake.on("vllm:kv_cache_usage_perc", vector("0.31"))
+    fake.on("timestamp(", chat(str(NOW - 10)))
+    fake.on("histogram_quantile(0.9, sum by (le, namespace, servingtarget) (rate(vllm:request_",
+            chat("0.042"))  # fmt: skip
+    fake.on("histogram_quantile(0.9, sum by (le, namespace, servingtarget) (rate(vllm:time_to",
+            chat("+Inf"))  # fmt: skip
+    fake.on("deriv(", chat("11.5"))
+    fake.on("vllm:request_success_total", chat("12.5"))
+    fake.on("vllm:num_requests_running", chat("7"))
+    fake.on("vllm:num_requests_waiting", chat("0"))
+    fake.on("vllm:kv_cache_usage_perc", chat("0.31"))
     async with MetricsClient(url) as mc:
-        snap = await mc.snapshot(SEL, queries())
+        snap = (await mc.fleet_snapshot(queries())).target("ns", "chat")
     assert snap.get("tpot_s") == Reading(0.042, MetricState.OK)
     assert snap.get("ttft_s") == Reading(math.inf, MetricState.OK)  # over the last bucket
     assert snap.get("step_s").state is MetricState.MISSING  # no rule: empty vector, not 0
@@ -113,27 +121,27 @@ async def test_snapshot_ok_values_and_exact_promql(prom: tuple[FakeProm, str]) -
     assert snap.get("running").value == 7 and snap.get("kv_usage_ratio").value == 0.31
     assert snap.get("waiting") == Reading(0.0, MetricState.OK)  # a real zero stays a zero
     assert snap.newest_sample_age_s == pytest.approx(10) and not snap.errors
-    s = SEL.promql()
     assert len(fake.queries) == len(queries()) + 1  # one freshness query, none unread
-    assert f"sum(rate(vllm:request_success_total{s}[1m]))" in fake.queries
-    assert f"max(timestamp(vllm:num_requests_running{s}))" in fake.queries
+    by = "by (namespace, servingtarget)"
+    assert f'sum {by} (rate(vllm:request_success_total{{servingtarget!=""}}[1m]))' in fake.queries
+    assert f"max {by} (timestamp(vllm:num_requests_running))" in fake.queries
 
 
 async def test_nan_quantile_is_nan_not_zero(prom: tuple[FakeProm, str]) -> None:
     fake, url = prom
-    fake.on("histogram_quantile", vector("NaN"))
+    fake.on("histogram_quantile", chat("NaN"))
     async with MetricsClient(url) as mc:
-        answer = await mc.query(quantile_expr("vllm:time_to_first_token_seconds", 0.99, SEL, "1m"))
-    assert answer.reading.state is MetricState.NAN and math.isnan(answer.reading.value)
+        snap = (await mc.fleet_snapshot(queries())).target("ns", "chat")
+    assert snap.get("ttft_s").state is MetricState.NAN and math.isnan(snap.get("ttft_s").value)
 
 
 async def test_stale_when_newest_sample_is_old(prom: tuple[FakeProm, str]) -> None:
     fake, url = prom
-    fake.on("timestamp(", vector(str(NOW - 600)))
-    fake.on("vllm:num_requests_running", vector("3"))
-    fake.on("histogram_quantile", vector("NaN"))
+    fake.on("timestamp(", chat(str(NOW - 600)))
+    fake.on("vllm:num_requests_running", chat("3"))
+    fake.on("histogram_quantile", chat("NaN"))
     async with MetricsClient(url, stale_after_s=120) as mc:
-        snap = await mc.snapshot(SEL, queries())
+        snap = (await mc.fleet_snapshot(queries())).target("ns", "chat")
     assert snap.get("running").state is MetricState.STALE  # the old value is not used
     assert snap.get("tpot_s").state is MetricState.STALE
     assert snap.get("waiting").state is MetricState.MISSING  # no series: missing, not stale
@@ -143,7 +151,7 @@ async def test_stale_when_newest_sample_is_old(prom: tuple[FakeProm, str]) -> No
 async def test_missing_when_no_series(prom: tuple[FakeProm, str]) -> None:
     _, url = prom
     async with MetricsClient(url) as mc:
-        snap = await mc.snapshot(SEL, queries())
+        snap = (await mc.fleet_snapshot(queries())).target("ns", "chat")
     assert all(r.state is MetricState.MISSING for r in snap.readings.values())
     assert set(snap.readings) == set(queries())
     assert snap.newest_sample_age_s is None and not snap.errors
@@ -163,7 +171,7 @@ async def test_prometheus_errors(prom: tuple[FakeProm, str]) -> None:
 
 async def test_unreachable_prometheus_is_missing_with_the_reason() -> None:
     async with MetricsClient("http://127.0.0.1:9", timeout_s=1.0) as mc:
-        snap = await mc.snapshot(SEL, queries())
+        snap = (await mc.fleet_snapshot(queries())).target("ns", "chat")
     assert snap.get("running").state is MetricState.MISSING
     assert len(snap.errors) == 1 and "unreachable" in snap.errors[0]
     assert "127.0.0.1:9" in snap.errors[0] and len(snap.errors[0]) < 200
@@ -176,3 +184,24 @@ def test_attainment_buckets_are_bounds_vllm_exports() -> None:
     from rooftop_sim.engine.vllm_metrics import ITL_BUCKETS
 
     assert set(TPOT_BUCKETS) <= set(ITL_BUCKETS)
+
+
+async def test_one_set_of_queries_reads_every_target(prom: tuple[FakeProm, str]) -> None:
+    """The loop's fleet snapshot: the same queries for 2 targets as for 1,000."""
+    fake, url = prom
+    fake.on("timestamp(", grouped(("a", "chat", str(NOW - 5)), ("b", "chat", str(NOW - 600))))
+    fake.on("sum by (namespace, servingtarget) (vllm:num_requests_running",
+            grouped(("a", "chat", "7"), ("b", "chat", "3")))  # fmt: skip
+    fake.on("histogram_quantile(0.9, sum by (le, namespace, servingtarget) (rate(vllm:request",
+            grouped(("a", "chat", "0.042")))  # fmt: skip
+    queries = fleet_queries("1m", 0.9, 0.9, 100.0)
+    async with MetricsClient(url, stale_after_s=120) as mc:
+        fleet = await mc.fleet_snapshot(queries)
+    assert len(fake.queries) == len(queries) + 1  # one freshness query for all targets
+    a, b = fleet.target("a", "chat"), fleet.target("b", "chat")
+    assert a.get("running") == Reading(7.0, MetricState.OK)
+    assert a.get("tpot_s") == Reading(0.042, MetricState.OK)
+    assert b.get("running").state is MetricState.STALE  # its own newest sample is old
+    assert b.get("tpot_s").state is MetricState.MISSING  # no series of its own
+    assert fleet.target("c", "gone").get("running").state is MetricState.MISSING
+    assert a.newest_sample_age_s == pytest.approx(5) and not a.errors
