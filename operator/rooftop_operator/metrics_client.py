@@ -123,9 +123,9 @@ def _queries(w: str, tpot_q: float, ttft_q: float, tpot_slo_ms: float) -> dict[s
         return (f"histogram_quantile({q}, sum by ({', '.join(('le', *by))}) "
                 f"(rate({histogram}_bucket{s}[{w}])))")  # fmt: skip
 
-    running, waiting = (
-        f"{agg('sum', f'vllm:num_requests_{k}{s}')}" for k in ("running", "waiting")
-    )
+    # the names spelled out: tests/e2e/test_vllm_metrics.py checks every vllm: name here
+    running = agg("sum", f"vllm:num_requests_running{s}")
+    waiting = agg("sum", f"vllm:num_requests_waiting{s}")
     completions = agg("sum", f"rate(vllm:request_success_total{s}[{w}])")
     out = {
         "tpot_s": quantile(REQUEST_TPOT_HISTOGRAM, tpot_q),
