@@ -412,8 +412,9 @@ def test_deleted_engine_deployment_is_recreated(env: Env) -> None:
 def test_delete_garbage_collects_children(env: Env) -> None:
     """No cleanup of the operator's own: Kubernetes' garbage collector removes the
     children through their ownerReferences (the only finalizer is kopf's, for the
-    timers, and the running operator releases it at once). On a fresh cluster this takes up to ~30 s, because the collector
-    starts watching a newly installed CRD's kind only at its next periodic resync."""
+    timers, and the running operator releases it at once). On a fresh cluster this
+    takes up to ~30 s, because the collector starts watching a newly installed CRD's
+    kind only at its next periodic resync."""
     ready_example(env, "doomed")
     env.cluster.kubectl("delete", "st", "doomed", "-n", env.namespace, "--wait=true")
     selector = "rooftop.dev/servingtarget=doomed"
