@@ -170,17 +170,17 @@ def _error_of(body: Any) -> str:
 
 def _parse_by_target(body: Any) -> tuple[dict[TargetKey, Answer], str]:
     """A grouped vector as one answer per target, or the error."""
-    error = _error_of(body)
-    data = body.get("data") or {} if not error else {}
+    if error := _error_of(body):
+        return {}, error
+    data = body.get("data") or {}
     result = data.get("result")
-    if error or data.get("resultType") != "vector" or not isinstance(result, list):
-        return {}, error or f"unsupported result type {data.get('resultType')!r}"
+    if data.get("resultType") != "vector" or not isinstance(result, list):
+        return {}, f"unsupported result type {data.get('resultType')!r}"
     out: dict[TargetKey, Answer] = {}
     for series in result:
         labels = series.get("metric") or {}
         key = (str(labels.get(GROUP_LABELS[0], "")), str(labels.get(GROUP_LABELS[1], "")))
-        one = {"status": "success", "data": {"resultType": "vector", "result": [series]}}
-        out[key] = _parse_answer(one)
+        out[key] = _sample(series.get("value"))
     return out, ""
 
 
@@ -235,11 +235,17 @@ def _parse_answer(body: Any) -> Answer:
         sample = result[0].get("value")
     else:
         return Answer.failed(f"unsupported result type {kind!r}")
+    return _sample(sample)
+
+
+def _sample(sample: Any) -> Answer:
+    """One ``[timestamp, "value"]`` pair as an answer: NaN (no data in the window) is
+    its own state, never a number."""
     try:
         ts, value = float(sample[0]), float(sample[1])
     except (TypeError, ValueError, IndexError):
         return Answer.failed(f"malformed sample {sample!r}")
-    if math.isnan(value):  # no data in the window
+    if math.isnan(value):
         return Answer(Reading(math.nan, MetricState.NAN), eval_time=ts)
     return Answer(Reading(value, MetricState.OK), eval_time=ts)
 
