@@ -320,7 +320,7 @@ class ApiHealth:
     def __init__(self) -> None:
         self.down = False
 
-    def failed(self, err: KubeError, target: str = "") -> None:
+    def failed(self, err: KubeError, target: str) -> None:
         """Log ``err``: a transient one once per outage, any other one per target."""
         if not err.transient:
             log.warning("feedback %s: %s", target, err)
@@ -395,7 +395,7 @@ async def feedback(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     try:
         dep = await asyncio.to_thread(_read_deployment, rt, ref)
     except KubeError as err:
-        API_HEALTH.failed(err)
+        API_HEALTH.failed(err, f"{ref.namespace}/{ref.name}")
         return  # the next tick reads again: no back-off, no traceback
     desired, ready, pending = pod_counts(dep)
     try:
