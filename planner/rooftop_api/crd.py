@@ -92,6 +92,27 @@ CEL_RULES: Final[Mapping[str, list[Schema]]] = {
             "message": "minReplicas must be <= maxReplicas",
             "fieldPath": ".minReplicas",
         },
+        {
+            "rule": "!has(self.nodeSelector) || "
+            f"self.nodeSelector.all(k, k.matches('{st.LABEL_KEY}'))",
+            "message": "nodeSelector keys must be label keys ([prefix/]name, e.g. "
+            "example.com/pool)",
+            "fieldPath": ".nodeSelector",
+        },
+    ],
+    "Toleration": [
+        {
+            "rule": "!has(self.tolerationSeconds) || "
+            "(has(self.effect) && self.effect == 'NoExecute')",
+            "message": "tolerationSeconds applies only to effect NoExecute",
+            "fieldPath": ".tolerationSeconds",
+        },
+        {
+            "rule": "!has(self.operator) || self.operator != 'Exists' || "
+            "!has(self.value) || self.value == ''",
+            "message": "value must be empty with operator Exists",
+            "fieldPath": ".value",
+        },
     ],
     "Engine": [
         {
@@ -155,7 +176,8 @@ PRINTER_COLUMNS: Final[list[Schema]] = [
 _PASSTHROUGH: Final = frozenset(
     {
         "type", "description", "enum", "minimum", "maximum", "minLength", "maxLength",
-        "pattern", "minItems", "maxItems", "format", "default", "required",
+        "pattern", "minItems", "maxItems", "format", "default", "required", "minProperties",
+        "maxProperties",
     }
 )  # fmt: skip
 _DROPPED: Final = frozenset({"title"})
@@ -194,6 +216,7 @@ def convert(node: Schema, defs: Mapping[str, Schema], model: str | None = None) 
     if ref_model is not None:  # the target may itself be "X or null"
         return _finish(convert(node, defs, ref_model), nullable)
     out: Schema = {}
+    rules: list[Schema] = []
     for key, value in node.items():
         if key in _DROPPED or (key == "default" and value is None):
             continue
@@ -209,6 +232,8 @@ def convert(node: Schema, defs: Mapping[str, Schema], model: str | None = None) 
             out["items"] = convert(value, defs)
         elif key == "additionalProperties":
             out.update(_additional(value, defs))
+        elif key == "propertyNames":
+            rules.append(_key_rule(value))
         elif key in _PASSTHROUGH:
             out[key] = value
         else:
@@ -216,16 +241,30 @@ def convert(node: Schema, defs: Mapping[str, Schema], model: str | None = None) 
     if "type" not in out and "enum" in out:
         out["type"] = "string"
     if model is not None and model in CEL_RULES:
-        out["x-kubernetes-validations"] = CEL_RULES[model]
+        rules += CEL_RULES[model]
+    if rules:
+        out["x-kubernetes-validations"] = rules
     return _finish(out, nullable)
+
+
+def _key_rule(names: Schema) -> Schema:
+    """CEL for a map's key bound (OpenAPI has no propertyNames), so that no key is
+    longer than the models allow."""
+    unknown = set(names) - {"maxLength", "minLength"}
+    if unknown or "maxLength" not in names:
+        raise SchemaError(f"propertyNames other than a length bound: {names}")
+    low, high = names.get("minLength", 0), names["maxLength"]
+    size = f"size(k) >= {low} && size(k) <= {high}" if low else f"size(k) <= {high}"
+    return {"rule": f"self.all(k, {size})",
+            "message": f"keys must have {low} to {high} characters"}  # fmt: skip
 
 
 # Canonical key order so the generated YAML reads type-first, children last.
 _KEY_ORDER: Final = (
     "type", "description", "nullable", "enum", "default", "format", "minimum",
     "exclusiveMinimum", "maximum", "minLength", "maxLength", "pattern", "minItems",
-    "maxItems", "required", "properties", "items", "additionalProperties",
-    "x-kubernetes-preserve-unknown-fields", "x-kubernetes-list-type",
+    "maxItems", "minProperties", "maxProperties", "required", "properties", "items",
+    "additionalProperties", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-list-type",
     "x-kubernetes-list-map-keys", "x-kubernetes-validations",
 )  # fmt: skip
 

@@ -66,8 +66,6 @@ NOTES: Final[Mapping[str, str]] = {
     "spec.constraints.tolerations[].operator": "`Exists` or `Equal` (default `Equal`).",
     "spec.constraints.tolerations[].value": "Taint value to match with `Equal`.",
     "spec.constraints.tolerations[].effect": "Taint effect to match (empty: all effects).",
-    "spec.constraints.tolerations[].tolerationSeconds": "How long a `NoExecute` taint is "
-    "tolerated.",
     "status.conditions": "Six conditions: `Planned`, `Feasible`, "
     "`Deployed`, `Ready`, `SLOMet`, `WithinBudget`.",
     "status.observedGeneration": "The spec generation the plan was made for.",

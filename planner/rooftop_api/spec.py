@@ -11,6 +11,7 @@ unknown fields so that a typo is an error naming the field, not a silent default
 
 from __future__ import annotations
 
+import json
 import re
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -139,30 +140,65 @@ class Budget(_Model):
     usd_per_hour: float = Field(ge=0, le=10_000_000, description="Maximum USD per hour.")
 
 
+# Kubernetes' own limits on labels, which nodeSelector and tolerations reuse: a key is
+# an optional DNS-subdomain prefix (<= 253) and a name (<= 63); a value is <= 63
+# characters. Without them the API server refuses the engine Deployment (HTTP 422).
+# ``[.]`` rather than an escaped dot: a CEL rule (crd.py) embeds the same text.
+LABEL_KEY_LENGTH = 253 + 1 + 63
+LABEL_KEY = (
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+LABEL_VALUE_LENGTH = 63
+LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+LabelKey = Annotated[str, Field(min_length=1, max_length=LABEL_KEY_LENGTH, pattern=LABEL_KEY)]
+LabelValue = Annotated[str, Field(max_length=LABEL_VALUE_LENGTH, pattern=LABEL_VALUE)]
+# A map key's bound (its pattern is checked by a validator and a CEL rule: a key pattern
+# in the type becomes JSON Schema patternProperties, which the CRD cannot express).
+LabelKeyLength = Annotated[str, Field(min_length=1, max_length=LABEL_KEY_LENGTH)]
+
+
 class Toleration(_Model):
     """A Kubernetes toleration (subset of core/v1 Toleration)."""
 
-    key: str | None = None
+    key: LabelKey | None = None
     operator: Literal["Exists", "Equal"] | None = None
-    value: str | None = None
+    value: LabelValue | None = None
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int | None = None
+    toleration_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=10**9,
+        description="How long a `NoExecute` taint is tolerated (only with effect NoExecute).",
+    )
+
+    @model_validator(mode="after")
+    def _as_kubernetes_checks(self) -> Toleration:
+        # the API server's own rules for a toleration (else the Deployment is refused)
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds applies only to effect NoExecute; remove it "
+                             "or set effect: NoExecute")  # fmt: skip
+        if self.operator == "Exists" and self.value:
+            raise ValueError("value must be empty with operator Exists")
+        return self
 
 
 class Constraints(_Model):
     """Limits on the search and on where pods may run."""
 
-    gpu_types: list[str] | None = Field(
-        default=None, description="Allowed GPU catalog ids (default: all)."
+    gpu_types: list[Annotated[str, Field(max_length=64)]] | None = Field(
+        default=None, max_length=64, description="Allowed GPU catalog ids (default: all)."
     )
     weight_dtypes: list[WeightDtype] | None = Field(
         default=None,
+        max_length=len(WeightDtype),
         description="Allowed weight dtypes. Default: bf16 only, the model's 16-bit weights "
         "(list fp16 to serve a model published in fp16 as is). fp8, int8, int4 and fp4 "
         "weights change the model's outputs, so they are planned only when listed here.",
     )
     kv_dtypes: list[KvDtype] | None = Field(
         default=None,
+        max_length=8,
         description="Allowed KV cache dtypes. Default: auto (16-bit) and fp8, which halves "
         "the cache and changes outputs slightly; at equal cost the 16-bit cache is planned, "
         "and [auto] allows only it. vLLM has no int8 or int4 KV cache.",
@@ -170,10 +206,19 @@ class Constraints(_Model):
     max_tensor_parallel: int | None = Field(default=None, ge=1, le=64)
     min_replicas: int = Field(default=1, ge=0, le=1000)
     max_replicas: int = Field(default=16, ge=1, le=1000)
-    node_selector: dict[str, str] | None = Field(
-        default=None, description="Extra node labels that engine pods require."
+    node_selector: dict[LabelKeyLength, LabelValue] | None = Field(
+        default=None, max_length=16, description="Extra node labels that engine pods require."
     )
-    tolerations: list[Toleration] | None = None
+    tolerations: list[Toleration] | None = Field(default=None, max_length=16)
+
+    @field_validator("node_selector")
+    @classmethod
+    def _label_keys(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        for key in value or {}:
+            if not re.fullmatch(LABEL_KEY, key):
+                raise ValueError(f"nodeSelector key {key!r} is not a label key "
+                                 "([prefix/]name, e.g. example.com/pool)")  # fmt: skip
+        return value
 
     @field_validator("kv_dtypes", mode="before")
     @classmethod
@@ -199,8 +244,8 @@ class Constraints(_Model):
 class Pricing(_Model):
     """Price overrides: your negotiated $/GPU-hour per catalog GPU id."""
 
-    usd_per_gpu_hour: dict[str, float] | None = Field(
-        default=None, description="GPU id -> USD per GPU-hour."
+    usd_per_gpu_hour: dict[Annotated[str, Field(max_length=64)], float] | None = Field(
+        default=None, max_length=64, description="GPU id -> USD per GPU-hour."
     )
 
     @field_validator("usd_per_gpu_hour", mode="before")
@@ -237,11 +282,22 @@ class LocalSecretRef(_Model):
     name: str = Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN)
 
 
+# Bounds that keep the largest valid spec storable (tests/unit/api/test_crd_bounds.py
+# adds it up): 64 values of 1,024 characters are at most ~0.45 MB as JSON (6 bytes for
+# an escaped character) in etcd, whose limit is 1.5 MiB per object. A longer value
+# belongs in a Secret or ConfigMap.
+ENV_NAME_LENGTH = 128
+ENV_VALUE_LENGTH = 1024
+ENV_ITEMS = 64
+
+
 class EnvVar(_Model):
     """A plain environment variable for the engine container."""
 
-    name: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$")
-    value: str = ""
+    name: str = Field(
+        min_length=1, max_length=ENV_NAME_LENGTH, pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$"
+    )
+    value: str = Field(default="", max_length=ENV_VALUE_LENGTH)
 
 
 class ModelVolume(_Model):
@@ -291,7 +347,9 @@ IMAGE_REFERENCE = r"^[a-z0-9]([a-zA-Z0-9._/:@-]*[a-zA-Z0-9_])?$"
 class ModelCache(_Model):
     """Where the engine caches model weights (at /var/cache/rooftop/huggingface, its HF_HOME)."""
 
-    pvc_name: str | None = Field(default=None, description="An existing PVC to mount.")
+    pvc_name: str | None = Field(
+        default=None, max_length=253, pattern=DNS_SUBDOMAIN, description="An existing PVC to mount."
+    )
     size_gi: int | None = Field(default=None, ge=1, le=100_000, description="emptyDir size limit.")
 
 
@@ -309,12 +367,12 @@ class Engine(_Model):
     )
     extra_args: list[Annotated[str, Field(max_length=1024)]] | None = Field(
         default=None,
-        max_length=64,
+        max_length=32,
         description="Extra `vllm serve` flags for the pinned vLLM, checked with vLLM's own "
         "parsing rules (prefixes, --x_y, short options): not flags that set what the plan "
         "sets, nor flags vLLM does not have.",
     )
-    env: list[EnvVar] | None = None
+    env: list[EnvVar] | None = Field(default=None, max_length=ENV_ITEMS)
     hf_token_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret holding the Hugging Face token (HF_TOKEN)."
     )
@@ -336,8 +394,9 @@ class Engine(_Model):
         "the model's full context where the KV cache holds one such request, else the "
         "largest that fits.",
     )
-    checkpoints: dict[str, Checkpoint] | None = Field(
+    checkpoints: dict[Annotated[str, Field(max_length=8)], Checkpoint] | None = Field(
         default=None,
+        max_length=4,
         description="Weight dtype (fp8, int8, int4, fp4) -> the checkpoint already "
         "quantized to it; overrides the catalog's.",
     )
@@ -362,6 +421,12 @@ class Engine(_Model):
         return self
 
 
+# A Hugging Face config.json is a few KiB; these leave room for the largest while keeping
+# a target far below the API server's object limit.
+MODEL_CONFIG_KEYS = 512
+MODEL_CONFIG_BYTES = 64 * 1024
+
+
 class ServingTargetSpec(_Model):
     """What the user wants: a model served to an SLO within a budget."""
 
@@ -371,7 +436,9 @@ class ServingTargetSpec(_Model):
     model_config_json: dict[str, Any] | None = Field(
         default=None,
         alias="modelConfig",
-        description="Inline Hugging Face config.json, for models not in the catalog.",
+        max_length=MODEL_CONFIG_KEYS,
+        description="Inline Hugging Face config.json, for models not in the catalog "
+        f"(at most {MODEL_CONFIG_KEYS} keys and {MODEL_CONFIG_BYTES // 1024} KiB as JSON).",
     )
     slo: Slo
     workload: Workload
@@ -380,6 +447,19 @@ class ServingTargetSpec(_Model):
     pricing: Pricing = Field(default_factory=Pricing)
     mode: Mode = Mode.VLLM
     engine: Engine = Field(default_factory=Engine)
+
+    @field_validator("model_config_json")
+    @classmethod
+    def _model_config_fits(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        """A free-form object's nested size has no bound a CRD schema can state; the
+        operator checks it before it writes the ConfigMap that carries it."""
+        size = len(json.dumps(value, separators=(",", ":")).encode()) if value else 0
+        if size > MODEL_CONFIG_BYTES:
+            raise ValueError(
+                f"modelConfig is {size} bytes as JSON, over {MODEL_CONFIG_BYTES}: give only "
+                "the model's config.json (the weights' config, not tokenizer files)"
+            )
+        return value
 
 
 # A target's name names its children: the Service ``NAME`` and the Deployment and
