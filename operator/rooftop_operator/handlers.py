@@ -27,8 +27,10 @@ those (``keep_loop_scale``); a spec edit or a new engine shape starts from the n
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -449,11 +451,17 @@ def unschedulable(pod: Mapping[str, Any]) -> str:
     return ""
 
 
+def deployment_ready(deployment: Mapping[str, Any]) -> bool:
+    """Whether an engine Deployment's rollout is complete (its Ready condition is True).
+    A periodic caller (the feedback timer) mirrors a not-ready one into status with
+    ``sync_readiness``: a pod the scheduler gave up on, or placed after a node joined,
+    changes no Deployment field, so no watch event would. A ready one costs nothing."""
+    return readiness(deployment)[0].status == "True"
+
+
 def refresh_readiness(rt: Runtime, deployment: Mapping[str, Any] | None) -> None:
-    """``sync_readiness`` for a Deployment that is not ready, from a periodic caller
-    (the feedback timer): a pod the scheduler gave up on, or placed after a node
-    joined, changes no Deployment field. A ready one costs nothing (no API call)."""
-    if deployment is not None and readiness(deployment)[0].status != "True":
+    """``sync_readiness`` for a Deployment that is not ready (see ``deployment_ready``)."""
+    if deployment is not None and not deployment_ready(deployment):
         sync_readiness(rt, deployment)
 
 
@@ -551,9 +559,64 @@ def register_timers(config: OperatorConfig, registry: kopf.OperatorRegistry | No
     """Register ``replan_waiting`` at ``config.nodes_retry_s`` (a kopf timer's period is
     fixed when it registers, so ``__main__`` calls this once, with the start-up config)."""
     every = config.nodes_retry_s
-    kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=every, initial_delay=every,
-               when=lambda status, **_: waiting_for_nodes(status),
-               registry=registry)(replan_waiting)  # fmt: skip
+    timer_without_finalizer(
+        replan_waiting, interval=every,
+        when=lambda uid, status, **_: alive(uid) and waiting_for_nodes(status),
+        registry=registry,
+    )  # fmt: skip
+
+
+class RecentlyDeleted:
+    """The uids of the last ``size`` targets whose DELETED watch event arrived.
+
+    Why: a timer without kopf's finalizer is not stopped by the deletion itself. kopf
+    runs the watch handlers of an event before it re-matches the object's timers against
+    their ``when`` filters, so ``target_event`` recording the uid here makes the
+    timers' ``alive`` filter fail in that same event, and kopf stops them. The uid is
+    needed only for that moment; the bound keeps a long-lived operator's memory flat.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._uids: OrderedDict[str, None] = OrderedDict()
+        self._size = size
+
+    def add(self, uid: str) -> None:
+        self._uids[uid] = None
+        while len(self._uids) > self._size:
+            self._uids.popitem(last=False)
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._uids
+
+
+DELETED = RecentlyDeleted()
+
+
+def alive(uid: str | None) -> bool:
+    """Whether the target with ``uid`` has not been deleted (see ``RecentlyDeleted``)."""
+    return uid not in DELETED
+
+
+def timer_without_finalizer(
+    fn: Callable[..., Any], *, interval: float, when: Callable[..., bool],
+    registry: kopf.OperatorRegistry | None = None,
+) -> None:  # fmt: skip
+    """Register ``fn`` as a ServingTarget timer that puts no finalizer on the targets.
+
+    kopf gives every object with a timer its finalizer, so that it can stop the timer
+    before the object goes. A finalizer makes ``kubectl delete`` (and a namespace's
+    deletion) hang whenever the operator is not running: after ``helm uninstall``, on a
+    crash-looping operator. Our timers need no last word with the object (the children
+    go by garbage collection), so the finalizer is dropped and the timers are stopped by
+    their ``when`` filter instead (``alive``). kopf offers no public switch for this: the
+    registered handler is replaced by a copy with ``requires_finalizer=False``
+    (``test_timers_put_no_finalizer`` fails if kopf's registry changes shape).
+    """
+    real = registry if registry is not None else kopf.get_default_registry()
+    kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=interval, initial_delay=interval,
+               when=when, registry=real)(fn)  # fmt: skip
+    spawning = real._spawning._handlers
+    spawning[-1] = dataclasses.replace(spawning[-1], requires_finalizer=False)
 
 
 def replan_waiting(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
@@ -588,6 +651,38 @@ def repair_deleted(rt: Runtime, deployment: Mapping[str, Any]) -> bool:
     return True
 
 
+EngineIndex = Mapping[tuple[str, str], Any]  # kopf.Index: (namespace, name) -> a Store
+
+
+def index_entry(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What the loop reads of an engine Deployment: replicas, rollout status and owner.
+    A copy without managedFields and the pod template keeps 1,000 of them small."""
+    meta = body.get("metadata") or {}
+    kept = ("name", "namespace", "uid", "generation", "ownerReferences", "deletionTimestamp")
+    return {
+        "metadata": {k: meta[k] for k in kept if k in meta},
+        "spec": {"replicas": (body.get("spec") or {}).get("replicas", 1)},
+        "status": dict(body.get("status") or {}),
+    }
+
+
+@kopf.index("apps", "v1", "deployments", labels={"app.kubernetes.io/name": builders.APP_NAME})
+def engine_deployments(
+    namespace: str | None, name: str | None, body: kopf.Body, **_: Any
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """kopf's in-memory index of the engine Deployments, kept current by the same watch
+    as ``engine_deployment_event``: the feedback loop reads a target's Deployment from
+    here (passed to its timer as the ``engine_deployments`` argument) instead of a GET
+    per target and tick."""
+    return {(str(namespace), str(name)): index_entry(body)}
+
+
+def indexed_deployment(index: EngineIndex, namespace: str, name: str) -> dict[str, Any] | None:
+    """The indexed Deployment ``namespace/name``, or None when there is none."""
+    store = index.get((namespace, name))
+    return next(iter(store), None) if store is not None else None
+
+
 @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/name": builders.APP_NAME})
 def engine_deployment_event(
     body: kopf.Body, event: kopf.RawEvent, memo: kopf.Memo, **_: Any
@@ -605,10 +700,11 @@ def engine_deployment_event(
 @kopf.on.event(crd.GROUP, crd.VERSION, crd.PLURAL)
 def target_event(event: kopf.RawEvent, name: str | None, namespace: str | None,
                  memo: kopf.Memo, **_: Any) -> None:  # fmt: skip
-    """Drop a deleted target's metric series and the loop's memory of it. A watch event
-    rather than on.delete: a deletion handler would need a finalizer, and the children
-    go by garbage collection."""
+    """Drop a deleted target's metric series and the loop's memory of it, and stop its
+    timers (``RecentlyDeleted``). A watch event rather than on.delete: a deletion handler
+    would need a finalizer, and the children go by garbage collection."""
     if event.get("type") == "DELETED":
-        runtime(memo).metrics.forget(str(namespace), str(name))
         uid = ((event.get("object") or {}).get("metadata") or {}).get("uid")
+        DELETED.add(str(uid))
+        runtime(memo).metrics.forget(str(namespace), str(name))
         getattr(memo, LOOP_MEMORY, {}).pop(uid, None)

@@ -28,6 +28,7 @@ import yaml
 from kubernetes import client
 
 from rooftop_api.spec import ServingTarget
+from rooftop_operator.settings import LoopSettings
 from rooftop_planner.catalog import Catalog, load_catalog
 from rooftop_planner.search import plan_target
 from tests.cluster.controlplane import find_binary
@@ -411,11 +412,11 @@ def test_deleted_engine_deployment_is_recreated(env: Env) -> None:
 
 def test_delete_garbage_collects_children(env: Env) -> None:
     """No cleanup of the operator's own: Kubernetes' garbage collector removes the
-    children through their ownerReferences (the only finalizer is kopf's, for the
-    timers, and the running operator releases it at once). On a fresh cluster this
-    takes up to ~30 s, because the collector starts watching a newly installed CRD's
-    kind only at its next periodic resync."""
+    children through their ownerReferences, and no finalizer holds the target. On a
+    fresh cluster this takes up to ~30 s, because the collector starts watching a newly
+    installed CRD's kind only at its next periodic resync."""
     ready_example(env, "doomed")
+    assert not env.target("doomed")["metadata"].get("finalizers")
     env.cluster.kubectl("delete", "st", "doomed", "-n", env.namespace, "--wait=true")
     selector = "rooftop.dev/servingtarget=doomed"
 
@@ -424,6 +425,45 @@ def test_delete_garbage_collects_children(env: Env) -> None:
         return not any(env.listed(kind, selector) for kind in kinds)
 
     wait_until(gone, 2 * TIMEOUT, "doomed's Deployment, Service, PDB and pods to be collected")
+
+
+def test_deleting_a_target_never_waits_for_the_operator(env: Env) -> None:
+    """With the operator down (uninstalled, crash-looping), ``kubectl delete`` returns at
+    once: no finalizer. With it running, the deleted target's feedback timer stops
+    instead of ticking on for an object that is gone."""
+    ready_example(env, "orphan")
+    ticked = f"[{env.namespace}/orphan] Timer 'feedback' succeeded"
+    log = env.operator.log_path
+    wait_until(lambda: ticked in log.read_text(), TIMEOUT, "a feedback tick of orphan")
+    env.cluster.kubectl("delete", "st", "orphan", "-n", env.namespace, "--wait=true",
+                        "--timeout=20s")  # fmt: skip
+    ticks = log.read_text().count(ticked)
+    time.sleep(2 * LoopSettings().interval_s)  # two more periods of orphan's timer
+    assert log.read_text().count(ticked) == ticks
+    ready_example(env, "stopped")
+    env.operator.stop()
+    try:
+        env.cluster.kubectl("delete", "st", "stopped", "-n", env.namespace, "--wait=true",
+                            "--timeout=20s")  # fmt: skip
+    finally:
+        env.operator.start()
+
+
+def test_a_spec_at_its_size_bounds_deploys_and_deletes(env: Env) -> None:
+    """64 env values of 1,024 accented characters (the CRD's bounds): kopf's record of the
+    handled spec, a JSON copy with every character escaped, would exceed the 256 KiB
+    annotation limit, and the target would loop forever and never delete."""
+    doc = load(ROOT / "examples" / "simulated-chat.yaml", name="bulky")
+    doc["spec"]["engine"] = {"env": [{"name": f"V{i}", "value": "é" * 1024} for i in range(64)]}
+    ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
+    env.apply(doc)
+    env.wait_condition("bulky", "Deployed", "True")
+    deployment = env.deployment("bulky")
+    assert deployment is not None
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "V63", "value": "é" * 1024} in container["env"]
+    env.cluster.kubectl("delete", "st", "bulky", "-n", env.namespace, "--wait=true",
+                        "--timeout=30s")  # fmt: skip
 
 
 POD_MONITOR_CRD = {

@@ -645,9 +645,45 @@ async def test_the_loop_holds_when_an_edit_no_longer_plans(rt: Runtime, kube: Fa
     kube.add(body)
     writes = len(kube.applied)
     memo = SimpleNamespace(runtime=rt)
-    await loop.feedback(body=body, memo=memo)  # returns, no CatalogError
+    await loop.feedback(body=body, memo=memo, engine_deployments={})  # returns, no CatalogError
     assert len(kube.applied) == writes  # the workload is untouched
     assert "loop_targets" not in vars(memo) or not memo.loop_targets
+
+
+class NoDeploymentGets(FakeKube):
+    """The API server of a loop that must read Deployments from kopf's index (once
+    ``looping``; reconcile itself may read them)."""
+
+    looping = False
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        assert not (self.looping and kind == "Deployment"), "the loop read a Deployment"
+        return super().get(api_version, kind, namespace, name)
+
+
+async def test_the_loop_reads_the_deployment_from_kopfs_index(rt: Runtime) -> None:
+    """No GET per target and tick: the Deployment (here scaled to 3 by the loop before an
+    operator restart) comes from the watch's index, and seeds the controller's replicas."""
+    kube = NoDeploymentGets()
+    rt = replace(
+        rt,
+        kube=kube,
+        config=replace(
+            rt.config, loop=replace(rt.config.loop, prometheus_url="http://127.0.0.1:1")
+        ),
+    )
+    reconcile(rt, created(kube))
+    body = latest(kube)
+    deployment = next(o for (k, _, _), o in kube.objects.items() if k == "Deployment")
+    ready = {
+        **deployment,
+        "spec": {**deployment["spec"], "replicas": 3},
+        "status": {"replicas": 3, "readyReplicas": 3, "updatedReplicas": 3},
+    }
+    index = {(NS, deployment["metadata"]["name"]): [handlers.index_entry(ready)]}
+    memo, kube.looping = SimpleNamespace(runtime=rt), True
+    await loop.feedback(body=body, memo=memo, engine_deployments=index)
+    assert [m.state.replicas for m in memo.loop_targets.values()] == [3]
 
 
 # ---------------------------------------------------------------- GPU inventory

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import Any
 
 import kopf
 import pytest
 
+from rooftop_api import crd
 from rooftop_cli.main import build_parser
 from rooftop_operator import __main__ as main_mod
+from rooftop_operator import handlers
 from rooftop_operator.settings import (
     VLLM_IMAGE,
     LoopSettings,
@@ -151,3 +154,80 @@ def test_routine_successes_are_debug(message: str, level: int, shown_at_info: bo
         assert RoutineSuccesses().filter(record) is True
     finally:
         root.setLevel(before)
+
+
+def _spawning_cause(uid: str) -> Any:
+    """kopf's own cause for a ServingTarget event, as its reactor builds one."""
+    from kopf._cogs.structs import bodies, ephemera, patches, references
+    from kopf._core.engines import indexing
+    from kopf._core.intents import causes
+
+    resource = references.Resource(group=crd.GROUP, version=crd.VERSION, plural=crd.PLURAL,
+                                   kind="ServingTarget", namespaced=True)  # fmt: skip
+    body = bodies.Body({"apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": "ServingTarget",
+                        "metadata": {"name": "t", "namespace": "ns", "uid": uid},
+                        "status": {"conditions": []}})  # fmt: skip
+    return causes.SpawningCause(
+        logger=logging.getLogger("test"), indices=indexing.OperatorIndexers().indices,
+        memo=ephemera.Memo(), resource=resource, patch=patches.Patch(), body=body, reset=False,
+    )  # fmt: skip
+
+
+def test_timers_put_no_finalizer_and_stop_when_their_target_is_deleted() -> None:
+    """kopf would block every target's deletion with a finalizer for its timers; ours
+    ask for none, and the DELETED event's watch handler makes kopf's re-match of the
+    timers drop the deleted target's (kopf stops timers whose filter stops matching)."""
+    registry = kopf.OperatorRegistry()
+    main_mod.load_handlers(OperatorConfig(), registry)
+    cause = _spawning_cause("uid-1")
+    assert {h.id for h in registry._spawning.get_handlers(cause=cause)} == {"feedback"}
+    assert not registry._spawning.requires_finalizer(cause=cause)
+    handlers.target_event(event={"type": "DELETED", "object": dict(cause.body)}, name="t",
+                          namespace="ns", memo=kopf.Memo(runtime=_NoMetrics()))  # fmt: skip
+    assert registry._spawning.get_handlers(cause=cause) == []
+    assert registry._spawning.get_handlers(cause=_spawning_cause("uid-2")) != []
+
+
+class _NoMetrics:
+    """A runtime whose metrics forget quietly (``target_event`` drops a target's series)."""
+
+    class metrics:  # noqa: N801 - stands in for the attribute
+        @staticmethod
+        def forget(namespace: str, name: str) -> None:
+            pass
+
+
+def test_recently_deleted_keeps_a_bounded_number_of_uids() -> None:
+    recent = handlers.RecentlyDeleted(size=2)
+    for uid in ("a", "b", "c"):
+        recent.add(uid)
+    assert "a" not in recent and "b" in recent and "c" in recent
+
+
+def _target(spec: dict[str, Any], **annotations: str) -> kopf.Body:
+    return kopf.Body({"apiVersion": "rooftop.dev/v1alpha1", "kind": "ServingTarget",
+                      "metadata": {"name": "t", "namespace": "ns", "annotations": annotations},
+                      "spec": spec})  # fmt: skip
+
+
+def test_kopfs_record_of_the_handled_spec_stays_small_whatever_the_spec() -> None:
+    """64 env values of 2,048 accented characters: kopf's JSON copy would be ~800 KiB of
+    annotation (over the 256 KiB limit); the digest is a few dozen bytes and still tells
+    a spec change from none."""
+    settings = kopf.OperatorSettings()
+    configure(settings, OperatorConfig(namespaces=("ns",)))
+    storage = settings.persistence.diffbase_storage
+    env = [{"name": f"V{i}", "value": "é" * 2048} for i in range(64)]
+    big = _target({"model": "m", "engine": {"env": env}})
+    patch = kopf.Patch()
+    storage.store(body=big, patch=patch, essence=storage.build(body=big))
+    key = "rooftop.dev/last-handled-configuration"
+    stored = patch["metadata"]["annotations"][key]
+    assert len(stored) < 200
+    handled = _target(big["spec"], **{key: stored})
+    assert storage.fetch(body=handled) == storage.build(body=handled)  # nothing new
+    edited = _target({**big["spec"], "model": "n"}, **{key: stored})
+    from kopf._cogs.structs.diffs import diff  # what kopf's on.update(field="spec") reads
+
+    changes = diff(storage.fetch(body=edited), storage.build(body=edited))
+    assert [path for _, path, _, _ in changes] == [("spec", "sha256")]
