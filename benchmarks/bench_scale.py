@@ -266,6 +266,7 @@ class Result:
     steady_writes: int
     promql_per_tick: float
     inner_evals_per_tick: float
+    apply_start: float  # epoch s, as the per-target times
     apply_s: float
     steady_s: float
     loop_interval_s: float
@@ -415,6 +416,8 @@ def watch_targets(b: Bench, n: int, apply: Future[Any], deadline: float, rv: str
             raise TimeoutError(f"{len(seen.ready)} of {n} Ready\n{_tail(b)}")
         if apply.done() and apply.exception() is not None:
             raise RuntimeError("kubectl apply failed") from apply.exception()
+        if b.operator is not None and b.operator.proc is not None and b.operator.proc.poll():
+            raise RuntimeError(f"the operator exited\n{_tail(b)}")
         w = watch.Watch()  # type: ignore[no-untyped-call]
         wait = int(max(1, min(30, deadline - time.time())))
         try:
@@ -589,6 +592,7 @@ def summarize(n: int, args: argparse.Namespace, burst: Burst, window: tuple[Samp
         steady_writes=steady.writes,
         promql_per_tick=(after.promql - before.promql) / ticks,
         inner_evals_per_tick=(after.inner_evals - before.inner_evals) / ticks,
+        apply_start=burst.start,
         apply_s=burst.apply_s,
         steady_s=elapsed,
         loop_interval_s=args.loop_interval_s,
@@ -656,6 +660,9 @@ def main(argv: list[str] | None = None) -> int:
                 results.append(run_one(n, args, work / f"n{n}"))
                 progress(f"N={n} done\n{table(results[-1:])}")
         ok = True
+    except KeyboardInterrupt:
+        progress("interrupted; everything started is stopped")
+        return 130
     finally:
         if results:
             print(table(results))

@@ -153,7 +153,8 @@ def test_table_has_one_row_per_n(bench: ModuleType) -> None:
         targets=100, all_deployed_s=12.34, all_ready_s=20.0, deployed_p50_s=1.0,
         deployed_p95_s=2.5, deployed_p99_s=3.25, reconciled_twice=2, rss_mib=150.4,
         cpu_pct=3.21, reads_per_s=6.667, steady_writes=0, promql_per_tick=12.0,
-        inner_evals_per_tick=12.0, apply_s=1.0, steady_s=60.0, loop_interval_s=15.0,
+        inner_evals_per_tick=12.0, apply_start=0.0, apply_s=1.0, steady_s=60.0,
+        loop_interval_s=15.0,
     )  # fmt: skip
     lines = bench.table([result]).splitlines()
     assert lines[0].startswith("| targets | all Deployed | all Ready | per target p50")
