@@ -18,7 +18,8 @@ Reported per N:
 - per target p50 / p95 / p99: Deployed time minus the target's creation (the audit
   log's ``requestReceivedTimestamp`` of the apply that created it);
 - reconciled twice: targets whose engine Deployment the operator wrote (create, apply,
-  update) more than once before every target was Ready;
+  update) more than once before every target was Ready; in parentheses, when any,
+  targets whose creation handlers kopf ran more than once (its log), writes or not;
 - steady state, one loop interval after all are Ready, over ``--steady-s``: operator
   RSS and CPU (% of one core, /proc), the operator's API reads/s and writes (audit log,
   its ServiceAccount's user), and PromQL queries per loop interval (Prometheus' own
@@ -38,6 +39,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import sys
@@ -149,8 +151,8 @@ def read_audit(path: Path) -> list[AuditEvent]:
 
 
 def creation_times(events: Iterable[AuditEvent], operator: str) -> dict[str, float]:
-    """ "namespace/name" -> when the first write of that ServingTarget (its creating
-    apply) reached the API server, for writes by anyone but the operator."""
+    """Per ServingTarget ("namespace/name"): when its first write by anyone but the
+    operator (the apply that created it) reached the API server."""
     created: dict[str, float] = {}
     for e in events:
         if e.resource == PLURAL and not e.subresource and e.verb in WRITES and e.user != operator:
@@ -162,14 +164,23 @@ def creation_times(events: Iterable[AuditEvent], operator: str) -> dict[str, flo
 def deployment_writes(
     events: Iterable[AuditEvent], operator: str, start: float, until: float
 ) -> Counter[str]:
-    """ "namespace/target" -> the operator's writes to its engine Deployment (not its
-    status) received in [start, until]."""
+    """Per ServingTarget ("namespace/name"): the operator's writes to its engine
+    Deployment (not its status) received in [start, until]."""
     writes: Counter[str] = Counter()
     for e in events:
         if (e.user == operator and e.resource == "deployments" and not e.subresource
                 and e.verb in WRITES and start <= e.received <= until):  # fmt: skip
             writes[f"{e.namespace}/{e.name.removesuffix('-engine')}"] += 1
     return writes
+
+
+CREATION_LINE = re.compile(r"\[([^\s/\]]+/[^\s\]]+)\] Creation is processed")
+
+
+def creation_passes(operator_log: str) -> Counter[str]:
+    """Per ServingTarget ("namespace/name"): how often kopf ran its creation handlers
+    (the "[ns/name] Creation is processed: ..." INFO line after each pass)."""
+    return Counter(m.group(1) for m in CREATION_LINE.finditer(operator_log))
 
 
 @dataclass(frozen=True)
@@ -259,7 +270,8 @@ class Result:
     deployed_p50_s: float
     deployed_p95_s: float
     deployed_p99_s: float
-    reconciled_twice: int
+    reconciled_twice: int  # targets whose engine Deployment was written more than once
+    handled_twice: int  # targets whose creation handlers kopf ran more than once
     rss_mib: float
     cpu_pct: float
     reads_per_s: float
@@ -287,12 +299,17 @@ def table(results: Sequence[Result]) -> str:
         cells = [
             str(r.targets), f"{r.all_deployed_s:.1f} s", f"{r.all_ready_s:.1f} s",
             f"{r.deployed_p50_s:.2f} / {r.deployed_p95_s:.2f} / {r.deployed_p99_s:.2f} s",
-            f"{r.reconciled_twice} of {r.targets}", f"{r.rss_mib:.0f} MiB",
+            _twice(r), f"{r.rss_mib:.0f} MiB",
             f"{r.cpu_pct:.1f} %", f"{r.reads_per_s:.2f}", str(r.steady_writes),
             f"{r.promql_per_tick:.1f}",
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _twice(r: Result) -> str:
+    text = f"{r.reconciled_twice} of {r.targets}"
+    return text + (f" (creation handled twice: {r.handled_twice})" if r.handled_twice else "")
 
 
 # ---------------------------------------------------------------- the cluster
@@ -560,7 +577,9 @@ def run_one(n: int, args: argparse.Namespace, work: Path) -> Result:
         time.sleep(args.steady_s)
         after, rss = sample(b), operator_rss_mib(b)
         time.sleep(2)  # the audit log answers last: let the window's requests land
-        return summarize(n, args, result, (before, after), rss, read_audit(b.audit_log))
+        assert b.operator is not None
+        passes = creation_passes(b.operator.log_path.read_text(errors="replace"))
+        return summarize(n, args, result, (before, after), rss, read_audit(b.audit_log), passes)
     raise AssertionError("unreachable")  # ExitStack may swallow exceptions for mypy
 
 
@@ -569,7 +588,8 @@ def _cpu_text(cpu_s: Mapping[str, float]) -> str:
 
 
 def summarize(n: int, args: argparse.Namespace, burst: Burst, window: tuple[Sample, Sample],
-              rss_mib: float, events: list[AuditEvent]) -> Result:  # fmt: skip
+              rss_mib: float, events: list[AuditEvent],
+              passes: Counter[str]) -> Result:  # fmt: skip
     seen, (before, after) = burst.seen, window
     created = creation_times(events, OPERATOR_USER)
     done = max(seen.ready.values())
@@ -586,6 +606,7 @@ def summarize(n: int, args: argparse.Namespace, burst: Burst, window: tuple[Samp
         deployed_p95_s=percentile(deployed, 0.95),
         deployed_p99_s=percentile(deployed, 0.99),
         reconciled_twice=sum(1 for count in writes.values() if count > 1),
+        handled_twice=sum(1 for count in passes.values() if count > 1),
         rss_mib=rss_mib,
         cpu_pct=100 * (after.cpu_ticks - before.cpu_ticks) / os.sysconf("SC_CLK_TCK") / elapsed,
         reads_per_s=steady.reads / elapsed,
@@ -599,17 +620,18 @@ def summarize(n: int, args: argparse.Namespace, burst: Burst, window: tuple[Samp
         burst_cpu_s=burst.cpu_s,
         burst_requests=request_counts(events, OPERATOR_USER, burst.start, done).by_kind,
         steady_requests=steady.by_kind,
-        per_target=_per_target(created, seen, writes),
+        per_target=_per_target(created, seen, writes, passes),
     )
 
 
-def _per_target(created: Mapping[str, float], seen: Seen,
-                writes: Mapping[str, int]) -> dict[str, dict[str, float]]:  # fmt: skip
+def _per_target(created: Mapping[str, float], seen: Seen, writes: Mapping[str, int],
+                passes: Mapping[str, int]) -> dict[str, dict[str, float]]:  # fmt: skip
     out = {}
     for key, t in sorted(created.items()):
         out[key] = {"created": t, "deployed": seen.deployed.get(key, math.nan),
                     "ready": seen.ready.get(key, math.nan),
-                    "deployment_writes": float(writes.get(key, 0))}  # fmt: skip
+                    "deployment_writes": float(writes.get(key, 0)),
+                    "creation_passes": float(passes.get(key, 0))}  # fmt: skip
     return out
 
 

@@ -100,6 +100,19 @@ def test_request_counts_split_reads_and_writes_in_the_window(bench: ModuleType) 
     assert bench.request_counts(events, OPERATOR, base + 6, base + 20).by_kind == {}
 
 
+OPERATOR_LOG = """\
+[12:00:01] kopf.objects [INFO    ] [ns/a] Handler 'reconcile_target' succeeded.
+[12:00:01] kopf.objects [INFO    ] [ns/a] Creation is processed: 1 succeeded; 0 failed.
+[12:00:02] kopf.objects [INFO    ] [ns/b] Creation is processed: 1 succeeded; 0 failed.
+[12:00:09] kopf.objects [INFO    ] [ns/a] Creation is processed: 1 succeeded; 0 failed.
+[12:00:09] kopf.objects [INFO    ] [ns/b] Updating is processed: 1 succeeded; 0 failed.
+"""
+
+
+def test_creation_passes_count_kopfs_creation_lines(bench: ModuleType) -> None:
+    assert bench.creation_passes(OPERATOR_LOG) == {"ns/a": 2, "ns/b": 1}
+
+
 def test_percentile_interpolates_like_numpy(bench: ModuleType) -> None:
     values = [4.0, 1.0, 3.0, 2.0]
     assert bench.percentile(values, 0.5) == 2.5
@@ -151,7 +164,8 @@ def test_target_docs_spread_distinct_names_over_namespaces(bench: ModuleType) ->
 def test_table_has_one_row_per_n(bench: ModuleType) -> None:
     result = bench.Result(
         targets=100, all_deployed_s=12.34, all_ready_s=20.0, deployed_p50_s=1.0,
-        deployed_p95_s=2.5, deployed_p99_s=3.25, reconciled_twice=2, rss_mib=150.4,
+        deployed_p95_s=2.5, deployed_p99_s=3.25, reconciled_twice=2, handled_twice=0,
+        rss_mib=150.4,
         cpu_pct=3.21, reads_per_s=6.667, steady_writes=0, promql_per_tick=12.0,
         inner_evals_per_tick=12.0, apply_start=0.0, apply_s=1.0, steady_s=60.0,
         loop_interval_s=15.0,
@@ -160,6 +174,8 @@ def test_table_has_one_row_per_n(bench: ModuleType) -> None:
     assert lines[0].startswith("| targets | all Deployed | all Ready | per target p50")
     assert lines[2] == ("| 100 | 12.3 s | 20.0 s | 1.00 / 2.50 / 3.25 s | 2 of 100 | 150 MiB "
                         "| 3.2 % | 6.67 | 0 | 12.0 |")  # fmt: skip
+    result.handled_twice = 7
+    assert "| 2 of 100 (creation handled twice: 7) |" in bench.table([result])
 
 
 def test_quick_and_target_lists(bench: ModuleType) -> None:
