@@ -37,6 +37,26 @@ REQUIRED = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler
 TOOLS = ("kubectl", "helm")
 START_ORDER = REQUIRED
 
+# ControlPlane(audit_log=...)'s default policy: one line per request (at ResponseComplete,
+# and ResponseStarted for watches), Metadata level, without the periodic noise (health
+# probes, leases, events other than ServiceAccounts'; an operator's events stay).
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: None
+  nonResourceURLs: [/healthz*, /readyz*, /livez*, /metrics, /version, /openapi*]
+- level: None
+  resources: [{group: coordination.k8s.io, resources: [leases]}]
+- level: Metadata
+  userGroups: ["system:serviceaccounts"]
+  resources: [{group: "", resources: [events]}, {group: events.k8s.io, resources: [events]}]
+- level: None
+  resources: [{group: "", resources: [events]}, {group: events.k8s.io, resources: [events]}]
+- level: Metadata
+"""
+
 
 def cache_dir() -> Path:
     return Path(os.environ.get("ROOFTOP_CACHE", Path.home() / ".cache" / "rooftop"))
@@ -112,6 +132,10 @@ class ControlPlane:
     pids: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     die_with_parent: bool = False  # fixture use: a killed pytest takes the cluster with it
+    # API server audit log (JSON lines) at this path, with `audit_policy` or, without one,
+    # AUDIT_POLICY (Metadata level); None: no auditing, as the e2e tests run.
+    audit_log: Path | None = None
+    audit_policy: Path | None = None
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, init=False, repr=False)
 
     @property
@@ -236,6 +260,11 @@ class ControlPlane:
         (self.state_dir / "kwok.yaml").write_text(
             "apiVersion: config.kwok.x-k8s.io/v1alpha1\nkind: KwokConfiguration\noptions: {}\n"
         )
+        if self.audit_log is not None:
+            self.audit_log.unlink(missing_ok=True)  # a retried start begins a fresh log
+            if self.audit_policy is None:
+                self.audit_policy = self.state_dir / "audit-policy.yaml"
+                self.audit_policy.write_text(AUDIT_POLICY)
 
     def _start_component(self, name: str, deadline: float) -> None:
         t = time.monotonic()
@@ -336,6 +365,18 @@ class ControlPlane:
             "--max-requests-inflight=0",
             "--max-mutating-requests-inflight=0",
             "--profiling=false",
+            *self._audit_flags(),
+        ]
+
+    def _audit_flags(self) -> list[str]:
+        if self.audit_log is None:
+            return []
+        return [
+            f"--audit-policy-file={self.audit_policy}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",  # every request is in the file when it answers
+            "--audit-log-maxsize=100000",  # MB: never rotate mid-run (the default is 100)
         ]
 
     def _component_common(self, port: int) -> list[str]:

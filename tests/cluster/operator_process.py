@@ -38,6 +38,7 @@ class Operator:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    verbose: bool = True  # --verbose: handler details in the log (benchmarks turn it off)
 
     def start(self, *args: str, **env: str) -> None:
         """Start and wait for kopf's liveness endpoint; ``args`` go to the command line,
@@ -48,7 +49,8 @@ class Operator:
         log.write(f"\n===== start {self.starts} =====\n".encode())
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "rooftop_operator", "--namespace", self.namespace,
-             "--liveness", f"http://127.0.0.1:{port}/healthz", "--verbose", *args],
+             "--liveness", f"http://127.0.0.1:{port}/healthz",
+             *(["--verbose"] if self.verbose else []), *args],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
             env=os.environ | {"KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": _source_path(),
                               "ROOFTOP_SELF_IMAGE": "rooftop:e2e", **env},

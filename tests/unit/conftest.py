@@ -24,6 +24,7 @@ def load_benchmark() -> Callable[[str], ModuleType]:
         spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
         assert spec and spec.loader
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up there
         spec.loader.exec_module(module)
         return module
 
