@@ -267,7 +267,7 @@ def _deploy(
         _not_deployed(rt, body, ref, spec, new_plan, reason, str(err))
         return
     except KubeError as err:
-        if not err.transient:  # the API server refused a child: say so on the resource
+        if not err.transient and not err.namespace_terminating:  # refused: say so on it
             message = f"the API server refused the engine's objects: {err}"
             _not_deployed(rt, body, ref, spec, new_plan, "ApplyRejected", message)
         raise  # reconcile_target retries, backing off
@@ -694,7 +694,11 @@ def engine_deployment_event(
         else:
             sync_readiness(rt, body)
     except KubeError as err:  # event handlers are not retried: the next event will be
-        log.warning("engine %s: %s", body.get("metadata", {}).get("name"), err)
+        name = body.get("metadata", {}).get("name")
+        if err.namespace_terminating:  # its namespace is going: the target goes with it
+            log.debug("engine %s: not repaired, %s", name, err)
+            return
+        log.warning("engine %s: %s", name, err)
 
 
 @kopf.on.event(crd.GROUP, crd.VERSION, crd.PLURAL)

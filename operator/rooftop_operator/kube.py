@@ -54,6 +54,12 @@ class KubeError(RuntimeError):
     def transient(self) -> bool:
         return self.status in (0, 409, 429) or self.status >= 500
 
+    @property
+    def namespace_terminating(self) -> bool:
+        """The namespace is being deleted and takes no new objects (HTTP 403 with the
+        NamespaceLifecycle admission plugin's message): nothing to repair or report."""
+        return self.status == 403 and "being terminated" in self.message
+
     @classmethod
     def from_api(cls, err: ApiException) -> KubeError:
         message = str(err.reason)

@@ -556,6 +556,29 @@ def test_deployment_deleted_with_its_target_is_left_alone(rt: Runtime, kube: Fak
     assert kube.get("apps/v1", "Deployment", NS, "chat-engine") is None
 
 
+def test_a_deployment_deleted_with_its_namespace_is_not_repaired_nor_a_warning(
+    rt: Runtime, kube: FakeKube, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Deleting a namespace removes the Deployment before (or after) its target; the
+    repair's apply is then refused (HTTP 403, namespace being terminated), which is
+    the namespace going away, not a fault to warn about."""
+    reconcile(rt, created(kube))
+    gone = kube.objects.pop(("Deployment", NS, "chat-engine"))
+    kube.apply_error = KubeError(403, f'deployments.apps "chat-engine" is forbidden: unable to '
+                                 f"create new content in namespace {NS} because it is being "
+                                 "terminated")  # fmt: skip
+    with caplog.at_level("DEBUG", logger="rooftop_operator.handlers"):
+        handlers.engine_deployment_event(body=gone, event={"type": "DELETED"},
+                                         memo=kopf.Memo(runtime=rt))  # fmt: skip
+    assert [r.levelname for r in caplog.records] == ["DEBUG"]
+    assert cond(kube, "Deployed")["status"] == "True"  # no ApplyRejected either
+    kube.apply_error = KubeError(403, "deployments.apps is forbidden: User cannot create")
+    with caplog.at_level("DEBUG", logger="rooftop_operator.handlers"):
+        handlers.engine_deployment_event(body=gone, event={"type": "DELETED"},
+                                         memo=kopf.Memo(runtime=rt))  # fmt: skip
+    assert caplog.records[-1].levelname == "WARNING"  # RBAC: a real fault, said
+
+
 def _held(began: bool) -> control.Decision:
     state = replace(control.initial_state(1, 64), held_cap=32)
     return control.Decision(1, 64, "hold 1; max_num_seqs held at 64, not 32: ...", (), state,
