@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Final
 
@@ -33,6 +34,8 @@ from rooftop_api.spec import API_VERSION, KIND
 FIELD_MANAGER: Final = "rooftop"
 APPLY_CONTENT_TYPE: Final = "application/apply-patch+yaml"
 STATUS_RETRIES: Final = 5
+# How long an answer of API discovery (is the PodMonitor kind served?) is reused.
+DISCOVERY_TTL_S: Final = 60.0
 # Group, version and plural of the ServingTarget API.
 TARGET_GVP: Final = ("rooftop.dev", "v1alpha1", "servingtargets")
 
@@ -208,6 +211,8 @@ class Kube:
 
     def __init__(self, api: Any) -> None:
         self.api = api
+        # (group/version, plural) -> (expiry on the monotonic clock, served?)
+        self._discovered: dict[tuple[str, str], tuple[float, bool]] = {}
 
     @classmethod
     def from_environment(cls) -> Kube:
@@ -275,7 +280,19 @@ class Kube:
 
     def has_api(self, group_version: str, plural: str) -> bool:
         """Whether the API server serves ``plural`` in ``group_version`` (discovery),
-        e.g. ``has_api("monitoring.coreos.com/v1", "podmonitors")``."""
+        e.g. ``has_api("monitoring.coreos.com/v1", "podmonitors")``. Remembered for
+        ``DISCOVERY_TTL_S``: every reconcile asks, and a burst of 1,000 new targets
+        would otherwise ask 1,000 times for an answer that changes when someone
+        installs a CRD."""
+        key = (group_version, plural)
+        cached = self._discovered.get(key)
+        if cached is not None and time.monotonic() < cached[0]:
+            return cached[1]
+        found = self._discover(group_version, plural)
+        self._discovered[key] = (time.monotonic() + DISCOVERY_TTL_S, found)
+        return found
+
+    def _discover(self, group_version: str, plural: str) -> bool:
         group, version = group_version.split("/")
         try:
             with api_errors():

@@ -54,3 +54,21 @@ def test_an_apply_body_is_yaml_the_api_server_reads(value: str) -> None:
     assert json.loads(body) == {"env": [{"name": "X", "value": value}]}
     assert yaml.safe_load(body.decode("utf-8")) == {"env": [{"name": "X", "value": value}]}
     assert b"\\ud83d\\ude80" not in body.replace(b"\\\\ud83d\\\\ude80", b"")
+
+
+def test_api_discovery_is_asked_once_a_minute_not_per_reconcile(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rooftop_operator import kube as kube_mod
+
+    asked: list[str] = []
+    clock = [0.0]
+    monkeypatch.setattr(kube_mod.Kube, "_discover", lambda self, gv, plural: not asked.append(gv))
+    monkeypatch.setattr(kube_mod.time, "monotonic", lambda: clock[0])
+    kube = kube_mod.Kube(api=None)
+    for _ in range(100):  # a burst of reconciles
+        assert kube.has_api("monitoring.coreos.com/v1", "podmonitors")
+    assert len(asked) == 1
+    clock[0] = kube_mod.DISCOVERY_TTL_S + 1  # someone may have installed the CRD since
+    kube.has_api("monitoring.coreos.com/v1", "podmonitors")
+    assert len(asked) == 2
