@@ -77,7 +77,7 @@ class KubeLike(Protocol):
     def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[Obj]: ...
     def get_target(self, namespace: str, name: str) -> Obj | None: ...
     def update_status(
-        self, namespace: str, name: str, mutate: Callable[[Obj], Obj]
+        self, namespace: str, name: str, mutate: Callable[[Obj], Obj], uid: str | None = None
     ) -> Obj | None: ...
 
 
@@ -97,6 +97,9 @@ class Runtime:
     emit: EmitFn = kopf_emit
     metrics: metrics.OperatorMetrics = metrics.DEFAULT
     now: Callable[[], str] = cnd.now_iso
+    # What this process last wrote of each target's readiness, by target uid (see
+    # ``sync_readiness``); a deleted target's entry goes with its DELETED event.
+    readiness_written: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -467,7 +470,13 @@ def refresh_readiness(rt: Runtime, deployment: Mapping[str, Any] | None) -> None
 
 def sync_readiness(rt: Runtime, deployment: Mapping[str, Any]) -> None:
     """Mirror an engine Deployment's rollout state into its target's status. Pods are
-    listed only while it is not ready, so a steady fleet costs no extra API call."""
+    listed only while it is not ready, so a steady fleet costs no extra API call.
+
+    Most events of a Deployment (the controller's status updates during a rollout)
+    change nothing the target shows; what this process last wrote is remembered, so
+    those cost no read and no write. Only this function writes these fields (reconcile
+    seeds Ready once, when absent), so the memory cannot miss another writer's change.
+    """
     meta = deployment.get("metadata") or {}
     owner = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
     if owner is None or owner.get("kind") != KIND:
@@ -477,6 +486,10 @@ def sync_readiness(rt: Runtime, deployment: Mapping[str, Any]) -> None:
         selector = builders.selector_labels(str(owner.get("name")))
         pods = rt.kube.list_pods(str(meta.get("namespace")), selector)
         cond, desired, ready = readiness(deployment, pods)
+    shown = (cond.status, cond.reason, cond.message, desired, ready)
+    uid = str(owner.get("uid"))
+    if rt.readiness_written.get(uid) == shown:
+        return
     now = rt.now()
 
     def mutate(status: Obj) -> Obj:
@@ -484,10 +497,9 @@ def sync_readiness(rt: Runtime, deployment: Mapping[str, Any]) -> None:
         return {**status, "conditions": merged, "replicas": desired,
                 "readyReplicas": ready, "ready": cond.status}  # fmt: skip
 
-    target = rt.kube.get_target(str(meta.get("namespace")), str(owner.get("name")))
-    if target is None or target["metadata"].get("uid") != owner.get("uid"):
-        return  # the owner is gone (or was recreated); GC handles this Deployment
-    rt.kube.update_status(str(meta.get("namespace")), str(owner.get("name")), mutate)
+    # uid: only the owner; a target recreated under the same name is not this one
+    rt.kube.update_status(str(meta.get("namespace")), str(owner.get("name")), mutate, uid=uid)
+    rt.readiness_written[uid] = shown
     rt.metrics.record_replicas(str(meta.get("namespace")), str(owner.get("name")),
                                desired=desired, ready=ready)  # fmt: skip
 
@@ -711,4 +723,5 @@ def target_event(event: kopf.RawEvent, name: str | None, namespace: str | None,
         uid = ((event.get("object") or {}).get("metadata") or {}).get("uid")
         DELETED.add(str(uid))
         runtime(memo).metrics.forget(str(namespace), str(name))
+        runtime(memo).readiness_written.pop(str(uid), None)
         getattr(memo, LOOP_MEMORY, {}).pop(uid, None)

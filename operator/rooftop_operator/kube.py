@@ -319,16 +319,19 @@ class Kube:
     def get_target(self, namespace: str, name: str) -> Obj | None:
         return self.get(API_VERSION, KIND, namespace, name)
 
-    def update_status(self, namespace: str, name: str, mutate: StatusMutation) -> Obj | None:
+    def update_status(
+        self, namespace: str, name: str, mutate: StatusMutation, uid: str | None = None
+    ) -> Obj | None:
         """Read the target, let ``mutate`` compute the new ``status`` from the current
         one, and write it back only if it changed. A concurrent writer makes the write
         fail with 409 (resourceVersion precondition); then read again and retry.
 
-        Returns the written status, or None when unchanged or the target is gone.
+        Returns the written status, or None when unchanged or the target is gone (or,
+        with ``uid``, replaced by another of the same name).
         """
         for _ in range(STATUS_RETRIES):
             target = self.get_target(namespace, name)
-            if target is None:
+            if target is None or uid not in (None, target["metadata"].get("uid")):
                 return None
             current = target.get("status") or {}
             new = mutate(copy.deepcopy(current))

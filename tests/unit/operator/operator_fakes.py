@@ -128,9 +128,11 @@ class FakeKube:
     def get_target(self, namespace: str, name: str) -> Obj | None:
         return self.get("rooftop.dev/v1alpha1", "ServingTarget", namespace, name)
 
-    def update_status(self, namespace: str, name: str, mutate: Callable[[Obj], Obj]) -> Obj | None:
+    def update_status(
+        self, namespace: str, name: str, mutate: Callable[[Obj], Obj], uid: str | None = None
+    ) -> Obj | None:
         target = self.objects.get(("ServingTarget", namespace, name))
-        if target is None:
+        if target is None or uid not in (None, target["metadata"].get("uid")):
             return None
         current = target.get("status") or {}
         new = mutate(copy.deepcopy(current))

@@ -451,6 +451,30 @@ def test_refresh_readiness_sees_pods_the_deployment_does_not_report(
     assert (kube.pod_lists, kube.status_writes) == (lists, writes)  # ready: no API call
 
 
+class CountingKube(FakeKube):
+    status_reads = 0
+
+    def update_status(self, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        self.status_reads += 1  # the real one reads the target before it writes
+        return super().update_status(*args, **kwargs)
+
+
+def test_deployment_events_that_change_nothing_shown_cost_no_api_call(rt: Runtime) -> None:
+    """A rollout's controller updates (observedGeneration, conditions) arrive as events
+    that leave the target's readiness as it was: no read, no write."""
+    kube = CountingKube()
+    rt = replace(rt, kube=kube)
+    created(kube)
+    done = deployment({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 2})
+    handlers.sync_readiness(rt, done)
+    assert (kube.status_reads, cond(kube, "Ready")["reason"]) == (1, "EngineReady")
+    handlers.sync_readiness(rt, {**done, "status": {**done["status"], "availableReplicas": 2}})
+    assert kube.status_reads == 1
+    handlers.sync_readiness(rt, deployment({"replicas": 2, "updatedReplicas": 2,
+                                            "readyReplicas": 1}))  # fmt: skip
+    assert kube.status_reads == 2 and cond(kube, "Ready")["status"] == "False"
+
+
 def test_a_ready_deployment_lists_no_pods(rt: Runtime, kube: FakeKube) -> None:
     created(kube)
     handlers.sync_readiness(rt, deployment({"replicas": 2, "updatedReplicas": 2,

@@ -191,6 +191,8 @@ def test_timers_put_no_finalizer_and_stop_when_their_target_is_deleted() -> None
 class _NoMetrics:
     """A runtime whose metrics forget quietly (``target_event`` drops a target's series)."""
 
+    readiness_written: dict[str, Any] = {}
+
     class metrics:  # noqa: N801 - stands in for the attribute
         @staticmethod
         def forget(namespace: str, name: str) -> None:
