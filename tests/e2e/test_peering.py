@@ -112,9 +112,10 @@ def ha(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -> Iter
     try:
         yield Replicas(cluster, namespace, a, b, work, api)
     finally:
+        # targets first, while a replica still runs to release kopf's finalizer
+        cluster.kubectl("delete", "st", "--all", "-n", namespace, "--timeout=60s", check=False)
         a.stop()
         b.stop()
-        cluster.kubectl("delete", "st", "--all", "-n", namespace, "--wait=false", check=False)
         cluster.helm("uninstall", release, "--namespace", namespace, check=False)
         cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
         api.close()
@@ -166,3 +167,39 @@ def test_one_replica_is_active_and_a_standby_takes_over(ha: Replicas) -> None:
     assert ha.b.proc.wait(timeout=30) == 0
     assert b_identity not in ha.peers() and len(ha.peers()) == 1
     assert term_failover < 10
+
+
+def test_cluster_wide_replicas_peer_through_a_cluster_kopf_peering(
+    cluster: ClusterHandle, tmp_path: Path
+) -> None:
+    """The chart's default scope: an operator watching all namespaces peers through the
+    ClusterKopfPeering the chart creates, with the ClusterRole's rule for it."""
+    suffix = uuid.uuid4().hex[:6]
+    namespace, release = f"hac-{suffix}", f"hac-{suffix}"
+    cluster.create_namespace(namespace)
+    cluster.helm("install", release, str(CHART), "--namespace", namespace,
+                 "--set", "replicaCount=2", "--set", "dashboards.enabled=false",
+                 "--set", "metrics.enabled=false")  # fmt: skip
+    kubeconfig = cluster.serviceaccount_kubeconfig(namespace, f"{release}-rooftop")
+    operator = Operator(kubeconfig, namespace, tmp_path / "operator.log")
+    api = cluster.api()
+    objects = client.CustomObjectsApi(api)
+
+    def peers() -> dict[str, Any]:
+        found = objects.get_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", PEERING)
+        return dict(found.get("status") or {})
+
+    replicas = Replicas(cluster, namespace, operator, operator, tmp_path, api)
+    try:
+        operator.start("--all-namespaces", "--peering", PEERING)
+        replicas.create_target("ha-cluster")
+        replicas.reconciled(operator, "ha-cluster")
+        assert RESUMED in operator.log_since_start() and len(peers()) == 1
+        cluster.kubectl("delete", "st", "ha-cluster", "-n", namespace, "--timeout=60s")
+        operator.stop()
+        assert peers() == {}  # the stopped replica removed its keep-alive
+    finally:
+        operator.stop()
+        cluster.helm("uninstall", release, "--namespace", namespace, check=False)
+        cluster.kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+        api.close()
