@@ -16,10 +16,13 @@ from typing import Any
 
 from rooftop_operator.settings import (
     INVENTORY_MODES,
+    MIN_PEERING_LIFETIME_S,
+    PEERING_LIFETIME_S,
     LoopSettings,
     OperatorConfig,
     env_defaults,
     parse_inventory_mode,
+    seniority_priority,
 )
 
 # Modules whose import registers kopf handlers. ``loop`` (the feedback loop's timer) is
@@ -38,6 +41,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--peering", default=None,
         help="kopf peering name for several replicas (default: standalone)",
     )  # fmt: skip
+    parser.add_argument(
+        "--priority", type=int, default=None,
+        help="with --peering: the highest-priority replica is active (default: minus the "
+             "start time, so the longest-running replica is)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--peering-lifetime", type=peering_lifetime, default=PEERING_LIFETIME_S,
+        metavar="SECONDS",
+        help="with --peering: a replica silent this long counts as gone and a standby "
+             "takes over",
+    )  # fmt: skip
     parser.add_argument("--liveness", default=None, help="e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument(
         "--metrics-port", type=int, default=None, help="serve Prometheus metrics here"
@@ -50,6 +64,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true", help="log handler details")
     parser.add_argument("--debug", action="store_true", help="log kopf internals")
+
+
+def peering_lifetime(text: str) -> int:
+    """--peering-lifetime: whole seconds; kopf renews its record 5-10 s before it
+    expires, so a shorter lifetime would let a live replica look gone."""
+    try:
+        seconds = int(text)
+    except ValueError:
+        seconds = -1
+    if seconds < MIN_PEERING_LIFETIME_S:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give whole seconds >= {MIN_PEERING_LIFETIME_S}"
+        )
+    return seconds
 
 
 def config_from_args(args: argparse.Namespace) -> OperatorConfig:
@@ -66,6 +94,8 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         namespaces=tuple(args.namespaces),
         clusterwide=bool(args.all_namespaces),
         peering=args.peering,
+        peering_priority=seniority_priority() if args.priority is None else args.priority,
+        peering_lifetime_s=args.peering_lifetime,
         liveness_endpoint=args.liveness,
         metrics_port=args.metrics_port,
         **values,

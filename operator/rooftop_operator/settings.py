@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
@@ -36,6 +37,11 @@ DEFAULT_SELF_IMAGE: Final = "ghcr.io/rooftop-dev/rooftop:0.1.0"
 ANNOTATION_PREFIX: Final = "rooftop.dev"
 # Seconds kopf waits for its own write to come back on the watch (see ``configure``).
 CONSISTENCY_TIMEOUT_S: Final = 60.0
+# How long a peered replica's keep-alive counts (kopf's default is 60 s). A standby takes
+# over when the active replica's record expires, so this bounds the failover after a hard
+# kill; kopf renews the record 5-10 s before it expires, hence at least 10 s.
+PEERING_LIFETIME_S: Final = 20
+MIN_PEERING_LIFETIME_S: Final = 10
 
 
 @dataclass(frozen=True)
@@ -96,6 +102,9 @@ class OperatorConfig:
         clusterwide: watch every namespace (needs the chart's cluster RBAC scope).
         peering: kopf peering object name; None runs standalone (one replica, no
             KopfPeering CRDs needed).
+        peering_priority: this replica's kopf peering priority: the highest live one
+            is active, the others stand by (``seniority_priority`` by default).
+        peering_lifetime_s: how long this replica's peering keep-alive counts, s.
         vllm_image: engine image for ``mode: vllm`` on CUDA GPUs (a target's
             spec.engine.image wins).
         rocm_image / tpu_image: vLLM's image for ROCm GPUs / TPUs; empty: accelerators
@@ -121,6 +130,8 @@ class OperatorConfig:
     namespaces: tuple[str, ...] = ()
     clusterwide: bool = False
     peering: str | None = None
+    peering_priority: int = 0
+    peering_lifetime_s: int = PEERING_LIFETIME_S
     vllm_image: str = VLLM_IMAGE
     rocm_image: str = ""
     tpu_image: str = ""
@@ -216,6 +227,22 @@ def _json_strings(text: str) -> dict[str, str] | None:
     return None
 
 
+def seniority_priority(now_ns: int | None = None) -> int:
+    """A peering priority that ranks replicas by age: minus the start time in µs.
+
+    kopf runs the replica with the highest priority and pauses the others; equal
+    priorities pause all of them. Minus the start time is distinct for every replica
+    (unless two start in the same microsecond) and ranks the longest-running one
+    highest, so a replica that starts later (a rollout's new pod, a restarted
+    container) stands by instead of taking over from a healthy active one: one failure
+    or rollout, at most one handover. Any explicit priority >= 0 outranks it (a
+    developer's operator, for instance). Microseconds since 1970 stay below 2**53, so
+    the number survives JSON readers that parse floats.
+    """
+    now = time.time_ns() if now_ns is None else now_ns
+    return -(now // 1000)
+
+
 INVENTORY_MODES: Final = {"nodes": True, "off": False}
 
 
@@ -244,6 +271,8 @@ def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     if config.peering is not None:
         settings.peering.name = config.peering
         settings.peering.clusterwide = config.clusterwide
+        settings.peering.priority = config.peering_priority
+        settings.peering.lifetime = config.peering_lifetime_s
     # Keep kopf's bookkeeping in annotations: our status schema is generated from the
     # pydantic models and would prune kopf's `status.kopf` field anyway.
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(

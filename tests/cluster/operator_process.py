@@ -45,16 +45,21 @@ class Operator:
         ``env`` into the environment (e.g. ROOFTOP_LOOP_* for the feedback loop)."""
         port = free_port()
         self.starts += 1
-        log = self.log_path.open("ab")
-        log.write(f"\n===== start {self.starts} =====\n".encode())
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "rooftop_operator", "--namespace", self.namespace,
-             "--liveness", f"http://127.0.0.1:{port}/healthz",
-             *(["--verbose"] if self.verbose else []), *args],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-            env=os.environ | {"KUBECONFIG": str(self.kubeconfig), "PYTHONPATH": _source_path(),
-                              "ROOFTOP_SELF_IMAGE": "rooftop:e2e", **env},
-        )  # fmt: skip
+        # The marker is written (and flushed) before the process starts: left in this
+        # file object's buffer, it would land among the new process's lines, and
+        # log_since_start would miss the ones before it.
+        with self.log_path.open("ab") as log:
+            log.write(f"\n===== start {self.starts} =====\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "rooftop_operator", "--namespace", self.namespace,
+                 "--liveness", f"http://127.0.0.1:{port}/healthz",
+                 *(["--verbose"] if self.verbose else []), *args],
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                env=os.environ | {"KUBECONFIG": str(self.kubeconfig),
+                                  "PYTHONPATH": _source_path(),
+                                  "ROOFTOP_SELF_IMAGE": "rooftop:e2e", **env},
+            )  # fmt: skip
         wait_until(lambda: self._healthy(port), 30, f"operator liveness\n{self.tail()}")
 
     def _healthy(self, port: int) -> bool:

@@ -114,3 +114,23 @@ removed by garbage collection through ownerReferences, so no delete verb.
   resources: ["events"]
   verbs: ["create", "patch"]
 {{- end }}
+
+{{/*
+kopf peering, "true" or empty: on with operator.peering.enabled or more than one replica
+(two standalone operators would both handle every target). Read through a dict: under
+`helm upgrade --reuse-values` from an older chart, keys this one added are absent.
+*/}}
+{{- define "rooftop.peering" -}}
+{{- $peering := .Values.operator.peering | default dict }}
+{{- if or $peering.enabled (gt (int .Values.replicaCount) 1) }}true{{ end }}
+{{- end }}
+
+{{/* The peering object's name. */}}
+{{- define "rooftop.peeringName" -}}
+{{- (.Values.operator.peering | default dict).name | default "rooftop" }}
+{{- end }}
+
+{{/* Seconds a replica's keep-alive counts (--peering-lifetime). */}}
+{{- define "rooftop.peeringLifetime" -}}
+{{- (.Values.operator.peering | default dict).lifetimeSeconds | default 20 }}
+{{- end }}

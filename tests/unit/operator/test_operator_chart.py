@@ -6,6 +6,7 @@ values tests never do. `make test` builds the tools first, so there they always 
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
@@ -54,6 +55,8 @@ def test_values_yaml_matches_its_schema() -> None:
         {"engine": {"podMonitor": {"labels": {"-release": "kps"}}}},
         {"engine": {"podMonitor": {"labels": {"rooftop.dev/servingtarget": "x"}}}},
         {"engine": {"podMonitor": {"selector": {}}}},
+        {"operator": {"peering": {"lifetimeSeconds": 5}}},  # below kopf's renewal margin
+        {"operator": {"peering": {"name": "Rooftop_HA"}}},  # not a Kubernetes name
     ],
 )
 def test_schema_rejects_bad_values(override: dict[str, Any]) -> None:
@@ -151,7 +154,8 @@ def test_cluster_scope_renders_cluster_role() -> None:
 
 @needs_helm
 def test_rbac_is_least_privilege() -> None:
-    for docs in (render(), render("rbac.scope=namespace")):
+    for docs in (render(), render("rbac.scope=namespace"), render("replicaCount=2"),
+                 render("replicaCount=2", "rbac.scope=namespace")):  # fmt: skip
         for role in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
             for rule in role["rules"]:
                 assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
@@ -213,6 +217,8 @@ def test_one_resource_per_template_file() -> None:
             f"templates/{template.name}",
             "--set",
             "metrics.podMonitor.enabled=true",
+            "--set",
+            "replicaCount=2",
             "--set",
             "rbac.scope=namespace",
         ]
@@ -375,3 +381,112 @@ def test_the_chart_deploys_the_vllm_version_the_tests_run() -> None:
     assert values["operator"]["vllmImage"] == VLLM_IMAGE == f"vllm/vllm-openai:v{VLLM_VERSION}"
     script = (ROOT / "tests" / "engine" / "install-vllm.sh").read_text()
     assert re.search(rf"^VLLM_VERSION={re.escape(VLLM_VERSION)}$", script, re.M)
+
+
+# ---------------------------------------------------------------- high availability (peering)
+
+PEERING_KINDS = ("ClusterKopfPeering", "KopfPeering")
+
+
+def _peering_rules(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    roles = by_kind(docs, "ClusterRole") + by_kind(docs, "Role")
+    return [r for role in roles for r in role["rules"] if r["apiGroups"] == ["kopf.dev"]]
+
+
+def _operator_config(docs: list[dict[str, Any]]) -> Any:
+    """The OperatorConfig the operator builds from the Deployment's arguments."""
+    from rooftop_operator import __main__ as main_mod
+
+    _, container = _operator_container(docs)
+    assert container["command"] == ["rooftop"] and container["args"][0] == "operator"
+    parser = argparse.ArgumentParser()
+    main_mod.add_arguments(parser)
+    return main_mod.config_from_args(parser.parse_args(container["args"][1:]))
+
+
+@needs_helm
+def test_one_replica_runs_standalone() -> None:
+    docs = render()
+    assert not [d for d in docs if d["kind"] in PEERING_KINDS]
+    assert not _peering_rules(docs) and not by_kind(docs, "PodDisruptionBudget")
+    (deployment,) = by_kind(docs, "Deployment")
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert "affinity" not in deployment["spec"]["template"]["spec"]
+    assert _operator_config(docs).peering is None
+
+
+@needs_helm
+def test_two_replicas_peer_cluster_wide() -> None:
+    """All namespaces watched: kopf peers through a ClusterKopfPeering, which kopf never
+    creates itself, so the chart does; the ServiceAccount may watch and patch just those."""
+    docs = render("replicaCount=2")
+    (peering,) = by_kind(docs, "ClusterKopfPeering")
+    assert (peering["apiVersion"], peering["metadata"]["name"]) == ("kopf.dev/v1", "rooftop")
+    assert not by_kind(docs, "KopfPeering")
+    assert _peering_rules(docs) == [{"apiGroups": ["kopf.dev"],
+                                     "resources": ["clusterkopfpeerings"],
+                                     "verbs": ["get", "list", "watch", "patch"]}]  # fmt: skip
+    config = _operator_config(docs)
+    assert (config.clusterwide, config.peering, config.peering_lifetime_s) == (True, "rooftop", 20)
+    (deployment,) = by_kind(docs, "Deployment")
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    (pdb,) = by_kind(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"] == deployment["spec"]["selector"]
+    anti = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    (term,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+
+
+@needs_helm
+def test_two_replicas_peer_in_each_watched_namespace() -> None:
+    """Listed namespaces: kopf peers in each of them (a KopfPeering there), and the
+    namespace-scoped install grants that in each namespace's Role."""
+    watched = "operator.watchNamespaces={team-a,team-b}"
+    docs = render("replicaCount=2", "rbac.scope=namespace", watched, "operator.peering.name=ha")
+    assert not by_kind(docs, "ClusterKopfPeering") and not by_kind(docs, "ClusterRole")
+    peerings = by_kind(docs, "KopfPeering")
+    assert sorted((p["metadata"]["namespace"], p["metadata"]["name"]) for p in peerings) == [
+        ("team-a", "ha"), ("team-b", "ha")
+    ]  # fmt: skip
+    assert _peering_rules(docs) == 2 * [{"apiGroups": ["kopf.dev"], "resources": ["kopfpeerings"],
+                                         "verbs": ["get", "list", "watch", "patch"]}]  # fmt: skip
+    config = _operator_config(docs)
+    assert (config.namespaces, config.clusterwide, config.peering) == (
+        ("team-a", "team-b"), False, "ha"
+    )  # fmt: skip
+    # cluster scope watching listed namespaces peers the same way
+    cluster = render("replicaCount=2", "operator.watchNamespaces={team-a}")
+    assert [p["metadata"]["namespace"] for p in by_kind(cluster, "KopfPeering")] == ["team-a"]
+    assert [r["resources"] for r in _peering_rules(cluster)] == [["kopfpeerings"]]
+
+
+@needs_helm
+def test_peering_on_one_replica_and_its_lifetime() -> None:
+    docs = render("operator.peering.enabled=true", "operator.peering.lifetimeSeconds=15")
+    assert by_kind(docs, "ClusterKopfPeering") and not by_kind(docs, "PodDisruptionBudget")
+    assert _operator_config(docs).peering_lifetime_s == 15
+    # `helm upgrade --reuse-values` from a chart without these values
+    assert _operator_config(render("replicaCount=2", "operator.peering=null")).peering == "rooftop"
+
+
+def test_peering_crds_are_the_ones_kopf_watches() -> None:
+    """The chart's crds/ carry kopf's peering CRDs under the group, version and plural
+    this kopf looks for (read from kopf's own, private, selectors; it also reads the
+    pre-1.0 zalando.org group, which we do not ship), with the status kopf writes its
+    keep-alives into kept whole."""
+    from kopf._cogs.structs import references
+
+    wanted = {references.CLUSTER_PEERINGS_K: "Cluster", references.NAMESPACED_PEERINGS_K:
+              "Namespaced"}  # fmt: skip
+    for selector, scope in wanted.items():
+        plural, group = selector.any_name, selector.group
+        crd = yaml.safe_load((CHART / "crds" / f"{plural}.{group}.yaml").read_text())
+        assert crd["metadata"]["name"] == f"{plural}.{group}"
+        assert (crd["spec"]["group"], crd["spec"]["scope"]) == (group, scope)
+        assert crd["spec"]["names"]["plural"] == plural
+        (version,) = crd["spec"]["versions"]
+        assert version["name"] == selector.version and version["served"] and version["storage"]
+        status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+        assert status == {"type": "object", "x-kubernetes-preserve-unknown-fields": True}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
 from typing import Any
 
 import kopf
@@ -20,6 +21,7 @@ from rooftop_operator.settings import (
     RoutineSuccesses,
     configure,
     env_defaults,
+    seniority_priority,
 )
 
 
@@ -70,6 +72,36 @@ def test_kopf_settings() -> None:
     assert settings.scanning.disabled is True  # namespaced: no cluster-wide scans
     configure(settings, OperatorConfig(clusterwide=True, peering="rooftop"))
     assert settings.peering.standalone is False and settings.scanning.disabled is False
+
+
+def test_peering_priority_and_lifetime_reach_kopf() -> None:
+    settings = kopf.OperatorSettings()
+    args = parse("-A", "--peering", "ha", "--priority", "7", "--peering-lifetime", "15")
+    configure(settings, main_mod.config_from_args(args))
+    assert (settings.peering.name, settings.peering.clusterwide) == ("ha", True)
+    assert (settings.peering.priority, settings.peering.lifetime) == (7, 15)
+    default = main_mod.config_from_args(parse("-n", "x", "--peering", "ha"))
+    assert default.peering_lifetime_s == 20  # kopf's own 60 s would make failover slow
+
+
+def test_the_longest_running_replica_has_the_highest_priority(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without --priority, a replica started later ranks lower, so it stands by rather
+    than take over from a healthy active one; 1 µs apart is enough to differ."""
+    first = seniority_priority(1_750_000_000_000_000_000)
+    assert first > seniority_priority(1_750_000_000_000_001_000) > -(2**53)
+    assert seniority_priority() < first < 0  # and any explicit priority >= 0 outranks it
+    monkeypatch.setattr(time, "time_ns", lambda: 1_750_000_000_000_000_000)
+    config = main_mod.config_from_args(parse("-n", "x", "--peering", "ha"))
+    assert config.peering_priority == first
+
+
+@pytest.mark.parametrize("lifetime", ["9", "0", "-20", "15.5", "soon"])
+def test_peering_lifetime_below_kopfs_renewal_margin_is_a_usage_error(lifetime: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse("-n", "x", "--peering", "ha", "--peering-lifetime", lifetime)
+    assert exit_.value.code == 2
 
 
 def test_handler_modules_load_and_their_timers_take_the_startup_config() -> None:
