@@ -112,7 +112,7 @@ def ha(cluster: ClusterHandle, tmp_path_factory: pytest.TempPathFactory) -> Iter
     try:
         yield Replicas(cluster, namespace, a, b, work, api)
     finally:
-        # targets first, while a replica still runs to release kopf's finalizer
+        # targets first, so that the namespace goes quickly
         cluster.kubectl("delete", "st", "--all", "-n", namespace, "--timeout=60s", check=False)
         a.stop()
         b.stop()
