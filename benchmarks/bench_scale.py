@@ -332,9 +332,15 @@ class Bench:
         return self.work / "audit.log"
 
 
+# Room for one Service per target at every N (a /24 holds 254: the 255th target's
+# Service would be refused, its target ApplyRejected and retried, as on a real cluster).
+SERVICE_CIDR = "10.0.0.0/16"
+
+
 def start_cluster(b: Bench) -> None:
     cp = ControlPlane(state_dir=b.work / "controlplane", bin_dir=default_bin_dir(),
-                      die_with_parent=True, audit_log=b.audit_log)  # fmt: skip
+                      die_with_parent=True, audit_log=b.audit_log,
+                      service_cidr=SERVICE_CIDR)  # fmt: skip
     b.stack.callback(cp.stop)
     cp.start()
     b.cp, b.cluster = cp, ClusterHandle(cp.kubeconfig, cp.bin_dir, b.work)

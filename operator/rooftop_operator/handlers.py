@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -56,6 +57,10 @@ log = logging.getLogger(__name__)
 PODMONITOR_API = ("monitoring.coreos.com/v1", "podmonitors")
 RETRY_DELAY_S = 10.0  # first retry after a failed API call, doubling up to:
 MAX_RETRY_DELAY_S = 600.0
+# A Deployment that is not ready has its pods listed (to name one the scheduler cannot
+# place) at most this often: a rollout's stream of status events would otherwise list
+# them on each, and under a burst of new targets each list costs the API server.
+PODS_LOOK_EVERY_S = 10.0
 # A target only GPU nodes the cluster lacks could serve is planned again every
 # ``OperatorConfig.nodes_retry_s`` (``replan_waiting``), so nodes added later (by hand
 # or by an autoscaler) are picked up without a spec edit.
@@ -77,8 +82,9 @@ class KubeLike(Protocol):
     def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[Obj]: ...
     def get_target(self, namespace: str, name: str) -> Obj | None: ...
     def update_status(
-        self, namespace: str, name: str, mutate: Callable[[Obj], Obj], uid: str | None = None
-    ) -> Obj | None: ...
+        self, namespace: str, name: str, mutate: Callable[[Obj], Obj], uid: str | None = None,
+        seen: Mapping[str, Any] | None = None,
+    ) -> Obj | None: ...  # fmt: skip
 
 
 def kopf_emit(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
@@ -100,6 +106,9 @@ class Runtime:
     # What this process last wrote of each target's readiness, by target uid (see
     # ``sync_readiness``); a deleted target's entry goes with its DELETED event.
     readiness_written: dict[str, tuple[Any, ...]] = field(default_factory=dict)
+    # When each target's pods were last listed (``clock``), by target uid.
+    pods_listed: dict[str, float] = field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -217,7 +226,7 @@ def gpu_inventory(rt: Runtime, spec: ServingTargetSpec) -> GpuInventory:
 
 def _invalid(rt: Runtime, body: Mapping[str, Any], ref: TargetRef, err: SpecError) -> None:
     cond = Condition(cnd.PLANNED, "False", "InvalidSpec", str(err))
-    if _write(rt, ref, [cond]):
+    if _write(rt, ref, [cond], seen=body):
         rt.emit(body, "Warning", "InvalidSpec", str(err))
 
 
@@ -226,7 +235,7 @@ def _plan_error(
 ) -> None:
     message = f"planner error: {err}"
     cond = Condition(cnd.PLANNED, "False", "PlannerError", message)
-    if _write(rt, ref, [cond], slo=slo_text(spec)):
+    if _write(rt, ref, [cond], seen=body, slo=slo_text(spec)):
         rt.emit(body, "Warning", "PlannerError", message)
 
 
@@ -246,7 +255,7 @@ def _infeasible(
         Condition(cnd.PLANNED, "True", "Planned", "the planner ran on this generation"),
         Condition(cnd.FEASIBLE, "False", reason, explanation),
     ]
-    if _write(rt, ref, conds, slo=slo_text(spec)):
+    if _write(rt, ref, conds, seen=body, slo=slo_text(spec)):
         rt.emit(body, "Warning", reason, explanation)
 
 
@@ -276,7 +285,7 @@ def _deploy(
         raise  # reconcile_target retries, backing off
     deployed = Condition(cnd.DEPLOYED, "True", "Applied", f"engine {describe_plan(new_plan)}")
     conds = [*_plan_conditions(spec, new_plan), deployed]
-    _write(rt, ref, conds, plan=new_plan, gpu=new_plan["gpu"], slo=slo_text(spec))
+    _write(rt, ref, conds, seen=body, plan=new_plan, gpu=new_plan["gpu"], slo=slo_text(spec))
     if plan_changed(old_plan, new_plan):
         verb = "PlanChanged" if old_plan else "Planned"
         rt.emit(body, "Normal", verb, f"{describe_plan(new_plan)} ({cause})")
@@ -290,7 +299,8 @@ def _not_deployed(
 ) -> None:  # fmt: skip
     """Deployed=False with ``reason``; a Warning event only when that is news."""
     failed = Condition(cnd.DEPLOYED, "False", reason, message[:1000])
-    if _write(rt, ref, [*_plan_conditions(spec, new_plan), failed], slo=slo_text(spec)):
+    if _write(rt, ref, [*_plan_conditions(spec, new_plan), failed], seen=body,
+              slo=slo_text(spec)):  # fmt: skip
         rt.emit(body, "Warning", reason, message[:1000])
 
 
@@ -339,14 +349,16 @@ def _plan_conditions(spec: ServingTargetSpec, plan: Mapping[str, Any]) -> list[C
     ]
 
 
-def _write(rt: Runtime, ref: TargetRef, conds: Sequence[Condition], **fields: Any) -> bool:
-    """Merge our conditions and fields into status; True if anything changed."""
+def _write(rt: Runtime, ref: TargetRef, conds: Sequence[Condition], *,
+           seen: Mapping[str, Any] | None = None, **fields: Any) -> bool:  # fmt: skip
+    """Merge our conditions and fields into status; True if anything changed. Written
+    against ``seen``, the body this pass began with; read again only on a 409."""
     now = rt.now()
 
     def mutate(status: Obj) -> Obj:
         return with_conditions(status, conds, now=now, generation=ref.generation, **fields)
 
-    return rt.kube.update_status(ref.namespace, ref.name, mutate) is not None
+    return rt.kube.update_status(ref.namespace, ref.name, mutate, seen=seen) is not None
 
 
 def _record_plan(
@@ -482,12 +494,15 @@ def sync_readiness(rt: Runtime, deployment: Mapping[str, Any]) -> None:
     if owner is None or owner.get("kind") != KIND:
         return
     cond, desired, ready = readiness(deployment)
+    uid = str(owner.get("uid"))
     if cond.status != "True" and desired > 0:
+        if rt.clock() - rt.pods_listed.get(uid, -math.inf) < PODS_LOOK_EVERY_S:
+            return  # looked moments ago; a later event or the loop's tick looks again
+        rt.pods_listed[uid] = rt.clock()
         selector = builders.selector_labels(str(owner.get("name")))
         pods = rt.kube.list_pods(str(meta.get("namespace")), selector)
         cond, desired, ready = readiness(deployment, pods)
     shown = (cond.status, cond.reason, cond.message, desired, ready)
-    uid = str(owner.get("uid"))
     if rt.readiness_written.get(uid) == shown:
         return
     now = rt.now()
@@ -724,4 +739,5 @@ def target_event(event: kopf.RawEvent, name: str | None, namespace: str | None,
         DELETED.add(str(uid))
         runtime(memo).metrics.forget(str(namespace), str(name))
         runtime(memo).readiness_written.pop(str(uid), None)
+        runtime(memo).pods_listed.pop(str(uid), None)
         getattr(memo, LOOP_MEMORY, {}).pop(uid, None)

@@ -320,17 +320,23 @@ class Kube:
         return self.get(API_VERSION, KIND, namespace, name)
 
     def update_status(
-        self, namespace: str, name: str, mutate: StatusMutation, uid: str | None = None
-    ) -> Obj | None:
+        self, namespace: str, name: str, mutate: StatusMutation, uid: str | None = None,
+        seen: Mapping[str, Any] | None = None,
+    ) -> Obj | None:  # fmt: skip
         """Read the target, let ``mutate`` compute the new ``status`` from the current
         one, and write it back only if it changed. A concurrent writer makes the write
         fail with 409 (resourceVersion precondition); then read again and retry.
 
+        ``seen``: the target as the caller's watch event carried it; the first try
+        writes against it instead of reading (a GET less per write: under a burst of new
+        targets the API server's CPU is the bottleneck), and a newer version on the
+        server makes that write a 409 like any concurrent change.
+
         Returns the written status, or None when unchanged or the target is gone (or,
         with ``uid``, replaced by another of the same name).
         """
-        for _ in range(STATUS_RETRIES):
-            target = self.get_target(namespace, name)
+        for attempt in range(STATUS_RETRIES):
+            target = dict(seen) if seen and attempt == 0 else self.get_target(namespace, name)
             if target is None or uid not in (None, target["metadata"].get("uid")):
                 return None
             current = target.get("status") or {}

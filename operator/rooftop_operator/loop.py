@@ -362,7 +362,10 @@ def _apply(rt: handlers.Runtime, body: Mapping[str, Any], ref: TargetRef, spec: 
     if status_update(seen, d, obs, plan, now) == seen:
         return  # nothing a user would see changed: no read, no write
     rt.kube.update_status(
-        ref.namespace, ref.name, lambda status: status_update(status, d, obs, plan, now)
+        ref.namespace,
+        ref.name,
+        lambda status: status_update(status, d, obs, plan, now),
+        seen=body,
     )
 
 

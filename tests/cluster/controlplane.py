@@ -136,6 +136,9 @@ class ControlPlane:
     # AUDIT_POLICY (Metadata level); None: no auditing, as the e2e tests run.
     audit_log: Path | None = None
     audit_policy: Path | None = None
+    # Service IPs: a /24 holds 254 Services, one per ServingTarget (the scale benchmark's
+    # 1,000 targets need a wider range).
+    service_cidr: str = "10.0.0.0/24"
     _procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, init=False, repr=False)
 
     @property
@@ -352,7 +355,7 @@ class ControlPlane:
             f"--tls-private-key-file={p.apiserver_key}",
             f"--client-ca-file={p.ca_crt}",
             "--authorization-mode=RBAC",  # real RBAC: the chart's rules are exercised
-            "--service-cluster-ip-range=10.0.0.0/24",
+            f"--service-cluster-ip-range={self.service_cidr}",
             f"--service-account-issuer={self.server}/",
             f"--service-account-key-file={p.sa_pub}",
             f"--service-account-signing-key-file={p.sa_key}",

@@ -129,8 +129,9 @@ class FakeKube:
         return self.get("rooftop.dev/v1alpha1", "ServingTarget", namespace, name)
 
     def update_status(
-        self, namespace: str, name: str, mutate: Callable[[Obj], Obj], uid: str | None = None
-    ) -> Obj | None:
+        self, namespace: str, name: str, mutate: Callable[[Obj], Obj], uid: str | None = None,
+        seen: Mapping[str, Any] | None = None,
+    ) -> Obj | None:  # fmt: skip
         target = self.objects.get(("ServingTarget", namespace, name))
         if target is None or uid not in (None, target["metadata"].get("uid")):
             return None

@@ -435,6 +435,8 @@ def test_readiness_names_pods_the_scheduler_cannot_place() -> None:
 def test_refresh_readiness_sees_pods_the_deployment_does_not_report(
     rt: Runtime, kube: FakeKube
 ) -> None:
+    clock = [0.0]
+    rt = replace(rt, clock=lambda: clock[0])
     created(kube)
     starting = deployment({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 1})
     kube.add(engine_pod("b"))
@@ -442,6 +444,9 @@ def test_refresh_readiness_sees_pods_the_deployment_does_not_report(
     assert cond(kube, "Ready")["reason"] == "Unschedulable"
     assert NO_FIT in cond(kube, "Ready")["message"]
     kube.add(engine_pod("b", scheduled="True"))  # a node joined: placed, still starting
+    handlers.refresh_readiness(rt, starting)  # looked a moment ago: not again yet
+    assert (kube.pod_lists, cond(kube, "Ready")["reason"]) == (1, "Unschedulable")
+    clock[0] += handlers.PODS_LOOK_EVERY_S  # the loop's next tick
     handlers.refresh_readiness(rt, starting)  # the same Deployment status
     assert cond(kube, "Ready")["reason"] == "Deploying"
     lists, writes = kube.pod_lists, kube.status_writes

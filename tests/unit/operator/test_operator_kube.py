@@ -72,3 +72,51 @@ def test_api_discovery_is_asked_once_a_minute_not_per_reconcile(
     clock[0] = kube_mod.DISCOVERY_TTL_S + 1  # someone may have installed the CRD since
     kube.has_api("monitoring.coreos.com/v1", "podmonitors")
     assert len(asked) == 2
+
+
+class _StatusApi:
+    """The two calls ``update_status`` makes, with a server-side resourceVersion."""
+
+    def __init__(self) -> None:
+        self.stored = {"metadata": {"name": "chat", "uid": "u", "resourceVersion": "2"},
+                       "status": {"x": 0}}  # fmt: skip
+        self.gets = 0
+        self.writes: list[dict[str, object]] = []
+
+    def get(self) -> dict[str, object]:
+        self.gets += 1
+        return json.loads(json.dumps(self.stored))
+
+    def replace(self, body: dict[str, object]) -> None:
+        meta = body["metadata"]
+        assert isinstance(meta, dict)
+        if meta["resourceVersion"] != self.stored["metadata"]["resourceVersion"]:  # type: ignore[index]
+            raise KubeError(409, "the object has been modified")
+        self.writes.append(body)
+
+
+def _status_kube(monkeypatch: pytest.MonkeyPatch, server: _StatusApi) -> Kube:
+    kube = Kube(api=None)
+    monkeypatch.setattr(kube, "get_target", lambda namespace, name: server.get())
+
+    class Custom:
+        @staticmethod
+        def replace_namespaced_custom_object_status(*args: object) -> None:
+            server.replace(args[-1])  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kube, "_custom", lambda: Custom)
+    return kube
+
+
+def test_a_status_write_uses_the_body_in_hand_and_reads_only_on_a_conflict(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = _StatusApi()
+    kube = _status_kube(monkeypatch, server)
+    fresh = server.get()
+    server.gets = 0
+    assert kube.update_status("ns", "chat", lambda s: {**s, "x": 1}, seen=fresh) == {"x": 1}
+    assert server.gets == 0 and len(server.writes) == 1  # no read: the event's body
+    stale = {**fresh, "metadata": {**fresh["metadata"], "resourceVersion": "1"}}
+    assert kube.update_status("ns", "chat", lambda s: {**s, "x": 2}, seen=stale) == {"x": 2}
+    assert server.gets == 1 and len(server.writes) == 2  # 409, then read and written

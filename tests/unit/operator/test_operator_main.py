@@ -224,6 +224,7 @@ class _NoMetrics:
     """A runtime whose metrics forget quietly (``target_event`` drops a target's series)."""
 
     readiness_written: dict[str, Any] = {}
+    pods_listed: dict[str, float] = {}
 
     class metrics:  # noqa: N801 - stands in for the attribute
         @staticmethod
