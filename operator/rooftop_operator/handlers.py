@@ -27,12 +27,14 @@ those (``keep_loop_scale``); a spec edit or a new engine shape starts from the n
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -710,13 +712,29 @@ def indexed_deployment(index: EngineIndex, namespace: str, name: str) -> dict[st
     return next(iter(store), None) if store is not None else None
 
 
+# Threads for the engine Deployments' events, apart from kopf's pool: a burst of new
+# targets brings several Deployment events per target (the controller's rollout
+# updates), and in one shared pool they queued the reconciles of targets not yet
+# deployed behind the readiness of those that were.
+DEPLOYMENT_EVENT_THREADS = 4
+DEPLOYMENT_EVENTS = ThreadPoolExecutor(DEPLOYMENT_EVENT_THREADS, "deployment-events")
+
+
 @kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/name": builders.APP_NAME})
-def engine_deployment_event(
+async def engine_deployment_event(
     body: kopf.Body, event: kopf.RawEvent, memo: kopf.Memo, **_: Any
 ) -> None:
-    rt = runtime(memo)
+    """Mirror readiness, or repair a deleted Deployment (``deployment_event``), in the
+    Deployment events' own threads."""
+    loop = asyncio.get_running_loop()
+    kind = str(event.get("type"))
+    await loop.run_in_executor(DEPLOYMENT_EVENTS, deployment_event, runtime(memo), body, kind)
+
+
+def deployment_event(rt: Runtime, body: Mapping[str, Any], kind: str) -> None:
+    """One watch event of an engine Deployment (``kind``: ADDED, MODIFIED, DELETED)."""
     try:
-        if event.get("type") == "DELETED":
+        if kind == "DELETED":
             repair_deleted(rt, body)
         else:
             sync_readiness(rt, body)

@@ -34,6 +34,10 @@ from rooftop_api.spec import API_VERSION, KIND
 FIELD_MANAGER: Final = "rooftop"
 APPLY_CONTENT_TYPE: Final = "application/apply-patch+yaml"
 STATUS_RETRIES: Final = 5
+# Kept-alive connections to the API server: one per thread that may call it at once
+# (kopf's handler pool, the Deployment events' pool, the loop's writes). The client's
+# default (5 per CPU) made a burst open and discard connections ("pool is full").
+CONNECTIONS: Final = 24
 # How long an answer of API discovery (is the PodMonitor kind served?) is reused.
 DISCOVERY_TTL_S: Final = 60.0
 # Group, version and plural of the ServingTarget API.
@@ -219,7 +223,9 @@ class Kube:
         """In-cluster credentials when running in a pod, else $KUBECONFIG / ~/.kube
         (``load_credentials``)."""
         load_credentials()
-        api = client.ApiClient()
+        configuration = client.Configuration.get_default_copy()
+        configuration.connection_pool_maxsize = CONNECTIONS
+        api = client.ApiClient(configuration)
         # Also the field manager of status updates in managedFields.
         api.user_agent = "rooftop-operator"
         return cls(api)

@@ -597,14 +597,12 @@ def test_a_deployment_deleted_with_its_namespace_is_not_repaired_nor_a_warning(
                                  f"create new content in namespace {NS} because it is being "
                                  "terminated")  # fmt: skip
     with caplog.at_level("DEBUG", logger="rooftop_operator.handlers"):
-        handlers.engine_deployment_event(body=gone, event={"type": "DELETED"},
-                                         memo=kopf.Memo(runtime=rt))  # fmt: skip
+        handlers.deployment_event(rt, gone, "DELETED")
     assert [r.levelname for r in caplog.records] == ["DEBUG"]
     assert cond(kube, "Deployed")["status"] == "True"  # no ApplyRejected either
     kube.apply_error = KubeError(403, "deployments.apps is forbidden: User cannot create")
     with caplog.at_level("DEBUG", logger="rooftop_operator.handlers"):
-        handlers.engine_deployment_event(body=gone, event={"type": "DELETED"},
-                                         memo=kopf.Memo(runtime=rt))  # fmt: skip
+        handlers.deployment_event(rt, gone, "DELETED")
     assert caplog.records[-1].levelname == "WARNING"  # RBAC: a real fault, said
 
 
