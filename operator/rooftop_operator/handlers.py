@@ -60,8 +60,9 @@ PODMONITOR_API = ("monitoring.coreos.com/v1", "podmonitors")
 RETRY_DELAY_S = 10.0  # first retry after a failed API call, doubling up to:
 MAX_RETRY_DELAY_S = 600.0
 # A Deployment that is not ready has its pods listed (to name one the scheduler cannot
-# place) at most this often: a rollout's stream of status events would otherwise list
-# them on each, and under a burst of new targets each list costs the API server.
+# place) and its progress written at most this often, and not in its first seconds: a
+# rollout's stream of status events would otherwise list and write on each, and under a
+# burst of new targets each costs the API server (the loop's tick looks again).
 PODS_LOOK_EVERY_S = 10.0
 # A target only GPU nodes the cluster lacks could serve is planned again every
 # ``OperatorConfig.nodes_retry_s`` (``replan_waiting``), so nodes added later (by hand
@@ -404,6 +405,10 @@ def apply_children(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: P
             raise ChildConflict(
                 f"{child['kind']} {meta['name']} exists and is not owned by this ServingTarget"
             )
+        if current is None and child["kind"] == "Deployment":
+            # its first seconds of rollout events say "0/N ready" and nothing more: the
+            # seeded Ready=False Deploying says as much (see PODS_LOOK_EVERY_S)
+            rt.pods_listed[ref.uid] = rt.clock()
         if current is None or not is_subset(child, current):
             rt.kube.apply(child)
             if child["kind"] == "Deployment" and rt.config.fault_pause_after_apply_s:

@@ -480,6 +480,29 @@ def test_deployment_events_that_change_nothing_shown_cost_no_api_call(rt: Runtim
     assert kube.status_reads == 2 and cond(kube, "Ready")["status"] == "False"
 
 
+def test_a_new_deployments_first_seconds_cost_no_api_call_until_it_is_ready(
+    rt: Runtime, kube: FakeKube
+) -> None:
+    """Under a burst each new Deployment brings a few "0/1 ready" events; the seeded
+    Ready=False Deploying already says that. Ready is written at once; a rollout still
+    going after PODS_LOOK_EVERY_S has its pods looked at and its progress written."""
+    clock = [100.0]
+    rt = replace(rt, clock=lambda: clock[0])
+    reconcile(rt, created(kube))
+    writes = kube.status_writes
+    starting = deployment({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 0}, desired=2)
+    handlers.sync_readiness(rt, starting)
+    assert (kube.pod_lists, kube.status_writes) == (0, writes)
+    assert cond(kube, "Ready")["reason"] == "Deploying"
+    clock[0] += handlers.PODS_LOOK_EVERY_S
+    handlers.sync_readiness(rt, starting)
+    assert (kube.pod_lists, kube.status_writes) == (1, writes + 1)
+    assert cond(kube, "Ready")["message"].startswith("0/2 engine replicas ready")
+    handlers.sync_readiness(rt, deployment({"replicas": 2, "updatedReplicas": 2,
+                                            "readyReplicas": 2}))  # fmt: skip
+    assert cond(kube, "Ready")["reason"] == "EngineReady"
+
+
 def test_a_ready_deployment_lists_no_pods(rt: Runtime, kube: FakeKube) -> None:
     created(kube)
     handlers.sync_readiness(rt, deployment({"replicas": 2, "updatedReplicas": 2,
