@@ -60,10 +60,11 @@ PODMONITOR_API = ("monitoring.coreos.com/v1", "podmonitors")
 RETRY_DELAY_S = 10.0  # first retry after a failed API call, doubling up to:
 MAX_RETRY_DELAY_S = 600.0
 # A Deployment that is not ready has its pods listed (to name one the scheduler cannot
-# place) and its progress written at most this often, and not in its first seconds: a
-# rollout's stream of status events would otherwise list and write on each, and under a
-# burst of new targets each costs the API server (the loop's tick looks again).
-PODS_LOOK_EVERY_S = 10.0
+# place) and its progress written at most this often, and not in its first half-minute
+# (a young rollout is normal; image pulls take minutes): a rollout's stream of status
+# events would otherwise list and write on each, and under a burst of new targets each
+# costs the API server (the loop's tick looks again).
+PODS_LOOK_EVERY_S = 30.0
 # A target only GPU nodes the cluster lacks could serve is planned again every
 # ``OperatorConfig.nodes_retry_s`` (``replan_waiting``), so nodes added later (by hand
 # or by an autoscaler) are picked up without a spec edit.
@@ -700,8 +701,11 @@ def index_entry(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+# The index and the targets' watch handler are coroutines: kopf runs a plain function in
+# its thread pool, a hop per watch event (several per target under a burst) for work that
+# takes microseconds and makes no API call.
 @kopf.index("apps", "v1", "deployments", labels={"app.kubernetes.io/name": builders.APP_NAME})
-def engine_deployments(
+async def engine_deployments(
     namespace: str | None, name: str | None, body: kopf.Body, **_: Any
 ) -> dict[tuple[str, str], dict[str, Any]]:
     """kopf's in-memory index of the engine Deployments, kept current by the same watch
@@ -752,7 +756,7 @@ def deployment_event(rt: Runtime, body: Mapping[str, Any], kind: str) -> None:
 
 
 @kopf.on.event(crd.GROUP, crd.VERSION, crd.PLURAL)
-def target_event(event: kopf.RawEvent, name: str | None, namespace: str | None,
+async def target_event(event: kopf.RawEvent, name: str | None, namespace: str | None,
                  memo: kopf.Memo, **_: Any) -> None:  # fmt: skip
     """Drop a deleted target's metric series and the loop's memory of it, and stop its
     timers (``RecentlyDeleted``). A watch event rather than on.delete: a deletion handler

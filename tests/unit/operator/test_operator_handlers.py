@@ -557,13 +557,13 @@ def test_an_outage_while_applying_is_retried_without_a_condition(
     assert deployed is None or deployed["reason"] != "ApplyRejected"  # not the user's fault
 
 
-def test_deleted_target_forgets_its_metrics(rt: Runtime, kube: FakeKube) -> None:
+async def test_deleted_target_forgets_its_metrics(rt: Runtime, kube: FakeKube) -> None:
     reconcile(rt, created(kube))
     labels = {"namespace": NS, "name": "chat"}
     assert rt.metrics.registry.get_sample_value("rooftop_target_feasible", labels) == 1.0
     memo = kopf.Memo(runtime=rt, loop_targets={UID: "state", "other-uid": "state"})
     deleted = {"type": "DELETED", "object": target_body()}
-    handlers.target_event(event=deleted, name="chat", namespace=NS, memo=memo)
+    await handlers.target_event(event=deleted, name="chat", namespace=NS, memo=memo)
     assert rt.metrics.registry.get_sample_value("rooftop_target_feasible", labels) is None
     assert memo.loop_targets == {"other-uid": "state"}  # the loop's memory of it is gone too
 

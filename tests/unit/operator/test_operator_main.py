@@ -205,7 +205,7 @@ def _spawning_cause(uid: str) -> Any:
     )  # fmt: skip
 
 
-def test_timers_put_no_finalizer_and_stop_when_their_target_is_deleted() -> None:
+async def test_timers_put_no_finalizer_and_stop_when_their_target_is_deleted() -> None:
     """kopf would block every target's deletion with a finalizer for its timers; ours
     ask for none, and the DELETED event's watch handler makes kopf's re-match of the
     timers drop the deleted target's (kopf stops timers whose filter stops matching)."""
@@ -214,8 +214,9 @@ def test_timers_put_no_finalizer_and_stop_when_their_target_is_deleted() -> None
     cause = _spawning_cause("uid-1")
     assert {h.id for h in registry._spawning.get_handlers(cause=cause)} == {"feedback"}
     assert not registry._spawning.requires_finalizer(cause=cause)
-    handlers.target_event(event={"type": "DELETED", "object": dict(cause.body)}, name="t",
-                          namespace="ns", memo=kopf.Memo(runtime=_NoMetrics()))  # fmt: skip
+    deleted = {"type": "DELETED", "object": dict(cause.body)}
+    memo = kopf.Memo(runtime=_NoMetrics())
+    await handlers.target_event(event=deleted, name="t", namespace="ns", memo=memo)
     assert registry._spawning.get_handlers(cause=cause) == []
     assert registry._spawning.get_handlers(cause=_spawning_cause("uid-2")) != []
 
