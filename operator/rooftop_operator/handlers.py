@@ -533,6 +533,8 @@ def sync_readiness(rt: Runtime, deployment: Mapping[str, Any]) -> None:
 # Where the feedback loop keeps each target's controller state in kopf's memo, by uid
 # (the loop writes it; a deleted target's entry goes with its DELETED event).
 LOOP_MEMORY = "loop_targets"
+# ... and each target's spec and plan as parsed models (``loop._parsed``), by uid.
+PARSED_MEMORY = "loop_parsed"
 
 
 def runtime(memo: Any) -> Runtime:
@@ -768,3 +770,4 @@ async def target_event(event: kopf.RawEvent, name: str | None, namespace: str | 
         runtime(memo).readiness_written.pop(str(uid), None)
         runtime(memo).pods_listed.pop(str(uid), None)
         getattr(memo, LOOP_MEMORY, {}).pop(uid, None)
+        getattr(memo, PARSED_MEMORY, {}).pop(uid, None)
