@@ -49,7 +49,7 @@ import urllib.request
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -286,6 +286,7 @@ class Result:
     burst_requests: dict[str, int] = field(default_factory=dict)
     steady_requests: dict[str, int] = field(default_factory=dict)
     per_target: dict[str, dict[str, float]] = field(default_factory=dict)
+    apply_alone_s: float = math.nan  # the same apply with no operator (--baseline)
 
 
 def table(results: Sequence[Result]) -> str:
@@ -304,7 +305,14 @@ def table(results: Sequence[Result]) -> str:
             f"{r.promql_per_tick:.1f}",
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", *(_apply_line(r) for r in results)]
     return "\n".join(lines) + "\n"
+
+
+def _apply_line(r: Result) -> str:
+    """How long the apply itself took, and with no operator (``--baseline``)."""
+    alone = "" if math.isnan(r.apply_alone_s) else f"; alone, no operator: {r.apply_alone_s:.1f} s"
+    return f"N={r.targets}: the apply took {r.apply_s:.1f} s{alone}"
 
 
 def _twice(r: Result) -> str:
@@ -564,6 +572,24 @@ def operator_rss_mib(b: Bench) -> float:
 # ---------------------------------------------------------------- one N
 
 
+def apply_alone(n: int, args: argparse.Namespace, work: Path) -> float:
+    """Seconds the same apply takes on a fresh control plane with no operator running:
+    the baseline, measured in the same run, that "all Deployed" cannot beat here (the
+    API server serving the apply shares the 2 cores with everything else)."""
+    with contextlib.ExitStack() as stack:
+        b = Bench(work, stack)
+        start_cluster(b)
+        install(b)
+        assert b.cluster is not None
+        manifest = b.work / "targets.yaml"
+        manifest.write_text(target_docs(_example(), n, NAMESPACES))
+        start = time.time()
+        b.cluster.kubectl("apply", "--server-side", "-f", str(manifest),
+                          timeout=max(args.timeout_s, 120))  # fmt: skip
+        return time.time() - start
+    raise AssertionError("unreachable")  # ExitStack may swallow exceptions for mypy
+
+
 def run_one(n: int, args: argparse.Namespace, work: Path) -> Result:
     with contextlib.ExitStack() as stack:
         b = Bench(work, stack)
@@ -656,6 +682,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--keep", action="store_true", help="keep the logs in the work directory")
     ap.add_argument("--verbose", action="store_true", help="run the operator with --verbose")
     ap.add_argument("--quick", action="store_true", help="--targets 20 --steady-s 30")
+    ap.add_argument("--baseline", action="store_true",
+                    help="first time the same apply with no operator, per N")  # fmt: skip
     args = ap.parse_args(argv)
     if args.quick:
         args.targets, args.steady_s = "20", 30.0
@@ -685,7 +713,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with sigterm_as_interrupt():
             for n in args.ns:
-                results.append(run_one(n, args, work / f"n{n}"))
+                alone = apply_alone(n, args, work / f"alone{n}") if args.baseline else math.nan
+                if args.baseline:
+                    progress(f"N={n}: the apply alone, no operator: {alone:.1f} s")
+                results.append(replace(run_one(n, args, work / f"n{n}"), apply_alone_s=alone))
                 progress(f"N={n} done\n{table(results[-1:])}")
         ok = True
     except KeyboardInterrupt:

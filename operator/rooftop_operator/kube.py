@@ -38,8 +38,10 @@ STATUS_RETRIES: Final = 5
 # (kopf's handler pool, the Deployment events' pool, the loop's writes). The client's
 # default (5 per CPU) made a burst open and discard connections ("pool is full").
 CONNECTIONS: Final = 24
-# How long an answer of API discovery (is the PodMonitor kind served?) is reused.
-DISCOVERY_TTL_S: Final = 60.0
+# How long an answer of API discovery (is the PodMonitor kind served?) is reused: a
+# burst's reconciles ask once per period instead of once each, and a Prometheus Operator
+# installed meanwhile is noticed by the targets reconciled after it.
+DISCOVERY_TTL_S: Final = 10.0
 # Group, version and plural of the ServingTarget API.
 TARGET_GVP: Final = ("rooftop.dev", "v1alpha1", "servingtargets")
 
@@ -288,8 +290,8 @@ class Kube:
         """Whether the API server serves ``plural`` in ``group_version`` (discovery),
         e.g. ``has_api("monitoring.coreos.com/v1", "podmonitors")``. Remembered for
         ``DISCOVERY_TTL_S``: every reconcile asks, and a burst of 1,000 new targets
-        would otherwise ask 1,000 times for an answer that changes when someone
-        installs a CRD."""
+        would otherwise ask 1,000 times for an answer that changes only when someone
+        installs or removes a CRD."""
         key = (group_version, plural)
         cached = self._discovered.get(key)
         if cached is not None and time.monotonic() < cached[0]:

@@ -28,6 +28,7 @@ import yaml
 from kubernetes import client
 
 from rooftop_api.spec import ServingTarget
+from rooftop_operator.kube import DISCOVERY_TTL_S
 from rooftop_operator.settings import LoopSettings
 from rooftop_planner.catalog import Catalog, load_catalog
 from rooftop_planner.search import plan_target
@@ -498,6 +499,7 @@ def test_pod_monitor_when_the_prometheus_operator_is_installed(env: Env) -> None
     try:
         env.cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s",
                             "crd/podmonitors.monitoring.coreos.com")  # fmt: skip
+        time.sleep(DISCOVERY_TTL_S)  # the operator's last "no PodMonitor kind" expires
         doc = load(ROOT / "examples" / "simulated-chat.yaml", name="monitored")
         ensure_gpu_nodes(env, expected_plan(doc, env.catalog))
         env.apply(doc)
