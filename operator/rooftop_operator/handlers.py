@@ -114,6 +114,13 @@ class Runtime:
     pods_listed: dict[str, float] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
 
+    def forget(self, namespace: str, name: str, uid: str) -> None:
+        """Drop what this process keeps of a deleted target: its metric series and its
+        readiness memory."""
+        self.metrics.forget(namespace, name)
+        self.readiness_written.pop(uid, None)
+        self.pods_listed.pop(uid, None)
+
 
 # ---------------------------------------------------------------- pure helpers
 
@@ -766,8 +773,6 @@ async def target_event(event: kopf.RawEvent, name: str | None, namespace: str | 
     if event.get("type") == "DELETED":
         uid = ((event.get("object") or {}).get("metadata") or {}).get("uid")
         DELETED.add(str(uid))
-        runtime(memo).metrics.forget(str(namespace), str(name))
-        runtime(memo).readiness_written.pop(str(uid), None)
-        runtime(memo).pods_listed.pop(str(uid), None)
+        runtime(memo).forget(str(namespace), str(name), str(uid))
         getattr(memo, LOOP_MEMORY, {}).pop(uid, None)
         getattr(memo, PARSED_MEMORY, {}).pop(uid, None)

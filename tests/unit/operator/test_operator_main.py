@@ -9,11 +9,14 @@ from typing import Any
 
 import kopf
 import pytest
+from operator_fakes import FakeKube, FakePlanner
+from prometheus_client import CollectorRegistry
 
 from rooftop_api import crd
 from rooftop_cli.main import build_parser
 from rooftop_operator import __main__ as main_mod
 from rooftop_operator import handlers
+from rooftop_operator.metrics import OperatorMetrics
 from rooftop_operator.settings import (
     VLLM_IMAGE,
     LoopSettings,
@@ -23,6 +26,7 @@ from rooftop_operator.settings import (
     env_defaults,
     seniority_priority,
 )
+from rooftop_planner.catalog import load_catalog
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -208,6 +212,12 @@ def _spawning_cause(uid: str) -> Any:
     )  # fmt: skip
 
 
+def _runtime() -> handlers.Runtime:
+    """A runtime with a fake API and its own metrics registry."""
+    return handlers.Runtime(kube=FakeKube(), catalog=load_catalog(), plan=FakePlanner(),
+                            metrics=OperatorMetrics(CollectorRegistry()))  # fmt: skip
+
+
 async def test_timers_put_no_finalizer_and_stop_when_their_target_is_deleted() -> None:
     """kopf would block every target's deletion with a finalizer for its timers; ours
     ask for none, and the DELETED event's watch handler makes kopf's re-match of the
@@ -218,22 +228,10 @@ async def test_timers_put_no_finalizer_and_stop_when_their_target_is_deleted() -
     assert {h.id for h in registry._spawning.get_handlers(cause=cause)} == {"feedback"}
     assert not registry._spawning.requires_finalizer(cause=cause)
     deleted = {"type": "DELETED", "object": dict(cause.body)}
-    memo = kopf.Memo(runtime=_NoMetrics())
+    memo = kopf.Memo(runtime=_runtime())
     await handlers.target_event(event=deleted, name="t", namespace="ns", memo=memo)
     assert registry._spawning.get_handlers(cause=cause) == []
     assert registry._spawning.get_handlers(cause=_spawning_cause("uid-2")) != []
-
-
-class _NoMetrics:
-    """A runtime whose metrics forget quietly (``target_event`` drops a target's series)."""
-
-    readiness_written: dict[str, Any] = {}
-    pods_listed: dict[str, float] = {}
-
-    class metrics:  # noqa: N801 - stands in for the attribute
-        @staticmethod
-        def forget(namespace: str, name: str) -> None:
-            pass
 
 
 def test_recently_deleted_keeps_a_bounded_number_of_uids() -> None:
