@@ -8,7 +8,7 @@ event sink, metrics), so tests call ``reconcile`` with fakes and no cluster.
 Who writes what in ``status`` (each with read-modify-write, see ``kube.update_status``):
 - ``reconcile``: plan, gpu, slo, observedGeneration and the Planned, Feasible,
   Deployed and WithinBudget conditions.
-- ``sync_readiness`` (Deployment events, and the feedback timer while a target is not
+- ``sync_readiness`` (Deployment events, and the feedback loop while a target is not
   ready): replicas, readyReplicas, ready and Ready (naming pods the scheduler cannot
   place: that changes no Deployment field, so no Deployment event reports it).
 - the feedback loop (``loop.py``): observed and SLOMet (it may refresh WithinBudget).
@@ -18,8 +18,8 @@ never an exception, and changes no workload; a target waiting for GPU nodes is p
 again by a timer (``replan_waiting``), not by failing. API errors raise
 ``kopf.TemporaryError`` so kopf retries with a delay.
 
-Feedback loop: ``rooftop_operator.loop`` (imported by ``__main__``) registers a kopf
-timer that decides replicas and batch cap from observed metrics, re-applies the children
+Feedback loop: ``rooftop_operator.loop`` (imported by ``__main__``) registers a loop
+that decides replicas and batch cap from observed metrics, re-applies the children
 through ``apply_children`` and writes ``status.plan.replicas``/``maxNumSeqs``. A later
 reconcile of the same spec generation (an operator restart, a repaired Deployment) keeps
 those (``keep_loop_scale``); a spec edit or a new engine shape starts from the new plan.
@@ -483,7 +483,7 @@ def unschedulable(pod: Mapping[str, Any]) -> str:
 
 def deployment_ready(deployment: Mapping[str, Any]) -> bool:
     """Whether an engine Deployment's rollout is complete (its Ready condition is True).
-    A periodic caller (the feedback timer) mirrors a not-ready one into status with
+    A periodic caller (the feedback loop) mirrors a not-ready one into status with
     ``sync_readiness``: a pod the scheduler gave up on, or placed after a node joined,
     changes no Deployment field, so no watch event would. A ready one costs nothing."""
     return readiness(deployment)[0].status == "True"
@@ -613,10 +613,10 @@ def register_timers(config: OperatorConfig, registry: kopf.OperatorRegistry | No
 class RecentlyDeleted:
     """The uids of the last ``size`` targets whose DELETED watch event arrived.
 
-    Why: a timer without kopf's finalizer is not stopped by the deletion itself. kopf
-    runs the watch handlers of an event before it re-matches the object's timers against
-    their ``when`` filters, so ``target_event`` recording the uid here makes the
-    timers' ``alive`` filter fail in that same event, and kopf stops them. The uid is
+    Why: a timer or daemon without kopf's finalizer is not stopped by the deletion
+    itself. kopf runs the watch handlers of an event before it re-matches the object's
+    timers and daemons against their ``when`` filters, so ``target_event`` recording the
+    uid here makes their ``alive`` filter fail in that same event, and kopf stops them. The uid is
     needed only for that moment; the bound keeps a long-lived operator's memory flat.
     """
 
@@ -647,19 +647,35 @@ def timer_without_finalizer(
 ) -> None:  # fmt: skip
     """Register ``fn`` as a ServingTarget timer that puts no finalizer on the targets.
 
-    kopf gives every object with a timer its finalizer, so that it can stop the timer
-    before the object goes. A finalizer makes ``kubectl delete`` (and a namespace's
+    kopf gives every object with a timer or daemon its finalizer, so that it can stop
+    them before the object goes. A finalizer makes ``kubectl delete`` (and a namespace's
     deletion) hang whenever the operator is not running: after ``helm uninstall``, on a
-    crash-looping operator. Our timers need no last word with the object (the children
-    go by garbage collection), so the finalizer is dropped and the timers are stopped by
-    their ``when`` filter instead (``alive``). kopf offers no public switch for this: the
-    registered handler is replaced by a copy with ``requires_finalizer=False``
-    (``test_timers_put_no_finalizer`` fails if kopf's registry changes shape).
+    crash-looping operator. Ours need no last word with the object (the children go by
+    garbage collection), so the finalizer is dropped and they are stopped by their
+    ``when`` filter instead (``alive``).
     """
     real = registry if registry is not None else kopf.get_default_registry()
     kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=interval, initial_delay=interval,
                when=when, registry=real)(fn)  # fmt: skip
-    spawning = real._spawning._handlers
+    _without_finalizer(real)
+
+
+def daemon_without_finalizer(
+    fn: Callable[..., Any], *, when: Callable[..., bool],
+    registry: kopf.OperatorRegistry | None = None,
+) -> None:  # fmt: skip
+    """Register ``fn`` as a ServingTarget daemon with no finalizer (see
+    ``timer_without_finalizer``)."""
+    real = registry if registry is not None else kopf.get_default_registry()
+    kopf.daemon(crd.GROUP, crd.VERSION, crd.PLURAL, when=when, registry=real)(fn)
+    _without_finalizer(real)
+
+
+def _without_finalizer(registry: kopf.OperatorRegistry) -> None:
+    """Replace the spawning handler registered last by a copy that requires no finalizer.
+    kopf offers no public switch for this (``test_timers_put_no_finalizer`` fails if
+    kopf's registry changes shape)."""
+    spawning = registry._spawning._handlers
     spawning[-1] = dataclasses.replace(spawning[-1], requires_finalizer=False)
 
 
@@ -719,7 +735,7 @@ async def engine_deployments(
 ) -> dict[tuple[str, str], dict[str, Any]]:
     """kopf's in-memory index of the engine Deployments, kept current by the same watch
     as ``engine_deployment_event``: the feedback loop reads a target's Deployment from
-    here (passed to its timer as the ``engine_deployments`` argument) instead of a GET
+    here (passed to its daemon as the ``engine_deployments`` argument) instead of a GET
     per target and tick."""
     return {(str(namespace), str(name)): index_entry(body)}
 
@@ -768,7 +784,7 @@ def deployment_event(rt: Runtime, body: Mapping[str, Any], kind: str) -> None:
 async def target_event(event: kopf.RawEvent, name: str | None, namespace: str | None,
                  memo: kopf.Memo, **_: Any) -> None:  # fmt: skip
     """Drop a deleted target's metric series and the loop's memory of it, and stop its
-    timers (``RecentlyDeleted``). A watch event rather than on.delete: a deletion handler
+    timer and daemon (``RecentlyDeleted``). A watch event rather than on.delete: a deletion handler
     would need a finalizer, and the children go by garbage collection."""
     if event.get("type") == "DELETED":
         uid = ((event.get("object") or {}).get("metadata") or {}).get("uid")

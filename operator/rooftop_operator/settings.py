@@ -325,9 +325,10 @@ def digest(value: Any) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-# Handlers that run on every tick or watch event, not on a user's change.
+# Handlers that run on every tick or watch event, or per target for its lifetime, not on
+# a user's change.
 ROUTINE_HANDLERS: Final = (
-    "feedback", "replan_waiting", "engine_deployment_event", "target_event", "engine_deployments",
+    "presence", "replan_waiting", "engine_deployment_event", "target_event", "engine_deployments",
 )  # fmt: skip
 
 

@@ -176,6 +176,31 @@ def test_table_has_one_row_per_n(bench: ModuleType) -> None:
                         "| 3.2 % | 6.67 | 0 | 12.0 |")  # fmt: skip
     result.handled_twice = 7
     assert "| 2 of 100 (creation handled twice: 7) |" in bench.table([result])
+    assert lines[-1] == "N=100: the apply took 1.0 s"
+    result.apply_alone_s, result.children_alone_s, result.ready_alone_s = 0.5, 4.25, 9.0
+    assert bench.table([result]).splitlines()[-1] == (
+        "N=100: the apply took 1.0 s; with no operator, the same apply took 0.5 s, applying "
+        "the children `rooftop render` makes for the targets 4.2 s more, and every engine "
+        "was Ready 9.0 s after the start")  # fmt: skip
+
+
+def test_the_no_operator_baseline_applies_what_the_operator_would(
+    bench: ModuleType, tmp_path: Path
+) -> None:
+    """Per target: its Deployment, Service and PDB as the operator builds them, with no
+    owner (the target's uid does not exist yet, and an owner that never appears would
+    have the garbage collector delete them) and no PodMonitor (the bench cluster has no
+    Prometheus Operator, as the operator would find)."""
+    targets = tmp_path / "targets.yaml"
+    targets.write_text(bench.target_docs(bench._example(), 3, ("a", "b")))
+    listed = bench.rendered_children(targets)
+    kinds = [(o["kind"], o["metadata"]["namespace"]) for o in listed["items"]]
+    assert sorted(kinds) == sorted(
+        (k, ns) for ns in ("a", "b", "a") for k in ("Deployment", "Service", "PodDisruptionBudget")
+    )
+    assert not any("ownerReferences" in o["metadata"] for o in listed["items"])
+    names = {o["metadata"]["name"] for o in listed["items"] if o["kind"] == "Deployment"}
+    assert len(names) == 3
 
 
 def test_quick_and_target_lists(bench: ModuleType) -> None:

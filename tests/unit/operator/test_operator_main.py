@@ -121,7 +121,9 @@ def test_handler_modules_load_and_their_timers_take_the_startup_config() -> None
     ]  # fmt: skip
     spawning = registry._spawning.get_all_handlers()  # kopf keeps timers with daemons
     timers = [h for h in spawning if type(h).__name__ == "TimerHandler"]
-    assert sorted(t.interval for t in timers) == [3.0, 7.0]
+    assert [t.interval for t in timers] == [7.0]
+    starts = [h.fn for h in registry._activities.get_all_handlers() if h.id == "feedback_loop"]
+    assert [s.keywords["interval_s"] for s in starts if hasattr(s, "keywords")] == [3.0]
 
 
 def test_loop_settings_come_from_the_environment_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -176,10 +178,10 @@ def test_bad_prometheus_headers_stop_the_operator_before_it_starts() -> None:
 @pytest.mark.parametrize(
     ("message", "level", "shown_at_info"),
     [
-        ("Timer 'feedback' succeeded.", logging.INFO, False),
+        ("Daemon 'presence' succeeded.", logging.INFO, False),
         ("Handler 'engine_deployment_event' succeeded.", logging.INFO, False),
         ("Handler 'reconcile_target' succeeded.", logging.INFO, True),  # a user's change
-        ("Timer 'feedback' failed with an exception", logging.ERROR, True),
+        ("Timer 'replan_waiting' failed with an exception", logging.ERROR, True),
     ],
 )
 def test_routine_successes_are_debug(message: str, level: int, shown_at_info: bool) -> None:
@@ -225,7 +227,7 @@ async def test_timers_put_no_finalizer_and_stop_when_their_target_is_deleted() -
     registry = kopf.OperatorRegistry()
     main_mod.load_handlers(OperatorConfig(), registry)
     cause = _spawning_cause("uid-1")
-    assert {h.id for h in registry._spawning.get_handlers(cause=cause)} == {"feedback"}
+    assert {h.id for h in registry._spawning.get_handlers(cause=cause)} == {"presence"}
     assert not registry._spawning.requires_finalizer(cause=cause)
     deleted = {"type": "DELETED", "object": dict(cause.body)}
     memo = kopf.Memo(runtime=_runtime())
