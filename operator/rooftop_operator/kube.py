@@ -37,7 +37,7 @@ STATUS_RETRIES: Final = 5
 # Kept-alive connections to the API server: one per thread that may call it at once
 # (kopf's handler pool, the Deployment events' pool, the loop's writes). The client's
 # default (5 per CPU) made a burst open and discard connections ("pool is full").
-CONNECTIONS: Final = 24
+CONNECTIONS: Final = 32
 # How long an answer of API discovery (is the PodMonitor kind served?) is reused: a
 # burst's reconciles ask once per period instead of once each, and a Prometheus Operator
 # installed meanwhile is noticed by the targets reconciled after it.
@@ -230,6 +230,9 @@ class Kube:
         api = client.ApiClient(configuration)
         # Also the field manager of status updates in managedFields.
         api.user_agent = "rooftop-operator"
+        # The client imports each API class on first use; CoreV1Api's module takes over a
+        # second of CPU, which would otherwise land in the first reconciles of a burst.
+        _ = client.CoreV1Api, client.CustomObjectsApi
         return cls(api)
 
     def _core(self) -> Any:

@@ -572,7 +572,9 @@ async def feedback(
         API_HEALTH.answered()
         return
     try:
-        await asyncio.to_thread(_apply, rt, body, ref, spec, plan, d, obs)
+        # kopf swaps the live body's contents on the event loop when a watch event comes;
+        # the thread gets a copy taken here, on the loop, so it sees one version whole
+        await asyncio.to_thread(_apply, rt, dict(body), ref, spec, plan, d, obs)
     except KubeError as err:  # the next tick decides again from fresh data
         API_HEALTH.failed(err, f"{ref.namespace}/{ref.name}")
         return

@@ -201,6 +201,11 @@ def test_the_no_operator_baseline_applies_what_the_operator_would(
     assert not any("ownerReferences" in o["metadata"] for o in listed["items"])
     names = {o["metadata"]["name"] for o in listed["items"] if o["kind"] == "Deployment"}
     assert len(names) == 3
+    chunks = bench.chunked(listed, 4)
+    assert [len(c["items"]) for c in chunks] == [3, 2, 2, 2]
+    assert sorted(map(str, (o for c in chunks for o in c["items"]))) == sorted(
+        map(str, listed["items"])) and all(c["kind"] == "List" for c in chunks)  # fmt: skip
+    assert len(bench.chunked({"kind": "List", "items": [1]}, 8)) == 1
 
 
 def test_quick_and_target_lists(bench: ModuleType) -> None:

@@ -23,6 +23,7 @@ from rooftop_operator.settings import (
     OperatorConfig,
     RoutineSuccesses,
     configure,
+    digest,
     env_defaults,
     seniority_priority,
 )
@@ -270,3 +271,29 @@ def test_kopfs_record_of_the_handled_spec_stays_small_whatever_the_spec() -> Non
 
     changes = diff(storage.fetch(body=edited), storage.build(body=edited))
     assert [path for _, path, _, _ in changes] == [("spec", "sha256")]
+
+
+def test_the_handled_spec_digest_ignores_status_and_bookkeeping_as_kopfs_own_essence() -> None:
+    """The digest is built from the body without status and managedFields (kopf would
+    deep-copy them only to drop them): it must equal the digest of kopf's own essence of
+    the whole body, and still change with a label or the spec."""
+    settings = kopf.OperatorSettings()
+    configure(settings, OperatorConfig(namespaces=("ns",)))
+    storage = settings.persistence.diffbase_storage
+    raw = dict(_target({"model": "m"}, note="kept"))
+    raw["metadata"] = {
+        **raw["metadata"],
+        "labels": {"team": "a"},
+        "uid": "u",
+        "resourceVersion": "7",
+        "managedFields": [{"manager": "kubectl", "fieldsV1": {"f:spec": {}}}],
+    }
+    raw["status"] = {"conditions": [{"type": "Ready", "status": "True"}] * 50}
+    body = kopf.Body(raw)
+    plain = kopf.AnnotationsDiffBaseStorage(prefix="rooftop.dev", key="last-handled-configuration")
+    whole = plain.build(body=body)
+    assert storage.build(body=body) == {part: {"sha256": digest(value)}
+                                        for part, value in whole.items()}  # fmt: skip
+    assert set(whole) == {"spec", "metadata"}
+    relabelled = kopf.Body({**raw, "metadata": {**raw["metadata"], "labels": {"team": "b"}}})
+    assert storage.build(body=relabelled) != storage.build(body=body)
