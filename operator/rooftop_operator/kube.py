@@ -35,7 +35,7 @@ FIELD_MANAGER: Final = "rooftop"
 APPLY_CONTENT_TYPE: Final = "application/apply-patch+yaml"
 STATUS_RETRIES: Final = 5
 # Kept-alive connections to the API server: one per thread that may call it at once
-# (kopf's handler pool, the Deployment events' pool, the loop's writes). The client's
+# (kopf's handler pool, the Deployment events' pool, the loop's workers). The client's
 # default (5 per CPU) made a burst open and discard connections ("pool is full").
 CONNECTIONS: Final = 32
 # How long an answer of API discovery (is the PodMonitor kind served?) is reused: a

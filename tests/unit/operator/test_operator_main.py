@@ -78,6 +78,14 @@ def test_kopf_settings() -> None:
     # 60 s none of 1,000 did: a target waits for kopf's own write on a lagging watch
     assert settings.persistence.consistency_timeout >= 60
     assert settings.scanning.disabled is True  # namespaced: no cluster-wide scans
+    # every thread that may call the API server at once keeps its connection: kopf's
+    # reconciles, the Deployment events' pool, the loop's workers (each hops to a thread)
+    from rooftop_operator import kube, loop
+    from rooftop_operator.settings import RECONCILE_THREADS
+
+    assert settings.execution.max_workers == RECONCILE_THREADS
+    threads = RECONCILE_THREADS + handlers.DEPLOYMENT_EVENT_THREADS + loop.TICK_WORKERS
+    assert threads <= kube.CONNECTIONS
     configure(settings, OperatorConfig(clusterwide=True, peering="rooftop"))
     assert settings.peering.standalone is False and settings.scanning.disabled is False
 
