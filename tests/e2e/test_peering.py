@@ -37,6 +37,7 @@ PEERING = "rooftop"  # the chart's operator.peering.name
 LIFETIME_S = 20  # the chart's operator.peering.lifetimeSeconds
 TIMEOUT = 60.0
 RESUMED = "Resuming operations after the pause"  # kopf, when a replica becomes active
+LOOP_RUNNING = "feedback loop: running"  # the operator, when its loop gets a first target
 
 
 @dataclass
@@ -70,6 +71,13 @@ class Replicas:
 
         found = wait_until(logged, TIMEOUT, f"{line}\n{operator.tail()}")
         return float(found)
+
+    def ticked(self, operator: Operator, name: str) -> None:
+        """Wait until ``operator``'s feedback loop has decided for ``name`` (its debug line;
+        the loop ticks every 15 s)."""
+        line = f"feedback {self.namespace}/{name}: ticked"
+        wait_until(lambda: line in operator.log_since_start(), TIMEOUT,
+                   f"{line}\n{operator.tail()}")  # fmt: skip
 
     def resumed(self, operator: Operator) -> float:
         """When ``operator`` became active (its kopf log line), epoch s."""
@@ -131,6 +139,9 @@ def test_one_replica_is_active_and_a_standby_takes_over(ha: Replicas) -> None:
     assert RESUMED not in ha.b.log_since_start()
     assert f"[{ha.namespace}/" not in ha.b.log_since_start()  # b saw no target at all
     assert len(ha.peers()) == 2
+    ha.ticked(ha.a, "ha-first")  # only the active replica runs the feedback loop
+    assert LOOP_RUNNING in ha.a.log_since_start()
+    assert LOOP_RUNNING not in ha.b.log_since_start()
 
     # kill -9: a leaves its keep-alive behind; b takes over once it expires.
     assert ha.a.proc is not None
@@ -144,12 +155,14 @@ def test_one_replica_is_active_and_a_standby_takes_over(ha: Replicas) -> None:
           f"and had reconciled a new target after {kill_failover:.1f} s")  # fmt: skip
     assert kill_failover < LIFETIME_S + 30
     ha.reconciled(ha.b, "ha-first")  # the new active one resumes the existing target too
+    ha.ticked(ha.b, "ha-first")  # and its feedback loop
 
     # a comes back; now it is the younger one and stands by.
     ha.start(ha.a)
     ha.create_target("ha-while-standby")
     ha.reconciled(ha.b, "ha-while-standby")
     assert f"[{ha.namespace}/" not in ha.a.log_since_start()
+    assert LOOP_RUNNING not in ha.a.log_since_start()
     # b cleaned the dead replica's record up; the live two remain
     wait_until(lambda: len(ha.peers()) == 2, TIMEOUT, f"two keep-alives: {ha.peers()}")
 
