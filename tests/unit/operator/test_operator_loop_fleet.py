@@ -60,6 +60,32 @@ async def test_each_decision_runs_in_its_daemons_context(monkeypatch: pytest.Mon
     assert seen == {"a": "queue of a", "b": "queue of b"} and queue.get(None) is None
 
 
+async def test_a_tick_lets_kopfs_other_work_run_between_decisions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Decisions that never suspend (most of them) must not hold the event loop, where
+    kopf processes the watches, for a whole tick."""
+    order: list[str] = []
+
+    async def feedback(body: Any, memo: Any, engine_deployments: Any) -> None:
+        order.append("decision")
+
+    async def watch() -> None:
+        for _ in range(30):
+            order.append("watch")
+            await asyncio.sleep(0)
+
+    monkeypatch.setattr(loop, "feedback", feedback)
+    members = loop.Members()
+    for i in range(30):
+        members.join(f"uid-{i}", member(f"t{i}"))
+    watching = asyncio.create_task(watch())
+    await loop.tick(members, workers=1)
+    await watching
+    first_watch, last_decision = order.index("watch"), len(order) - order[::-1].index("decision")
+    assert first_watch < last_decision - 20  # the watch ran while the tick went on
+
+
 async def test_one_failing_target_costs_only_its_own_decision(
     decided: list[str], caplog: pytest.LogCaptureFixture
 ) -> None:
