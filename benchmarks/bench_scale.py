@@ -505,14 +505,26 @@ class Burst:
     cpu_s: dict[str, float]  # process -> CPU seconds it used from the apply to all Ready
 
 
+def cluster_for(b: Bench, n: int) -> None:
+    """A fresh control plane with GPU nodes for ``n`` engines and the chart installed."""
+    start_cluster(b)
+    add_gpu_nodes(b, planned_gpu(_example()), n)
+    install(b)
+
+
+def write_targets(b: Bench, n: int) -> Path:
+    """The manifest of ``n`` targets the burst applies."""
+    manifest = b.work / "targets.yaml"
+    manifest.write_text(target_docs(_example(), n, NAMESPACES))
+    return manifest
+
+
 def burst(b: Bench, n: int, timeout_s: float) -> Burst:
     """Apply ``n`` targets at once; note when each turns Deployed and Ready."""
     from kubernetes import client
 
     assert b.cluster is not None
-    doc = _example()
-    manifest = b.work / "targets.yaml"
-    manifest.write_text(target_docs(doc, n, NAMESPACES))
+    manifest = write_targets(b, n)
     listed: Any = client.CustomObjectsApi(b.api).list_cluster_custom_object(GROUP, VERSION, PLURAL)
     pool, cpu = ThreadPoolExecutor(1), cpu_seconds(b)
     try:
@@ -598,12 +610,9 @@ def no_operator(n: int, args: argparse.Namespace, work: Path) -> Baseline:
     third."""
     with contextlib.ExitStack() as stack:
         b = Bench(work, stack)
-        start_cluster(b)
-        add_gpu_nodes(b, planned_gpu(_example()), n)
-        install(b)
+        cluster_for(b, n)
         assert b.cluster is not None
-        targets = b.work / "targets.yaml"
-        targets.write_text(target_docs(_example(), n, NAMESPACES))
+        targets = write_targets(b, n)
         kids = []
         for i, chunk in enumerate(chunked(rendered_children(targets), CHILD_APPLIERS)):
             kids.append(b.work / f"children-{i}.json")
@@ -668,9 +677,7 @@ def run_one(n: int, args: argparse.Namespace, work: Path) -> Result:
     with contextlib.ExitStack() as stack:
         b = Bench(work, stack)
         t = time.monotonic()
-        start_cluster(b)
-        add_gpu_nodes(b, planned_gpu(_example()), n)
-        install(b)
+        cluster_for(b, n)
         start_prometheus(b)
         start_operator(b, args.loop_interval_s, args.verbose)
         progress(f"N={n}: cluster, chart, Prometheus and operator up in "

@@ -616,8 +616,9 @@ class RecentlyDeleted:
     Why: a timer or daemon without kopf's finalizer is not stopped by the deletion
     itself. kopf runs the watch handlers of an event before it re-matches the object's
     timers and daemons against their ``when`` filters, so ``target_event`` recording the
-    uid here makes their ``alive`` filter fail in that same event, and kopf stops them. The uid is
-    needed only for that moment; the bound keeps a long-lived operator's memory flat.
+    uid here makes their ``alive`` filter fail in that same event, and kopf stops them.
+    The uid is needed only for that moment; the bound keeps a long-lived operator's
+    memory flat.
     """
 
     def __init__(self, size: int = 4096) -> None:
@@ -784,8 +785,8 @@ def deployment_event(rt: Runtime, body: Mapping[str, Any], kind: str) -> None:
 async def target_event(event: kopf.RawEvent, name: str | None, namespace: str | None,
                  memo: kopf.Memo, **_: Any) -> None:  # fmt: skip
     """Drop a deleted target's metric series and the loop's memory of it, and stop its
-    timer and daemon (``RecentlyDeleted``). A watch event rather than on.delete: a deletion handler
-    would need a finalizer, and the children go by garbage collection."""
+    timer and daemon (``RecentlyDeleted``). A watch event rather than on.delete: a
+    deletion handler would need a finalizer, and the children go by garbage collection."""
     if event.get("type") == "DELETED":
         uid = ((event.get("object") or {}).get("metadata") or {}).get("uid")
         DELETED.add(str(uid))
