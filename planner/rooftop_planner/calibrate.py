@@ -289,7 +289,7 @@ def fit_engine_curves(
     allreduce = fit_allreduce(read_table(folder / "custom_allreduce_perf.csv.gz"))
     version = _version(ops, table_gpu, engine)
     return KernelCurves(table_gpu, engine, version, gemm, decode, prefill, allreduce, moe,
-                        gpu.interconnect_bytes_per_s)  # fmt: skip
+                        gpu.interconnect_bytes_per_s, bw, dict(gpu.dense_flops_per_s))  # fmt: skip
 
 
 def _attention_curves(
@@ -532,6 +532,8 @@ def curves_to_mapping(kc: KernelCurves) -> dict[str, Any]:
         "engine": kc.engine,
         "engine_version": kc.engine_version,
         "interconnect_bytes_per_s": kc.interconnect_bytes_per_s,
+        "hbm_bytes_per_s": kc.hbm_bytes_per_s,
+        "dense_flops_per_s": dict(kc.flops_per_s),
         "gemm": {k: curve(c) for k, c in kc.gemm.items()},
         "decode_attention": {k: curve(c) for k, c in kc.decode_attention.items()},
         "prefill_attention": {k: curve(c) for k, c in kc.prefill_attention.items()},

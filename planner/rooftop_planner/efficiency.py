@@ -5,8 +5,9 @@ rooftop_planner.calibrate --write`` from the measured kernel tables in ``data/op
 end-to-end rows of ``data/measured/calibration.csv`` (never edited by hand).
 
 Lookup for a (GPU, engine) pair: the engine's curves measured on that GPU; a GPU without
-tables borrows the curves of the nearest architecture (``GPU_TABLES``), applied to its own
-peaks, and says so (``Efficiency.borrowed_from``). Engines without tables of their own
+tables borrows the curves of the nearest architecture (``GPU_TABLES``), scaled by the
+ratio of its roofline to the measured GPU's (``kernels``), and says so
+(``Efficiency.borrowed_from``). Engines without tables of their own
 borrow a sibling's (NIM for LLMs runs TensorRT-LLM underneath).
 """
 

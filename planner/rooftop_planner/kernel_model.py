@@ -12,6 +12,8 @@ plus the LM head once per step over the sequences that sample (m × hidden → v
 
 GEMM weight bytes use the weight dtype (int4 reads half a byte per weight), compute runs
 on the GPU's tensor cores for that dtype where it has them (``Deployment.compute_dtype``).
+A GPU that borrows another's curves scales that GPU's kernel times by the ratio of their
+rooflines (``kernels`` module docstring).
 """
 
 from __future__ import annotations
@@ -38,6 +40,15 @@ GRID_OCTAVES = 17
 def _gemm_curve(dep: Deployment) -> Curve:
     kernels = dep.efficiency.kernels
     return IDEAL if kernels is None else kernels.gemm_curve(dep.compute_dtype)
+
+
+def measured_on(dep: Deployment, compute_dtype: str) -> tuple[float, float] | None:
+    """The measured GPU's (HBM bytes/s, FLOP/s) when ``dep``'s GPU borrows its curves;
+    None when the curves are the GPU's own (or do not record their GPU's peaks)."""
+    kernels = dep.efficiency.kernels
+    if kernels is None or not dep.efficiency.borrowed_from:
+        return None
+    return kernels.measured_on(compute_dtype)
 
 
 def gemm_s(dep: Deployment, m: float, n: float, k: float) -> float:
@@ -83,10 +94,11 @@ def moe_s(dep: Deployment, tokens: float) -> float:
     moved = touched * expert * BYTES_PER_DTYPE[dep.weight_dtype]
     flops = 2.0 * tokens * m.experts_per_token * expert
     per_expert = tokens * k_over_e
-    gpu = dep.gpu
+    gpu, dtype = dep.gpu, dep.compute_dtype
     return curve.time_s(
-        moved, flops, per_expert, gpu.hbm_bytes_per_s, gpu.flops_per_s(dep.compute_dtype)
-    )
+        moved, flops, per_expert, gpu.hbm_bytes_per_s, gpu.flops_per_s(dtype),
+        measured_on=measured_on(dep, dtype),
+    )  # fmt: skip
 
 
 def allreduce_s(dep: Deployment, message_bytes: float) -> float:
@@ -112,10 +124,11 @@ def _gemms_s(dep: Deployment, m: FloatArray, n: float, k: float) -> FloatArray:
     """``gemm_s`` over an array of token counts."""
     weight = n * k * BYTES_PER_DTYPE[dep.weight_dtype]
     moved = weight + (m * k + m * n) * ACTIVATION_BYTES
-    gpu = dep.gpu
+    gpu, dtype = dep.gpu, dep.compute_dtype
     return _gemm_curve(dep).times_s(
-        moved, 2.0 * m * n * k, m, gpu.hbm_bytes_per_s, gpu.flops_per_s(dep.compute_dtype)
-    )
+        moved, 2.0 * m * n * k, m, gpu.hbm_bytes_per_s, gpu.flops_per_s(dtype),
+        measured_on=measured_on(dep, dtype),
+    )  # fmt: skip
 
 
 def allreduces_s(dep: Deployment, message_bytes: FloatArray) -> FloatArray:
@@ -178,6 +191,8 @@ class StepModel:
         )
         self.bw = dep.gpu.hbm_bytes_per_s
         self.peak = dep.gpu.flops_per_s("bf16")
+        # attention runs in 16-bit on every GPU; a borrowed GPU's curves refer to these
+        self.measured_on = measured_on(dep, "bf16")
         self.overhead_s = eff.overhead.step_s + m.num_layers * eff.overhead.layer_s
         self.scale = eff.time_scale
 
@@ -254,18 +269,29 @@ def _attention_rows(
     head_dim = column([m.dep.model.head_dim for m in models])
     kv_bytes = column([m.kv_bytes_per_token_layer for m in models])
     bw, peak = column([m.bw for m in models]), column([m.peak for m in models])
+    measured = _measured_columns(models)
     seqs = np.maximum(decode_seqs, 1e-9)
     decode = first.decode.times_s(
         context * kv_bytes, 4.0 * q_heads * head_dim * context, context / seqs, bw, peak,
-        decode_seqs,
+        decode_seqs, measured,
     )  # fmt: skip
     chunk = np.maximum(prefill, 1e-9)
     moved = prefill * (q_heads + 2.0 * kv_heads) * head_dim * ACTIVATION_BYTES
     pre = first.prefill.times_s(
-        moved, 4.0 * q_heads * head_dim * attended, 2.0 * attended / chunk, bw, peak
-    )
+        moved, 4.0 * q_heads * head_dim * attended, 2.0 * attended / chunk, bw, peak,
+        measured_on=measured,
+    )  # fmt: skip
     out: FloatArray = np.where(decode_seqs > 0, decode, 0.0) + np.where(prefill > 0, pre, 0.0)
     return out
+
+
+def _measured_columns(models: list[StepModel]) -> tuple[FloatArray, FloatArray] | None:
+    """The measured GPUs' peaks as D × 1 columns (a GPU's own where it is not borrowing),
+    or None when no model borrows: then the curves run on each GPU's own peaks."""
+    if all(m.measured_on is None for m in models):
+        return None
+    rates = [m.measured_on or (m.bw, m.peak) for m in models]
+    return column([r[0] for r in rates]), column([r[1] for r in rates])
 
 
 def _grid_rows(tables: FloatArray, tokens: FloatArray) -> FloatArray:

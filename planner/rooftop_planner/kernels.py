@@ -12,6 +12,17 @@ sequence; prefill attention: prompt length; MoE: tokens per expert), η are piec
 linear in x between knots, t0 is the kernel's fixed latency (s) and t_item a cost per
 sequence (decode attention). All-reduce is latency plus bytes over a fitted bus
 bandwidth per GPU count. Times in seconds, bytes, FLOP.
+
+A GPU without tables of its own borrows another's curves (``measured_on``): its kernel
+takes the measured GPU's time, scaled by the ratio of the two rooflines,
+
+    t = t0 + n_items · t_item + smoothmax(…on the measured GPU…) · R,
+    R = max(bytes / BW, FLOPs / peak) / max(bytes / BW_measured, FLOPs / peak_measured),
+
+so what transfers is the kernel's efficiency against its roofline at that driver. The
+fractions alone do not transfer where a table never pins one down: a few-token GEMM is
+memory-bound on the L40S whatever its fitted FLOP fraction, and the same fraction on an
+A10G (a fifth of the FLOP/s per byte) would make it compute-bound at twice its time.
 """
 
 from __future__ import annotations
@@ -83,11 +94,19 @@ class Curve:
         hbm_bytes_per_s: float,
         flops_per_s: float,
         items: float = 0.0,
+        measured_on: tuple[float, float] | None = None,
     ) -> float:
+        """Seconds on a GPU with these peaks; ``measured_on``: the (HBM bytes/s, FLOP/s)
+        of the GPU the curve was fitted on, when that is another GPU."""
+        bw, peak = measured_on or (hbm_bytes_per_s, flops_per_s)
         x = _log2(driver)
-        memory = bytes_moved / (hbm_bytes_per_s * interp(x, self.knots, self.mem_eff))
-        compute = flops / (flops_per_s * interp(x, self.knots, self.flop_eff))
-        return self.t0_s + items * self.item_s + smooth_max(memory, compute)
+        memory = bytes_moved / (bw * interp(x, self.knots, self.mem_eff))
+        compute = flops / (peak * interp(x, self.knots, self.flop_eff))
+        scale = 1.0
+        if measured_on is not None:
+            roofline = max(bytes_moved / hbm_bytes_per_s, flops / flops_per_s)
+            scale = roofline / max(bytes_moved / bw, flops / peak, 1e-30)
+        return self.t0_s + items * self.item_s + smooth_max(memory, compute) * scale
 
     def times_s(
         self,
@@ -97,13 +116,21 @@ class Curve:
         hbm_bytes_per_s: FloatArray | float,
         flops_per_s: FloatArray | float,
         items: FloatArray | float = 0.0,
+        measured_on: tuple[FloatArray | float, FloatArray | float] | None = None,
     ) -> FloatArray:
         """``time_s`` over arrays (the search evaluates its batch grids at once; the GPU's
-        rates may vary along the arrays' first axis)."""
+        rates, and the measured GPU's, may vary along the arrays' first axis)."""
+        bw, peak = measured_on or (hbm_bytes_per_s, flops_per_s)
         x = np.log2(np.maximum(driver, 1.0))
-        memory = bytes_moved / (hbm_bytes_per_s * np.interp(x, self.knots, self.mem_eff))
-        compute = flops / (flops_per_s * np.interp(x, self.knots, self.flop_eff))
-        out: FloatArray = self.t0_s + items * self.item_s + (memory**4 + compute**4) ** 0.25
+        memory = bytes_moved / (bw * np.interp(x, self.knots, self.mem_eff))
+        compute = flops / (peak * np.interp(x, self.knots, self.flop_eff))
+        kernel = (memory**4 + compute**4) ** 0.25
+        if measured_on is not None:
+            roofline = np.maximum(bytes_moved / hbm_bytes_per_s, flops / flops_per_s)
+            kernel = (
+                kernel * roofline / np.maximum(np.maximum(bytes_moved / bw, flops / peak), 1e-30)
+            )
+        out: FloatArray = self.t0_s + items * self.item_s + kernel
         return out
 
     @classmethod
@@ -165,8 +192,9 @@ class KernelCurves:
         decode_attention / prefill_attention: by KV dtype (``bf16``, ``fp8``).
         allreduce: by GPU count.
         moe: fused MoE layer by compute dtype (absent where the engine has no table).
-        hbm_bytes_per_s / flops_per_s: the measured GPU's peaks the fractions refer to.
         interconnect_bytes_per_s: its GPU-to-GPU bandwidth (all-reduce is rescaled by it).
+        hbm_bytes_per_s / flops_per_s: the measured GPU's peaks the fractions refer to
+            (dense FLOP/s by compute dtype); 0 / empty in curves stored without them.
     """
 
     table_gpu: str
@@ -178,6 +206,16 @@ class KernelCurves:
     allreduce: Mapping[int, AllReduce]
     moe: Mapping[str, Curve] = field(default_factory=dict)
     interconnect_bytes_per_s: float = 0.0
+    hbm_bytes_per_s: float = 0.0
+    flops_per_s: Mapping[str, float] = field(default_factory=dict)
+
+    def measured_on(self, compute_dtype: str) -> tuple[float, float] | None:
+        """(HBM bytes/s, FLOP/s) of the measured GPU for ``compute_dtype``; None when
+        these curves do not record them."""
+        peak = self.flops_per_s.get(compute_dtype)
+        if not self.hbm_bytes_per_s or peak is None:
+            return None
+        return self.hbm_bytes_per_s, peak
 
     def gemm_curve(self, dtype: str) -> Curve:
         return self.gemm.get(dtype) or self.gemm["bf16"]
@@ -215,4 +253,8 @@ class KernelCurves:
             },
             moe=curves("moe"),
             interconnect_bytes_per_s=float(data.get("interconnect_bytes_per_s", 0.0)),
+            hbm_bytes_per_s=float(data.get("hbm_bytes_per_s", 0.0)),
+            flops_per_s={
+                str(k): float(v) for k, v in (data.get("dense_flops_per_s") or {}).items()
+            },
         )
