@@ -176,7 +176,8 @@ class Catalog:
 # ---------------------------------------------------------------- name matching
 
 _MODEL_SUFFIXES = re.compile(
-    r"(-(instruct|chat|hf|fp8|fp8-dynamic|awq|gptq|int4|int8|w4a16|w8a8|base|it))+$"
+    r"(-(instruct|chat|hf|fp8|fp8-dynamic|fp8-static|fp8-block|fp4|nvfp4|mxfp4|awq|gptq"
+    r"|int4|int8|w4a16|w8a8|w4a4|quantized\.w\d+a\d+|base|it))+$"
 )
 _VERSION_SUFFIX = re.compile(r"-v0\.\d+$")
 

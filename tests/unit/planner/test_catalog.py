@@ -64,6 +64,11 @@ def test_every_gpu_cites_its_sources(gpu_id: str) -> None:
         ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"),
         ("Qwen/Qwen2.5-72B-Instruct-AWQ", "qwen2.5-72b"),
         ("LLAMA-3.3-70B", "llama-3.3-70b"),
+        # quantized checkpoints as their publishers name them
+        ("nvidia/Llama-3.3-70B-Instruct-FP4", "llama-3.3-70b"),
+        ("RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", "llama-3.3-70b"),
+        ("neuralmagic/Meta-Llama-3.1-8B-Instruct-quantized.w8a8", "llama-3.1-8b"),
+        ("Qwen/Qwen3-32B-FP8", "qwen3-32b"),
     ],
 )
 def test_model_aliases(name: str, expected: str) -> None:
