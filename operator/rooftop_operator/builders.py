@@ -29,6 +29,7 @@ from rooftop_operator import engine_security
 from rooftop_operator.engine_security import PodSecurity
 from rooftop_operator.specs import TargetRef
 from rooftop_planner.inventory import gpu_toleration
+from rooftop_planner.perf import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from rooftop_planner.plan import Plan
 from rooftop_planner.weights import ONLINE_FP8, VLLM_DTYPE, Weights, vllm_kv_cache_dtype
 
@@ -51,7 +52,8 @@ VLLM_COMMAND: Final = ("vllm", "serve")
 ENGINE_FLAGS: Final = frozenset(
     {
         "--served-model-name", "--tensor-parallel-size", "--max-num-seqs", "--max-model-len",
-        "--gpu-memory-utilization", "--dtype", "--quantization", "--kv-cache-dtype", "--port",
+        "--gpu-memory-utilization", "--max-num-batched-tokens", "--dtype", "--quantization",
+        "--kv-cache-dtype", "--port",
     }
 )  # fmt: skip
 # Per GPU in the pod: CPU and host memory for tokenization, weight loading and the
@@ -200,6 +202,10 @@ def vllm_args(inp: EngineInputs) -> list[str]:
     if plan.max_model_len:
         args += ["--max-model-len", str(plan.max_model_len)]
     args += ["--gpu-memory-utilization", f"{plan.gpu_memory_utilization:g}"]
+    # The plan times prompts in chunks of this many tokens per step. vLLM's own default
+    # depends on the GPU (2,048 on A100s and on cards under 70 GiB, 16,384 from 160 GiB),
+    # so the engine is told the planner's.
+    args += ["--max-num-batched-tokens", str(DEFAULT_MAX_NUM_BATCHED_TOKENS)]
     if plan.weight_dtype in VLLM_DTYPE:
         args += ["--dtype", VLLM_DTYPE[plan.weight_dtype]]
     if weights.quantization:

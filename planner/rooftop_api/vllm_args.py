@@ -48,6 +48,7 @@ PLANNED: Final[Mapping[str, str]] = {
     "data_parallel_size_local": _GPUS,
     "prefill_context_parallel_size": _GPUS,  # multiplies vLLM's world size (GPU count)
     "max_num_seqs": "the plan and the feedback loop choose it",
+    "max_num_batched_tokens": "the plan times prompts in chunks of its token budget per step",
     "max_model_len": "set spec.engine.maxModelLen",
     "gpu_memory_utilization": "the plan chooses it and sizes the KV cache with it",
     "kv_cache_memory_bytes": "the plan sizes the KV cache",

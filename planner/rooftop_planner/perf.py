@@ -26,7 +26,9 @@ GIB = 1024**3
 # CUDA context, NCCL buffers, CUDA graphs and allocator slack that vLLM does not give to KV.
 RUNTIME_RESERVE_BYTES = 1.5 * GIB
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.90  # vLLM's default --gpu-memory-utilization
-DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192  # vLLM V1 default chunked-prefill budget (API server)
+# Tokens per engine step (chunked prefill). vLLM's API server defaults to 8,192 on H100 and
+# H200 only; the operator passes this value on every GPU, so plans and pods agree.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 8192
 DEFAULT_MAX_NUM_SEQS = 256
 BLOCK_TOKENS = 16  # vLLM's default KV block size
 

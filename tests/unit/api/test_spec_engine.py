@@ -28,6 +28,7 @@ from rooftop_api.spec import Engine
         (["--dtype", "half"], r"'--dtype' sets dtype.*spec\.constraints\.weightDtypes"),
         (["-qawq"], r"'-qawq' sets quantization \(-q\).*weightDtypes"),
         (["--kv-cache-dtype=fp8"], r"spec\.constraints\.kvDtypes"),
+        (["--max-num-batched-tokens=2048"], r"sets max_num_batched_tokens.*chunks of its token"),
         (["--max-model-len", "4096"], r"sets max_model_len.*spec\.engine\.maxModelLen"),
         (["--num-gpu-blocks-override", "100"], r"sets num_gpu_blocks_override.*KV cache"),
         (["--device-memory-utilization", "0.5"], r"sets gpu_memory_utilization"),
@@ -68,7 +69,7 @@ def test_extra_args_that_fight_the_plan_or_crash_the_engine_are_refused(
 @pytest.mark.parametrize(
     "args",
     [
-        ["--enable-prefix-caching", "--max-num-batched-tokens=8192"],
+        ["--enable-prefix-caching", "--long-prefill-token-threshold=512"],
         ["--no-enable-prefix-caching"],
         ["--block-size", "32"],
         ["--compilation-config.mode", "3"],

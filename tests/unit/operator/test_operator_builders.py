@@ -12,6 +12,7 @@ from operator_fakes import NS, SPEC, UID, make_plan
 
 from rooftop_operator import builders
 from rooftop_operator.specs import TargetRef, parse_spec
+from rooftop_planner import perf
 from rooftop_planner.catalog import Catalog
 from rooftop_planner.weights import Weights, resolve_weights
 from rooftop_sim.engine import server as engine_sim
@@ -97,6 +98,8 @@ def test_vllm_args_carry_the_plan(catalog: Catalog) -> None:
     assert got["--max-num-seqs"] == "48"
     assert got["--max-model-len"] == "4096"
     assert got["--gpu-memory-utilization"] == "0.9"
+    # the token budget the plan's prefill chunks assume, whatever vLLM's default on this GPU
+    assert got["--max-num-batched-tokens"] == str(perf.DEFAULT_MAX_NUM_BATCHED_TOKENS)
     assert got["--quantization"] == "fp8_per_tensor"  # online fp8; "fp8" is deprecated
     assert got["--port"] == "8000"
     # First served name is the one vLLM puts in the model_name metric label.
