@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rooftop_planner.batching import EngineLimits, Prediction, predict_continuous, predict_static
-from rooftop_planner.catalog import BYTES_PER_DTYPE, Catalog
+from rooftop_planner.catalog import BYTES_PER_DTYPE, Catalog, GpuSpec
 from rooftop_planner.efficiency import EfficiencyTable
 from rooftop_planner.perf import Deployment
 
@@ -44,7 +44,7 @@ class Scenario:
         if self.batch is not None:
             return predict_static(self.deployment, self.batch, self.isl, self.osl)
         assert self.concurrency is not None
-        limits = EngineLimits(max_num_seqs=max(self.concurrency, 256))
+        limits = default_limits(self.engine, self.deployment.gpu, self.concurrency)
         return predict_continuous(self.deployment, self.concurrency, self.isl, self.osl, limits)
 
     def _beyond_context(self) -> str:
@@ -57,6 +57,28 @@ class Scenario:
             f"{model.max_context:,}-token context (max_position_embeddings); engines refuse "
             "such requests, so nothing is predicted"
         )
+
+
+GIB = 2**30
+
+
+def default_limits(engine: str, gpu: GpuSpec, concurrency: int) -> EngineLimits:
+    """The scheduler caps a benchmark of ``engine`` ran with when it set none.
+
+    vLLM's API server picks them by GPU (``EngineArgs.get_batch_defaults``, vLLM 0.8 on):
+    from 160 GiB of GPU memory 1,024 sequences and 16,384 tokens per step; from 70 GiB,
+    A100s excepted, 1,024 and 8,192; below, 256 and 2,048. So 512 clients on an A100 run
+    256 at a time and the rest queue. Other engines: the clients run as far as the KV
+    cache holds them, with 8,192 tokens per step.
+    """
+    if engine != "vllm":
+        return EngineLimits(max_num_seqs=max(concurrency, 256))
+    memory_gib = gpu.hbm_bytes / GIB
+    if memory_gib >= 160:
+        return EngineLimits(max_num_seqs=1024, max_num_batched_tokens=16384)
+    if memory_gib >= 70 and not gpu.id.startswith("a100"):
+        return EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192)
+    return EngineLimits(max_num_seqs=256, max_num_batched_tokens=2048)
 
 
 _DTYPE_WORDS = (

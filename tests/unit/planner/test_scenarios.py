@@ -1,0 +1,55 @@
+"""Benchmark rows are predicted with the scheduler caps their engine ran with.
+
+A published vLLM run sets no ``--max-num-seqs`` or ``--max-num-batched-tokens`` as a rule,
+so it ran with vLLM's defaults, which depend on the GPU (``EngineArgs.get_batch_defaults``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from rooftop_planner.catalog import load_catalog
+from rooftop_planner.efficiency import load_efficiency
+from rooftop_planner.scenarios import default_limits, scenario_from_row
+
+CATALOG = load_catalog()
+
+
+@pytest.mark.parametrize(
+    ("gpu", "seqs", "tokens"),
+    [
+        ("h100-sxm", 1024, 8192),  # 79.6 GiB
+        ("h200", 1024, 8192),  # 140 GiB: below vLLM's 160 GiB step
+        ("gh200", 1024, 8192),
+        ("b200", 1024, 16384),  # 179 GiB
+        ("a100-80gb", 256, 2048),  # A100s keep the small defaults at any size
+        ("l40s", 256, 2048),
+        ("a10g", 256, 2048),
+    ],
+)
+def test_vllm_defaults_follow_the_gpu(gpu: str, seqs: int, tokens: int) -> None:
+    limits = default_limits("vllm", CATALOG.gpu(gpu), 64)
+    assert (limits.max_num_seqs, limits.max_num_batched_tokens) == (seqs, tokens)
+
+
+def test_other_engines_run_every_client_the_kv_cache_holds() -> None:
+    assert default_limits("sglang", CATALOG.gpu("a100-80gb"), 512).max_num_seqs == 512
+    assert default_limits("trtllm", CATALOG.gpu("h100-sxm"), 2000).max_num_seqs == 2000
+
+
+def row(gpu: str, concurrency: int, engine: str) -> dict[str, str]:
+    return {"model": "llama-3.1-70b", "gpu": gpu, "tp": "8", "weight_dtype": "bf16",
+            "kv_dtype": "", "isl": "1000", "osl": "1000", "concurrency": str(concurrency),
+            "batch": "", "engine": engine}  # fmt: skip
+
+
+def test_512_vllm_clients_on_a100s_decode_256_at_a_time_and_the_rest_queue() -> None:
+    """70B on 8 A100-80GB holds ~900 sequences of 1,500 tokens, so only vLLM's default
+    cap of 256 stops 512 clients from running at once."""
+    table = load_efficiency()
+    vllm = scenario_from_row(row("a100-80gb", 512, "vllm"), CATALOG, table).predict()
+    at_cap = scenario_from_row(row("a100-80gb", 256, "vllm"), CATALOG, table).predict()
+    sglang = scenario_from_row(row("a100-80gb", 512, "sglang"), CATALOG, table).predict()
+    assert vllm.tpot_s == pytest.approx(at_cap.tpot_s, rel=1e-9)
+    assert vllm.ttft_s > 2 * at_cap.ttft_s  # the other 256 wait for a seat
+    assert sglang.tpot_s > 1.2 * vllm.tpot_s  # runs all 512
