@@ -47,7 +47,11 @@ class GpuSpec:
         hbm_bytes: device memory the engine can see.
         hbm_bytes_per_s: peak HBM bandwidth.
         dense_flops_per_s: dense tensor FLOP/s by compute dtype (bf16, fp8, int8, fp4).
-        interconnect_bytes_per_s: GPU-to-GPU bandwidth per direction inside a node.
+        interconnect_bytes_per_s: GPU-to-GPU bandwidth per direction inside a node (inside
+            a link group where the GPUs come in groups).
+        link_group_gpus: GPUs one interconnect joins (NVLink bridges join H100 NVLs in
+            pairs); 0 when it joins the whole node.
+        beyond_group_bytes_per_s: per-direction bandwidth between link groups (PCIe).
         gpus_per_node: most GPUs one tensor-parallel group can use (one node).
         usd_per_gpu_hour: default on-demand price of one GPU.
         node_label_key / node_label_value: the node label that selects this GPU.
@@ -70,6 +74,15 @@ class GpuSpec:
     resource_name: str = "nvidia.com/gpu"
     family: str = "cuda"
     sources: Mapping[str, str] = field(default_factory=dict)
+    link_group_gpus: int = 0
+    beyond_group_bytes_per_s: float = 0.0
+
+    def link_bytes_per_s(self, gpus: int) -> float:
+        """Per-direction bandwidth a tensor-parallel group of ``gpus`` all-reduces over:
+        the interconnect inside a link group, the slower link once the group spans more."""
+        if self.link_group_gpus and gpus > self.link_group_gpus:
+            return self.beyond_group_bytes_per_s
+        return self.interconnect_bytes_per_s
 
     @property
     def node_label(self) -> str:
@@ -341,6 +354,7 @@ def _gpu_from_entry(gpu_id: str, entry: Mapping[str, Any]) -> GpuSpec:
     values["usd_per_gpu_hour"] = _price(at + "usd_per_gpu_hour", entry.get("usd_per_gpu_hour"))
     per_node = entry.get("gpus_per_node", _DEFAULT_GPUS_PER_NODE)
     values["gpus_per_node"] = _count(at + "gpus_per_node", per_node)
+    values.update(_link_group(at, entry))
     values.setdefault("name", gpu_id)
     values.setdefault("interconnect", "unknown")
     values.setdefault("node_label_value", gpu_id)
@@ -351,6 +365,23 @@ def _gpu_from_entry(gpu_id: str, entry: Mapping[str, Any]) -> GpuSpec:
             f"{', '.join(ACCELERATOR_FAMILIES)}"
         )
     return GpuSpec(**values)
+
+
+def _link_group(at: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    """``link_group_gpus`` and ``beyond_group_bytes_per_s``: both or neither."""
+    group, beyond = entry.get("link_group_gpus"), entry.get("beyond_group_bytes_per_s")
+    if group is None and beyond is None:
+        return {}
+    if group is None or beyond is None:
+        missing = "beyond_group_bytes_per_s" if beyond is None else "link_group_gpus"
+        raise CatalogError(
+            f"{at}{missing}: missing; link_group_gpus (GPUs one interconnect joins) and "
+            "beyond_group_bytes_per_s (the link between groups, e.g. PCIe) go together"
+        )
+    return {
+        "link_group_gpus": _count(at + "link_group_gpus", group),
+        "beyond_group_bytes_per_s": _positive(at + "beyond_group_bytes_per_s", beyond),
+    }
 
 
 def _model_numbers(entry: Mapping[str, Any], at: Callable[[str], str]) -> dict[str, Any]:

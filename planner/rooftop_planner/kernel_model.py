@@ -111,7 +111,7 @@ def allreduce_s(dep: Deployment, message_bytes: float) -> float:
     from a host whose PCIe all-reduce reaches a seventh of a typical PCIe 4 server's).
     """
     kernels = dep.efficiency.kernels
-    rate = dep.gpu.interconnect_bytes_per_s * dep.tp / (2.0 * (dep.tp - 1))
+    rate = dep.gpu.link_bytes_per_s(dep.tp) * dep.tp / (2.0 * (dep.tp - 1))
     if kernels is None or not kernels.allreduce:
         return message_bytes / rate  # the ideal ring
     measured = kernels.allreduce_for(dep.tp)
@@ -133,7 +133,7 @@ def _gemms_s(dep: Deployment, m: FloatArray, n: float, k: float) -> FloatArray:
 
 def allreduces_s(dep: Deployment, message_bytes: FloatArray) -> FloatArray:
     """``allreduce_s`` over an array of message sizes."""
-    rate = dep.gpu.interconnect_bytes_per_s * dep.tp / (2.0 * (dep.tp - 1))
+    rate = dep.gpu.link_bytes_per_s(dep.tp) * dep.tp / (2.0 * (dep.tp - 1))
     kernels = dep.efficiency.kernels
     if kernels is None or not kernels.allreduce:
         out: FloatArray = message_bytes / rate
@@ -317,7 +317,7 @@ def _token_tables(dep: Deployment) -> Tables:
     m = dep.model
     key = (m.id, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim,
            m.intermediate_size, m.vocab_size, m.num_experts, m.experts_per_token,
-           dep.gpu.id, dep.gpu.hbm_bytes_per_s, dep.gpu.interconnect_bytes_per_s,
+           dep.gpu.id, dep.gpu.hbm_bytes_per_s, dep.gpu.link_bytes_per_s(dep.tp),
            tuple(sorted(dep.gpu.dense_flops_per_s.items())), dep.tp, dep.weight_dtype,
            id(dep.efficiency.kernels))  # fmt: skip
     tables = _TABLES.get(key)

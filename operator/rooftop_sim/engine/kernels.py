@@ -436,7 +436,7 @@ class GpuTables:
         c = self.allreduce[n]
         latency = c.ys[0]
         measured = c.xs[-1] * 2.0 / (c.ys[-1] * 1e-3)  # bf16 bytes per second
-        ring = roof.dst.interconnect_bytes_per_s * n / (2.0 * (n - 1))
+        ring = roof.dst.link_bytes_per_s(gpus) * n / (2.0 * (n - 1))
         return Curve(c.xs, [latency + (y - latency) * measured / ring for y in c.ys])
 
 

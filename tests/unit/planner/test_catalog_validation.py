@@ -48,6 +48,8 @@ def user_catalog(tmp_path: Path, text: str) -> str:
             r"gpus\.l4\.dense_flops_per_s: unknown dtype\(s\) fp-8; use bf16",
         ),
         ("gpus:\n  l4:\n    gpus_per_node: 2.5\n", r"gpus\.l4\.gpus_per_node: must be a whole"),
+        ("gpus:\n  l4:\n    link_group_gpus: 2\n", r"gpus\.l4\.beyond_group_bytes_per_s: missing"),
+        ("gpus:\n  h100-nvl:\n    link_group_gpus: 0\n", r"gpus\.h100-nvl\.link_group_gpus"),
         ("gpus:\n  l4:\n    hbm_bytes: .inf\n", r"gpus\.l4\.hbm_bytes: .*infinity"),
         ("gpus:\n  l4:\n    hbm_bytes_per_s: .nan\n", r"gpus\.l4\.hbm_bytes_per_s: .*NaN"),
         ("models:\n  llama-3-8b:\n    num_kv_heads: 0\n", r"models\.llama-3-8b\.num_kv_heads"),
