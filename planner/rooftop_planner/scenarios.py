@@ -10,6 +10,7 @@ module maps them to catalog ids and says precisely what it could not understand.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -125,7 +126,7 @@ def normalize_engine(value: str) -> str:
         return "vllm"
     if "sglang" in text:
         return "sglang"
-    if "nim" in text.split() or text.startswith("nim"):
+    if re.search(r"\bnim\b", text):  # "NIM", "nvidia-nim", "NIM for LLMs 1.8"
         return "nim"
     if "tensorrt" in text or "trt" in text:
         return "trtllm"

@@ -10,7 +10,12 @@ import pytest
 
 from rooftop_planner.catalog import load_catalog
 from rooftop_planner.efficiency import load_efficiency
-from rooftop_planner.scenarios import default_limits, scenario_from_row
+from rooftop_planner.scenarios import (
+    ScenarioError,
+    default_limits,
+    normalize_engine,
+    scenario_from_row,
+)
 
 CATALOG = load_catalog()
 
@@ -53,3 +58,25 @@ def test_512_vllm_clients_on_a100s_decode_256_at_a_time_and_the_rest_queue() -> 
     assert vllm.tpot_s == pytest.approx(at_cap.tpot_s, rel=1e-9)
     assert vllm.ttft_s > 2 * at_cap.ttft_s  # the other 256 wait for a seat
     assert sglang.tpot_s > 1.2 * vllm.tpot_s  # runs all 512
+
+
+@pytest.mark.parametrize(
+    ("text", "engine"),
+    [
+        ("vLLM 0.8.5", "vllm"),
+        ("", "vllm"),
+        ("SGLang v0.4.6", "sglang"),
+        ("TensorRT-LLM 0.9.0 (static batch)", "trtllm"),
+        ("trtllm-serve", "trtllm"),
+        ("NIM", "nim"),
+        ("nvidia-nim", "nim"),
+        ("NIM for LLMs 1.8 (TRT-LLM backend)", "nim"),
+    ],
+)
+def test_engines_as_benchmarks_spell_them(text: str, engine: str) -> None:
+    assert normalize_engine(text) == engine
+
+
+def test_an_unknown_engine_names_the_column_and_the_choices() -> None:
+    with pytest.raises(ScenarioError, match="engine: unknown engine 'lmdeploy'; use vllm"):
+        normalize_engine("lmdeploy")
