@@ -53,6 +53,20 @@ def smooth_max(a: float, b: float) -> float:
     return float((a**SOFTMAX_SHARPNESS + b**SOFTMAX_SHARPNESS) ** (1.0 / SOFTMAX_SHARPNESS))
 
 
+Rates = tuple[FloatArray | float, FloatArray | float]  # (HBM bytes/s, FLOP/s)
+
+
+def roofline_ratio(
+    bytes_moved: FloatArray | float, flops: FloatArray | float, gpu: Rates, measured: Rates
+) -> FloatArray:
+    """R = max(bytes / BW, FLOPs / peak) on ``gpu`` over the same on ``measured``: what
+    a borrowed curve's kernel time is scaled by (module docstring)."""
+    here = np.maximum(np.divide(bytes_moved, gpu[0]), np.divide(flops, gpu[1]))
+    there = np.maximum(np.divide(bytes_moved, measured[0]), np.divide(flops, measured[1]))
+    out: FloatArray = here / np.maximum(there, 1e-30)
+    return out
+
+
 def interp(x: float, xs: Sequence[float], ys: Sequence[float]) -> float:
     """Piecewise-linear interpolation, flat beyond the ends (numpy.interp for one value)."""
     if x <= xs[0]:
@@ -104,8 +118,8 @@ class Curve:
         compute = flops / (peak * interp(x, self.knots, self.flop_eff))
         scale = 1.0
         if measured_on is not None:
-            roofline = max(bytes_moved / hbm_bytes_per_s, flops / flops_per_s)
-            scale = roofline / max(bytes_moved / bw, flops / peak, 1e-30)
+            scale = float(roofline_ratio(bytes_moved, flops, (hbm_bytes_per_s, flops_per_s),
+                                         measured_on))  # fmt: skip
         return self.t0_s + items * self.item_s + smooth_max(memory, compute) * scale
 
     def times_s(
@@ -116,7 +130,7 @@ class Curve:
         hbm_bytes_per_s: FloatArray | float,
         flops_per_s: FloatArray | float,
         items: FloatArray | float = 0.0,
-        measured_on: tuple[FloatArray | float, FloatArray | float] | None = None,
+        measured_on: Rates | None = None,
     ) -> FloatArray:
         """``time_s`` over arrays (the search evaluates its batch grids at once; the GPU's
         rates, and the measured GPU's, may vary along the arrays' first axis)."""
@@ -126,9 +140,8 @@ class Curve:
         compute = flops / (peak * np.interp(x, self.knots, self.flop_eff))
         kernel = (memory**4 + compute**4) ** 0.25
         if measured_on is not None:
-            roofline = np.maximum(bytes_moved / hbm_bytes_per_s, flops / flops_per_s)
-            kernel = (
-                kernel * roofline / np.maximum(np.maximum(bytes_moved / bw, flops / peak), 1e-30)
+            kernel = kernel * roofline_ratio(
+                bytes_moved, flops, (hbm_bytes_per_s, flops_per_s), measured_on
             )
         out: FloatArray = self.t0_s + items * self.item_s + kernel
         return out

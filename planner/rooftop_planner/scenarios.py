@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from rooftop_planner.batching import EngineLimits, Prediction, predict_continuous, predict_static
 from rooftop_planner.catalog import BYTES_PER_DTYPE, Catalog, GpuSpec
 from rooftop_planner.efficiency import EfficiencyTable
-from rooftop_planner.perf import Deployment
+from rooftop_planner.perf import GIB, Deployment
 
 
 class ScenarioError(ValueError):
@@ -58,9 +58,6 @@ class Scenario:
             f"{model.max_context:,}-token context (max_position_embeddings); engines refuse "
             "such requests, so nothing is predicted"
         )
-
-
-GIB = 2**30
 
 
 def default_limits(engine: str, gpu: GpuSpec, concurrency: int) -> EngineLimits:
