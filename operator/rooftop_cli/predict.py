@@ -22,7 +22,7 @@ from rooftop_cli import exits
 from rooftop_planner.catalog import Catalog, CatalogError, load_catalog, model_from_hf_config
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.explain import explain_step
-from rooftop_planner.scenarios import ScenarioError, scenario_from_row
+from rooftop_planner.scenarios import ScenarioError, checkpoint_dtype, scenario_from_row
 
 FORMATS = (JSON, YAML, TABLE, WIDE)
 PREDICT_INPUT = (
@@ -155,7 +155,8 @@ def _row(args: argparse.Namespace, model: str) -> dict[str, str]:
         "model": model,
         "gpu": args.gpu,
         "tp": str(args.tp),
-        "weight_dtype": args.weight_dtype,
+        # shown as planned: an unstated dtype is the checkpoint's (-FP8: fp8), else bf16
+        "weight_dtype": args.weight_dtype or checkpoint_dtype(model) or "bf16",
         "kv_dtype": args.kv_dtype,
         "isl": str(args.isl),
         "osl": str(args.osl),
@@ -252,7 +253,11 @@ def register(subparsers: Any) -> None:
     predict.add_argument("--catalog", metavar="FILE.yaml", help="your GPU/model catalog overrides")
     predict.add_argument("--gpu", help="catalog GPU id or common name (H100 80GB HBM3)")
     predict.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel size")
-    predict.add_argument("--weight-dtype", default="bf16")
+    predict.add_argument(
+        "--weight-dtype", default="",
+        help="bf16, fp16, fp8, int8, int4 or fp4 (default: the format the model name's "
+        "checkpoint suffix states, such as -FP8 or -AWQ, else bf16)",
+    )  # fmt: skip
     predict.add_argument("--kv-dtype", default="auto")
     predict.add_argument("--isl", type=_positive_int, default=1024, help="input tokens")
     predict.add_argument("--osl", type=_positive_int, default=256, help="output tokens")

@@ -195,9 +195,19 @@ _MODEL_SUFFIXES = re.compile(
 _VERSION_SUFFIX = re.compile(r"-v0\.\d+$")
 
 
+# Llama's family name as model pages and NIM ids write it without the dash:
+# "llama3.1-8b-instruct", "Llama3-70B" (Qwen's own ids keep "qwen3", as the catalog does).
+_LLAMA_VERSION = re.compile(r"^llama(\d)")
+
+
 def _model_key(name: str) -> str:
+    """The catalog's spelling of a model name: the repo's last part, lower case, words
+    joined by dashes (``Llama 3.1 8B Instruct``, ``meta/llama3-70b-instruct``), without
+    the organisation prefix and the instruct, quantization and version suffixes."""
     key = name.strip().lower().rsplit("/", 1)[-1]
+    key = re.sub(r"[\s_]+", "-", key)
     key = key.removeprefix("meta-")
+    key = _LLAMA_VERSION.sub(r"llama-\1", key)
     previous = None
     while previous != key:
         previous = key

@@ -100,13 +100,22 @@ _DTYPE_WORDS = (
 )
 
 
-def normalize_dtype(value: str, column: str, kv: bool = False) -> str:
-    """Map a dtype as sources write it to a catalog dtype; empty/unknown KV means ``auto``."""
+# A dtype column that says nothing: the engine's own choice.
+_UNSTATED = ("", "auto", "not stated", "default")
+# Checkpoint suffixes that name a weight format (``nvidia/Llama-3.3-70B-Instruct-FP8``,
+# ``...-quantized.w4a16``), checked before the generic words of ``_DTYPE_WORDS``.
+_CHECKPOINT_WORDS = (("w4a4", "fp4"), *_DTYPE_WORDS)
+
+
+def normalize_dtype(value: str, column: str, kv: bool = False, model_name: str = "") -> str:
+    """Map a dtype as sources write it to a catalog dtype. An unstated KV dtype is
+    ``auto``; an unstated weight dtype is the one ``model_name``'s checkpoint suffix
+    names (``-FP8``, ``-AWQ``, ``-NVFP4``), else bf16, as an engine loads it."""
     text = value.strip().lower()
-    if kv and (not text or text in ("auto", "not stated", "default") or "presumed" in text):
+    if kv and (text in _UNSTATED or "presumed" in text):
         return "auto"
-    if not kv and not text:
-        return "bf16"
+    if not kv and text in _UNSTATED:
+        return checkpoint_dtype(model_name) or "bf16"
     for word, dtype in _DTYPE_WORDS:
         if word in text:
             return dtype
@@ -114,6 +123,14 @@ def normalize_dtype(value: str, column: str, kv: bool = False) -> str:
         return text
     allowed = "auto, fp8, bf16, fp16, int8" if kv else "bf16, fp16, fp8, int8, int4, fp4"
     raise ScenarioError(f"{column}: unknown dtype {value!r}; use one of {allowed}")
+
+
+def checkpoint_dtype(model_name: str) -> str | None:
+    """The weight dtype a checkpoint's name states (``Llama-3.1-8B-Instruct-FP8``: fp8),
+    or None. Only the part after the organisation is read, word by word, so a size or a
+    version is never taken for a format."""
+    words = re.split(r"[-_.\s]+", model_name.strip().lower().rsplit("/", 1)[-1])
+    return next((dtype for word, dtype in _CHECKPOINT_WORDS if word in words), None)
 
 
 def normalize_engine(value: str) -> str:
@@ -168,7 +185,9 @@ def scenario_from_row(
         model=model,
         gpu=gpu,
         tp=tp,
-        weight_dtype=normalize_dtype(row.get("weight_dtype") or "", "weight_dtype"),
+        weight_dtype=normalize_dtype(
+            row.get("weight_dtype") or "", "weight_dtype", model_name=row.get("model") or ""
+        ),
         kv_dtype=normalize_dtype(row.get("kv_dtype") or "", "kv_dtype", kv=True),
         efficiency=efficiency.lookup(gpu.id, engine),
     )

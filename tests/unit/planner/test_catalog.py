@@ -69,6 +69,14 @@ def test_every_gpu_cites_its_sources(gpu_id: str) -> None:
         ("RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", "llama-3.3-70b"),
         ("neuralmagic/Meta-Llama-3.1-8B-Instruct-quantized.w8a8", "llama-3.1-8b"),
         ("Qwen/Qwen3-32B-FP8", "qwen3-32b"),
+        # as model pages, benchmark tables and NIM ids write them
+        ("Llama 3.1 8B Instruct", "llama-3.1-8b"),
+        ("Llama 3.3 70B", "llama-3.3-70b"),
+        ("meta/llama3-70b-instruct", "llama-3-70b"),
+        ("meta/llama-3.1-8b-instruct", "llama-3.1-8b"),
+        ("llama3.1-8b", "llama-3.1-8b"),
+        ("Qwen3 32B", "qwen3-32b"),
+        ("Mixtral_8x7B_Instruct", "mixtral-8x7b"),
     ],
 )
 def test_model_aliases(name: str, expected: str) -> None:

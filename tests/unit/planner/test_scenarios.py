@@ -12,6 +12,7 @@ from rooftop_planner.catalog import load_catalog
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.scenarios import (
     ScenarioError,
+    checkpoint_dtype,
     default_limits,
     normalize_engine,
     scenario_from_row,
@@ -80,3 +81,29 @@ def test_engines_as_benchmarks_spell_them(text: str, engine: str) -> None:
 def test_an_unknown_engine_names_the_column_and_the_choices() -> None:
     with pytest.raises(ScenarioError, match="engine: unknown engine 'lmdeploy'; use vllm"):
         normalize_engine("lmdeploy")
+
+
+@pytest.mark.parametrize(
+    ("model", "stated", "planned"),
+    [
+        ("nvidia/Llama-3.3-70B-Instruct-FP8", "", "fp8"),
+        ("nvidia/Llama-3.3-70B-Instruct-FP4", "auto", "fp4"),
+        ("RedHatAI/Llama-3.3-70B-Instruct-FP8-dynamic", "not stated", "fp8"),
+        ("Qwen/Qwen3-32B-AWQ", "", "int4"),
+        ("neuralmagic/Meta-Llama-3.1-8B-Instruct-quantized.w8a8", "", "int8"),
+        ("RedHatAI/Meta-Llama-3.1-8B-Instruct-quantized.w4a16", "", "int4"),
+        ("meta-llama/Llama-3.1-8B-Instruct", "", "bf16"),
+        ("Mixtral-8x7B-Instruct-v0.1", "", "bf16"),  # a size or version is no format
+        ("nvidia/Llama-3.1-8B-Instruct-FP8", "bf16", "bf16"),  # a stated dtype wins
+    ],
+)
+def test_an_unstated_weight_dtype_is_the_checkpoints(model: str, stated: str, planned: str) -> None:
+    """A run of ``nvidia/...-FP8`` that leaves the dtype column empty served fp8 weights
+    (the engine loads the checkpoint as it is), not bf16."""
+    r = {**row("h100-sxm", 8, "vllm"), "model": model, "weight_dtype": stated, "tp": "4"}
+    assert scenario_from_row(r, CATALOG, load_efficiency()).deployment.weight_dtype == planned
+
+
+def test_a_checkpoint_name_without_a_format_states_none() -> None:
+    assert checkpoint_dtype("meta-llama/Llama-3.1-8B-Instruct") is None
+    assert checkpoint_dtype("nvidia/Llama-3.1-8B-Instruct-NVFP4") == "fp4"
