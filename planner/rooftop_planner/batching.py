@@ -113,11 +113,19 @@ def predict_static(dep: Deployment, batch: int, isl: int, osl: int) -> Predictio
 
 @dataclass(frozen=True)
 class EngineLimits:
-    """Scheduler caps of the engine (vLLM names)."""
+    """Scheduler caps of the engine (vLLM names).
+
+    ``mixed_prefill``: a prompt's chunk rides in a step beside the running decodes (vLLM's
+    chunked prefill, TensorRT-LLM's chunked context). False: the engine runs a waiting
+    prompt as a prefill batch of its own first and the decodes wait for it (SGLang's
+    default, ``enable_mixed_chunk`` off); ``max_num_batched_tokens`` is then the prefill
+    chunk size.
+    """
 
     max_num_seqs: int = perf.DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = perf.DEFAULT_MAX_NUM_BATCHED_TOKENS
     gpu_memory_utilization: float = perf.DEFAULT_GPU_MEMORY_UTILIZATION
+    mixed_prefill: bool = True
 
 
 def running_batch(
@@ -169,6 +177,8 @@ def predict_continuous(
     batch = max(running_batch(dep, concurrency, isl, osl, limits), 1.0)
     context = batch * (isl + osl / 2.0)
     decode = perf.step_breakdown(dep, batch, context)
+    if not limits.mixed_prefill:
+        return _prefill_first(dep, concurrency, isl, osl, limits, batch, decode)
     chunks = max(math.ceil(isl / max(limits.max_num_batched_tokens - batch, 1.0)), 1)
     chunk = isl / chunks
     carrying = perf.step_breakdown(dep, batch, context, chunk, chunk * isl / 2.0)
@@ -179,6 +189,46 @@ def predict_continuous(
     queue_wait = max(concurrency - batch, 0.0) / rate
     parts = _mean_parts(decode, carrying, admissions)
     return Prediction(step, prefill_exec + queue_wait, rate * osl, batch, step=parts)
+
+
+def _prefill_first(
+    dep: Deployment, concurrency: float, isl: float, osl: float, limits: EngineLimits,
+    batch: float, decode: perf.StepBreakdown,
+) -> Prediction:  # fmt: skip
+    """``predict_continuous`` for an engine that runs waiting prompts as prefill batches
+    of their own, before the next decode step (SGLang by default).
+
+    a = B / (osl + 1.5) prompts arrive per decode step. Under a chunk budget P, k =
+    min(max(a, 1), P / isl) of them share one prefill batch (one each while fewer than
+    one arrives per step: each is run as soon as it waits), a prompt longer than P runs
+    as c = ceil(isl / P) batches. Every decode waits for those batches, so
+
+      t̄ = t_d + (a / k) · c · t_p      t_p: one prefill batch of k · isl / c tokens alone
+
+    TPOT = t̄; TTFT = c · t_p + t̄/2 (a waiting prompt goes first), plus the queue wait.
+    Against mixed chunks the decodes lose what a mixed step hides: the weights read once
+    for the prompt and once more for the decodes.
+    """
+    budget = float(max(limits.max_num_batched_tokens, 1))
+    chunks = max(math.ceil(isl / budget), 1)
+    a = admissions_per_step(batch, osl)
+    sharing = min(max(a, 1.0), max(budget / isl, 1.0)) if chunks == 1 else 1.0
+    tokens = sharing * isl / chunks
+    alone = perf.step_breakdown(dep, 0.0, 0.0, tokens, tokens * isl / (2.0 * chunks))
+    share = a / sharing * chunks  # prefill batches per decode step
+    step = decode.total_s + share * alone.total_s
+    prefill_exec = chunks * alone.total_s + step / 2.0
+    rate = batch / (prefill_exec + max(osl - 1, 0) * step)
+    queue_wait = max(concurrency - batch, 0.0) / rate
+    parts = _mean_parts(decode, _sum(decode, alone), share)
+    return Prediction(step, prefill_exec + queue_wait, rate * osl, batch, step=parts)
+
+
+def _sum(a: perf.StepBreakdown, b: perf.StepBreakdown) -> perf.StepBreakdown:
+    """Two steps run one after the other, part by part (the floor is ``a``'s)."""
+    return perf.StepBreakdown(a.gemm_s + b.gemm_s, a.attention_s + b.attention_s,
+                              a.allreduce_s + b.allreduce_s, a.overhead_s + b.overhead_s,
+                              a.floor_s)  # fmt: skip
 
 
 def _mean_parts(

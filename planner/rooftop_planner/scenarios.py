@@ -67,8 +67,14 @@ def default_limits(engine: str, gpu: GpuSpec, concurrency: int) -> EngineLimits:
     from 160 GiB of GPU memory 1,024 sequences and 16,384 tokens per step; from 70 GiB,
     A100s excepted, 1,024 and 8,192; below, 256 and 2,048. So 512 clients on an A100 run
     256 at a time and the rest queue. Other engines: the clients run as far as the KV
-    cache holds them, with 8,192 tokens per step.
+    cache holds them, with 8,192 tokens per step. SGLang runs a waiting prompt as a
+    prefill batch of its own before the next decode step (``enable_mixed_chunk`` is off
+    by default), in chunks of 2,048 tokens under 35 GiB of GPU memory, 8,192 under 160
+    GiB, else 16,384 (``ServerArgs``' ``chunked_prefill_size`` defaults).
     """
+    if engine == "sglang":
+        return EngineLimits(max_num_seqs=max(concurrency, 256), mixed_prefill=False,
+                            max_num_batched_tokens=sglang_chunk_tokens(gpu))  # fmt: skip
     if engine != "vllm":
         return EngineLimits(max_num_seqs=max(concurrency, 256))
     memory_gib = gpu.hbm_bytes / GIB
@@ -77,6 +83,14 @@ def default_limits(engine: str, gpu: GpuSpec, concurrency: int) -> EngineLimits:
     if memory_gib >= 70 and not gpu.id.startswith("a100"):
         return EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192)
     return EngineLimits(max_num_seqs=256, max_num_batched_tokens=2048)
+
+
+def sglang_chunk_tokens(gpu: GpuSpec) -> int:
+    """SGLang's default ``chunked_prefill_size`` for a GPU of this memory, tokens."""
+    memory_gib = gpu.hbm_bytes / GIB
+    if memory_gib < 35:
+        return 2048
+    return 8192 if memory_gib < 160 else 16384
 
 
 _DTYPE_WORDS = (
