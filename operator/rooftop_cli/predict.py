@@ -37,9 +37,10 @@ PREDICT_INPUT = (
     "batch",
 )
 PREDICT_OUTPUT = (
-    "tpot_ms", "ttft_ms", "output_tok_s", "floor_ms", "floor_share", "curves", "fits", "error"
+    "tpot_ms", "ttft_ms", "output_tok_s", "running", "floor_ms", "floor_share", "curves", "fits",
+    "error",
 )  # fmt: skip
-NUMERIC_OUTPUT = PREDICT_OUTPUT[:5]
+NUMERIC_OUTPUT = PREDICT_OUTPUT[:6]
 
 
 def _significant(value: float) -> float | None:
@@ -53,6 +54,8 @@ class Predicted:
 
     ``floor_ms`` is the mean decode step's physical floor (weights touched + KV read at
     peak HBM bandwidth) and ``floor_share`` the share of the predicted TPOT it makes up;
+    ``running`` the sequences that decode at once (the rest of the clients queue: the
+    engine's batch cap or its KV cache is full);
     ``curves`` names the fitted kernel curves used; ``explanation``: where the step's
     time goes, when asked for.
     """
@@ -60,6 +63,7 @@ class Predicted:
     tpot_ms: float | None
     ttft_ms: float | None
     output_tok_s: float | None
+    running: float | None
     floor_ms: float | None
     floor_share: float | None
     curves: str
@@ -96,6 +100,7 @@ def predict_one(
         tpot_ms=_significant(prediction.tpot_ms),
         ttft_ms=_significant(prediction.ttft_ms),
         output_tok_s=_significant(prediction.output_tok_s),
+        running=_significant(prediction.batch) if prediction.fits else None,
         floor_ms=_significant(floor * 1e3),
         floor_share=_significant(share),
         curves=curves,
@@ -167,7 +172,7 @@ def _row(args: argparse.Namespace, model: str) -> dict[str, str]:
 
 
 HEADERS = ("MODEL", "GPU", "TP", "TPOT(ms)", "TTFT(ms)", "TOK/s", "FITS")
-WIDE_HEADERS = ("WEIGHTS", "KV", "ISL", "OSL", "CONCURRENCY", "BATCH", "ENGINE",
+WIDE_HEADERS = ("WEIGHTS", "KV", "ISL", "OSL", "CONCURRENCY", "BATCH", "ENGINE", "RUNNING",
                 "FLOOR(ms)", "FLOOR-SHARE", "CURVES", "ERROR")  # fmt: skip
 
 
@@ -181,7 +186,8 @@ def _show(predicted: Predicted, row: Mapping[str, str], fmt: str) -> None:
     if fmt == WIDE:
         cells += [row[k] for k in ("weight_dtype", "kv_dtype", "isl", "osl", "concurrency",
                                    "batch", "engine")]  # fmt: skip
-        cells += [predicted.floor_ms, predicted.floor_share, predicted.curves, predicted.error]
+        cells += [predicted.running, predicted.floor_ms, predicted.floor_share, predicted.curves,
+                  predicted.error]  # fmt: skip
     print_table(HEADERS + (WIDE_HEADERS if fmt == WIDE else ()), [cells])
 
 

@@ -120,12 +120,21 @@ class EngineLimits:
     prompt as a prefill batch of its own first and the decodes wait for it (SGLang's
     default, ``enable_mixed_chunk`` off); ``max_num_batched_tokens`` is then the prefill
     chunk size.
+
+    ``free_memory_fraction``: the KV cache takes this share of the memory the loaded model
+    leaves (TensorRT-LLM's ``free_gpu_memory_fraction``) instead of
+    ``gpu_memory_utilization`` of all of it. ``reserve_whole_request``: a request is
+    admitted only when the cache holds its prompt and its whole answer (TensorRT-LLM's
+    default ``GUARANTEED_NO_EVICT``); otherwise blocks are taken as tokens come, and a
+    running request holds its prompt and half its answer on average.
     """
 
     max_num_seqs: int = perf.DEFAULT_MAX_NUM_SEQS
     max_num_batched_tokens: int = perf.DEFAULT_MAX_NUM_BATCHED_TOKENS
     gpu_memory_utilization: float = perf.DEFAULT_GPU_MEMORY_UTILIZATION
     mixed_prefill: bool = True
+    free_memory_fraction: float | None = None
+    reserve_whole_request: bool = False
 
 
 def running_batch(
@@ -133,12 +142,15 @@ def running_batch(
 ) -> float:
     """Sequences that actually run: min(concurrency, max_num_seqs, KV capacity).
 
-    A running sequence holds isl + osl/2 tokens on average (blocks grow as it decodes).
+    A running sequence holds isl + osl/2 tokens on average (blocks grow as it decodes),
+    or isl + osl where the engine reserves a whole request's blocks up front.
     """
     capacity = perf.kv_capacity_tokens(
-        dep, limits.gpu_memory_utilization, limits.max_num_batched_tokens
-    )
-    per_seq = perf.cached_tokens(dep.model, isl + osl / 2.0)
+        dep, limits.gpu_memory_utilization, limits.max_num_batched_tokens,
+        limits.free_memory_fraction,
+    )  # fmt: skip
+    held = osl if limits.reserve_whole_request else osl / 2.0
+    per_seq = perf.cached_tokens(dep.model, isl + held)
     kv_limit = capacity / max(per_seq, 1.0)
     return max(min(concurrency, float(limits.max_num_seqs), kv_limit), 0.0)
 
@@ -169,8 +181,11 @@ def predict_continuous(
     limits = limits or EngineLimits()
     if (
         perf.max_sequences_fitting(
-            dep, isl + osl, gpu_memory_utilization=limits.gpu_memory_utilization
-        )
+            dep,
+            isl + osl,
+            gpu_memory_utilization=limits.gpu_memory_utilization,
+            free_memory_fraction=limits.free_memory_fraction,
+        )  # fmt: skip
         < 1
     ):
         return _does_not_fit(dep, isl + osl)

@@ -109,13 +109,17 @@ def kv_capacity_tokens(
     dep: Deployment,
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    free_memory_fraction: float | None = None,
 ) -> int:
-    """Tokens the KV cache holds: (HBM · util − weights − activations) / KV bytes per token."""
-    free = (
-        dep.gpu.hbm_bytes * gpu_memory_utilization
-        - weight_bytes_per_gpu(dep)
-        - activation_reserve_bytes(dep, max_num_batched_tokens)
-    )
+    """Tokens the KV cache holds: (HBM · util − weights − activations) / KV bytes per token
+    (vLLM's and SGLang's budget: a share of all memory), or with ``free_memory_fraction``
+    f, f · (HBM − weights − activations) / KV bytes per token (TensorRT-LLM's
+    ``free_gpu_memory_fraction``: a share of what the loaded model leaves)."""
+    loaded = weight_bytes_per_gpu(dep) + activation_reserve_bytes(dep, max_num_batched_tokens)
+    if free_memory_fraction is None:
+        free = dep.gpu.hbm_bytes * gpu_memory_utilization - loaded
+    else:
+        free = (dep.gpu.hbm_bytes - loaded) * free_memory_fraction
     per_token = kv_bytes_per_token_per_gpu(dep.model, dep.kv_dtype, dep.tp)
     return max(int(free / per_token), 0)
 
@@ -134,10 +138,12 @@ def max_sequences_fitting(
     tokens_per_sequence: float,
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
+    free_memory_fraction: float | None = None,
 ) -> int:
     """Sequences of ``tokens_per_sequence`` whose KV blocks fit in one replica's cache."""
     blocks = math.ceil(cached_tokens(dep.model, tokens_per_sequence) / BLOCK_TOKENS)
-    capacity = kv_capacity_tokens(dep, gpu_memory_utilization, max_num_batched_tokens)
+    capacity = kv_capacity_tokens(dep, gpu_memory_utilization, max_num_batched_tokens,
+                                  free_memory_fraction)  # fmt: skip
     return capacity // max(blocks * BLOCK_TOKENS, 1)
 
 

@@ -67,14 +67,21 @@ def default_limits(engine: str, gpu: GpuSpec, concurrency: int) -> EngineLimits:
     from 160 GiB of GPU memory 1,024 sequences and 16,384 tokens per step; from 70 GiB,
     A100s excepted, 1,024 and 8,192; below, 256 and 2,048. So 512 clients on an A100 run
     256 at a time and the rest queue. Other engines: the clients run as far as the KV
-    cache holds them, with 8,192 tokens per step. SGLang runs a waiting prompt as a
-    prefill batch of its own before the next decode step (``enable_mixed_chunk`` is off
-    by default), in chunks of 2,048 tokens under 35 GiB of GPU memory, 8,192 under 160
-    GiB, else 16,384 (``ServerArgs``' ``chunked_prefill_size`` defaults).
+    cache holds them, with 8,192 tokens per step. TensorRT-LLM (and NIM, which runs it)
+    gives the KV cache 90 % of the memory the loaded model leaves
+    (``free_gpu_memory_fraction``) and admits a request only when its prompt and whole
+    answer fit (``GUARANTEED_NO_EVICT``, its default capacity policy). SGLang runs a
+    waiting prompt as a prefill batch of its own before the next decode step
+    (``enable_mixed_chunk`` is off by default), in chunks of 2,048 tokens under 35 GiB
+    of GPU memory, 8,192 under 160 GiB, else 16,384 (``ServerArgs``'
+    ``chunked_prefill_size`` defaults).
     """
     if engine == "sglang":
         return EngineLimits(max_num_seqs=max(concurrency, 256), mixed_prefill=False,
                             max_num_batched_tokens=sglang_chunk_tokens(gpu))  # fmt: skip
+    if engine in ("trtllm", "nim"):
+        return EngineLimits(max_num_seqs=max(concurrency, 256), free_memory_fraction=0.9,
+                            reserve_whole_request=True)  # fmt: skip
     if engine != "vllm":
         return EngineLimits(max_num_seqs=max(concurrency, 256))
     memory_gib = gpu.hbm_bytes / GIB

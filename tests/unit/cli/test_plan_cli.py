@@ -197,6 +197,26 @@ def test_no_prediction_is_below_its_physical_floor(overrides: dict[str, str]) ->
     assert 0 < floor <= tpot and float(out["floor_share"]) == pytest.approx(floor / tpot, 1e-3)
 
 
+@pytest.mark.parametrize(("overrides", "running"), [
+    ({"concurrency": "8"}, 8.0),  # every client runs
+    ({"gpu": "a100-80gb", "concurrency": "512"}, 256.0),  # vLLM's cap on A100s
+])  # fmt: skip
+def test_running_says_how_many_clients_decode_at_once(
+    overrides: dict[str, str], running: float
+) -> None:
+    from rooftop_cli.predict import predict_row
+
+    assert float(predict_row(row(**overrides))["running"]) == running
+
+
+def test_running_is_what_the_kv_cache_holds_when_it_binds() -> None:
+    """64 clients of 1,024/1,024 tokens on a 24 GB A10G: the cache holds about 20."""
+    from rooftop_cli.predict import predict_row
+
+    out = predict_row(row(gpu="a10g", concurrency="64", isl="1024", osl="1024"))
+    assert 15 < float(out["running"]) < 25
+
+
 def test_the_engine_picks_its_own_measured_curves() -> None:
     from rooftop_cli.predict import predict_row
 
