@@ -199,10 +199,20 @@ def predict_continuous(
     carrying = perf.step_breakdown(dep, batch, context, chunk, chunk * isl / 2.0)
     step = mean_step_s(decode.total_s, chunks * (carrying.total_s - decode.total_s), batch, osl)
     admissions = admissions_per_step(batch, osl) * chunks  # chunk-carrying steps per step
-    prefill_exec = chunks * carrying.total_s + step / 2.0
+    parts = _mean_parts(decode, carrying, admissions)
+    return _steady_state(step, chunks * carrying.total_s, batch, concurrency, osl, parts)
+
+
+def _steady_state(
+    step: float, prompt_s: float, batch: float, concurrency: float, osl: float,
+    parts: perf.StepBreakdown,
+) -> Prediction:  # fmt: skip
+    """The prediction of B = ``batch`` running sequences whose mean step is ``step`` and
+    whose prompt takes ``prompt_s`` of steps: TTFT = prompt_s + t̄/2 plus the queue wait
+    (C − B)/λ, with λ = B / (TTFT without the wait + (osl − 1) · t̄) requests per second."""
+    prefill_exec = prompt_s + step / 2.0
     rate = batch / (prefill_exec + max(osl - 1, 0) * step)
     queue_wait = max(concurrency - batch, 0.0) / rate
-    parts = _mean_parts(decode, carrying, admissions)
     return Prediction(step, prefill_exec + queue_wait, rate * osl, batch, step=parts)
 
 
@@ -232,11 +242,8 @@ def _prefill_first(
     alone = perf.step_breakdown(dep, 0.0, 0.0, tokens, tokens * isl / (2.0 * chunks))
     share = a / sharing * chunks  # prefill batches per decode step
     step = decode.total_s + share * alone.total_s
-    prefill_exec = chunks * alone.total_s + step / 2.0
-    rate = batch / (prefill_exec + max(osl - 1, 0) * step)
-    queue_wait = max(concurrency - batch, 0.0) / rate
     parts = _mean_parts(decode, _sum(decode, alone), share)
-    return Prediction(step, prefill_exec + queue_wait, rate * osl, batch, step=parts)
+    return _steady_state(step, chunks * alone.total_s, batch, concurrency, osl, parts)
 
 
 def _sum(a: perf.StepBreakdown, b: perf.StepBreakdown) -> perf.StepBreakdown:

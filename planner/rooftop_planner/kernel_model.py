@@ -110,14 +110,7 @@ def allreduce_s(dep: Deployment, message_bytes: float) -> float:
     over its time) to this GPU's R: machines differ most in links (the L40S tables come
     from a host whose PCIe all-reduce reaches a seventh of a typical PCIe 4 server's).
     """
-    kernels = dep.efficiency.kernels
-    rate = dep.gpu.link_bytes_per_s(dep.tp) * dep.tp / (2.0 * (dep.tp - 1))
-    if kernels is None or not kernels.allreduce:
-        return message_bytes / rate  # the ideal ring
-    measured = kernels.allreduce_for(dep.tp)
-    latency = measured.seconds[0]
-    measured_rate = measured.message_bytes[-1] / measured.seconds[-1]
-    return latency + (measured.time_s(message_bytes) - latency) * measured_rate / rate
+    return float(allreduces_s(dep, np.array([message_bytes], dtype=np.float64))[0])
 
 
 def _gemms_s(dep: Deployment, m: FloatArray, n: float, k: float) -> FloatArray:
@@ -133,7 +126,7 @@ def _gemms_s(dep: Deployment, m: FloatArray, n: float, k: float) -> FloatArray:
 
 def allreduces_s(dep: Deployment, message_bytes: FloatArray) -> FloatArray:
     """``allreduce_s`` over an array of message sizes."""
-    rate = dep.gpu.link_bytes_per_s(dep.tp) * dep.tp / (2.0 * (dep.tp - 1))
+    rate = dep.gpu.link_bytes_per_s(dep.tp) * dep.tp / (2.0 * (dep.tp - 1))  # the ring's R
     kernels = dep.efficiency.kernels
     if kernels is None or not kernels.allreduce:
         out: FloatArray = message_bytes / rate

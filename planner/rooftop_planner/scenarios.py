@@ -76,14 +76,15 @@ def default_limits(engine: str, gpu: GpuSpec, concurrency: int) -> EngineLimits:
     of GPU memory, 8,192 under 160 GiB, else 16,384 (``ServerArgs``'
     ``chunked_prefill_size`` defaults).
     """
+    every_client = max(concurrency, 256)  # no cap of their own below the KV cache's
     if engine == "sglang":
-        return EngineLimits(max_num_seqs=max(concurrency, 256), mixed_prefill=False,
+        return EngineLimits(max_num_seqs=every_client, mixed_prefill=False,
                             max_num_batched_tokens=sglang_chunk_tokens(gpu))  # fmt: skip
     if engine in ("trtllm", "nim"):
-        return EngineLimits(max_num_seqs=max(concurrency, 256), free_memory_fraction=0.9,
+        return EngineLimits(max_num_seqs=every_client, free_memory_fraction=0.9,
                             reserve_whole_request=True)  # fmt: skip
     if engine != "vllm":
-        return EngineLimits(max_num_seqs=max(concurrency, 256))
+        return EngineLimits(max_num_seqs=every_client)
     memory_gib = gpu.hbm_bytes / GIB
     if memory_gib >= 160:
         return EngineLimits(max_num_seqs=1024, max_num_batched_tokens=16384)
