@@ -19,8 +19,11 @@ Interpolation is direct, in each table's own grid, never through a fitted curve:
 no kernel runs faster than its bytes at peak bandwidth or its FLOPs at peak (a few
 measurements do, with weights left in L2 cache by the benchmark), and a GPU without tables
 borrows another's, scaled by the ratio of the two GPUs' roofline times for the same work
-(bandwidth ratio when memory-bound, peak-FLOPs ratio when compute-bound; for all-reduce,
-its bandwidth part is rescaled to the GPU's own links, see ``allreduce_curve``).
+(bandwidth ratio when memory-bound, peak-FLOPs ratio when compute-bound), except for
+the kernel's launch latency, which is the host's and the driver's, not the memory's: the
+quickest call a table measured carries over unscaled, as the smallest message's latency
+does for all-reduce, whose bandwidth part is rescaled to the GPU's own links
+(``allreduce_curve``).
 """
 
 from __future__ import annotations
@@ -211,9 +214,16 @@ class Roofline:
     L40S's 96 MB L2); a real model streams different weights every layer, so they are
     lifted to the floor.
 
-    Borrowing (``dst`` is another GPU): times scale by ``roofline_dst / roofline_src``, the
-    bandwidth ratio for a memory-bound kernel, the peak-FLOPs ratio for a compute-bound
-    one. Launch latencies and kernel efficiencies are assumed to carry over.
+    Borrowing (``dst`` is another GPU): a kernel's launch latency carries over as it is,
+    the rest of its time scales by ``roofline_dst / roofline_src``, the bandwidth ratio
+    for a memory-bound kernel, the peak-FLOPs ratio for a compute-bound one (its
+    efficiency carries over):
+
+        t_dst = L + (t_src − L) · roofline_dst / roofline_src,  L = min(launch, t_src)
+
+    Scaling L too would price a one-sequence decode attention on an L4 (11 µs a layer on
+    the L40S, all launch: its KV read takes a microsecond) at 2.9x, the two GPUs'
+    bandwidth ratio, as if launching a kernel waited on HBM.
     """
 
     src: GpuSpec
@@ -226,14 +236,37 @@ class Roofline:
         return np.asarray(t * 1e3)
 
     def apply(
-        self, ms: FloatArray, nbytes: FloatArray, flops: FloatArray, compute: str = "bf16"
+        self,
+        ms: FloatArray,
+        nbytes: FloatArray,
+        flops: FloatArray,
+        compute: str = "bf16",
+        launch_ms: float = 0.0,
     ) -> FloatArray:
-        """Measured ``ms`` (NaN: unmeasured) floored at src's roofline, scaled to dst."""
+        """Measured ``ms`` (NaN: unmeasured) floored at src's roofline, carried to dst;
+        ``launch_ms``: the table's launch latency (its quickest call), kept as measured."""
         src = self.time_ms(self.src, nbytes, flops, compute)
         out = np.maximum(ms, src)  # NaN stays NaN
         if self.src.id == self.dst.id:
             return out
-        return np.asarray(out * self.time_ms(self.dst, nbytes, flops, compute) / src)
+        fixed = np.minimum(launch_ms, out)
+        dst = self.time_ms(self.dst, nbytes, flops, compute)
+        return np.asarray(fixed + (out - fixed) * dst / src)
+
+
+def quickest_ms(rows: Iterable[Any]) -> float:
+    """The smallest latency (ms) in a table's rows (nested lists, None: unmeasured): a
+    call that small is all launch, the latency a borrowing GPU keeps (``Roofline``)."""
+    values = [v for row in rows for v in _flat(row) if v is not None and v > 0]
+    return min(values, default=0.0)
+
+
+def _flat(row: Any) -> Iterable[float | None]:
+    if isinstance(row, list):
+        for item in row:
+            yield from _flat(item)
+    else:
+        yield row
 
 
 def _compute_dtype(table_dtype: str) -> str:
@@ -301,7 +334,8 @@ class GemmTable:
         """Latency (ms) against m for this (n, k); ``dtype`` is the table's (weight bytes)."""
         m = np.array(self.m)
         nbytes = (m * k + m * n) * ACT_BYTES + n * k * _dtype_bytes(dtype)
-        ms = roof.apply(self.latencies(n, k), nbytes, 2.0 * m * n * k, _compute_dtype(dtype))
+        ms = roof.apply(self.latencies(n, k), nbytes, 2.0 * m * n * k, _compute_dtype(dtype),
+                        quickest_ms(self.rows.values()))  # fmt: skip
         return Curve(self.m, ms)
 
 
@@ -365,7 +399,7 @@ class AttentionTable:
         else:  # Q, K, V in and O out; causal QK^T and PV over t^2/2 pairs
             nbytes = b * t * (2.0 * h + 2.0 * kv) * head_dim * ACT_BYTES
             flops = 2.0 * b * t * t * h * head_dim
-        ms = roof.apply(ms, nbytes, flops, _compute_dtype(dtype))
+        ms = roof.apply(ms, nbytes, flops, _compute_dtype(dtype), quickest_ms(self.rows.values()))
         # prefill: attention work grows as the prompt length squared; a chunk of a prompt
         # is a fraction of one batch entry (scale_below_batch)
         return Grid(self.batch, self.tokens, ms, 1.0 if decode else 2.0, not decode)
@@ -396,7 +430,9 @@ class MoeTable:
         weights = 3.0 * hidden * inter / tp
         nbytes = touched * weights * _dtype_bytes(dtype) + 2.0 * t * hidden * ACT_BYTES
         flops = 2.0 * t * topk * weights
-        return Curve(self.tokens, roof.apply(_array(row), nbytes, flops, _compute_dtype(dtype)))
+        ms = roof.apply(_array(row), nbytes, flops, _compute_dtype(dtype),
+                        quickest_ms(self.rows.values()))  # fmt: skip
+        return Curve(self.tokens, ms)
 
 
 @dataclass(frozen=True)

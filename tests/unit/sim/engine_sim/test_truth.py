@@ -126,6 +126,32 @@ def test_roofline_floors_and_scales() -> None:
     assert borrowed[1] / own[1] == pytest.approx(bf16)
 
 
+def test_a_borrowed_kernel_keeps_its_launch_latency() -> None:
+    l40s, l4 = truth.gpu_spec("l40s"), truth.gpu_spec("l4")
+    bw = l40s.hbm_bytes_per_s / l4.hbm_bytes_per_s
+    # 10 µs measured for 1 MB (1.2 µs at the L40S's bandwidth): 5 µs launch, the rest is
+    # the kernel's own work, which the L4 does at its bandwidth
+    nbytes, flops = np.array([1e6]), np.array([1e3])
+    borrowed = Roofline(l40s, l4).apply(np.array([0.010]), nbytes, flops, launch_ms=0.005)
+    assert borrowed[0] == pytest.approx(0.005 + 0.005 * bw)
+    # a call no longer than the launch latency is all launch: as measured
+    assert Roofline(l40s, l4).apply(np.array([0.004]), nbytes, flops, launch_ms=0.005)[0] == (
+        pytest.approx(0.004)
+    )
+
+
+def test_one_sequence_decode_attention_on_a_borrowing_gpu_is_launch_bound() -> None:
+    """An L4 borrows the L40S's tables: one sequence's decode attention reads a few
+    hundred kB, so its time is the launch latency on both, not 2.9x (the bandwidth
+    ratio); a long-context batch is bandwidth-bound and scales by the ratio."""
+    args = ("llama-3.1-70b", 8, "fp8", "fp8")
+    l40s = TruthModel.for_deployment(args[0], "l40s", *args[1:]).kernels.decode_attn
+    l4 = TruthModel.for_deployment(args[0], "l4", *args[1:]).kernels.decode_attn
+    bw = truth.gpu_spec("l40s").hbm_bytes_per_s / truth.gpu_spec("l4").hbm_bytes_per_s
+    assert l4(1, 1300) / l40s(1, 1300) < 1.5
+    assert 0.7 * bw < l4(256, 16000) / l40s(256, 16000) <= bw * 1.001
+
+
 # --------------------------------------------------------------------------------------
 # The step model
 # --------------------------------------------------------------------------------------
