@@ -35,7 +35,7 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -254,19 +254,12 @@ class Roofline:
         return np.asarray(fixed + (out - fixed) * dst / src)
 
 
-def quickest_ms(rows: Iterable[Any]) -> float:
-    """The smallest latency (ms) in a table's rows (nested lists, None: unmeasured): a
-    call that small is all launch, the latency a borrowing GPU keeps (``Roofline``)."""
-    values = [v for row in rows for v in _flat(row) if v is not None and v > 0]
-    return min(values, default=0.0)
-
-
-def _flat(row: Any) -> Iterable[float | None]:
-    if isinstance(row, list):
-        for item in row:
-            yield from _flat(item)
-    else:
-        yield row
+def quickest_ms(rows: Iterable[FloatArray]) -> float:
+    """The smallest latency (ms) measured in a table's rows (NaN: unmeasured): a call
+    that small is all launch, the latency a borrowing GPU keeps (``Roofline``)."""
+    values = np.concatenate([np.ravel(row) for row in rows] or [np.zeros(0)])
+    measured = values[np.isfinite(values) & (values > 0)]
+    return float(measured.min()) if measured.size else 0.0
 
 
 def _compute_dtype(table_dtype: str) -> str:
@@ -285,6 +278,11 @@ def _dtype_bytes(table_dtype: str) -> float:
 def _array(row: Sequence[float | None]) -> FloatArray:
     """A JSON row (None: not measured) as floats with NaN."""
     return np.array([math.nan if v is None else v for v in row], dtype=np.float64)
+
+
+def _grid(rows: Sequence[Sequence[float | None]]) -> FloatArray:
+    """A JSON grid (None: not measured) as a 2-D float array with NaN."""
+    return np.array([_array(row) for row in rows])
 
 
 def _log_distance(a: Sequence[float], b: Sequence[float]) -> float:
@@ -335,8 +333,13 @@ class GemmTable:
         m = np.array(self.m)
         nbytes = (m * k + m * n) * ACT_BYTES + n * k * _dtype_bytes(dtype)
         ms = roof.apply(self.latencies(n, k), nbytes, 2.0 * m * n * k, _compute_dtype(dtype),
-                        quickest_ms(self.rows.values()))  # fmt: skip
+                        self.launch_ms)  # fmt: skip
         return Curve(self.m, ms)
+
+    @cached_property
+    def launch_ms(self) -> float:
+        """The table's quickest call (ms), once per table (``quickest_ms``)."""
+        return quickest_ms(_array(row) for row in self.rows.values())
 
 
 @dataclass(frozen=True)
@@ -360,7 +363,12 @@ class AttentionTable:
 
     def _row(self, h: int, kv: int) -> FloatArray | None:
         row = self.rows.get(f"{h},{kv}")
-        return None if row is None else np.array([_array(r) for r in row])
+        return None if row is None else _grid(row)
+
+    @cached_property
+    def launch_ms(self) -> float:
+        """The table's quickest call (ms), once per table (``quickest_ms``)."""
+        return quickest_ms(_grid(row) for row in self.rows.values())
 
     def latencies(self, h: float, kv: float, decode: bool) -> FloatArray:
         """Latency grid [batch, tokens] (ms) for ``h`` query and ``kv`` KV heads per GPU.
@@ -399,7 +407,7 @@ class AttentionTable:
         else:  # Q, K, V in and O out; causal QK^T and PV over t^2/2 pairs
             nbytes = b * t * (2.0 * h + 2.0 * kv) * head_dim * ACT_BYTES
             flops = 2.0 * b * t * t * h * head_dim
-        ms = roof.apply(ms, nbytes, flops, _compute_dtype(dtype), quickest_ms(self.rows.values()))
+        ms = roof.apply(ms, nbytes, flops, _compute_dtype(dtype), self.launch_ms)
         # prefill: attention work grows as the prompt length squared; a chunk of a prompt
         # is a fraction of one batch entry (scale_below_batch)
         return Grid(self.batch, self.tokens, ms, 1.0 if decode else 2.0, not decode)
@@ -430,9 +438,13 @@ class MoeTable:
         weights = 3.0 * hidden * inter / tp
         nbytes = touched * weights * _dtype_bytes(dtype) + 2.0 * t * hidden * ACT_BYTES
         flops = 2.0 * t * topk * weights
-        ms = roof.apply(_array(row), nbytes, flops, _compute_dtype(dtype),
-                        quickest_ms(self.rows.values()))  # fmt: skip
+        ms = roof.apply(_array(row), nbytes, flops, _compute_dtype(dtype), self.launch_ms)
         return Curve(self.tokens, ms)
+
+    @cached_property
+    def launch_ms(self) -> float:
+        """The table's quickest call (ms), once per table (``quickest_ms``)."""
+        return quickest_ms(_array(row) for row in self.rows.values())
 
 
 @dataclass(frozen=True)
