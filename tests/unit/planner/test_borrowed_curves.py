@@ -70,11 +70,12 @@ def test_l40_decodes_as_fast_as_the_l40s_as_measured(
 
 def test_a_few_token_step_on_an_a10g_stays_memory_bound() -> None:
     """Four tokens are 4 FLOP per weight byte, a thirtieth of the A10G's 117: its step is
-    its weights over its bandwidth, as at one token (the L40S fractions carried over as
-    fitted made it 2.4x slower)."""
+    its weights over its bandwidth, as at two tokens (the L40S fractions carried over as
+    fitted made it 2.4x slower). One token is left out: TensorRT-LLM runs it through a
+    matrix-vector kernel that the L40S tables time 15-20 % faster than two tokens."""
     a10g = deployment("a10g")
-    one, four, sixteen = (perf.decode_step_s(a10g, b, 500) for b in (1, 4, 16))
-    assert four / one < 1.1 and sixteen / one < 1.3
+    two, four, sixteen = (perf.decode_step_s(a10g, b, 500) for b in (2, 4, 16))
+    assert four / two < 1.1 and sixteen / two < 1.3
 
 
 def test_compute_bound_gemms_scale_with_peak_flops_memory_bound_with_bandwidth() -> None:

@@ -72,3 +72,19 @@ def test_every_catalog_gpu_has_curves_and_borrowed_ones_say_so() -> None:
             assert ("borrowed" in eff.describe()) != own, gpu
     # NIM runs TensorRT-LLM underneath: it uses TensorRT-LLM's kernel curves
     assert table.lookup("h100-sxm", "nim").kernels == table.lookup("h100-sxm", "trtllm").kernels
+
+
+def test_attention_curves_fit_only_the_head_layouts_served_models_run() -> None:
+    heads = calibrate.catalog_attention_heads(load_catalog())
+    # Llama-3.1-70B: 64 query / 8 KV heads; at TP 8 one KV head per GPU
+    assert {(64, 8), (32, 4), (8, 1)} <= heads
+    # the tables also time 64 query heads on one KV head, which no served model runs
+    assert (64, 1) not in heads
+    columns = calibrate.read_table(
+        calibrate.DEFAULT_OPS / "h100_sxm" / "trtllm" / "generation_attention_perf.csv.gz"
+    )
+    every = calibrate.decode_attention_features(
+        columns, "bfloat16", {(q, k) for q in range(1, 257) for k in range(1, 257)}
+    )
+    kept = calibrate.decode_attention_features(columns, "bfloat16", heads)
+    assert 0 < len(kept.seconds) < len(every.seconds)

@@ -263,9 +263,9 @@ CASES: tuple[Case, ...] = (
     ),
     Case(
         "l4-fp8-tight-tpot-more-replicas",
-        "40 ms p90 leaves ~8 ms above the L4's ~32 ms batch-1 step: batches of ~10, ~1 rps a "
-        "replica, so ~5 replicas with a small max-num-seqs instead of 2 big ones",
-        Pick("l4", "fp8", 1, replicas=(4, 8), max_batch_cap=16),
+        "40 ms p90 leaves ~8 ms above the L4's ~32 ms batch-1 step: batches of 5-10, "
+        "0.4-1 rps a replica, so 4-10 replicas with a small max-num-seqs instead of 2 big ones",
+        Pick("l4", "fp8", 1, replicas=(4, 10), max_batch_cap=16),
         tpot_ms=40,
         rps=4,
         constraints=L4_FP8,

@@ -78,7 +78,7 @@ def test_more_traffic_needs_more_replicas() -> None:
     }
     low = plan_target(spec(constraints=pinned, slo={"tpotMs": 80}))
     high = plan_target(
-        spec(constraints=pinned, slo={"tpotMs": 80}, workload={"requestsPerSecond": 40})
+        spec(constraints=pinned, slo={"tpotMs": 80}, workload={"requestsPerSecond": 20})
     )
     assert low.plan is not None and high.plan is not None
     assert high.plan.replicas > low.plan.replicas
