@@ -88,3 +88,16 @@ def test_attention_curves_fit_only_the_head_layouts_served_models_run() -> None:
     )
     kept = calibrate.decode_attention_features(columns, "bfloat16", heads)
     assert 0 < len(kept.seconds) < len(every.seconds)
+
+
+@pytest.mark.parametrize(("table_gpu", "cached"), [("l40s", True), ("h100_sxm", False)])
+def test_rows_faster_than_dram_are_left_out(table_gpu: str, cached: bool) -> None:
+    """The L40S's tables time small operands re-read from its L2 cache (up to 3x its DRAM
+    bandwidth); a forward pass reads them from DRAM, so the fit leaves those rows out."""
+    catalog = load_catalog()
+    columns = calibrate.read_table(calibrate.DEFAULT_OPS / table_gpu / "vllm" / "gemm_perf.csv.gz")
+    rows = calibrate.gemm_features(columns, "bfloat16", calibrate.catalog_gemm_shapes(catalog))
+    bw = catalog.gpus[TABLE_GPU_IDS[table_gpu]].hbm_bytes_per_s
+    kept = calibrate.from_dram(rows, bw)
+    assert (kept.moved / kept.seconds <= bw).all()
+    assert (len(kept.seconds) < len(rows.seconds)) == cached
