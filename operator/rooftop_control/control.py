@@ -489,7 +489,9 @@ def update_trim(
 
     - up, on misses, only when the planner called the ready pods enough: misses in a
       fleet the planner already wants bigger (pods still to come after a steep rise,
-      a budget or maxReplicas cap) are a lag or a limit, not a model error;
+      a budget or maxReplicas cap) are a lag or a limit, not a model error; and never
+      at the replica ceiling (maxReplicas or the budget): a higher trim buys no pod
+      there, it only holds the fleet up after the peak that filled it;
     - down, on a clean window, only when ``trim.tight`` more load would make the
       planner want more pods than are ready: a fast TPOT in a fleet with spare pods
       (minReplicas, the scale-down window, a forecast that overshot) says nothing
@@ -505,6 +507,8 @@ def update_trim(
         return new
     rate, ready = obs.requests_per_second.value * state.trim, obs.ready_replicas
     if new > state.trim:
+        if ready >= replica_limits(config)[1]:
+            return state.trim
         needed = config.planner.size(rate, scale)
         return new if needed.feasible and needed.replicas <= ready else state.trim
     needed = config.planner.size(rate * (1 + config.trim.tight), scale)

@@ -450,6 +450,17 @@ def test_latency_trim(
     assert decide(state, obs, NOW, config()).state.trim == pytest.approx(expected), why
 
 
+def test_misses_at_the_replica_ceiling_do_not_raise_the_trim() -> None:
+    """At maxReplicas (or the budget) a higher trim adds no pod; it would only hold the
+    fleet at the ceiling after the peak that filled it."""
+    state = replace(initial_state(2, 64), ready_seen=2)
+    missed = observe(rate=4.0, tpot=30.0, tpot_attainment=ok(0.99))  # 2 pods suffice
+    assert decide(state, missed, NOW, config()).state.trim == pytest.approx(1.1)
+    assert decide(state, missed, NOW, config(max_replicas=2)).state.trim == 1.0
+    # the budget is a ceiling too: two replicas' worth of $/h
+    assert decide(state, missed, NOW, config(budget_usd_per_hour=2.5)).state.trim == 1.0
+
+
 def test_trim_judges_each_window_once_and_waits_for_new_pods() -> None:
     cfg = config()
     missed = observe(rate=3.0, tpot=30.0, tpot_attainment=ok(0.99))  # 2 pods suffice
