@@ -456,11 +456,11 @@ def test_the_slo_holds_again_after_scaling_out(run: Run) -> None:
     assert spike_["held"]["status"] == "True"
     assert spike_["settled"]["status"] == "True", spike_["settled"]  # a window later
     assert spike_["observed"]["tpotMs"] <= SLO_TPOT_MS
-    # the loop learned that the planner was optimistic here
-    assert spike_["observed"]["calibrationFactor"] > 1.0
+    # the loop learned its step-time factor from the engines' step times (prior: 1.0)
+    assert spike_["observed"]["calibrationSamples"] >= 1
+    assert spike_["observed"]["calibrationFactor"] != 1.0
     # what a restart resumes from reaches the API server's status (its schema keeps it)
     assert 0.5 <= spike_["observed"]["latencyTrim"] <= 2.0
-    assert spike_["observed"]["calibrationSamples"] >= 1
 
 
 def test_every_dashboard_query_returns_data(run: Run) -> None:
