@@ -6,7 +6,9 @@
    roofline curve (``kernels.Curve``): the achieved fractions of peak bandwidth and FLOP/s
    as piecewise-linear functions of log2 of what drives them, plus a fixed latency. The
    fit minimises log(predicted / measured) over the table's rows, so a 2x miss counts the
-   same either way; the median |error| of each table is printed and stored.
+   same either way; the median |error| of each table is printed and stored. The rows are
+   those the planner will price: GEMMs at catalog models' weight shapes, attention at
+   their head layouts, and none faster than DRAM (``from_dram``).
 2. With the curves fixed, the engine's per-step and per-layer fixed costs (scheduling,
    sampling, norms: what kernel tables do not time) are fitted per engine on the
    end-to-end static batches of ``data/measured/calibration.csv``; the error per source
@@ -228,7 +230,7 @@ def _attention_rows(t: dict[str, Any], kv: str, heads: Set[tuple[int, int]]) -> 
     One curve is fitted per KV dtype; the tables also time layouts no served model has
     (64 query heads on one KV head, query heads fewer than KV heads), where the kernels
     pick other code paths, and those would bend the curve away from the layouts it will
-    price (on TensorRT-LLM's tables, a fifth of the error)."""
+    price (on TensorRT-LLM's tables, a fifth to a third of the error)."""
     pairs = np.array([(int(q), int(k)) in heads
                       for q, k in zip(t["num_heads"], t["num_key_value_heads"], strict=True)],
                      dtype=bool)  # fmt: skip
