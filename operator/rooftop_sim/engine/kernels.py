@@ -16,8 +16,9 @@ Interpolation is direct, in each table's own grid, never through a fitted curve:
 - below its smallest size: the smallest size's latency (a kernel is launch-bound there).
 
 ``Roofline`` then makes each interpolated time physical and carries it to the GPU asked for:
-no kernel runs faster than its bytes at peak bandwidth or its FLOPs at peak (a few
-measurements do, with weights left in L2 cache by the benchmark), and a GPU without tables
+no kernel runs faster than its FLOPs at peak or its bytes at the rate its table streams
+operands too large for any cache (on the L40S a fifth of the few-token calls beat that,
+their operands left in L2 by the benchmark's repeated calls), and a GPU without tables
 borrows another's, scaled by the ratio of the two GPUs' roofline times for the same work
 (bandwidth ratio when memory-bound, peak-FLOPs ratio when compute-bound), except for
 the kernel's launch latency, which is the host's and the driver's, not the memory's: the
@@ -209,10 +210,12 @@ class Roofline:
     """Kernel times measured on ``src``, made physical and carried over to ``dst``.
 
     Floor: no kernel beats its roofline, ``max(B / bw, F / peak)`` for B bytes it must
-    move and F FLOPs, on the GPU that measured it. A few table entries do (small weights
-    that stay resident in L2 cache across the benchmark's repeated calls, e.g. on the
-    L40S's 96 MB L2); a real model streams different weights every layer, so they are
-    lifted to the floor.
+    move and F FLOPs, on the GPU that measured it, where ``bw`` is the lower of the GPU's
+    DRAM bandwidth and the fastest its table ever streams operands too large for any
+    cache (``cold_bytes_per_s``). Some L40S entries beat that by up to 3x: the timing
+    tool calls one kernel on the same small operands again and again, so they stay in
+    the L2 cache. A real model streams different weights every layer, so those entries
+    are lifted to the floor, the speed the table shows for operands that come from DRAM.
 
     Borrowing (``dst`` is another GPU): a kernel's launch latency carries over as it is,
     the rest of its time scales by ``roofline_dst / roofline_src``, the bandwidth ratio
@@ -230,9 +233,17 @@ class Roofline:
     dst: GpuSpec
 
     @staticmethod
-    def time_ms(gpu: GpuSpec, nbytes: FloatArray, flops: FloatArray, compute: str) -> FloatArray:
-        """Roofline time (ms) of B bytes and F FLOPs on ``gpu`` at its peaks."""
-        t = np.maximum(nbytes / gpu.hbm_bytes_per_s, flops / gpu.flops_per_s(compute))
+    def time_ms(
+        gpu: GpuSpec,
+        nbytes: FloatArray,
+        flops: FloatArray,
+        compute: str,
+        cap_bytes_per_s: float = math.inf,
+    ) -> FloatArray:
+        """Roofline time (ms) of B bytes and F FLOPs on ``gpu`` at its peaks, the bytes
+        moving at no more than ``cap_bytes_per_s``."""
+        bw = min(gpu.hbm_bytes_per_s, cap_bytes_per_s)
+        t = np.maximum(nbytes / bw, flops / gpu.flops_per_s(compute))
         return np.asarray(t * 1e3)
 
     def apply(
@@ -242,16 +253,65 @@ class Roofline:
         flops: FloatArray,
         compute: str = "bf16",
         launch_ms: float = 0.0,
+        cold_bytes_per_s: float = math.inf,
     ) -> FloatArray:
         """Measured ``ms`` (NaN: unmeasured) floored at src's roofline, carried to dst;
-        ``launch_ms``: the table's launch latency (its quickest call), kept as measured."""
-        src = self.time_ms(self.src, nbytes, flops, compute)
-        out = np.maximum(ms, src)  # NaN stays NaN
+        ``launch_ms``: the table's launch latency (its quickest call), kept as measured;
+        ``cold_bytes_per_s``: the table's fastest stream from DRAM (``cold_bytes_per_s``)."""
+        floor = self.time_ms(self.src, nbytes, flops, compute, cold_bytes_per_s)
+        out = np.maximum(ms, floor)  # NaN stays NaN
         if self.src.id == self.dst.id:
             return out
         fixed = np.minimum(launch_ms, out)
+        src = self.time_ms(self.src, nbytes, flops, compute)
         dst = self.time_ms(self.dst, nbytes, flops, compute)
         return np.asarray(fixed + (out - fixed) * dst / src)
+
+
+# A call moving this many bytes streams them from DRAM: the tables show no cache effect
+# this large (on the L40S, calls under about 32 MB reach up to 3x its DRAM bandwidth,
+# larger ones level off below 0.9x).
+COLD_BYTES = 256e6
+# Fewer tokens than this leave a GEMM or fused MoE memory-bound on every GPU here: at most
+# 2 * 16 FLOPs per fp8 weight byte, against ridge points above 150.
+MEMORY_BOUND_TOKENS = 16
+COLD_KEY = "cold_bytes_per_s"  # a packaged table's stored ``cold_bytes_per_s``
+
+
+def cold_bytes_per_s(ms: FloatArray, nbytes: FloatArray) -> float:
+    """The fastest rate (bytes/s) at which memory-bound calls moving at least
+    ``COLD_BYTES`` streamed their operands, ``max(B / t)``: no call of the same kernel
+    reads DRAM faster. Infinite (no cap) where the table has no such call.
+
+    ``ms`` and ``nbytes`` are matching arrays of memory-bound calls (NaN: unmeasured).
+    """
+    cold = np.isfinite(ms) & (nbytes >= COLD_BYTES) & (ms > 0)
+    if not cold.any():
+        return math.inf
+    return float(np.max(nbytes[cold] / (ms[cold] * 1e-3)))
+
+
+class ColdRate:
+    """A table's ``cold_bytes_per_s`` for its dtype: ``stored_cold`` where the packaging
+    cut kept it (computed on every measured row, so cutting rows cannot change it), else
+    computed from the rows held, once."""
+
+    stored_cold: float | None
+
+    def cold_bytes_per_s(self, dtype: str) -> float:
+        if self.stored_cold is not None:
+            return self.stored_cold
+        if dtype not in self._cold:
+            self._cold[dtype] = cold_bytes_per_s(*self.memory_bound_calls(dtype))
+        return self._cold[dtype]
+
+    @cached_property
+    def _cold(self) -> dict[str, float]:
+        return {}
+
+    def memory_bound_calls(self, dtype: str) -> tuple[FloatArray, FloatArray]:
+        """(ms, bytes) of the table's memory-bound calls, flat."""
+        raise NotImplementedError
 
 
 def quickest_ms(rows: Iterable[FloatArray]) -> float:
@@ -296,7 +356,7 @@ def _nearest(keys: Sequence[str], want: Sequence[float]) -> tuple[str, list[floa
 
 
 @dataclass(frozen=True)
-class GemmTable:
+class GemmTable(ColdRate):
     """``gemm_perf`` for one dtype: latency (ms) over m for each packaged (n, k).
 
     ``n`` and ``k`` are the full measured grids (so brackets match the raw table); ``rows``
@@ -307,10 +367,11 @@ class GemmTable:
     n: tuple[float, ...]
     k: tuple[float, ...]
     rows: Mapping[str, list[float | None]]
+    stored_cold: float | None = None
 
     @classmethod
     def from_doc(cls, d: Mapping[str, Any]) -> GemmTable:
-        return cls(tuple(d["m"]), tuple(d["n"]), tuple(d["k"]), d["rows"])
+        return cls(tuple(d["m"]), tuple(d["n"]), tuple(d["k"]), d["rows"], d.get(COLD_KEY))
 
     def _row(self, n: float, k: float) -> FloatArray | None:
         row = self.rows.get(f"{int(n)},{int(k)}")
@@ -331,19 +392,35 @@ class GemmTable:
     def curve(self, n: float, k: float, dtype: str, roof: Roofline) -> Curve:
         """Latency (ms) against m for this (n, k); ``dtype`` is the table's (weight bytes)."""
         m = np.array(self.m)
-        nbytes = (m * k + m * n) * ACT_BYTES + n * k * _dtype_bytes(dtype)
-        ms = roof.apply(self.latencies(n, k), nbytes, 2.0 * m * n * k, _compute_dtype(dtype),
-                        self.launch_ms)  # fmt: skip
+        nbytes, flops = self._bytes(m, n, k, dtype), 2.0 * m * n * k
+        ms = roof.apply(self.latencies(n, k), nbytes, flops, _compute_dtype(dtype),
+                        self.launch_ms, self.cold_bytes_per_s(dtype))  # fmt: skip
         return Curve(self.m, ms)
+
+    @staticmethod
+    def _bytes(m: FloatArray, n: float, k: float, dtype: str) -> FloatArray:
+        """Activations in and out (bf16) and the weight (``dtype``)."""
+        return np.asarray((m * k + m * n) * ACT_BYTES + n * k * _dtype_bytes(dtype))
 
     @cached_property
     def launch_ms(self) -> float:
         """The table's quickest call (ms), once per table (``quickest_ms``)."""
         return quickest_ms(_array(row) for row in self.rows.values())
 
+    def memory_bound_calls(self, dtype: str) -> tuple[FloatArray, FloatArray]:
+        """The calls of few tokens (``MEMORY_BOUND_TOKENS``); ``dtype``: weight bytes."""
+        m = np.array(self.m)
+        few = m <= MEMORY_BOUND_TOKENS
+        ms, nbytes = [], []
+        for key, row in self.rows.items():
+            n, k = (float(v) for v in key.split(","))
+            ms.append(_array(row)[few])
+            nbytes.append(self._bytes(m[few], n, k, dtype))
+        return np.concatenate(ms), np.concatenate(nbytes)
+
 
 @dataclass(frozen=True)
-class AttentionTable:
+class AttentionTable(ColdRate):
     """Decode or prefill attention for one KV dtype: latency (ms) over (batch, tokens) for
     each packaged (query heads, KV heads) per GPU, head size 128.
 
@@ -356,10 +433,11 @@ class AttentionTable:
     tokens: tuple[float, ...]
     heads: Mapping[str, list[int]]
     rows: Mapping[str, list[list[float | None]]]
+    stored_cold: float | None = None
 
     @classmethod
     def from_doc(cls, d: Mapping[str, Any]) -> AttentionTable:
-        return cls(tuple(d["batch"]), tuple(d["tokens"]), d["heads"], d["rows"])
+        return cls(tuple(d["batch"]), tuple(d["tokens"]), d["heads"], d["rows"], d.get(COLD_KEY))
 
     def _row(self, h: int, kv: int) -> FloatArray | None:
         row = self.rows.get(f"{h},{kv}")
@@ -400,30 +478,49 @@ class AttentionTable:
 
         Other head sizes scale linearly from 128 (bytes and FLOPs both do)."""
         ms = self.latencies(h, kv, decode) * (head_dim / HEAD_DIM)
-        b, t = np.meshgrid(np.array(self.batch), np.array(self.tokens), indexing="ij")
+        b, t = self._batch_tokens()
+        cold = math.inf  # prefill is compute-bound: no DRAM cap
         if decode:  # reads K and V of every cached token, one query per sequence
-            nbytes = 2.0 * b * t * kv * head_dim * _dtype_bytes(dtype)
+            nbytes = self._decode_bytes(kv, head_dim, dtype)
             flops = 4.0 * b * t * h * head_dim
+            cold = self.cold_bytes_per_s(dtype)
         else:  # Q, K, V in and O out; causal QK^T and PV over t^2/2 pairs
             nbytes = b * t * (2.0 * h + 2.0 * kv) * head_dim * ACT_BYTES
             flops = 2.0 * b * t * t * h * head_dim
-        ms = roof.apply(ms, nbytes, flops, _compute_dtype(dtype), self.launch_ms)
+        ms = roof.apply(ms, nbytes, flops, _compute_dtype(dtype), self.launch_ms, cold)
         # prefill: attention work grows as the prompt length squared; a chunk of a prompt
         # is a fraction of one batch entry (scale_below_batch)
         return Grid(self.batch, self.tokens, ms, 1.0 if decode else 2.0, not decode)
 
+    def _batch_tokens(self) -> tuple[FloatArray, FloatArray]:
+        b, t = np.meshgrid(np.array(self.batch), np.array(self.tokens), indexing="ij")
+        return b, t
+
+    def _decode_bytes(self, kv: float, head_dim: float, dtype: str) -> FloatArray:
+        """K and V of every cached token of every sequence, per (batch, tokens)."""
+        b, t = self._batch_tokens()
+        return np.asarray(2.0 * b * t * kv * head_dim * _dtype_bytes(dtype))
+
+    def memory_bound_calls(self, dtype: str) -> tuple[FloatArray, FloatArray]:
+        """Every measured call, as decode (a few FLOPs per KV byte); ``dtype``: the KV's."""
+        ms = [np.ravel(_grid(rows)) for rows in self.rows.values()]
+        nbytes = [np.ravel(self._decode_bytes(int(key.split(",")[1]), HEAD_DIM, dtype))
+                  for key in self.rows]  # fmt: skip
+        return np.concatenate(ms), np.concatenate(nbytes)
+
 
 @dataclass(frozen=True)
-class MoeTable:
+class MoeTable(ColdRate):
     """``moe_perf`` for one dtype: the fused MoE layer's latency (ms) over tokens for each
     packaged ``"hidden,inter,topk,experts,tp"`` (balanced routing, no expert parallelism)."""
 
     tokens: tuple[float, ...]
     rows: Mapping[str, list[float | None]]
+    stored_cold: float | None = None
 
     @classmethod
     def from_doc(cls, d: Mapping[str, Any]) -> MoeTable:
-        return cls(tuple(d["tokens"]), d["rows"])
+        return cls(tuple(d["tokens"]), d["rows"], d.get(COLD_KEY))
 
     def curve(
         self, hidden: int, inter: int, topk: int, experts: int, tp: int, dtype: str,
@@ -434,12 +531,31 @@ class MoeTable:
         if row is None:
             return None
         t = np.array(self.tokens)
-        touched = experts * (1.0 - (1.0 - topk / experts) ** t)  # experts read, uniform
-        weights = 3.0 * hidden * inter / tp
-        nbytes = touched * weights * _dtype_bytes(dtype) + 2.0 * t * hidden * ACT_BYTES
-        flops = 2.0 * t * topk * weights
-        ms = roof.apply(_array(row), nbytes, flops, _compute_dtype(dtype), self.launch_ms)
+        nbytes = self._bytes(hidden, inter, topk, experts, tp, dtype)
+        flops = 2.0 * t * topk * 3.0 * hidden * inter / tp
+        ms = roof.apply(_array(row), nbytes, flops, _compute_dtype(dtype), self.launch_ms,
+                        self.cold_bytes_per_s(dtype))  # fmt: skip
         return Curve(self.tokens, ms)
+
+    def _bytes(
+        self, hidden: int, inter: int, topk: int, experts: int, tp: int, dtype: str
+    ) -> FloatArray:
+        """The experts' weights the tokens touch (uniform routing) and the activations,
+        per measured token count."""
+        t = np.array(self.tokens)
+        touched = experts * (1.0 - (1.0 - topk / experts) ** t)
+        weights = 3.0 * hidden * inter / tp
+        return np.asarray(touched * weights * _dtype_bytes(dtype) + 2.0 * t * hidden * ACT_BYTES)
+
+    def memory_bound_calls(self, dtype: str) -> tuple[FloatArray, FloatArray]:
+        """The calls of few tokens (``MEMORY_BOUND_TOKENS``); ``dtype``: weight bytes."""
+        few = np.array(self.tokens) <= MEMORY_BOUND_TOKENS
+        ms, nbytes = [], []
+        for key, row in self.rows.items():
+            hidden, inter, topk, experts, tp = (int(v) for v in key.split(","))
+            ms.append(_array(row)[few])
+            nbytes.append(self._bytes(hidden, inter, topk, experts, tp, dtype)[few])
+        return np.concatenate(ms), np.concatenate(nbytes)
 
     @cached_property
     def launch_ms(self) -> float:

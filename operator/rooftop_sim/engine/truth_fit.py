@@ -205,10 +205,25 @@ def _record(name: str, tables: GpuTables) -> None:
                 build_kernels(model_spec(model), tp, tables, g, k, Roofline(gpu, gpu))
 
 
+def _store_cold_rates(name: str, doc: Doc) -> None:
+    """Keep each memory-bound table's ``cold_bytes_per_s``, computed on all its rows,
+    in the document about to be cut (``kernels.ColdRate``)."""
+    tables = parse_tables({"tables": {name: doc}})[name]
+    parsed: dict[str, Mapping[str, kernels.ColdRate]] = {
+        "gemm": tables.gemm, "decode_attention": tables.decode, "moe": tables.moe,
+    }  # fmt: skip
+    for kind, by_dtype in parsed.items():
+        for dtype, table in by_dtype.items():
+            rate = table.cold_bytes_per_s(dtype)
+            if math.isfinite(rate):
+                doc[kind][dtype][kernels.COLD_KEY] = rate
+
+
 def cut(full: Doc) -> Doc:
     """The document with only the rows the catalog's deployments read."""
     out: Doc = json.loads(json.dumps(full))  # a deep copy
     for name, doc in out["tables"].items():
+        _store_cold_rates(name, doc)
         for table in _row_tables(doc):
             table["rows"] = _Recorder(table["rows"])
         _record(name, parse_tables({"tables": {name: doc}})[name])
@@ -287,14 +302,18 @@ def _heldout(full: Doc) -> list[tuple[str, str, dict[str, FloatArray]]]:
 
 
 def _below_roofline(name: str, full: Doc) -> str:
-    """Share of measured GEMM latencies under the roofline of the GPU that measured them
-    (weights resident in L2 across the benchmark's calls); run time lifts them."""
+    """Share of measured GEMM latencies under the roofline of the GPU that measured them,
+    its bytes at no more than the table's cold rate (``kernels.ColdRate``: weights resident
+    in L2 across the benchmark's calls); run time lifts them."""
     gpu = gpu_spec(kernels.TABLE_GPU[name])
+    tables = parse_tables({"tables": {name: full}})[name]
     parts = []
     for dtype, t in full["gemm"].items():
         m, n, k = np.meshgrid(*(np.array(t[a], dtype=np.float64) for a in "mnk"), indexing="ij")
         nbytes = (m * k + m * n) * kernels.ACT_BYTES + n * k * (1.0 if dtype == "fp8" else 2.0)
-        floor = Roofline.time_ms(gpu, nbytes, 2.0 * m * n * k, "fp8" if dtype == "fp8" else "bf16")
+        compute = "fp8" if dtype == "fp8" else "bf16"
+        cold = tables.gemm[dtype].cold_bytes_per_s(dtype)
+        floor = Roofline.time_ms(gpu, nbytes, 2.0 * m * n * k, compute, cold)
         cube = _gemm_cube(t)
         ok = np.isfinite(cube)
         parts.append(f"gemm {dtype} {np.mean(cube[ok] < floor[ok]):.1%}")

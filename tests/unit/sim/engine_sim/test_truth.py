@@ -140,6 +140,48 @@ def test_a_borrowed_kernel_keeps_its_launch_latency() -> None:
     )
 
 
+def test_the_floor_streams_no_faster_than_the_tables_cold_rate() -> None:
+    l40s = truth.gpu_spec("l40s")
+    nbytes, flops = np.array([10e6]), np.array([1e6])
+    cold = 0.8 * l40s.hbm_bytes_per_s
+    # 10 MB in 4 µs is 2.5 TB/s: from the L2 cache, lifted to 10 MB at the cold rate
+    lifted = Roofline(l40s, l40s).apply(np.array([0.004]), nbytes, flops, cold_bytes_per_s=cold)
+    assert lifted[0] == pytest.approx(10e6 / cold * 1e3)
+    plain = Roofline(l40s, l40s).apply(np.array([0.004]), nbytes, flops)
+    assert plain[0] == pytest.approx(10e6 / l40s.hbm_bytes_per_s * 1e3)
+
+
+@pytest.mark.parametrize(("name", "dtype", "cached"), [
+    ("l40s", "fp8", True), ("l40s", "bfloat16", True),
+    ("h100_sxm", "bfloat16", False), ("h200_sxm", "fp8", False),
+])  # fmt: skip
+def test_only_the_l40s_tables_hold_calls_served_from_its_cache(
+    name: str, dtype: str, cached: bool
+) -> None:
+    """Calls of operands too large for any cache stream at up to 0.8-0.95x DRAM bandwidth;
+    on the L40S, smaller ones reach past it (its tool reuses the operands, which stay in
+    L2), which a forward pass never sees. The HBM GPUs' tables have no such calls."""
+    table = kernels.load_tables()[name].gemm[dtype]
+    gpu = truth.gpu_spec(kernels.TABLE_GPU[name])
+    cold = table.cold_bytes_per_s(dtype)
+    assert 0.7 * gpu.hbm_bytes_per_s < cold < gpu.hbm_bytes_per_s
+    ms, nbytes = table.memory_bound_calls(dtype)
+    faster = np.isfinite(ms) & (nbytes / (ms * 1e-3) > cold)
+    assert faster.any() == cached
+
+
+def test_a_cache_served_gemm_is_priced_at_the_cold_rate() -> None:
+    """Llama-3.1-70B's output projection at TP 8 (8 MB of fp8 weight) times faster than
+    the L40S's DRAM in its table; the step prices it at the table's cold rate."""
+    table = kernels.load_tables()["l40s"].gemm["fp8"]
+    n, k = 8192, 1024
+    measured = table.latencies(n, k)[0]
+    weight_ms = n * k / table.cold_bytes_per_s("fp8") * 1e3
+    assert measured < weight_ms
+    l40s = truth.gpu_spec("l40s")
+    assert table.curve(n, k, "fp8", Roofline(l40s, l40s))(1) >= weight_ms
+
+
 def test_one_sequence_decode_attention_on_a_borrowing_gpu_is_launch_bound() -> None:
     """An L4 borrows the L40S's tables: one sequence's decode attention reads a few
     hundred kB, so its time is the launch latency on both, not 2.9x (the bandwidth
