@@ -62,12 +62,13 @@ T0_BOUNDS_S = (0.0, 2e-4)
 ITEM_BOUNDS_S = (0.0, 2e-5)
 OVERHEAD_BOUNDS = {"step_s": (0.0, 0.02), "layer_s": (0.0, 1e-4)}
 # GEMM curve knots, log2 m: every other power of two, and from 64 to 2048 tokens each power
-# of two and the token after it. vLLM's and SGLang's fp8 GEMMs choose their tiles by the
-# next power of two of m, so on the H100 and H200 a GEMM of 2^j + 1 tokens takes 20-30 %
-# longer than one of 2^j, and time then falls again towards 2^(j+1). A smooth curve
-# through that saw-tooth is 17-33 % slow at exactly 128, 256, 512 and 1024 tokens, the
-# batches a benchmark's power-of-two concurrency runs; a knot either side of each jump
-# lets the fit follow it (where a table has no jump, as in bf16, the two knots agree).
+# of two and the token after it. vLLM's and SGLang's fp8 GEMMs on the H100 and H200 time
+# as a saw-tooth in m (their kernel configuration and tile count change there): one token
+# past 128, 256, 512 or 1024 costs 1.5-2.5x as much (medians over the served weight
+# shapes), and time then falls again towards the next power of two. A smooth curve through
+# that is 17-33 % slow at exactly 128-1024 tokens, the batches a benchmark's power-of-two
+# concurrency runs; a knot either side of each jump lets the fit follow it (where a table
+# has no jump, as in bf16, the two knots agree).
 GEMM_KNOTS = (
     (0.0, 2.0, 4.0, 5.0)
     + tuple(x for j in range(6, 12) for x in (float(j), math.log2(2**j + 1)))

@@ -106,8 +106,8 @@ def test_rows_faster_than_dram_are_left_out(table_gpu: str, cached: bool) -> Non
 
 @pytest.mark.parametrize("table_gpu", ["h100_sxm", "h200_sxm"])
 def test_fp8_gemm_curves_follow_the_tile_jump_at_each_power_of_two(table_gpu: str) -> None:
-    """vLLM's fp8 GEMMs on Hopper pick their tiles by m's next power of two: 129 tokens
-    take longer than 128 and about as long as 256 or more. The stored curve follows
+    """vLLM's fp8 GEMMs on Hopper time as a saw-tooth in m: one token past a power of
+    two costs 1.5-2.5x as much, then time falls again. The stored curve follows
     the measured rows at the batches a power-of-two concurrency runs (within 8 % in the
     median over the served weight shapes), where a smooth curve was 17-33 % slow."""
     catalog = load_catalog()
