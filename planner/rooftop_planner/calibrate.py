@@ -67,8 +67,9 @@ OVERHEAD_BOUNDS = {"step_s": (0.0, 0.02), "layer_s": (0.0, 1e-4)}
 # past 128, 256, 512 or 1024 costs 1.5-2.5x as much (medians over the served weight
 # shapes), and time then falls again towards the next power of two. A smooth curve through
 # that is 17-33 % slow at exactly 128-1024 tokens, the batches a benchmark's power-of-two
-# concurrency runs; a knot either side of each jump lets the fit follow it (where a table
-# has no jump, as in bf16, the two knots agree).
+# concurrency runs; a knot either side of each jump lets the fit follow it. A fraction
+# whose term barely binds near a knot (the FLOP fraction of a few-token GEMM) is loosely
+# determined, so neighbouring knots may differ widely; the fit error is on the times.
 GEMM_KNOTS = (
     (0.0, 2.0, 4.0, 5.0)
     + tuple(x for j in range(6, 12) for x in (float(j), math.log2(2**j + 1)))

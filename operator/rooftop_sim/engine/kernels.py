@@ -35,7 +35,7 @@ import itertools
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Any
@@ -212,7 +212,7 @@ class Roofline:
     Floor: no kernel beats its roofline, ``max(B / bw, F / peak)`` for B bytes it must
     move and F FLOPs, on the GPU that measured it, where ``bw`` is the lower of the GPU's
     DRAM bandwidth and the fastest its table ever streams operands too large for any
-    cache (``cold_bytes_per_s``). Some L40S entries beat that by up to 3x: the timing
+    cache (``cold_rate``). Some L40S entries beat that by up to 3x: the timing
     tool calls one kernel on the same small operands again and again, so they stay in
     the L2 cache. A real model streams different weights every layer, so those entries
     are lifted to the floor, the speed the table shows for operands that come from DRAM.
@@ -257,7 +257,7 @@ class Roofline:
     ) -> FloatArray:
         """Measured ``ms`` (NaN: unmeasured) floored at src's roofline, carried to dst;
         ``launch_ms``: the table's launch latency (its quickest call), kept as measured;
-        ``cold_bytes_per_s``: the table's fastest stream from DRAM (``cold_bytes_per_s``)."""
+        ``cold_bytes_per_s``: the table's fastest stream from DRAM (``cold_rate``)."""
         floor = self.time_ms(self.src, nbytes, flops, compute, cold_bytes_per_s)
         out = np.maximum(ms, floor)  # NaN stays NaN
         if self.src.id == self.dst.id:
@@ -275,10 +275,10 @@ COLD_BYTES = 256e6
 # Fewer tokens than this leave a GEMM or fused MoE memory-bound on every GPU here: at most
 # 2 * 16 FLOPs per fp8 weight byte, against ridge points above 150.
 MEMORY_BOUND_TOKENS = 16
-COLD_KEY = "cold_bytes_per_s"  # a packaged table's stored ``cold_bytes_per_s``
+COLD_KEY = "cold_bytes_per_s"  # a packaged table's stored ``cold_rate``
 
 
-def cold_bytes_per_s(ms: FloatArray, nbytes: FloatArray) -> float:
+def cold_rate(ms: FloatArray, nbytes: FloatArray) -> float:
     """The fastest rate (bytes/s) at which memory-bound calls moving at least
     ``COLD_BYTES`` streamed their operands, ``max(B / t)``: no call of the same kernel
     reads DRAM faster. Infinite (no cap) where the table has no such call.
@@ -291,27 +291,14 @@ def cold_bytes_per_s(ms: FloatArray, nbytes: FloatArray) -> float:
     return float(np.max(nbytes[cold] / (ms[cold] * 1e-3)))
 
 
-class ColdRate:
-    """A table's ``cold_bytes_per_s`` for its dtype: ``stored_cold`` where the packaging
-    cut kept it (computed on every measured row, so cutting rows cannot change it), else
-    computed from the rows held, once."""
-
-    stored_cold: float | None
-
-    def cold_bytes_per_s(self, dtype: str) -> float:
-        if self.stored_cold is not None:
-            return self.stored_cold
-        if dtype not in self._cold:
-            self._cold[dtype] = cold_bytes_per_s(*self.memory_bound_calls(dtype))
-        return self._cold[dtype]
-
-    @cached_property
-    def _cold(self) -> dict[str, float]:
-        return {}
-
-    def memory_bound_calls(self, dtype: str) -> tuple[FloatArray, FloatArray]:
-        """(ms, bytes) of the table's memory-bound calls, flat."""
-        raise NotImplementedError
+def stored_cold_rate(
+    d: Mapping[str, Any], calls: Callable[[], tuple[FloatArray, FloatArray]]
+) -> float:
+    """A table document's cold rate: the one the packaging cut stored (computed on every
+    measured row, so cutting rows cannot change it), else ``cold_rate`` of ``calls()``,
+    the (ms, bytes) of the memory-bound calls the document holds."""
+    stored = d.get(COLD_KEY)
+    return float(stored) if stored is not None else cold_rate(*calls())
 
 
 def quickest_ms(rows: Iterable[FloatArray]) -> float:
@@ -328,6 +315,14 @@ def _compute_dtype(table_dtype: str) -> str:
 
 def _dtype_bytes(table_dtype: str) -> float:
     return 1.0 if table_dtype == "fp8" else 2.0
+
+
+def _decode_bytes(
+    b: FloatArray, t: FloatArray, kv: float, head_dim: float, kv_dtype: str
+) -> FloatArray:
+    """Decode attention's bytes: K and V of every cached token of every sequence, for
+    ``b`` sequences of ``t`` tokens and ``kv`` KV heads."""
+    return np.asarray(2.0 * b * t * kv * head_dim * _dtype_bytes(kv_dtype))
 
 
 # --------------------------------------------------------------------------------------
@@ -356,7 +351,7 @@ def _nearest(keys: Sequence[str], want: Sequence[float]) -> tuple[str, list[floa
 
 
 @dataclass(frozen=True)
-class GemmTable(ColdRate):
+class GemmTable:
     """``gemm_perf`` for one dtype: latency (ms) over m for each packaged (n, k).
 
     ``n`` and ``k`` are the full measured grids (so brackets match the raw table); ``rows``
@@ -367,11 +362,14 @@ class GemmTable(ColdRate):
     n: tuple[float, ...]
     k: tuple[float, ...]
     rows: Mapping[str, list[float | None]]
-    stored_cold: float | None = None
+    cold_bytes_per_s: float = math.inf  # ``cold_rate`` of its few-token calls
 
     @classmethod
-    def from_doc(cls, d: Mapping[str, Any]) -> GemmTable:
-        return cls(tuple(d["m"]), tuple(d["n"]), tuple(d["k"]), d["rows"], d.get(COLD_KEY))
+    def from_doc(cls, d: Mapping[str, Any], dtype: str) -> GemmTable:
+        """``dtype``: the table's weight dtype (its key in the document)."""
+        table = cls(tuple(d["m"]), tuple(d["n"]), tuple(d["k"]), d["rows"])
+        return replace(table, cold_bytes_per_s=stored_cold_rate(
+            d, lambda: table.memory_bound_calls(dtype)))  # fmt: skip
 
     def _row(self, n: float, k: float) -> FloatArray | None:
         row = self.rows.get(f"{int(n)},{int(k)}")
@@ -394,7 +392,7 @@ class GemmTable(ColdRate):
         m = np.array(self.m)
         nbytes, flops = self._bytes(m, n, k, dtype), 2.0 * m * n * k
         ms = roof.apply(self.latencies(n, k), nbytes, flops, _compute_dtype(dtype),
-                        self.launch_ms, self.cold_bytes_per_s(dtype))  # fmt: skip
+                        self.launch_ms, self.cold_bytes_per_s)  # fmt: skip
         return Curve(self.m, ms)
 
     @staticmethod
@@ -420,7 +418,7 @@ class GemmTable(ColdRate):
 
 
 @dataclass(frozen=True)
-class AttentionTable(ColdRate):
+class AttentionTable:
     """Decode or prefill attention for one KV dtype: latency (ms) over (batch, tokens) for
     each packaged (query heads, KV heads) per GPU, head size 128.
 
@@ -433,11 +431,17 @@ class AttentionTable(ColdRate):
     tokens: tuple[float, ...]
     heads: Mapping[str, list[int]]
     rows: Mapping[str, list[list[float | None]]]
-    stored_cold: float | None = None
+    cold_bytes_per_s: float = math.inf  # decode: ``cold_rate`` of its calls; prefill: none
 
     @classmethod
-    def from_doc(cls, d: Mapping[str, Any]) -> AttentionTable:
-        return cls(tuple(d["batch"]), tuple(d["tokens"]), d["heads"], d["rows"], d.get(COLD_KEY))
+    def from_doc(cls, d: Mapping[str, Any], dtype: str, decode: bool) -> AttentionTable:
+        """``dtype``: the table's KV dtype (its key in the document); prefill attention
+        is compute-bound, so only decode tables get a DRAM cap."""
+        table = cls(tuple(d["batch"]), tuple(d["tokens"]), d["heads"], d["rows"])
+        if not decode:
+            return table
+        return replace(table, cold_bytes_per_s=stored_cold_rate(
+            d, lambda: table.memory_bound_calls(dtype)))  # fmt: skip
 
     def _row(self, h: int, kv: int) -> FloatArray | None:
         row = self.rows.get(f"{h},{kv}")
@@ -479,15 +483,14 @@ class AttentionTable(ColdRate):
         Other head sizes scale linearly from 128 (bytes and FLOPs both do)."""
         ms = self.latencies(h, kv, decode) * (head_dim / HEAD_DIM)
         b, t = self._batch_tokens()
-        cold = math.inf  # prefill is compute-bound: no DRAM cap
         if decode:  # reads K and V of every cached token, one query per sequence
-            nbytes = self._decode_bytes(kv, head_dim, dtype)
+            nbytes = _decode_bytes(b, t, kv, head_dim, dtype)
             flops = 4.0 * b * t * h * head_dim
-            cold = self.cold_bytes_per_s(dtype)
         else:  # Q, K, V in and O out; causal QK^T and PV over t^2/2 pairs
             nbytes = b * t * (2.0 * h + 2.0 * kv) * head_dim * ACT_BYTES
             flops = 2.0 * b * t * t * h * head_dim
-        ms = roof.apply(ms, nbytes, flops, _compute_dtype(dtype), self.launch_ms, cold)
+        ms = roof.apply(ms, nbytes, flops, _compute_dtype(dtype), self.launch_ms,
+                        self.cold_bytes_per_s)  # fmt: skip
         # prefill: attention work grows as the prompt length squared; a chunk of a prompt
         # is a fraction of one batch entry (scale_below_batch)
         return Grid(self.batch, self.tokens, ms, 1.0 if decode else 2.0, not decode)
@@ -496,31 +499,31 @@ class AttentionTable(ColdRate):
         b, t = np.meshgrid(np.array(self.batch), np.array(self.tokens), indexing="ij")
         return b, t
 
-    def _decode_bytes(self, kv: float, head_dim: float, dtype: str) -> FloatArray:
-        """K and V of every cached token of every sequence, per (batch, tokens)."""
-        b, t = self._batch_tokens()
-        return np.asarray(2.0 * b * t * kv * head_dim * _dtype_bytes(dtype))
-
     def memory_bound_calls(self, dtype: str) -> tuple[FloatArray, FloatArray]:
-        """Every measured call, as decode (a few FLOPs per KV byte); ``dtype``: the KV's."""
+        """(ms, bytes) of every measured call, flat, as decode (a few FLOPs per KV byte);
+        ``dtype``: the KV's."""
+        b, t = self._batch_tokens()
         ms = [np.ravel(_grid(rows)) for rows in self.rows.values()]
-        nbytes = [np.ravel(self._decode_bytes(int(key.split(",")[1]), HEAD_DIM, dtype))
+        nbytes = [np.ravel(_decode_bytes(b, t, int(key.split(",")[1]), HEAD_DIM, dtype))
                   for key in self.rows]  # fmt: skip
         return np.concatenate(ms), np.concatenate(nbytes)
 
 
 @dataclass(frozen=True)
-class MoeTable(ColdRate):
+class MoeTable:
     """``moe_perf`` for one dtype: the fused MoE layer's latency (ms) over tokens for each
     packaged ``"hidden,inter,topk,experts,tp"`` (balanced routing, no expert parallelism)."""
 
     tokens: tuple[float, ...]
     rows: Mapping[str, list[float | None]]
-    stored_cold: float | None = None
+    cold_bytes_per_s: float = math.inf  # ``cold_rate`` of its few-token calls
 
     @classmethod
-    def from_doc(cls, d: Mapping[str, Any]) -> MoeTable:
-        return cls(tuple(d["tokens"]), d["rows"], d.get(COLD_KEY))
+    def from_doc(cls, d: Mapping[str, Any], dtype: str) -> MoeTable:
+        """``dtype``: the table's weight dtype (its key in the document)."""
+        table = cls(tuple(d["tokens"]), d["rows"])
+        return replace(table, cold_bytes_per_s=stored_cold_rate(
+            d, lambda: table.memory_bound_calls(dtype)))  # fmt: skip
 
     def curve(
         self, hidden: int, inter: int, topk: int, experts: int, tp: int, dtype: str,
@@ -534,7 +537,7 @@ class MoeTable(ColdRate):
         nbytes = self._bytes(hidden, inter, topk, experts, tp, dtype)
         flops = 2.0 * t * topk * 3.0 * hidden * inter / tp
         ms = roof.apply(_array(row), nbytes, flops, _compute_dtype(dtype), self.launch_ms,
-                        self.cold_bytes_per_s(dtype))  # fmt: skip
+                        self.cold_bytes_per_s)  # fmt: skip
         return Curve(self.tokens, ms)
 
     def _bytes(
@@ -581,11 +584,11 @@ class GpuTables:
         return cls(
             name,
             d["versions"],
-            {k: GemmTable.from_doc(v) for k, v in d["gemm"].items()},
-            {k: AttentionTable.from_doc(v) for k, v in d["decode_attention"].items()},
-            {k: AttentionTable.from_doc(v) for k, v in d["context_attention"].items()},
+            {k: GemmTable.from_doc(v, k) for k, v in d["gemm"].items()},
+            {k: AttentionTable.from_doc(v, k, True) for k, v in d["decode_attention"].items()},
+            {k: AttentionTable.from_doc(v, k, False) for k, v in d["context_attention"].items()},
             {int(k): Curve(v["elements"], v["latency"]) for k, v in d["allreduce"].items()},
-            {k: MoeTable.from_doc(v) for k, v in d.get("moe", {}).items()},
+            {k: MoeTable.from_doc(v, k) for k, v in d.get("moe", {}).items()},
         )
 
     def allreduce_curve(self, gpus: int, roof: Roofline) -> Curve:

@@ -206,17 +206,15 @@ def _record(name: str, tables: GpuTables) -> None:
 
 
 def _store_cold_rates(name: str, doc: Doc) -> None:
-    """Keep each memory-bound table's ``cold_bytes_per_s``, computed on all its rows,
-    in the document about to be cut (``kernels.ColdRate``)."""
+    """Keep each memory-bound table's cold rate, computed on all its rows, in the
+    document about to be cut (``kernels.stored_cold_rate``)."""
     tables = parse_tables({"tables": {name: doc}})[name]
-    parsed: dict[str, Mapping[str, kernels.ColdRate]] = {
-        "gemm": tables.gemm, "decode_attention": tables.decode, "moe": tables.moe,
-    }  # fmt: skip
-    for kind, by_dtype in parsed.items():
-        for dtype, table in by_dtype.items():
-            rate = table.cold_bytes_per_s(dtype)
-            if math.isfinite(rate):
-                doc[kind][dtype][kernels.COLD_KEY] = rate
+    rates = {("gemm", k): t.cold_bytes_per_s for k, t in tables.gemm.items()}
+    rates |= {("decode_attention", k): t.cold_bytes_per_s for k, t in tables.decode.items()}
+    rates |= {("moe", k): t.cold_bytes_per_s for k, t in tables.moe.items()}
+    for (kind, dtype), rate in rates.items():
+        if math.isfinite(rate):
+            doc[kind][dtype][kernels.COLD_KEY] = rate
 
 
 def cut(full: Doc) -> Doc:
@@ -303,7 +301,7 @@ def _heldout(full: Doc) -> list[tuple[str, str, dict[str, FloatArray]]]:
 
 def _below_roofline(name: str, full: Doc) -> str:
     """Share of measured GEMM latencies under the roofline of the GPU that measured them,
-    its bytes at no more than the table's cold rate (``kernels.ColdRate``: weights resident
+    its bytes at no more than the table's cold rate (``kernels.cold_rate``: weights resident
     in L2 across the benchmark's calls); run time lifts them."""
     gpu = gpu_spec(kernels.TABLE_GPU[name])
     tables = parse_tables({"tables": {name: full}})[name]
@@ -312,7 +310,7 @@ def _below_roofline(name: str, full: Doc) -> str:
         m, n, k = np.meshgrid(*(np.array(t[a], dtype=np.float64) for a in "mnk"), indexing="ij")
         nbytes = (m * k + m * n) * kernels.ACT_BYTES + n * k * (1.0 if dtype == "fp8" else 2.0)
         compute = "fp8" if dtype == "fp8" else "bf16"
-        cold = tables.gemm[dtype].cold_bytes_per_s(dtype)
+        cold = tables.gemm[dtype].cold_bytes_per_s
         floor = Roofline.time_ms(gpu, nbytes, 2.0 * m * n * k, compute, cold)
         cube = _gemm_cube(t)
         ok = np.isfinite(cube)

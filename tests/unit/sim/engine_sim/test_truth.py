@@ -163,7 +163,7 @@ def test_only_the_l40s_tables_hold_calls_served_from_its_cache(
     L2), which a forward pass never sees. The HBM GPUs' tables have no such calls."""
     table = kernels.load_tables()[name].gemm[dtype]
     gpu = truth.gpu_spec(kernels.TABLE_GPU[name])
-    cold = table.cold_bytes_per_s(dtype)
+    cold = table.cold_bytes_per_s
     assert 0.7 * gpu.hbm_bytes_per_s < cold < gpu.hbm_bytes_per_s
     ms, nbytes = table.memory_bound_calls(dtype)
     faster = np.isfinite(ms) & (nbytes / (ms * 1e-3) > cold)
@@ -176,7 +176,7 @@ def test_a_cache_served_gemm_is_priced_at_the_cold_rate() -> None:
     table = kernels.load_tables()["l40s"].gemm["fp8"]
     n, k = 8192, 1024
     measured = table.latencies(n, k)[0]
-    weight_ms = n * k / table.cold_bytes_per_s("fp8") * 1e3
+    weight_ms = n * k / table.cold_bytes_per_s * 1e3
     assert measured < weight_ms
     l40s = truth.gpu_spec("l40s")
     assert table.curve(n, k, "fp8", Roofline(l40s, l40s))(1) >= weight_ms
