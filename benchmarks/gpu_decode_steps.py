@@ -46,6 +46,7 @@ import yaml
 MODELS_YAML = Path(__file__).resolve().parents[1] / "planner/rooftop_planner/catalog/models.yaml"
 BATCHES = (1, 8, 16, 32, 64, 128, 256)
 CONTEXTS = (512, 2048, 8192)
+PROMPTS = (256, 512, 1024, 2048, 4096, 8192)  # one prompt per prefill step (8,192: a full chunk)
 KV_TOKEN_LIMIT = 262_144  # cached tokens per row: keeps KV + weights inside 80 GB
 WARMUP, REPLAYS = 3, 20
 FP8_ROWS = 16  # _scaled_mm's row multiple
@@ -164,6 +165,28 @@ class Stack:
         probs = torch.softmax(scores.float(), dim=-1).to(torch.bfloat16)
         return torch.matmul(probs, v).reshape(batch, s.heads * s.head_dim)
 
+    def prefill_step(self, x: torch.Tensor, attention: bool) -> torch.Tensor:
+        """One step that prefills one prompt of ``x.shape[0]`` tokens: causal attention
+        over the prompt's own keys, and the LM head for its last token only."""
+        s, tokens = self.shard, x.shape[0]
+        q_width, kv_width = s.heads * s.head_dim, s.kv_heads * s.head_dim
+        for qkv, out, gate_up, down in self.layers:
+            mixed = qkv(rms_norm(x))
+            o = mixed[:, :q_width]
+            if attention:
+                q, k, v = mixed.split([q_width, kv_width, kv_width], dim=-1)
+                q4, k4, v4 = (
+                    t.reshape(1, tokens, -1, s.head_dim).transpose(1, 2) for t in (q, k, v)
+                )
+                o4 = torch.nn.functional.scaled_dot_product_attention(
+                    q4, k4, v4, is_causal=True, enable_gqa=True
+                )
+                o = o4.transpose(1, 2).reshape(tokens, q_width)
+            x = x + out(o)
+            g, u = gate_up(rms_norm(x)).chunk(2, dim=-1)
+            x = x + down(torch.nn.functional.silu(g) * u)
+        return self.lm_head(rms_norm(x[-1:]))
+
     def gemms(self, x: torch.Tensor, inputs: list[torch.Tensor]) -> None:
         """The step's GEMMs alone, on inputs prepared in the weights' dtype: what the
         planner's GEMM term prices (``inputs``: one per projection, then the LM head's)."""
@@ -172,11 +195,12 @@ class Stack:
                 linear.gemm(given)
         self.lm_head.gemm(inputs[-1])
 
-    def gemm_inputs(self, batch: int) -> list[torch.Tensor]:
-        shapes = [k for k, _ in self.shard.gemm_shapes()] + [self.shard.hidden]
+    def gemm_inputs(self, tokens: int, sampled: int) -> list[torch.Tensor]:
+        """Inputs of the layers' GEMMs (``tokens`` rows) and the LM head's (``sampled``)."""
+        shapes = [(k, tokens) for k, _ in self.shard.gemm_shapes()] + [(self.shard.hidden, sampled)]
         out = []
-        for k in shapes:
-            x = torch.randn(batch, k, device=DEVICE, dtype=torch.bfloat16)
+        for k, rows in shapes:
+            x = torch.randn(rows, k, device=DEVICE, dtype=torch.bfloat16)
             out.append(pad_rows(x).to(torch.float8_e4m3fn) if self.lm_head.fp8 else x)
         return out
 
@@ -209,10 +233,22 @@ def graph_ms(run: Callable[[], object]) -> float:
 def time_row(stack: Stack, batch: int, context: int) -> dict[str, float]:
     """One (batch, context) point timed the four ways the module docstring lists (ms)."""
     x = torch.randn(batch, stack.shard.hidden, device=DEVICE, dtype=torch.bfloat16)
-    inputs = stack.gemm_inputs(batch)
+    inputs = stack.gemm_inputs(batch, batch)
     times = {f"{how}_step_ms": graph_ms(lambda how=how: stack.step(x, context, how))
              for how in ("bmm", "sdpa", "none")}  # fmt: skip
     times["gemms_ms"] = graph_ms(lambda: stack.gemms(x, inputs))
+    return {key: round(value, 4) for key, value in times.items()}
+
+
+def time_prefill(stack: Stack, tokens: int) -> dict[str, float]:
+    """One prompt of ``tokens`` prefilled in one step: whole, without attention, GEMMs (ms)."""
+    x = torch.randn(tokens, stack.shard.hidden, device=DEVICE, dtype=torch.bfloat16)
+    inputs = stack.gemm_inputs(tokens, 1)
+    times = {
+        "step_ms": graph_ms(lambda: stack.prefill_step(x, True)),
+        "none_step_ms": graph_ms(lambda: stack.prefill_step(x, False)),
+        "gemms_ms": graph_ms(lambda: stack.gemms(x, inputs)),
+    }
     return {key: round(value, 4) for key, value in times.items()}
 
 
@@ -230,17 +266,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", default="llama-3.1-8b:1:bf16,llama-3.1-8b:1:fp8,"
                         "llama-3.1-70b:4:bf16,llama-3.1-70b:4:fp8",
                         help="model:tp:weights, comma-separated")  # fmt: skip
+    parser.add_argument("--prefill", action="store_true",
+                        help="time one-prompt prefill steps instead of decode steps")  # fmt: skip
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    fields = ["gpu", "device_name", "torch", "model", "tp", "weights", "batch", "context",
-              "bmm_step_ms", "sdpa_step_ms", "none_step_ms", "gemms_ms"]  # fmt: skip
+    fields = ["gpu", "device_name", "torch", "model", "tp", "weights"] + (
+        ["prompt_tokens", "step_ms", "none_step_ms", "gemms_ms"] if args.prefill
+        else ["batch", "context", "bmm_step_ms", "sdpa_step_ms", "none_step_ms", "gemms_ms"]
+    )  # fmt: skip
     with args.out.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fields)
         writer.writeheader()
         for run in args.runs.split(","):
             model, tp, dtype = run.split(":")
-            stack = Stack(Shard.of(model, int(tp)), dtype, KV_TOKEN_LIMIT)
-            for row in rows(stack):
+            stack = Stack(Shard.of(model, int(tp)), dtype, 1 if args.prefill else KV_TOKEN_LIMIT)
+            timed = (
+                ({"prompt_tokens": p} | time_prefill(stack, p) for p in PROMPTS)
+                if args.prefill else rows(stack)
+            )  # fmt: skip
+            for row in timed:
                 row |= {"gpu": args.gpu, "device_name": torch.cuda.get_device_name(),
                         "torch": torch.__version__, "model": model, "tp": tp,
                         "weights": dtype}  # fmt: skip

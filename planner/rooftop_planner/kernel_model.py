@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rooftop_planner.catalog import BYTES_PER_DTYPE, ModelSpec
+from rooftop_planner.catalog import BYTES_PER_DTYPE, SUSTAINED_FLOP_FRACTION, ModelSpec
 from rooftop_planner.kernels import Curve, FloatArray, KernelCurves, column
 
 if TYPE_CHECKING:
@@ -40,6 +40,15 @@ GRID_OCTAVES = 17
 def _gemm_curve(dep: Deployment) -> Curve:
     kernels = dep.efficiency.kernels
     return IDEAL if kernels is None else kernels.gemm_curve(dep.compute_dtype)
+
+
+def sustained(dep: Deployment, compute_dtype: str) -> float:
+    """The share of peak FLOP/s a forward pass sustains in ``compute_dtype``
+    (``catalog.SUSTAINED_FLOP_FRACTION``): no fitted FLOP fraction counts above it. The
+    ideal roofline (no fitted curves) is not capped."""
+    if dep.efficiency.kernels is None:
+        return 1.0
+    return SUSTAINED_FLOP_FRACTION.get(compute_dtype, 1.0)
 
 
 def measured_on(dep: Deployment, compute_dtype: str) -> tuple[float, float] | None:
@@ -97,7 +106,7 @@ def moe_s(dep: Deployment, tokens: float) -> float:
     gpu, dtype = dep.gpu, dep.compute_dtype
     return curve.time_s(
         moved, flops, per_expert, gpu.hbm_bytes_per_s, gpu.flops_per_s(dtype),
-        measured_on=measured_on(dep, dtype),
+        measured_on=measured_on(dep, dtype), sustained=sustained(dep, dtype),
     )  # fmt: skip
 
 
@@ -120,7 +129,7 @@ def _gemms_s(dep: Deployment, m: FloatArray, n: float, k: float) -> FloatArray:
     gpu, dtype = dep.gpu, dep.compute_dtype
     return _gemm_curve(dep).times_s(
         moved, 2.0 * m * n * k, m, gpu.hbm_bytes_per_s, gpu.flops_per_s(dtype),
-        measured_on=measured_on(dep, dtype),
+        measured_on=measured_on(dep, dtype), sustained=sustained(dep, dtype),
     )  # fmt: skip
 
 
@@ -184,6 +193,7 @@ class StepModel:
         )
         self.bw = dep.gpu.hbm_bytes_per_s
         self.peak = dep.gpu.flops_per_s("bf16")
+        self.sustained = sustained(dep, "bf16")
         # attention runs in 16-bit on every GPU; a borrowed GPU's curves refer to these
         self.measured_on = measured_on(dep, "bf16")
         self.overhead_s = eff.overhead.step_s + m.num_layers * eff.overhead.layer_s
@@ -262,17 +272,18 @@ def _attention_rows(
     head_dim = column([m.dep.model.head_dim for m in models])
     kv_bytes = column([m.kv_bytes_per_token_layer for m in models])
     bw, peak = column([m.bw for m in models]), column([m.peak for m in models])
+    kept = column([m.sustained for m in models])
     measured = _measured_columns(models)
     seqs = np.maximum(decode_seqs, 1e-9)
     decode = first.decode.times_s(
         context * kv_bytes, 4.0 * q_heads * head_dim * context, context / seqs, bw, peak,
-        decode_seqs, measured,
+        decode_seqs, measured, kept,
     )  # fmt: skip
     chunk = np.maximum(prefill, 1e-9)
     moved = prefill * (q_heads + 2.0 * kv_heads) * head_dim * ACTIVATION_BYTES
     pre = first.prefill.times_s(
         moved, 4.0 * q_heads * head_dim * attended, 2.0 * attended / chunk, bw, peak,
-        measured_on=measured,
+        measured_on=measured, sustained=kept,
     )  # fmt: skip
     out: FloatArray = np.where(decode_seqs > 0, decode, 0.0) + np.where(prefill > 0, pre, 0.0)
     return out

@@ -109,13 +109,15 @@ class Curve:
         flops_per_s: float,
         items: float = 0.0,
         measured_on: tuple[float, float] | None = None,
+        sustained: float = 1.0,
     ) -> float:
         """Seconds on a GPU with these peaks; ``measured_on``: the (HBM bytes/s, FLOP/s)
-        of the GPU the curve was fitted on, when that is another GPU."""
+        of the GPU the curve was fitted on, when that is another GPU; ``sustained``: the
+        share of peak FLOP/s a whole forward pass keeps, a cap on the fitted fraction."""
         bw, peak = measured_on or (hbm_bytes_per_s, flops_per_s)
         x = _log2(driver)
         memory = bytes_moved / (bw * interp(x, self.knots, self.mem_eff))
-        compute = flops / (peak * interp(x, self.knots, self.flop_eff))
+        compute = flops / (peak * min(interp(x, self.knots, self.flop_eff), sustained))
         scale = 1.0
         if measured_on is not None:
             scale = float(roofline_ratio(bytes_moved, flops, (hbm_bytes_per_s, flops_per_s),
@@ -131,13 +133,14 @@ class Curve:
         flops_per_s: FloatArray | float,
         items: FloatArray | float = 0.0,
         measured_on: Rates | None = None,
+        sustained: FloatArray | float = 1.0,
     ) -> FloatArray:
         """``time_s`` over arrays (the search evaluates its batch grids at once; the GPU's
-        rates, and the measured GPU's, may vary along the arrays' first axis)."""
+        rates, the measured GPU's and ``sustained`` may vary along the first axis)."""
         bw, peak = measured_on or (hbm_bytes_per_s, flops_per_s)
         x = np.log2(np.maximum(driver, 1.0))
         memory = bytes_moved / (bw * np.interp(x, self.knots, self.mem_eff))
-        compute = flops / (peak * np.interp(x, self.knots, self.flop_eff))
+        compute = flops / (peak * np.minimum(np.interp(x, self.knots, self.flop_eff), sustained))
         kernel = (memory**4 + compute**4) ** 0.25
         if measured_on is not None:
             kernel = kernel * roofline_ratio(

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rooftop_planner.catalog import GpuSpec
+from rooftop_planner.catalog import SUSTAINED_FLOP_FRACTION, GpuSpec
 
 FloatArray = npt.NDArray[np.float64]
 TABLES_PATH = Path(__file__).with_name("truth_tables.json.gz")
@@ -209,13 +209,16 @@ class Grid:
 class Roofline:
     """Kernel times measured on ``src``, made physical and carried over to ``dst``.
 
-    Floor: no kernel beats its roofline, ``max(B / bw, F / peak)`` for B bytes it must
-    move and F FLOPs, on the GPU that measured it, where ``bw`` is the lower of the GPU's
-    DRAM bandwidth and the fastest its table ever streams operands too large for any
+    Floor: no kernel beats its roofline, ``max(B / bw, F / (peak · s))`` for B bytes it
+    must move and F FLOPs, on the GPU that measured it, where ``bw`` is the lower of the
+    GPU's DRAM bandwidth and the fastest its table ever streams operands too large for any
     cache (``cold_rate``). Some L40S entries beat that by up to 3x: the timing
     tool calls one kernel on the same small operands again and again, so they stay in
     the L2 cache. A real model streams different weights every layer, so those entries
     are lifted to the floor, the speed the table shows for operands that come from DRAM.
+    ``s`` is the share of peak FLOP/s a GPU sustains through whole forward passes, as
+    measured on an H100 (``catalog.SUSTAINED_FLOP_FRACTION``): the tables time one kernel
+    at a time, and their largest GEMMs run faster than a forward pass of them back to back.
 
     Borrowing (``dst`` is another GPU): a kernel's launch latency carries over as it is,
     the rest of its time scales by ``roofline_dst / roofline_src``, the bandwidth ratio
@@ -239,11 +242,13 @@ class Roofline:
         flops: FloatArray,
         compute: str,
         cap_bytes_per_s: float = math.inf,
+        flop_fraction: float = 1.0,
     ) -> FloatArray:
         """Roofline time (ms) of B bytes and F FLOPs on ``gpu`` at its peaks, the bytes
-        moving at no more than ``cap_bytes_per_s``."""
+        moving at no more than ``cap_bytes_per_s``, the FLOPs at ``flop_fraction`` of
+        peak."""
         bw = min(gpu.hbm_bytes_per_s, cap_bytes_per_s)
-        t = np.maximum(nbytes / bw, flops / gpu.flops_per_s(compute))
+        t = np.maximum(nbytes / bw, flops / (gpu.flops_per_s(compute) * flop_fraction))
         return np.asarray(t * 1e3)
 
     def apply(
@@ -258,7 +263,8 @@ class Roofline:
         """Measured ``ms`` (NaN: unmeasured) floored at src's roofline, carried to dst;
         ``launch_ms``: the table's launch latency (its quickest call), kept as measured;
         ``cold_bytes_per_s``: the table's fastest stream from DRAM (``cold_rate``)."""
-        floor = self.time_ms(self.src, nbytes, flops, compute, cold_bytes_per_s)
+        floor = self.time_ms(self.src, nbytes, flops, compute, cold_bytes_per_s,
+                             SUSTAINED_FLOP_FRACTION.get(compute, 1.0))  # fmt: skip
         out = np.maximum(ms, floor)  # NaN stays NaN
         if self.src.id == self.dst.id:
             return out

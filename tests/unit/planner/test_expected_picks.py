@@ -289,8 +289,8 @@ CASES: tuple[Case, ...] = (
     ),
     Case(
         "long-prompts-ttft-700-gh200",
-        "0.7 s for a 16k bf16 prefill is beyond L40S (~1.4 s; 0.76 s over four) and A100 "
-        "(~1.2 s); GH200's Hopper FLOPs do it in ~0.4 s at $2.29, the cheapest GPU that can "
+        "0.7 s for a 16k bf16 prefill is beyond L40S (~1.5 s; 0.76 s over four) and A100 "
+        "(~1.4 s); GH200's Hopper FLOPs do it in ~0.45 s at $2.29, the cheapest GPU that can "
         "(H100 PCIe $2.64)",
         Pick("gh200", "bf16", 1),
         ttft_ms=700,

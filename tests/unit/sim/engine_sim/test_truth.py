@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from typing import Any
@@ -9,6 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rooftop_planner.calibrate import REPO
+from rooftop_planner.catalog import SUSTAINED_FLOP_FRACTION
 from rooftop_sim.engine import kernels, truth, truth_fit
 from rooftop_sim.engine.kernels import Curve, Roofline, bracket
 from rooftop_sim.engine.truth import TruthModel
@@ -149,6 +152,39 @@ def test_the_floor_streams_no_faster_than_the_tables_cold_rate() -> None:
     assert lifted[0] == pytest.approx(10e6 / cold * 1e3)
     plain = Roofline(l40s, l40s).apply(np.array([0.004]), nbytes, flops)
     assert plain[0] == pytest.approx(10e6 / l40s.hbm_bytes_per_s * 1e3)
+
+
+def test_no_kernel_computes_faster_than_a_forward_pass_sustains() -> None:
+    """A table's GEMM timed alone at 0.85 of peak FLOP/s is lifted to the sustained share
+    (``catalog.SUSTAINED_FLOP_FRACTION``); memory-bound calls are not touched."""
+    h100 = truth.gpu_spec("h100-sxm")
+    flops = np.array([1e12, 1e6])
+    nbytes = np.array([1e6, 1e9])
+    alone_ms = np.array([1e12 / (0.85 * h100.flops_per_s("bf16")) * 1e3, 1.0])
+    out = Roofline(h100, h100).apply(alone_ms, nbytes, flops, "bf16")
+    sustained = SUSTAINED_FLOP_FRACTION["bf16"] * h100.flops_per_s("bf16")
+    assert out[0] == pytest.approx(1e12 / sustained * 1e3)
+    assert out[1] == 1.0
+
+
+def test_the_simulated_bf16_prefill_gemms_take_what_the_h100_took() -> None:
+    """data/measured/gpu_prefill_steps.csv: one prompt's GEMMs on a real H100, 512-8,192
+    tokens (the tables alone priced them up to 25 % fast)."""
+    path = REPO / "data" / "measured" / "gpu_prefill_steps.csv"
+    with path.open() as handle:
+        rows = [r for r in csv.DictReader(handle) if r["weights"] == "bf16"]
+    checked = 0
+    for row in rows:
+        tokens = int(row["prompt_tokens"])
+        if tokens < 512:
+            continue
+        k = TruthModel.for_deployment(
+            row["model"], "h100-sxm", int(row["tp"]), "bf16", "auto"
+        ).kernels
+        gemms = k.num_layers * (k.qkv(tokens) + k.o_proj(tokens) + k.mlp_ms(tokens)) + k.lm_head(1)
+        assert gemms == pytest.approx(float(row["gemms_ms"]), rel=0.1), row
+        checked += 1
+    assert checked == 10
 
 
 @pytest.mark.parametrize(("name", "dtype", "cached"), [
