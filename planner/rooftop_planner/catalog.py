@@ -34,12 +34,12 @@ BYTES_PER_DTYPE: dict[str, float] = {
 }
 # The share of a GPU's peak FLOP/s that whole forward passes sustain, by compute dtype.
 # Kernel tables time one kernel at a time, and their largest GEMMs run faster than a
-# forward pass of them back to back does. Measured on an H100 SXM through whole prefill
-# steps of Llama-3.1-8B and of a Llama-3.1-70B TP4 shard, 1,024-8,192 tokens, their GEMMs
-# replayed as a CUDA graph (data/measured/gpu_prefill_steps.csv): bf16 (cuBLAS) held
-# 0.67-0.69 of its 989 TFLOP/s, fp8 (cuBLASLt) 0.57-0.63 of 1,979; the highest is kept.
-# The H100 is the only GPU measured: every GPU is assumed to keep the same shares, and
-# other dtypes are not capped.
+# forward pass of them back to back does. Measured on an H100 SXM and an H200 through
+# whole prefill steps of Llama-3.1-8B and of a Llama-3.1-70B TP4 shard, 1,024-8,192
+# tokens, their GEMMs replayed as a CUDA graph (data/measured/gpu_prefill_steps.csv): bf16
+# (cuBLAS) held 0.67-0.69 of their 989 TFLOP/s, fp8 (cuBLASLt) 0.57-0.63 of 1,979, alike on
+# both; the highest is kept. Only these two Hopper GPUs were measured: every GPU is
+# assumed to keep the same shares, and other dtypes are not capped.
 SUSTAINED_FLOP_FRACTION: dict[str, float] = {"bf16": 0.69, "fp8": 0.63}
 
 
