@@ -217,8 +217,9 @@ class Roofline:
     the L2 cache. A real model streams different weights every layer, so those entries
     are lifted to the floor, the speed the table shows for operands that come from DRAM.
     ``s`` is the share of peak FLOP/s a GPU sustains through whole forward passes, as
-    measured on an H100 and an H200 (``catalog.SUSTAINED_FLOP_FRACTION``): the tables time one kernel
-    at a time, and their largest GEMMs run faster than a forward pass of them back to back.
+    measured on an H100 and an H200 (``catalog.SUSTAINED_FLOP_FRACTION``): the tables
+    time one kernel at a time, and their largest GEMMs run faster than a forward pass of
+    them back to back.
 
     Borrowing (``dst`` is another GPU): a kernel's launch latency carries over as it is,
     the rest of its time scales by ``roofline_dst / roofline_src``, the bandwidth ratio
