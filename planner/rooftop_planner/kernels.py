@@ -10,7 +10,9 @@ reaches, as a function of what drives it:
 where x = log2 of the driver (GEMM: tokens m; decode attention: cached tokens per
 sequence; prefill attention: prompt length; MoE: tokens per expert), η are piecewise
 linear in x between knots, t0 is the kernel's fixed latency (s) and t_item a cost per
-sequence (decode attention). All-reduce is latency plus bytes over a fitted bus
+sequence (decode attention). η_flop counts at most the share of peak a whole forward pass
+sustains (``sustained``, ``catalog.SUSTAINED_FLOP_FRACTION``): the tables time one kernel
+at a time, faster than back to back. All-reduce is latency plus bytes over a fitted bus
 bandwidth per GPU count. Times in seconds, bytes, FLOP.
 
 A GPU without tables of its own borrows another's curves (``measured_on``): its kernel

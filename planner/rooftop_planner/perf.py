@@ -204,8 +204,9 @@ def step_breakdown(
     """One engine step that decodes ``decode_seqs`` and prefills ``prefill_tokens``.
 
     step = overhead + L · (GEMMs(m) + attention + 2 all-reduces) + LM head, each kernel
-    t = t0 + smoothmax(bytes / (BW · η_mem), FLOPs / (peak · η_flop)) with the fitted
-    fractions η of ``kernels``; m = decode_seqs + prefill_tokens is the step's token
+    t = t0 + smoothmax(bytes / (BW · η_mem), FLOPs / (peak · min(η_flop, s))) with the
+    fitted fractions η of ``kernels`` and the sustained share s of peak FLOP/s
+    (``catalog.SUSTAINED_FLOP_FRACTION``); m = decode_seqs + prefill_tokens is the step's token
     count. ``context_tokens`` is the total cached context of the decoding sequences (KV
     read once per step); ``prefill_attended`` the sum over prefill tokens of the keys each
     attends. With no fitted curves every η is 1 and fixed costs are 0 (the ideal roofline).
