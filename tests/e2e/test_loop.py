@@ -87,7 +87,7 @@ TARGET: dict[str, Any] = {
             "weightDtypes": ["fp8"],
             "kvDtypes": ["fp8"],
             "maxTensorParallel": 1,
-            "maxReplicas": 4,
+            "maxReplicas": 6,
         },
     },
 }
