@@ -1,6 +1,12 @@
-"""Time real decode steps on a GPU: a Llama layer stack's kernels, captured as a CUDA graph.
+"""Time real decode and prefill steps on a GPU: a Llama layer stack's kernels, as a CUDA graph.
 
     python benchmarks/gpu_decode_steps.py --gpu h100-sxm --out steps.csv   # needs torch + CUDA
+    python benchmarks/gpu_decode_steps.py --prefill --gpu h100-sxm --out prefill.csv
+
+The script needs only PyTorch and PyYAML, the packages a GPU machine has: it reads the
+model shapes from the catalog file itself and does not import the planner (whose
+dependencies such a machine lacks), so ``Shard.gemm_shapes`` repeats the per-GPU shapes
+of ``kernel_model.layer_gemm_shapes``.
 
 What runs is one decode step of a dense Llama model as vLLM runs it, with random weights
 (no checkpoint): per layer RMSNorm, the fused QKV GEMM, attention of one new token per
@@ -98,7 +104,7 @@ class Linear:
         """The layer as a step runs it: fp8 quantizes its input with a static scale first
         (the scale a checkpoint's calibration stored; vLLM does it in one fused kernel)."""
         if not self.fp8:
-            return torch.nn.functional.linear(x, self.weight)
+            return self.gemm(x)
         rows = x.shape[0]
         x = pad_rows(x)
         return self.gemm((x * self.input_scale).to(torch.float8_e4m3fn))[:rows]

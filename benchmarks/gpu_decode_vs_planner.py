@@ -101,7 +101,7 @@ def simulated(s: Step) -> Priced:
     """The step's GEMMs and attention in the simulated engine's kernels (ms)."""
     k = TruthModel.for_deployment(s.model, s.gpu, s.tp, s.weights, "auto").kernels
     tokens, sampled = (s.prompt, 1) if s.prompt else (s.batch, s.batch)
-    gemm = k.num_layers * (k.qkv(tokens) + k.o_proj(tokens) + k.mlp_ms(tokens)) + k.lm_head(sampled)
+    gemm = k.gemms_ms(tokens, sampled)
     per_layer = (
         k.prefill_attn_ms(s.prompt, s.pairs) if s.prompt else k.decode_attn(s.batch, s.context)
     )

@@ -205,6 +205,12 @@ class StepKernels:
         length = max(1.0, 2.0 * pairs / tokens - 1.0)
         return self.prefill_attn(tokens / length, length)
 
+    def gemms_ms(self, tokens: float, sampled: float) -> float:
+        """Every layer's GEMMs (and MLP or MoE) for ``tokens`` tokens, plus the LM head for
+        the ``sampled`` rows that sample a token (ms)."""
+        layer = self.qkv(tokens) + self.o_proj(tokens) + self.mlp_ms(tokens)
+        return self.num_layers * layer + (self.lm_head(sampled) if sampled > 0 else 0.0)
+
     def step_ms(
         self, batch: int, context_tokens: float, prefill_tokens: int, pairs: float, sampled: int
     ) -> float:
@@ -214,14 +220,14 @@ class StepKernels:
         prefill_tokens/pairs: the prefill chunk; sampled: rows through the LM head.
         """
         tokens = batch + prefill_tokens
-        layer = self.qkv(tokens) + self.o_proj(tokens) + self.mlp_ms(tokens)
+        layer = 0.0
         if batch > 0:
             layer += self.decode_attn(batch, max(1.0, context_tokens / batch))
         if prefill_tokens > 0:
             layer += self.prefill_attn_ms(prefill_tokens, pairs)
         if self.allreduce is not None:
             layer += 2.0 * self.allreduce(tokens * self.hidden)
-        return self.num_layers * layer + (self.lm_head(sampled) if sampled > 0 else 0.0)
+        return self.gemms_ms(tokens, sampled) + self.num_layers * layer
 
 
 def build_kernels(

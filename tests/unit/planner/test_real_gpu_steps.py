@@ -3,14 +3,14 @@
 ``data/measured/gpu_decode_steps.csv`` holds Llama-3.1-8B (TP1) and Llama-3.1-70B (one
 TP4 shard) decode steps, bf16 and fp8 weights, batches 1-256 and contexts 512-8192, each
 timed as a CUDA graph by ``benchmarks/gpu_decode_steps.py`` with cuBLAS/cuBLASLt GEMMs and
-PyTorch's FlashAttention over a contiguous cache (data/README.md says where it ran). The
+PyTorch's fused attention over a contiguous cache (data/README.md says where it ran). The
 planner's curves come from kernels timed inside vLLM, so the bounds below say what must
 hold between the two: the same hardware's bf16 GEMMs agree closely; vLLM's fp8 GEMMs and
 paged decode attention are never faster than those libraries' (the planner may be slower,
 not faster); the floor is never beaten; and the planner's whole step, with its fitted fixed
 costs, stays near the GPU's kernel time.
 
-``data/measured/gpu_prefill_steps.csv`` holds one-prompt prefill steps on the H100, where
+``data/measured/gpu_prefill_steps.csv`` holds one-prompt prefill steps on both GPUs, where
 the GEMMs are compute-bound: the share of peak FLOP/s they sustained is the catalog's
 ``SUSTAINED_FLOP_FRACTION``, and with it the planner's bf16 GEMMs agree with them.
 """
