@@ -12,7 +12,7 @@ import argparse
 import csv
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -25,22 +25,13 @@ from rooftop_planner.explain import explain_step
 from rooftop_planner.scenarios import ScenarioError, checkpoint_dtype, scenario_from_row
 
 FORMATS = (JSON, YAML, TABLE, WIDE)
-PREDICT_INPUT = (
-    "model",
-    "gpu",
-    "tp",
-    "weight_dtype",
-    "kv_dtype",
-    "isl",
-    "osl",
-    "concurrency",
-    "batch",
-)
 PREDICT_OUTPUT = (
     "tpot_ms", "ttft_ms", "output_tok_s", "running", "floor_ms", "floor_share", "curves", "fits",
     "error",
 )  # fmt: skip
 NUMERIC_OUTPUT = PREDICT_OUTPUT[:6]
+REQUIRED_INPUT = ("model", "gpu", "tp", "isl", "osl")
+CSV_COLUMNS = "model,gpu,tp,isl,osl and concurrency or batch; optional weight_dtype,kv_dtype,engine"
 
 
 def _significant(value: float) -> float | None:
@@ -191,6 +182,22 @@ def _show(predicted: Predicted, row: Mapping[str, str], fmt: str) -> None:
     print_table(HEADERS + (WIDE_HEADERS if fmt == WIDE else ()), [cells])
 
 
+def _column_problem(header: Sequence[str]) -> str:
+    """What the CSV header lacks, or "" when every row can be read.
+
+    Only the columns no default stands for are required. A row's dtypes default as on
+    the command line (the weights: the checkpoint's, else bf16; the KV cache: auto, the
+    model's own dtype, as vLLM's default) and its engine to vLLM; a file of only
+    continuous runs (or only static batches) need not carry the other column.
+    """
+    missing = [c for c in REQUIRED_INPUT if c not in header]
+    if missing:
+        return f"missing column(s) {', '.join(missing)}"
+    if "concurrency" not in header and "batch" not in header:
+        return "missing column concurrency or batch (one of the two, per row)"
+    return ""
+
+
 def _predict_csv(path: Path, out_path: Path | None, catalog: Catalog) -> int:
     try:
         return _predict_rows(path, out_path, catalog)
@@ -201,12 +208,9 @@ def _predict_csv(path: Path, out_path: Path | None, catalog: Catalog) -> int:
 def _predict_rows(path: Path, out_path: Path | None, catalog: Catalog) -> int:
     with path.open(newline="", encoding="utf-8-sig") as handle:
         reader = csv.DictReader(handle)
-        missing = [c for c in PREDICT_INPUT if c not in (reader.fieldnames or [])]
-        if missing:
-            return exits.fail(
-                f"{path}: missing column(s) {', '.join(missing)}; "
-                f"expected {','.join(PREDICT_INPUT)}[,engine]"
-            )
+        problem = _column_problem(reader.fieldnames or [])
+        if problem:
+            return exits.fail(f"{path}: {problem}; expected {CSV_COLUMNS}")
         rows = [predict_row(row, catalog=catalog) for row in reader]
         columns = list(reader.fieldnames or []) + [
             c for c in PREDICT_OUTPUT if c not in (reader.fieldnames or [])
@@ -243,9 +247,7 @@ def register(subparsers: Any) -> None:
         "predict", help="predict TPOT/TTFT/throughput of scenarios",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )  # fmt: skip
-    predict.add_argument(
-        "--csv", metavar="IN.csv", help=f"columns: {','.join(PREDICT_INPUT)}[,engine]"
-    )
+    predict.add_argument("--csv", metavar="IN.csv", help=f"columns: {CSV_COLUMNS}")
     predict.add_argument("--out", metavar="OUT.csv", help="where to write (default stdout)")
     add_output_option(
         predict, FORMATS, None, json_alias=True, note="default json; --csv writes CSV"

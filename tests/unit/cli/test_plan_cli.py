@@ -159,6 +159,32 @@ def test_predict_csv_missing_columns_exit_2(
     assert "missing column(s)" in capsys.readouterr().err
 
 
+def test_predict_csv_needs_only_columns_without_defaults(tmp_path: Path) -> None:
+    """A file of continuous runs needs no batch column, nor dtype or engine columns:
+    the rows then predict as the same flags left out would."""
+    src = tmp_path / "in.csv"
+    src.write_text("model,gpu,tp,isl,osl,concurrency\nllama-3.1-8b,h100-sxm,1,1000,200,16\n")
+    out = tmp_path / "out.csv"
+    assert main(["predict", "--csv", str(src), "--out", str(out)]) == 0
+    (short,) = csv.DictReader(out.open())
+    full = tmp_path / "full.csv"
+    full.write_text("model,gpu,tp,weight_dtype,kv_dtype,isl,osl,concurrency,batch,engine\n"
+                    "llama-3.1-8b,h100-sxm,1,bf16,auto,1000,200,16,,vllm\n")  # fmt: skip
+    assert main(["predict", "--csv", str(full), "--out", str(out)]) == 0
+    (explicit,) = csv.DictReader(out.open())
+    assert not short["error"] and float(short["tpot_ms"]) > 0
+    assert short["tpot_ms"] == explicit["tpot_ms"] and short["ttft_ms"] == explicit["ttft_ms"]
+
+
+def test_predict_csv_without_concurrency_or_batch_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "in.csv"
+    src.write_text("model,gpu,tp,isl,osl\nllama-3.1-8b,h100-sxm,1,1000,200\n")
+    assert main(["predict", "--csv", str(src)]) == 2
+    assert "concurrency or batch" in capsys.readouterr().err
+
+
 def test_predict_one_scenario(capsys: pytest.CaptureFixture[str]) -> None:
     assert (
         main(["predict", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--concurrency", "8"]) == 0
