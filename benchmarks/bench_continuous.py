@@ -28,6 +28,7 @@ from rooftop_sim.engine.truth import TruthModel
 DEPLOYMENTS = (
     ("llama-3.1-8b", "h100-sxm", 1, "bf16", "auto"),
     ("llama-3.1-70b", "h100-sxm", 4, "fp8", "fp8"),
+    ("llama-3.1-8b", "a100-80gb", 1, "bf16", "auto"),
 )
 SHAPES = ((1000, 1000), (1000, 200), (4000, 500))
 CONCURRENCY = (1, 8, 32, 64, 128, 256)

@@ -70,6 +70,8 @@ OVERHEAD_BOUNDS = {"step_s": (0.0, 0.02), "layer_s": (0.0, 1e-4)}
 # concurrency runs; a knot either side of each jump lets the fit follow it. A fraction
 # whose term barely binds near a knot (the FLOP fraction of a few-token GEMM) is loosely
 # determined, so neighbouring knots may differ widely; the fit error is on the times.
+# A table fits only the knots its rows stand behind (``supported_knots``): the A100's
+# tables time no batch between 1,024 and 2,048 tokens, nor 129, 257 or 513.
 GEMM_KNOTS = (
     (0.0, 2.0, 4.0, 5.0)
     + tuple(x for j in range(6, 12) for x in (float(j), math.log2(2**j + 1)))
@@ -149,7 +151,7 @@ def fit_curve(
     from scipy.optimize import least_squares  # type: ignore[import-untyped]
 
     f = from_dram(f, bw)
-    grid = np.array(knots, dtype=float)
+    grid = supported_knots(knots, np.log2(np.maximum(f.driver, 1.0)))
     sample = _sample(f)
     head = [1e-6, 1e-7] if items else [1e-6]
     lower = [T0_BOUNDS_S[0], ITEM_BOUNDS_S[0]][: len(head)] + [EFF_BOUNDS[0]] * 2 * len(grid)
@@ -173,6 +175,26 @@ def fit_curve(
         median_error=round(float(np.median(errors)), 4),
         rows=len(f.seconds),
     )
+
+
+def supported_knots(knots: Sequence[float], x: Array) -> Array:
+    """The knots the rows stand behind: those with a measured driver (``x``, the same
+    log2 scale) above the previous knot and at most at the knot itself.
+
+    A knot with no row near it is fitted on nothing or on rows far off: the least
+    squares may leave it anywhere within the bounds. The A100 tables time GEMMs at
+    1,024 and 2,048 tokens and none between, so their knot one token past 1,024 came
+    out at 1 % of peak, and every chunked-prefill step of 1,025-2,047 tokens was priced
+    up to 60x slow; their knots one token past 128, 256 and 512 made dips no row shows.
+    Without such a knot the curve runs straight between the measured batches. The first
+    knot holds the curve below the second, so it stays if any row lies below that.
+    """
+    points = np.asarray(x, dtype=float)
+    grid = np.asarray(knots, dtype=float)
+    keep = [grid[0]] if len(grid) > 1 and np.any(points < grid[1]) else []
+    keep += [knot for knot, low in zip(grid[1:], grid[:-1], strict=True)
+             if np.any((points > low) & (points <= knot))]  # fmt: skip
+    return np.array(keep, dtype=float)
 
 
 def _sample(f: Features) -> Features:

@@ -9,6 +9,7 @@ stored fit has drifted above what it printed (an edited curve, a changed model, 
 from __future__ import annotations
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -119,3 +120,39 @@ def test_fp8_gemm_curves_follow_the_tile_jump_at_each_power_of_two(table_gpu: st
     ratio = curve.times_s(rows.moved, rows.flops, rows.driver, bw, peak, rows.items) / rows.seconds
     for m in (128, 129, 256, 257, 512, 513, 1024):
         assert abs(float(np.median(ratio[rows.driver == m])) - 1.0) < 0.08, m
+
+
+def test_a_knot_needs_a_row_between_the_previous_knot_and_itself() -> None:
+    """A table timed at 1,024 and 2,048 tokens and nothing between cannot place a knot
+    at 1,025: the fit would leave it anywhere within its bounds."""
+    knots = (0.0, 2.0, 10.0, math.log2(1025), 11.0, 14.0)
+    measured = np.log2(np.array([1.0, 4.0, 1024.0, 2048.0, 8192.0]))
+    kept = calibrate.supported_knots(knots, measured)
+    assert list(kept) == [0.0, 2.0, 10.0, 11.0, 14.0]
+    # measured one token past 1,024: the knot there stays
+    with_jump = calibrate.supported_knots(knots, np.append(measured, math.log2(1025)))
+    assert list(with_jump) == list(knots)
+    # the first knot stays while rows lie below the second; the last needs rows up to it
+    assert list(calibrate.supported_knots((0.0, 4.0, 14.0), np.array([1.0, 3.0]))) == [0.0, 4.0]
+
+
+SERVED_SHAPES = ((4096, 4096), (28672, 4096), (4096, 14336), (8192, 8192), (10240, 8192))
+
+
+@pytest.mark.parametrize("kc", CURVES, ids=lambda kc: f"{kc.table_gpu}-{kc.engine}")
+def test_no_gemm_curve_jumps_where_its_table_does_not(kc: KernelCurves) -> None:
+    """One token more never costs more than 2.5x (the largest jump measured is vLLM's
+    fp8 saw-tooth on Hopper, about 2.2x at the served shapes), at any batch up to 16,384
+    tokens. The A100 tables have no rows between 1,024 and 2,048 tokens; a knot placed
+    there once priced 1,025 tokens 70x slower than 1,024."""
+    gpu = load_catalog().gpus[TABLE_GPU_IDS[kc.table_gpu]]
+    m = np.arange(1, 16385, dtype=float)
+    for dtype, curve in kc.gemm.items():
+        weight_bytes = 1.0 if dtype == "fp8" else 2.0
+        for n, k in SERVED_SHAPES:
+            moved = n * k * weight_bytes + (m * k + m * n) * 2.0
+            t = curve.times_s(moved, 2.0 * m * n * k, m, gpu.hbm_bytes_per_s,
+                              gpu.flops_per_s(dtype), np.zeros_like(m))  # fmt: skip
+            jump = t[1:] / t[:-1]
+            worst = int(np.argmax(jump))
+            assert jump[worst] < 2.5, f"{dtype} {n}x{k}: {jump[worst]:.1f}x at m={worst + 2}"
