@@ -86,7 +86,11 @@ def predict_one(
     floor = prediction.floor_s
     share = floor / prediction.tpot_s if prediction.fits and prediction.tpot_s > 0 else math.nan
     curves = scenario.deployment.efficiency.describe()
-    lines = explain_step(prediction.step, curves) if explain and prediction.step else []
+    lines = (
+        explain_step(prediction.step, curves, prediction.tpot_s, prediction.evictions)
+        if explain and prediction.step
+        else []
+    )
     return Predicted(
         tpot_ms=_significant(prediction.tpot_ms),
         ttft_ms=_significant(prediction.ttft_ms),

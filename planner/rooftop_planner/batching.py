@@ -10,7 +10,7 @@ cap or the KV capacity wait in a queue (Little's law gives their wait).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from rooftop_planner import perf
@@ -47,13 +47,16 @@ class Prediction:
     """Predicted latency and throughput of one replica. Times in seconds.
 
     Attributes:
-        tpot_s: mean time per output token after the first (= mean decode step time).
+        tpot_s: mean time per output token after the first: the mean decode step, and
+            the steps an evicted request waits out of the batch (``evictions``).
         ttft_s: mean time to first token, queueing included.
         output_tok_s: output tokens per second of the whole replica.
         batch: sequences decoding concurrently.
         fits: False when not even one sequence of this length fits in memory.
         reason: why it does not fit, else "".
         step: where the mean decode step's time goes, its physical floor included.
+        evictions: times a request is evicted from a full KV cache and prefilled again,
+            on average (``recompute_tokens``); 0 when the cache does not bind.
     """
 
     tpot_s: float
@@ -63,6 +66,7 @@ class Prediction:
     fits: bool = True
     reason: str = ""
     step: perf.StepBreakdown | None = None
+    evictions: float = 0.0
 
     @property
     def floor_s(self) -> float:
@@ -127,6 +131,11 @@ class EngineLimits:
     admitted only when the cache holds its prompt and its whole answer (TensorRT-LLM's
     default ``GUARANTEED_NO_EVICT``); otherwise blocks are taken as tokens come, and a
     running request holds its prompt and half its answer on average.
+
+    ``preempts_when_full``: a waiting prompt is admitted whenever its tokens fit now, not
+    counting what the running sequences will still grow, and a running sequence that
+    finds no free block evicts the newest one, which is prefilled again later (vLLM's
+    scheduler: no watermark by default, recompute preemption). See ``recompute_tokens``.
     """
 
     max_num_seqs: int = perf.DEFAULT_MAX_NUM_SEQS
@@ -135,12 +144,11 @@ class EngineLimits:
     mixed_prefill: bool = True
     free_memory_fraction: float | None = None
     reserve_whole_request: bool = False
+    preempts_when_full: bool = False
 
 
-def running_batch(
-    dep: Deployment, concurrency: float, isl: float, osl: float, limits: EngineLimits
-) -> float:
-    """Sequences that actually run: min(concurrency, max_num_seqs, KV capacity).
+def kv_limit(dep: Deployment, isl: float, osl: float, limits: EngineLimits) -> float:
+    """Sequences the KV cache holds at once.
 
     A running sequence holds isl + osl/2 tokens on average (blocks grow as it decodes),
     or isl + osl where the engine reserves a whole request's blocks up front.
@@ -151,8 +159,47 @@ def running_batch(
     )  # fmt: skip
     held = osl if limits.reserve_whole_request else osl / 2.0
     per_seq = perf.cached_tokens(dep.model, isl + held)
-    kv_limit = capacity / max(per_seq, 1.0)
-    return max(min(concurrency, float(limits.max_num_seqs), kv_limit), 0.0)
+    return capacity / max(per_seq, 1.0)
+
+
+def running_batch(
+    dep: Deployment, concurrency: float, isl: float, osl: float, limits: EngineLimits
+) -> float:
+    """Sequences that actually run: min(concurrency, max_num_seqs, KV capacity)."""
+    held = kv_limit(dep, isl, osl, limits)
+    return max(min(concurrency, float(limits.max_num_seqs), held), 0.0)
+
+
+# Evictions from a full KV cache, as the engine simulator's vLLM scheduler makes them
+# (benchmarks/bench_preemption.py): the newest running sequence, evicted 0.15-0.28 of
+# the way through a 1,000-2,000-token answer; out of the batch for 0.15-0.23 · osl
+# steps per eviction once the clients exceed the cache's sequences by 75 %, about
+# 0.07 · osl at 20 % more clients than it holds.
+EVICTED_AT_ANSWER_SHARE = 0.25
+EVICTED_WAIT_ANSWER_SHARE = 0.2
+EVICTED_WAIT_FULL_AT_EXCESS = 0.75
+
+
+def recompute_tokens(
+    dep: Deployment, concurrency: float, isl: float, osl: float, limits: EngineLimits
+) -> tuple[float, float]:
+    """(prefills again per request, tokens each): the preemptions of a KV-bound engine.
+
+    When more clients wait than the cache holds and the engine admits a prompt whenever
+    it fits now (``preempts_when_full``), the cache stays full: each finished request
+    frees its isl + osl tokens, a waiting prompt takes the room its isl leaves AND the
+    osl that the running sequences were going to grow into, and that growth then evicts
+    the newest sequence. So about osl tokens per request are prefilled a second time,
+    as p = osl / s evictions of s = isl + 0.25 · osl tokens each (the newest sequence has
+    produced about a quarter of its answer). (0, 0) when nothing is evicted: the engine
+    reserves room for growth, or the batch cap or the clients bind before the cache.
+    """
+    if not limits.preempts_when_full or limits.reserve_whole_request:
+        return 0.0, 0.0
+    if min(concurrency, float(limits.max_num_seqs)) <= kv_limit(dep, isl, osl, limits):
+        return 0.0, 0.0
+    size = isl + EVICTED_AT_ANSWER_SHARE * osl
+    return osl / size, size
 
 
 def predict_continuous(
@@ -194,13 +241,48 @@ def predict_continuous(
     decode = perf.step_breakdown(dep, batch, context)
     if not limits.mixed_prefill:
         return _prefill_first(dep, concurrency, isl, osl, limits, batch, decode)
-    chunks = max(math.ceil(isl / max(limits.max_num_batched_tokens - batch, 1.0)), 1)
-    chunk = isl / chunks
-    carrying = perf.step_breakdown(dep, batch, context, chunk, chunk * isl / 2.0)
-    step = mean_step_s(decode.total_s, chunks * (carrying.total_s - decode.total_s), batch, osl)
-    admissions = admissions_per_step(batch, osl) * chunks  # chunk-carrying steps per step
-    parts = _mean_parts(decode, carrying, admissions)
-    return _steady_state(step, chunks * carrying.total_s, batch, concurrency, osl, parts)
+    chunks, carrying = _chunked(dep, batch, context, isl, limits)
+    added = [(float(chunks), carrying)]
+    redo, redo_tokens = recompute_tokens(dep, concurrency, isl, osl, limits)
+    if redo > 0:  # evicted sequences prefilled again: more chunk-carrying steps
+        redo_chunks, redo_carrying = _chunked(dep, batch, context, redo_tokens, limits)
+        added.append((redo * redo_chunks, redo_carrying))
+    admission = sum(n * (c.total_s - decode.total_s) for n, c in added)
+    step = mean_step_s(decode.total_s, admission, batch, osl)
+    a = admissions_per_step(batch, osl)
+    parts = decode
+    for n, c in added:  # chunk-carrying steps per step: a · n
+        parts = _sum(parts, _mean_parts(decode, c, a * n), minus=decode)
+    pred = _steady_state(step, chunks * carrying.total_s, batch, concurrency, osl, parts)
+    factor = evicted_tpot_factor(redo, osl, concurrency, batch)
+    return replace(pred, tpot_s=step * factor, evictions=redo)
+
+
+def evicted_tpot_factor(evictions: float, osl: float, concurrency: float, batch: float) -> float:
+    """TPOT / mean step when each request is evicted ``evictions`` times on average.
+
+    A request's TPOT spans its whole answer, the steps it waits outside the batch
+    included. In the engine simulator's vLLM scheduler (benchmarks/bench_preemption.py)
+    an evicted sequence spends 0.15-0.23 · osl steps out of the batch per eviction once
+    the clients exceed the cache's sequences B by 75 % or more, and less as C nears B
+    (0.07 · osl at C = 1.2 · B): so TPOT = t̄ · (osl − 1 + p · w · osl) / (osl − 1), with
+    w = 0.2 · min(1, (C / B − 1) / 0.75) and p evictions per request.
+    """
+    if evictions <= 0 or osl <= 1 or batch <= 0:
+        return 1.0
+    excess = min(1.0, max(concurrency / batch - 1.0, 0.0) / EVICTED_WAIT_FULL_AT_EXCESS)
+    wait_steps = evictions * EVICTED_WAIT_ANSWER_SHARE * excess * osl
+    return 1.0 + wait_steps / (osl - 1)
+
+
+def _chunked(
+    dep: Deployment, batch: float, context: float, prompt: float, limits: EngineLimits
+) -> tuple[int, perf.StepBreakdown]:
+    """(c, t_c): a prompt of ``prompt`` tokens rides in c steps beside the B decodes,
+    c = ceil(prompt / (token budget − B)), each carrying one chunk of prompt / c."""
+    chunks = max(math.ceil(prompt / max(limits.max_num_batched_tokens - batch, 1.0)), 1)
+    chunk = prompt / chunks
+    return chunks, perf.step_breakdown(dep, batch, context, chunk, chunk * prompt / 2.0)
 
 
 def _steady_state(
@@ -246,11 +328,16 @@ def _prefill_first(
     return _steady_state(step, chunks * alone.total_s, batch, concurrency, osl, parts)
 
 
-def _sum(a: perf.StepBreakdown, b: perf.StepBreakdown) -> perf.StepBreakdown:
-    """Two steps run one after the other, part by part (the floor is ``a``'s)."""
-    return perf.StepBreakdown(a.gemm_s + b.gemm_s, a.attention_s + b.attention_s,
-                              a.allreduce_s + b.allreduce_s, a.overhead_s + b.overhead_s,
-                              a.floor_s)  # fmt: skip
+def _sum(
+    a: perf.StepBreakdown, b: perf.StepBreakdown, minus: perf.StepBreakdown | None = None
+) -> perf.StepBreakdown:
+    """Two steps run one after the other, part by part (the floor is ``a``'s); less
+    ``minus`` part by part, when given."""
+    m = minus or perf.StepBreakdown(0.0, 0.0, 0.0, 0.0, 0.0)
+    return perf.StepBreakdown(a.gemm_s + b.gemm_s - m.gemm_s,
+                              a.attention_s + b.attention_s - m.attention_s,
+                              a.allreduce_s + b.allreduce_s - m.allreduce_s,
+                              a.overhead_s + b.overhead_s - m.overhead_s, a.floor_s)  # fmt: skip
 
 
 def _mean_parts(

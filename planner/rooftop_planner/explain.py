@@ -207,9 +207,12 @@ def explain_result(result: SearchResult) -> str:
     return "\n".join(lines)
 
 
-def explain_step(step: StepBreakdown, curves: str) -> list[str]:
+def explain_step(
+    step: StepBreakdown, curves: str, tpot_s: float | None = None, evictions: float = 0.0
+) -> list[str]:
     """Where a predicted decode step goes, against its physical floor (``rooftop predict
-    --explain``): the floor is what the HBM must stream; the rest is named."""
+    --explain``): the floor is what the HBM must stream; the rest is named. ``tpot_s``
+    above the step is the wait of requests evicted from a full KV cache."""
     total = step.total_s
     lines = [
         f"mean decode step {total * 1e3:.2f} ms ({curves})",
@@ -227,4 +230,10 @@ def explain_step(step: StepBreakdown, curves: str) -> list[str]:
     lines += [f"  {seconds * 1e3:8.2f} ms  {name}" for name, seconds in parts]
     if step.floor_s > step.gemm_s + step.attention_s + step.allreduce_s + step.overhead_s:
         lines.append("  the kernels' sum is below the floor, so the floor is the prediction")
+    if evictions > 0 and tpot_s is not None:
+        lines.append(
+            f"TPOT {tpot_s * 1e3:.2f} ms: the KV cache is full, so each request is evicted "
+            f"{evictions:.2f} times on average, prefilled again (in the step above) and "
+            f"waits out of the batch meanwhile (+{(tpot_s - total) * 1e3:.2f} ms per token)"
+        )
     return lines

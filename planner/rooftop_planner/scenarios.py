@@ -74,7 +74,10 @@ def default_limits(engine: str, gpu: GpuSpec, concurrency: int) -> EngineLimits:
     waiting prompt as a prefill batch of its own before the next decode step
     (``enable_mixed_chunk`` is off by default), in chunks of 2,048 tokens under 35 GiB
     of GPU memory, 8,192 under 160 GiB, else 16,384 (``ServerArgs``'
-    ``chunked_prefill_size`` defaults).
+    ``chunked_prefill_size`` defaults). vLLM admits a prompt whenever it fits now and
+    evicts the newest sequence when the cache runs out (no watermark by default):
+    ``preempts_when_full``. SGLang reserves room for the answers it admits (its
+    ``new_token_ratio``), so it is not modelled as evicting.
     """
     every_client = max(concurrency, 256)  # no cap of their own below the KV cache's
     if engine == "sglang":
@@ -87,10 +90,12 @@ def default_limits(engine: str, gpu: GpuSpec, concurrency: int) -> EngineLimits:
         return EngineLimits(max_num_seqs=every_client)
     memory_gib = gpu.hbm_bytes / GIB
     if memory_gib >= 160:
-        return EngineLimits(max_num_seqs=1024, max_num_batched_tokens=16384)
-    if memory_gib >= 70 and not gpu.id.startswith("a100"):
-        return EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192)
-    return EngineLimits(max_num_seqs=256, max_num_batched_tokens=2048)
+        seqs, tokens = 1024, 16384
+    elif memory_gib >= 70 and not gpu.id.startswith("a100"):
+        seqs, tokens = 1024, 8192
+    else:
+        seqs, tokens = 256, 2048
+    return EngineLimits(max_num_seqs=seqs, max_num_batched_tokens=tokens, preempts_when_full=True)
 
 
 def sglang_chunk_tokens(gpu: GpuSpec) -> int:
