@@ -1,7 +1,7 @@
 """Evictions from a full KV cache: the engine simulator's vLLM scheduler against the
 planner's model of them (``batching.recompute_tokens`` and ``evicted_tpot_factor``).
 
-    python benchmarks/bench_preemption.py      (about 10 s)
+    python benchmarks/bench_preemption.py      (about 25 s)
 
 When more clients wait than the KV cache holds, vLLM admits a waiting prompt whenever
 its tokens fit now (no watermark by default) and a running sequence that finds no free
@@ -48,6 +48,10 @@ CASES = (
     ("llama-3.1-70b", "h100-sxm", 2, "bf16", "auto", 64, 1000, 1000),
     ("llama-3.1-8b", "l40s", 1, "bf16", "auto", 256, 1000, 1000),
     ("llama-3.1-8b", "a100-80gb", 1, "bf16", "auto", 256, 2000, 2000),
+    ("llama-3.1-8b", "h100-sxm", 1, "bf16", "auto", 512, 1000, 1000),
+    ("llama-3.1-70b", "h100-sxm", 4, "bf16", "auto", 512, 1000, 1000),
+    ("llama-3.1-8b", "h100-sxm", 1, "bf16", "auto", 1024, 128, 1024),
+    ("llama-3.1-8b", "b200", 1, "bf16", "auto", 1024, 1000, 1000),
 )
 
 

@@ -171,35 +171,40 @@ def running_batch(
 
 
 # Evictions from a full KV cache, as the engine simulator's vLLM scheduler makes them
-# (benchmarks/bench_preemption.py): the newest running sequence, evicted 0.15-0.28 of
-# the way through a 1,000-2,000-token answer; out of the batch for 0.15-0.23 · osl
-# steps per eviction once the clients exceed the cache's sequences by 75 %, about
-# 0.07 · osl at 20 % more clients than it holds.
+# (benchmarks/bench_preemption.py): the newest running sequence is evicted 0.16-0.28 of
+# the way through its answer; the tokens prefilled again per request fall from about osl
+# at a few dozen running sequences to half of it at 700-800 (1 / (1 + B / 750)); an
+# evicted request waits 0.14-0.18 · osl steps out of the batch per eviction once the
+# clients exceed the running sequences by half or more, about 0.07 · osl at a fifth more.
 EVICTED_AT_ANSWER_SHARE = 0.25
-EVICTED_WAIT_ANSWER_SHARE = 0.2
-EVICTED_WAIT_FULL_AT_EXCESS = 0.75
+EVICTED_RECOMPUTE_HALF_AT_BATCH = 750.0
+EVICTED_WAIT_ANSWER_SHARE = 0.18
+EVICTED_WAIT_FULL_AT_EXCESS = 0.5
 
 
 def recompute_tokens(
     dep: Deployment, concurrency: float, isl: float, osl: float, limits: EngineLimits
 ) -> tuple[float, float]:
-    """(prefills again per request, tokens each): the preemptions of a KV-bound engine.
+    """(prefills again per request, tokens each): the evictions of a KV-bound engine.
 
     When more clients wait than the cache holds and the engine admits a prompt whenever
     it fits now (``preempts_when_full``), the cache stays full: each finished request
-    frees its isl + osl tokens, a waiting prompt takes the room its isl leaves AND the
-    osl that the running sequences were going to grow into, and that growth then evicts
-    the newest sequence. So about osl tokens per request are prefilled a second time,
-    as p = osl / s evictions of s = isl + 0.25 · osl tokens each (the newest sequence has
-    produced about a quarter of its answer). (0, 0) when nothing is evicted: the engine
-    reserves room for growth, or the batch cap or the clients bind before the cache.
+    frees its isl + osl tokens, a waiting prompt takes that room including what the
+    running sequences were about to grow into, and their growth then evicts the newest
+    sequence, to be prefilled again. Per request that is up to osl tokens, fewer the more
+    sequences B share the cache: E = osl / (1 + B / 750), as p = E / s evictions of
+    s = isl + 0.25 · osl tokens (the newest sequence is about a quarter into its answer).
+    (0, 0) when nothing is evicted: the engine reserves room for growth, or the batch
+    cap or the clients bind before the cache.
     """
     if not limits.preempts_when_full or limits.reserve_whole_request:
         return 0.0, 0.0
-    if min(concurrency, float(limits.max_num_seqs)) <= kv_limit(dep, isl, osl, limits):
+    held = kv_limit(dep, isl, osl, limits)
+    if min(concurrency, float(limits.max_num_seqs)) <= held:
         return 0.0, 0.0
+    tokens = osl / (1.0 + held / EVICTED_RECOMPUTE_HALF_AT_BATCH)
     size = isl + EVICTED_AT_ANSWER_SHARE * osl
-    return osl / size, size
+    return tokens / size, size
 
 
 def predict_continuous(
@@ -263,10 +268,10 @@ def evicted_tpot_factor(evictions: float, osl: float, concurrency: float, batch:
 
     A request's TPOT spans its whole answer, the steps it waits outside the batch
     included. In the engine simulator's vLLM scheduler (benchmarks/bench_preemption.py)
-    an evicted sequence spends 0.15-0.23 · osl steps out of the batch per eviction once
-    the clients exceed the cache's sequences B by 75 % or more, and less as C nears B
+    an evicted sequence spends 0.14-0.18 · osl steps out of the batch per eviction once
+    the clients exceed the running sequences B by half or more, and less as C nears B
     (0.07 · osl at C = 1.2 · B): so TPOT = t̄ · (osl − 1 + p · w · osl) / (osl − 1), with
-    w = 0.2 · min(1, (C / B − 1) / 0.75) and p evictions per request.
+    w = 0.18 · min(1, (C / B − 1) / 0.5) and p evictions per request.
     """
     if evictions <= 0 or osl <= 1 or batch <= 0:
         return 1.0
