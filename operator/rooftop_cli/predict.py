@@ -26,10 +26,10 @@ from rooftop_planner.scenarios import ScenarioError, checkpoint_dtype, scenario_
 
 FORMATS = (JSON, YAML, TABLE, WIDE)
 PREDICT_OUTPUT = (
-    "tpot_ms", "ttft_ms", "output_tok_s", "running", "floor_ms", "floor_share", "curves", "fits",
-    "error",
+    "tpot_ms", "ttft_ms", "output_tok_s", "running", "evictions", "floor_ms", "floor_share",
+    "curves", "fits", "error",
 )  # fmt: skip
-NUMERIC_OUTPUT = PREDICT_OUTPUT[:6]
+NUMERIC_OUTPUT = PREDICT_OUTPUT[:7]
 REQUIRED_INPUT = ("model", "gpu", "tp", "isl", "osl")
 CSV_COLUMNS = "model,gpu,tp,isl,osl and concurrency or batch; optional weight_dtype,kv_dtype,engine"
 
@@ -46,7 +46,9 @@ class Predicted:
     ``floor_ms`` is the mean decode step's physical floor (weights touched + KV read at
     peak HBM bandwidth) and ``floor_share`` the share of the predicted TPOT it makes up;
     ``running`` the sequences that decode at once (the rest of the clients queue: the
-    engine's batch cap or its KV cache is full);
+    engine's batch cap or its KV cache is full); ``evictions`` how often a request is
+    evicted from a full KV cache and prefilled again, on average (vLLM, more clients
+    than the cache holds; 0 otherwise);
     ``curves`` names the fitted kernel curves used; ``explanation``: where the step's
     time goes, when asked for.
     """
@@ -55,6 +57,7 @@ class Predicted:
     ttft_ms: float | None
     output_tok_s: float | None
     running: float | None
+    evictions: float | None
     floor_ms: float | None
     floor_share: float | None
     curves: str
@@ -96,6 +99,7 @@ def predict_one(
         ttft_ms=_significant(prediction.ttft_ms),
         output_tok_s=_significant(prediction.output_tok_s),
         running=_significant(prediction.batch) if prediction.fits else None,
+        evictions=_significant(prediction.evictions) if prediction.fits else None,
         floor_ms=_significant(floor * 1e3),
         floor_share=_significant(share),
         curves=curves,
@@ -168,7 +172,7 @@ def _row(args: argparse.Namespace, model: str) -> dict[str, str]:
 
 HEADERS = ("MODEL", "GPU", "TP", "TPOT(ms)", "TTFT(ms)", "TOK/s", "FITS")
 WIDE_HEADERS = ("WEIGHTS", "KV", "ISL", "OSL", "CONCURRENCY", "BATCH", "ENGINE", "RUNNING",
-                "FLOOR(ms)", "FLOOR-SHARE", "CURVES", "ERROR")  # fmt: skip
+                "EVICTIONS", "FLOOR(ms)", "FLOOR-SHARE", "CURVES", "ERROR")  # fmt: skip
 
 
 def _show(predicted: Predicted, row: Mapping[str, str], fmt: str) -> None:
@@ -181,8 +185,8 @@ def _show(predicted: Predicted, row: Mapping[str, str], fmt: str) -> None:
     if fmt == WIDE:
         cells += [row[k] for k in ("weight_dtype", "kv_dtype", "isl", "osl", "concurrency",
                                    "batch", "engine")]  # fmt: skip
-        cells += [predicted.running, predicted.floor_ms, predicted.floor_share, predicted.curves,
-                  predicted.error]  # fmt: skip
+        cells += [predicted.running, predicted.evictions, predicted.floor_ms,
+                  predicted.floor_share, predicted.curves, predicted.error]  # fmt: skip
     print_table(HEADERS + (WIDE_HEADERS if fmt == WIDE else ()), [cells])
 
 

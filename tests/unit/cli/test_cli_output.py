@@ -78,7 +78,15 @@ def test_predict_prints_typed_json(rooftop: Rooftop) -> None:
     done = rooftop(*PREDICT, "-o", "json")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
-    for key in ("tpot_ms", "ttft_ms", "output_tok_s", "running", "floor_ms", "floor_share"):
+    for key in (
+        "tpot_ms",
+        "ttft_ms",
+        "output_tok_s",
+        "running",
+        "evictions",
+        "floor_ms",
+        "floor_share",
+    ):
         assert isinstance(data[key], float), key
     assert data["fits"] is True and data["error"] is None and isinstance(data["curves"], str)
     assert json.loads(rooftop(*PREDICT).stdout) == data  # json is the default

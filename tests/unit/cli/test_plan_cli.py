@@ -185,6 +185,19 @@ def test_predict_csv_without_concurrency_or_batch_exit_2(
     assert "concurrency or batch" in capsys.readouterr().err
 
 
+def test_predict_says_when_a_full_kv_cache_evicts(capsys: pytest.CaptureFixture[str]) -> None:
+    """64 clients of 1,000/1,000 tokens overfill Qwen3-32B's KV cache on one H100 (about
+    23 fit): vLLM evicts and prefills again, and --explain says what that costs."""
+    args = ["predict", "--model", "qwen3-32b", "--gpu", "h100-sxm", "--isl", "1000", "--osl",
+            "1000"]  # fmt: skip
+    assert main([*args, "--concurrency", "8"]) == 0
+    assert json.loads(capsys.readouterr().out)["evictions"] == 0.0
+    assert main([*args, "--concurrency", "64", "--explain"]) == 0
+    out = capsys.readouterr().out
+    data = json.loads(out[: out.rindex("}") + 1])
+    assert data["evictions"] > 0.5 and "the KV cache is full" in out
+
+
 def test_predict_one_scenario(capsys: pytest.CaptureFixture[str]) -> None:
     assert (
         main(["predict", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--concurrency", "8"]) == 0
