@@ -254,10 +254,8 @@ def predict_continuous(
         added.append((redo * redo_chunks, redo_carrying))
     admission = sum(n * (c.total_s - decode.total_s) for n, c in added)
     step = mean_step_s(decode.total_s, admission, batch, osl)
-    a = admissions_per_step(batch, osl)
-    parts = decode
-    for n, c in added:  # chunk-carrying steps per step: a · n
-        parts = _sum(parts, _mean_parts(decode, c, a * n), minus=decode)
+    a = admissions_per_step(batch, osl)  # each brings n chunk-carrying steps
+    parts = _mean_parts(decode, [(c, a * n) for n, c in added])
     pred = _steady_state(step, chunks * carrying.total_s, batch, concurrency, osl, parts)
     factor = evicted_tpot_factor(redo, osl, concurrency, batch)
     return replace(pred, tpot_s=step * factor, evictions=redo)
@@ -329,34 +327,28 @@ def _prefill_first(
     alone = perf.step_breakdown(dep, 0.0, 0.0, tokens, tokens * isl / (2.0 * chunks))
     share = a / sharing * chunks  # prefill batches per decode step
     step = decode.total_s + share * alone.total_s
-    parts = _mean_parts(decode, _sum(decode, alone), share)
+    parts = _mean_parts(decode, [(_sum(decode, alone), share)])
     return _steady_state(step, chunks * alone.total_s, batch, concurrency, osl, parts)
 
 
-def _sum(
-    a: perf.StepBreakdown, b: perf.StepBreakdown, minus: perf.StepBreakdown | None = None
-) -> perf.StepBreakdown:
-    """Two steps run one after the other, part by part (the floor is ``a``'s); less
-    ``minus`` part by part, when given."""
-    m = minus or perf.StepBreakdown(0.0, 0.0, 0.0, 0.0, 0.0)
-    return perf.StepBreakdown(a.gemm_s + b.gemm_s - m.gemm_s,
-                              a.attention_s + b.attention_s - m.attention_s,
-                              a.allreduce_s + b.allreduce_s - m.allreduce_s,
-                              a.overhead_s + b.overhead_s - m.overhead_s, a.floor_s)  # fmt: skip
+def _sum(a: perf.StepBreakdown, b: perf.StepBreakdown) -> perf.StepBreakdown:
+    """Two steps run one after the other, part by part (the floor is ``a``'s)."""
+    return perf.StepBreakdown(a.gemm_s + b.gemm_s, a.attention_s + b.attention_s,
+                              a.allreduce_s + b.allreduce_s, a.overhead_s + b.overhead_s,
+                              a.floor_s)  # fmt: skip
 
 
 def _mean_parts(
-    decode: perf.StepBreakdown, carrying: perf.StepBreakdown, share: float
+    decode: perf.StepBreakdown, carried: list[tuple[perf.StepBreakdown, float]]
 ) -> perf.StepBreakdown:
-    """The mean step's parts: the decode step's plus ``share`` of what a chunk adds."""
+    """The mean step's parts: the decode step's plus, for each (step carrying a chunk,
+    share of steps that carry one), that share of what the chunk adds."""
 
-    def mean(base: float, carried: float) -> float:
-        return base + share * (carried - base)
+    def mean(part: str) -> float:
+        base = float(getattr(decode, part))
+        return base + sum(share * (float(getattr(step, part)) - base) for step, share in carried)
 
     return perf.StepBreakdown(
-        mean(decode.gemm_s, carrying.gemm_s),
-        mean(decode.attention_s, carrying.attention_s),
-        mean(decode.allreduce_s, carrying.allreduce_s),
-        mean(decode.overhead_s, carrying.overhead_s),
+        mean("gemm_s"), mean("attention_s"), mean("allreduce_s"), mean("overhead_s"),
         decode.floor_s,
-    )
+    )  # fmt: skip
