@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import statistics
 
-from rooftop_planner.batching import predict_continuous
+from rooftop_planner.batching import EngineLimits, predict_continuous
 from rooftop_planner.catalog import load_catalog
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.perf import Deployment
+from rooftop_planner.scenarios import default_limits
 from rooftop_sim.engine.core import Engine, EngineConfig, Request
 from rooftop_sim.engine.truth import TruthModel
 
@@ -32,13 +33,27 @@ DEPLOYMENTS = (
 )
 SHAPES = ((1000, 1000), (1000, 200), (4000, 500))
 CONCURRENCY = (1, 8, 32, 64, 128, 256)
+# (model, GPU, TP, clients, isl, osl) at vLLM's own caps for the GPU: long prompts with
+# short answers, where the step's token budget (2,048 on an A100 or L40S, 8,192 on an
+# H100) or the KV cache decides how many sequences decode
+AT_VLLM_CAPS = (
+    ("llama-3.1-8b", "a100-80gb", 1, 256, 2048, 128),
+    ("llama-3.1-8b", "a100-80gb", 1, 256, 1024, 128),
+    ("llama-3.1-8b", "l40s", 1, 256, 2048, 64),
+    ("llama-3.1-8b", "h100-sxm", 1, 1024, 4096, 128),
+    ("llama-3.1-70b", "h100-sxm", 4, 512, 2048, 128),
+)
 
 
-def simulated_tpot_s(truth: TruthModel, clients: int, isl: int, osl: int) -> float:
-    """Mean TPOT (s) of the requests that finish after the first wave of ``clients``."""
+def simulated_tpot_s(
+    truth: TruthModel, clients: int, isl: int, osl: int, limits: EngineLimits | None = None
+) -> float:
+    """Mean TPOT (s) of the requests that finish after the first wave of ``clients``;
+    ``limits``: the engine's batch cap and token budget (default: every client, 8,192)."""
     config = EngineConfig(
         kv_capacity_tokens=truth.kv_capacity_tokens(0.9),
-        max_num_seqs=max(clients, 1),
+        max_num_seqs=limits.max_num_seqs if limits else max(clients, 1),
+        max_num_batched_tokens=limits.max_num_batched_tokens if limits else 8192,
         max_model_len=isl + osl + 16,
     )
     engine, now, issued = Engine(config, truth), 0.0, 0
@@ -79,6 +94,18 @@ def main() -> None:
                       f"{pred * 1e3:.2f} | {pred / sim - 1:+.1%} |")  # fmt: skip
     median = statistics.median(abs(e) for e in errors)
     print(f"\nmedian |error| {median:.1%} over {len(errors)} rows")
+    print("\nAt vLLM's default caps for the GPU (`rooftop predict`'s):\n")
+    print("| deployment | isl/osl | clients | running | simulated TPOT ms | predicted ms | error |")
+    print("|---|---|---|---|---|---|---|")
+    for model, gpu, tp, clients, isl, osl in AT_VLLM_CAPS:
+        dep = Deployment(catalog.model(model), catalog.gpu(gpu), tp, "bf16", "auto",
+                         efficiency.lookup(gpu, "vllm"))  # fmt: skip
+        limits = default_limits("vllm", dep.gpu, clients)
+        truth = TruthModel.for_deployment(model, gpu, tp, "bf16", "auto")
+        sim = simulated_tpot_s(truth, clients, isl, osl, limits)
+        pred = predict_continuous(dep, clients, isl, osl, limits)
+        print(f"| {model} bf16 on {tp}x {gpu} | {isl}/{osl} | {clients} | {pred.batch:.0f} | "
+              f"{sim * 1e3:.1f} | {pred.tpot_ms:.1f} | {pred.tpot_s / sim - 1:+.1%} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -182,6 +182,19 @@ EVICTED_WAIT_ANSWER_SHARE = 0.18
 EVICTED_WAIT_FULL_AT_EXCESS = 0.5
 
 
+def admission_bound(isl: float, osl: float, limits: EngineLimits) -> float:
+    """The most sequences that can decode when every prompt must pass through the step's
+    token budget P (``max_num_batched_tokens``): B decodes and a · isl prompt tokens per
+    step, a = B / (osl + 1.5), fit in P when B <= P / (1 + isl / (osl + 1.5)).
+
+    Beyond it the engine admits prompts no faster than the budget lets them in, every step
+    is a full one, and fewer sequences decode than the clients and the cache allow: long
+    prompts with short answers on a small budget (vLLM's 2,048 tokens on an A100 decode at
+    most 2,048 / (1 + 2,048 / 129.5) = 122 requests of 2,048/128 tokens at a time).
+    """
+    return limits.max_num_batched_tokens / (1.0 + isl / (osl + STEPS_BEYOND_DECODE))
+
+
 def recompute_tokens(
     dep: Deployment, concurrency: float, isl: float, osl: float, limits: EngineLimits
 ) -> tuple[float, float]:
@@ -242,13 +255,17 @@ def predict_continuous(
     ):
         return _does_not_fit(dep, isl + osl)
     batch = max(running_batch(dep, concurrency, isl, osl, limits), 1.0)
+    if limits.mixed_prefill:
+        batch = min(batch, max(admission_bound(isl, osl, limits), 1.0))
     context = batch * (isl + osl / 2.0)
     decode = perf.step_breakdown(dep, batch, context)
     if not limits.mixed_prefill:
         return _prefill_first(dep, concurrency, isl, osl, limits, batch, decode)
     chunks, carrying = _chunked(dep, batch, context, isl, limits)
     added = [(float(chunks), carrying)]
-    redo, redo_tokens = recompute_tokens(dep, concurrency, isl, osl, limits)
+    # the token budget can keep the batch below the cache: then nothing is evicted
+    full = batch >= kv_limit(dep, isl, osl, limits)
+    redo, redo_tokens = recompute_tokens(dep, concurrency, isl, osl, limits) if full else (0, 0)
     if redo > 0:  # evicted sequences prefilled again: more chunk-carrying steps
         redo_chunks, redo_carrying = _chunked(dep, batch, context, redo_tokens, limits)
         added.append((redo * redo_chunks, redo_carrying))
