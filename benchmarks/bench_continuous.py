@@ -17,13 +17,14 @@ Prints a markdown table.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 
 from rooftop_planner.batching import EngineLimits, predict_continuous
 from rooftop_planner.catalog import load_catalog
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.perf import Deployment
 from rooftop_planner.scenarios import default_limits
-from rooftop_sim.engine.core import Engine, EngineConfig, Request
+from rooftop_sim.engine.core import Engine, EngineConfig, Request, StepResult
 from rooftop_sim.engine.truth import TruthModel
 
 DEPLOYMENTS = (
@@ -45,11 +46,19 @@ AT_VLLM_CAPS = (
 )
 
 
-def simulated_tpot_s(
-    truth: TruthModel, clients: int, isl: int, osl: int, limits: EngineLimits | None = None
-) -> float:
-    """Mean TPOT (s) of the requests that finish after the first wave of ``clients``;
-    ``limits``: the engine's batch cap and token budget (default: every client, 8,192)."""
+def run_clients(
+    truth: TruthModel,
+    clients: int,
+    isl: int,
+    osl: int,
+    limits: EngineLimits | None = None,
+    on_step: Callable[[StepResult, int], None] | None = None,
+) -> list[Request]:
+    """``clients`` closed-loop clients (a new request the moment one finishes) until five
+    waves, and at least 40 requests, have finished; the requests that finished after the
+    first wave. ``on_step`` sees each step after the first wave as it ends, with the
+    requests running then. ``limits``: the engine's batch cap and token budget (default:
+    every client, 8,192)."""
     config = EngineConfig(
         kv_capacity_tokens=truth.kv_capacity_tokens(0.9),
         max_num_seqs=limits.max_num_seqs if limits else max(clients, 1),
@@ -68,11 +77,21 @@ def simulated_tpot_s(
         if result is None:
             break
         now = result.end_s
+        if on_step is not None and len(finished) >= clients:
+            on_step(result, engine.num_running)
         for req in result.finished:
             finished.append(req)
             engine.add_request(Request(str(issued), isl, osl, now))
             issued += 1
-    return statistics.mean(r.tpot_s for r in finished[clients:] if r.tpot_s)
+    return finished[clients:]
+
+
+def simulated_tpot_s(
+    truth: TruthModel, clients: int, isl: int, osl: int, limits: EngineLimits | None = None
+) -> float:
+    """Mean TPOT (s) of the requests that finish after the first wave of ``clients``."""
+    done = run_clients(truth, clients, isl, osl, limits)
+    return statistics.mean(r.tpot_s for r in done if r.tpot_s)
 
 
 def main() -> None:

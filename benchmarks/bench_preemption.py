@@ -22,7 +22,9 @@ the eviction model.
 from __future__ import annotations
 
 import statistics
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from rooftop_planner.batching import (
     EVICTED_AT_ANSWER_SHARE,
@@ -34,8 +36,11 @@ from rooftop_planner.batching import (
 from rooftop_planner.catalog import load_catalog
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.perf import Deployment
-from rooftop_sim.engine.core import Engine, EngineConfig, Request
+from rooftop_sim.engine.core import StepResult
 from rooftop_sim.engine.truth import TruthModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_continuous  # noqa: E402  (a sibling script, not a package)
 
 # (model, GPU, TP, weights, KV, clients, isl, osl): KV-bound at these client counts
 CASES = (
@@ -68,31 +73,17 @@ class Measured:
 
 
 def simulate(truth: TruthModel, clients: int, isl: int, osl: int) -> Measured:
-    """Run ``clients`` closed-loop clients until 5 waves have finished."""
-    config = EngineConfig(kv_capacity_tokens=truth.kv_capacity_tokens(0.9),
-                          max_num_seqs=clients, max_model_len=isl + osl + 16)  # fmt: skip
-    engine, now, issued = Engine(config, truth), 0.0, 0
-    for i in range(clients):  # the first wave's answers staggered, as a steady state
-        engine.add_request(Request(str(issued), isl, max(osl * (i + 1) // clients, 1), now))
-        issued += 1
-    finished: list[Request] = []
-    evicted: list[int] = []
+    """Run ``clients`` closed-loop clients (``bench_continuous.run_clients``)."""
+    evicted: list[int] = []  # tokens an evicted request held, when it was evicted
     steps: list[float] = []
     running: list[int] = []
-    while len(finished) < 5 * clients:
-        result = engine.step(now)
-        if result is None:
-            break
-        now = result.end_s
-        if len(finished) >= clients:
-            steps.append(result.duration_s)
-            running.append(engine.num_running)
-            evicted += [r.prompt_tokens + r.out for r in result.preempted]
-        for req in result.finished:
-            finished.append(req)
-            engine.add_request(Request(str(issued), isl, osl, now))
-            issued += 1
-    done = finished[clients:]
+
+    def note(result: StepResult, now_running: int) -> None:
+        steps.append(result.duration_s)
+        running.append(now_running)
+        evicted.extend(r.prompt_tokens + r.out for r in result.preempted)
+
+    done = bench_continuous.run_clients(truth, clients, isl, osl, on_step=note)
     step = statistics.mean(steps)
     tpot = statistics.mean(r.tpot_s for r in done if r.tpot_s)
     p = len(evicted) / len(done)
@@ -117,8 +108,9 @@ def main() -> None:
         pred = predict_continuous(dep, clients, isl, osl, limits)
         plain = predict_continuous(dep, clients, isl, osl, EngineLimits(max_num_seqs=clients))
         p, tokens = recompute_tokens(dep, clients, isl, osl, limits)
-        wait = (evicted_tpot_factor(p, osl, clients, pred.batch) - 1.0) * (osl - 1) / osl / p
-        step = pred.tpot_s / evicted_tpot_factor(p, osl, clients, pred.batch) * 1e3
+        factor = evicted_tpot_factor(p, osl, clients, pred.batch)
+        wait = (factor - 1.0) * (osl - 1) / osl / p if p else 0.0
+        step = pred.tpot_s / factor * 1e3
         with_model.append(pred.tpot_ms / sim.tpot_ms - 1)
         without.append(plain.tpot_ms / sim.tpot_ms - 1)
         print(f"| {model} {weights} on {tp}x {gpu} | {isl}/{osl} | {clients} | "

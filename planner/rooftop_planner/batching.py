@@ -207,13 +207,14 @@ def recompute_tokens(
     sequence, to be prefilled again. Per request that is up to osl tokens, fewer the more
     sequences B share the cache: E = osl / (1 + B / 750), as p = E / s evictions of
     s = isl + 0.25 · osl tokens (the newest sequence is about a quarter into its answer).
-    (0, 0) when nothing is evicted: the engine reserves room for growth, or the batch
-    cap or the clients bind before the cache.
+    (0, 0) when nothing is evicted: the engine reserves room for growth, or the clients,
+    the batch cap or the token budget (``admission_bound``) bind before the cache.
     """
     if not limits.preempts_when_full or limits.reserve_whole_request:
         return 0.0, 0.0
     held = kv_limit(dep, isl, osl, limits)
-    if min(concurrency, float(limits.max_num_seqs)) <= held:
+    wanted = min(concurrency, float(limits.max_num_seqs), admission_bound(isl, osl, limits))
+    if wanted <= held:
         return 0.0, 0.0
     tokens = osl / (1.0 + held / EVICTED_RECOMPUTE_HALF_AT_BATCH)
     size = isl + EVICTED_AT_ANSWER_SHARE * osl
@@ -263,9 +264,7 @@ def predict_continuous(
         return _prefill_first(dep, concurrency, isl, osl, limits, batch, decode)
     chunks, carrying = _chunked(dep, batch, context, isl, limits)
     added = [(float(chunks), carrying)]
-    # the token budget can keep the batch below the cache: then nothing is evicted
-    full = batch >= kv_limit(dep, isl, osl, limits)
-    redo, redo_tokens = recompute_tokens(dep, concurrency, isl, osl, limits) if full else (0, 0)
+    redo, redo_tokens = recompute_tokens(dep, concurrency, isl, osl, limits)
     if redo > 0:  # evicted sequences prefilled again: more chunk-carrying steps
         redo_chunks, redo_carrying = _chunked(dep, batch, context, redo_tokens, limits)
         added.append((redo * redo_chunks, redo_carrying))
