@@ -9,10 +9,12 @@
    same either way; the median |error| of each table is printed and stored. The rows are
    those the planner will price: GEMMs at catalog models' weight shapes, attention at
    their head layouts, and none faster than DRAM (``from_dram``).
-2. With the curves fixed, the engine's per-step and per-layer fixed costs (scheduling,
-   sampling, norms: what kernel tables do not time) are fitted per engine on the
-   end-to-end static batches of ``data/measured/calibration.csv``; the error per source
-   and metric is printed and stored.
+2. With the curves fixed, what the kernel tables do not time is fitted per engine on the
+   end-to-end static batches of ``data/measured/calibration.csv``: a cost per step
+   (scheduling, launch), per layer (small fixed kernels), and the share of HBM bandwidth
+   the elementwise kernels reach (norms, rotary, activation, residual adds, KV-cache
+   writes: bytes that grow with the step's tokens). The error per source and metric is
+   printed and stored.
 
 ``--write`` stores the result in ``catalog/kernel_curves.json``; only this command writes it.
 On a terminal, stderr reports each table as it is fitted (the whole fit takes minutes).
@@ -60,7 +62,11 @@ FIT_ROWS = 6000  # rows per curve fit (a seeded sample); errors are reported on 
 EFF_BOUNDS = (0.01, 1.0)
 T0_BOUNDS_S = (0.0, 2e-4)
 ITEM_BOUNDS_S = (0.0, 2e-5)
-OVERHEAD_BOUNDS = {"step_s": (0.0, 0.02), "layer_s": (0.0, 1e-4)}
+OVERHEAD_BOUNDS = {
+    "step_s": (0.0, 0.02),
+    "layer_s": (0.0, 1e-4),
+    "elementwise_mem_eff": (0.05, 1.0),
+}
 # GEMM curve knots, log2 m: every other power of two, and from 64 to 2048 tokens each power
 # of two and the token after it. vLLM's and SGLang's fp8 GEMMs on the H100 and H200 time
 # as a saw-tooth in m (their kernel configuration and tile count change there): one token
@@ -509,17 +515,33 @@ def log_error(observation: Observation, overhead: EngineOverhead) -> float:
     return math.log(value / observation.measured)
 
 
-def fit_overhead(observations: Sequence[Observation]) -> EngineOverhead:
-    """Per-step and per-layer fixed costs minimising the log error of these rows."""
+def fit_overhead(observations: Sequence[Observation], elementwise: bool = True) -> EngineOverhead:
+    """Per-step and per-layer costs (fitted in ms and µs) and the elementwise kernels'
+    share of HBM bandwidth (fitted as its inverse, so that 0 means free), minimising the
+    log error of these rows. ``elementwise=False`` leaves the elementwise kernels out
+    (their share 0), to see what the term buys."""
     from scipy.optimize import least_squares
 
-    def residuals(p: Array) -> Array:
-        overhead = EngineOverhead(p[0] * 1e-3, p[1] * 1e-6)
-        return np.array([log_error(o, overhead) for o in observations])
+    def overhead_of(p: Array) -> EngineOverhead:
+        inverse = p[2] if elementwise else 0.0
+        return EngineOverhead(p[0] * 1e-3, p[1] * 1e-6, elementwise_mem_eff=_eff(inverse))
 
-    bounds = ([0.0, 0.0], [OVERHEAD_BOUNDS["step_s"][1] * 1e3, OVERHEAD_BOUNDS["layer_s"][1] * 1e6])
-    r = least_squares(residuals, [1.0, 10.0], bounds=bounds, loss="soft_l1", f_scale=0.2)
-    return EngineOverhead(_sig(r.x[0] * 1e-3), _sig(r.x[1] * 1e-6))
+    def residuals(p: Array) -> Array:
+        return np.array([log_error(o, overhead_of(p)) for o in observations])
+
+    low_eff = OVERHEAD_BOUNDS["elementwise_mem_eff"][0]
+    upper = [OVERHEAD_BOUNDS["step_s"][1] * 1e3, OVERHEAD_BOUNDS["layer_s"][1] * 1e6, 1 / low_eff]
+    n = 3 if elementwise else 2
+    r = least_squares(residuals, [1.0, 10.0, 1.0][:n], bounds=([0.0] * n, upper[:n]),
+                      loss="soft_l1", f_scale=0.2)  # fmt: skip
+    fitted = overhead_of(r.x)
+    return EngineOverhead(_sig(fitted.step_s), _sig(fitted.layer_s),
+                          elementwise_mem_eff=_sig(fitted.elementwise_mem_eff))  # fmt: skip
+
+
+def _eff(inverse: float) -> float:
+    """The share of bandwidth from its fitted inverse (0 when the inverse is 0: free)."""
+    return 1.0 / inverse if inverse > 0 else 0.0
 
 
 def overhead_errors(
@@ -540,12 +562,45 @@ def overhead_errors(
     }
 
 
+BATCH_BANDS = ((1, "1"), (16, "2-16"), (64, "17-64"), (256, "65-256"), (math.inf, ">256"))
+
+
+def batch_band(batch: float) -> str:
+    """The band of batch sizes (or concurrencies) a row falls in: 1, 2-16, ..., >256."""
+    return next(name for top, name in BATCH_BANDS if batch <= top)
+
+
+def bias_by_batch(
+    observations: Sequence[Observation], overhead_of: Callable[[str], EngineOverhead]
+) -> dict[str, dict[str, float]]:
+    """Median signed error (predicted / measured − 1) per step-timing metric and batch
+    band: whether the model is right in slope over batch size, not only in level."""
+    groups: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for o in observations:
+        if o.metric == "output_tok_s":
+            continue
+        batch = o.scenario.batch or o.scenario.concurrency or 1
+        error = math.exp(log_error(o, overhead_of(o.scenario.engine))) - 1.0
+        groups[f"{o.source}:{o.metric}"][batch_band(batch)].append(error)
+    return {
+        key: {
+            band: round(statistics.median(bands[band]), 4)
+            for _, band in BATCH_BANDS
+            if bands.get(band)
+        }  # fmt: skip
+        for key, bands in sorted(groups.items())
+    }
+
+
 # ---------------------------------------------------------------- the whole fit
 
 
-def fit_all(ops: Path, data: Path, progress: Progress | None = None) -> dict[str, Any]:
+def fit_all(
+    ops: Path, data: Path, progress: Progress | None = None, elementwise: bool = True
+) -> dict[str, Any]:
     """The document ``--write`` stores: curves, engine overheads, and their errors.
-    ``progress``: where each fitted table is reported as it is done (on a terminal)."""
+    ``progress``: where each fitted table is reported as it is done (on a terminal);
+    ``elementwise``: whether the engine costs include the elementwise kernels."""
     progress = progress or Progress()
     curves = fit_every_engine(ops, load_catalog(), progress)
     doc: dict[str, Any] = {"curves": [curves_to_mapping(kc) for kc in curves]}
@@ -554,15 +609,22 @@ def fit_all(ops: Path, data: Path, progress: Progress | None = None) -> dict[str
     observations = load_observations(data, table)
     progress.status(f"calibrate: fitting the engines' fixed costs on {len(observations)} "
                     "measurements", force=True)  # fmt: skip
-    overheads = _fit_overheads(observations)
+    overheads = _fit_overheads(observations, elementwise)
     base = overheads["trtllm"]
-    progress.line(f"calibrate: engine fixed costs: {base.step_s * 1e3:.3f} ms per step, "
-                  f"{base.layer_s * 1e6:.1f} us per layer")  # fmt: skip
+    progress.line(f"calibrate: engine costs: {base.step_s * 1e3:.3f} ms per step, "
+                  f"{base.layer_s * 1e6:.1f} us per layer, elementwise kernels at "
+                  f"{base.elementwise_mem_eff:.0%} of HBM bandwidth")  # fmt: skip
     doc["engine_overhead"] = {
-        e: {"step_s": o.step_s, "layer_s": o.layer_s, "fitted_on": o.fitted_on}
+        e: {
+            "step_s": o.step_s,
+            "layer_s": o.layer_s,
+            "elementwise_mem_eff": o.elementwise_mem_eff,
+            "fitted_on": o.fitted_on,
+        }
         for e, o in overheads.items()
     }
     doc["calibration_error"] = overhead_errors(observations, lambda e: overheads[e])
+    doc["calibration_bias_by_batch"] = bias_by_batch(observations, lambda e: overheads[e])
     return doc
 
 
@@ -593,7 +655,9 @@ def curve_lines(kc: KernelCurves) -> list[str]:
     ]
 
 
-def _fit_overheads(observations: Sequence[Observation]) -> dict[str, EngineOverhead]:
+def _fit_overheads(
+    observations: Sequence[Observation], elementwise: bool = True
+) -> dict[str, EngineOverhead]:
     """Fitted on the rows that time engine steps: the DLI set's TPOT and TTFT.
 
     Those are TensorRT-LLM's. The other engines borrow it: calibration.csv has no step
@@ -601,7 +665,9 @@ def _fit_overheads(observations: Sequence[Observation]) -> dict[str, EngineOverh
     the harness around the engine inside), which the report keeps as a held-out check.
     """
     rows = [o for o in observations if o.source == "nvidia-dli"]
-    base = replace(fit_overhead(rows), fitted_on="calibration.csv nvidia-dli TPOT/TTFT rows")
+    base = replace(
+        fit_overhead(rows, elementwise), fitted_on="calibration.csv nvidia-dli TPOT/TTFT rows"
+    )
     fitted = {"trtllm": base}
     for engine in ("vllm", "sglang", "nim"):
         fitted[engine] = replace(base, fitted_on="borrowed from trtllm (no step-time rows)")
@@ -647,15 +713,26 @@ def report(doc: dict[str, Any]) -> str:
             name = f"{prefix} allreduce.tp{count} (as measured)"
             lines.append(f"{name:<44} {len(a['seconds']):>6} {0.0:>15.1f}")
     lines.append("")
-    lines.append(f"{'engine':<8} {'step overhead ms':>17} {'per layer us':>13}  fitted on")
+    lines.append(f"{'engine':<8} {'step overhead ms':>17} {'per layer us':>13} "
+                 f"{'elementwise % of BW':>20}  fitted on")  # fmt: skip
     for engine, o in doc["engine_overhead"].items():
         step, layer = o["step_s"] * 1e3, o["layer_s"] * 1e6
-        lines.append(f"{engine:<8} {step:>17.3f} {layer:>13.1f}  {o['fitted_on']}")
+        share = o.get("elementwise_mem_eff", 0.0) * 100
+        lines.append(f"{engine:<8} {step:>17.3f} {layer:>13.1f} {share:>20.1f}  {o['fitted_on']}")
     lines.append("")
     lines.append(f"{'calibration.csv source:metric':<34} {'rows':>5} {'median %':>9} {'p90 %':>7}")
     for key, e in doc["calibration_error"].items():
         median, p90 = e["median_error"] * 100, e["p90_error"] * 100
         lines.append(f"{key:<34} {e['rows']:>5} {median:>9.1f} {p90:>7.1f}")
+    bias = doc.get("calibration_bias_by_batch") or {}
+    if bias:
+        lines.append("")
+        lines.append("median signed error % (+: predicted slower) by batch")
+        lines.append(f"{'source:metric':<34}" + "".join(f"{band:>9}" for _, band in BATCH_BANDS))
+        for key, bands in bias.items():
+            cells = "".join(f"{bands[b] * 100:>+9.1f}" if b in bands else f"{'':>9}"
+                            for _, b in BATCH_BANDS)  # fmt: skip
+            lines.append(f"{key:<34}{cells}")
     return "\n".join(lines)
 
 
@@ -667,6 +744,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--stored", action="store_true", help="print the stored fit's errors; fit nothing"
     )
+    parser.add_argument(
+        "--no-elementwise",
+        action="store_true",
+        help="leave the elementwise kernels out of the engine costs (to see what they buy)",
+    )
     args = parser.parse_args(argv)
     if args.stored:
         print(report(json.loads(OUTPUT.read_text())))
@@ -675,7 +757,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not path.is_file():
             print(f"{flag}: {path} not found", file=sys.stderr)
             return 2
-    doc = fit_all(args.ops, args.data)
+    doc = fit_all(args.ops, args.data, elementwise=not args.no_elementwise)
     print(report(doc))
     if args.write:
         OUTPUT.write_text(json.dumps(doc, indent=1) + "\n")

@@ -56,17 +56,21 @@ DEFAULT_TABLE = "h100_sxm"
 
 @dataclass(frozen=True)
 class EngineOverhead:
-    """Fixed costs the kernel tables do not see, fitted on end-to-end rows.
+    """Engine costs the kernel tables do not see, fitted on end-to-end rows.
 
     Attributes:
         step_s: per engine step: scheduling, sampling, launch (seconds).
-        layer_s: per layer per step: norms, rotary, activation, residual kernels (seconds).
+        layer_s: per layer per step: the fixed part of its small kernels (seconds).
         fitted_on: which rows (``calibration.csv:vllm``) or which engine it borrows.
+        elementwise_mem_eff: the share of peak HBM bandwidth the elementwise kernels of a
+            layer reach (norms, rotary, activation, residual adds, KV-cache writes:
+            ``kernel_model.elementwise_bytes`` per token); 0 leaves them out.
     """
 
     step_s: float = 0.0
     layer_s: float = 0.0
     fitted_on: str = ""
+    elementwise_mem_eff: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -121,7 +125,12 @@ def table_from_mapping(data: Mapping[str, Any]) -> EfficiencyTable:
         kc = KernelCurves.from_mapping(entry)
         curves[(kc.table_gpu, kc.engine)] = kc
     overheads = {
-        engine: EngineOverhead(float(v["step_s"]), float(v["layer_s"]), str(v.get("fitted_on", "")))
+        engine: EngineOverhead(
+            float(v["step_s"]),
+            float(v["layer_s"]),
+            str(v.get("fitted_on", "")),
+            float(v.get("elementwise_mem_eff", 0.0)),
+        )
         for engine, v in (data.get("engine_overhead") or {}).items()
     }
     return EfficiencyTable(curves, overheads)

@@ -225,7 +225,7 @@ def explain_step(
         ("GEMMs (QKV, output projection, MLP/MoE, LM head)", step.gemm_s),
         ("attention (decode over the KV cache, carried prefill chunks)", step.attention_s),
         ("tensor-parallel all-reduces", step.allreduce_s),
-        ("engine fixed costs (scheduling, sampling, small per-layer kernels)", step.overhead_s),
+        ("engine costs the kernel tables miss (scheduling, norms, activations)", step.overhead_s),
     )
     lines += [f"  {seconds * 1e3:8.2f} ms  {name}" for name, seconds in parts]
     if step.floor_s > step.gemm_s + step.attention_s + step.allreduce_s + step.overhead_s:

@@ -8,7 +8,10 @@ Per layer and GPU (tensor parallelism ``tp`` splits heads and the MLP):
   MLP      GEMM m × hidden → 2 · intermediate/tp (gate and up), then intermediate/tp → hidden;
            MoE models run the fused-MoE kernel over the experts their tokens route to
   2 all-reduces of m · hidden 16-bit activations when tp > 1
-plus the LM head once per step over the sequences that sample (m × hidden → vocab/tp).
+plus the LM head once per step over the sequences that sample (m × hidden → vocab/tp),
+and the engine's untimed costs (``EngineOverhead``): per step, per layer, and the
+elementwise kernels' bytes per token per layer at a fitted share of HBM bandwidth
+(t = step_s + L · (layer_s + m · elementwise_bytes / (BW · η_elementwise))).
 
 GEMM weight bytes use the weight dtype (int4 reads half a byte per weight), compute runs
 on the GPU's tensor cores for that dtype where it has them (``Deployment.compute_dtype``).
@@ -35,6 +38,30 @@ ACTIVATION_BYTES = 2.0  # activations stay 16-bit between kernels
 IDEAL = Curve(t0_s=0.0, knots=(0.0,), mem_eff=(1.0,), flop_eff=(1.0,))
 GRID_STEPS_PER_OCTAVE = 8
 GRID_OCTAVES = 17
+
+
+def elementwise_bytes(m: ModelSpec, tp: int) -> float:
+    """16-bit activation bytes one token's elementwise kernels move in one layer on one GPU.
+
+    Two fused residual-add + RMSNorms (read x and the residual, write both: 4 · H each),
+    rotary embedding on q and k (read and write: 2 · (q + kv)), the KV-cache write (read K
+    and V, write them: 4 · kv) and SiLU-and-mul (read gate and up, write: 3 · I/tp per
+    expert a token routes to), with q = heads/tp · d and kv = max(kv_heads/tp, 1) · d
+    elements. Llama-3.1-8B: 90,112 elements, 180 KB.
+    """
+    q = m.num_heads / tp * m.head_dim
+    kv = max(m.num_kv_heads / tp, 1.0) * m.head_dim
+    mlp = 3.0 * m.experts_per_token * m.intermediate_size / tp
+    return ACTIVATION_BYTES * (8.0 * m.hidden_size + 2.0 * (q + kv) + 4.0 * kv + mlp)
+
+
+def elementwise_s(dep: Deployment) -> float:
+    """Seconds the elementwise kernels add per token per layer: ``elementwise_bytes`` at
+    the engine's fitted share of the GPU's HBM bandwidth (0 when none is fitted)."""
+    eff = dep.efficiency.overhead.elementwise_mem_eff
+    if eff <= 0:
+        return 0.0
+    return elementwise_bytes(dep.model, dep.tp) / (dep.gpu.hbm_bytes_per_s * eff)
 
 
 def _gemm_curve(dep: Deployment) -> Curve:
@@ -197,6 +224,7 @@ class StepModel:
         # attention runs in 16-bit on every GPU; a borrowed GPU's curves refer to these
         self.measured_on = measured_on(dep, "bf16")
         self.overhead_s = eff.overhead.step_s + m.num_layers * eff.overhead.layer_s
+        self.token_overhead_s = m.num_layers * elementwise_s(dep)
         self.scale = eff.time_scale
 
     def _grid(self, table: FloatArray, tokens: float) -> float:
@@ -255,7 +283,10 @@ def totals_s(
         attention[rows] = _attention_rows(part, decode_seqs[rows], context[rows],
                                           prefill[rows], attended[rows])  # fmt: skip
     layers = column([m.dep.model.num_layers for m in models])
-    overhead = column([m.overhead_s for m in models])
+    overhead = (
+        column([m.overhead_s for m in models])
+        + column([m.token_overhead_s for m in models]) * tokens
+    )
     total = (gemm + layers * attention + overhead) * column([m.scale for m in models])
     out: FloatArray = np.maximum(total, floor)
     return out

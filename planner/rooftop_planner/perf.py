@@ -169,7 +169,8 @@ class StepBreakdown:
         gemm_s: the layers' matmuls (QKV, output projection, MLP or MoE) and the LM head.
         attention_s: decode attention over the cached KV plus the prefill chunk's attention.
         allreduce_s: two tensor-parallel all-reduces per layer.
-        overhead_s: the engine's per-step and per-layer fixed costs.
+        overhead_s: the engine's costs outside the timed kernels: per step, per layer,
+            and per token per layer.
         floor_s: (weight bytes touched + KV bytes read) / HBM bandwidth: no step is faster.
     """
 
@@ -203,7 +204,7 @@ def step_breakdown(
 ) -> StepBreakdown:
     """One engine step that decodes ``decode_seqs`` and prefills ``prefill_tokens``.
 
-    step = overhead + L · (GEMMs(m) + attention + 2 all-reduces) + LM head, each kernel
+    step = overhead(m) + L · (GEMMs(m) + attention + 2 all-reduces) + LM head, each kernel
     t = t0 + smoothmax(bytes / (BW · η_mem), FLOPs / (peak · min(η_flop, s))) with the
     fitted fractions η of ``kernels`` and the sustained share s of peak FLOP/s
     (``catalog.SUSTAINED_FLOP_FRACTION``); m = decode_seqs + prefill_tokens is the step's token
@@ -216,7 +217,8 @@ def step_breakdown(
     gemm, attention, allreduce = model.parts(decode_seqs, context, prefill_tokens, prefill_attended)
     scale = model.scale
     return StepBreakdown(
-        gemm * scale, attention * scale, allreduce * scale, model.overhead_s * scale,
+        gemm * scale, attention * scale, allreduce * scale,
+        (model.overhead_s + model.token_overhead_s * (decode_seqs + prefill_tokens)) * scale,
         floor_s(dep, decode_seqs + prefill_tokens, context_tokens),
     )  # fmt: skip
 

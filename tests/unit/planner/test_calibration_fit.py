@@ -23,6 +23,7 @@ from rooftop_planner.efficiency import (
     load_efficiency,
     table_from_mapping,
 )
+from rooftop_planner.kernel_model import elementwise_bytes
 from rooftop_planner.kernels import KernelCurves
 
 DOC = json.loads(calibrate.OUTPUT.read_text())
@@ -52,6 +53,24 @@ def test_the_engine_overheads_reproduce_calibration_csv_within_their_printed_err
     assert now["nvidia-dli:ttft_s"]["median_error"] < 0.20
 
 
+def test_the_step_times_are_right_in_slope_over_batch_size() -> None:
+    # the stored bias by batch band is what the stored fit gives, and no band of the rows
+    # that time steps is biased by more than 10 % either way
+    table = table_from_mapping(DOC)
+    observations = calibrate.load_observations(calibrate.DEFAULT_DATA, table)
+    now = calibrate.bias_by_batch(observations, lambda e: table.overheads[e])
+    assert now == DOC["calibration_bias_by_batch"]
+    assert set(now["nvidia-dli:tpot_s"]) == {band for _, band in calibrate.BATCH_BANDS}
+    for key in ("nvidia-dli:tpot_s", "nvidia-dli:ttft_s"):
+        for band, bias in now[key].items():
+            assert abs(bias) <= 0.10, (key, band, bias)
+
+
+def test_batch_bands() -> None:
+    bands = [calibrate.batch_band(b) for b in (1, 2, 16, 17, 64, 65, 256, 257, 4096)]
+    assert bands == ["1", "2-16", "2-16", "17-64", "17-64", "65-256", "65-256", ">256", ">256"]
+
+
 def test_fitted_values_are_physical() -> None:
     for kc in CURVES:
         for curves in (kc.gemm, kc.decode_attention, kc.prefill_attention, kc.moe):
@@ -61,6 +80,32 @@ def test_fitted_values_are_physical() -> None:
         assert all(len(a.seconds) > 5 for a in kc.allreduce.values())
     for engine, overhead in load_efficiency().overheads.items():
         assert 0.0 <= overhead.step_s <= 0.02 and 0.0 <= overhead.layer_s <= 1e-4, engine
+        # the elementwise kernels stream their bytes at a physical share of HBM bandwidth
+        low, high = calibrate.OVERHEAD_BOUNDS["elementwise_mem_eff"]
+        assert low <= overhead.elementwise_mem_eff <= high, engine
+
+
+def test_elementwise_bytes_of_llama_3_1_8b() -> None:
+    # 2 norms x 4 H + rotary 2 (q + kv) + KV write 4 kv + SiLU-and-mul 3 I, 16-bit
+    model = load_catalog().model("llama-3.1-8b")
+    assert elementwise_bytes(model, 1) == 2 * (8 * 4096 + 2 * (4096 + 1024) + 4 * 1024 + 3 * 14336)
+    # tensor parallelism splits heads and the MLP, not the norms
+    assert elementwise_bytes(model, 2) == 2 * (8 * 4096 + 2 * (2048 + 512) + 4 * 512 + 3 * 7168)
+
+
+def test_a_step_pays_the_elementwise_bytes_of_every_token() -> None:
+    from rooftop_planner.perf import step_breakdown
+    from rooftop_planner.scenarios import scenario_from_row
+
+    row = {"model": "llama-3.1-8b", "gpu": "h100-sxm", "tp": "1", "isl": "1000",
+           "osl": "1000", "batch": "1"}  # fmt: skip
+    dep = scenario_from_row(row, load_catalog(), load_efficiency()).deployment
+    share = dep.efficiency.overhead.elementwise_mem_eff
+    assert share > 0
+    small, large = (step_breakdown(dep, seqs, seqs * 1000.0) for seqs in (1.0, 257.0))
+    per_token = (large.overhead_s - small.overhead_s) / 256.0
+    bytes_per_token = dep.model.num_layers * elementwise_bytes(dep.model, 1)
+    assert per_token == pytest.approx(bytes_per_token / (dep.gpu.hbm_bytes_per_s * share))
 
 
 def test_every_catalog_gpu_has_curves_and_borrowed_ones_say_so() -> None:
