@@ -15,11 +15,15 @@ tokens being prefilled (T = b + p tokens through the linear layers), per GPU::
                + GEMM(T, n=2 I/tp, k=H) + GEMM(T, n=H, k=I/tp)   MLP (MoE: the fused MoE table)
                + 2 * allreduce(T * H elements)               if tp > 1 )
          + GEMM(b (+1 if p > 0), n=V/tp, k=H)                LM head
+         + L * T * elementwise bytes / HBM bandwidth         norms, rotary, activation
          + ENGINE_STEP_OVERHEAD_S
 
 L layers, H hidden size, I intermediate size, V vocabulary, d head size, h_g = heads/tp and
 kv_g = ceil(kv_heads/tp) heads per GPU (KV heads replicate when tp > kv_heads). Norms,
-rotary embedding, activation and residual kernels are not in the tables and not counted.
+rotary embedding, activation, residual and KV-cache-write kernels are not in the tables:
+their 16-bit activation bytes per token and layer (``layer_elementwise_bytes``, a count
+of what those kernels read and write) stream at the GPU's peak HBM bandwidth, an
+assumption (``ELEMENTWISE_BANDWIDTH_SHARE``) like the engine's per-step overhead.
 The prefill chunk of p tokens attending ``pairs`` (query, key) pairs in all is priced as
 ``p / l`` prompts of length ``l = 2 pairs / p - 1`` (same FLOPs, same mean context): a whole
 prompt of n tokens is exactly that; a later chunk of a long prompt is a fraction of one.
@@ -74,6 +78,10 @@ from rooftop_sim.engine.kernels import (
 # in the tables (scheduling, input preparation, sampling, output processing), with CUDA
 # graphs on. A few hundred microseconds; the kernel tables cannot show it.
 ENGINE_STEP_OVERHEAD_S = 400e-6
+# ASSUMPTION, not measured: the elementwise kernels the tables do not time (norms, rotary,
+# SiLU-and-mul, residual adds, KV-cache writes) stream their bytes at this share of peak
+# HBM bandwidth. Memory-bound kernels over megabytes of activations come close to peak.
+ELEMENTWISE_BANDWIDTH_SHARE = 1.0
 GIB = 1 << 30
 # Per-GPU memory vLLM cannot give to the KV cache besides weights: CUDA context,
 # activation peak of the profiling run, CUDA graphs. ~2 GiB is typical for 7-70B models.
@@ -183,6 +191,7 @@ class StepKernels:
     decode_attn: Grid
     prefill_attn: Grid
     allreduce: Curve | None
+    elementwise_ms_per_token: float = 0.0  # every layer's, on this GPU
 
     def mlp_ms(self, tokens: float) -> float:
         """The MLP of one layer for ``tokens`` tokens (ms).
@@ -227,7 +236,8 @@ class StepKernels:
             layer += self.prefill_attn_ms(prefill_tokens, pairs)
         if self.allreduce is not None:
             layer += 2.0 * self.allreduce(tokens * self.hidden)
-        return self.gemms_ms(tokens, sampled) + self.num_layers * layer
+        elementwise = tokens * self.elementwise_ms_per_token
+        return self.gemms_ms(tokens, sampled) + self.num_layers * layer + elementwise
 
 
 def build_kernels(
@@ -259,7 +269,29 @@ def build_kernels(
         decode_attn=tables.decode[kv_dt].grid(heads, kv, hd, kv_dt, True, roof),
         prefill_attn=tables.prefill[kv_dt].grid(heads, kv, hd, kv_dt, False, roof),
         allreduce=tables.allreduce_curve(tp, roof) if tp > 1 else None,
+        elementwise_ms_per_token=elementwise_ms(model, tp, roof.dst),
     )  # fmt: skip
+
+
+def elementwise_ms(model: ModelSpec, tp: int, gpu: GpuSpec) -> float:
+    """Every layer's elementwise kernels for one token on one GPU (ms): their bytes at
+    ``ELEMENTWISE_BANDWIDTH_SHARE`` of peak HBM bandwidth."""
+    bytes_per_token = model.num_layers * layer_elementwise_bytes(model, tp)
+    return 1e3 * bytes_per_token / (gpu.hbm_bytes_per_s * ELEMENTWISE_BANDWIDTH_SHARE)
+
+
+def layer_elementwise_bytes(model: ModelSpec, tp: int) -> float:
+    """Bytes one token's elementwise kernels read and write in one layer on one GPU, all
+    16-bit: the two fused residual-add + RMSNorms see the whole hidden state on every GPU,
+    the rest only this GPU's heads and MLP share."""
+    hidden = model.hidden_size
+    q = math.ceil(model.num_heads / tp) * model.head_dim
+    kv = kv_heads_per_gpu(model, tp) * model.head_dim
+    norms = 2 * 4 * hidden  # each reads x and the residual and writes both
+    rotary = 2 * (q + kv)  # q and k, rotated in place
+    cache = 2 * 2 * kv  # K and V read, and written into the paged cache
+    activation = 3 * model.experts_per_token * math.ceil(model.intermediate_size / tp)
+    return 2.0 * (norms + rotary + cache + activation)
 
 
 def fit_source(gpu: GpuSpec) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 from typing import Any
@@ -359,3 +360,25 @@ def test_names_resolve_through_the_catalog_and_unknowns_fail() -> None:
         truth.model_spec("no-such-model-13b")
     with pytest.raises(ValueError):
         TruthModel.for_deployment("llama-3.1-8b", "h100-sxm", 0, "bf16", "auto")
+
+
+def test_a_step_streams_every_tokens_elementwise_bytes_at_peak_bandwidth() -> None:
+    """Norms, rotary, SiLU-and-mul and the KV-cache write are not in the tables: their
+    bytes (Llama-3.1-8B: 2 · (8 · 4096 + 2 · (4096 + 1024) + 4 · 1024 + 3 · 14336) per
+    token and layer) are added at the GPU's peak HBM bandwidth."""
+    model, gpu = truth.model_spec("llama-3.1-8b"), truth.gpu_spec("h100-sxm")
+    per_layer = 2 * (8 * 4096 + 2 * (4096 + 1024) + 4 * 1024 + 3 * 14336)
+    assert truth.layer_elementwise_bytes(model, 1) == per_layer
+    expected_ms = 1e3 * 32 * per_layer / gpu.hbm_bytes_per_s
+    assert truth.elementwise_ms(model, 1, gpu) == pytest.approx(expected_ms)
+    k = TruthModel.for_deployment(*H100_8B).kernels
+    assert k.elementwise_ms_per_token == pytest.approx(expected_ms)
+    without = dataclasses.replace(k, elementwise_ms_per_token=0.0)
+    for batch, chunk in ((1, 0), (64, 0), (8, 2048)):
+        added = k.step_ms(batch, batch * 1000, chunk, chunk * chunk / 2, batch) - without.step_ms(
+            batch, batch * 1000, chunk, chunk * chunk / 2, batch
+        )
+        assert added == pytest.approx((batch + chunk) * expected_ms)
+    # tensor parallelism splits heads and the MLP, not the norms
+    per_gpu_tp2 = 2 * (8 * 4096 + 2 * (2048 + 512) + 4 * 512 + 3 * 7168)
+    assert truth.layer_elementwise_bytes(model, 2) == per_gpu_tp2
