@@ -351,7 +351,7 @@ def _sum(a: perf.StepBreakdown, b: perf.StepBreakdown) -> perf.StepBreakdown:
     """Two steps run one after the other, part by part (the floor is ``a``'s)."""
     return perf.StepBreakdown(a.gemm_s + b.gemm_s, a.attention_s + b.attention_s,
                               a.allreduce_s + b.allreduce_s, a.overhead_s + b.overhead_s,
-                              a.floor_s)  # fmt: skip
+                              a.floor_s, a.elementwise_s + b.elementwise_s)  # fmt: skip
 
 
 def _mean_parts(
@@ -366,5 +366,5 @@ def _mean_parts(
 
     return perf.StepBreakdown(
         mean("gemm_s"), mean("attention_s"), mean("allreduce_s"), mean("overhead_s"),
-        decode.floor_s,
+        decode.floor_s, mean("elementwise_s"),
     )  # fmt: skip

@@ -225,10 +225,11 @@ def explain_step(
         ("GEMMs (QKV, output projection, MLP/MoE, LM head)", step.gemm_s),
         ("attention (decode over the KV cache, carried prefill chunks)", step.attention_s),
         ("tensor-parallel all-reduces", step.allreduce_s),
-        ("engine costs the kernel tables miss (scheduling, norms, activations)", step.overhead_s),
+        ("elementwise kernels (norms, rotary, activation, KV-cache writes)", step.elementwise_s),
+        ("engine fixed costs (scheduling, launch, per-layer)", step.overhead_s),
     )
     lines += [f"  {seconds * 1e3:8.2f} ms  {name}" for name, seconds in parts]
-    if step.floor_s > step.gemm_s + step.attention_s + step.allreduce_s + step.overhead_s:
+    if step.floor_s > step.kernels_s:
         lines.append("  the kernels' sum is below the floor, so the floor is the prediction")
     if evictions > 0 and tpot_s is not None:
         lines.append(

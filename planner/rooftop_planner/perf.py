@@ -169,9 +169,11 @@ class StepBreakdown:
         gemm_s: the layers' matmuls (QKV, output projection, MLP or MoE) and the LM head.
         attention_s: decode attention over the cached KV plus the prefill chunk's attention.
         allreduce_s: two tensor-parallel all-reduces per layer.
-        overhead_s: the engine's costs outside the timed kernels: per step, per layer,
-            and per token per layer.
+        overhead_s: the engine's fixed costs outside the timed kernels, per step and per
+            layer (scheduling, launch).
         floor_s: (weight bytes touched + KV bytes read) / HBM bandwidth: no step is faster.
+        elementwise_s: the elementwise kernels (norms, rotary, activation, KV-cache
+            writes), which grow with the step's tokens.
     """
 
     gemm_s: float
@@ -179,12 +181,18 @@ class StepBreakdown:
     allreduce_s: float
     overhead_s: float
     floor_s: float
+    elementwise_s: float = 0.0
+
+    @property
+    def kernels_s(self) -> float:
+        """Every part's sum, before the floor."""
+        return (self.gemm_s + self.attention_s + self.allreduce_s + self.overhead_s
+                + self.elementwise_s)  # fmt: skip
 
     @property
     def total_s(self) -> float:
         """The step time: the kernels' sum, never below the physical floor."""
-        return max(self.gemm_s + self.attention_s + self.allreduce_s + self.overhead_s,
-                   self.floor_s)  # fmt: skip
+        return max(self.kernels_s, self.floor_s)
 
 
 def floor_s(dep: Deployment, tokens: float, context_tokens: float) -> float:
@@ -217,9 +225,9 @@ def step_breakdown(
     gemm, attention, allreduce = model.parts(decode_seqs, context, prefill_tokens, prefill_attended)
     scale = model.scale
     return StepBreakdown(
-        gemm * scale, attention * scale, allreduce * scale,
-        (model.overhead_s + model.token_overhead_s * (decode_seqs + prefill_tokens)) * scale,
+        gemm * scale, attention * scale, allreduce * scale, model.overhead_s * scale,
         floor_s(dep, decode_seqs + prefill_tokens, context_tokens),
+        model.token_overhead_s * (decode_seqs + prefill_tokens) * scale,
     )  # fmt: skip
 
 

@@ -273,10 +273,18 @@ def test_predict_explain_names_where_the_step_goes(capsys: pytest.CaptureFixture
     assert main([*args, "--concurrency", "64", "--explain"]) == 0
     out = capsys.readouterr().out
     data = json.loads(out[: out.index("}") + 1])
-    for words in ("floor", "x the floor", "GEMMs", "attention", "all-reduces", "engine costs"):
+    for words in (
+        "floor",
+        "x the floor",
+        "GEMMs",
+        "attention",
+        "all-reduces",
+        "elementwise kernels",
+        "fixed costs",
+    ):
         assert words in out
     parts = [float(line.split()[0]) for line in out.splitlines() if line.endswith(
-        ("LM head)", "prefill chunks)", "all-reduces", "activations)"))]  # fmt: skip
+        ("LM head)", "prefill chunks)", "all-reduces", "writes)", "per-layer)"))]  # fmt: skip
     assert sum(parts) == pytest.approx(float(data["tpot_ms"]), rel=0.01)
 
 

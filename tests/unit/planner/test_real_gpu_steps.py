@@ -61,7 +61,8 @@ def _steps() -> list[Step]:
                 f"{row['model']} {row['weights']} tp{row['tp']} {gpu} b{batch} c{context}",
                 row["weights"], float(row["gemms_ms"]), step - float(row["none_step_ms"]), step,
                 parts.gemm_s * 1e3, parts.attention_s * 1e3,
-                (parts.gemm_s + parts.attention_s + parts.overhead_s) * 1e3,
+                (parts.gemm_s + parts.attention_s + parts.overhead_s + parts.elementwise_s)
+                * 1e3,
                 floor_s(dep, batch, batch * context) * 1e3,
             ))  # fmt: skip
     return out
