@@ -349,9 +349,8 @@ def _prefill_first(
 
 def _sum(a: perf.StepBreakdown, b: perf.StepBreakdown) -> perf.StepBreakdown:
     """Two steps run one after the other, part by part (the floor is ``a``'s)."""
-    return perf.StepBreakdown(a.gemm_s + b.gemm_s, a.attention_s + b.attention_s,
-                              a.allreduce_s + b.allreduce_s, a.overhead_s + b.overhead_s,
-                              a.floor_s, a.elementwise_s + b.elementwise_s)  # fmt: skip
+    parts = {part: getattr(a, part) + getattr(b, part) for part in perf.STEP_PARTS}
+    return perf.StepBreakdown(**parts, floor_s=a.floor_s)
 
 
 def _mean_parts(
@@ -364,7 +363,5 @@ def _mean_parts(
         base = float(getattr(decode, part))
         return base + sum(share * (float(getattr(step, part)) - base) for step, share in carried)
 
-    return perf.StepBreakdown(
-        mean("gemm_s"), mean("attention_s"), mean("allreduce_s"), mean("overhead_s"),
-        decode.floor_s, mean("elementwise_s"),
-    )  # fmt: skip
+    return perf.StepBreakdown(**{part: mean(part) for part in perf.STEP_PARTS},
+                              floor_s=decode.floor_s)  # fmt: skip

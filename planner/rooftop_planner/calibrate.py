@@ -544,14 +544,21 @@ def _eff(inverse: float) -> float:
     return 1.0 / inverse if inverse > 0 else 0.0
 
 
-def overhead_errors(
+def signed_errors(
     observations: Sequence[Observation], overhead_of: Callable[[str], EngineOverhead]
+) -> list[float]:
+    """predicted / measured − 1 of every observation, with its engine's costs (one
+    prediction each: ``overhead_errors`` and ``bias_by_batch`` both summarise these)."""
+    return [math.exp(log_error(o, overhead_of(o.scenario.engine))) - 1.0 for o in observations]
+
+
+def overhead_errors(
+    observations: Sequence[Observation], errors: Sequence[float]
 ) -> dict[str, dict[str, float]]:
-    """Median and p90 |error| per source and metric."""
+    """Median and p90 |error| per source and metric (``errors``: ``signed_errors``)."""
     groups: dict[str, list[float]] = defaultdict(list)
-    for o in observations:
-        error = abs(math.exp(log_error(o, overhead_of(o.scenario.engine))) - 1.0)
-        groups[f"{o.source}:{o.metric}"].append(error)
+    for o, error in zip(observations, errors, strict=True):
+        groups[f"{o.source}:{o.metric}"].append(abs(error))
     return {
         key: {
             "rows": len(v),
@@ -571,16 +578,15 @@ def batch_band(batch: float) -> str:
 
 
 def bias_by_batch(
-    observations: Sequence[Observation], overhead_of: Callable[[str], EngineOverhead]
+    observations: Sequence[Observation], errors: Sequence[float]
 ) -> dict[str, dict[str, float]]:
-    """Median signed error (predicted / measured − 1) per step-timing metric and batch
-    band: whether the model is right in slope over batch size, not only in level."""
+    """Median signed error (``errors``: ``signed_errors``) per step-timing metric and
+    batch band: whether the model is right in slope over batch size, not only in level."""
     groups: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for o in observations:
+    for o, error in zip(observations, errors, strict=True):
         if o.metric == "output_tok_s":
             continue
         batch = o.scenario.batch or o.scenario.concurrency or 1
-        error = math.exp(log_error(o, overhead_of(o.scenario.engine))) - 1.0
         groups[f"{o.source}:{o.metric}"][batch_band(batch)].append(error)
     return {
         key: {
@@ -623,8 +629,9 @@ def fit_all(
         }
         for e, o in overheads.items()
     }
-    doc["calibration_error"] = overhead_errors(observations, lambda e: overheads[e])
-    doc["calibration_bias_by_batch"] = bias_by_batch(observations, lambda e: overheads[e])
+    errors = signed_errors(observations, lambda e: overheads[e])
+    doc["calibration_error"] = overhead_errors(observations, errors)
+    doc["calibration_bias_by_batch"] = bias_by_batch(observations, errors)
     return doc
 
 

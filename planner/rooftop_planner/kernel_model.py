@@ -224,7 +224,7 @@ class StepModel:
         # attention runs in 16-bit on every GPU; a borrowed GPU's curves refer to these
         self.measured_on = measured_on(dep, "bf16")
         self.overhead_s = eff.overhead.step_s + m.num_layers * eff.overhead.layer_s
-        self.token_overhead_s = m.num_layers * elementwise_s(dep)
+        self.elementwise_s_per_token = m.num_layers * elementwise_s(dep)
         self.scale = eff.time_scale
 
     def _grid(self, table: FloatArray, tokens: float) -> float:
@@ -285,7 +285,7 @@ def totals_s(
     layers = column([m.dep.model.num_layers for m in models])
     overhead = (
         column([m.overhead_s for m in models])
-        + column([m.token_overhead_s for m in models]) * tokens
+        + column([m.elementwise_s_per_token for m in models]) * tokens
     )
     total = (gemm + layers * attention + overhead) * column([m.scale for m in models])
     out: FloatArray = np.maximum(total, floor)

@@ -185,14 +185,17 @@ class StepBreakdown:
 
     @property
     def kernels_s(self) -> float:
-        """Every part's sum, before the floor."""
-        return (self.gemm_s + self.attention_s + self.allreduce_s + self.overhead_s
-                + self.elementwise_s)  # fmt: skip
+        """Every part's sum (``STEP_PARTS``), before the floor."""
+        return float(sum(getattr(self, part) for part in STEP_PARTS))
 
     @property
     def total_s(self) -> float:
         """The step time: the kernels' sum, never below the physical floor."""
         return max(self.kernels_s, self.floor_s)
+
+
+# The parts of a step that add up to its time (``floor_s`` bounds them instead).
+STEP_PARTS = ("gemm_s", "attention_s", "allreduce_s", "overhead_s", "elementwise_s")
 
 
 def floor_s(dep: Deployment, tokens: float, context_tokens: float) -> float:
@@ -227,7 +230,7 @@ def step_breakdown(
     return StepBreakdown(
         gemm * scale, attention * scale, allreduce * scale, model.overhead_s * scale,
         floor_s(dep, decode_seqs + prefill_tokens, context_tokens),
-        model.token_overhead_s * (decode_seqs + prefill_tokens) * scale,
+        model.elementwise_s_per_token * (decode_seqs + prefill_tokens) * scale,
     )  # fmt: skip
 
 

@@ -43,7 +43,8 @@ def test_every_curve_reproduces_its_table_within_its_printed_error(kc: KernelCur
 def test_the_engine_overheads_reproduce_calibration_csv_within_their_printed_error() -> None:
     table = table_from_mapping(DOC)
     observations = calibrate.load_observations(calibrate.DEFAULT_DATA, table)
-    now = calibrate.overhead_errors(observations, lambda e: table.overheads[e])
+    errors = calibrate.signed_errors(observations, lambda e: table.overheads[e])
+    now = calibrate.overhead_errors(observations, errors)
     assert set(now) == set(DOC["calibration_error"])
     for key, stored in DOC["calibration_error"].items():
         assert now[key]["rows"] == stored["rows"], key
@@ -58,7 +59,8 @@ def test_the_step_times_are_right_in_slope_over_batch_size() -> None:
     # that time steps is biased by more than 10 % either way
     table = table_from_mapping(DOC)
     observations = calibrate.load_observations(calibrate.DEFAULT_DATA, table)
-    now = calibrate.bias_by_batch(observations, lambda e: table.overheads[e])
+    errors = calibrate.signed_errors(observations, lambda e: table.overheads[e])
+    now = calibrate.bias_by_batch(observations, errors)
     assert now == DOC["calibration_bias_by_batch"]
     assert set(now["nvidia-dli:tpot_s"]) == {band for _, band in calibrate.BATCH_BANDS}
     for key in ("nvidia-dli:tpot_s", "nvidia-dli:ttft_s"):
