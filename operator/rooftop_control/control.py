@@ -123,6 +123,9 @@ class Observation:
         prompt_tokens / output_tokens: mean lengths of requests in the window, tokens.
         ready_replicas: pods ready to serve (from the Deployment, always known).
         pending_replicas: pods created but not ready yet.
+        outdated_replicas: pods still on the previous pod template, which a rollout
+            (a new batch cap) is replacing: the Deployment's ``status.replicas`` minus
+            ``status.updatedReplicas``. Pods starting for a scale-up are not among them.
     """
 
     tpot_ms: Reading = Reading()
@@ -137,6 +140,7 @@ class Observation:
     output_tokens: Reading = Reading()
     ready_replicas: int = 0
     pending_replicas: int = 0
+    outdated_replicas: int = 0
 
     def gating(self) -> list[tuple[str, Reading]]:
         """The readings that must be OK before scaling down, by name.
@@ -677,10 +681,15 @@ def _remember_history(
 def _rolling_out(
     state: ControllerState, obs: Observation, now_s: float, config: ControllerConfig
 ) -> bool:
-    """Pods are starting after a batch-cap change (within the cap cooldown)."""
+    """A batch-cap rollout is still replacing pods (within the cap cooldown).
+
+    Judged by the pods on the old template, not by pending ones: after a cap change,
+    pods starting for a scale-up are no rollout, and with ``maxUnavailable`` 0 a rollout
+    runs while every desired pod is ready (its surge pods are extra).
+    """
     last = state.last_cap_change_s
     recent = last is not None and now_s - last < config.cap_cooldown_s
-    return recent and obs.pending_replicas > 0
+    return recent and obs.outdated_replicas > 0
 
 
 def _stabilize(
@@ -696,8 +705,8 @@ def _stabilize(
 ) -> tuple[int, str]:
     """Fast up, slow down, hold on bad metrics and during a batch-cap rollout.
 
-    ``rolling``: pods are starting after a batch-cap change (bounded by the cap
-    cooldown, so pods that never schedule cannot freeze scale-down). A rollout
+    ``rolling``: a batch-cap rollout is replacing pods (bounded by the cap cooldown,
+    so pods that never schedule cannot freeze scale-down). A rollout
     replaces ready pods with starting ones; removing pods on top of it can leave too
     few ready when the load turns.
     """

@@ -68,9 +68,10 @@ def _scaled(r: control.Reading, scale: float) -> control.Reading:
 
 
 def observation(
-    snap: metrics_client.TargetMetrics, ready: int, pending: int
+    snap: metrics_client.TargetMetrics, ready: int, pending: int, outdated: int = 0
 ) -> control.Observation:
-    """The controller's view of one snapshot and of the Deployment's pods."""
+    """The controller's view of one snapshot and of the Deployment's pods
+    (``outdated``: pods a rollout has yet to replace, ``outdated_pods``)."""
     rate = snap.get("requests_per_second")
     if not rate.ok:  # the derivative needs 2 samples; completions alone still tell
         rate = snap.get("completions_per_second")
@@ -89,6 +90,7 @@ def observation(
         output_tokens=snap.get("output_tokens"),
         ready_replicas=ready,
         pending_replicas=pending,
+        outdated_replicas=outdated,
     )
 
 
@@ -99,6 +101,15 @@ def pod_counts(deployment: Mapping[str, Any] | None) -> tuple[int, int, int]:
     desired = int((deployment.get("spec") or {}).get("replicas") or 0)
     ready = int((deployment.get("status") or {}).get("readyReplicas") or 0)
     return desired, ready, max(desired - ready, 0)
+
+
+def outdated_pods(deployment: Mapping[str, Any] | None) -> int:
+    """Pods of the engine Deployment still on an older pod template: a rollout (a new
+    batch cap) has yet to replace them. ``status.replicas`` counts the pods of every
+    ReplicaSet, ``status.updatedReplicas`` those of the newest (0 when absent)."""
+    status = (deployment or {}).get("status") or {}
+    total, updated = int(status.get("replicas") or 0), int(status.get("updatedReplicas") or 0)
+    return max(total - updated, 0)
 
 
 def decision_labels(d: control.Decision) -> tuple[str, str]:
@@ -283,15 +294,19 @@ def explain_unavailable(d: control.Decision, errors: list[str], url: str) -> con
 
 
 async def _observe(
-    settings: LoopSettings, spec: ServingTargetSpec, ref: TargetRef, ready: int, pending: int
+    settings: LoopSettings,
+    spec: ServingTargetSpec,
+    ref: TargetRef,
+    pods: tuple[int, int, int],
 ) -> tuple[control.Observation, list[str]]:
-    """The target's readings from this tick's fleet snapshot, and Prometheus' errors."""
+    """The target's readings from this tick's fleet snapshot, and Prometheus' errors
+    (``pods``: ready, pending and outdated pods of the Deployment)."""
     slo = spec.slo
     shape = (slo.tpot_percentile.quantile, slo.ttft_percentile.quantile,
              metrics_client.attainment_bucket(slo.tpot_ms))  # fmt: skip
     fleet = await FLEET.snapshot(settings, shape, slo.tpot_ms)
     snap = fleet.target(ref.namespace, ref.name)
-    return observation(snap, ready, pending), list(snap.errors)
+    return observation(snap, *pods), list(snap.errors)
 
 
 QueryShape = tuple[float, float, float | None]  # TPOT and TTFT quantiles, attainment bucket
@@ -566,7 +581,7 @@ async def feedback(
         spec, mem.planner, plan.usd_per_replica_hour, startup_s=settings.startup_s,
         metrics_window_s=settings.window_s, scale_down_window_s=settings.scale_down_window_s,
     )  # fmt: skip
-    obs, errors = await _observe(settings, spec, ref, ready, pending)
+    obs, errors = await _observe(settings, spec, ref, (ready, pending, outdated_pods(dep)))
     d = control.decide(mem.state, obs, time.monotonic(), cfg)
     d = explain_unavailable(d, errors, settings.prometheus_url)
     mem.state = d.state

@@ -409,11 +409,13 @@ class Cluster:
     def _gauges(self) -> Gauges:
         ready = [p.engine for p in self.pods if p.state == _SERVING]
         pending = sum(p.state == _PENDING for p in self.pods)
+        outdated = sum(p.state in (_PENDING, _SERVING) and p.cap != self.cap for p in self.pods)
         if not ready:
-            return Gauges(0.0, 0.0, 0.0, 0, pending)
+            return Gauges(0.0, 0.0, 0.0, 0, pending, outdated)
         kv = sum(e.kv_usage for e in ready) / len(ready)
         running = float(sum(e.num_running for e in ready))
-        return Gauges(running, float(sum(e.num_waiting for e in ready)), kv, len(ready), pending)
+        waiting = float(sum(e.num_waiting for e in ready))
+        return Gauges(running, waiting, kv, len(ready), pending, outdated)
 
 
 def _load(pod: Pod) -> int:

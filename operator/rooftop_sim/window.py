@@ -20,13 +20,15 @@ from rooftop_control.control import MetricState, Observation, Reading
 
 @dataclass(frozen=True)
 class Gauges:
-    """Instant gauges summed (running, waiting) or averaged (KV) over ready pods."""
+    """Instant gauges summed (running, waiting) or averaged (KV) over ready pods, and the
+    Deployment's pod counts (``outdated``: pods a batch-cap rollout has yet to replace)."""
 
     running: float
     waiting: float
     kv_usage_ratio: float
     ready: int
     pending: int
+    outdated: int = 0
 
 
 class MetricsWindow:
@@ -75,7 +77,8 @@ class MetricsWindow:
             while q and q[0][0] <= start:
                 q.popleft()
         if outage:
-            return Observation(ready_replicas=gauges.ready, pending_replicas=gauges.pending)
+            return Observation(ready_replicas=gauges.ready, pending_replicas=gauges.pending,
+                               outdated_replicas=gauges.outdated)  # fmt: skip
         return self._observation(now_s, rate, gauges)
 
     def _observation(self, now_s: float, rate: float, gauges: Gauges) -> Observation:
@@ -97,6 +100,7 @@ class MetricsWindow:
             output_tokens=_mean([f[3] for f in fin]),
             ready_replicas=gauges.ready,
             pending_replicas=gauges.pending,
+            outdated_replicas=gauges.outdated,
         )
 
 

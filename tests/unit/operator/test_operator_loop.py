@@ -70,6 +70,23 @@ def test_pod_counts() -> None:
     assert loop.pod_counts(None) == (0, 0, 0)
 
 
+def test_outdated_pods_are_those_a_rollout_has_yet_to_replace() -> None:
+    # A surge rollout of 4 replicas: 2 new pods (1 still starting) beside 3 old ones,
+    # every desired pod ready. Pending by the desired count says 0; the old template's
+    # pods say a rollout runs.
+    rolling = {"spec": {"replicas": 4},
+               "status": {"replicas": 5, "updatedReplicas": 2, "readyReplicas": 4}}  # fmt: skip
+    assert loop.pod_counts(rolling) == (4, 4, 0)
+    assert loop.outdated_pods(rolling) == 3
+    # A scale-up's new pods run the current template: no rollout.
+    scaling = {"spec": {"replicas": 6},
+               "status": {"replicas": 6, "updatedReplicas": 6, "readyReplicas": 4}}  # fmt: skip
+    assert loop.outdated_pods(scaling) == 0
+    assert loop.outdated_pods({"spec": {"replicas": 1}}) == 0
+    assert loop.outdated_pods(None) == 0
+    assert loop.observation(snapshot(), 4, 0, 3).outdated_replicas == 3
+
+
 def test_status_update_is_json_clean() -> None:
     plan = make_plan(
         gpu="l4",

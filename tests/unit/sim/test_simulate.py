@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rooftop_control.control import Observation
 from rooftop_sim import simulate
 from rooftop_sim.cluster import Cluster, SimResult, Tick, Workload
 from rooftop_sim.oracle import OracleConfig
@@ -443,3 +444,34 @@ def test_the_plot_counts_pods_in_whole_numbers(
         assert len(pods.get_legend().get_texts()) == len(runs)  # every policy drawn
     finally:
         plt.close(fig)
+
+
+class _CapThenScale:
+    """Two pods at cap 16; a new cap (a rollout) at 60 s, one more pod (a scale-up) at
+    400 s; remembers every observation's outdated count."""
+
+    name = "cap-then-scale"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[float, int, int]] = []  # (t, outdated, pending)
+
+    def start(self) -> tuple[int, int]:
+        return 2, 16
+
+    def decide(self, now_s: float, obs: Observation) -> tuple[int, int]:
+        self.seen.append((now_s, obs.outdated_replicas, obs.pending_replicas))
+        return (3 if now_s >= 400.0 else 2), (8 if now_s >= 60.0 else 16)
+
+
+def test_pods_on_the_old_batch_cap_are_reported_until_the_rollout_ends(
+    scn: simulate.Scenario,
+) -> None:
+    policy = _CapThenScale()
+    Cluster(scn.workload, scn.sim).run(policy)
+    before = [o for t, o, _ in policy.seen if t < 60.0]
+    rollout = [o for t, o, _ in policy.seen if 60.0 < t < 400.0]
+    scale_up = [(o, p) for t, o, p in policy.seen if t > 400.0]
+    assert before and set(before) == {0}
+    assert rollout[0] == 2 and rollout[-1] == 0  # both old pods, then none
+    assert any(p > 0 for _, p in scale_up)  # the third pod starts...
+    assert {o for o, _ in scale_up} == {0}  # ...on the current template: no rollout
