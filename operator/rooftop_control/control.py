@@ -208,7 +208,9 @@ class ControllerConfig:
         budget_usd_per_hour: hard spend limit for all replicas, USD/h.
         usd_per_replica_hour: price of one replica, USD/h.
         default_prompt_tokens / default_output_tokens: mean lengths when not observed.
-        scale_down_window_s: a lower recommendation must hold this long, s.
+        scale_down_window_s: a lower recommendation must hold this long, s. The
+            default is the start-up (120 s) plus one metrics window (60 s): a pod
+            removed in a shorter lull is back only after the rise that needs it began.
         startup_s: expected pod start-up time, s; a rising rate is projected this far.
         metrics_window_s: the window rates and percentiles are computed over, s.
         trend_window_s: how much rate history the trend is fitted on, s.
@@ -234,7 +236,7 @@ class ControllerConfig:
     usd_per_replica_hour: float
     default_prompt_tokens: float
     default_output_tokens: float
-    scale_down_window_s: float = 120.0
+    scale_down_window_s: float = 180.0
     startup_s: float = 120.0
     metrics_window_s: float = 60.0
     trend_window_s: float = 300.0

@@ -29,7 +29,7 @@ from rooftop_control.control import (
 )
 
 NOW = 10_000.0
-WINDOW = 120.0  # ControllerConfig's default scale_down_window_s
+WINDOW = 180.0  # ControllerConfig's default scale_down_window_s
 
 
 class FakePlanner:
@@ -158,14 +158,14 @@ CASES = [
         settled(4, 2, WINDOW - 60.0),
         observe(rate=4.0),
         4,
-        "only 60 s of the 120 s window have passed",
+        "only 120 s of the 180 s window have passed",
     ),
     Case(
         "lower recommendation held for the window: scale down",
         settled(4, 2, WINDOW),
         observe(rate=4.0),
         2,
-        "2 was recommended for the whole 120 s window",
+        "2 was recommended for the whole 180 s window",
     ),
     Case(
         "scale down only to the window's highest recommendation",

@@ -187,7 +187,7 @@ def test_controller_overrides_reach_the_rooftop_policy(scn: simulate.Scenario) -
     # the simulator's own timing still wins where it must match the cluster
     assert policy.config.startup_s == scn.sim.startup_s
     default, _ = simulate.make_policy(scn, "rooftop")
-    assert isinstance(default, RooftopPolicy) and default.config.scale_down_window_s == 120.0
+    assert isinstance(default, RooftopPolicy) and default.config.scale_down_window_s == 180.0
     with pytest.raises(TypeError):
         simulate.make_policy(scn, "rooftop", controller={"no_such_knob": 1})
 
