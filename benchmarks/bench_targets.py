@@ -19,7 +19,7 @@ fitted on. A variant that buys attainment with cost
 (or the reverse) moves along the same frontier; a fix for the planner's capacity
 slope (docs/benchmarks.md) would move the frontier itself.
 
-``--tpot-percentile`` replaces the target's TPOT percentile (p90 in ``bench_simulate``):
+``--tpot-percentile`` replaces the target's TPOT percentile (p99 in ``bench_simulate``):
 the planner's prior then sizes for it, and the oracle is searched for that target too.
 At p99 the loop's fixed 99.5 % aim is what an aim following the SLO would be (half the
 misses p99 allows), so this measures that design on the same trace.
@@ -47,6 +47,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "trim-clean-0.8": {"trim": {"low": 0.8}},
     "trim-steps-2x": {"trim": {"up": 0.10, "down": 0.08}},
     "trim-settle-1-window": {"trim": {"settle_windows": 1.0}},
+    "scale-down-120s": {"scale_down_window_s": 120.0},
     "scale-down-240s": {"scale_down_window_s": 240.0},
     "headroom-5%": {"headroom": 0.05},
     "trend-600s": {"trend_window_s": 600.0},
@@ -142,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_run_arguments(ap)
     ap.add_argument("--variants", default=",".join(VARIANTS), help="names from VARIANTS")
-    ap.add_argument("--tpot-percentile", help="replace the target's (p90), e.g. p99")
+    ap.add_argument("--tpot-percentile", help="replace the target's (p99), e.g. p90")
     args = ap.parse_args(argv)
     use_tpot_percentile(args.tpot_percentile)
     try:
