@@ -113,7 +113,7 @@ def planned(dep: Deployment, s: Step) -> Priced:
     """The planner's GEMMs, attention and kernels plus fixed costs (no all-reduce: the
     shard ran alone), ms."""
     parts = step_breakdown(dep, s.batch, s.batch * s.context, s.prompt, s.pairs)
-    kernels = parts.gemm_s + parts.attention_s + parts.overhead_s + parts.elementwise_s
+    kernels = parts.kernels_s - parts.allreduce_s  # every part of the step but the all-reduce
     return Priced(parts.gemm_s * 1e3, parts.attention_s * 1e3, kernels * 1e3)
 
 
