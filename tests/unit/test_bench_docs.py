@@ -1,9 +1,11 @@
-"""The planner's accuracy against the engine simulator, as the docs quote it, is what
-``benchmarks/bench_continuous.py`` and ``benchmarks/bench_preemption.py`` print now.
+"""The planner's accuracy, as the docs quote it, is what ``benchmarks/bench_continuous.py``
+and ``benchmarks/bench_preemption.py`` (against the engine simulator) and
+``benchmarks/gpu_decode_vs_planner.py`` (against steps timed on real GPUs) print now.
 
-Both are deterministic (fixed clients and lengths, no random draws; about 40 s together),
-so docs/planner.md carries their tables row for row and the README their summary figures;
-a planner or simulator change that moves one fails here until the doc is re-run.
+All three are deterministic (fixed clients and lengths, no random draws; about 40 s
+together), so docs/planner.md carries their tables row for row and the README their
+summary figures; a planner or simulator change that moves one fails here until the doc
+is re-run.
 """
 
 from __future__ import annotations
@@ -83,3 +85,28 @@ def test_docs_carry_the_eviction_table_and_its_summary(preemption: str) -> None:
     readme = one_line(ROOT / "README.md")
     assert f"({with_model} % median over {cases} such cases" in readme
     assert f"{without} % without the model" in readme
+
+
+def test_docs_quote_the_real_gpu_step_comparison(
+    load_benchmark: Callable[[str], ModuleType],
+) -> None:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert load_benchmark("gpu_decode_vs_planner").main([]) == 0
+    printed = out.getvalue()
+    doc = (ROOT / "docs" / "planner.md").read_text()
+    doc_rows = {row.split(" | ")[0]: row.split(" | ")[1:] for row in table_rows(doc)}
+    rows = table_rows(printed)[1:]  # less the header
+    assert len(rows) == 8
+    for row in rows:
+        gpu, weights, phase = row.split(" | ")[0].removeprefix("| ").split()
+        label = f"| {gpu.replace('h100-sxm', 'H100 SXM').upper()}, {weights}, {phase}"
+        assert doc_rows.get(label) == row.split(" | ")[1:], f"docs/planner.md's {label!r}"
+    summary = re.search(r"(\d+) rows: median \|error\| ([\d.]+)%; every measured step at least "
+                        r"([\d.]+)x", printed)  # fmt: skip
+    assert summary, printed
+    rows_n, median, floor = summary.groups()
+    planner_doc, readme = one_line(ROOT / "docs" / "planner.md"), one_line(ROOT / "README.md")
+    assert f"error is {median} % over the {rows_n} rows" in planner_doc
+    assert f"at least {floor}x the planner's floor" in planner_doc
+    assert f"within {median} % at the median over {rows_n} rows" in readme
