@@ -95,10 +95,13 @@ def test_problem_names_the_label_and_the_node_size(catalog: Catalog) -> None:
 
 
 def l4_or_h100() -> ServingTargetSpec:
-    """The example on L4 or H100: its cheapest plan shards over several L4s."""
+    """The example on L4 or H100 with a 30 ms TPOT bound: its cheapest plan shards over
+    several L4s (four L4s cost less than one H100)."""
     spec = load_target(EXAMPLE).spec
     gpus = {"gpu_types": ["l4", "h100-sxm"]}
-    return spec.model_copy(update={"constraints": spec.constraints.model_copy(update=gpus)})
+    slo = spec.slo.model_copy(update={"tpot_ms": 30.0})
+    constraints = spec.constraints.model_copy(update=gpus)
+    return spec.model_copy(update={"constraints": constraints, "slo": slo})
 
 
 def test_the_plan_fits_the_nodes_there_are(catalog: Catalog) -> None:
