@@ -414,9 +414,9 @@ def simulate_text(s: dict[str, Any]) -> str:
 
 
 def test_the_oracle_search_ends_when_the_minimum_fleet_always_suffices() -> None:
-    """A light trace that one replica serves at any capacity: the bracket must stop where
+    """A light trace that one replica serves at any capacity: the scan must stop where
     every window already gets the minimum fleet, not grow forever."""
-    from rooftop_sim.oracle import _bracket
+    from rooftop_sim.oracle import _first_failure_from_below
 
     calls: list[float] = []
 
@@ -424,8 +424,34 @@ def test_the_oracle_search_ends_when_the_minimum_fleet_always_suffices() -> None
         calls.append(c)
         return True
 
-    lo, hi = _bracket(always, guess=1.0, floor=0.01, ceiling=5.0)
-    assert 5.0 <= lo < hi and len(calls) < 20
+    lo, hi = _first_failure_from_below(always, start=1.0, floor=0.01, ceiling=5.0, step=1.05)
+    assert 5.0 <= lo < hi and len(calls) < 40
+
+
+def wobbly(c: float) -> bool:
+    """Attainment that falls with capacity only on average: passes below 1.0, fails
+    from 1.0, but passes again by luck at 1.2-1.3."""
+    return c < 1.0 or 1.2 <= c < 1.3
+
+
+@pytest.mark.parametrize("start", [0.3, 0.5, 0.8, 0.99])
+def test_the_oracle_capacity_is_the_first_failure_above_a_low_start(start: float) -> None:
+    """From a start below where attainment crosses the target (the oracle starts at 0.8x
+    the probes' capacity), the scan reports the first capacity that fails, never a lucky
+    pass above it, which a bisection bracketing a higher guess can land on."""
+    from rooftop_sim.oracle import _first_failure_from_below
+
+    lo, hi = _first_failure_from_below(wobbly, start=start, floor=0.01, ceiling=10.0, step=1.05)
+    assert wobbly(lo) and not wobbly(hi)
+    assert lo < 1.0 <= hi < 1.05
+
+
+def test_a_failing_start_steps_down_to_a_pass_first() -> None:
+    from rooftop_sim.oracle import _first_failure_from_below
+
+    lo, hi = _first_failure_from_below(lambda c: c < 1.0, start=3.0, floor=0.01,
+                                       ceiling=10.0, step=1.05)  # fmt: skip
+    assert lo < 1.0 <= hi < 1.05
 
 
 def test_the_plot_counts_pods_in_whole_numbers(
