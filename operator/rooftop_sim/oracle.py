@@ -8,9 +8,11 @@
 2. Schedule: for each ``window_s`` window, ``ceil(arrivals / window_s / capacity)``
    replicas (within min/max), known in advance and ready at once (no start-up delay).
 3. Hindsight refinement: real traces are burstier than Poisson, so the capacity is
-   then bisected on the actual trace: the largest capacity whose schedule still meets
-   the same shares when replayed. The oracle is thus the cheapest schedule of this
-   form that meets the target on this very trace.
+   then searched on the actual trace: scanning up from below the probes' capacity to
+   the first capacity whose schedule, replayed, misses the same shares (then two
+   bisection steps). The oracle is thus the cheapest schedule of this form that meets
+   the target on this very trace, short of capacities that pass again by luck above a
+   failing one (``_first_failure_from_below``).
 
 The batch cap is the planner's cap at the true step-time factor (truth / planner step
 time at that cap's batch, times the reality factor): the oracle knows the engine.

@@ -27,7 +27,6 @@ import csv
 import gzip
 import json
 import math
-import re
 import statistics
 import sys
 from collections import defaultdict
@@ -491,7 +490,7 @@ def with_kv_dtype_ran(row: dict[str, str]) -> dict[str, str]:
     The DLI set's fp8 rows ran an fp8 KV cache: their peak memory grows by the fp8 cache's
     bytes per token, half the 16-bit cache's (Llama-2-7B at 128/4,096 tokens: 266 KB
     per token, against 262 KB in fp8 and 524 KB in 16 bits; its fp16 rows grow by 527 KB;
-    ``kv_bytes_per_token_from_peak_memory`` derives it for every group of rows). Read as
+    ``tests/unit/planner/test_dli_kv_dtype.py`` derives it for every group of rows). Read as
     a 16-bit cache, the decode attention of those rows was priced at twice the bytes it
     read. Its 16-bit rows ran a 16-bit cache, which is what an unstated dtype means
     anyway (``normalize_dtype``).
@@ -501,27 +500,6 @@ def with_kv_dtype_ran(row: dict[str, str]) -> dict[str, str]:
     if source_of(row) == "nvidia-dli" and unstated and fp8_weights:
         return {**row, "kv_dtype": "fp8 (the run's peak memory grows by fp8 KV bytes)"}
     return row
-
-
-def kv_bytes_per_token_from_peak_memory(
-    rows: Sequence[dict[str, str]],
-) -> dict[tuple[str, str, str, str, int, int], float]:
-    """Bytes per token by which the peak memory of one GPU grows, per group of DLI rows
-    (model, GPU, TP, weight dtype, isl, osl) with three batch sizes or more: the slope of
-    the ``peak mem`` in their notes over batch × (isl + osl) tokens, least squares."""
-    groups: dict[tuple[str, str, str, str, int, int], list[tuple[float, float]]] = defaultdict(list)
-    for row in rows:
-        peak = re.search(r"peak mem ([\d.]+) GB", row.get("notes") or "")
-        if source_of(row) != "nvidia-dli" or not peak or not row.get("batch"):
-            continue
-        isl, osl = int(row["isl"]), int(row["osl"])
-        key = (row["model"], row["gpu"], row["tp"], row["weight_dtype"], isl, osl)
-        groups[key].append((int(row["batch"]) * (isl + osl), float(peak.group(1)) * 1e9))
-    return {
-        key: float(np.polyfit([t for t, _ in points], [m for _, m in points], 1)[0])
-        for key, points in groups.items()
-        if len({t for t, _ in points}) >= 3
-    }
 
 
 def _fake_moe(row: dict[str, str]) -> bool:

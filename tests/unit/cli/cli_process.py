@@ -25,10 +25,11 @@ def rooftop_env(**extra: str) -> dict[str, str]:
 
 
 def run_rooftop(
-    *args: str, stdin: str | None = None, **env: str
+    *args: str, stdin: str | None = None, cwd: Path = ROOT, **env: str
 ) -> subprocess.CompletedProcess[str]:
-    """The finished ``python -m rooftop_cli.main ARGS`` (``env``: extra variables)."""
+    """The finished ``python -m rooftop_cli.main ARGS`` in ``cwd`` (``env``: extra
+    variables)."""
     return subprocess.run(
         [sys.executable, "-m", "rooftop_cli.main", *args], input=stdin, text=True,
-        capture_output=True, env=rooftop_env(**env), cwd=ROOT, timeout=300,
+        capture_output=True, env=rooftop_env(**env), cwd=cwd, timeout=300,
     )  # fmt: skip

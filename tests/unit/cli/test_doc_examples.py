@@ -11,13 +11,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from cli_process import ROOT, rooftop_env
+from cli_process import ROOT, run_rooftop
 from tests.cluster.nodes import default_nodes
 
 from rooftop_planner.batching import predict_continuous
@@ -49,8 +47,7 @@ def quoted_session(doc: Path, command_start: str) -> tuple[list[str], list[str]]
 def run_quoted(argv: list[str], cwd: Path = ROOT, exit_code: int = 0) -> list[str]:
     """The command's stdout lines (``exit_code``: the one it must exit with)."""
     assert argv[0] == "rooftop", argv
-    done = subprocess.run([sys.executable, "-m", "rooftop_cli.main", *argv[1:]], text=True,
-                          capture_output=True, env=rooftop_env(), cwd=cwd, timeout=300)  # fmt: skip
+    done = run_rooftop(*argv[1:], cwd=cwd)
     assert done.returncode == exit_code, done.stderr
     return done.stdout.rstrip("\n").split("\n")
 

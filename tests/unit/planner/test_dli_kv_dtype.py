@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 import statistics
+from collections import defaultdict
 
+import numpy as np
 import pytest
 
 from rooftop_planner import calibrate
@@ -29,9 +32,30 @@ def cache_bytes_per_token(model_name: str, tp: int, kv_dtype: str) -> float:
     return values * (BYTES_PER_DTYPE[kv_dtype] if kv_dtype != "auto" else 2.0)
 
 
+def kv_bytes_per_token_from_peak_memory(
+    rows: list[dict[str, str]],
+) -> dict[tuple[str, str, str, str, int, int], float]:
+    """Bytes per token by which the peak memory of one GPU grows, per group of DLI rows
+    (model, GPU, TP, weight dtype, isl, osl) with three batch sizes or more: the slope of
+    the ``peak mem`` in their notes over batch × (isl + osl) tokens, least squares."""
+    groups: dict[tuple[str, str, str, str, int, int], list[tuple[float, float]]] = defaultdict(list)
+    for row in rows:
+        peak = re.search(r"peak mem ([\d.]+) GB", row.get("notes") or "")
+        if calibrate.source_of(row) != "nvidia-dli" or not peak or not row.get("batch"):
+            continue
+        isl, osl = int(row["isl"]), int(row["osl"])
+        key = (row["model"], row["gpu"], row["tp"], row["weight_dtype"], isl, osl)
+        groups[key].append((int(row["batch"]) * (isl + osl), float(peak.group(1)) * 1e9))
+    return {
+        key: float(np.polyfit([t for t, _ in points], [m for _, m in points], 1)[0])
+        for key, points in groups.items()
+        if len({t for t, _ in points}) >= 3
+    }
+
+
 def long_answer_groups() -> list[tuple[dict[str, str], float]]:
     """A row of each long-answer group and its peak memory's growth per token."""
-    growth = calibrate.kv_bytes_per_token_from_peak_memory(ROWS)
+    growth = kv_bytes_per_token_from_peak_memory(ROWS)
     out = []
     for key, bytes_per_token in growth.items():
         model, gpu, tp, weights, isl, osl = key
