@@ -445,7 +445,12 @@ def test_light_load_meets_the_slo_on_the_planned_fleet(run: Run) -> None:
 
 def test_a_load_spike_breaches_the_slo_and_the_operator_scales_out(run: Run) -> None:
     base, spike_ = run.need("baseline"), run.need("spike")
-    assert spike_["breach"]["reason"] in {"TPOTAboveSLO", "TTFTAboveSLO"}, spike_["breach"]
+    # The breach is reported as such, or as MaxReplicasLimited when the loop already knows
+    # it needs more than maxReplicas (6): the 3x spike needs 6 at the step-time factor the
+    # loop learns, 7 when a busy machine slows the simulated engines' steps further. Both
+    # name the observed TPOT against the SLO.
+    breach_reasons = {"TPOTAboveSLO", "TTFTAboveSLO", "MaxReplicasLimited"}
+    assert spike_["breach"]["reason"] in breach_reasons, spike_["breach"]
     assert "TPOT" in spike_["breach"]["message"]
     assert spike_["replicas"] > base["replicas"]
     assert any("scale up" in m for m in spike_["scaled_events"]), spike_["scaled_events"]
