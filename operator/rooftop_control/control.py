@@ -31,11 +31,11 @@ One decision:
    queue, a full KV cache.
 5. Stabilize: scale up at once (pods still starting count as capacity, because the
    desired count already includes them); scale down only to the highest recommendation
-   of the last ``scale_down_window_s`` (120 s: two metrics windows; the planner's
-   recommendation already carries headroom and a rising trend, so a longer hold
-   mostly pays for idle pods on the way down), and only after that many seconds of OK
-   metrics. Never scale down on missing, stale or NaN metrics (hold and say so), nor
-   while a batch-cap rollout is starting pods.
+   of the last ``scale_down_window_s`` (180 s: a pod's start-up plus one metrics
+   window, so a pod given back in a lull is not needed again before it could be
+   back), and only after that many seconds of OK metrics. Never scale down on
+   missing, stale or NaN metrics (hold and say so), nor while a batch-cap rollout runs
+   a pod short (one without surge room, at the budget or ``maxReplicas``).
 6. Limit: min/max replicas and the budget (a hard limit: never exceeded, even when the
    SLO then cannot be met; the conditions say which).
 7. Batch cap: adopt the planner's ``max_num_seqs`` when the calibrated factors show the
@@ -683,15 +683,21 @@ def _remember_history(
 def _rolling_out(
     state: ControllerState, obs: Observation, now_s: float, config: ControllerConfig
 ) -> bool:
-    """A batch-cap rollout is still replacing pods (within the cap cooldown).
+    """A batch-cap rollout is replacing pods (within the cap cooldown) with fewer pods
+    ready than desired.
 
     Judged by the pods on the old template, not by pending ones: after a cap change,
-    pods starting for a scale-up are no rollout, and with ``maxUnavailable`` 0 a rollout
-    runs while every desired pod is ready (its surge pods are extra).
+    pods starting for a scale-up are no rollout. With surge room (``maxUnavailable``
+    0) every desired pod stays ready and the surge pods are extra, so a scale-down the
+    window has earned is as safe as in a steady fleet, and it shortens the rollout: the
+    Deployment drops pods on the old template first. Only a rollout without surge
+    room (``maxUnavailable`` 1, at the budget or ``maxReplicas``) runs a pod short,
+    and removing more on top of it could leave too few when the load turns.
     """
     last = state.last_cap_change_s
     recent = last is not None and now_s - last < config.cap_cooldown_s
-    return recent and obs.outdated_replicas > 0
+    short = obs.ready_replicas < state.replicas
+    return recent and obs.outdated_replicas > 0 and short
 
 
 def _stabilize(
@@ -707,10 +713,10 @@ def _stabilize(
 ) -> tuple[int, str]:
     """Fast up, slow down, hold on bad metrics and during a batch-cap rollout.
 
-    ``rolling``: a batch-cap rollout is replacing pods (bounded by the cap cooldown,
-    so pods that never schedule cannot freeze scale-down). A rollout
-    replaces ready pods with starting ones; removing pods on top of it can leave too
-    few ready when the load turns.
+    ``rolling``: a batch-cap rollout is replacing pods with one of them out of service
+    (``_rolling_out``; bounded by the cap cooldown, so pods that never schedule cannot
+    freeze scale-down); removing pods on top of it can leave too few ready when the
+    load turns.
     """
     if wanted > current:
         return wanted, why

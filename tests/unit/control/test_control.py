@@ -175,11 +175,18 @@ CASES = [
         "3 was recommended 90 s ago, inside the window",
     ),
     Case(
-        "no scale-down during a batch-cap rollout",
+        "no scale-down while a batch-cap rollout runs a pod short",
+        replace(settled(4, 2, WINDOW), last_cap_change_s=NOW - 60),
+        observe(rate=4.0, ready=3, outdated_replicas=3),
+        4,
+        "no surge room (maxUnavailable 1): 3 of 4 serve, removing more can starve",
+    ),
+    Case(
+        "a surging batch-cap rollout does not hold a scale-down",
         replace(settled(4, 2, WINDOW), last_cap_change_s=NOW - 60),
         observe(rate=4.0, ready=4, outdated_replicas=3),
-        4,
-        "the rollout replaces ready pods with starting ones: removing more can starve",
+        2,
+        "maxUnavailable 0: all 4 desired pods serve, the surge pods are extra",
     ),
     Case(
         "a scale-up's starting pods after a cap change are no rollout",
