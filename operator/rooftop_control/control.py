@@ -689,8 +689,8 @@ def _rolling_out(
     Judged by the pods on the old template, not by pending ones: after a cap change,
     pods starting for a scale-up are no rollout. With surge room (``maxUnavailable``
     0) every desired pod stays ready and the surge pods are extra, so a scale-down the
-    window has earned is as safe as in a steady fleet, and it shortens the rollout: the
-    Deployment drops pods on the old template first. Only a rollout without surge
+    window has earned is as safe as in a steady fleet, and it shortens the rollout:
+    fewer pods are left to replace. Only a rollout without surge
     room (``maxUnavailable`` 1, at the budget or ``maxReplicas``) runs a pod short,
     and removing more on top of it could leave too few when the load turns.
     """
