@@ -398,9 +398,9 @@ def decide(
         sizing = replace(sizing, replicas=state.replicas)
     wanted, why, cause = _wanted(obs, sizing, plan_why, state.max_num_seqs, fresh, config)
     history, since = _remember_history(state, wanted, now_s, not bad, config)
-    rolling = _rolling_out(state, obs, now_s, config)
+    short = _rollout_runs_short(state, obs, now_s, config)
     replicas, why = _stabilize(state.replicas, wanted, why, history, since, now_s, bad,
-                               rolling, config)  # fmt: skip
+                               short, config)  # fmt: skip
     lower, upper = replica_limits(config)
     limited = clamp_replicas(replicas, lower, upper)
     # a new cap rolls pods: only in a steady fleet, never on top of a scale-up
@@ -680,7 +680,7 @@ def _remember_history(
     return (*kept, (now_s, wanted)), since
 
 
-def _rolling_out(
+def _rollout_runs_short(
     state: ControllerState, obs: Observation, now_s: float, config: ControllerConfig
 ) -> bool:
     """A batch-cap rollout is replacing pods (within the cap cooldown) with fewer pods
@@ -690,9 +690,9 @@ def _rolling_out(
     pods starting for a scale-up are no rollout. With surge room (``maxUnavailable``
     0) every desired pod stays ready and the surge pods are extra, so a scale-down the
     window has earned is as safe as in a steady fleet, and it shortens the rollout:
-    fewer pods are left to replace. Only a rollout without surge
-    room (``maxUnavailable`` 1, at the budget or ``maxReplicas``) runs a pod short,
-    and removing more on top of it could leave too few when the load turns.
+    fewer pods are left to replace. Only a rollout without surge room
+    (``maxUnavailable`` 1, at the budget or ``maxReplicas``) runs a pod short, and
+    removing more on top of it could leave too few when the load turns.
     """
     last = state.last_cap_change_s
     recent = last is not None and now_s - last < config.cap_cooldown_s
@@ -708,21 +708,21 @@ def _stabilize(
     since: float | None,
     now_s: float,
     bad: list[str],
-    rolling: bool,
+    rollout_short: bool,
     config: ControllerConfig,
 ) -> tuple[int, str]:
     """Fast up, slow down, hold on bad metrics and during a batch-cap rollout.
 
-    ``rolling``: a batch-cap rollout is replacing pods with one of them out of service
-    (``_rolling_out``; bounded by the cap cooldown, so pods that never schedule cannot
-    freeze scale-down); removing pods on top of it can leave too few ready when the
-    load turns.
+    ``rollout_short``: a batch-cap rollout is replacing pods with one of them out of
+    service (``_rollout_runs_short``; bounded by the cap cooldown, so pods that never
+    schedule cannot freeze scale-down); removing pods on top of it can leave too few
+    ready when the load turns.
     """
     if wanted > current:
         return wanted, why
     if bad:
         return current, "holding: metrics unavailable (" + ", ".join(bad) + ")"
-    if rolling and wanted < current:
+    if rollout_short and wanted < current:
         return current, f"{why}; holding while the batch-cap rollout starts pods"
     if since is None or now_s - since < config.scale_down_window_s:
         return current, why

@@ -496,7 +496,10 @@ def with_kv_dtype_ran(row: dict[str, str]) -> dict[str, str]:
     anyway (``normalize_dtype``).
     """
     unstated = normalize_dtype(row.get("kv_dtype") or "", "kv_dtype", kv=True) == "auto"
-    fp8_weights = (row.get("weight_dtype") or "").strip().lower().startswith("fp8")
+    weights = row.get("weight_dtype") or ""
+    fp8_weights = (
+        normalize_dtype(weights, "weight_dtype", model_name=row.get("model") or "") == "fp8"
+    )
     if source_of(row) == "nvidia-dli" and unstated and fp8_weights:
         return {**row, "kv_dtype": "fp8 (the run's peak memory grows by fp8 KV bytes)"}
     return row

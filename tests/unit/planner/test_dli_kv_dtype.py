@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from rooftop_planner import calibrate
-from rooftop_planner.catalog import BYTES_PER_DTYPE, load_catalog
+from rooftop_planner.catalog import load_catalog
+from rooftop_planner.perf import kv_bytes_per_token_per_gpu
 from rooftop_planner.scenarios import normalize_dtype
 
 ROWS = list(csv.DictReader(calibrate.DEFAULT_DATA.open(newline="")))
@@ -26,10 +27,10 @@ CATALOG = load_catalog()
 
 
 def cache_bytes_per_token(model_name: str, tp: int, kv_dtype: str) -> float:
-    """K and V of every layer for one token, on one of ``tp`` GPUs, bytes."""
-    m = CATALOG.model(model_name)
-    values = m.num_layers * m.num_kv_heads * m.head_dim * 2 / tp
-    return values * (BYTES_PER_DTYPE[kv_dtype] if kv_dtype != "auto" else 2.0)
+    """K and V of every layer for one token, on one of ``tp`` GPUs, bytes (``auto``:
+    the 16-bit cache of these fp16 and fp8 checkpoints)."""
+    cache_dtype = "bf16" if kv_dtype == "auto" else kv_dtype
+    return kv_bytes_per_token_per_gpu(CATALOG.model(model_name), cache_dtype, tp)
 
 
 def kv_bytes_per_token_from_peak_memory(
