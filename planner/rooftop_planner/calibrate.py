@@ -78,6 +78,10 @@ OVERHEAD_BOUNDS = {
 # determined, so neighbouring knots may differ widely; the fit error is on the times.
 # A table fits only the knots its rows stand behind (``supported_knots``): the A100's
 # tables time no batch between 1,024 and 2,048 tokens, nor 129, 257 or 513.
+# A few-token GEMM row slower than this many times the median of the same weight with more
+# tokens (up to this many) is a timing spike (``timing_spikes``).
+SPIKE_RATIO = 1.5
+SPIKE_MAX_TOKENS = 64
 GEMM_KNOTS = (
     (0.0, 2.0, 4.0, 5.0)
     + tuple(x for j in range(6, 12) for x in (float(j), math.log2(2**j + 1)))
@@ -249,10 +253,35 @@ def gemm_features(t: dict[str, Any], dtype: str, shapes: Sequence[tuple[float, f
     for sn, sk in shapes:
         keep |= (np.abs(np.log2(n / sn)) <= 0.5) & (np.abs(np.log2(k / sk)) <= 0.5)
     keep &= (n >= 256) & (k >= 256) & (m <= 16384)
+    keep &= ~timing_spikes(m, n, k, t["latency"])
     m, n, k, lat = m[keep], n[keep], k[keep], t["latency"][keep]
     weight_bytes = 1.0 if dtype == "fp8" else 2.0
     moved = n * k * weight_bytes + (m * k + m * n) * 2.0
     return Features(moved, 2.0 * m * n * k, m, np.zeros_like(m), lat * 1e-3)
+
+
+def timing_spikes(m: Array, n: Array, k: Array, latency: Array) -> npt.NDArray[np.bool_]:
+    """Rows of a few-token GEMM timed at over ``SPIKE_RATIO`` times the median of the same
+    weight with more tokens (up to ``SPIKE_MAX_TOKENS``): timing spikes, not kernels.
+
+    Up to 64 tokens a served weight's GEMM is bound by reading the whole weight once, so
+    fewer tokens do not take longer than more. vLLM's B200 fp8 table breaks that at m = 1
+    for 167 of the 232 weight shapes the fit reads (at 2.2x the shape's median time, the
+    median over those rows); other tables at scattered m (at most 1.5 % of their rows).
+    Fitted on, the B200 spike priced one sequence slower than four. The median of the
+    rows with more tokens is the reference, so one row timed fast does not make its
+    neighbours spikes. The saw-tooth above 128 tokens is real (``GEMM_KNOTS``) and is
+    not touched.
+    """
+    spikes = np.zeros(len(m), dtype=bool)
+    small = np.flatnonzero(m <= SPIKE_MAX_TOKENS)
+    order = small[np.lexsort((m[small], k[small], n[small]))]
+    starts = np.flatnonzero((np.diff(n[order]) != 0) | (np.diff(k[order]) != 0)) + 1
+    for group in np.split(order, starts):
+        times = latency[group]
+        for i in range(len(group) - 1):
+            spikes[group[i]] = times[i] > SPIKE_RATIO * np.median(times[i + 1 :])
+    return spikes
 
 
 def catalog_attention_heads(catalog: Catalog) -> set[tuple[int, int]]:

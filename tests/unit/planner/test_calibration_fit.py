@@ -204,3 +204,65 @@ def test_no_gemm_curve_jumps_where_its_table_does_not(kc: KernelCurves) -> None:
             jump = t[1:] / t[:-1]
             worst = int(np.argmax(jump))
             assert jump[worst] < 2.5, f"{dtype} {n}x{k}: {jump[worst]:.1f}x at m={worst + 2}"
+
+
+def spikes_of(times_by_m: dict[int, float], n: float = 8192.0, k: float = 8192.0) -> set[int]:
+    """The token counts ``timing_spikes`` flags in one weight shape's rows."""
+    m = np.array(list(times_by_m), dtype=float)
+    latency = np.array(list(times_by_m.values()))
+    flagged = calibrate.timing_spikes(m, np.full_like(m, n), np.full_like(m, k), latency)
+    return {int(x) for x in m[flagged]}
+
+
+def test_a_few_token_gemm_timed_at_twice_its_neighbours_is_a_spike() -> None:
+    flat = {m: 0.0187 for m in (1, 2, 3, 4, 8, 16, 32, 64)}
+    assert spikes_of(flat) == set()
+    assert spikes_of({**flat, 1: 0.0334, 16: 0.0381}) == {1, 16}
+    # the last row has nothing with more tokens to be held to
+    assert spikes_of({**flat, 64: 0.0525}) == set()
+
+
+def test_growing_times_and_one_fast_row_flag_nothing() -> None:
+    """Compute-bound growth (the L40S at a few dozen tokens) is not a spike; nor does one
+    row timed fast at more tokens make the rows before it spikes (the reference is the
+    median of the rows with more tokens, not their minimum)."""
+    assert spikes_of({m: 0.01 * (1.0 + m / 16.0) for m in (1, 2, 4, 8, 16, 32, 64)}) == set()
+    flat = {m: 0.02 for m in (1, 2, 4, 8, 16, 32, 64)}
+    assert spikes_of({**flat, 32: 0.008}) == set()
+
+
+def test_the_saw_tooth_above_64_tokens_is_kept() -> None:
+    """One token past a power of two really costs up to 2.5x on Hopper (fp8 tiles); the
+    rule only reads rows up to 64 tokens."""
+    assert spikes_of({64: 0.02, 128: 0.02, 129: 0.05, 192: 0.03, 256: 0.025}) == set()
+
+
+def test_spikes_are_judged_within_one_weight_shape() -> None:
+    m = np.array([1.0, 2.0, 4.0, 1.0, 2.0, 4.0])
+    n = np.array([4096.0, 4096.0, 4096.0, 8192.0, 8192.0, 8192.0])
+    latency = np.array([0.01, 0.01, 0.01, 0.04, 0.02, 0.02])
+    flagged = calibrate.timing_spikes(m, n, np.full_like(m, 4096.0), latency)
+    assert flagged.tolist() == [False, False, False, True, False, False]
+
+
+def test_one_sequence_is_not_priced_slower_than_four_on_b200_fp8() -> None:
+    """vLLM's B200 fp8 table times one token at about 2x for most weight shapes (timing
+    spikes); fitted on, Llama-3.1-70B fp8 TP4 decoded one sequence at 13.4 ms a step and
+    four at 9.8 ms. A decode step of more sequences reads the same weights and more KV."""
+    from rooftop_planner.scenarios import scenario_from_row
+
+    def tpot_ms(clients: int) -> float:
+        row = {
+            "model": "llama-3.1-70b",
+            "gpu": "b200",
+            "tp": "4",
+            "weight_dtype": "fp8",
+            "isl": "1024",
+            "osl": "1024",
+            "concurrency": str(clients),
+            "engine": "vllm",
+        }
+        return scenario_from_row(row, load_catalog(), load_efficiency()).predict().tpot_s * 1e3
+
+    one, four = tpot_ms(1), tpot_ms(4)
+    assert one <= four * 1.05, (one, four)
