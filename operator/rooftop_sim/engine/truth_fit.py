@@ -75,9 +75,33 @@ def _gemm(path: Path) -> Doc:
     for dtype, cells in sorted(by_dtype.items()):
         ms = _grid(m for m, _, _ in cells)
         pairs = sorted({(n, k) for _, n, k in cells})
-        rows = {f"{n},{k}": [cells.get((m, n, k)) for m in ms] for n, k in pairs}
+        rows = {f"{n},{k}": _without_spikes(ms, [cells.get((m, n, k)) for m in ms])
+                for n, k in pairs}  # fmt: skip
         out[dtype] = {"m": ms, "n": _grid(n for n, _ in pairs), "k": _grid(k for _, k in pairs),
                       "rows": rows}  # fmt: skip
+    return out
+
+
+# A GEMM call of up to SPIKE_TOKENS tokens timed at over SPIKE_RATIO times the median of
+# the same weight's calls with more tokens (up to SPIKE_TOKENS) is a timing spike.
+SPIKE_TOKENS = 64
+SPIKE_RATIO = 1.5
+
+
+def _without_spikes(ms: list[int], row: list[float | None]) -> list[float | None]:
+    """One weight's latencies over m, timing spikes marked not measured (None).
+
+    Up to 64 tokens a GEMM is bound by reading its weight once, so fewer tokens do not
+    take longer; calls that did are spikes of the timing, not of the kernel. vLLM's B200
+    fp8 table has one at m = 1 for most weights (about 2x the rest). A None cell takes
+    its neighbours' interpolation (below the first measured m, the first one's time).
+    """
+    small = [(i, v) for i, (m, v) in enumerate(zip(ms, row, strict=True))
+             if m <= SPIKE_TOKENS and v is not None]  # fmt: skip
+    out = list(row)
+    for j, (i, value) in enumerate(small[:-1]):
+        if value > SPIKE_RATIO * float(np.median([v for _, v in small[j + 1 :]])):
+            out[i] = None
     return out
 
 

@@ -247,6 +247,26 @@ def test_decode_step_is_physical_and_monotone() -> None:
     assert t.decode_step_s(0, 0) == 0.0 and t.step_s(0, 0, 0, 0) == 0.0
 
 
+def test_a_few_token_gemm_timed_at_twice_the_rest_is_not_packaged() -> None:
+    """A call of up to 64 tokens slower than 1.5x the median of the same weight's calls
+    with more tokens is a timing spike; growth with tokens and the saw-tooth above 64
+    tokens stay as measured."""
+    ms = [1, 2, 4, 8, 16, 32, 64, 128, 129, 256]
+    row: list[float | None] = [0.04, 0.02, 0.02, None, 0.045, 0.02, 0.02, 0.02, 0.05, 0.03]
+    cleaned = truth_fit._without_spikes(ms, row)
+    assert cleaned == [None, 0.02, 0.02, None, None, 0.02, 0.02, 0.02, 0.05, 0.03]
+    growing: list[float | None] = [0.01 * (1 + m / 16) for m in ms]
+    assert truth_fit._without_spikes(ms, growing) == growing
+
+
+def test_one_sequence_decodes_no_slower_than_four_on_b200_fp8() -> None:
+    """vLLM's B200 fp8 table timed one token at about 2x for most weights; packaged as
+    measured, Llama-3.1-70B fp8 at TP 4 decoded one sequence slower than four."""
+    model = TruthModel.for_deployment("llama-3.1-70b", "b200", 4, "fp8", "fp8")
+    one, four = model.decode_step_s(1, 1000), model.decode_step_s(4, 4000)
+    assert one <= four * 1.02, (one, four)
+
+
 def test_prefill_and_mixed_steps() -> None:
     t = TruthModel.for_deployment(*H100_8B)
     prompts = [t.prefill_s(n) for n in (128, 1024, 4096, 16384, 32768)]
