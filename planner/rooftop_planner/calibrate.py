@@ -67,6 +67,10 @@ OVERHEAD_BOUNDS = {
     "layer_s": (0.0, 1e-4),
     "elementwise_mem_eff": (0.05, 1.0),
 }
+# A few-token GEMM row slower than this many times the median of the same weight with more
+# tokens (up to this many) is a timing spike (``timing_spikes``).
+SPIKE_RATIO = 1.5
+SPIKE_MAX_TOKENS = 64
 # GEMM curve knots, log2 m: every other power of two, and from 64 to 2048 tokens each power
 # of two and the token after it. vLLM's and SGLang's fp8 GEMMs on the H100 and H200 time
 # as a saw-tooth in m (their kernel configuration and tile count change there): one token
@@ -78,10 +82,6 @@ OVERHEAD_BOUNDS = {
 # determined, so neighbouring knots may differ widely; the fit error is on the times.
 # A table fits only the knots its rows stand behind (``supported_knots``): the A100's
 # tables time no batch between 1,024 and 2,048 tokens, nor 129, 257 or 513.
-# A few-token GEMM row slower than this many times the median of the same weight with more
-# tokens (up to this many) is a timing spike (``timing_spikes``).
-SPIKE_RATIO = 1.5
-SPIKE_MAX_TOKENS = 64
 GEMM_KNOTS = (
     (0.0, 2.0, 4.0, 5.0)
     + tuple(x for j in range(6, 12) for x in (float(j), math.log2(2**j + 1)))
@@ -267,7 +267,7 @@ def timing_spikes(m: Array, n: Array, k: Array, latency: Array) -> npt.NDArray[n
     Up to 64 tokens a served weight's GEMM is bound by reading the whole weight once, so
     fewer tokens do not take longer than more. vLLM's B200 fp8 table breaks that at m = 1
     for 167 of the 232 weight shapes the fit reads (at 2.2x the shape's median time, the
-    median over those rows); other tables at scattered m (at most 1.5 % of their rows).
+    median over those rows); other tables at scattered m (at most 1.5 % of those rows).
     Fitted on, the B200 spike priced one sequence slower than four. The median of the
     rows with more tokens is the reference, so one row timed fast does not make its
     neighbours spikes. The saw-tooth above 128 tokens is real (``GEMM_KNOTS``) and is

@@ -247,8 +247,8 @@ def test_spikes_are_judged_within_one_weight_shape() -> None:
 
 def test_one_sequence_is_not_priced_slower_than_four_on_b200_fp8() -> None:
     """vLLM's B200 fp8 table times one token at about 2x for most weight shapes (timing
-    spikes); fitted on, Llama-3.1-70B fp8 TP4 decoded one sequence at 13.4 ms a step and
-    four at 9.8 ms. A decode step of more sequences reads the same weights and more KV."""
+    spikes); fitted on, they priced Llama-3.1-70B fp8 TP4 at 13.4 ms a step for one
+    sequence and 9.8 ms for four. More sequences read the same weights and more KV."""
     from rooftop_planner.scenarios import scenario_from_row
 
     def tpot_ms(clients: int) -> float:
