@@ -75,16 +75,33 @@ class LoopSettings:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LoopSettings:
+        """The settings the chart passes (``loop.*`` values); unset variables keep the
+        defaults. A bad value is a ValueError naming the variable and what it takes, at
+        startup: a negative period or window would otherwise reach the timer and the
+        controller (the chart's schema checks the same bounds for chart users)."""
         env = os.environ if environ is None else environ
         base = cls()
+
+        def seconds(name: str, default: float, positive: bool = False) -> float:
+            if not env.get(name):
+                return default
+            return _env_seconds(env, name, positive)
+
+        window = env.get("ROOFTOP_LOOP_WINDOW") or base.window
+        try:
+            check_window(window)
+        except ValueError:
+            raise ValueError(
+                f"ROOFTOP_LOOP_WINDOW={window!r}: give a PromQL duration such as 1m or 90s"
+            ) from None
         return cls(
-            prometheus_url=env.get("ROOFTOP_PROMETHEUS_URL", base.prometheus_url),
-            interval_s=float(env.get("ROOFTOP_LOOP_INTERVAL_S", base.interval_s)),
-            window=check_window(env.get("ROOFTOP_LOOP_WINDOW", base.window)),
-            stale_after_s=float(env.get("ROOFTOP_LOOP_STALE_AFTER_S", base.stale_after_s)),
-            startup_s=float(env.get("ROOFTOP_LOOP_STARTUP_S", base.startup_s)),
-            scale_down_window_s=float(
-                env.get("ROOFTOP_LOOP_SCALE_DOWN_WINDOW_S", base.scale_down_window_s)
+            prometheus_url=env.get("ROOFTOP_PROMETHEUS_URL") or base.prometheus_url,
+            interval_s=seconds("ROOFTOP_LOOP_INTERVAL_S", base.interval_s, positive=True),
+            window=window,
+            stale_after_s=seconds("ROOFTOP_LOOP_STALE_AFTER_S", base.stale_after_s, True),
+            startup_s=seconds("ROOFTOP_LOOP_STARTUP_S", base.startup_s),
+            scale_down_window_s=seconds(
+                "ROOFTOP_LOOP_SCALE_DOWN_WINDOW_S", base.scale_down_window_s
             ),
             prometheus_auth=PrometheusAuth.from_env(env),
         )
@@ -184,14 +201,16 @@ def env_defaults(environ: Mapping[str, str] | None = None) -> dict[str, object]:
     return out
 
 
-def _env_seconds(env: Mapping[str, str], name: str) -> float:
-    """A duration from the environment, s; a clear error naming the variable."""
+def _env_seconds(env: Mapping[str, str], name: str, positive: bool = False) -> float:
+    """A duration from the environment, s (``positive``: above 0, else at least 0); a
+    clear error naming the variable."""
     try:
         value = float(env[name])
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name}={env[name]!r}: give a number of seconds >= 0")
+    if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name}={env[name]!r}: give a number of seconds {bound}")
     return value
 
 

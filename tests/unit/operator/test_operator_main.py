@@ -64,6 +64,43 @@ def test_env_defaults() -> None:
     assert env_defaults(env) == {"fault_pause_after_apply_s": 2.5, "vllm_image": "v"}
 
 
+@pytest.mark.parametrize(
+    ("name", "value", "fix"),
+    [
+        ("ROOFTOP_LOOP_INTERVAL_S", "-5", "> 0"),
+        ("ROOFTOP_LOOP_INTERVAL_S", "0", "> 0"),
+        ("ROOFTOP_LOOP_STALE_AFTER_S", "soon", "> 0"),
+        ("ROOFTOP_LOOP_STARTUP_S", "-1", ">= 0"),
+        ("ROOFTOP_LOOP_SCALE_DOWN_WINDOW_S", "abc", ">= 0"),
+        ("ROOFTOP_LOOP_SCALE_DOWN_WINDOW_S", "inf", ">= 0"),
+        ("ROOFTOP_LOOP_WINDOW", "5 minutes", "PromQL duration"),
+    ],
+)
+def test_a_bad_loop_setting_names_its_variable(name: str, value: str, fix: str) -> None:
+    with pytest.raises(ValueError) as err:
+        LoopSettings.from_env({name: value})
+    assert name in str(err.value) and repr(value) in str(err.value) and fix in str(err.value)
+
+
+def test_a_bad_loop_setting_stops_the_operator_before_it_starts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("ROOFTOP_LOOP_SCALE_DOWN_WINDOW_S", "3m")
+    assert main_mod.run(parse("-n", "x")) == 2
+    assert "ROOFTOP_LOOP_SCALE_DOWN_WINDOW_S='3m': give a number of seconds" in (
+        capsys.readouterr().err
+    )
+
+
+def test_loop_settings_from_the_environment() -> None:
+    env = {"ROOFTOP_LOOP_INTERVAL_S": "30", "ROOFTOP_LOOP_WINDOW": "2m",
+           "ROOFTOP_LOOP_STARTUP_S": "0", "ROOFTOP_LOOP_SCALE_DOWN_WINDOW_S": "600"}  # fmt: skip
+    loop = LoopSettings.from_env(env)
+    assert (loop.interval_s, loop.window_s, loop.startup_s) == (30.0, 120.0, 0.0)
+    assert loop.scale_down_window_s == 600.0
+    assert LoopSettings.from_env({"ROOFTOP_LOOP_INTERVAL_S": ""}) == LoopSettings()
+
+
 def test_kopf_settings() -> None:
     import kopf
 
