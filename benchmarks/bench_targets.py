@@ -50,7 +50,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "scale-down-120s": {"scale_down_window_s": 120.0},
     "scale-down-240s": {"scale_down_window_s": 240.0},
     "headroom-5%": {"headroom": 0.05},
+    "trend-120s": {"trend_window_s": 120.0},
+    "trend-180s": {"trend_window_s": 180.0},
     "trend-600s": {"trend_window_s": 600.0},
+    "tpot-margin-0.85": {"tpot_margin": 0.85},
 }
 
 Job = tuple[str, float, int]  # variant ("oracle" for the baseline), reality, seed
