@@ -11,7 +11,8 @@ One decision:
    for anything but scaling up.
 2. Calibrate, from OK readings only (``calibration.py``: smoothed and bounded):
    - the step-time factor = observed mean step time / the planner's predicted step
-     time at the observed batch (running per ready replica) and lengths;
+     time at the batch those steps ran (the window's decode tokens per engine step;
+     running per ready replica when that is not known) and lengths;
    - the latency trim, an integral controller on the share of requests within the
      TPOT bound: up while under 99.5 %, down while no request missed and the
      percentile has room, in steps that grow with the evidence. The factor makes the
@@ -118,6 +119,11 @@ class Observation:
         waiting: requests queued, summed over ready replicas.
         kv_usage_ratio: KV-cache usage, mean over ready replicas, 0..1.
         step_ms: mean inter-token latency over the window, ms (for calibration).
+        step_batch: decode tokens per engine iteration over the same window, the mean
+            running batch of one replica's step (inter-token latency count over the
+            iterations' count); unlike ``running``, an instant gauge, it describes the
+            steps ``step_ms`` averages, so the two still agree while the fleet or the
+            load changes within the window.
         tpot_attainment: share 0..1 of the window's requests whose TPOT met the bound
             (a histogram bucket at the bound over the count).
         prompt_tokens / output_tokens: mean lengths of requests in the window, tokens.
@@ -135,6 +141,7 @@ class Observation:
     waiting: Reading = Reading()
     kv_usage_ratio: Reading = Reading()
     step_ms: Reading = Reading()
+    step_batch: Reading = Reading()
     tpot_attainment: Reading = Reading()
     prompt_tokens: Reading = Reading()
     output_tokens: Reading = Reading()
@@ -449,10 +456,22 @@ def initial_state(replicas: int, max_num_seqs: int, factor: float = 1.0) -> Cont
 
 
 def calibrate(cal: Calibration, obs: Observation, config: ControllerConfig) -> Calibration:
-    """Update the factor from the window's mean step time (OK readings only)."""
-    if not (obs.step_ms.ok and obs.running.ok) or obs.ready_replicas <= 0:
+    """Update the factor from the window's mean step time (OK readings only).
+
+    The batch it is priced at is the window's mean decode batch per iteration
+    (``step_batch``), the batch of the steps the observed mean describes; without it,
+    the running requests per ready replica now. The latter lags the window: when pods
+    become ready the batch drops at once while the window's steps were still taken at
+    the larger one, and the factor would read that as a slower engine.
+    """
+    if not obs.step_ms.ok or obs.ready_replicas <= 0:
         return cal
-    batch = obs.running.value / obs.ready_replicas
+    if obs.step_batch.ok:
+        batch = obs.step_batch.value
+    elif obs.running.ok:
+        batch = obs.running.value / obs.ready_replicas
+    else:
+        return cal
     if batch < config.calibration.min_batch:
         return cal
     isl = obs.prompt_tokens.value if obs.prompt_tokens.ok else config.default_prompt_tokens

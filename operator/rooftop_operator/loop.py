@@ -85,6 +85,7 @@ def observation(
         waiting=snap.get("waiting"),
         kv_usage_ratio=snap.get("kv_usage_ratio"),
         step_ms=_scaled(snap.get("step_s"), 1e3),
+        step_batch=snap.get("step_batch"),
         tpot_attainment=snap.get("tpot_attainment"),
         prompt_tokens=snap.get("prompt_tokens"),
         output_tokens=snap.get("output_tokens"),

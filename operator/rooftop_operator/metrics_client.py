@@ -47,6 +47,10 @@ from rooftop_control.control import MetricState, Reading
 REQUEST_TPOT_HISTOGRAM = "vllm:request_time_per_output_token_seconds"
 ITL_HISTOGRAM = "vllm:inter_token_latency_seconds"
 TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
+# Observed once per engine step (prefill-only steps too): its count over the inter-token
+# latency's count is the window's mean decode batch, the batch of the steps whose mean
+# the calibration compares.
+ITERATION_TOKENS_HISTOGRAM = "vllm:iteration_tokens_total"
 # Bounds of vLLM's TPOT histogram up to 5 s (a unit test keeps them among the simulated
 # engine's buckets, which tests/e2e/test_vllm_metrics.py checks against the real vLLM).
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
@@ -131,6 +135,7 @@ def _queries(w: str, tpot_q: float, ttft_q: float, tpot_slo_ms: float) -> dict[s
         "tpot_s": quantile(REQUEST_TPOT_HISTOGRAM, tpot_q),
         "ttft_s": quantile(TTFT_HISTOGRAM, ttft_q),
         "step_s": ratio(f"{ITL_HISTOGRAM}_sum", f"{ITL_HISTOGRAM}_count"),
+        "step_batch": ratio(f"{ITL_HISTOGRAM}_count", f"{ITERATION_TOKENS_HISTOGRAM}_count"),
         "prompt_tokens": ratio(
             "vllm:request_prompt_tokens_sum", "vllm:request_prompt_tokens_count"
         ),

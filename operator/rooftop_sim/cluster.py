@@ -358,8 +358,7 @@ class Cluster:
             return
         pod.busy = True
         self._push(res.end_s, _STEP, pod.index)
-        if res.decode_tokens:
-            self.window.add_step(res.duration_s, res.decode_tokens)
+        self.window.add_step(res.duration_s, res.decode_tokens)
         if res.admitted or pod.prefilling:
             self._first_tokens(pod, res.admitted)
         for req in res.finished:

@@ -50,14 +50,18 @@ class MetricsWindow:
         # (time s, value) in roughly increasing time; trimmed at each scrape
         self.finished: deque[tuple[float, float, int, int]] = deque()  # t, tpot s, isl, osl
         self.ttft: deque[tuple[float, float]] = deque()
-        self.intervals: deque[tuple[float, float, int]] = deque()  # t, itl sum s, tokens
+        # t, itl sum s, decode tokens, iterations
+        self.intervals: deque[tuple[float, float, int, int]] = deque()
         self.itl_sum = 0.0
         self.itl_tokens = 0
+        self.iterations = 0
 
     def add_step(self, duration_s: float, decode_tokens: int) -> None:
-        """One engine iteration: each decoded token waited ``duration_s`` for it."""
+        """One engine iteration (vLLM's ``iteration_tokens_total`` count, prefill-only
+        ones included): each decoded token waited ``duration_s`` for it."""
         self.itl_sum += duration_s * decode_tokens
         self.itl_tokens += decode_tokens
+        self.iterations += 1
 
     def observe(
         self, now_s: float, rate: float, gauges: Gauges, outage: bool = False
@@ -70,8 +74,8 @@ class MetricsWindow:
             gauges: instant gauges at ``now_s``.
             outage: emulate a broken metrics pipeline (all readings missing).
         """
-        self.intervals.append((now_s, self.itl_sum, self.itl_tokens))
-        self.itl_sum, self.itl_tokens = 0.0, 0
+        self.intervals.append((now_s, self.itl_sum, self.itl_tokens, self.iterations))
+        self.itl_sum, self.itl_tokens, self.iterations = 0.0, 0, 0
         start = now_s - self.window_s
         for q in (self.finished, self.ttft, self.intervals):
             while q and q[0][0] <= start:
@@ -87,6 +91,7 @@ class MetricsWindow:
         ttfts = [v for t, v in self.ttft if t <= now_s]
         itl_sum = sum(i[1] for i in self.intervals)
         itl_n = sum(i[2] for i in self.intervals)
+        steps = sum(i[3] for i in self.intervals)
         return Observation(
             tpot_ms=_quantile_ms(tpots, self.tpot_q),
             ttft_ms=_quantile_ms(ttfts, self.ttft_q),
@@ -95,6 +100,7 @@ class MetricsWindow:
             waiting=_ok(gauges.waiting),
             kv_usage_ratio=_ok(gauges.kv_usage_ratio),
             step_ms=_ok(1e3 * itl_sum / itl_n) if itl_n else Reading(math.nan, MetricState.NAN),
+            step_batch=_ok(itl_n / steps) if steps else Reading(math.nan, MetricState.NAN),
             tpot_attainment=_share([t <= self.tpot_slo_s for t in tpots]),
             prompt_tokens=_mean([f[2] for f in fin]),
             output_tokens=_mean([f[3] for f in fin]),

@@ -174,3 +174,18 @@ def test_both_engines_counted_the_requests(
         assert count["vllm:e2e_request_latency_seconds_count"] == len(REQUESTS) + 1
         tokens = {s.name: s.value for s in families["vllm:generation_tokens"].samples}
         assert tokens["vllm:generation_tokens_total"] == sum(o for _, o in REQUESTS) + CHAT_TOKENS
+
+
+def test_the_step_batch_reading_counts_the_same_steps_in_both_engines(
+    real: dict[str, Metric], simulated: dict[str, Metric]
+) -> None:
+    """The calibration prices a window's mean step at decode tokens per engine step:
+    the inter-token latency's count over ``vllm:iteration_tokens_total``'s. One request
+    at a time, each answer of o tokens takes o steps (the first carries its prompt) and
+    o - 1 inter-token gaps, so the reading is sum(o - 1) / sum(o) in both engines."""
+    outputs = [o for _, o in REQUESTS] + [CHAT_TOKENS]
+    for families in (real, simulated):
+        gaps = {s.name: s.value for s in families["vllm:inter_token_latency_seconds"].samples}
+        steps = {s.name: s.value for s in families["vllm:iteration_tokens_total"].samples}
+        assert gaps["vllm:inter_token_latency_seconds_count"] == sum(o - 1 for o in outputs)
+        assert steps["vllm:iteration_tokens_total_count"] == sum(outputs)

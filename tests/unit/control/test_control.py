@@ -581,3 +581,26 @@ def test_the_loop_sizes_a_running_rocm_target_too() -> None:
     plan = plan_target(spec, engine_families=["cuda", "rocm"]).plan
     assert plan is not None and plan.gpu == "mi300x"
     assert PlanTargetPlanner(spec, plan).size(2.0, 1.0).feasible
+
+
+class LinearStepPlanner(FakePlanner):
+    """A step that grows with the batch: 10 ms plus 1 ms per running request."""
+
+    def step_ms(self, batch: float, prompt_tokens: float, output_tokens: float) -> float:
+        return 10.0 + batch
+
+
+def test_calibration_prices_the_windows_steps_at_their_own_batch() -> None:
+    """Pods became ready just now: 10 requests per replica run, but the window's steps
+    were taken at 20 and took the 30 ms the planner predicts for 20. The step batch
+    (decode tokens per iteration over the window) says so and the factor stays 1; the
+    instant gauge alone would read a 1.5x slower engine."""
+    cfg = config(planner=LinearStepPlanner())
+    lagging = observe(step_ms=ok(30.0), running=ok(20.0), ready=2)
+    d = decide(initial_state(2, 64), replace(lagging, step_batch=ok(20.0)), NOW, cfg)
+    assert d.calibration_factor == pytest.approx(1.0)
+    d = decide(initial_state(2, 64), lagging, NOW, cfg)  # no step batch: the gauge
+    assert d.calibration_factor == pytest.approx(1.5)
+    # a window of idle steps (under min_batch) is skipped whatever the gauge says
+    idle = replace(lagging, step_batch=ok(0.5), running=ok(40.0))
+    assert decide(initial_state(2, 64), idle, NOW, cfg).state.calibration.samples == 0

@@ -85,6 +85,12 @@ def test_every_query_groups_by_target_and_the_tpot_slo_reads_per_request_tpot() 
     assert "histogram_quantile(0.99," in queries["ttft_s"]
     assert "vllm:time_to_first_token_seconds_bucket" in queries["ttft_s"]
     assert "vllm:inter_token_latency_seconds_sum" in queries["step_s"]
+    # decode tokens per engine step, over the same window as the step time
+    assert queries["step_batch"] == (
+        "sum by (namespace, servingtarget) (rate(vllm:inter_token_latency_seconds_count"
+        '{servingtarget!=""}[1m])) / sum by (namespace, servingtarget) '
+        '(rate(vllm:iteration_tokens_total_count{servingtarget!=""}[1m]))'
+    )
     assert "tpot_attainment" not in fleet_queries("1m", 0.9, 0.9, 5.0)  # no bucket
     with pytest.raises(ValueError, match="PromQL duration"):
         fleet_queries("two minutes", 0.9, 0.9, 100.0)

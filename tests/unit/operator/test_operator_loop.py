@@ -59,6 +59,12 @@ def test_observation_falls_back_to_completions() -> None:
     assert obs.tpot_ms.state is control.MetricState.MISSING
 
 
+def test_the_step_batch_is_a_count_ratio_passed_on_as_read() -> None:
+    batch = control.Reading(12.5, control.MetricState.OK)
+    assert loop.observation(snapshot(step_batch=batch), 2, 0).step_batch == batch
+    assert loop.observation(snapshot(), 2, 0).step_batch.state is control.MetricState.MISSING
+
+
 def test_a_draining_queue_is_no_negative_rate() -> None:
     snap = snapshot(requests_per_second=control.Reading(-0.5, control.MetricState.OK))
     assert loop.observation(snap, 1, 0).requests_per_second.value == 0.0
