@@ -656,13 +656,17 @@ def _breaches(
     """Reactive signals, sized from READY pods: pending ones already raise the count.
 
     Latency percentiles cover the whole window; right after new pods became ready they
-    still describe the smaller fleet, so they are only used once ``fresh``.
+    still describe the smaller fleet, so they are only used once ``fresh`` to add pods.
+    A breach in such a window still holds the ready pods: whether they are enough is
+    not known yet, and giving one back before the window can tell is the unsafe side.
     """
     out: list[Signal] = []
     step = config.max_breach_step
     tpot, slo = obs.tpot_ms.value, config.tpot_slo_ms
     if not fresh:
-        pass
+        if obs.tpot_ms.ok and tpot > slo:
+            why = f"TPOT {tpot:.0f} ms > SLO {slo:.0f} ms before the new pods' first window"
+            out.append((ready, why, BREACH))
     elif obs.tpot_ms.ok and tpot > slo:
         n = max(ready + 1, math.ceil(ready * min(tpot / slo, step)))
         out.append((n, f"TPOT {tpot:.0f} ms > SLO {slo:.0f} ms", BREACH))

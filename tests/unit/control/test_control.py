@@ -604,3 +604,16 @@ def test_calibration_prices_the_windows_steps_at_their_own_batch() -> None:
     # a window of idle steps (under min_batch) is skipped whatever the gauge says
     idle = replace(lagging, step_batch=ok(0.5), running=ok(40.0))
     assert decide(initial_state(2, 64), idle, NOW, cfg).state.calibration.samples == 0
+
+
+def test_a_breach_before_the_new_pods_first_window_holds_them() -> None:
+    """Six pods, ready for 20 s of a 60 s window; the planner asks for 2 and has for the
+    whole scale-down window, but p90 TPOT still reads above the SLO. The window mixes
+    steps of the smaller fleet, so it adds no pod; nor may a pod go before a window of
+    the six can say whether they are enough. Once TPOT is within the SLO, they may."""
+    state = replace(settled(6, 2, WINDOW + 15), ready_seen=6, ready_grew_s=NOW - 20)
+    breach = observe(rate=4.0, tpot=60.0, ready=6)
+    d = decide(state, breach, NOW, config())
+    assert d.replicas == 6, d.reason
+    assert "before the new pods' first window" in d.reason
+    assert decide(state, observe(rate=4.0, tpot=30.0, ready=6), NOW, config()).replicas == 2
