@@ -663,14 +663,14 @@ def _breaches(
     out: list[Signal] = []
     step = config.max_breach_step
     tpot, slo = obs.tpot_ms.value, config.tpot_slo_ms
-    if not fresh:
-        if obs.tpot_ms.ok and tpot > slo:
-            why = f"TPOT {tpot:.0f} ms > SLO {slo:.0f} ms before the new pods' first window"
-            out.append((ready, why, BREACH))
-    elif obs.tpot_ms.ok and tpot > slo:
+    breached = obs.tpot_ms.ok and tpot > slo
+    if breached and not fresh:
+        why = f"TPOT {tpot:.0f} ms > SLO {slo:.0f} ms before the new pods' first window"
+        out.append((ready, why, BREACH))
+    elif breached:
         n = max(ready + 1, math.ceil(ready * min(tpot / slo, step)))
         out.append((n, f"TPOT {tpot:.0f} ms > SLO {slo:.0f} ms", BREACH))
-    elif obs.tpot_ms.ok and tpot > config.tpot_margin * slo:
+    elif fresh and obs.tpot_ms.ok and tpot > config.tpot_margin * slo:
         # Predicted breach: a new pod takes startup_s to help, so act while there is
         # still slack. One pod at a time; pending pods already count (desired >= ready+1).
         out.append(
