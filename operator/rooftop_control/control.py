@@ -34,9 +34,12 @@ One decision:
    desired count already includes them); scale down only to the highest recommendation
    of the last ``scale_down_window_s`` (180 s: a pod's start-up plus one metrics
    window, so a pod given back in a lull is not needed again before it could be
-   back), and only after that many seconds of OK metrics. Never scale down on
-   missing, stale or NaN metrics (hold and say so), nor while a batch-cap rollout runs
-   a pod short (one without surge room, at the budget or ``maxReplicas``).
+   back), and only after that many seconds of OK metrics. While the rate is clearly
+   falling (its trend loses ``falling_rate_per_minute`` of the mean a minute) there is
+   no lull to wait out, and the window drops its metrics window (120 s). Never scale
+   down on missing, stale or NaN metrics (hold and say so), nor while a batch-cap
+   rollout runs a pod short (one without surge room, at the budget or
+   ``maxReplicas``).
 6. Limit: min/max replicas and the budget (a hard limit: never exceeded, even when the
    SLO then cannot be met; the conditions say which).
 7. Batch cap: adopt the planner's ``max_num_seqs`` when the calibrated factors show the
@@ -221,6 +224,11 @@ class ControllerConfig:
         startup_s: expected pod start-up time, s; a rising rate is projected this far.
         metrics_window_s: the window rates and percentiles are computed over, s.
         trend_window_s: how much rate history the trend is fitted on, s.
+        falling_rate_per_minute: a rate trend falling faster than this share of its
+            mean a minute (0.05 = 5 %, about 2.6 standard errors of the slope fitted on
+            300 s of 60 s windows at a few req/s) shortens the scale-down window by one
+            metrics window: the pod it gives back is not leaving in a lull the next
+            minutes undo. 0 turns this off.
         headroom: extra rate planned for (0.1 = 10 %), on top of the planner's own.
         max_breach_step: at most this multiple of ready replicas per reactive step.
         tpot_margin: observed TPOT above this share of the SLO adds one replica.
@@ -247,6 +255,7 @@ class ControllerConfig:
     startup_s: float = 120.0
     metrics_window_s: float = 60.0
     trend_window_s: float = 300.0
+    falling_rate_per_minute: float = 0.05
     headroom: float = 0.0
     max_breach_step: float = 2.0
     tpot_margin: float = 0.9
@@ -406,8 +415,9 @@ def decide(
     wanted, why, cause = _wanted(obs, sizing, plan_why, state.max_num_seqs, fresh, config)
     history, since = _remember_history(state, wanted, now_s, not bad, config)
     short = _rollout_runs_short(state, obs, now_s, config)
+    window = scale_down_window(rates, config)
     replicas, why = _stabilize(state.replicas, wanted, why, history, since, now_s, bad,
-                               short, config)  # fmt: skip
+                               short, window)  # fmt: skip
     lower, upper = replica_limits(config)
     limited = clamp_replicas(replicas, lower, upper)
     # a new cap rolls pods: only in a steady fleet, never on top of a scale-up
@@ -585,15 +595,52 @@ def forecast_rate(rates: Sequence[tuple[float, float]], lead_s: float) -> float:
     if not rates:
         return 0.0
     latest_t, latest = rates[-1]
-    if len(rates) < 3 or latest_t - rates[0][0] < 60.0:
+    trend = rate_trend(rates, 60.0)
+    if trend is None:
         return latest
+    mean_t, mean_rate, slope = trend
+    fitted_now = mean_rate + slope * (latest_t - mean_t)
+    return max(latest, fitted_now) + max(0.0, slope) * lead_s
+
+
+def rate_trend(
+    rates: Sequence[tuple[float, float]], min_span_s: float
+) -> tuple[float, float, float] | None:
+    """The least-squares line through (time s, rate req/s) readings: (mean time s,
+    mean rate req/s, slope req/s per s); None with under 3 readings or ``min_span_s``."""
+    if len(rates) < 3 or rates[-1][0] - rates[0][0] < min_span_s:
+        return None
     n = len(rates)
     mt = sum(t for t, _ in rates) / n
     mr = sum(r for _, r in rates) / n
     var = sum((t - mt) ** 2 for t, _ in rates)
     slope = sum((t - mt) * (r - mr) for t, r in rates) / var if var > 0 else 0.0
-    fitted_now = mr + slope * (latest_t - mt)
-    return max(latest, fitted_now) + max(0.0, slope) * lead_s
+    return mt, mr, slope
+
+
+def scale_down_window(
+    rates: Sequence[tuple[float, float]], config: ControllerConfig
+) -> tuple[float, str]:
+    """How long a lower recommendation must hold now, s, and why when it is short:
+    ``scale_down_window_s``, less one metrics window while the rate trend falls faster
+    than ``falling_rate_per_minute`` of its mean a minute, judged over at least that
+    shorter window.
+
+    The full window is a pod's start-up plus one metrics window, so a pod given back in
+    a lull is not needed again before it could be back. A fall as steep as that, held
+    over minutes, is no lull: waiting out the extra window there only pays for pods the
+    load has already left (after a daily peak, about one pod of the fleet's average).
+    """
+    full = config.scale_down_window_s
+    short = max(full - config.metrics_window_s, 0.0)
+    trend = rate_trend(rates, short) if config.falling_rate_per_minute > 0 else None
+    if trend is None or short < config.metrics_window_s:
+        return full, ""  # the shorter window must still hold one whole metrics window
+    _, mean_rate, slope = trend
+    fall = -slope * 60.0 / mean_rate if mean_rate > 0 else 0.0
+    if fall <= config.falling_rate_per_minute:
+        return full, ""
+    return short, f" while the rate falls {fall:.0%} a minute"
 
 
 def _remember_rate(
@@ -732,10 +779,12 @@ def _stabilize(
     now_s: float,
     bad: list[str],
     rollout_short: bool,
-    config: ControllerConfig,
+    window: tuple[float, str],
 ) -> tuple[int, str]:
     """Fast up, slow down, hold on bad metrics and during a batch-cap rollout.
 
+    ``window``: how long a lower recommendation must hold, s, and why when it is short
+    (``scale_down_window``); ``history`` covers at least that long.
     ``rollout_short``: a batch-cap rollout is replacing pods with one of them out of
     service (``_rollout_runs_short``; bounded by the cap cooldown, so pods that never
     schedule cannot freeze scale-down); removing pods on top of it can leave too few
@@ -747,12 +796,13 @@ def _stabilize(
         return current, "holding: metrics unavailable (" + ", ".join(bad) + ")"
     if rollout_short and wanted < current:
         return current, f"{why}; holding while the batch-cap rollout starts pods"
-    if since is None or now_s - since < config.scale_down_window_s:
+    window_s, falling = window
+    if since is None or now_s - since < window_s:
         return current, why
-    highest = max(n for _, n in history)
+    highest = max(n for t, n in history if t > now_s - window_s)
     if highest < current:
-        window = f"{config.scale_down_window_s:.0f} s"
-        return highest, f"recommendation stayed <= {highest} for {window}; {why}"
+        held = f"{window_s:.0f} s{falling}"
+        return highest, f"recommendation stayed <= {highest} for {held}; {why}"
     return current, why
 
 

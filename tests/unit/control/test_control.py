@@ -26,6 +26,7 @@ from rooftop_control.control import (
     forecast_rate,
     initial_state,
     replica_limits,
+    scale_down_window,
 )
 
 NOW = 10_000.0
@@ -535,6 +536,52 @@ def test_headroom_and_rising_trend_plan_ahead() -> None:
 )
 def test_forecast_rate(rates: list[tuple[float, float]], expected: float) -> None:
     assert forecast_rate(rates, 100.0) == pytest.approx(expected)
+
+
+def _falling_then(low_s: float, per_minute: float) -> ControllerState:
+    """4 replicas; the recommendation was 3 until ``low_s`` ago, 2 since; the rate
+    readings of the last 300 s move by ``per_minute`` req/s a minute down to 4 req/s."""
+    history = tuple((NOW - t, 2 if t < low_s else 3) for t in range(300, 0, -15))
+    rates = tuple((NOW - t, 4.0 + per_minute * t / 60.0) for t in range(300, 0, -15))
+    return ControllerState(4, 64, Calibration(1.0, 10), history, NOW - 600.0, rates)
+
+
+@pytest.mark.parametrize(
+    ("per_minute", "replicas", "held"),
+    [
+        (0.8, 2, "for 120 s while the rate falls 14% a minute"),  # 8 -> 4 req/s in 5 min
+        (0.1, 3, "for 180 s"),  # 2 % a minute: within noise, a lull until shown otherwise
+        (0.0, 3, "for 180 s"),
+        (-0.8, 3, "for 180 s"),  # rising 0 -> 4 req/s: planned 3 for 6 req/s, 180 s
+    ],
+)
+def test_a_falling_rate_shortens_the_scale_down_window(
+    per_minute: float, replicas: int, held: str
+) -> None:
+    # 2 recommended for the last 120 s, 3 before: a steady fall gives back both pods
+    # after 120 s; a flat rate waits out the full 180 s, which still holds the 3.
+    d = decide(_falling_then(125.0, per_minute), observe(rate=4.0, ready=4), NOW, config())
+    assert d.replicas == replicas, d.reason
+    assert held in d.reason
+
+
+@pytest.mark.parametrize(
+    ("rates", "cfg", "expected"),
+    [
+        ([(t, 8.0 - t / 75.0) for t in range(0, 301, 15)], {}, 120.0),  # 4 req/s in 5 min
+        ([(t, 8.0 - t / 75.0) for t in range(0, 301, 15)], {"falling_rate_per_minute": 0}, 180),
+        ([(t, 8.0 - t / 75.0) for t in range(0, 301, 15)], {"metrics_window_s": 180.0}, 180),
+        ([(t, 8.0 - t / 75.0) for t in range(0, 106, 15)], {}, 180.0),  # under 120 s seen
+        ([(t, 6.0 - 0.001 * t) for t in range(0, 301, 15)], {}, 180.0),  # 1 % a minute
+        ([(t, 0.0) for t in range(0, 301, 15)], {}, 180.0),  # no traffic: nothing falls
+    ],
+)
+def test_scale_down_window(
+    rates: list[tuple[float, float]], cfg: dict[str, float], expected: float
+) -> None:
+    seconds, why = scale_down_window(rates, config(**cfg))
+    assert seconds == expected
+    assert ("falls" in why) == (seconds < WINDOW)
 
 
 def test_reading_classification() -> None:
