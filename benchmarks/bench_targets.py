@@ -14,7 +14,8 @@ through ``simulate.run(..., controller=...)``; everything else is the operator's
 The variants are the knobs a platform team would reach for first: how many requests
 the trim aims to keep within the bound, when a clean window lowers the trim, how fast
 the trim moves, how soon after a scale-out it may move, how long a lower
-recommendation must hold, extra headroom, and how much rate history the trend is
+recommendation must hold (and whether a clearly falling rate shortens that), extra
+headroom, and how much rate history the trend is
 fitted on. A variant that buys attainment with cost
 (or the reverse) moves along the same frontier; a fix for the planner's capacity
 slope (docs/benchmarks.md) would move the frontier itself.
@@ -49,6 +50,7 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "trim-settle-1-window": {"trim": {"settle_windows": 1.0}},
     "scale-down-120s": {"scale_down_window_s": 120.0},
     "scale-down-240s": {"scale_down_window_s": 240.0},
+    "full-window-on-falls": {"falling_rate_per_minute": 0.0},
     "headroom-5%": {"headroom": 0.05},
     "trend-120s": {"trend_window_s": 120.0},
     "trend-180s": {"trend_window_s": 180.0},
