@@ -417,7 +417,7 @@ def decide(
     short = _rollout_runs_short(state, obs, now_s, config)
     window = scale_down_window(rates, config)
     replicas, why = _stabilize(state.replicas, wanted, why, history, since, now_s, bad,
-                               short, window)  # fmt: skip
+                               short, window, config)  # fmt: skip
     lower, upper = replica_limits(config)
     limited = clamp_replicas(replicas, lower, upper)
     # a new cap rolls pods: only in a steady fleet, never on top of a scale-up
@@ -780,11 +780,14 @@ def _stabilize(
     bad: list[str],
     rollout_short: bool,
     window: tuple[float, str],
+    config: ControllerConfig,
 ) -> tuple[int, str]:
     """Fast up, slow down, hold on bad metrics and during a batch-cap rollout.
 
     ``window``: how long a lower recommendation must hold, s, and why when it is short
-    (``scale_down_window``); ``history`` covers at least that long.
+    (``scale_down_window``); ``history`` covers at least that long. The metrics must
+    have been OK for the full ``scale_down_window_s`` all the same: after an outage (or
+    at start) the readings before it cannot show that a peak it hid has passed.
     ``rollout_short``: a batch-cap rollout is replacing pods with one of them out of
     service (``_rollout_runs_short``; bounded by the cap cooldown, so pods that never
     schedule cannot freeze scale-down); removing pods on top of it can leave too few
@@ -797,7 +800,7 @@ def _stabilize(
     if rollout_short and wanted < current:
         return current, f"{why}; holding while the batch-cap rollout starts pods"
     window_s, falling = window
-    if since is None or now_s - since < window_s:
+    if since is None or now_s - since < config.scale_down_window_s:
         return current, why
     highest = max(n for t, n in history if t > now_s - window_s)
     if highest < current:

@@ -565,6 +565,17 @@ def test_a_falling_rate_shortens_the_scale_down_window(
     assert held in d.reason
 
 
+def test_a_falling_rate_still_waits_a_full_window_after_an_outage() -> None:
+    # Readings from before an outage cannot show that a peak it hid has passed: the
+    # shorter window on a fall applies only once the metrics were OK for the full one.
+    cfg = config()
+    state = replace(_falling_then(125.0, 0.8), healthy_since_s=NOW - 150.0)
+    held = decide(state, observe(rate=4.0, ready=4), NOW, cfg)
+    assert held.replicas == 4, held.reason
+    later = decide(held.state, observe(rate=4.0, ready=4), NOW + 30.0, cfg)
+    assert later.replicas == 2 and "while the rate falls" in later.reason, later.reason
+
+
 @pytest.mark.parametrize(
     ("rates", "cfg", "expected"),
     [
