@@ -632,10 +632,13 @@ def scale_down_window(
     load has already left (after a daily peak, about one pod of the fleet's average).
     """
     full = config.scale_down_window_s
-    short = max(full - config.metrics_window_s, 0.0)
-    trend = rate_trend(rates, short) if config.falling_rate_per_minute > 0 else None
-    if trend is None or short < config.metrics_window_s:
-        return full, ""  # the shorter window must still hold one whole metrics window
+    short = full - config.metrics_window_s
+    # off, or a shorter window that would not hold one whole metrics window
+    if config.falling_rate_per_minute <= 0 or short < config.metrics_window_s:
+        return full, ""
+    trend = rate_trend(rates, short)
+    if trend is None:
+        return full, ""
     _, mean_rate, slope = trend
     fall = -slope * 60.0 / mean_rate if mean_rate > 0 else 0.0
     if fall <= config.falling_rate_per_minute:
@@ -799,12 +802,12 @@ def _stabilize(
         return current, "holding: metrics unavailable (" + ", ".join(bad) + ")"
     if rollout_short and wanted < current:
         return current, f"{why}; holding while the batch-cap rollout starts pods"
-    window_s, falling = window
     if since is None or now_s - since < config.scale_down_window_s:
         return current, why
+    window_s, because = window
     highest = max(n for t, n in history if t > now_s - window_s)
     if highest < current:
-        held = f"{window_s:.0f} s{falling}"
+        held = f"{window_s:.0f} s{because}"
         return highest, f"recommendation stayed <= {highest} for {held}; {why}"
     return current, why
 
