@@ -173,7 +173,7 @@ class Observation:
         return max((r.state for _, r in self.gating()), key=_BADNESS.__getitem__)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Sizing:
     """The planner's answer for one request rate and calibration factor.
 
@@ -197,8 +197,14 @@ class Sizing:
 class Planner(Protocol):
     """The planner, as the controller needs it (``PlanTargetPlanner`` is the real one)."""
 
-    def size(self, requests_per_second: float, step_time_scale: float) -> Sizing:
-        """Replicas and batch cap for a rate (req/s) with step times scaled by a factor."""
+    def size(
+        self, requests_per_second: float, step_time_scale: float, max_num_seqs: int | None = None
+    ) -> Sizing:
+        """Replicas and batch cap for a rate (req/s) with step times scaled by a factor.
+
+        Without ``max_num_seqs``: the cap that gives a replica the most capacity. With
+        it: the replicas that cap needs (the cap the pods run), or, where that cap
+        cannot keep TPOT within the SLO at this factor, the best cap's sizing."""
         ...
 
     def step_ms(self, batch: float, prompt_tokens: float, output_tokens: float) -> float:
@@ -406,7 +412,7 @@ def decide(
     cal = calibrate(state.calibration, obs, config)
     scale = cal.factor
     rates = _remember_rate(state.rates, obs.requests_per_second, now_s, config.trend_window_s)
-    sizing, plan_why = _plan(obs, scale, state.trim, rates, config)
+    sizing, plan_why = _plan(obs, scale, state, rates, config)
     trim, trim_at = _retrim(state, obs, grew_s, now_s, scale, config)
     if sizing is not None and not sizing.feasible:
         # More replicas cannot fix a too-slow step; hold (never shrink on that news)
@@ -541,12 +547,13 @@ def update_trim(
     if new == state.trim:
         return new
     rate, ready = obs.requests_per_second.value * state.trim, obs.ready_replicas
+    cap = state.max_num_seqs  # the planner's claim for the cap the pods run
     if new > state.trim:
         if ready >= replica_limits(config)[1]:
             return state.trim
-        needed = config.planner.size(rate, scale)
+        needed = config.planner.size(rate, scale, cap)
         return new if needed.feasible and needed.replicas <= ready else state.trim
-    needed = config.planner.size(rate * (1 + config.trim.tight), scale)
+    needed = config.planner.size(rate * (1 + config.trim.tight), scale, cap)
     return new if needed.feasible and needed.replicas > ready else state.trim
 
 
@@ -656,21 +663,37 @@ def _remember_rate(
 def _plan(
     obs: Observation,
     scale: float,
-    trim: float,
+    state: ControllerState,
     rates: Sequence[tuple[float, float]],
     config: ControllerConfig,
 ) -> tuple[Sizing | None, str]:
-    """The planner's sizing at the projected rate, or None without a usable rate."""
+    """The planner's sizing at the projected rate, or None without a usable rate.
+
+    ``max_num_seqs`` is the cap the planner prefers (``_choose_cap`` may move to it);
+    ``replicas`` are what the cap the pods RUN needs (``state.max_num_seqs``, when it
+    keeps TPOT within the SLO at this factor). The two differ while a new cap waits:
+    for the factor to settle (a cold start), the cap cooldown or the raise margin. A
+    replica at cap 16 serves less than one at the 32 the planner would like, and
+    sizing the fleet as if it ran 32 leaves it short until the rollout.
+    """
     if not obs.requests_per_second.ok:
         return None, ""
     # the rate is a window average, so it lags by half a window on top of start-up
     lead = config.startup_s + config.metrics_window_s / 2
+    trim = state.trim
     rate = forecast_rate(rates, lead) * (1 + config.headroom) * trim
     sizing = config.planner.size(rate, scale)
     if not sizing.feasible:
         why = f"no batch size meets the TPOT SLO at step-time scale {scale:.2f}"
         return sizing, why
-    why = (f"planned {sizing.replicas} for {rate:.2f} req/s (trim {trim:.2f}) at "
+    cap = state.max_num_seqs
+    running = config.planner.size(rate, scale, cap)
+    at = ""
+    if running.feasible and running.max_num_seqs == cap != sizing.max_num_seqs:
+        sizing = replace(sizing, replicas=running.replicas, tpot_ms=running.tpot_ms,
+                         capacity_rps=running.capacity_rps)  # fmt: skip
+        at = f" at the pods' max_num_seqs {cap}"
+    why = (f"planned {sizing.replicas} for {rate:.2f} req/s{at} (trim {trim:.2f}) at "
            f"step-time factor {scale:.2f}")  # fmt: skip
     return sizing, why
 
@@ -942,36 +965,40 @@ class PlanTargetPlanner:
         eff = load_efficiency().lookup(gpu.id, "vllm")
         model = resolve_model(spec, self.catalog)
         self.deployment = Deployment(model, gpu, plan.tp, plan.weight_dtype, plan.kv_dtype, eff)
-        self._cache: OrderedDict[tuple[float, float], Sizing] = OrderedDict()
+        self._cache: OrderedDict[tuple[float, float], tuple[Sizing, ...]] = OrderedDict()
         # Plan once now, so a spec the planner rejects (say, an edit that added a price
         # for an unknown GPU) raises here, where the caller expects it, not mid-decision.
         self.size(spec.workload.requests_per_second, 1.0)
 
-    def size(self, requests_per_second: float, step_time_scale: float) -> Sizing:
-        """Replicas and batch cap at a rate (req/s) and factor; cached on a 1 % grid."""
+    def size(
+        self, requests_per_second: float, step_time_scale: float, max_num_seqs: int | None = None
+    ) -> Sizing:
+        """Replicas and batch cap at a rate (req/s) and factor (see ``Planner.size``);
+        every cap's sizing is cached on a 1 % grid of rates."""
         key = (quantize_rate(requests_per_second), round(step_time_scale, 2))
         if key in self._cache:
             self._cache.move_to_end(key)
-            return self._cache[key]
-        sizing = self._cache[key] = self._size(*key)
-        if len(self._cache) > SIZING_CACHE_ENTRIES:
-            self._cache.popitem(last=False)  # least recently used
-        return sizing
+            options = self._cache[key]
+        else:
+            options = self._cache[key] = self._options(*key)
+            if len(self._cache) > SIZING_CACHE_ENTRIES:
+                self._cache.popitem(last=False)  # least recently used
+        if not options:
+            return Sizing(0, self.plan.max_num_seqs, self._price(), None, feasible=False)
+        at_cap = [o for o in options if o.max_num_seqs == max_num_seqs]
+        # The cap that gives a replica the most capacity (ties: the smaller cap, lower
+        # TPOT). Not simply the cheapest plan: at low rates several caps tie at one
+        # replica, and the tie-break would make the cap flap with the load.
+        best = max(options, key=lambda o: (o.capacity_rps or 0.0, -o.max_num_seqs))
+        return at_cap[0] if at_cap else best
 
-    def _size(self, rate: float, factor: float) -> Sizing:
+    def _options(self, rate: float, factor: float) -> tuple[Sizing, ...]:
+        """One sizing per batch cap that keeps TPOT within the SLO (none: infeasible)."""
         # The shape is pinned and already runs: its accelerator family had an image.
         res = plan_target(self.spec, catalog=self.catalog, step_time_scale=factor,
                           requests_per_second=rate,
                           engine_families=ACCELERATOR_FAMILIES)  # fmt: skip
-        cands = [p for p in res.candidates if p.tp == self.plan.tp]
-        if not cands:
-            return Sizing(0, self.plan.max_num_seqs, self._price(), None, feasible=False)
-        # The cap that gives a replica the most capacity (ties: the smaller cap, lower
-        # TPOT). Not simply the cheapest plan: at low rates several caps tie at one
-        # replica, and the tie-break would make the cap flap with the load.
-        best = max(cands, key=lambda p: (p.capacity_rps / p.replicas, -p.max_num_seqs))
-        return Sizing(best.replicas, best.max_num_seqs, best.usd_per_hour / best.replicas,
-                      best.tpot_ms, True, best.capacity_rps / best.replicas)  # fmt: skip
+        return tuple(_sizing(p) for p in res.candidates if p.tp == self.plan.tp)
 
     def _price(self) -> float:
         return self.plan.usd_per_replica_hour
@@ -980,6 +1007,13 @@ class PlanTargetPlanner:
         """The planner's mean step time (TPOT) at this running batch, ms, unscaled."""
         pred = predict_continuous(self.deployment, batch, prompt_tokens, output_tokens)
         return float(pred.tpot_s) * 1e3
+
+
+def _sizing(plan: Plan) -> Sizing:
+    """A candidate plan as the controller sizes with it (price and capacity per replica)."""
+    per_replica = 1.0 / plan.replicas
+    return Sizing(plan.replicas, plan.max_num_seqs, plan.usd_per_hour * per_replica,
+                  plan.tpot_ms, True, plan.capacity_rps * per_replica)  # fmt: skip
 
 
 def quantize_rate(rate: float) -> float:

@@ -34,7 +34,9 @@ WINDOW = 180.0  # ControllerConfig's default scale_down_window_s
 
 
 class FakePlanner:
-    def size(self, requests_per_second: float, step_time_scale: float) -> Sizing:
+    def size(
+        self, requests_per_second: float, step_time_scale: float, max_num_seqs: int | None = None
+    ) -> Sizing:
         n = math.ceil(requests_per_second * step_time_scale / 2.0 - 1e-9)
         return Sizing(n, int(64 / step_time_scale), 1.0)
 
@@ -505,6 +507,42 @@ def test_trim_settle_windows_sets_how_long_new_pods_are_waited_for() -> None:
         TrimConfig(settle_windows=-1.0)
 
 
+class CapAwarePlanner(FakePlanner):
+    """At factor 1.0 the planner picks cap 64, where a replica serves 2 req/s; a
+    replica held at a smaller cap serves proportionally less (cap 32: 1 req/s)."""
+
+    def size(
+        self, requests_per_second: float, step_time_scale: float, max_num_seqs: int | None = None
+    ) -> Sizing:
+        best = int(64 / step_time_scale)
+        cap = max_num_seqs if max_num_seqs is not None and max_num_seqs <= best else best
+        per_replica = 2.0 * cap / best / step_time_scale
+        return Sizing(math.ceil(requests_per_second / per_replica - 1e-9), cap, 1.0,
+                      capacity_rps=per_replica)  # fmt: skip
+
+
+def test_replicas_are_sized_for_the_cap_the_pods_run() -> None:
+    """A new cap waits (for a settled factor, the cooldown, the raise margin); until
+    the rollout, a replica serves what the cap it runs allows, not the planner's pick."""
+    cfg = config(planner=CapAwarePlanner())
+    held = decide(initial_state(2, 32), observe(rate=4.0), NOW, cfg)
+    assert (held.replicas, held.max_num_seqs) == (4, 32)  # 1 req/s each at cap 32
+    assert "4 for 4.00 req/s at the pods' max_num_seqs 32" in held.reason
+    assert decide(initial_state(2, 64), observe(rate=4.0), NOW, cfg).replicas == 2
+
+
+def test_trim_judges_the_planner_at_the_cap_the_pods_run() -> None:
+    """Misses of 2 pods held at cap 32 under 4 req/s are a fleet the planner wants
+    bigger (4 at that cap), not a model error: the trim holds. At cap 64 the planner
+    called 2 enough, so the same misses raise it."""
+    cfg = config(planner=CapAwarePlanner())
+    missed = observe(rate=4.0, tpot=30.0, tpot_attainment=ok(0.99))
+    at_32 = replace(initial_state(2, 32), ready_seen=2)
+    assert decide(at_32, missed, NOW, cfg).state.trim == 1.0
+    at_64 = replace(initial_state(2, 64), ready_seen=2)
+    assert decide(at_64, missed, NOW, cfg).state.trim == pytest.approx(1.1)
+
+
 def test_clamp_replicas() -> None:
     assert clamp_replicas(5, 1, 8) == 5
     assert clamp_replicas(0, 2, 8) == 2  # minReplicas
@@ -639,6 +677,33 @@ def test_the_loop_sizes_a_running_rocm_target_too() -> None:
     plan = plan_target(spec, engine_families=["cuda", "rocm"]).plan
     assert plan is not None and plan.gpu == "mi300x"
     assert PlanTargetPlanner(spec, plan).size(2.0, 1.0).feasible
+
+
+def test_the_real_planner_sizes_any_cap_it_would_offer() -> None:
+    """``size`` with the pods' cap: that cap's replicas (a smaller cap serves less per
+    replica, so never fewer); a cap the planner would not offer there (over the SLO at
+    this factor, or one no plan has) gives its own pick."""
+    from rooftop_api.spec import ServingTargetSpec
+    from rooftop_control.control import PlanTargetPlanner
+    from rooftop_planner.search import plan_target
+
+    spec = ServingTargetSpec.model_validate({
+        "model": "llama-3.1-8b", "slo": {"tpotMs": 50},
+        "workload": {"requestsPerSecond": 20, "promptTokens": {"mean": 500},
+                     "outputTokens": {"mean": 100}},
+        "budget": {"usdPerHour": 1000},
+    })  # fmt: skip
+    plan = plan_target(spec).plan
+    assert plan is not None
+    planner = PlanTargetPlanner(spec, plan)
+    best = planner.size(20.0, 1.0)
+    small = planner.size(20.0, 1.0, 8)
+    assert best.max_num_seqs > 8 and small.max_num_seqs == 8
+    assert small.replicas > best.replicas
+    assert small.capacity_rps is not None and best.capacity_rps is not None
+    assert small.capacity_rps < best.capacity_rps
+    assert planner.size(20.0, 1.0, 7) == best  # no plan runs cap 7
+    assert planner.size(20.0, 1.0, best.max_num_seqs) == best
 
 
 class LinearStepPlanner(FakePlanner):
