@@ -985,12 +985,13 @@ class PlanTargetPlanner:
                 self._cache.popitem(last=False)  # least recently used
         if not options:
             return Sizing(0, self.plan.max_num_seqs, self._price(), None, feasible=False)
-        at_cap = [o for o in options if o.max_num_seqs == max_num_seqs]
+        for option in options:
+            if option.max_num_seqs == max_num_seqs:
+                return option
         # The cap that gives a replica the most capacity (ties: the smaller cap, lower
         # TPOT). Not simply the cheapest plan: at low rates several caps tie at one
         # replica, and the tie-break would make the cap flap with the load.
-        best = max(options, key=lambda o: (o.capacity_rps or 0.0, -o.max_num_seqs))
-        return at_cap[0] if at_cap else best
+        return max(options, key=lambda o: (o.capacity_rps or 0.0, -o.max_num_seqs))
 
     def _options(self, rate: float, factor: float) -> tuple[Sizing, ...]:
         """One sizing per batch cap that keeps TPOT within the SLO (none: infeasible)."""
