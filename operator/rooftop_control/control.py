@@ -46,7 +46,9 @@ One decision:
    current cap misses the TPOT SLO at a full batch (or, with margin, that a larger cap
    is safe and gives a replica more capacity) - rarely, since it restarts pods: only
    in a steady fleet, after a cooldown, and never when the rollout would stop a
-   single pod with no room under the budget to start its replacement first.
+   single pod with no room under the budget to start its replacement first. The
+   rollout replaces every pod, so it starts what the new cap needs at the planned
+   rate (fewer only after a scale-down window of OK metrics).
 """
 
 from __future__ import annotations
@@ -429,12 +431,19 @@ def decide(
     # a new cap rolls pods: only in a steady fleet, never on top of a scale-up
     steady = not bad and limited == state.replicas and obs.pending_replicas == 0
     cap, cap_why, cap_at = _choose_cap(state, obs, sizing, cal, scale, now_s, steady, config)
+    unrolled = replicas, limited, wanted, why, cause
+    if cap != state.max_num_seqs:
+        rollout = _rollout_replicas(state, rates, scale, cap, since, now_s, config)
+        if rollout is not None:
+            (replicas, why), cause = rollout, Cause.CALIBRATION
+            wanted, limited = replicas, clamp_replicas(replicas, lower, upper)
     held = None
     if cap != state.max_num_seqs and sole_pod_would_go(limited, upper):
         cap_why = (f"max_num_seqs held at {state.max_num_seqs}, not {cap}: the rollout would "
                    "stop the only pod before its replacement serves (no room under "
                    "maxReplicas and the budget for a surge pod)")  # fmt: skip
         held, cap, cap_at = cap, state.max_num_seqs, state.last_cap_change_s
+        replicas, limited, wanted, why, cause = unrolled
     new_state = ControllerState(
         limited, cap, cal, history, since, rates, cap_at, trim, obs.ready_replicas, grew_s,
         trim_at, held,
@@ -678,10 +687,8 @@ def _plan(
     """
     if not obs.requests_per_second.ok:
         return None, ""
-    # the rate is a window average, so it lags by half a window on top of start-up
-    lead = config.startup_s + config.metrics_window_s / 2
     trim = state.trim
-    rate = forecast_rate(rates, lead) * (1 + config.headroom) * trim
+    rate = _planned_rate(state, rates, config)
     sizing = config.planner.size(rate, scale)
     if not sizing.feasible:
         why = f"no batch size meets the TPOT SLO at step-time scale {scale:.2f}"
@@ -696,6 +703,49 @@ def _plan(
     why = (f"planned {sizing.replicas} for {rate:.2f} req/s{at} (trim {trim:.2f}) at "
            f"step-time factor {scale:.2f}")  # fmt: skip
     return sizing, why
+
+
+def _planned_rate(
+    state: ControllerState, rates: Sequence[tuple[float, float]], config: ControllerConfig
+) -> float:
+    """The rate the planner sizes for, req/s: the forecast ``startup_s`` ahead, plus half
+    a metrics window (a window's average lags by half a window), with the headroom and
+    the latency trim."""
+    lead = config.startup_s + config.metrics_window_s / 2
+    return forecast_rate(rates, lead) * (1 + config.headroom) * state.trim
+
+
+def _rollout_replicas(
+    state: ControllerState,
+    rates: Sequence[tuple[float, float]],
+    scale: float,
+    cap: int,
+    since: float | None,
+    now_s: float,
+    config: ControllerConfig,
+) -> tuple[int, str] | None:
+    """Replicas for a rollout to batch cap ``cap``, and why; None where the planner
+    offers no sizing at that cap (the count then stays as decided).
+
+    A new cap replaces every pod, so the rollout is sized for the cap it rolls to: a
+    raise from 16 to 32 on 7 pods, of which cap 32 needs 4, would otherwise start 7 new
+    pods (each billed ``startup_s`` before it serves) and give 3 of them back over the
+    scale-down windows that follow. A lower cap that needs more pods gets them with the
+    rollout. Fewer pods than now need what any scale-down needs, ``scale_down_window_s``
+    of OK metrics: at start the readings cannot yet show a peak they missed.
+    """
+    rate = _planned_rate(state, rates, config)
+    at_cap = config.planner.size(rate, scale, cap)
+    if not at_cap.feasible or at_cap.max_num_seqs != cap:
+        return None
+    planned = at_cap.replicas
+    why = (f"the rollout to max_num_seqs {cap}: planned {planned} for {rate:.2f} req/s "
+           f"(trim {state.trim:.2f}) at step-time factor {scale:.2f}")  # fmt: skip
+    trusted = since is not None and now_s - since >= config.scale_down_window_s
+    if planned < state.replicas and not trusted:
+        held_s = config.scale_down_window_s
+        return state.replicas, f"{why}; holding {state.replicas} until {held_s:.0f} s of OK metrics"
+    return planned, why
 
 
 def _wanted(

@@ -740,3 +740,29 @@ def test_a_breach_before_the_new_pods_first_window_holds_them() -> None:
     assert d.replicas == 6, d.reason
     assert "before the new pods' first window" in d.reason
     assert decide(state, observe(rate=4.0, tpot=30.0, ready=6), NOW, config()).replicas == 2
+
+
+def _at_cap_32(ok_for_s: float) -> ControllerState:
+    """4 replicas at cap 32 (what 4 req/s needs there), factor settled at 1.0, metrics
+    OK for ``ok_for_s``: the planner would rather run cap 55 (64, less the raise margin)."""
+    state = settled(4, 4, ok_for_s, cap=32)
+    return replace(state, calibration=Calibration(1.0, 50), ready_seen=4)
+
+
+def test_a_cap_raise_rolls_out_the_replicas_the_new_cap_needs() -> None:
+    """The rollout replaces every pod anyway: at cap 55 a replica serves 1.72 req/s, so
+    3 new pods carry 4 req/s where 4 would start and one be given back a window later."""
+    cfg = config(planner=CapAwarePlanner())
+    d = decide(_at_cap_32(WINDOW), observe(rate=4.0, ready=4), NOW, cfg)
+    assert (d.max_num_seqs, d.replicas) == (55, 3)
+    assert "scale down 4 -> 3: the rollout to max_num_seqs 55: planned 3 for 4.00" in d.reason
+    assert d.needed_replicas == 3
+
+
+def test_a_rollout_keeps_the_pods_until_the_metrics_have_been_ok_a_window() -> None:
+    """Fewer pods need what any scale-down needs: a full window of OK metrics."""
+    cfg = config(planner=CapAwarePlanner())
+    d = decide(_at_cap_32(60.0), observe(rate=4.0, ready=4), NOW, cfg)
+    assert (d.max_num_seqs, d.replicas) == (55, 4)
+    assert "planned 3 for 4.00 req/s" in d.reason
+    assert "holding 4 until 180 s of OK metrics" in d.reason
