@@ -431,19 +431,19 @@ def decide(
     # a new cap rolls pods: only in a steady fleet, never on top of a scale-up
     steady = not bad and limited == state.replicas and obs.pending_replicas == 0
     cap, cap_why, cap_at = _choose_cap(state, obs, sizing, cal, scale, now_s, steady, config)
-    unrolled = replicas, limited, wanted, why, cause
+    rollout = None
     if cap != state.max_num_seqs:
         rollout = _rollout_replicas(state, rates, scale, cap, since, now_s, config)
-        if rollout is not None:
-            (replicas, why), cause = rollout, Cause.CALIBRATION
-            wanted, limited = replicas, clamp_replicas(replicas, lower, upper)
+    rolled = limited if rollout is None else clamp_replicas(rollout[0], lower, upper)
     held = None
-    if cap != state.max_num_seqs and sole_pod_would_go(limited, upper):
+    if cap != state.max_num_seqs and sole_pod_would_go(rolled, upper):
         cap_why = (f"max_num_seqs held at {state.max_num_seqs}, not {cap}: the rollout would "
                    "stop the only pod before its replacement serves (no room under "
                    "maxReplicas and the budget for a surge pod)")  # fmt: skip
         held, cap, cap_at = cap, state.max_num_seqs, state.last_cap_change_s
-        replicas, limited, wanted, why, cause = unrolled
+    elif rollout is not None:
+        (replicas, why), cause = rollout, Cause.CALIBRATION
+        wanted, limited = replicas, rolled
     new_state = ControllerState(
         limited, cap, cal, history, since, rates, cap_at, trim, obs.ready_replicas, grew_s,
         trim_at, held,
@@ -741,8 +741,7 @@ def _rollout_replicas(
     planned = at_cap.replicas
     why = (f"the rollout to max_num_seqs {cap}: planned {planned} for {rate:.2f} req/s "
            f"(trim {state.trim:.2f}) at step-time factor {scale:.2f}")  # fmt: skip
-    trusted = since is not None and now_s - since >= config.scale_down_window_s
-    if planned < state.replicas and not trusted:
+    if planned < state.replicas and not _ok_for_a_window(since, now_s, config):
         held_s = config.scale_down_window_s
         return state.replicas, f"{why}; holding {state.replicas} until {held_s:.0f} s of OK metrics"
     return planned, why
@@ -875,7 +874,7 @@ def _stabilize(
         return current, "holding: metrics unavailable (" + ", ".join(bad) + ")"
     if rollout_short and wanted < current:
         return current, f"{why}; holding while the batch-cap rollout starts pods"
-    if since is None or now_s - since < config.scale_down_window_s:
+    if not _ok_for_a_window(since, now_s, config):
         return current, why
     window_s, because = window
     highest = max(n for t, n in history if t > now_s - window_s)
@@ -883,6 +882,12 @@ def _stabilize(
         held = f"{window_s:.0f} s{because}"
         return highest, f"recommendation stayed <= {highest} for {held}; {why}"
     return current, why
+
+
+def _ok_for_a_window(since: float | None, now_s: float, config: ControllerConfig) -> bool:
+    """Whether the metrics have been OK for ``scale_down_window_s`` (``since``: the start
+    of the current run of healthy decisions, s): what any move to fewer pods needs."""
+    return since is not None and now_s - since >= config.scale_down_window_s
 
 
 def _choose_cap(
