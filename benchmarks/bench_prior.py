@@ -15,8 +15,9 @@ loop as it would run if the planner's capacity were right from the first minute.
 
 For each reality factor the script bisects a grid of trims (0.5 to 2.0 in 2.5 % steps)
 for the smallest trim that keeps >= 99 % of requests within the TPOT bound on every
-seed (attainment rises with the trim), and prints its cost against the seed-0 oracle
-(mean over seeds, as ``bench_targets.py``), next to the largest trim found to miss.
+seed (attainment rises with the trim), and prints its cost against each seed's own
+oracle (mean over seeds, as ``bench_simulate.py``), next to the largest trim found to
+miss.
 Where even that trim costs more than 1.15x the oracle, a right capacity estimate alone
 would not meet the targets: what is left is how the loop follows the trace.
 """
@@ -104,14 +105,14 @@ def search(
 def table(results: list[Result], realities: list[float]) -> str:
     """Markdown: per reality factor, the cheapest trim meeting the TPOT target on every
     seed and the largest trim that missed it, with both targets' marks."""
-    oracle = {job[0]: usd for job, _, usd in results if job[2] is None}
+    oracle = {job[:2]: usd for job, _, usd in results if job[2] is None}
     lines = ["| reality | trim | worst TPOT / x oracle | targets met |", "|---|---|---|---|"]
     for reality in realities:
-        runs: dict[float, list[tuple[float, float]]] = {}
-        for (r, _, trim), att, usd in results:
+        runs: dict[float, list[tuple[float, float, float]]] = {}
+        for (r, seed, trim), att, usd in results:
             if r == reality and trim is not None:
-                runs.setdefault(trim, []).append((att, usd))
-        passing = [t for t, rows in runs.items() if min(a for a, _ in rows) >= TPOT_TARGET]
+                runs.setdefault(trim, []).append((att, usd, oracle[(r, seed)]))
+        passing = [t for t, rows in runs.items() if min(a for a, _, _ in rows) >= TPOT_TARGET]
         cheapest = min(passing, default=None)
         missing = [t for t in runs if cheapest is None or t < cheapest]
         for label, trim in (("largest missing", max(missing, default=None)),
@@ -120,8 +121,8 @@ def table(results: list[Result], realities: list[float]) -> str:
                 lines.append(f"| {reality:g} | {label}: none on the grid | | |")
                 continue
             rows = runs[trim]
-            text, met = bench_targets.cell([a for a, _ in rows], [u for _, u in rows],
-                                           oracle[reality])  # fmt: skip
+            text, met = bench_targets.cell([a for a, _, _ in rows], [u for _, u, _ in rows],
+                                           [o for _, _, o in rows])  # fmt: skip
             lines.append(f"| {reality:g} | {label}: {trim:.3f} | {text} | {met} of 2 |")
     return "\n".join(lines) + "\n"
 
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     realities, seeds = bench_targets.realities_and_seeds(args)
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        first: list[Job] = [(r, 0, None) for r in realities]
+        first: list[Job] = [(r, s, None) for r in realities for s in seeds]
         results = bench_simulate.map_reporting(pool, run_job, first, "bench_prior")
         results += search(realities, seeds, pool)
     print(table(results, realities))

@@ -7,7 +7,10 @@ and for variants of its tuning knobs: is there a setting that meets both?
 The targets (``bench_simulate.py``'s second table, the same target, trace and diurnal
 warp): at every reality factor, rooftop keeps >= 99 % of requests within the TPOT
 bound on every noise seed (worst seed), and costs <= 1.15x the hindsight ``oracle``
-(mean over seeds, against the seed-0 oracle, as in ``bench_simulate.py``).
+(mean over seeds). Here every variant and seed is priced against one yardstick, the
+seed-0 oracle: enough to rank the variants, at a fraction of the run time (an oracle
+search takes several rooftop replays). The goals themselves are judged in
+``bench_simulate.py``, each seed against its own oracle, whose cost moves with the noise.
 
 Each variant overrides ``ControllerConfig`` fields (``trim`` as ``TrimConfig`` fields)
 through ``simulate.run(..., controller=...)``; everything else is the operator's code.
@@ -106,10 +109,11 @@ def run_job(job: Job) -> tuple[Job, float, float]:
     return job, summary["slo_attainment_tpot"], summary["usd"]
 
 
-def cell(attainments: list[float], costs: list[float], oracle_usd: float) -> tuple[str, int]:
-    """'worst TPOT share mark / x oracle mark' and how many of the two targets are met."""
+def cell(attainments: list[float], costs: list[float], oracle_usd: list[float]) -> tuple[str, int]:
+    """'worst TPOT share mark / x oracle mark' and how many of the two targets are met;
+    the cost is the mean over runs of each run's cost over its ``oracle_usd``."""
     worst = min(attainments)
-    ratio = sum(costs) / len(costs) / oracle_usd
+    ratio = sum(c / o for c, o in zip(costs, oracle_usd, strict=True)) / len(costs)
     ok_tpot, ok_cost = worst >= TPOT_TARGET, ratio <= COST_TARGET
     # three decimals: 1.154 must not print as a failing "1.15"
     text = f"{worst:.3%} {'✓' if ok_tpot else '✗'} / {ratio:.3f} {'✓' if ok_cost else '✗'}"
@@ -126,7 +130,10 @@ def table(results: list[tuple[Job, float, float]], variants: list[str],
         cells, met = [], 0
         for reality in realities:
             runs = [(a, u) for job, a, u in results if job[:2] == (variant, reality)]
-            text, n = cell([a for a, _ in runs], [u for _, u in runs], oracle[reality])
+            # one yardstick for every variant and seed: the seed-0 oracle (see the
+            # module docstring)
+            text, n = cell([a for a, _ in runs], [u for _, u in runs],
+                           [oracle[reality]] * len(runs))  # fmt: skip
             cells.append(text)
             met += n
         lines.append(f"| {variant} | {' | '.join(cells)} | {met} of {2 * len(realities)} |")

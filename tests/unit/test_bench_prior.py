@@ -62,13 +62,15 @@ def test_search_gives_up_when_the_top_trim_misses(bench: ModuleType) -> None:
 
 def test_table_marks_the_cheapest_meeting_trim_and_its_neighbour(bench: ModuleType) -> None:
     results = [
-        ((1.0, 0, None), 0.992, 10.0),  # the oracle
+        ((1.0, 0, None), 0.992, 10.0),  # each seed's oracle
+        ((1.0, 1, None), 0.991, 8.0),
         ((1.0, 0, 0.8), 0.995, 11.0),
-        ((1.0, 1, 0.8), 0.989, 11.0),  # misses on its worst seed
+        ((1.0, 1, 0.8), 0.989, 8.4),  # misses on its worst seed
         ((1.0, 0, 0.9), 0.995, 12.0),
-        ((1.0, 1, 0.9), 0.991, 12.0),
+        ((1.0, 1, 0.9), 0.991, 9.2),
     ]
     rows = bench.table(results, [1.0]).splitlines()[2:]
-    assert "largest missing: 0.800" in rows[0] and "98.900% ✗ / 1.100 ✓" in rows[0]
-    assert "smallest meeting: 0.900" in rows[1] and "99.100% ✓ / 1.200 ✗" in rows[1]
+    # each seed against its own oracle: (11/10 + 8.4/8) / 2, (12/10 + 9.2/8) / 2
+    assert "largest missing: 0.800" in rows[0] and "98.900% ✗ / 1.075 ✓" in rows[0]
+    assert "smallest meeting: 0.900" in rows[1] and "99.100% ✓ / 1.175 ✗" in rows[1]
     assert "1 of 2" in rows[0] and "1 of 2" in rows[1]
