@@ -113,7 +113,7 @@ def cell(attainments: list[float], costs: list[float], oracle_usd: list[float]) 
     """'worst TPOT share mark / x oracle mark' and how many of the two targets are met;
     the cost is the mean over runs of each run's cost over its ``oracle_usd``."""
     worst = min(attainments)
-    ratio = sum(c / o for c, o in zip(costs, oracle_usd, strict=True)) / len(costs)
+    ratio = sum(bench_simulate.cost_ratios(costs, oracle_usd)) / len(costs)
     ok_tpot, ok_cost = worst >= TPOT_TARGET, ratio <= COST_TARGET
     # three decimals: 1.154 must not print as a failing "1.15"
     text = f"{worst:.3%} {'✓' if ok_tpot else '✗'} / {ratio:.3f} {'✓' if ok_cost else '✗'}"
