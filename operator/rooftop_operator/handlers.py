@@ -49,6 +49,7 @@ from rooftop_operator.kube import Kube, KubeError
 from rooftop_operator.settings import OperatorConfig, configure
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec, slo_text
 from rooftop_planner.catalog import Catalog, load_catalog
+from rooftop_planner.explain import replicas_of
 from rooftop_planner.inventory import GpuInventory, Placement, inventory_from_nodes
 from rooftop_planner.plan import Plan
 from rooftop_planner.result import SearchResult
@@ -137,9 +138,9 @@ def plan_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
 
 
 def describe_plan(plan: Mapping[str, Any]) -> str:
-    """``2x h100-sxm TP1, batch 64, fp8/auto, $6.98/h``."""
+    """``2 replicas of 1x h100-sxm (TP1), batch 64, fp8/auto, $6.98/h``."""
     return (
-        f"{plan.get('replicas')}x {plan.get('gpu')} TP{plan.get('tp')}, "
+        f"{replicas_of(plan.get('replicas'), plan.get('tp'), plan.get('gpu'))}, "
         f"batch {plan.get('maxNumSeqs')}, {plan.get('weightDtype')}/{plan.get('kvDtype')}, "
         f"${float(plan.get('usdPerHour') or 0):.2f}/h"
     )

@@ -18,13 +18,23 @@ SIXTEEN_BIT = ("bf16", "fp16", "auto")  # weights and KV caches that keep the mo
 
 
 def describe(plan: Plan, kv_dtypes: tuple[str, ...] = ()) -> str:
-    """``1x l4 TP1 bf16/KV auto, max-num-seqs 32``; ``kv_dtypes``: the KV dtypes of
-    same-cost variants folded into this line (``KV auto|fp8``)."""
+    """``3 replicas of 2x l4 (TP2), bf16/KV auto, max-num-seqs 32``; ``kv_dtypes``: the KV
+    dtypes of same-cost variants folded into this line (``KV auto|fp8``).
+
+    "Nx gpu" counts GPUs everywhere the planner speaks (one replica's, here), so a
+    tensor-parallel replica never reads as one GPU.
+    """
     kv = "|".join(kv_dtypes or (plan.kv_dtype,))
     return (
-        f"{plan.replicas}x {plan.gpu} TP{plan.tp} {plan.weight_dtype}/KV {kv}, "
+        f"{replicas_of(plan.replicas, plan.tp, plan.gpu)}, {plan.weight_dtype}/KV {kv}, "
         f"max-num-seqs {plan.max_num_seqs}"
     )
+
+
+def replicas_of(replicas: object, tp: object, gpu: object) -> str:
+    """``1 replica of 2x a100-40gb (TP2)``: the fleet's shape in words."""
+    noun = "replica" if replicas == 1 else "replicas"
+    return f"{replicas} {noun} of {tp}x {gpu} (TP{tp})"
 
 
 def changes_outputs(plan: Plan) -> str:

@@ -101,7 +101,9 @@ def test_operating_doc_describe_excerpt_shows_the_plan_rooftop_plan_chooses(tmp_
     assert chosen.startswith("Chosen: "), chosen
     messages = [line.split("Message:", 1)[1].strip() for line in quoted if "Message:" in line]
     assert messages[0] == chosen.removeprefix("Chosen: ")
-    shape = re.match(r"(\d+x \S+ TP\d+) (\w+)/KV (\w+), max-num-seqs (\d+)", messages[0])
+    shape = re.match(
+        r"(\d+ replicas? of \d+x \S+ \(TP\d+\)), (\w+)/KV (\w+), max-num-seqs (\d+)", messages[0]
+    )
     assert shape, messages[0]
     deployed, weights, kv, cap = shape.groups()
     assert messages[1].startswith(f"engine {deployed}, batch {cap}, {weights}/{kv}, ")

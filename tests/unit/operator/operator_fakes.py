@@ -48,7 +48,7 @@ def make_plan(**overrides: Any) -> Plan:
         "gpu": "h100-sxm", "tp": 1, "replicas": 2, "max_num_seqs": 64, "weight_dtype": "bf16",
         "kv_dtype": "auto", "max_model_len": 4096, "gpu_memory_utilization": 0.9,
         "tpot_ms": 30.0, "ttft_ms": 200.0, "output_tok_s": 1500.0, "usd_per_hour": 6.98,
-        "summary": "2x h100-sxm TP1",
+        "summary": "2 replicas of 1x h100-sxm (TP1)",
     }  # fmt: skip
     return Plan(**{**fields, **overrides})
 

@@ -125,7 +125,8 @@ def test_no_node_big_enough_says_what_nodes_would_work(catalog: Catalog) -> None
     assert result.beyond_inventory == best
     text = result.explain()
     assert "the cluster's GPU nodes offer l4 x1/node" in text
-    assert f"with nodes of {best.tp} l4 GPU(s) each, this would work: 1x l4 TP{best.tp}" in text
+    fleet = f"1 replica of {best.tp}x l4 (TP{best.tp})"
+    assert f"with nodes of {best.tp} l4 GPU(s) each, this would work: {fleet}" in text
     assert "not in cluster" in text
 
 
@@ -282,7 +283,7 @@ def test_plan_cli_reads_the_targets_tolerations(
     doc["spec"]["constraints"]["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
     target.write_text(json.dumps(doc))
     assert main(["plan", str(target), "--nodes", str(path)]) == 0
-    assert re.search(r"Chosen: \dx l4 TP[12] ", capsys.readouterr().out)
+    assert re.search(r"Chosen: \d+ replicas? of ([12])x l4 \(TP\1\), ", capsys.readouterr().out)
 
 
 def test_a_nodes_file_giving_a_key_twice_is_refused(tmp_path: Path) -> None:
