@@ -434,7 +434,8 @@ def _add_caps(
         replicas = max(c.min_replicas, math.ceil(rate / capacity) if rate > 0 else 1, 1)
         if replicas > c.max_replicas:
             reject(
-                "too many replicas", f"cap {cap}: needs {replicas} > maxReplicas {c.max_replicas}"
+                "too many replicas",
+                f"max-num-seqs {cap} needs {replicas} replicas > maxReplicas {c.max_replicas}",
             )
             continue
         out.append(_make_plan(ctx, shape, curve, cap, replicas, capacity, price))
