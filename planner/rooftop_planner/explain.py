@@ -90,6 +90,15 @@ def over_budget(plan: Plan, budget: float, kv_dtypes: tuple[str, ...] = ()) -> s
             f"${gap:.2f} over budget")  # fmt: skip
 
 
+def with_fp8_weights(plan: Plan) -> str:
+    """The fix for a target that only bf16 weights kept from a plan."""
+    return (
+        f"fp8 weights would work: {describe(plan)}, predicted TPOT {plan.tpot_ms:.1f} ms, "
+        f"${plan.usd_per_hour:.2f}/h; allow them with constraints.weightDtypes: [bf16, fp8] "
+        "(outputs differ from bf16)"
+    )
+
+
 def too_long(model: str, prompt: float, output: float, context: int) -> str:
     """The headline when the workload's p90 requests exceed the model's context."""
     where = f"{model}'s {context:,}-token context"

@@ -584,7 +584,25 @@ def plan_target(
     result = _search(replace(ctx, inventory=gpu_inventory), catalog)
     if gpu_inventory is not None and not result.feasible:
         _blame_the_cluster(result, _search(ctx, catalog), gpu_inventory)
+    if not result.feasible and spec.constraints.weight_dtypes is None:
+        _suggest_fp8(result, replace(ctx, inventory=gpu_inventory), catalog)
     return result
+
+
+def _suggest_fp8(result: SearchResult, ctx: _Context, catalog: Catalog) -> None:
+    """An infeasible target that left weightDtypes at its default (bf16 only): when fp8
+    weights would meet the SLO within the budget, say so as one more reason. fp8 halves
+    the weight bytes every decode step reads and changes outputs the least of the
+    quantized formats, so it is the first thing to try; the user decides, since outputs
+    differ from bf16. It follows the headline, where ``rooftop plan``'s short form (its
+    first three reasons) shows it."""
+    constraints = ctx.spec.constraints.model_copy(
+        update={"weight_dtypes": [WeightDtype.BF16, WeightDtype.FP8]}
+    )
+    widened = ctx.spec.model_copy(update={"constraints": constraints})
+    plan = _search(replace(ctx, spec=widened), catalog).plan
+    if plan is not None:
+        result.reasons.insert(1, explain.with_fp8_weights(plan))
 
 
 def _too_long(ctx: _Context) -> str:

@@ -105,6 +105,37 @@ def test_impossible_slo_says_the_best_reachable_latency() -> None:
     assert any(line.startswith("closest:") for line in result.reasons)
 
 
+def l40s_70b(budget: float, **constraints: Any) -> ServingTargetSpec:
+    """70B on L40S at a trickle: bf16 needs TP4 ($5.48/h), fp8 weights fit TP2 ($2.74/h)."""
+    return spec(
+        model="llama-3.1-70b",
+        slo={"tpotMs": 100},
+        workload={"requestsPerSecond": 0.3},
+        budget={"usdPerHour": budget},
+        constraints={"gpuTypes": ["l40s"], **constraints},
+    )
+
+
+def test_a_target_only_bf16_keeps_from_a_plan_is_told_fp8_would_work() -> None:
+    result = plan_target(l40s_70b(4))
+    assert not result.feasible
+    assert result.reasons[0].startswith("no plan meets the SLO within $4/h")
+    hint = result.reasons[1]
+    assert hint.startswith("fp8 weights would work: 1 replica of 2x l40s (TP2), fp8/KV")
+    assert "constraints.weightDtypes: [bf16, fp8]" in hint and "outputs differ" in hint
+    allowed = plan_target(l40s_70b(4, weightDtypes=["bf16", "fp8"]))
+    assert allowed.plan is not None and f"${allowed.plan.usd_per_hour:.2f}/h" in hint
+
+
+def test_no_fp8_hint_where_fp8_would_not_work_or_the_user_chose_the_dtypes() -> None:
+    too_poor = plan_target(l40s_70b(1))  # fp8 TP2 costs $2.74/h too
+    assert not too_poor.feasible
+    assert not any("fp8 weights would work" in r for r in too_poor.reasons)
+    pinned = plan_target(l40s_70b(4, weightDtypes=["bf16"]))
+    assert not pinned.feasible
+    assert not any("fp8 weights would work" in r for r in pinned.reasons)
+
+
 def test_invalid_tp_is_rejected_with_a_reason() -> None:
     """Qwen2.5-7B has 28 heads: TP 8 does not divide them."""
     result = plan_target(spec(model="qwen2.5-7b"))
