@@ -581,11 +581,12 @@ def plan_target(
     if too_long := _too_long(ctx):
         return SearchResult(False, None, reasons=[too_long], slo_tpot_ms=spec.slo.tpot_ms,
                             budget_usd_per_hour=spec.budget.usd_per_hour)  # fmt: skip
-    result = _search(replace(ctx, inventory=gpu_inventory), catalog)
+    on_cluster = replace(ctx, inventory=gpu_inventory)
+    result = _search(on_cluster, catalog)
     if gpu_inventory is not None and not result.feasible:
         _blame_the_cluster(result, _search(ctx, catalog), gpu_inventory)
     if not result.feasible and spec.constraints.weight_dtypes is None:
-        _suggest_fp8(result, replace(ctx, inventory=gpu_inventory), catalog)
+        _suggest_fp8(result, on_cluster, catalog)
     return result
 
 
