@@ -60,6 +60,15 @@ def guarded_options() -> list[str]:
     return sorted({*options, *(u for u in underscored if u.startswith("--"))})
 
 
+def secret_options() -> list[str]:
+    """The option strings of the flags that carry a secret (``vllm_args.SECRET_FLAGS``),
+    with their all-underscore spellings, for CEL."""
+    table = vllm_args.load_table()
+    options = sorted({o for o, f in table.by_option.items() if f.dest in vllm_args.SECRET_FLAGS})
+    underscored = [o.replace("-", "_").replace("__", "--", 1) for o in options]
+    return sorted({*options, *underscored})
+
+
 def _no_flag_of(flags: Sequence[str]) -> str:
     """CEL: no extraArgs entry is one of ``flags``, alone or as ``--flag=value``."""
     listed = ", ".join(f"'{f}'" for f in flags)
@@ -100,6 +109,15 @@ CEL_RULES: Final[Mapping[str, list[Schema]]] = {
             "fieldPath": ".nodeSelector",
         },
     ],
+    "EnvVar": [
+        {
+            "rule": "!(self.name in [" + ", ".join(f"'{n}'" for n in vllm_args.SECRET_ENV) + "])",
+            "message": "env must not carry a secret in plain text: name a Secret in "
+            "spec.engine.hfTokenSecretRef (HF_TOKEN, HUGGING_FACE_HUB_TOKEN) or "
+            "spec.engine.apiKeySecretRef (VLLM_API_KEY)",
+            "fieldPath": ".name",
+        },
+    ],
     "Toleration": [
         {
             "rule": "!has(self.tolerationSeconds) || "
@@ -120,6 +138,13 @@ CEL_RULES: Final[Mapping[str, list[Schema]]] = {
             "message": "extraArgs must not set what Rooftop sets (the plan's engine shape, "
             "the model, the port, a --config file): "
             + ", ".join(o for o in guarded_options() if "_" not in o),
+            "fieldPath": ".extraArgs",
+        },
+        {
+            "rule": _no_flag_of(secret_options()),
+            "message": "extraArgs must not carry a secret (stored in plain text): put it in "
+            "a Secret and name it in spec.engine.apiKeySecretRef (--api-key) or "
+            "spec.engine.hfTokenSecretRef (--hf-token)",
             "fieldPath": ".extraArgs",
         },
         {

@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
-from rooftop_api.vllm_args import check_extra_args
+from rooftop_api.vllm_args import check_env_name, check_extra_args
 
 API_VERSION = "rooftop.dev/v1alpha1"
 KIND = "ServingTarget"
@@ -299,6 +299,12 @@ class EnvVar(_Model):
     )
     value: str = Field(default="", max_length=ENV_VALUE_LENGTH)
 
+    @field_validator("name")
+    @classmethod
+    def _not_a_secret(cls, value: str) -> str:
+        check_env_name(value)  # HF_TOKEN, VLLM_API_KEY: Secret references instead
+        return value
+
 
 class ModelVolume(_Model):
     """Model files on a PersistentVolumeClaim (a private model, or a mirror of a public one).
@@ -375,6 +381,11 @@ class Engine(_Model):
     env: list[EnvVar] | None = Field(default=None, max_length=ENV_ITEMS)
     hf_token_secret_ref: SecretKeyRef | None = Field(
         default=None, description="Secret holding the Hugging Face token (HF_TOKEN)."
+    )
+    api_key_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret holding the key clients must send (VLLM_API_KEY: vLLM then "
+        "refuses /v1 requests without `Authorization: Bearer <key>`).",
     )
     image_pull_secrets: list[LocalSecretRef] | None = Field(
         default=None,

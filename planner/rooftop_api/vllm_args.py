@@ -56,6 +56,12 @@ PLANNED: Final[Mapping[str, str]] = {
     "quantization": "choose with spec.constraints.weightDtypes",
     "dtype": "choose with spec.constraints.weightDtypes",
     "kv_cache_dtype": "choose with spec.constraints.kvDtypes",
+    # The plan times prompts in chunks of --max-num-batched-tokens; with chunked prefill
+    # off, vLLM refuses a context longer than that budget and the pod crash-loops.
+    "enable_chunked_prefill": "the plan prefills prompts in chunks of its token budget, "
+    "which needs chunked prefill",
+    "shutdown_timeout": "Rooftop plans it from the workload's request duration, so a "
+    "scale-down or rollout lets in-flight requests finish",
 }
 # Dests the pod needs left alone: the operator sets them, or they would break the pod.
 RESERVED: Final[Mapping[str, str]] = {
@@ -64,6 +70,23 @@ RESERVED: Final[Mapping[str, str]] = {
     "uds": "the Service and the probes reach the engine on its TCP port",
     "config": "a config file can set any flag, the plan's included; list the flags here",
     "help": "vLLM would print its help and exit",
+    "disable_log_stats": "the feedback loop and the dashboards read the engine's metrics, "
+    "which this flag turns off",
+    "headless": "a headless engine runs no API server: the probes would never pass",
+}
+# Dests that carry a secret: written here it would be stored in plain text in the
+# resource (readable by anyone who may read ServingTargets) and in the pod's command line.
+SECRET_FLAGS: Final[Mapping[str, str]] = {
+    "api_key": "put the key in a Secret and name it in spec.engine.apiKeySecretRef "
+    "(the engine reads it as VLLM_API_KEY)",
+    "hf_token": "put the token in a Secret and name it in spec.engine.hfTokenSecretRef "
+    "(the engine reads it as HF_TOKEN)",
+}
+# Environment variables that carry a secret, with the Secret reference to use instead.
+SECRET_ENV: Final[Mapping[str, str]] = {
+    "HF_TOKEN": "spec.engine.hfTokenSecretRef",
+    "HUGGING_FACE_HUB_TOKEN": "spec.engine.hfTokenSecretRef",
+    "VLLM_API_KEY": "spec.engine.apiKeySecretRef",
 }
 # Flags vLLM dropped, with what replaced them (the suggestion a typo would not get).
 REMOVED: Final[Mapping[str, str]] = {
@@ -85,6 +108,17 @@ _NUMBERS: Final[Mapping[str, str]] = {
     "human_int": "an integer (suffixes k, M, G: 8k, 2M)",
     "human_int_or_auto": "an integer (8k, 2M), -1 or auto",
 }
+
+
+def check_env_name(name: str) -> None:
+    """Raise ValueError for an engine variable that carries a secret (``SECRET_ENV``):
+    a plain value is stored in the resource in clear text; the Secret reference named
+    in the message keeps it in a Secret."""
+    if name in SECRET_ENV:
+        raise ValueError(
+            f"env: {name} carries a secret, which would be stored in plain text in the "
+            f"ServingTarget; put it in a Secret and name that in {SECRET_ENV[name]}"
+        )
 
 
 class ExtraArgError(ValueError):
@@ -388,7 +422,8 @@ def resolve(
 
 def check_extra_args(args: Sequence[str], table: FlagTable | None = None) -> None:
     """Raise ExtraArgError naming the first extra argument vLLM would refuse or that
-    sets what Rooftop sets (``PLANNED``, ``RESERVED``), with what to do instead.
+    sets what Rooftop sets (``PLANNED``, ``RESERVED``) or carries a secret
+    (``SECRET_FLAGS``), with what to do instead.
     A flag Rooftop owns is named as such even where its value is wrong too."""
     for setting in resolve(args, table, values=False):
         spelled = "" if setting.arg == setting.option else f" ({setting.option})"
@@ -399,4 +434,9 @@ def check_extra_args(args: Sequence[str], table: FlagTable | None = None) -> Non
             )
         if setting.dest in RESERVED:
             raise ExtraArgError(f"{what}; remove it ({RESERVED[setting.dest]})")
+        if setting.dest in SECRET_FLAGS:
+            raise ExtraArgError(
+                f"{what}, a secret that would be stored in plain text; remove it and "
+                f"{SECRET_FLAGS[setting.dest]}"
+            )
     resolve(args, table)  # now the values

@@ -57,6 +57,17 @@ from rooftop_api.spec import Engine
         (["--block-size", "sixteen"], r"--block-size takes an integer, not 'sixteen'"),
         # a flag the plan owns is named as such, whatever its value
         (["--max-num-seqs", "many"], r"sets max_num_seqs.*the feedback loop"),
+        # flags that would blind the loop, kill the API server or crash long contexts
+        (["--disable-log-stats"], r"sets disable_log_stats.*read the engine's metrics"),
+        (["--headless"], r"sets headless.*runs no API server"),
+        (
+            ["--no-enable-chunked-prefill"],
+            r"sets enable_chunked_prefill.*Rooftop sets from the plan.*needs chunked",
+        ),
+        (["--shutdown-timeout", "0"], r"sets shutdown_timeout.*in-flight requests finish"),
+        # secrets belong in Secrets, not in the resource
+        (["--api-key", "sk-1"], r"sets api_key, a secret.*spec\.engine\.apiKeySecretRef"),
+        (["--hf_token=hf_x"], r"sets hf_token.*spec\.engine\.hfTokenSecretRef"),
     ],
 )
 def test_extra_args_that_fight_the_plan_or_crash_the_engine_are_refused(
@@ -78,10 +89,24 @@ def test_extra_args_that_fight_the_plan_or_crash_the_engine_are_refused(
         ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'],
         ["--model-loader-extra-config", "{}"],  # starts like --model, is another flag
         ["--quantization-config", "{}"],  # starts like --quantization
-        ["--enable-log-requests", "--enable_chunked_prefill"],
+        ["--enable-log-requests", "--enable_prefix_caching"],
         ["--enable-prefix-cach"],  # a unique prefix of --enable-prefix-caching
         ["--max-lora-rank", "64", "--moe-backend", "Flashinfer-Cutlass"],
     ],
 )
 def test_other_flags_pass_through(args: list[str]) -> None:
     assert Engine.model_validate({"extraArgs": args}).extra_args == args
+
+
+@pytest.mark.parametrize(
+    ("name", "field"),
+    [("HF_TOKEN", "hfTokenSecretRef"), ("HUGGING_FACE_HUB_TOKEN", "hfTokenSecretRef"),
+     ("VLLM_API_KEY", "apiKeySecretRef")],
+)  # fmt: skip
+def test_secret_environment_variables_point_at_their_secret_reference(
+    name: str, field: str
+) -> None:
+    """A token in spec.engine.env is stored in plain text in the resource; the message
+    names the field that keeps it in a Secret instead."""
+    with pytest.raises(ValidationError, match=rf"{name} carries a secret.*spec\.engine\.{field}"):
+        Engine.model_validate({"env": [{"name": name, "value": "x"}]})

@@ -141,10 +141,9 @@ def test_the_users_env_wins_and_each_name_appears_once(catalog: Catalog) -> None
 def test_a_name_given_twice_is_applied_once(catalog: Catalog, mode: str) -> None:
     """The API server refuses a server-side apply whose env names a variable twice
     ("duplicate entries for key [name=...]"), so the target would never deploy: a
-    user's HF_TOKEN beside hfTokenSecretRef keeps the Secret's, a repeated name its
-    last value."""
-    user = [{"name": "HF_TOKEN", "value": "plain"}, {"name": "A", "value": "1"},
-            {"name": "A", "value": "2"}]  # fmt: skip
+    repeated name keeps its last value (a plain HF_TOKEN beside hfTokenSecretRef is
+    refused by the API: test_spec_engine.py)."""
+    user = [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]
     engine = {"env": user, "hfTokenSecretRef": {"name": "hf"}}
     env = pod(catalog, RESTRICTED, {**SPEC, "mode": mode, "engine": engine}, gpu="l4")
     entries = env["containers"][0]["env"]
