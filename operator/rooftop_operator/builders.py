@@ -29,6 +29,7 @@ from rooftop_operator import engine_security
 from rooftop_operator.engine_security import PodSecurity
 from rooftop_operator.specs import TargetRef
 from rooftop_planner.inventory import gpu_toleration
+from rooftop_planner.lifecycle import Lifecycle
 from rooftop_planner.perf import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from rooftop_planner.plan import Plan
 from rooftop_planner.weights import ONLINE_FP8, VLLM_DTYPE, Weights, vllm_kv_cache_dtype
@@ -53,7 +54,7 @@ ENGINE_FLAGS: Final = frozenset(
     {
         "--served-model-name", "--tensor-parallel-size", "--max-num-seqs", "--max-model-len",
         "--gpu-memory-utilization", "--max-num-batched-tokens", "--dtype", "--quantization",
-        "--kv-cache-dtype", "--port",
+        "--kv-cache-dtype", "--port", "--enable-chunked-prefill", "--shutdown-timeout",
     }
 )  # fmt: skip
 # Per GPU in the pod: CPU and host memory for tokenization, weight loading and the
@@ -82,6 +83,7 @@ class EngineInputs:
             a kube-prometheus-stack Prometheus selects PodMonitors by.
         weights: the checkpoint the plan's weight dtype loads (``weights.resolve_weights``);
             None derives it from ``served_model`` where that is possible (16-bit, fp8).
+        lifecycle: how a pod starts and drains (``rooftop_planner.lifecycle``).
     """
 
     ref: TargetRef
@@ -90,6 +92,7 @@ class EngineInputs:
     served_model: str
     node_label: tuple[str, str]
     image: str
+    lifecycle: Lifecycle
     gpu_resource: str = "nvidia.com/gpu"
     pod_monitor: bool = False
     pod_security: PodSecurity = PodSecurity.BASELINE
@@ -206,11 +209,17 @@ def vllm_args(inp: EngineInputs) -> list[str]:
     # depends on the GPU (2,048 on A100s and on cards under 70 GiB, 16,384 from 160 GiB),
     # so the engine is told the planner's.
     args += ["--max-num-batched-tokens", str(DEFAULT_MAX_NUM_BATCHED_TOKENS)]
+    # Said, not assumed: without chunked prefill vLLM refuses any context above that
+    # budget (its scheduler config check), and the plan's prefill timing assumes chunks.
+    args += ["--enable-chunked-prefill"]
     if plan.weight_dtype in VLLM_DTYPE:
         args += ["--dtype", VLLM_DTYPE[plan.weight_dtype]]
     if weights.quantization:
         args += ["--quantization", weights.quantization]
     args += ["--kv-cache-dtype", kv_cache_dtype, "--port", str(ENGINE_PORT)]
+    # On SIGTERM vLLM stops taking requests and finishes those it holds for this long;
+    # its default, 0, aborts every in-flight stream on each scale-down and rollout.
+    args += ["--shutdown-timeout", str(inp.lifecycle.shutdown_timeout_s)]
     return args + list(spec.engine.extra_args or [])
 
 
@@ -230,6 +239,7 @@ def sim_command(inp: EngineInputs) -> list[str]:
         "--weight-dtype", plan.weight_dtype,
         "--kv-dtype", plan.kv_dtype,
         "--gpu-memory-utilization", f"{plan.gpu_memory_utilization:g}",
+        "--shutdown-timeout", str(inp.lifecycle.shutdown_timeout_s),
     ]  # fmt: skip
     if plan.max_model_len:
         command += ["--max-model-len", str(plan.max_model_len)]
@@ -245,32 +255,44 @@ def _probe(period_s: int, failures: int) -> dict[str, Any]:
     }
 
 
-def _probes() -> dict[str, Any]:
-    """Startup allows 30 minutes: a 70B checkpoint downloads and loads for a long time,
-    and liveness must not kill it meanwhile. Readiness gates Service traffic."""
+STARTUP_PROBE_PERIOD_S: Final = 10
+
+
+def _probes(lifecycle: Lifecycle) -> dict[str, Any]:
+    """The startup probe allows as long as the Deployment's progress deadline: a large
+    checkpoint downloads and loads for a long time, and liveness must not kill it
+    meanwhile. Readiness gates Service traffic."""
+    failures = math.ceil(lifecycle.progress_deadline_s / STARTUP_PROBE_PERIOD_S)
     return {
-        "startupProbe": _probe(10, 180),
+        "startupProbe": _probe(STARTUP_PROBE_PERIOD_S, failures),
         "readinessProbe": _probe(5, 3),
         "livenessProbe": _probe(10, 6),
     }
 
 
 def _resources(inp: EngineInputs) -> dict[str, Any]:
-    """GPUs as requests = limits (extended resources must be equal), in both modes:
-    simulated targets still schedule onto (fake) GPU nodes, which is the point."""
+    """GPUs as requests = limits (extended resources must be equal). The node's disk is
+    requested for what the pod writes: the checkpoint when each pod downloads it, plus
+    scratch, so the scheduler does not place a 140 GB download on a node without room
+    and the kubelet does not evict it half-way. A simulated engine asks for CPU and
+    memory only: it runs on any node (the README's try-it path on a cluster without
+    GPUs)."""
+    storage = str(inp.lifecycle.ephemeral_bytes)
+    if inp.spec.mode is Mode.SIMULATED:
+        sim = {"cpu": "100m", "memory": "256Mi", "ephemeral-storage": storage}
+        return {"requests": sim, "limits": {"memory": "512Mi"}}
     tp = inp.plan.tp
     requests: dict[str, Any] = {inp.gpu_resource: str(tp)}
-    if inp.spec.mode is Mode.SIMULATED:
-        requests |= {"cpu": "100m", "memory": "256Mi"}
-    else:
-        requests |= {"cpu": str(CPU_PER_GPU * tp), "memory": f"{MEMORY_GI_PER_GPU * tp}Gi"}
+    requests |= {"cpu": str(CPU_PER_GPU * tp), "memory": f"{MEMORY_GI_PER_GPU * tp}Gi"}
+    requests |= {"ephemeral-storage": storage}
     return {"requests": requests, "limits": {inp.gpu_resource: str(tp)}}
 
 
 def _env(inp: EngineInputs) -> list[dict[str, Any]]:
     """The operator's engine variables (``engine_security.vllm_env``), then the
-    target's ``spec.engine.env``, then HF_TOKEN from its Secret. A later entry of the
-    same name replaces an earlier one: what the user wrote wins over our defaults, and
+    target's ``spec.engine.env``, then HF_TOKEN and VLLM_API_KEY from their Secrets. A
+    later entry of the same name replaces an earlier one: what the user wrote wins over
+    our defaults, and
     the list holds each name once, as server-side apply requires (env is a map keyed
     by name there; a duplicate fails the whole apply)."""
     spec = inp.spec
@@ -278,10 +300,12 @@ def _env(inp: EngineInputs) -> list[dict[str, Any]]:
     if spec.mode is not Mode.SIMULATED:
         env += engine_security.vllm_env(inp.pod_security)
     env += [{"name": e.name, "value": e.value} for e in spec.engine.env or []]
-    ref = spec.engine.hf_token_secret_ref
-    if ref is not None:
-        secret = {"secretKeyRef": {"name": ref.name, "key": ref.key}}
-        env.append({"name": "HF_TOKEN", "valueFrom": secret})
+    secrets = (("HF_TOKEN", spec.engine.hf_token_secret_ref),
+               ("VLLM_API_KEY", spec.engine.api_key_secret_ref))  # fmt: skip
+    for name, ref in secrets:
+        if ref is not None:
+            secret = {"secretKeyRef": {"name": ref.name, "key": ref.key}}
+            env.append({"name": name, "valueFrom": secret})
     return list({e["name"]: e for e in env}.values())
 
 
@@ -329,14 +353,17 @@ def _container(inp: EngineInputs, mounts: list[dict[str, Any]]) -> dict[str, Any
         "resources": _resources(inp),
         "volumeMounts": mounts,
         "securityContext": engine_security.container_security_context(inp.pod_security),
-        **_probes(),
+        "lifecycle": {"preStop": {"sleep": {"seconds": inp.lifecycle.prestop_s}}},
+        **_probes(inp.lifecycle),
     }
 
 
 def _tolerations(inp: EngineInputs) -> list[dict[str, Any]]:
     """The GPU taint's toleration (shared with the inventory, which must count the
-    nodes these pods may land on), plus whatever the target asks for."""
-    own: list[dict[str, Any]] = [gpu_toleration(inp.gpu_resource)]
+    nodes these pods may land on), plus whatever the target asks for. A simulated
+    engine needs no GPU node, so it tolerates only what the target asks for."""
+    simulated = inp.spec.mode is Mode.SIMULATED
+    own: list[dict[str, Any]] = [] if simulated else [gpu_toleration(inp.gpu_resource)]
     extra = [
         t.model_dump(by_alias=True, exclude_none=True)
         for t in inp.spec.constraints.tolerations or []
@@ -346,9 +373,13 @@ def _tolerations(inp: EngineInputs) -> list[dict[str, Any]]:
 
 def _node_selector(inp: EngineInputs) -> dict[str, str]:
     """The planned GPU's label wins over a user selector on the same key: the plan's
-    memory and speed math only holds on that GPU."""
+    memory and speed math only holds on that GPU. A simulated engine runs on any node
+    the target's own selector allows."""
+    own = dict(inp.spec.constraints.node_selector or {})
+    if inp.spec.mode is Mode.SIMULATED:
+        return own
     key, value = inp.node_label
-    return {**(inp.spec.constraints.node_selector or {}), key: value}
+    return {**own, key: value}
 
 
 def _pod_annotations(inp: EngineInputs) -> dict[str, str]:
@@ -375,7 +406,15 @@ def pod_template(inp: EngineInputs) -> dict[str, Any]:
         "securityContext": engine_security.pod_security_context(
             inp.pod_security, vllm=inp.spec.mode is not Mode.SIMULATED
         ),
-        "terminationGracePeriodSeconds": 60,
+        # preStop sleep, then the engine's drain, then its exit: a shorter grace period
+        # would SIGKILL requests the drain was finishing.
+        "terminationGracePeriodSeconds": inp.lifecycle.grace_s,
+        # Kubernetes injects <SERVICE>_PORT=tcp://... for every Service in the namespace;
+        # vLLM reads VLLM_PORT as an integer and refuses to start when a Service named
+        # `vllm` exists (the target's own Service, for a target named vllm).
+        "enableServiceLinks": False,
+        # The engine never calls the API server; a mounted token is only a liability.
+        "automountServiceAccountToken": False,
     }
     pull_secrets = inp.spec.engine.image_pull_secrets
     if pull_secrets:  # an air-gapped cluster's mirror of the engine image
@@ -414,6 +453,9 @@ def build_deployment(inp: EngineInputs) -> dict[str, Any]:
         "metadata": _metadata(inp.ref, deployment_name(inp.ref.name)),
         "spec": {
             "replicas": replicas,
+            # A checkpoint that downloads and loads for 20 minutes is progress, not a
+            # failed rollout (Kubernetes' default deadline is 10 minutes).
+            "progressDeadlineSeconds": inp.lifecycle.progress_deadline_s,
             "strategy": rollout_strategy(replicas, ceiling),
             "revisionHistoryLimit": 3,
             "selector": {"matchLabels": selector_labels(inp.ref.name)},

@@ -14,6 +14,7 @@ from rooftop_operator import builders
 from rooftop_operator.settings import OperatorConfig
 from rooftop_operator.specs import TargetRef
 from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog
+from rooftop_planner.lifecycle import Lifecycle, lifecycle
 from rooftop_planner.plan import Plan
 from rooftop_planner.search import resolve_model
 from rooftop_planner.weights import Weights, resolve_weights
@@ -55,6 +56,17 @@ def plan_weights(catalog: Catalog, spec: ServingTargetSpec, plan: Plan) -> Weigh
     return weights
 
 
+def pod_lifecycle(catalog: Catalog, spec: ServingTargetSpec, plan: Plan) -> Lifecycle:
+    """How one engine pod of ``plan`` starts and drains (``rooftop_planner.lifecycle``).
+
+    Raises:
+        builders.UnsupportedPlan: no checkpoint serves the plan's weight dtype.
+        ValueError, KeyError: the spec names a model the catalog cannot resolve.
+    """
+    weights = plan_weights(catalog, spec, plan)
+    return lifecycle(spec, plan, resolve_model(spec, catalog), weights)
+
+
 def engine_image(config: OperatorConfig, spec: ServingTargetSpec, family: str) -> str:
     """The image for this accelerator family (the spec's own wins).
 
@@ -81,6 +93,7 @@ def engine_inputs(
 ) -> builders.EngineInputs:
     """Everything the builders need for one target and plan."""
     gpu = catalog.gpu(plan.gpu)
+    weights = plan_weights(catalog, spec, plan)
     return builders.EngineInputs(
         ref=ref,
         spec=spec,
@@ -92,7 +105,8 @@ def engine_inputs(
         pod_monitor=pod_monitor,
         pod_security=config.engine_pod_security,
         pod_monitor_labels=config.pod_monitor_labels,
-        weights=plan_weights(catalog, spec, plan),
+        weights=weights,
+        lifecycle=lifecycle(spec, plan, resolve_model(spec, catalog), weights),
     )
 
 

@@ -43,7 +43,7 @@ import kopf
 from rooftop_api import conditions as cnd
 from rooftop_api import crd
 from rooftop_api.conditions import Condition
-from rooftop_api.spec import KIND, ServingTargetSpec
+from rooftop_api.spec import KIND, Mode, ServingTargetSpec
 from rooftop_operator import builders, children, metrics
 from rooftop_operator.kube import Kube, KubeError
 from rooftop_operator.settings import OperatorConfig, configure
@@ -51,6 +51,7 @@ from rooftop_operator.specs import SpecError, TargetRef, parse_spec, slo_text
 from rooftop_planner.catalog import Catalog, load_catalog
 from rooftop_planner.explain import replicas_of
 from rooftop_planner.inventory import GpuInventory, Placement, inventory_from_nodes
+from rooftop_planner.lifecycle import DOWNLOAD_BYTES_PER_S
 from rooftop_planner.plan import Plan
 from rooftop_planner.result import SearchResult
 from rooftop_planner.search import plan_target
@@ -206,7 +207,9 @@ def reconcile(
     except SpecError as err:
         _invalid(rt, body, ref, err)
         return "skipped"
-    inventory = {"gpu_inventory": gpu_inventory(rt, spec)} if rt.config.gpu_inventory else {}
+    # A simulated engine runs on any node, so the GPUs the nodes offer do not bound it.
+    on_gpus = rt.config.gpu_inventory and spec.mode is not Mode.SIMULATED
+    inventory = {"gpu_inventory": gpu_inventory(rt, spec)} if on_gpus else {}
     try:
         result = rt.plan(
             spec,
@@ -296,13 +299,43 @@ def _deploy(
             _not_deployed(rt, body, ref, spec, new_plan, "ApplyRejected", message)
         raise  # reconcile_target retries, backing off
     deployed = Condition(cnd.DEPLOYED, "True", "Applied", f"engine {describe_plan(new_plan)}")
-    conds = [*_plan_conditions(spec, new_plan), deployed]
+    cache = model_cache_condition(rt.catalog, spec, plan)
+    conds = [*_plan_conditions(spec, new_plan), deployed, *([cache] if cache else [])]
     _write(rt, ref, conds, seen=body, plan=new_plan, gpu=new_plan["gpu"], slo=slo_text(spec))
     if plan_changed(old_plan, new_plan):
         verb = "PlanChanged" if old_plan else "Planned"
         rt.emit(body, "Normal", verb, f"{describe_plan(new_plan)} ({cause})")
         if old_plan:
             rt.metrics.record_decision(ref.namespace, ref.name, "replan", cause)
+    if cache is not None and cache.status == "False" and not old_plan:
+        rt.emit(body, "Warning", cache.reason, cache.message)
+
+
+def model_cache_condition(
+    catalog: Catalog, spec: ServingTargetSpec, plan: Plan
+) -> Condition | None:
+    """ModelCached: whether a new engine pod finds the weights on a volume or downloads
+    them (None for a simulated engine, which loads none).
+
+    Why a condition: with the default emptyDir every new pod (each scale-up, rollout,
+    rescheduled pod) downloads the whole checkpoint again, which is slow, costs egress
+    and makes the loop's start-up long; nothing else would tell the user.
+    """
+    if spec.mode is Mode.SIMULATED:
+        return None
+    life = children.pod_lifecycle(catalog, spec, plan)
+    if not life.downloads:
+        where = "a model volume" if spec.engine.model_volume else "a PersistentVolumeClaim"
+        return Condition(cnd.MODEL_CACHED, "True", "Persistent",
+                         f"engine pods load the weights from {where}")  # fmt: skip
+    gb, fetch_s = life.checkpoint_bytes / 1e9, life.checkpoint_bytes / DOWNLOAD_BYTES_PER_S
+    return Condition(
+        cnd.MODEL_CACHED, "False", "EveryPodDownloads",
+        f"every new engine pod downloads the {gb:.0f} GB checkpoint into its own emptyDir "
+        f"(about {fetch_s:.0f} s at {DOWNLOAD_BYTES_PER_S / 1e6:.0f} MB/s); name a "
+        "ReadWriteMany PersistentVolumeClaim in spec.engine.modelCache.pvcName, or serve "
+        "prepared files from spec.engine.modelVolume",
+    )  # fmt: skip
 
 
 def _not_deployed(

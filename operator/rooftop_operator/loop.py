@@ -43,12 +43,13 @@ from rooftop_api import conditions as cnd
 from rooftop_api.spec import ServingTargetSpec
 from rooftop_control import control
 from rooftop_control.calibration import CalibrationConfig, TrimConfig, clamp
-from rooftop_operator import handlers, metrics_client
+from rooftop_operator import children, handlers, metrics_client
 from rooftop_operator.builders import deployment_name
 from rooftop_operator.kube import KubeError
 from rooftop_operator.metrics_client import MetricsClient
 from rooftop_operator.settings import LoopSettings, OperatorConfig
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec
+from rooftop_planner.catalog import Catalog
 from rooftop_planner.plan import Plan, PlanStatusError
 
 log = logging.getLogger(__name__)
@@ -235,13 +236,18 @@ class _Target:
     key: tuple[int, str, int, int, str, str]
     planner: control.PlanTargetPlanner
     state: control.ControllerState
+    startup_s: float  # this target's pod start-up (rooftop_planner.lifecycle)
 
 
 def _memory(
     memo: Any, ref: TargetRef, spec: ServingTargetSpec, plan: Plan, status: Mapping[str, Any],
-    replicas: int,
+    replicas: int, catalog: Catalog,
 ) -> _Target:  # fmt: skip
-    """The target's controller memory; rebuilt when the spec or the plan's shape changed."""
+    """The target's controller memory; rebuilt when the spec or the plan's shape changed.
+
+    Raises:
+        ValueError: the spec no longer plans (an unknown model, a checkpoint gone).
+    """
     targets: dict[str, _Target] = memo.__dict__.setdefault(handlers.LOOP_MEMORY, {})
     key = (ref.generation, plan.gpu, plan.tp, plan.max_num_seqs, plan.weight_dtype, plan.kv_dtype)
     mem = targets.get(ref.uid)
@@ -256,7 +262,8 @@ def _memory(
         samples = resumed_samples(observed.get("calibrationSamples"))
         state = replace(state, trim=resumed(observed.get("latencyTrim"), TrimConfig()),
                         calibration=replace(state.calibration, samples=samples))  # fmt: skip
-        mem = _Target(key, control.PlanTargetPlanner(spec, plan), state)
+        startup = children.pod_lifecycle(catalog, spec, plan).startup_s
+        mem = _Target(key, control.PlanTargetPlanner(spec, plan), state, startup)
         targets[ref.uid] = mem
     return mem
 
@@ -571,16 +578,24 @@ async def feedback(
         return  # the next tick reads again: no back-off, no traceback
     desired, ready, pending = pod_counts(dep)
     try:
-        mem = _memory(memo, ref, spec, plan, status, desired)
-    except ValueError as err:  # CatalogError: an edit the planner rejects
+        mem = _memory(memo, ref, spec, plan, status, desired, rt.catalog)
+    except (KeyError, ValueError) as err:  # CatalogError: an edit the planner rejects
         # Reconcile reports it (Planned=False, PlannerError) and keeps the workload; the
         # loop holds too, instead of failing on every tick.
         log.warning("feedback %s/%s: holding, the spec does not plan: %s",
                     ref.namespace, ref.name, err)  # fmt: skip
         return
+    # A pod of this target takes its own start-up (checkpoint size, cache) unless the
+    # chart sets one figure for every target.
+    startup_s, scale_down_s = settings.startup_s, settings.scale_down_window_s
+    if startup_s is None:
+        # The target's own start-up; a lull shorter than a pod's return trip must not
+        # remove a pod the next rise needs (set both chart values to choose otherwise).
+        startup_s = mem.startup_s
+        scale_down_s = max(scale_down_s, startup_s + settings.window_s)
     cfg = control.config_from_spec(
-        spec, mem.planner, plan.usd_per_replica_hour, startup_s=settings.startup_s,
-        metrics_window_s=settings.window_s, scale_down_window_s=settings.scale_down_window_s,
+        spec, mem.planner, plan.usd_per_replica_hour, startup_s=startup_s,
+        metrics_window_s=settings.window_s, scale_down_window_s=scale_down_s,
     )  # fmt: skip
     obs, errors = await _observe(settings, spec, ref, (ready, pending, outdated_pods(dep)))
     d = control.decide(mem.state, obs, time.monotonic(), cfg)

@@ -59,7 +59,8 @@ class LoopSettings:
         interval_s: timer period (one decision per period), s.
         window: PromQL range of rate() / quantiles (>= 4 scrape intervals).
         stale_after_s: newest-sample age beyond which readings are stale, s.
-        startup_s: expected engine pod start-up (image pull, weights, graphs), s.
+        startup_s: one engine pod start-up for every target, s; None: each target's
+            own (``rooftop_planner.lifecycle``: its checkpoint's size and cache).
         scale_down_window_s: how long a lower recommendation must hold, s (the
             controller's default, which the simulate benchmark measures).
         prometheus_auth: bearer token file, CA bundle and headers for Prometheus.
@@ -69,7 +70,7 @@ class LoopSettings:
     interval_s: float = 15.0
     window: str = "1m"
     stale_after_s: float = 60.0
-    startup_s: float = 120.0
+    startup_s: float | None = None
     scale_down_window_s: float = ControllerConfig.scale_down_window_s
     prometheus_auth: PrometheusAuth = PrometheusAuth()
 
@@ -99,7 +100,11 @@ class LoopSettings:
             interval_s=seconds("ROOFTOP_LOOP_INTERVAL_S", base.interval_s, positive=True),
             window=window,
             stale_after_s=seconds("ROOFTOP_LOOP_STALE_AFTER_S", base.stale_after_s, True),
-            startup_s=seconds("ROOFTOP_LOOP_STARTUP_S", base.startup_s),
+            startup_s=(
+                _env_seconds(env, "ROOFTOP_LOOP_STARTUP_S", False)
+                if env.get("ROOFTOP_LOOP_STARTUP_S")
+                else None
+            ),
             scale_down_window_s=seconds(
                 "ROOFTOP_LOOP_SCALE_DOWN_WINDOW_S", base.scale_down_window_s
             ),

@@ -19,8 +19,9 @@ DEPLOYED: Final = "Deployed"
 READY: Final = "Ready"
 SLO_MET: Final = "SLOMet"
 WITHIN_BUDGET: Final = "WithinBudget"
+MODEL_CACHED: Final = "ModelCached"
 # Display order in `kubectl describe`; unknown types (from other writers) go last.
-ORDER: Final = (PLANNED, FEASIBLE, DEPLOYED, READY, SLO_MET, WITHIN_BUDGET)
+ORDER: Final = (PLANNED, FEASIBLE, DEPLOYED, READY, SLO_MET, WITHIN_BUDGET, MODEL_CACHED)
 
 Status = Literal["True", "False", "Unknown"]
 

@@ -230,9 +230,14 @@ def test_example_is_planned_deployed_and_ready(env: Env, example: Path) -> None:
     deployment = env.deployment(name)
     assert deployment is not None
     pod_spec = deployment["spec"]["template"]["spec"]
-    assert pod_spec["nodeSelector"][gpu.node_label_key] == gpu.node_label_value
     limits = pod_spec["containers"][0]["resources"]["limits"]
-    assert limits == {gpu.resource_name: str(plan.tp)}
+    simulated = doc["spec"].get("mode") == "simulated"
+    if simulated:  # runs on any node: no GPU asked for, no GPU label required
+        assert gpu.node_label_key not in pod_spec["nodeSelector"]
+        assert gpu.resource_name not in limits
+    else:
+        assert pod_spec["nodeSelector"][gpu.node_label_key] == gpu.node_label_value
+        assert limits == {gpu.resource_name: str(plan.tp)}
     assert deployment["spec"]["replicas"] == plan.replicas
 
     pods = env.listed("Pod", f"{ENGINE},rooftop.dev/servingtarget={name}")
@@ -241,7 +246,8 @@ def test_example_is_planned_deployed_and_ready(env: Env, example: Path) -> None:
     for pod in pods:
         assert pod["status"]["phase"] == "Running"
         node = core.read_node(pod["spec"]["nodeName"])
-        assert node.metadata.labels[gpu.node_label_key] == gpu.node_label_value
+        if not simulated:
+            assert node.metadata.labels[gpu.node_label_key] == gpu.node_label_value
 
     # the real disruption controller counts the pods the PDB selects: a drain may take
     # exactly one of them at a time
@@ -600,6 +606,7 @@ def test_gpu_inventory_plans_for_the_nodes_there_are(env: Env, tmp_path: Path) -
     operator's periodic re-plan deploys onto it without a spec edit."""
     core = client.CoreV1Api(env.api)
     doc = load(ROOT / "examples" / "simulated-chat.yaml", name="fits")
+    doc["spec"]["mode"] = "vllm"  # a simulated engine needs no GPU node (kwok runs neither)
     doc["spec"]["constraints"]["gpuTypes"] = ["a10g"]
     doc["spec"]["slo"]["tpotMs"] = 20  # one A10G per pod cannot meet this; TP > 1 can
     tp = expected_plan(doc, env.catalog).tp

@@ -26,6 +26,7 @@ from rooftop_api.spec import KvDtype, ServingTargetSpec, WeightDtype
 from rooftop_operator import builders
 from rooftop_operator.specs import TargetRef
 from rooftop_planner.catalog import Catalog, ModelSpec, load_catalog
+from rooftop_planner.lifecycle import Lifecycle
 from rooftop_planner.parallelism import TP_DEGREES, tp_problem
 from rooftop_planner.search import _dtype_problem, engine_problem
 from rooftop_planner.weights import Weights, resolve_weights
@@ -140,6 +141,15 @@ def shapes(catalog: Catalog, model: ModelSpec) -> Iterator[Shape]:
                         yield Shape(model.id, wd.value, kv.value, tp, model.max_context)
 
 
+# The drain flag's value does not matter to the parser; the figures are the planner's
+# for a short chat request.
+LIFECYCLE = Lifecycle(
+    checkpoint_bytes=16e9, downloads=True, startup_s=200.0, progress_deadline_s=600,
+    request_p99_s=10.0, shutdown_timeout_s=30, prestop_s=10, grace_s=55,
+    ephemeral_bytes=20 * 2**30,
+)  # fmt: skip
+
+
 def engine_argv(catalog: Catalog, shape: Shape) -> tuple[list[str], dict[str, Any]]:
     """(``vllm serve`` arguments from the real builder, config.json of what it loads)."""
     model = catalog.model(shape.model)
@@ -151,6 +161,7 @@ def engine_argv(catalog: Catalog, shape: Shape) -> tuple[list[str], dict[str, An
     inputs = builders.EngineInputs(
         ref=REF, spec=spec, plan=shape, served_model=model.hf_repo or model.id,
         node_label=("gpu", shape.gpu), image=IMAGE, weights=weights,
+        lifecycle=LIFECYCLE,
     )  # fmt: skip
     argv = builders.vllm_args(inputs)
     assert argv[0] == weights.model, argv  # the model positional the contract replaces

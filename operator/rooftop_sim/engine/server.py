@@ -521,6 +521,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument(
+        "--shutdown-timeout",
+        type=int,
+        default=0,
+        help="seconds to finish in-flight requests after SIGTERM, refusing new ones "
+        "(vLLM's flag; 0 aborts them, as vLLM does)",
+    )
+    p.add_argument(
         "--time-scale",
         type=float,
         default=d.time_scale,
@@ -557,7 +564,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         # aiohttp calls ``print`` once the socket is bound, so the banner never precedes
         # a "cannot listen" error
+        # On SIGTERM aiohttp stops listening, lets running handlers finish for
+        # shutdown_timeout and only then cancels the engine loop (cleanup_ctx): the
+        # drain vLLM's --shutdown-timeout gives.
         web.run_app(app, host=args.host, port=args.port,
+                    shutdown_timeout=getattr(args, "shutdown_timeout", 0),
                     print=lambda _: print(banner, file=sys.stderr, flush=True))  # fmt: skip
     except OSError as err:  # address in use, unknown host, no permission
         print(f"engine-sim: cannot listen on {args.host}:{args.port}: {err}", file=sys.stderr)

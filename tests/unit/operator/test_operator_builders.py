@@ -14,6 +14,7 @@ from rooftop_operator import builders
 from rooftop_operator.specs import TargetRef, parse_spec
 from rooftop_planner import perf
 from rooftop_planner.catalog import Catalog
+from rooftop_planner.lifecycle import lifecycle
 from rooftop_planner.weights import Weights, resolve_weights
 from rooftop_sim.engine import server as engine_sim
 
@@ -39,6 +40,7 @@ def inputs(
         gpu_resource=gpu.resource_name,
         image=builders.engine_image(parsed, "vllm/vllm-openai:v0.32.0", "rooftop:test"),
         weights=weights,
+        lifecycle=lifecycle(parsed, the_plan, catalog.model(parsed.model), weights),
     )
 
 
@@ -260,6 +262,16 @@ def test_hf_token_comes_from_the_secret(catalog: Catalog) -> None:
     } in env
 
 
+def test_api_key_comes_from_its_secret(catalog: Catalog) -> None:
+    """vLLM reads VLLM_API_KEY; the key stays in the Secret, never in the pod spec."""
+    spec = {**SPEC, "engine": {"apiKeySecretRef": {"name": "keys", "key": "api"}}}
+    env = container(builders.build_deployment(inputs(catalog, spec)))["env"]
+    assert {
+        "name": "VLLM_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "keys", "key": "api"}},
+    } in env
+
+
 def test_no_secret_no_hf_token(catalog: Catalog) -> None:
     env = container(builders.build_deployment(inputs(catalog)))["env"]
     assert "HF_TOKEN" not in {e["name"] for e in env}
@@ -380,15 +392,24 @@ def test_image_pinned_to_the_tested_vllm_unless_overridden(catalog: Catalog) -> 
     )
 
 
-def test_simulated_mode_runs_engine_sim_and_still_requests_gpus(catalog: Catalog) -> None:
+def test_simulated_mode_runs_engine_sim_on_any_node(catalog: Catalog) -> None:
+    """Simulated targets are the try-it path: on a cluster without GPUs they must
+    schedule, so they ask for CPU and memory only and need no GPU label or taint."""
     spec = {**SPEC, "mode": "simulated"}
     deployment = builders.build_deployment(inputs(catalog, spec, tp=2, gpu="l4"))
     engine = container(deployment)
     assert engine["image"] == "rooftop:test"
     assert engine["command"][:2] == ["rooftop", "engine-sim"]
     assert "args" not in engine
-    assert engine["resources"]["limits"] == {"nvidia.com/gpu": "2"}
-    assert pod_spec(deployment)["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    resources = engine["resources"]
+    assert "nvidia.com/gpu" not in resources["limits"]
+    assert set(resources["requests"]) == {"cpu", "memory", "ephemeral-storage"}
+    assert pod_spec(deployment)["nodeSelector"] == {}
+    assert pod_spec(deployment)["tolerations"] == []
+    # the target's own placement still applies
+    placed = {**spec, "constraints": {"nodeSelector": {"pool": "cpu"}}}
+    deployment = builders.build_deployment(inputs(catalog, placed, tp=2, gpu="l4"))
+    assert pod_spec(deployment)["nodeSelector"] == {"pool": "cpu"}
     # The same labels, port and probes as a vLLM pod: Service and scraping don't care.
     assert engine["ports"][0]["containerPort"] == 8000
     assert engine["readinessProbe"]["httpGet"]["path"] == "/health"
@@ -445,3 +466,75 @@ def test_every_flag_the_plan_sets_is_kept_out_of_extra_args(catalog: Catalog) ->
     flags = args if args[0].startswith("-") else args[1:]  # the model may be positional
     dests = {s.dest for s in resolve(flags)}
     assert dests and dests <= {*PLANNED, *RESERVED}, dests - {*PLANNED, *RESERVED}
+
+
+# ---------------------------------------------------------------- pod lifecycle
+
+
+@pytest.mark.parametrize("mode", ["vllm", "simulated"])
+def test_a_stopping_pod_finishes_its_requests(catalog: Catalog, mode: str) -> None:
+    """vLLM's --shutdown-timeout defaults to 0, which aborts every in-flight stream on
+    SIGTERM: each scale-down and rollout cut them. The plan's drain goes on the command
+    line, a preStop sleep lets the endpoints drop the pod before SIGTERM, and the grace
+    period outlasts both (the old 60 s was shorter than a long drain)."""
+    inp = inputs(catalog, {**SPEC, "mode": mode})
+    deployment = builders.build_deployment(inp)
+    engine, pod = container(deployment), pod_spec(deployment)
+    line = engine.get("args") or engine["command"]
+    drain = int(line[line.index("--shutdown-timeout") + 1])
+    assert drain == inp.lifecycle.shutdown_timeout_s >= 30
+    sleep = engine["lifecycle"]["preStop"]["sleep"]["seconds"]
+    assert sleep > 0
+    assert pod["terminationGracePeriodSeconds"] > sleep + drain
+
+
+def test_a_long_workload_drains_longer(catalog: Catalog) -> None:
+    """Output p90 of 1,000 tokens at a 50 ms TPOT: a p99 request takes about 113 s."""
+    long = {**SPEC, "workload": {**SPEC["workload"],
+                                 "outputTokens": {"mean": 500, "p90": 1000}}}  # fmt: skip
+    short_pod = pod_spec(builders.build_deployment(inputs(catalog)))
+    long_pod = pod_spec(builders.build_deployment(inputs(catalog, long)))
+    assert long_pod["terminationGracePeriodSeconds"] > 170
+    assert short_pod["terminationGracePeriodSeconds"] < long_pod["terminationGracePeriodSeconds"]
+
+
+@pytest.mark.parametrize("mode", ["vllm", "simulated"])
+def test_engine_pods_get_no_service_links_and_no_token(catalog: Catalog, mode: str) -> None:
+    """A Service named `vllm` in the namespace makes Kubernetes inject VLLM_PORT=tcp://..,
+    which vLLM refuses at start-up; the engine never calls the API server."""
+    pod = pod_spec(builders.build_deployment(inputs(catalog, {**SPEC, "mode": mode})))
+    assert pod["enableServiceLinks"] is False
+    assert pod["automountServiceAccountToken"] is False
+
+
+def test_start_up_budget_follows_the_checkpoint_and_its_cache(catalog: Catalog) -> None:
+    """Downloading pods ask the node for the checkpoint's disk and get a progress deadline
+    and startup probe long enough for it; a PVC cache needs scratch only."""
+    fresh = builders.build_deployment(inputs(catalog))
+    cached_spec = {**SPEC, "engine": {"modelCache": {"pvcName": "hf-cache"}}}
+    cached = builders.build_deployment(inputs(catalog, cached_spec))
+    storage = [int(container(d)["resources"]["requests"]["ephemeral-storage"])
+               for d in (fresh, cached)]  # fmt: skip
+    assert storage[0] > 16e9 > storage[1]
+    for deployment in (fresh, cached):
+        deadline = deployment["spec"]["progressDeadlineSeconds"]
+        assert deadline >= 600
+        probe = container(deployment)["startupProbe"]
+        assert probe["periodSeconds"] * probe["failureThreshold"] >= deadline
+
+
+def test_a_70b_download_is_not_called_stuck_after_ten_minutes(catalog: Catalog) -> None:
+    """141 GB at the assumed 200 MB/s is 705 s of download alone: Kubernetes' default
+    600 s progress deadline would mark a healthy rollout ProgressDeadlineExceeded."""
+    big = {**SPEC, "model": "llama-3.1-70b"}
+    deployment = builders.build_deployment(inputs(catalog, big, tp=4))
+    assert deployment["spec"]["progressDeadlineSeconds"] > 1500
+
+
+def test_vllm_is_told_chunked_prefill_and_its_drain(catalog: Catalog) -> None:
+    """The flags the builder emits are the ones ENGINE_FLAGS lists (the contract test
+    parses them with the real vLLM)."""
+    args = container(builders.build_deployment(inputs(catalog)))["args"]
+    assert "--enable-chunked-prefill" in args and "--shutdown-timeout" in args
+    emitted = {a for a in args if a.startswith("--")}
+    assert emitted <= builders.ENGINE_FLAGS

@@ -69,7 +69,20 @@ def test_first_reconcile_deploys_and_reports(rt: Runtime, kube: FakeKube, events
         assert cond(kube, type_)["status"] == "True", type_
     assert cond(kube, "Ready")["status"] == "False"  # until the Deployment reports
     assert cond(kube, "SLOMet")["status"] == "Unknown"  # until the feedback loop measures
-    assert events.reasons == ["Planned"]
+    # the default emptyDir cache: each new pod downloads the checkpoint, and says so
+    cache = cond(kube, "ModelCached")
+    assert (cache["status"], cache["reason"]) == ("False", "EveryPodDownloads")
+    assert "spec.engine.modelCache.pvcName" in cache["message"]
+    assert events.reasons == ["Planned", "EveryPodDownloads"]
+
+
+def test_a_persistent_cache_clears_the_download_warning(
+    rt: Runtime, kube: FakeKube, events: Events
+) -> None:
+    spec = {**SPEC, "engine": {"modelCache": {"pvcName": "hf-cache"}}}
+    kube.add(target_body(spec=spec))
+    reconcile(rt, latest(kube))
+    assert (cond(kube, "ModelCached")["status"], events.reasons) == ("True", ["Planned"])
 
 
 def test_pod_monitor_when_the_api_exists(rt: Runtime, kube: FakeKube) -> None:
@@ -89,7 +102,7 @@ def test_repeated_reconcile_changes_nothing(rt: Runtime, kube: FakeKube, events:
         assert reconcile(rt, latest(kube)) == "success"
     assert kube.objects == before
     assert (len(kube.applied), kube.status_writes) == (applied, writes)
-    assert events.reasons == ["Planned"]
+    assert events.reasons == ["Planned", "EveryPodDownloads"]
 
 
 def pod_spec(kube: FakeKube) -> dict[str, Any]:
@@ -141,7 +154,7 @@ def test_new_plan_rolls_the_deployment(
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--max-num-seqs") + 1] == "32"
     assert deployment["spec"]["replicas"] == 3
-    assert events.reasons == ["Planned", "PlanChanged"]
+    assert events.reasons == ["Planned", "EveryPodDownloads", "PlanChanged"]
     assert kube.status()["observedGeneration"] == 2
     # Feasible stayed True: its transition time must not move.
     assert cond(kube, "Feasible")["lastTransitionTime"] == feasible_since
@@ -218,7 +231,7 @@ def test_infeasible_target_changes_no_workload(
     assert (feasible["status"], feasible["reason"]) == ("False", "Infeasible")
     assert "TPOT over SLO on every GPU" in feasible["message"]
     assert kube.status()["plan"]["gpu"] == "h100-sxm"  # still what runs
-    assert events.reasons == ["Planned", "Infeasible"]
+    assert events.reasons == ["Planned", "EveryPodDownloads", "Infeasible"]
 
 
 def test_infeasible_from_the_start_deploys_nothing(
@@ -770,8 +783,10 @@ def l4_node(name: str, gpus: int) -> dict[str, Any]:
 
 SIM_CHAT = yaml.safe_load((EXAMPLES / "simulated-chat.yaml").read_text())["spec"]
 # fp8 weights allowed: the plan then fits a 2-GPU L4 node (bf16 alone needs four L4s)
-L4_ONLY = {**SIM_CHAT, "constraints": {**SIM_CHAT["constraints"], "gpuTypes": ["l4"],
-                                       "weightDtypes": ["bf16", "fp8"]}}  # fmt: skip
+# mode vllm: a simulated engine runs on any node, so the inventory does not bound it
+L4_ONLY = {**SIM_CHAT, "mode": "vllm",
+           "constraints": {**SIM_CHAT["constraints"], "gpuTypes": ["l4"],
+                           "weightDtypes": ["bf16", "fp8"]}}  # fmt: skip
 
 
 @pytest.fixture
@@ -885,3 +900,16 @@ def test_a_failed_node_list_retries_and_changes_nothing(
     with pytest.raises(kopf.TemporaryError, match="nodes is forbidden"):
         handlers.reconcile_target(body=created(kube), memo=kopf.Memo(runtime=inventory_rt))
     assert kinds(kube) == set() and kube.status() == {}
+
+
+def test_a_simulated_target_is_not_bound_by_the_gpus_the_nodes_offer(
+    inventory_rt: Runtime, kube: FakeKube
+) -> None:
+    """A simulated engine asks for no GPU, so a cluster without GPU nodes (the try-it
+    path) still plans and deploys it."""
+    kube.nodes = []
+    body = target_body(spec={**L4_ONLY, "mode": "simulated"})
+    kube.add(body)
+    handlers.reconcile_target(body=body, memo=kopf.Memo(runtime=inventory_rt))
+    assert not handlers.waiting_for_nodes(latest(kube)["status"])
+    assert find(latest(kube)["status"]["conditions"], "Deployed")["status"] == "True"

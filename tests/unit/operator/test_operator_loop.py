@@ -19,6 +19,7 @@ from rooftop_control.calibration import CalibrationConfig, TrimConfig
 from rooftop_operator import loop
 from rooftop_operator.metrics_client import TargetMetrics
 from rooftop_operator.specs import TargetRef, parse_spec
+from rooftop_planner.catalog import load_catalog
 from rooftop_planner.plan import Plan
 
 
@@ -176,10 +177,10 @@ def test_an_operator_restart_resumes_what_the_loop_learned() -> None:
     learned = replace(learned, state=replace(learned.state, trim=1.6, calibration=calibration))
     status = loop.status_update({}, learned, control.Observation(), plan, "2026-01-01T00:00:00Z")
     assert status["observed"]["latencyTrim"] == 1.6
-    restarted = loop._memory(SimpleNamespace(), ref, spec, plan, status, replicas=3)
+    restarted = loop._memory(SimpleNamespace(), ref, spec, plan, status, 3, load_catalog())
     assert restarted.state.trim == 1.6
     assert (restarted.state.calibration.factor, restarted.state.calibration.samples) == (1.2, 40)
-    fresh = loop._memory(SimpleNamespace(), ref, spec, plan, {}, replicas=3)
+    fresh = loop._memory(SimpleNamespace(), ref, spec, plan, {}, 3, load_catalog())
     assert (fresh.state.trim, fresh.state.calibration.samples) == (1.0, 0)
 
 
@@ -207,5 +208,21 @@ def test_a_factor_edited_into_status_cannot_stop_the_loop(value: object, factor:
     assert loop.resumed(value, CalibrationConfig()) == factor
     status = {"observed": {"calibrationFactor": value}}
     spec, ref, plan = _chat_target()
-    mem = loop._memory(SimpleNamespace(), ref, spec, plan, status, replicas=1)
+    mem = loop._memory(SimpleNamespace(), ref, spec, plan, status, 1, load_catalog())
     assert mem.state.calibration.factor == factor
+
+
+def test_each_target_projects_demand_over_its_own_start_up() -> None:
+    """A pod of a 70B model downloads 141 GB before it serves; one chart-wide 120 s
+    would have the loop add it far too late. Each target's memory holds its own
+    figure (rooftop_planner.lifecycle); a simulated engine starts in seconds."""
+    spec, ref, plan = _chat_target()
+    real = parse_spec({**spec.model_dump(by_alias=True, exclude_none=True), "mode": "vllm"})
+    big = parse_spec({**real.model_dump(by_alias=True, exclude_none=True),
+                      "model": "llama-3.1-70b"})  # fmt: skip
+    catalog = load_catalog()
+    sim = loop._memory(SimpleNamespace(), ref, spec, plan, {}, 1, catalog)
+    small = loop._memory(SimpleNamespace(), ref, real, plan, {}, 1, catalog)
+    ref70 = replace(ref, uid="u70")
+    large = loop._memory(SimpleNamespace(), ref70, big, replace(plan, tp=4), {}, 1, catalog)
+    assert sim.startup_s < 10 < small.startup_s < 300 < large.startup_s
