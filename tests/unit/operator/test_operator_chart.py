@@ -9,7 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import subprocess
+import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -57,6 +59,10 @@ def test_values_yaml_matches_its_schema() -> None:
         {"engine": {"podMonitor": {"selector": {}}}},
         {"operator": {"peering": {"lifetimeSeconds": 5}}},  # below kopf's renewal margin
         {"operator": {"peering": {"name": "Rooftop_HA"}}},  # not a Kubernetes name
+        {"prometheusRule": {"enabled": "yes"}},
+        {"prometheusRule": {"labels": {"release": 1}}},
+        {"prometheusRule": {"alertLabels": {"severity": "page"}}},  # the rules set it
+        {"prometheusRule": {"alertLabels": {"team.example.com/owner": "ml"}}},  # not a label
     ],
 )
 def test_schema_rejects_bad_values(override: dict[str, Any]) -> None:
@@ -204,6 +210,20 @@ def test_optional_resources() -> None:
 
 
 @needs_helm
+def test_operator_pod_monitor_keeps_the_targets_namespace() -> None:
+    """The operator's per-target series carry `namespace` (the ServingTarget's): with
+    honorLabels the Prometheus Operator's own `namespace` target label (the operator
+    pod's) does not rename it to `exported_namespace`, which the dashboards' namespace
+    variables and the PrometheusRule's joins would not find."""
+    from rooftop_operator.metrics import TARGET_LABELS
+
+    assert "namespace" in TARGET_LABELS
+    (monitor,) = by_kind(render("metrics.podMonitor.enabled=true"), "PodMonitor")
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["honorLabels"] is True
+
+
+@needs_helm
 def test_one_resource_per_template_file() -> None:
     """Dashed file names, one kind each (role/rolebinding: one per watched namespace)."""
     for template in (CHART / "templates").glob("*.yaml"):
@@ -219,6 +239,8 @@ def test_one_resource_per_template_file() -> None:
             "metrics.podMonitor.enabled=true",
             "--set",
             "replicaCount=2",
+            "--set",
+            "prometheusRule.enabled=true",
             "--set",
             "rbac.scope=namespace",
         ]
@@ -243,7 +265,8 @@ def test_loop_values_reach_the_operator_as_its_settings() -> None:
     settings = LoopSettings.from_env(env)
     assert settings.prometheus_url == "http://prom.mon:9090"
     assert settings.scale_down_window_s == 600.0
-    assert (settings.interval_s, settings.window_s, settings.startup_s) == (15.0, 60.0, 120.0)
+    # no chart-wide start-up: each target's own (rooftop_planner.lifecycle)
+    assert (settings.interval_s, settings.window_s, settings.startup_s) == (15.0, 60.0, None)
 
 
 def _env(docs: list[dict[str, Any]]) -> dict[str, str]:
@@ -490,3 +513,69 @@ def test_peering_crds_are_the_ones_kopf_watches() -> None:
         assert version["name"] == selector.version and version["served"] and version["storage"]
         status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
         assert status == {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+
+
+# ---------------------------------------------------------------- NOTES.txt
+
+PODMONITOR_API = "monitoring.coreos.com/v1/PodMonitor"
+
+
+def notes(*sets: str, api_versions: tuple[str, ...] = ()) -> str:
+    """NOTES.txt as `helm install` prints it. `helm template` does not render NOTES (and
+    `helm install --dry-run` wants a cluster), so a copy of the chart renders it as a
+    template of its own (`api_versions`: the APIs the cluster would offer)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        chart = Path(tmp) / "rooftop"
+        shutil.copytree(CHART, chart)
+        text = (chart / "templates" / "NOTES.txt").read_text()
+        (chart / "templates" / "notes-render.yaml").write_text(
+            '{{- define "notes" }}' + text + '{{- end }}\nnotes: {{ include "notes" . | toJson }}\n'
+        )
+        args = [str(HELM), "template", "rt", str(chart), "--namespace", "ops",
+                "--show-only", "templates/notes-render.yaml"]  # fmt: skip
+        for s in sets:
+            args += ["--set", s]
+        for api in api_versions:
+            args += ["--api-versions", api]
+        out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
+    rendered: str = yaml.safe_load(out)["notes"]
+    return rendered
+
+
+@needs_helm
+def test_notes_warn_when_the_engine_pod_monitors_carry_no_selector_label() -> None:
+    """With the Prometheus Operator present and engine.podMonitor.labels empty, a default
+    kube-prometheus-stack will not select the engine PodMonitors: the notes say so, name
+    the value and print the command that sets it."""
+    for text in (notes(api_versions=(PODMONITOR_API,)), notes("metrics.podMonitor.enabled=true")):
+        assert "PodMonitor (engine.podMonitor.labels): none" in text
+        assert "WARNING: engine.podMonitor.labels is empty" in text
+        assert "the\nfeedback loop will see no metrics" in text
+        assert "--set engine.podMonitor.labels.release=<your kube-prometheus-stack release>" in text
+    # the operator's own PodMonitor already names the label: the engines get the same
+    text = notes("metrics.podMonitor.enabled=true", "metrics.podMonitor.labels.release=kps")
+    assert "--reuse-values --set engine.podMonitor.labels.release=kps" in text
+
+
+@needs_helm
+def test_notes_print_the_engine_pod_monitor_labels() -> None:
+    text = notes("metrics.podMonitor.enabled=true", "engine.podMonitor.labels.release=kps",
+                 "engine.podMonitor.labels.team\\.example\\.com/owner=ml",
+                 api_versions=(PODMONITOR_API,))  # fmt: skip
+    assert "(engine.podMonitor.labels): release=kps, team.example.com/owner=ml" in text
+    assert "WARNING" not in text
+    # no sign of the Prometheus Operator: the value, and no warning
+    text = notes()
+    assert "(engine.podMonitor.labels): none" in text and "WARNING" not in text
+    # `--reuse-values` from a chart without these values
+    assert "(engine.podMonitor.labels): none" in notes("engine=null", "prometheusRule=null")
+
+
+@needs_helm
+def test_notes_name_the_rule_and_its_selector_labels() -> None:
+    text = notes("prometheusRule.enabled=true", "engine.podMonitor.labels.release=kps")
+    assert "PrometheusRule rt-rooftop" in text
+    assert "set prometheusRule.labels.release" in text
+    text = notes("prometheusRule.enabled=true", "prometheusRule.labels.release=kps",
+                 "engine.podMonitor.labels.release=kps")  # fmt: skip
+    assert "(prometheusRule.labels): release=kps" in text and "WARNING" not in text
