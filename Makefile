@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 ROOFTOP_CACHE ?= $(HOME)/.cache/rooftop
 export ROOFTOP_CACHE
 
-.PHONY: demo test lint typecheck unit vllm e2e loop vllm-e2e vllm-engine loop-figure bench calibrate crd dashboards docs vllm-flags cluster-up cluster-down tools clean
+.PHONY: demo test floors lint typecheck unit vllm e2e loop vllm-e2e vllm-engine loop-figure bench calibrate crd dashboards docs vllm-flags cluster-up cluster-down tools clean
 
 # The demo needs only the runtime; tests add the dev tools (separate stamp, so a
 # `make demo` on a fresh clone stays well under two minutes).
@@ -25,7 +25,21 @@ demo: $(BIN)/rooftop
 
 ## test: lint, type-check, unit, integration and end-to-end tests (tools before the
 ## unit tests: the chart-rendering ones need helm and would skip on a fresh machine)
-test: lint typecheck tools unit e2e
+test: lint typecheck tools unit e2e floors
+
+## floors: the operator's unit and end-to-end tests on the lowest kubernetes, kopf and
+## pydantic that pyproject.toml declares (tests/floors/floors.py), in their own venv
+FLOORS_VENV ?= .venv-floors
+$(FLOORS_VENV)/.floors: pyproject.toml tests/floors/floors.py
+	$(PYTHON) -m venv $(FLOORS_VENV)
+	$(FLOORS_VENV)/bin/pip install -q --upgrade pip
+	$(FLOORS_VENV)/bin/pip install -q -e '.[dev]' $$($(PYTHON) tests/floors/floors.py)
+	touch $@
+
+floors: $(FLOORS_VENV)/.floors tools
+	$(FLOORS_VENV)/bin/python -c "import kubernetes, kopf, pydantic; print('floors:', kubernetes.__version__, kopf.__version__ if hasattr(kopf, '__version__') else '', pydantic.VERSION)"
+	$(FLOORS_VENV)/bin/pytest -q -p no:cacheprovider tests/unit/operator tests/unit/api
+	$(FLOORS_VENV)/bin/pytest -q -m e2e -p no:cacheprovider tests/e2e/test_operator.py
 
 lint: $(VENV)/.dev
 	$(BIN)/ruff check planner operator tests dashboards benchmarks
@@ -108,4 +122,4 @@ vllm-flags:
 	PY=$$(tests/engine/install-vllm.sh) && "$$PY" tests/engine/dump_vllm_flags.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(FLOORS_VENV) .mypy_cache .ruff_cache .pytest_cache
