@@ -93,6 +93,19 @@ def attainment_bucket(slo_ms: float) -> float | None:
     return max(within) if within else None
 
 
+def le_pattern(bound_s: float) -> str:
+    """A PromQL regex for a bucket's ``le`` label as any Prometheus stores it.
+
+    Why not one string: vLLM's prometheus_client writes whole bounds as ``1.0`` and
+    ``5.0``; Prometheus 2 keeps the text as scraped, Prometheus 3 normalises it to ``1``.
+    An exact ``le="1"`` matched nothing on Prometheus 2, so a TPOT SLO of 1 s or more had
+    no attainment reading there.
+    """
+    text = f"{bound_s:g}"
+    whole = "." not in text and "e" not in text
+    return f"{text}|{text}.0" if whole else text
+
+
 def check_window(window: str) -> str:
     """``window`` if it is a PromQL duration (range of rate(), e.g. "2m"), else ValueError."""
     if not _DURATION.match(window):
@@ -155,7 +168,7 @@ def _queries(w: str, tpot_q: float, ttft_q: float, tpot_slo_ms: float) -> dict[s
     }
     bucket = attainment_bucket(tpot_slo_ms)
     if bucket is not None:
-        le = f'{{le="{bucket:g}",servingtarget!=""}}'
+        le = f'{{le=~"{le_pattern(bucket)}",servingtarget!=""}}'
         below = agg("sum", f"rate({REQUEST_TPOT_HISTOGRAM}_bucket{le}[{w}])")
         total = agg("sum", f"rate({REQUEST_TPOT_HISTOGRAM}_count{s}[{w}])")
         out["tpot_attainment"] = f"{below} / {total}"

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+import subprocess
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
@@ -79,7 +82,9 @@ def test_every_query_groups_by_target_and_the_tpot_slo_reads_per_request_tpot() 
     assert all("by (namespace, servingtarget)" in e or "sum by (le, namespace, servingtarget)"
                in e for e in queries.values())  # fmt: skip
     assert all('servingtarget!=""' in e for e in queries.values())
-    assert 'le="0.1"' in queries["tpot_attainment"]
+    assert 'le=~"0.1"' in queries["tpot_attainment"]
+    # vLLM writes le="1.0"; Prometheus 2 keeps it, Prometheus 3 stores "1"
+    assert 'le=~"1|1.0"' in fleet_queries("1m", 0.9, 0.99, 1500.0)["tpot_attainment"]
     assert "histogram_quantile(0.9," in queries["tpot_s"]
     assert "vllm:request_time_per_output_token_seconds_bucket" in queries["tpot_s"]
     assert "histogram_quantile(0.99," in queries["ttft_s"]
@@ -211,3 +216,36 @@ async def test_one_set_of_queries_reads_every_target(prom: tuple[FakeProm, str])
     assert b.get("tpot_s").state is MetricState.MISSING  # no series of its own
     assert fleet.target("c", "gone").get("running").state is MetricState.MISSING
     assert a.newest_sample_age_s == pytest.approx(5) and not a.errors
+
+
+@pytest.mark.parametrize(("scraped_le", "slo_ms"), [("1.0", 1500.0), ("1", 1500.0),
+                                                    ("0.1", 100.0)])  # fmt: skip
+def test_attainment_reads_the_bucket_as_prometheus_stores_it(
+    tmp_path: Path, scraped_le: str, slo_ms: float
+) -> None:
+    """Run by promtool on series as vLLM writes them: half the requests within the
+    bucket. Prometheus 2 keeps le="1.0" as scraped (an exact le="1" read nothing there),
+    Prometheus 3 stores "1"."""
+    from tests.unit.operator.test_chart_rules import PROMTOOL
+
+    if PROMTOOL is None:
+        pytest.skip("promtool not fetched: make tools")
+    labels = 'namespace="ns",servingtarget="chat"'
+    hist = "vllm:request_time_per_output_token_seconds"
+    query = fleet_queries("1m", 0.9, 0.9, slo_ms)["tpot_attainment"]
+    rules = {"groups": [{"name": "t", "rules": [{"record": "t:attainment:ratio", "expr": query}]}]}
+    tests = {"rule_files": ["rules.yaml"], "evaluation_interval": "15s", "tests": [{
+        "interval": "15s",
+        "input_series": [
+            {"series": f'{hist}_bucket{{le="{scraped_le}",{labels}}}', "values": "0+1x20"},
+            {"series": f"{hist}_count{{{labels}}}", "values": "0+2x20"},
+        ],
+        "promql_expr_test": [{"expr": "t:attainment:ratio", "eval_time": "4m",
+                              "exp_samples": [{"labels": f"t:attainment:ratio{{{labels}}}",
+                                               "value": 0.5}]}],
+    }]}  # fmt: skip
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules))
+    (tmp_path / "test.yaml").write_text(yaml.safe_dump(tests))
+    done = subprocess.run([str(PROMTOOL), "test", "rules", "test.yaml"], cwd=tmp_path,
+                          capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
