@@ -417,6 +417,7 @@ def _record_plan(
         feasible=bool(result.feasible),
         slo_tpot_s=spec.slo.tpot_ms / 1000.0,
         slo_ttft_s=None if ttft is None else ttft / 1000.0,
+        slo_quantiles=(spec.slo.tpot_percentile.quantile, spec.slo.ttft_percentile.quantile),
         budget_usd_per_hour=spec.budget.usd_per_hour,
         gpu_type=None if plan is None else plan.gpu,
         gpus=None if plan is None else plan.tp * plan.replicas,

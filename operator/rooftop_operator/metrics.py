@@ -55,6 +55,10 @@ OBSERVED_TPOT_SECONDS: Final = "rooftop_observed_tpot_seconds"
 OBSERVED_TTFT_SECONDS: Final = "rooftop_observed_ttft_seconds"
 SLO_TPOT_SECONDS: Final = "rooftop_slo_tpot_seconds"
 SLO_TTFT_SECONDS: Final = "rooftop_slo_ttft_seconds"
+# The SLO's percentile as a quantile (p99 -> 0.99): the chart's burn-rate alerts need it
+# to know each target's error budget (1 - quantile).
+SLO_TPOT_QUANTILE_RATIO: Final = "rooftop_slo_tpot_quantile_ratio"
+SLO_TTFT_QUANTILE_RATIO: Final = "rooftop_slo_ttft_quantile_ratio"
 CALIBRATION_FACTOR_RATIO: Final = "rooftop_calibration_factor_ratio"
 LATENCY_TRIM_RATIO: Final = "rooftop_latency_trim_ratio"
 PLAN_COST_USD_PER_HOUR: Final = "rooftop_plan_cost_usd_per_hour"
@@ -75,6 +79,8 @@ METRIC_NAMES: Final[tuple[str, ...]] = (
     OBSERVED_TTFT_SECONDS,
     SLO_TPOT_SECONDS,
     SLO_TTFT_SECONDS,
+    SLO_TPOT_QUANTILE_RATIO,
+    SLO_TTFT_QUANTILE_RATIO,
     CALIBRATION_FACTOR_RATIO,
     LATENCY_TRIM_RATIO,
     PLAN_COST_USD_PER_HOUR,
@@ -124,6 +130,10 @@ class OperatorMetrics:
         self.observed_ttft = g(r, OBSERVED_TTFT_SECONDS, "Observed TTFT at the SLO percentile.")
         self.slo_tpot = g(r, SLO_TPOT_SECONDS, "TPOT bound from spec.slo.")
         self.slo_ttft = g(r, SLO_TTFT_SECONDS, "TTFT bound from spec.slo (absent if unset).")
+        self.slo_tpot_q = g(r, SLO_TPOT_QUANTILE_RATIO, "Quantile the TPOT bound applies to.")
+        self.slo_ttft_q = g(
+            r, SLO_TTFT_QUANTILE_RATIO, "Quantile the TTFT bound applies to (absent if unset)."
+        )
         self.calibration = g(
             r, CALIBRATION_FACTOR_RATIO, "Observed over predicted decode step time."
         )
@@ -179,6 +189,7 @@ class OperatorMetrics:
         slo_tpot_s: float,
         budget_usd_per_hour: float,
         slo_ttft_s: float | None = None,
+        slo_quantiles: tuple[float, float] = (0.9, 0.9),
         gpu_type: str | None = None,
         gpus: int | None = None,
         usd_per_hour: float | None = None,
@@ -190,6 +201,7 @@ class OperatorMetrics:
         Args:
             feasible: whether the planner found a plan meeting SLO and budget.
             slo_tpot_s, slo_ttft_s: SLO bounds in seconds (``ttft`` optional).
+            slo_quantiles: the (TPOT, TTFT) percentiles as quantiles (p99 -> 0.99).
             budget_usd_per_hour: spend ceiling of the whole target.
             gpu_type: catalog GPU id of the plan; None removes the plan series.
             gpus: replicas x tp of the plan.
@@ -200,6 +212,8 @@ class OperatorMetrics:
         self._set(self.feasible, key, 1.0 if feasible else 0.0)
         self._set(self.slo_tpot, key, slo_tpot_s)
         self._set(self.slo_ttft, key, slo_ttft_s)
+        self._set(self.slo_tpot_q, key, slo_quantiles[0])
+        self._set(self.slo_ttft_q, key, None if slo_ttft_s is None else slo_quantiles[1])
         self._set(self.budget, key, budget_usd_per_hour)
         self._set(self.predicted_tpot, key, predicted_tpot_s)
         self._set(self.predicted_ttft, key, predicted_ttft_s)

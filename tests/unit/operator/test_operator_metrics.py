@@ -81,6 +81,18 @@ def test_record_plan_sets_series(m: OperatorMetrics) -> None:
     assert value(m, "rooftop_plan_gpus", gpu_type="h100-sxm", **t) == 2
 
 
+def test_the_slo_percentiles_are_exported_for_the_burn_rate_alerts(m: OperatorMetrics) -> None:
+    """The chart's PrometheusRule reads each target's error budget as 1 - quantile."""
+    m.record_plan("ns", "p99", feasible=True, slo_tpot_s=0.05, budget_usd_per_hour=20.0,
+                  slo_ttft_s=1.0, slo_quantiles=(0.99, 0.95))  # fmt: skip
+    m.record_plan("ns", "nottft", feasible=True, slo_tpot_s=0.05, budget_usd_per_hour=20.0,
+                  slo_quantiles=(0.5, 0.9))  # fmt: skip
+    assert value(m, "rooftop_slo_tpot_quantile_ratio", namespace="ns", name="p99") == 0.99
+    assert value(m, "rooftop_slo_ttft_quantile_ratio", namespace="ns", name="p99") == 0.95
+    assert value(m, "rooftop_slo_tpot_quantile_ratio", namespace="ns", name="nottft") == 0.5
+    assert value(m, "rooftop_slo_ttft_quantile_ratio", namespace="ns", name="nottft") is None
+
+
 def test_replan_onto_another_gpu_drops_the_old_gpu_series(m: OperatorMetrics) -> None:
     plan(m, "h100-sxm")
     plan(m, "l40s")
