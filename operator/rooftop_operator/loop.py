@@ -284,16 +284,37 @@ def resumed_samples(value: Any) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else 0
 
 
-def explain_unavailable(d: control.Decision, errors: list[str], url: str) -> control.Decision:
+def scrape_hint(ref: TargetRef, pod_monitor_labels: Mapping[str, str]) -> str:
+    """What to check when Prometheus answers but holds no series of the target's engines.
+
+    Why: the most common cause on a real cluster is a Prometheus Operator whose
+    ``podMonitorSelector`` does not match the engine PodMonitor (a kube-prometheus-stack
+    selects ``release: <its release>``), and only the chart value that labels it fixes
+    that.
+    """
+    monitor = f"PodMonitor {ref.namespace}/{deployment_name(ref.name)}"
+    if pod_monitor_labels:
+        shown = ", ".join(f"{k}={v}" for k, v in sorted(pod_monitor_labels.items()))
+        return f"check that this Prometheus selects the engine {monitor} (labels {shown})"
+    return (f"the engine {monitor} has no label a Prometheus Operator selects by: set the "
+            "chart value engine.podMonitor.labels to what its podMonitorSelector matches "
+            "(kube-prometheus-stack: release=<its release>)")  # fmt: skip
+
+
+def explain_unavailable(
+    d: control.Decision, errors: list[str], url: str, hint: str = ""
+) -> control.Decision:
     """Say in SLOMet why the loop cannot judge, and that it holds the replicas.
 
     Why: "tpot_ms is missing" alone does not tell an operator whether the engines are
-    silent or Prometheus is down, nor that scaling is frozen on purpose.
+    silent or Prometheus is down, nor that scaling is frozen on purpose. ``hint``
+    (``scrape_hint``) says what to check when Prometheus answered with no engine series.
     """
     conds = []
     for c in d.conditions:
         if c.type == cnd.SLO_MET and c.reason == "MetricsUnavailable":
-            cause = f"Prometheus at {url}: {errors[0]}" if errors else "no engine series"
+            silent = "no engine series" + (f"; {hint}" if hint else "")
+            cause = f"Prometheus at {url}: {errors[0]}" if errors else silent
             message = (f"{c.message} ({cause}); holding {d.replicas} replica(s): "
                        "no scale-down without metrics")  # fmt: skip
             c = replace(c, message=message[:1000])
@@ -599,7 +620,8 @@ async def feedback(
     )  # fmt: skip
     obs, errors = await _observe(settings, spec, ref, (ready, pending, outdated_pods(dep)))
     d = control.decide(mem.state, obs, time.monotonic(), cfg)
-    d = explain_unavailable(d, errors, settings.prometheus_url)
+    hint = scrape_hint(ref, rt.config.pod_monitor_labels)
+    d = explain_unavailable(d, errors, settings.prometheus_url, hint)
     mem.state = d.state
     _record(rt, ref, d, obs)
     if not _writes(rt, body, plan, d, obs):

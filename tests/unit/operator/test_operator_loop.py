@@ -150,6 +150,20 @@ def test_silent_engines_are_told_apart_from_a_down_prometheus() -> None:
     assert "no engine series" in slo.message and "Prometheus at" not in slo.message
 
 
+def test_silent_engines_name_the_pod_monitor_label_to_set() -> None:
+    """A default kube-prometheus-stack selects PodMonitors by `release`; an unlabelled
+    engine PodMonitor is never scraped and the loop is blind: the condition says which
+    chart value fixes it."""
+    ref = TargetRef(name="chat", namespace="ns", uid="u", generation=1)
+    hint = loop.scrape_hint(ref, {})
+    d = loop.explain_unavailable(_decision(2), [], "http://prom:9090", hint)
+    slo = next(c for c in d.conditions if c.type == "SLOMet")
+    assert "PodMonitor ns/chat-engine" in slo.message
+    assert "engine.podMonitor.labels" in slo.message and "release=" in slo.message
+    labelled = loop.scrape_hint(ref, {"release": "kps"})
+    assert "labels release=kps" in labelled and "engine.podMonitor.labels" not in labelled
+
+
 def _chat_target() -> tuple[Any, TargetRef, Plan]:
     """The simulated chat example's spec, a reference to it and a 1x L4 plan."""
     doc = yaml.safe_load((Path(__file__).parents[3] / "examples/simulated-chat.yaml").read_text())
