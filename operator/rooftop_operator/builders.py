@@ -84,6 +84,7 @@ class EngineInputs:
         weights: the checkpoint the plan's weight dtype loads (``weights.resolve_weights``);
             None derives it from ``served_model`` where that is possible (16-bit, fp8).
         lifecycle: how a pod starts and drains (``rooftop_planner.lifecycle``).
+        host_arch: the GPU hosts' CPU architecture (``kubernetes.io/arch``).
     """
 
     ref: TargetRef
@@ -98,6 +99,7 @@ class EngineInputs:
     pod_security: PodSecurity = PodSecurity.BASELINE
     pod_monitor_labels: Mapping[str, str] = field(default_factory=dict)
     weights: Weights | None = None
+    host_arch: str = "amd64"
 
 
 APPLIED_ANNOTATION: Final = "rooftop.dev/applied"
@@ -379,6 +381,8 @@ def _node_selector(inp: EngineInputs) -> dict[str, str]:
     if inp.spec.mode is Mode.SIMULATED:
         return own
     key, value = inp.node_label
+    if inp.host_arch != "amd64":  # an image that also runs on amd64 must not land there
+        own["kubernetes.io/arch"] = inp.host_arch
     return {**own, key: value}
 
 

@@ -67,13 +67,21 @@ def pod_lifecycle(catalog: Catalog, spec: ServingTargetSpec, plan: Plan) -> Life
     return lifecycle(spec, plan, resolve_model(spec, catalog), weights)
 
 
-def engine_image(config: OperatorConfig, spec: ServingTargetSpec, family: str) -> str:
-    """The image for this accelerator family (the spec's own wins).
+def engine_image(
+    config: OperatorConfig, spec: ServingTargetSpec, family: str, arch: str = "amd64"
+) -> str:
+    """The image for this accelerator family and host architecture (the spec's own wins).
+
+    GH200 hosts are arm64: vLLM publishes vllm/vllm-openai tags as multi-arch manifests
+    (x86_64 and aarch64), so the CUDA image serves them unless ``vllm_arm64_image``
+    names another (a registry mirror that copied only the amd64 variant).
 
     Raises:
         builders.UnsupportedPlan: no vLLM image for the family is configured.
     """
     images = config.engine_images()
+    if family == "cuda" and arch == "arm64" and config.vllm_arm64_image:
+        images["cuda"] = config.vllm_arm64_image
     if spec.mode is Mode.VLLM and not spec.engine.image and family not in images:
         raise builders.UnsupportedPlan(
             f"no vLLM image for {family} accelerators is configured "
@@ -101,7 +109,8 @@ def engine_inputs(
         served_model=served_model(spec, catalog),
         node_label=(gpu.node_label_key, gpu.node_label_value),
         gpu_resource=gpu.resource_name,
-        image=engine_image(config, spec, gpu.family),
+        image=engine_image(config, spec, gpu.family, gpu.host_arch),
+        host_arch=gpu.host_arch,
         pod_monitor=pod_monitor,
         pod_security=config.engine_pod_security,
         pod_monitor_labels=config.pod_monitor_labels,

@@ -135,6 +135,9 @@ class OperatorConfig:
         peering_lifetime_s: how long this replica's peering keep-alive counts, s.
         vllm_image: engine image for ``mode: vllm`` on CUDA GPUs (a target's
             spec.engine.image wins).
+        vllm_arm64_image: engine image for CUDA GPUs on arm64 hosts (GH200); empty: the
+            ``vllm_image``, whose vllm/vllm-openai tags are multi-arch (x86_64 and
+            aarch64) as vLLM publishes them.
         rocm_image / tpu_image: vLLM's image for ROCm GPUs / TPUs; empty: accelerators
             of that family are not planned (the plan says why).
         self_image: image for ``mode: simulated``; the chart passes the operator's own.
@@ -161,6 +164,7 @@ class OperatorConfig:
     peering_priority: int = 0
     peering_lifetime_s: int = PEERING_LIFETIME_S
     vllm_image: str = VLLM_IMAGE
+    vllm_arm64_image: str = ""
     rocm_image: str = ""
     tpu_image: str = ""
     self_image: str = DEFAULT_SELF_IMAGE
@@ -189,6 +193,8 @@ def env_defaults(environ: Mapping[str, str] | None = None) -> dict[str, object]:
         out["self_image"] = env["ROOFTOP_SELF_IMAGE"]
     if env.get("ROOFTOP_VLLM_IMAGE"):
         out["vllm_image"] = env["ROOFTOP_VLLM_IMAGE"]
+    if env.get("ROOFTOP_VLLM_ARM64_IMAGE"):
+        out["vllm_arm64_image"] = env["ROOFTOP_VLLM_ARM64_IMAGE"]
     if env.get("ROOFTOP_VLLM_ROCM_IMAGE"):
         out["rocm_image"] = env["ROOFTOP_VLLM_ROCM_IMAGE"]
     if env.get("ROOFTOP_VLLM_TPU_IMAGE"):

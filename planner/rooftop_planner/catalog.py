@@ -67,6 +67,9 @@ class GpuSpec:
         resource_name: the extended resource pods request.
         family: the accelerator family (``cuda``, ``rocm``, ``tpu``): which vLLM build
             (container image) can drive it.
+        host_arch: the CPU architecture of the nodes that carry it, as Kubernetes'
+            ``kubernetes.io/arch`` label writes it (``arm64`` for Grace superchips):
+            the engine image must run on it.
     """
 
     id: str
@@ -82,6 +85,7 @@ class GpuSpec:
     node_label_key: str = "nvidia.com/gpu.product"
     resource_name: str = "nvidia.com/gpu"
     family: str = "cuda"
+    host_arch: str = "amd64"
     sources: Mapping[str, str] = field(default_factory=dict)
     link_group_gpus: int = 0
     beyond_group_bytes_per_s: float = 0.0
@@ -105,6 +109,8 @@ class GpuSpec:
 
 # Accelerator families vLLM publishes an engine build (container image) for.
 ACCELERATOR_FAMILIES = ("cuda", "rocm", "tpu")
+# CPU architectures of GPU hosts, as the kubernetes.io/arch node label names them.
+HOST_ARCHES = ("amd64", "arm64")
 # Weight dtypes a model's 16-bit checkpoint serves as is (vLLM casts with --dtype) or that
 # vLLM quantizes online at load (fp8); the others need a checkpoint already in that format.
 BASE_CHECKPOINT_DTYPES = ("bf16", "fp16", "fp8")
@@ -382,6 +388,11 @@ def _gpu_from_entry(gpu_id: str, entry: Mapping[str, Any]) -> GpuSpec:
         raise CatalogError(
             f"{at}family: unknown accelerator family {family!r}; use one of "
             f"{', '.join(ACCELERATOR_FAMILIES)}"
+        )
+    arch = values.setdefault("host_arch", "amd64")
+    if arch not in HOST_ARCHES:
+        raise CatalogError(
+            f"{at}host_arch: unknown architecture {arch!r}; use one of {', '.join(HOST_ARCHES)}"
         )
     return GpuSpec(**values)
 

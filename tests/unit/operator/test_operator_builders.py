@@ -538,3 +538,28 @@ def test_vllm_is_told_chunked_prefill_and_its_drain(catalog: Catalog) -> None:
     assert "--enable-chunked-prefill" in args and "--shutdown-timeout" in args
     emitted = {a for a in args if a.startswith("--")}
     assert emitted <= builders.ENGINE_FLAGS
+
+
+# ---------------------------------------------------------------- arm64 GPU hosts
+
+
+def test_a_gh200_plan_runs_an_arm64_image_on_arm64_nodes(catalog: Catalog) -> None:
+    """GH200 hosts are arm64 (Grace). vLLM publishes vllm/vllm-openai tags as multi-arch
+    manifests (x86_64 and aarch64), so the default image serves them; a mirror with only
+    amd64 sets operator.vllmArm64Image. The pods pin kubernetes.io/arch either way."""
+    from rooftop_operator import children
+    from rooftop_operator.settings import OperatorConfig
+
+    spec, gh200 = parse_spec(SPEC), make_plan(gpu="gh200")
+    default = children.engine_inputs(catalog, OperatorConfig(), REF, spec, gh200,
+                                     pod_monitor=False)  # fmt: skip
+    assert default.image == OperatorConfig().vllm_image
+    mirror = OperatorConfig(vllm_image="mirror/vllm:amd64", vllm_arm64_image="mirror/vllm:arm")
+    inp = children.engine_inputs(catalog, mirror, REF, spec, gh200, pod_monitor=False)
+    assert container(builders.build_deployment(inp))["image"] == "mirror/vllm:arm"
+    assert pod_spec(builders.build_deployment(inp))["nodeSelector"]["kubernetes.io/arch"] == (
+        "arm64"
+    )
+    h100 = children.engine_inputs(catalog, mirror, REF, spec, make_plan(), pod_monitor=False)
+    assert h100.image == "mirror/vllm:amd64"
+    assert "kubernetes.io/arch" not in pod_spec(builders.build_deployment(h100))["nodeSelector"]

@@ -393,6 +393,8 @@ def test_engine_images_per_accelerator_family_reach_the_operator() -> None:
     assert configured.engine_images() == {
         "cuda": VLLM_IMAGE, "rocm": "rocm/vllm:tested", "tpu": "vllm/vllm-tpu:x"
     }  # fmt: skip
+    arm = OperatorConfig(**env_defaults(_env(render("operator.vllmArm64Image=m/vllm:arm"))))  # type: ignore[arg-type]
+    assert (default.vllm_arm64_image, arm.vllm_arm64_image) == ("", "m/vllm:arm")
 
 
 def test_the_chart_deploys_the_vllm_version_the_tests_run() -> None:
