@@ -67,6 +67,12 @@ class RequestResult:
     e2e_s: float | None = None
     output_tokens: int = 0
     error: str | None = None
+    cut: bool = False  # the stream ended without its [DONE]: the answer is incomplete
+
+
+# The error a stream that ends without vLLM's final ``data: [DONE]`` gets: the server
+# closed it mid-answer (an engine stopped, a proxy dropped the connection).
+CUT_ERROR = "stream cut: ended without [DONE]"
 
 
 @dataclass
@@ -75,7 +81,7 @@ class LoadReport:
 
     sent: int
     completed: int
-    errors: int
+    errors: int  # every request not completed, cut streams included
     duration_s: float
     offered_rate: float  # requests/s sent
     achieved_rate: float  # completed requests/s
@@ -84,6 +90,7 @@ class LoadReport:
     tpot_s: dict[str, float] = field(default_factory=dict)
     e2e_s: dict[str, float] = field(default_factory=dict)
     error_samples: list[str] = field(default_factory=list)
+    cut: int = 0  # streams the server ended without [DONE] (part of errors)
 
     def to_json(self) -> dict[str, Any]:
         """Plain dict for ``--json``."""
@@ -92,8 +99,8 @@ class LoadReport:
     def format(self) -> str:
         """Human-readable summary, milliseconds for latencies."""
         lines = [
-            f"sent {self.sent}  completed {self.completed}  errors {self.errors}  "
-            f"in {self.duration_s:.1f} s",
+            f"sent {self.sent}  completed {self.completed}  errors {self.errors} "
+            f"({self.cut} cut)  in {self.duration_s:.1f} s",
             f"offered {self.offered_rate:.2f} req/s  achieved {self.achieved_rate:.2f} req/s  "
             f"output {self.output_tok_s:.0f} tok/s",
         ]
@@ -138,6 +145,7 @@ def summarize(
         tpot_s=_stats([r.tpot_s for r in ok if r.tpot_s is not None]),
         e2e_s=_stats([r.e2e_s for r in ok if r.e2e_s is not None]),
         error_samples=sorted(set(errors))[:5],
+        cut=sum(r.cut for r in results),
     )
 
 
@@ -225,27 +233,37 @@ async def send_request(
 
 
 async def _read_stream(resp: aiohttp.ClientResponse, res: RequestResult, start: float) -> None:
+    """Read the server-sent events; a stream counts as served only when it ends with
+    ``data: [DONE]`` (an engine stopped mid-answer closes it cleanly, tokens and all)."""
     first = last = None
     chunks = 0
     usage_tokens = None
-    async for raw in resp.content:
-        line = raw.decode(errors="replace").strip()
-        if not line.startswith("data:"):
-            continue
-        data = line[5:].strip()
-        if data == "[DONE]":
-            break
-        obj = json.loads(data)
-        if obj.get("usage"):
-            usage_tokens = obj["usage"].get("completion_tokens")
-        if obj.get("choices"):
-            now = time.monotonic()
-            first = now if first is None else first
-            last = now
-            chunks += 1
+    done = False
+    try:
+        async for raw in resp.content:
+            line = raw.decode(errors="replace").strip()
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                done = True
+                break
+            obj = json.loads(data)
+            if obj.get("usage"):
+                usage_tokens = obj["usage"].get("completion_tokens")
+            if obj.get("choices"):
+                now = time.monotonic()
+                first = now if first is None else first
+                last = now
+                chunks += 1
+    except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError):
+        pass  # the server closed the stream mid-answer: not done, counted as cut below
     n = usage_tokens if isinstance(usage_tokens, int) else chunks
     res.output_tokens = n
     res.e2e_s = time.monotonic() - start
+    if not done:
+        res.error, res.cut = f"{CUT_ERROR} after {chunks} token chunk(s)", True
+        return
     if first is None or last is None:
         res.error = "stream ended without tokens"
         return

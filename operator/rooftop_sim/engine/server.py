@@ -252,6 +252,9 @@ class EngineSim:
 # --------------------------------------------------------------------------------------
 
 SIM_KEY = web.AppKey("sim", EngineSim)
+# The handler tasks of the requests in flight, and how long SIGTERM lets them finish.
+INFLIGHT_KEY = web.AppKey("inflight", set[asyncio.Task[Any]])
+DRAIN_KEY = web.AppKey("drain_s", float)
 
 
 def _token_text(index: int) -> str:
@@ -383,6 +386,17 @@ async def _whole(
 
 async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
     sim = request.app[SIM_KEY]
+    task = asyncio.current_task()
+    inflight = request.app[INFLIGHT_KEY]
+    if task is not None:  # SIGTERM's drain waits for it (_drain)
+        inflight.add(task)
+    try:
+        return await _serve(request, sim, chat)
+    finally:
+        inflight.discard(task)
+
+
+async def _serve(request: web.Request, sim: EngineSim, chat: bool) -> web.StreamResponse:
     try:
         body = await _read_body(request, sim)
         prompt = chat_prompt_tokens(body) if chat else completion_prompt_tokens(body)
@@ -463,10 +477,27 @@ async def admin_state(request: web.Request) -> web.Response:
     return web.json_response(request.app[SIM_KEY].state())
 
 
-def build_app(cfg: SimConfig) -> web.Application:
+async def _drain(app: web.Application) -> None:
+    """On shutdown (SIGTERM; the server has stopped listening): let the requests in
+    flight finish for ``DRAIN_KEY`` seconds, then cut the rest, as vLLM's
+    ``--shutdown-timeout`` does (0, vLLM's default, cuts them at once)."""
+    tasks = {t for t in app[INFLIGHT_KEY] if not t.done()}
+    if not tasks:
+        return
+    pending = tasks
+    if app[DRAIN_KEY] > 0:
+        _, pending = await asyncio.wait(tasks, timeout=app[DRAIN_KEY])
+    for task in pending:
+        task.cancel()
+
+
+def build_app(cfg: SimConfig, shutdown_timeout_s: float = 0.0) -> web.Application:
     """The aiohttp application; the engine loop starts and stops with it."""
     app = web.Application()
     app[SIM_KEY] = EngineSim(cfg)
+    app[INFLIGHT_KEY] = set()
+    app[DRAIN_KEY] = shutdown_timeout_s
+    app.on_shutdown.append(_drain)
 
     async def engine_loop(app: web.Application) -> AsyncIterator[None]:
         task = asyncio.create_task(app[SIM_KEY].run())
@@ -551,7 +582,10 @@ def _message(err: Exception) -> str:
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted. Exit code 2 on a configuration error, 1 if it cannot listen."""
     try:
-        app = build_app(config_from_args(args))
+        drain_s = getattr(args, "shutdown_timeout", 0)
+        if drain_s < 0:
+            raise ValueError(f"--shutdown-timeout: must be >= 0 seconds, got {drain_s}")
+        app = build_app(config_from_args(args), shutdown_timeout_s=drain_s)
     except (KeyError, ValueError) as err:
         print(f"engine-sim: {_message(err)}", file=sys.stderr)
         return 2
@@ -564,11 +598,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         # aiohttp calls ``print`` once the socket is bound, so the banner never precedes
         # a "cannot listen" error
-        # On SIGTERM aiohttp stops listening, lets running handlers finish for
-        # shutdown_timeout and only then cancels the engine loop (cleanup_ctx): the
-        # drain vLLM's --shutdown-timeout gives.
-        web.run_app(app, host=args.host, port=args.port,
-                    shutdown_timeout=getattr(args, "shutdown_timeout", 0),
+        # On SIGTERM aiohttp stops listening, runs _drain (on_shutdown) and only then
+        # cancels the engine loop (cleanup_ctx); its own grace must not end the drain.
+        web.run_app(app, host=args.host, port=args.port, shutdown_timeout=drain_s + 5,
                     print=lambda _: print(banner, file=sys.stderr, flush=True))  # fmt: skip
     except OSError as err:  # address in use, unknown host, no permission
         print(f"engine-sim: cannot listen on {args.host}:{args.port}: {err}", file=sys.stderr)

@@ -86,6 +86,39 @@ async def test_strictly_bounded_in_time(server: TestServer) -> None:
     assert "cancelled" in report.error_samples[0]
 
 
+async def test_a_stream_cut_before_done_is_not_served() -> None:
+    """An engine stopped mid-answer (vLLM's default shutdown aborts its streams) closes
+    the connection cleanly after some tokens: the client has a partial answer, and the
+    count must say so. A stream that ends with `data: [DONE]` is served."""
+    from aiohttp import web
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(3):
+            await resp.write(b'data: {"choices": [{"text": "t%d"}]}\n\n' % i)
+        if request.path.startswith("/done"):
+            await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/cut/v1/completions", stream)
+    app.router.add_post("/done/v1/completions", stream)
+    srv = TestServer(app)
+    await srv.start_server()
+    try:
+        cut = await run_load(LoadSpec(url(srv) + "/cut", NAME, rate=50.0, duration_s=1.0,
+                                      max_requests=2))  # fmt: skip
+        done = await run_load(LoadSpec(url(srv) + "/done", NAME, rate=50.0, duration_s=1.0,
+                                       max_requests=2))  # fmt: skip
+    finally:
+        await srv.close()
+    assert (cut.completed, cut.errors, cut.cut) == (0, 2, 2)
+    assert "ended without [DONE] after 3 token chunk(s)" in cut.error_samples[0]
+    assert "(2 cut)" in cut.format()
+    assert (done.completed, done.errors, done.cut) == (2, 0, 0)
+
+
 def test_progress_bar_and_report_format() -> None:
     out = io.StringIO()
     show = loadgen.progress_bar(out, width=10)
