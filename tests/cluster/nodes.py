@@ -28,6 +28,7 @@ class GpuType:
     machine: str
     cpu: str
     memory: str
+    arch: str = "amd64"  # kubernetes.io/arch of the host (GH200: arm64)
 
 
 H100 = GpuType(
@@ -64,7 +65,7 @@ def gpu_node(gpu: GpuType, index: int) -> dict[str, Any]:
         "nvidia.com/gpu.machine": gpu.machine,
     }
     resources = _resources(gpu.cpu, gpu.memory) | {"nvidia.com/gpu": str(gpu.gpus)}
-    return _node(name, labels, resources)
+    return _node(name, labels | {"kubernetes.io/arch": gpu.arch}, resources)
 
 
 def cpu_node(index: int) -> dict[str, Any]:

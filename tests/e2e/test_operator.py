@@ -145,7 +145,16 @@ def ensure_gpu_nodes(env: Env, plan: Any) -> None:
     prefix = f"e2e-{gpu.id}-{uuid.uuid4().hex[:4]}"
     memory_mib = int(gpu.hbm_bytes / 2**20)
     flavour = GpuType(
-        prefix, gpu.node_label_value, 8, memory_mib, "e2e", (9, 0), "e2e", "192", "2Ti"
+        prefix,
+        gpu.node_label_value,
+        8,
+        memory_mib,
+        "e2e",
+        (9, 0),
+        "e2e",
+        "192",
+        "2Ti",
+        arch=gpu.host_arch,
     )
     for i in range(2 - len(big)):
         node = gpu_node(flavour, i)
@@ -233,7 +242,7 @@ def test_example_is_planned_deployed_and_ready(env: Env, example: Path) -> None:
     limits = pod_spec["containers"][0]["resources"]["limits"]
     simulated = doc["spec"].get("mode") == "simulated"
     if simulated:  # runs on any node: no GPU asked for, no GPU label required
-        assert gpu.node_label_key not in pod_spec["nodeSelector"]
+        assert gpu.node_label_key not in pod_spec.get("nodeSelector", {})
         assert gpu.resource_name not in limits
     else:
         assert pod_spec["nodeSelector"][gpu.node_label_key] == gpu.node_label_value
@@ -338,7 +347,8 @@ def test_ready_names_what_keeps_the_scheduler_from_placing_pods(env: Env) -> Non
     env.wait_condition("nowhere", "Ready", "True", generation=2)
     deployment = env.deployment("nowhere")
     assert deployment is not None  # the removed selector entry left the Deployment
-    assert "e2e.rooftop.dev/pool" not in deployment["spec"]["template"]["spec"]["nodeSelector"]
+    selector = deployment["spec"]["template"]["spec"].get("nodeSelector", {})
+    assert "e2e.rooftop.dev/pool" not in selector  # removed (a simulated engine has no other)
 
 
 def test_infeasible_target_reports_why_and_deploys_nothing(env: Env) -> None:
@@ -611,8 +621,9 @@ def test_gpu_inventory_plans_for_the_nodes_there_are(env: Env, tmp_path: Path) -
     doc["spec"]["slo"]["tpotMs"] = 20  # one A10G per pod cannot meet this; TP > 1 can
     tp = expected_plan(doc, env.catalog).tp
     assert tp > 1
+    # CPU and memory for a vLLM pod of several GPUs (2 CPUs and 16 GiB per GPU)
     a10g = GpuType(f"e2e-a10g-{uuid.uuid4().hex[:4]}", "NVIDIA-A10G", 1, 23028, "ampere",
-                   (8, 6), "g5.xlarge", "4", "16Gi")  # fmt: skip
+                   (8, 6), "g5.12xlarge", "48", "192Gi")  # fmt: skip
 
     def add_node(gpus: int, index: int, taint: str | None = None) -> str:
         node = gpu_node(dataclasses.replace(a10g, gpus=gpus), index)
