@@ -31,9 +31,14 @@ log() { echo "build-bins: $*" >&2; }
 
 need() { for b in "$@"; do [ -x "$BIN/$b" ] || return 0; done; return 1; }
 
+# build_kubernetes [CMD...]: the control plane's commands by default; build-node.sh asks
+# for kubelet and kube-proxy from the same module, work dir and ldflags.
 build_kubernetes() {
-  need kube-apiserver kube-controller-manager kube-scheduler kubectl || { log "kubernetes binaries cached"; return; }
+  local cmds=("$@")
+  [ ${#cmds[@]} -gt 0 ] || cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+  need "${cmds[@]}" || { log "kubernetes binaries cached: ${cmds[*]}"; return; }
   cd "$WORK"
+  exec 9>"$WORK/.lock"; flock 9  # one build at a time edits go.mod here
   [ -f go.mod ] || go mod init example.invalid/k8sbins >&2
   local gomod
   gomod=$(go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" \
@@ -42,20 +47,20 @@ build_kubernetes() {
     go mod edit -replace="$m=$m@v$STAGING_VERSION"
   done
   log "resolving k8s.io/kubernetes@v$K8S_VERSION"
-  go get "k8s.io/kubernetes/cmd/kube-apiserver@v$K8S_VERSION" \
-         "k8s.io/kubernetes/cmd/kube-controller-manager@v$K8S_VERSION" \
-         "k8s.io/kubernetes/cmd/kube-scheduler@v$K8S_VERSION" \
-         "k8s.io/kubernetes/cmd/kubectl@v$K8S_VERSION" >&2
+  local pkgs=() cmd
+  for cmd in "${cmds[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$cmd@v$K8S_VERSION"); done
+  go get "${pkgs[@]}" >&2
   local v=k8s.io/component-base/version c=k8s.io/client-go/pkg/version
   local ldf="-s -w -X $v.gitVersion=v$K8S_VERSION -X $v.gitMajor=1 -X $v.gitMinor=$K8S_MINOR"
   ldf+=" -X $v.gitTreeState=clean -X $v.buildDate=2025-01-01T00:00:00Z"
   ldf+=" -X $c.gitVersion=v$K8S_VERSION -X $c.gitMajor=1 -X $c.gitMinor=$K8S_MINOR"
-  for cmd in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+  for cmd in "${cmds[@]}"; do
     [ -x "$BIN/$cmd" ] && continue
     log "building $cmd (several minutes on 2 cores)"
     CGO_ENABLED=0 go build -trimpath -ldflags "$ldf" -o "$BIN/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd" >&2
     mv "$BIN/$cmd.tmp" "$BIN/$cmd"
   done
+  exec 9>&-
 }
 
 build_etcd() {
@@ -96,4 +101,5 @@ main() {
   echo "$BIN"
 }
 
-main "$@"
+# Sourced (build-node.sh), only the functions and settings are wanted.
+[ "${BASH_SOURCE[0]}" != "$0" ] || main "$@"

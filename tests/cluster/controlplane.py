@@ -360,6 +360,10 @@ class ControlPlane:
             f"--service-account-key-file={p.sa_pub}",
             f"--service-account-signing-key-file={p.sa_key}",
             "--allow-privileged=true",
+            # A real node (tests/cluster/realnode.py) is reached at its InternalIP for
+            # logs and exec; the default tries its Hostname first, which would send a DNS
+            # query off this machine.
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             # The `kubernetes` Service cannot point at 127.0.0.1 (loopback is invalid in
             # Endpoints); nothing runs in-cluster, so skip that reconciler.
             "--endpoint-reconciler-type=none",
