@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 ROOFTOP_CACHE ?= $(HOME)/.cache/rooftop
 export ROOFTOP_CACHE
 
-.PHONY: demo test floors lint typecheck unit vllm e2e loop vllm-e2e vllm-engine loop-figure bench calibrate crd dashboards docs vllm-flags cluster-up cluster-down tools clean
+.PHONY: demo test floors realnode-tools lint typecheck unit vllm e2e loop vllm-e2e vllm-engine loop-figure bench calibrate crd dashboards docs vllm-flags cluster-up cluster-down tools clean
 
 # The demo needs only the runtime; tests add the dev tools (separate stamp, so a
 # `make demo` on a fresh clone stays well under two minutes).
@@ -67,6 +67,16 @@ vllm: $(VENV)/.dev vllm-engine
 tools: vllm-engine
 	tests/cluster/build-bins.sh
 	tests/cluster/fetch-prometheus.sh
+	$(MAKE) realnode-tools
+
+## realnode-tools: the real node's kubelet, kube-proxy, CNI plugins, containerd and runc
+## (tests/cluster/build-node.sh) and its images, assembled locally (build-images.sh:
+## pause, the operator, the vLLM CPU engine), cached in $(ROOFTOP_CACHE). Needs root
+## (apt packages, and a kubelet runs pods as root); without it the real-node tests skip.
+realnode-tools: vllm-engine
+	@if [ "$$(id -u)" = 0 ]; then \
+	  tests/cluster/build-node.sh >/dev/null && tests/cluster/build-images.sh >/dev/null; \
+	else echo "realnode-tools: not root, so the real-node tests will skip"; fi
 
 ## vllm-engine: the real vLLM CPU build in a venv in $(ROOFTOP_CACHE) (cached)
 vllm-engine:

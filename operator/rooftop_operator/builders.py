@@ -312,9 +312,11 @@ def _env(inp: EngineInputs) -> list[dict[str, Any]]:
 
 
 def _volumes(inp: EngineInputs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(volumes, mounts): the model cache, and /dev/shm in RAM when TP > 1 because
-    tensor-parallel workers exchange tensors through shared memory (NCCL), and the
-    container runtime's default 64 MiB /dev/shm is far too small."""
+    """(volumes, mounts): the model cache, and /dev/shm in RAM for every vLLM engine:
+    tensor-parallel workers exchange tensors through shared memory (NCCL), vLLM's
+    engine core and API server pass messages through it even at TP 1 (its CPU build
+    refuses to start with "Insufficient space in /dev/shm", 160 MiB needed), and the
+    container runtime's default is 64 MiB."""
     cache = inp.spec.engine.model_cache
     if cache is not None and cache.pvc_name:
         source: dict[str, Any] = {"persistentVolumeClaim": {"claimName": cache.pvc_name}}
@@ -329,7 +331,7 @@ def _volumes(inp: EngineInputs) -> tuple[list[dict[str, Any]], list[dict[str, An
         claim: dict[str, Any] = {"claimName": model_volume.claim_name, "readOnly": True}
         volumes.append({"name": "model-files", "persistentVolumeClaim": claim})
         mounts.append({"name": "model-files", "mountPath": MODELS_MOUNT, "readOnly": True})
-    if inp.plan.tp > 1:
+    if inp.spec.mode is not Mode.SIMULATED:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     if inp.spec.mode is not Mode.SIMULATED:  # the simulator writes nothing

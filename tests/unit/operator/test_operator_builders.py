@@ -238,9 +238,15 @@ def test_gpu_request_equals_limit_equals_tp(catalog: Catalog, tp: int) -> None:
     assert resources["requests"]["nvidia.com/gpu"] == str(tp)
 
 
-@pytest.mark.parametrize(("tp", "has_shm"), [(1, False), (2, True), (8, True)])
-def test_dev_shm_only_with_tensor_parallelism(catalog: Catalog, tp: int, has_shm: bool) -> None:
-    deployment = builders.build_deployment(inputs(catalog, tp=tp))
+@pytest.mark.parametrize(
+    ("tp", "mode", "has_shm"),
+    [(1, "vllm", True), (2, "vllm", True), (8, "vllm", True), (2, "simulated", False)],
+)
+def test_dev_shm_for_every_vllm_engine(catalog: Catalog, tp: int, mode: str, has_shm: bool) -> None:
+    """vLLM passes messages between its API server and engine core through /dev/shm even
+    at TP 1: its CPU build on the real node refused to start with the runtime's 64 MiB
+    ("Insufficient space in /dev/shm ... 160 MiB required")."""
+    deployment = builders.build_deployment(inputs(catalog, {**SPEC, "mode": mode}, tp=tp))
     volumes = {v["name"]: v for v in pod_spec(deployment)["volumes"]}
     mounts = {m["mountPath"] for m in container(deployment)["volumeMounts"]}
     assert ("dshm" in volumes) is has_shm

@@ -69,7 +69,7 @@ def test_baseline_is_the_default_and_keeps_the_images_user(catalog: Catalog) -> 
     spec = pod(catalog, PodSecurity.BASELINE)
     assert spec["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
     assert spec["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False}
-    assert {v["name"] for v in spec["volumes"]} == {"model-cache"}
+    assert {v["name"] for v in spec["volumes"]} == {"model-cache", "dshm"}  # no writable extras
 
 
 @pytest.mark.parametrize("level", list(PodSecurity))
