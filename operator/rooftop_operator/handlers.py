@@ -712,7 +712,7 @@ def _without_finalizer(registry: kopf.OperatorRegistry) -> None:
     kopf offers no public switch for this, and its maintainer declined one (nolar/kopf#896,
     2026: timers and daemons keep their finalizers by design), so this reaches into the
     registry: ``test_timers_put_no_finalizer`` fails if its shape changes, and
-    ``make floors`` runs it on the oldest kopf pyproject.toml allows."""
+    ``make floors`` runs it on the oldest kopf pyproject.toml allows (1.44.6)."""
     spawning = registry._spawning._handlers
     spawning[-1] = dataclasses.replace(spawning[-1], requires_finalizer=False)
 

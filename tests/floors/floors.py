@@ -2,7 +2,7 @@
 APIs the operator leans on most, so a CI step can install exactly those and run the
 operator's tests against them: a floor nothing tests is a guess.
 
-Usage: python tests/floors/floors.py  ->  kubernetes==37.0.0 kopf==1.37.0 pydantic==2.13.5
+Usage: python tests/floors/floors.py  ->  pydantic==2.13.5 kopf==1.44.6 kubernetes==37.0.0
 """
 
 from __future__ import annotations
