@@ -234,11 +234,14 @@ async def send_request(
 
 async def _read_stream(resp: aiohttp.ClientResponse, res: RequestResult, start: float) -> None:
     """Read the server-sent events; a stream counts as served only when it ends with
-    ``data: [DONE]`` (an engine stopped mid-answer closes it cleanly, tokens and all)."""
+    ``data: [DONE]`` (an engine stopped mid-answer closes it cleanly, tokens and all)
+    and no choice finished with ``abort`` (vLLM's shutdown without a drain aborts its
+    requests and still sends [DONE])."""
     first = last = None
     chunks = 0
     usage_tokens = None
     done = False
+    finish: str | None = None
     try:
         async for raw in resp.content:
             line = raw.decode(errors="replace").strip()
@@ -251,6 +254,8 @@ async def _read_stream(resp: aiohttp.ClientResponse, res: RequestResult, start: 
             obj = json.loads(data)
             if obj.get("usage"):
                 usage_tokens = obj["usage"].get("completion_tokens")
+            for choice in obj.get("choices") or []:
+                finish = choice.get("finish_reason") or finish
             if obj.get("choices"):
                 now = time.monotonic()
                 first = now if first is None else first
@@ -263,6 +268,9 @@ async def _read_stream(resp: aiohttp.ClientResponse, res: RequestResult, start: 
     res.e2e_s = time.monotonic() - start
     if not done:
         res.error, res.cut = f"{CUT_ERROR} after {chunks} token chunk(s)", True
+        return
+    if finish == "abort":  # vLLM's abort on SIGTERM ends the stream with [DONE] too
+        res.error, res.cut = f"stream aborted by the server after {chunks} token chunk(s)", True
         return
     if first is None or last is None:
         res.error = "stream ended without tokens"

@@ -97,6 +97,9 @@ async def test_a_stream_cut_before_done_is_not_served() -> None:
         await resp.prepare(request)
         for i in range(3):
             await resp.write(b'data: {"choices": [{"text": "t%d"}]}\n\n' % i)
+        if request.path.startswith("/abort"):  # what vLLM sends when it aborts on SIGTERM
+            await resp.write(b'data: {"choices": [{"text": "", "finish_reason": "abort"}]}\n\n')
+            await resp.write(b"data: [DONE]\n\n")
         if request.path.startswith("/done"):
             await resp.write(b"data: [DONE]\n\n")
         return resp
@@ -104,6 +107,7 @@ async def test_a_stream_cut_before_done_is_not_served() -> None:
     app = web.Application()
     app.router.add_post("/cut/v1/completions", stream)
     app.router.add_post("/done/v1/completions", stream)
+    app.router.add_post("/abort/v1/completions", stream)
     srv = TestServer(app)
     await srv.start_server()
     try:
@@ -111,12 +115,16 @@ async def test_a_stream_cut_before_done_is_not_served() -> None:
                                       max_requests=2))  # fmt: skip
         done = await run_load(LoadSpec(url(srv) + "/done", NAME, rate=50.0, duration_s=1.0,
                                        max_requests=2))  # fmt: skip
+        aborted = await run_load(LoadSpec(url(srv) + "/abort", NAME, rate=50.0,
+                                          duration_s=1.0, max_requests=2))  # fmt: skip
     finally:
         await srv.close()
     assert (cut.completed, cut.errors, cut.cut) == (0, 2, 2)
     assert "ended without [DONE] after 3 token chunk(s)" in cut.error_samples[0]
     assert "(2 cut)" in cut.format()
     assert (done.completed, done.errors, done.cut) == (2, 0, 0)
+    assert (aborted.completed, aborted.cut) == (0, 2)
+    assert "aborted by the server" in aborted.error_samples[0]
 
 
 def test_progress_bar_and_report_format() -> None:
