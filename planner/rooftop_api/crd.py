@@ -53,20 +53,22 @@ def guarded_options() -> list[str]:
     API server refuses the spellings people write and the pydantic check (operator and
     ``rooftop plan``) does the rest with vLLM's parsing rules.
     """
-    table = vllm_args.load_table()
-    owned = {*vllm_args.PLANNED, *vllm_args.RESERVED}
-    options = sorted({o for o, f in table.by_option.items() if f.dest in owned})
-    underscored = [o.replace("-", "_").replace("__", "--", 1) for o in options]
-    return sorted({*options, *(u for u in underscored if u.startswith("--"))})
+    return _spellings({*vllm_args.PLANNED, *vllm_args.RESERVED})
 
 
 def secret_options() -> list[str]:
     """The option strings of the flags that carry a secret (``vllm_args.SECRET_FLAGS``),
     with their all-underscore spellings, for CEL."""
+    return _spellings(set(vllm_args.SECRET_FLAGS))
+
+
+def _spellings(dests: set[str]) -> list[str]:
+    """Every option string that sets one of ``dests``, and the all-underscore spelling
+    of the long ones (``--max_num_seqs``)."""
     table = vllm_args.load_table()
-    options = sorted({o for o, f in table.by_option.items() if f.dest in vllm_args.SECRET_FLAGS})
+    options = sorted({o for o, f in table.by_option.items() if f.dest in dests})
     underscored = [o.replace("-", "_").replace("__", "--", 1) for o in options]
-    return sorted({*options, *underscored})
+    return sorted({*options, *(u for u in underscored if u.startswith("--"))})
 
 
 def _no_flag_of(flags: Sequence[str]) -> str:

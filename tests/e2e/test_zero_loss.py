@@ -69,6 +69,7 @@ from tests.cluster.operator_process import Operator
 from tests.cluster.realnode import ENGINE_IMAGE, REAL_NODE_LABEL, RealNode
 from tests.cluster.requests_webhook import RequestsWebhook
 from tests.cluster.vllm_engines import model_config
+from tests.e2e.test_loop import Run  # one record per phase, as the loop scenario keeps
 from tests.e2e.test_real_node import engine_manifests, real_node  # noqa: F401 (fixture)
 
 # Not in `make test` yet (`make zero-loss`): 13 minutes on 2 cores, and the scale-down
@@ -135,19 +136,6 @@ def target(model_dir: Path, replicas: int, env: dict[str, str] | None = None) ->
 
 class PhaseFailed(AssertionError):
     pass
-
-
-@dataclass
-class Run:
-    """What the scenario measured: one record per phase (as test_loop.Run)."""
-
-    phases: dict[str, dict[str, Any]] = field(default_factory=dict)
-    failed: str | None = None
-
-    def need(self, phase: str) -> dict[str, Any]:
-        if phase not in self.phases:
-            pytest.fail(f"scenario did not reach {phase!r}: {self.failed}", pytrace=False)
-        return self.phases[phase]
 
 
 # ---------------------------------------------------------------- load

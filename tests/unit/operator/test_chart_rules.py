@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.cluster.controlplane import cache_dir, find_binary
+from tests.cluster.controlplane import cache_dir
+from tests.unit.operator.test_operator_chart import HELM, needs_helm, render
 
 from rooftop_operator import metrics, metrics_client
 from rooftop_sim.engine.vllm_metrics import TTFT_BUCKETS
@@ -46,18 +47,8 @@ def find_promtool() -> Path | None:
     return Path(found) if found else None
 
 
-HELM = find_binary("helm")
 PROMTOOL = find_promtool()
-needs_helm = pytest.mark.skipif(HELM is None, reason="helm not built: make tools")
 needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool not fetched: make tools")
-
-
-def render(*sets: str) -> list[dict[str, Any]]:
-    args = [str(HELM), "template", "rt", str(CHART), "--namespace", "ops"]
-    for s in sets:
-        args += ["--set", s]
-    out = subprocess.run(args, capture_output=True, text=True, check=True).stdout
-    return [d for d in yaml.safe_load_all(out) if d]
 
 
 def rule_spec(*sets: str) -> dict[str, Any]:
