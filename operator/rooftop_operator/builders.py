@@ -3,7 +3,8 @@
 Nothing here talks to the API server: each builder returns a plain dict ready for
 server-side apply, so unit tests compare dicts and the handlers stay a few lines.
 Children of ServingTarget ``NAME``: Deployment ``NAME-engine``, PodDisruptionBudget
-``NAME-engine``, Service ``NAME`` (the endpoint clients use) and, where the Prometheus
+``NAME-engine``, Service ``NAME`` (the endpoint clients use), ConfigMap ``NAME-engine``
+(the drain middleware vLLM pods load: ``engine_drain``) and, where the Prometheus
 Operator is installed, PodMonitor ``NAME-engine``. All carry an ownerReference to the
 target, so Kubernetes' garbage collector deletes them with it and the operator needs no
 finalizer.
@@ -17,6 +18,7 @@ builder itself emits.
 from __future__ import annotations
 
 import hashlib
+import importlib.resources
 import json
 import math
 from collections.abc import Mapping
@@ -55,12 +57,21 @@ ENGINE_FLAGS: Final = frozenset(
         "--served-model-name", "--tensor-parallel-size", "--max-num-seqs", "--max-model-len",
         "--gpu-memory-utilization", "--max-num-batched-tokens", "--dtype", "--quantization",
         "--kv-cache-dtype", "--port", "--enable-chunked-prefill", "--shutdown-timeout",
+        "--middleware",
     }
 )  # fmt: skip
 # Per GPU in the pod: CPU and host memory for tokenization, weight loading and the
 # API server. Conservative floors, not tuned per model.
 CPU_PER_GPU: Final = 2
 MEMORY_GI_PER_GPU: Final = 16
+# The drain middleware (engine_drain.py), as vLLM pods see it: a ConfigMap key mounted
+# read-only on the engine's PYTHONPATH, loaded with vLLM's own --middleware flag and
+# run by the preStop hook with the image's python3 (vllm/vllm-openai ships one).
+DRAIN_MODULE: Final = "rooftop_drain"
+DRAIN_MOUNT: Final = "/opt/rooftop"
+DRAIN_VOLUME: Final = "rooftop-drain"
+DRAIN_MIDDLEWARE: Final = f"{DRAIN_MODULE}.DrainMiddleware"
+DRAIN_ANNOTATION: Final = "rooftop.dev/drain-module"
 
 
 class UnsupportedPlan(ValueError):
@@ -222,6 +233,9 @@ def vllm_args(inp: EngineInputs) -> list[str]:
     # On SIGTERM vLLM stops taking requests and finishes those it holds for this long;
     # its default, 0, aborts every in-flight stream on each scale-down and rollout.
     args += ["--shutdown-timeout", str(inp.lifecycle.shutdown_timeout_s)]
+    # A ClusterIP keeps kept-alive connections on a pod that is draining, where vLLM
+    # aborts new requests: this middleware tells clients to reconnect first.
+    args += ["--middleware", DRAIN_MIDDLEWARE]
     return args + list(spec.engine.extra_args or [])
 
 
@@ -302,6 +316,8 @@ def _env(inp: EngineInputs) -> list[dict[str, Any]]:
     if spec.mode is not Mode.SIMULATED:
         env += engine_security.vllm_env(inp.pod_security)
     env += [{"name": e.name, "value": e.value} for e in spec.engine.env or []]
+    if spec.mode is not Mode.SIMULATED:
+        env.append(_drain_pythonpath(spec))
     secrets = (("HF_TOKEN", spec.engine.hf_token_secret_ref),
                ("VLLM_API_KEY", spec.engine.api_key_secret_ref))  # fmt: skip
     for name, ref in secrets:
@@ -309,6 +325,33 @@ def _env(inp: EngineInputs) -> list[dict[str, Any]]:
             secret = {"secretKeyRef": {"name": ref.name, "key": ref.key}}
             env.append({"name": name, "valueFrom": secret})
     return list({e["name"]: e for e in env}.values())
+
+
+def _drain_pythonpath(spec: ServingTargetSpec) -> dict[str, str]:
+    """PYTHONPATH with the drain module's directory first, then the target's own."""
+    own = next((e.value for e in spec.engine.env or [] if e.name == "PYTHONPATH"), "")
+    return {"name": "PYTHONPATH", "value": ":".join(p for p in (DRAIN_MOUNT, own) if p)}
+
+
+def drain_source() -> str:
+    """The drain middleware's source, shipped to vLLM pods in their ConfigMap."""
+    return importlib.resources.files("rooftop_operator").joinpath("engine_drain.py").read_text()
+
+
+def build_config_map(ref: TargetRef) -> dict[str, Any]:
+    """ConfigMap ``NAME-engine``: ``rooftop_drain.py`` for the vLLM pods (``engine_drain``)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(ref, deployment_name(ref.name)),
+        "data": {f"{DRAIN_MODULE}.py": drain_source()},
+    }
+
+
+def _drain_volume(ref: TargetRef) -> tuple[dict[str, Any], dict[str, Any]]:
+    config_map = {"name": deployment_name(ref.name), "defaultMode": 0o444}
+    volume = {"name": DRAIN_VOLUME, "configMap": config_map}
+    return volume, {"name": DRAIN_VOLUME, "mountPath": DRAIN_MOUNT, "readOnly": True}
 
 
 def _volumes(inp: EngineInputs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -334,11 +377,27 @@ def _volumes(inp: EngineInputs) -> tuple[list[dict[str, Any]], list[dict[str, An
     if inp.spec.mode is not Mode.SIMULATED:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+        drain_volume, drain_mount = _drain_volume(inp.ref)
+        volumes.append(drain_volume)
+        mounts.append(drain_mount)
     if inp.spec.mode is not Mode.SIMULATED:  # the simulator writes nothing
         extra_volumes, extra_mounts = engine_security.writable_volumes(inp.pod_security)
         volumes += extra_volumes
         mounts += extra_mounts
     return volumes, mounts
+
+
+def _pre_stop(inp: EngineInputs) -> dict[str, Any]:
+    """vLLM: wait until endpoints drop the pod and kept-alive clients have moved on
+    (``engine_drain``). The simulator closes kept-alive connections itself on SIGTERM
+    (aiohttp's shutdown), so it only waits for the endpoints."""
+    life = inp.lifecycle
+    if inp.spec.mode is Mode.SIMULATED:
+        return {"sleep": {"seconds": life.prestop_s}}
+    script = f"{DRAIN_MOUNT}/{DRAIN_MODULE}.py"
+    command = ["python3", script, "--port", str(ENGINE_PORT),
+               "--min-s", str(life.prestop_s), "--max-s", str(life.prestop_max_s)]  # fmt: skip
+    return {"exec": {"command": command}}
 
 
 def _container(inp: EngineInputs, mounts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -357,7 +416,7 @@ def _container(inp: EngineInputs, mounts: list[dict[str, Any]]) -> dict[str, Any
         "resources": _resources(inp),
         "volumeMounts": mounts,
         "securityContext": engine_security.container_security_context(inp.pod_security),
-        "lifecycle": {"preStop": {"sleep": {"seconds": inp.lifecycle.prestop_s}}},
+        "lifecycle": {"preStop": _pre_stop(inp)},
         **_probes(inp.lifecycle),
     }
 
@@ -402,6 +461,11 @@ def pod_template(inp: EngineInputs) -> dict[str, Any]:
     volumes, mounts = _volumes(inp)
     metadata: dict[str, Any] = {"labels": labels(inp.ref.name)}
     annotations = _pod_annotations(inp)
+    if inp.spec.mode is not Mode.SIMULATED:
+        # a running engine imported the middleware when it started: pods roll when the
+        # operator ships a different one, as when any other part of the template changes
+        digest = hashlib.sha256(drain_source().encode()).hexdigest()[:16]
+        annotations[DRAIN_ANNOTATION] = digest
     if annotations:
         metadata["annotations"] = annotations
     spec: dict[str, Any] = {
@@ -412,7 +476,7 @@ def pod_template(inp: EngineInputs) -> dict[str, Any]:
         "securityContext": engine_security.pod_security_context(
             inp.pod_security, vllm=inp.spec.mode is not Mode.SIMULATED
         ),
-        # preStop sleep, then the engine's drain, then its exit: a shorter grace period
+        # preStop wait, then the engine's drain, then its exit: a shorter grace period
         # would SIGKILL requests the drain was finishing.
         "terminationGracePeriodSeconds": inp.lifecycle.grace_s,
         # Kubernetes injects <SERVICE>_PORT=tcp://... for every Service in the namespace;

@@ -120,9 +120,11 @@ def engine_inputs(
 
 
 def desired(inp: builders.EngineInputs) -> list[Obj]:
-    """The target's children: Deployment, Service, PodDisruptionBudget and, where the
+    """The target's children: for vLLM the drain middleware's ConfigMap (first: its
+    pods mount it), then Deployment, Service, PodDisruptionBudget and, where the
     Prometheus Operator is installed, a PodMonitor."""
-    objects = [
+    objects = [] if inp.spec.mode is Mode.SIMULATED else [builders.build_config_map(inp.ref)]
+    objects += [
         builders.build_deployment(inp),
         builders.build_service(inp.ref),
         builders.build_pod_disruption_budget(inp.ref),

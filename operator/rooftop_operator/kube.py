@@ -262,9 +262,11 @@ class Kube:
             raise
 
     def _read_core(self, kind: str, namespace: str, name: str) -> Any:
-        if kind != "Service":
-            raise ValueError(f"core kind {kind} is not used by the operator")
-        return self._core().read_namespaced_service(name, namespace)
+        if kind == "Service":
+            return self._core().read_namespaced_service(name, namespace)
+        if kind == "ConfigMap":
+            return self._core().read_namespaced_config_map(name, namespace)
+        raise ValueError(f"core kind {kind} is not used by the operator")
 
     def apply(self, obj: Mapping[str, Any]) -> None:
         """Server-side apply ``obj`` as field manager ``rooftop``, forcing conflicts:

@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 import numpy as np
@@ -308,12 +308,23 @@ class _Run:
             progress(sent, self.planned, len(self.results), errs, time.monotonic() - self.t0)
 
 
+# Below vLLM's idle keep-alive timeout (uvicorn's, VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s):
+# the client drops an idle connection before the server does, so a request never goes
+# out on a connection the server is closing at that instant (HTTP's own race).
+IDLE_KEEPALIVE_S: Final = 4.0
+
+
+def connector() -> aiohttp.TCPConnector:
+    """The load's connection pool: no client-side concurrency cap (open loop), and
+    idle connections dropped before the engine drops them."""
+    return aiohttp.TCPConnector(limit=0, keepalive_timeout=IDLE_KEEPALIVE_S)
+
+
 async def run_load(spec: LoadSpec, progress: ProgressFn | None = None) -> LoadReport:
     """Run the load described by ``spec``; never longer than duration + drain timeout."""
     plan = schedule(spec)
     run = _Run(len(plan))
-    conn = aiohttp.TCPConnector(limit=0)  # open loop: no client-side concurrency cap
-    async with aiohttp.ClientSession(connector=conn) as session:
+    async with aiohttp.ClientSession(connector=connector()) as session:
         ticker = asyncio.create_task(_tick(run, progress))
         try:
             for offset, prompt, output in plan:

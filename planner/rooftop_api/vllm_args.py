@@ -74,6 +74,9 @@ RESERVED: Final[Mapping[str, str]] = {
     "which this flag turns off",
     "headless": "a headless engine runs no API server: the probes would never pass",
 }
+# Dests vLLM collects from every occurrence (argparse's append): the operator sets one
+# value and a user's extraArgs add theirs (vLLM applies each --middleware).
+ADDITIVE: Final = frozenset({"middleware"})
 # Dests that carry a secret: written here it would be stored in plain text in the
 # resource (readable by anyone who may read ServingTargets) and in the pod's command line.
 SECRET_FLAGS: Final[Mapping[str, str]] = {

@@ -11,9 +11,15 @@ checkpoint before anything calls it stuck. Both follow from numbers the planner 
 
   vLLM's ``--shutdown-timeout`` (seconds it keeps serving in-flight requests after
   SIGTERM, refusing new ones; its default, 0, aborts them) is ``DRAIN_MARGIN · d_99``,
-  between ``MIN_SHUTDOWN_S`` and ``MAX_SHUTDOWN_S``. Before SIGTERM a ``preStop`` sleep
-  of ``PRESTOP_S`` lets the endpoint controllers and every proxy drop the pod, so no
-  new request reaches an engine that would refuse it; the grace period covers both.
+  between ``MIN_SHUTDOWN_S`` and ``MAX_SHUTDOWN_S``. Before SIGTERM the ``preStop`` hook
+  waits at least ``PRESTOP_S``, so the endpoint controllers and every proxy drop the
+  pod, and then until no kept-alive connection could still bring a request (each
+  response tells its client to reconnect: rooftop_operator/engine_drain.py), at most
+  ``PRESTOP_S`` plus the shutdown timeout, since a connection is busy for at most one
+  request. So no new request reaches an engine that would refuse it. The grace period
+  covers the longest hook and then the drain:
+
+      grace = (PRESTOP_S + shutdown) + shutdown + GRACE_MARGIN_S             [s]
 - **Start.** One pod is ready after it downloads the checkpoint (unless a persistent
   cache or model volume already holds it), reads it into GPU memory and warms up
   (compilation, CUDA graphs, KV profiling):
@@ -81,7 +87,8 @@ class Lifecycle:
         progress_deadline_s: the Deployment's ``progressDeadlineSeconds``.
         request_p99_s: the p99 request duration the drain covers, s.
         shutdown_timeout_s: vLLM's ``--shutdown-timeout``, s.
-        prestop_s: the ``preStop`` sleep, s.
+        prestop_s: the least the ``preStop`` hook waits (endpoint removal), s.
+        prestop_max_s: the most it waits for kept-alive connections to close, s.
         grace_s: ``terminationGracePeriodSeconds``.
         ephemeral_bytes: the pod's ``ephemeral-storage`` request, bytes.
     """
@@ -93,6 +100,7 @@ class Lifecycle:
     request_p99_s: float
     shutdown_timeout_s: int
     prestop_s: int
+    prestop_max_s: int
     grace_s: int
     ephemeral_bytes: int
 
@@ -141,10 +149,12 @@ def lifecycle(
     """The start-up and drain figures of one engine pod of ``plan``."""
     request_s = request_p99_s(spec, plan)
     drain = shutdown_timeout_s(request_s)
-    grace = PRESTOP_S + drain + GRACE_MARGIN_S
+    prestop_max = PRESTOP_S + drain
+    grace = prestop_max + drain + GRACE_MARGIN_S
     if spec.mode is Mode.SIMULATED:
         return Lifecycle(0.0, False, SIMULATED_STARTUP_S, MIN_PROGRESS_DEADLINE_S,
-                         request_s, drain, PRESTOP_S, grace, SCRATCH_BYTES)  # fmt: skip
+                         request_s, drain, PRESTOP_S, prestop_max, grace,
+                         SCRATCH_BYTES)  # fmt: skip
     size = checkpoint_bytes(model, plan.weight_dtype, weights)
     download = downloads(spec)
     start = startup_s(size, download)
@@ -158,6 +168,7 @@ def lifecycle(
         request_p99_s=request_s,
         shutdown_timeout_s=drain,
         prestop_s=PRESTOP_S,
+        prestop_max_s=prestop_max,
         grace_s=grace,
         ephemeral_bytes=math.ceil(on_disk * 1.1) + SCRATCH_BYTES,
     )

@@ -32,7 +32,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -160,17 +160,20 @@ class HostPaths:
     Attributes:
         claims: PVC claimName -> the host directory standing in for that volume.
         scratch: emptyDirs and HOME of each pod go under ``scratch/POD``.
+        config_maps: ConfigMap name -> its data, written into the pod's volume as the
+            kubelet projects it (the drain middleware vLLM pods load).
     """
 
     claims: Mapping[str, Path]
     scratch: Path
+    config_maps: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
 
 def volume_dirs(pod: Mapping[str, Any], paths: HostPaths) -> dict[str, Path]:
     """mountPath -> host directory, for every mount of the pod's engine container.
 
     Raises:
-        ValueError: a PVC without a host directory.
+        ValueError: a PVC without a host directory, or a ConfigMap not given.
     """
     spec, name = pod["spec"], pod["metadata"]["name"]
     volumes = {v["name"]: v for v in spec.get("volumes") or []}
@@ -183,12 +186,21 @@ def volume_dirs(pod: Mapping[str, Any], paths: HostPaths) -> dict[str, Path]:
                 raise ValueError(f"pod {name}: no host directory for PVC {claim}")
             host = paths.claims[claim]
         else:
-            # An emptyDir is exactly this; the contents the kubelet would project into
-            # the others (the ServiceAccount token, ConfigMaps) are not reproduced.
+            # An emptyDir is exactly this; a ConfigMap's keys become its files, as the
+            # kubelet projects them. (Other projected contents are not reproduced.)
             host = paths.scratch / name / "volumes" / mount["name"]
             host.mkdir(parents=True, exist_ok=True)
+            if "configMap" in volume:
+                _project(volume["configMap"]["name"], paths, host)
         out[mount["mountPath"]] = host / mount.get("subPath", "")
     return out
+
+
+def _project(config_map: str, paths: HostPaths, into: Path) -> None:
+    if config_map not in paths.config_maps:
+        raise ValueError(f"no data for ConfigMap {config_map}")
+    for key, text in paths.config_maps[config_map].items():
+        (into / key).write_text(text)
 
 
 def host_path(value: str, mounts: Mapping[str, Path]) -> str:
@@ -365,11 +377,20 @@ class VllmFleet(PollingFleet):
 
     def _spawn(self, pod: Mapping[str, Any]) -> VllmProcess:
         name, port = pod["metadata"]["name"], free_port()
-        argv, env = local_command(pod, self.vllm, port, self.paths)
-        mounts = {k: str(v) for k, v in volume_dirs(pod, self.paths).items()}
+        paths = replace(self.paths, config_maps=self._config_maps(pod))
+        argv, env = local_command(pod, self.vllm, port, paths)
+        mounts = {k: str(v) for k, v in volume_dirs(pod, paths).items()}
         launched = {"argv": argv, "env": env, "mounts": mounts}  # for the test to check
         (self.log_dir / f"{name}.argv.json").write_text(json.dumps(launched))
         return VllmProcess(argv, env, port, self.log_dir / f"{name}.log").start()
+
+    def _config_maps(self, pod: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+        """The data of every ConfigMap the pod mounts, read from the API server."""
+        core = client.CoreV1Api(self.api)
+        names = [v["configMap"]["name"] for v in pod["spec"].get("volumes") or []
+                 if "configMap" in v]  # fmt: skip
+        return {n: dict(core.read_namespaced_config_map(n, self.namespace).data or {})
+                for n in names}  # fmt: skip
 
     def _pod_monitor(self) -> dict[str, Any] | None:
         group, version, plural = MONITORING

@@ -12,8 +12,10 @@ Feature Discovery labels, `nvidia.com/gpu` capacity), and:
    from the host) lands on it and turns Ready;
 3. a streamed /v1/completions request sent from this host to the ClusterIP Service
    (kube-proxy's rules are the only route to a pod) ends with ``data: [DONE]``;
-4. with ``--shutdown-timeout``, deleting the pod mid-stream (a scale-down) sends vLLM
-   SIGTERM, and vLLM drains: the stream still ends with ``data: [DONE]``.
+4. scaling the pod away mid-stream runs Rooftop's preStop (the drain middleware,
+   tests/e2e/test_engine_drain.py) and then SIGTERM, and vLLM drains: a client that
+   keeps its connection alive through the ClusterIP gets its stream and its next
+   request on that connection served, each ending with ``data: [DONE]``.
 
 Needs root, the node's binaries (build-node.sh) and images (build-images.sh): in CI,
 or with ROOFTOP_BUILD_TOOLS=1, they are built here (cached; the first engine image
@@ -36,7 +38,9 @@ from typing import Any
 
 import pytest
 
+from rooftop_operator import builders
 from tests.cluster.handle import ClusterHandle, wait_until
+from tests.cluster.keepalive import KeptAliveClient
 from tests.cluster.nodes import H100
 from tests.cluster.realnode import (
     ENGINE_IMAGE,
@@ -174,8 +178,9 @@ def test_operator_image_runs_under_the_charts_security_context(
 
 def engine_manifests(node: RealNode, model_dir: Path) -> list[dict[str, Any]]:
     """What the operator builds for a vLLM target, cut to what this test needs: the GPU
-    node selector and toleration, a GPU request, /health probes, a preStop sleep, and
-    --shutdown-timeout so a deletion drains in-flight requests."""
+    node selector and toleration, a GPU request, /health probes, and the drain: the
+    middleware's ConfigMap on PYTHONPATH, its preStop and --shutdown-timeout, as
+    ``builders`` renders them."""
     labels = {"app": "engine"}
     container = {
         "name": "engine",
@@ -186,8 +191,10 @@ def engine_manifests(node: RealNode, model_dir: Path) -> list[dict[str, Any]]:
             "--max-model-len", "2048", "--max-num-seqs", "4",
             "--max-logprobs", str(DRAIN_LOGPROBS),
             "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S),
+            "--middleware", builders.DRAIN_MIDDLEWARE,
         ],
         "env": [
+            {"name": "PYTHONPATH", "value": builders.DRAIN_MOUNT},
             {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
             {"name": "HF_HUB_OFFLINE", "value": "1"},
             {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},  # GiB
@@ -195,8 +202,11 @@ def engine_manifests(node: RealNode, model_dir: Path) -> list[dict[str, Any]]:
         "ports": [{"name": "http", "containerPort": PORT}],
         "resources": {"limits": {"nvidia.com/gpu": "1"}},
         "readinessProbe": {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 1},
-        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_S}}},
+        "lifecycle": {"preStop": {"exec": {"command": [
+            "python3", f"{builders.DRAIN_MOUNT}/{builders.DRAIN_MODULE}.py", "--port", str(PORT),
+            "--min-s", str(PRESTOP_S), "--max-s", str(PRESTOP_S + SHUTDOWN_TIMEOUT_S)]}}},
         "volumeMounts": [
+            {"name": builders.DRAIN_VOLUME, "mountPath": builders.DRAIN_MOUNT, "readOnly": True},
             {"name": "model", "mountPath": "/models/tiny", "readOnly": True},
             # vLLM's CPU executor needs more shared memory than the runtime's 64 MiB
             {"name": "dshm", "mountPath": "/dev/shm"},
@@ -210,11 +220,12 @@ def engine_manifests(node: RealNode, model_dir: Path) -> list[dict[str, Any]]:
         "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": PRESTOP_S + SHUTDOWN_TIMEOUT_S + 10,
+        "terminationGracePeriodSeconds": PRESTOP_S + 2 * SHUTDOWN_TIMEOUT_S + 10,
         "containers": [container],
         "volumes": [
             {"name": "model", "hostPath": {"path": str(model_dir), "type": "Directory"}},
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}},
+            {"name": builders.DRAIN_VOLUME, "configMap": {"name": "engine"}},
         ],
     }
     deployment = {
@@ -233,7 +244,9 @@ def engine_manifests(node: RealNode, model_dir: Path) -> list[dict[str, Any]]:
         "metadata": {"name": "engine"},
         "spec": {"selector": labels, "ports": [{"port": PORT, "targetPort": "http"}]},
     }
-    return [deployment, service]
+    drain = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "engine"},
+             "data": {f"{builders.DRAIN_MODULE}.py": builders.drain_source()}}  # fmt: skip
+    return [drain, deployment, service]
 
 
 @dataclass
@@ -354,9 +367,12 @@ def _try_stream(host: str, max_tokens: int) -> list[str] | None:
         return None  # kube-proxy may not have synced the endpoints yet
 
 
-def test_sigterm_drains_the_in_flight_stream(engine: Engine) -> None:
-    """Scale to zero mid-stream: the kubelet runs the preStop sleep and sends SIGTERM;
-    vLLM (--shutdown-timeout) stops taking requests and finishes this one."""
+def test_a_kept_alive_client_loses_nothing_when_the_pod_stops(engine: Engine) -> None:
+    """Scale to zero mid-stream. The kubelet runs the preStop (the drain middleware's
+    script, with the image's python3, from the ConfigMap), which tells the client to
+    reconnect after its next response and waits until vLLM has taken that request;
+    then SIGTERM, and vLLM drains. Both streams on the kept-alive connection through
+    the ClusterIP end with [DONE] and every token."""
     logs = subprocess.Popen(
         [*_kubectl_argv(engine), "logs", "-f", engine.pod, "--tail=0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -371,37 +387,30 @@ def test_sigterm_drains_the_in_flight_stream(engine: Engine) -> None:
             if "shutdown triggered" in line:
                 seen.setdefault("sigterm", time.monotonic())
 
-    first = threading.Event()
-    result: dict[str, Any] = {}
-
-    def stream() -> None:
-        try:
-            result["events"] = stream_completion(
-                engine.cluster_ip, DRAIN_TOKENS, first, logprobs=DRAIN_LOGPROBS
-            )
-        except Exception as err:  # reported by the assertion below
-            result["error"] = err
-        result["ended"] = time.monotonic()
-
-    threads = [threading.Thread(target=follow), threading.Thread(target=stream)]
-    for thread in threads:
-        thread.start()
-    assert first.wait(60), "no first chunk"
+    follower = threading.Thread(target=follow)
+    follower.start()
+    slow = {"logprobs": DRAIN_LOGPROBS}  # a longer step: the stream outlasts the scale call
+    client = KeptAliveClient(engine.cluster_ip, PORT, SERVED, (DRAIN_TOKENS, 64), slow)
+    client.start()
+    assert client.first.first_chunk.wait(60), "no first chunk"
     time.sleep(1)  # kubectl logs -f is attached
     engine.kubectl("scale", "deployment", "engine", "--replicas=0")
-    threads[1].join(PRESTOP_S + SHUTDOWN_TIMEOUT_S + 30)
+    assert client.second.first_chunk.wait(PRESTOP_S + SHUTDOWN_TIMEOUT_S + 30)
+    second_started = time.monotonic()
+    client.join(SHUTDOWN_TIMEOUT_S + 30)
+    wait_until(lambda: "sigterm" in seen, 30, "vLLM's SIGTERM")
     logs.terminate()
-    threads[0].join(10)
+    follower.join(10)
     text = "".join(lines)
-    assert "error" not in result, result.get("error")
-    events = result["events"]
-    assert events[-1] == "data: [DONE]", events[-3:]
-    assert _tokens(events) == DRAIN_TOKENS
-    # vLLM got SIGTERM while the stream still ran, and drained rather than aborted.
-    assert "sigterm" in seen, text[-2000:]
+    assert client.served(), (client.first, client.second, text[-2000:])
+    assert client.kept_alive and client.first.connection_header != "close"
+    assert client.second.connection_header == "close"  # the client moves to another pod
+    # SIGTERM came only after vLLM had taken the second request, and vLLM drained.
+    assert seen["sigterm"] > second_started - 1.0, text[-2000:]
     assert "mode=drain" in text, text[-2000:]
-    assert seen["sigterm"] < result["ended"], "the stream ended before SIGTERM"
-    print(f"\nstream ended {result['ended'] - seen['sigterm']:.1f}s after SIGTERM")
+    hooks = engine.kubectl("get", "events", "--field-selector", "reason=FailedPreStopHook",
+                           "-o", "name").stdout  # fmt: skip
+    assert hooks.strip() == "", hooks
 
 
 def _kubectl_argv(engine: Engine) -> list[str]:

@@ -63,7 +63,7 @@ import numpy as np
 import pytest
 import yaml
 
-from rooftop_sim.loadgen import LoadSpec, RequestResult, send_request
+from rooftop_sim.loadgen import LoadSpec, RequestResult, connector, send_request
 from tests.cluster.handle import ClusterHandle, wait_until
 from tests.cluster.operator_process import Operator
 from tests.cluster.realnode import ENGINE_IMAGE, REAL_NODE_LABEL, RealNode
@@ -182,8 +182,7 @@ class Load:
         rng = np.random.default_rng(self.seed)
         tasks: set[asyncio.Task[None]] = set()
         timeout = aiohttp.ClientTimeout(total=300)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                         timeout=timeout) as session:  # fmt: skip
+        async with aiohttp.ClientSession(connector=connector(), timeout=timeout) as session:
             next_at = time.monotonic()
             while not self._stop.is_set():
                 outputs = [self._burst.pop() for _ in list(self._burst)]
@@ -380,7 +379,8 @@ def before(world: World, cluster: ClusterHandle) -> dict[str, Any]:
     no preStop, a plain Deployment of the same image scaled 2 -> 1 under load."""
     ns = f"{world.namespace}-before"
     cluster.create_namespace(ns)
-    deployment, service = engine_manifests(world.node, world.model_dir)
+    items = engine_manifests(world.node, world.model_dir)
+    deployment = next(i for i in items if i["kind"] == "Deployment")
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     container["args"] = ["/models/tiny", "--served-model-name", SERVED, "--port", str(PORT),
                          "--max-model-len", "2048", "--max-num-seqs", "8", "--enforce-eager",
@@ -388,8 +388,8 @@ def before(world: World, cluster: ClusterHandle) -> dict[str, Any]:
     del container["lifecycle"]
     deployment["spec"]["replicas"] = 2
     deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = 30
-    items = {"apiVersion": "v1", "kind": "List", "items": [deployment, service]}
-    cluster.kubectl("-n", ns, "apply", "-f", "-", stdin=json.dumps(items))
+    listed = {"apiVersion": "v1", "kind": "List", "items": items}
+    cluster.kubectl("-n", ns, "apply", "-f", "-", stdin=json.dumps(listed))
 
     def ready(n: int) -> bool:
         pods = json.loads(cluster.kubectl("-n", ns, "get", "pods", "-l", "app=engine",

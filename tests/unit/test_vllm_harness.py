@@ -17,6 +17,7 @@ from tests.cluster.vllm_engines import (
     local_command,
     scrape_job,
     selects,
+    volume_dirs,
     with_flag,
 )
 
@@ -117,3 +118,17 @@ def test_discovery_labels_are_kubernetes_sds() -> None:
     assert labels["__meta_kubernetes_pod_label_rooftop_dev_servingtarget"] == "t"
     assert labels["__meta_kubernetes_pod_labelpresent_app_kubernetes_io_name"] == "true"
     assert labels["__meta_kubernetes_pod_container_port_name"] == "http"
+
+
+def test_a_config_map_volume_holds_its_keys_as_files(tmp_path: Path) -> None:
+    """The kubelet writes each key of a mounted ConfigMap as a file (the drain
+    middleware vLLM pods import); a ConfigMap the harness was not given is refused."""
+    p = pod()
+    p["spec"]["volumes"].append({"name": "drain", "configMap": {"name": "t-engine"}})
+    p["spec"]["containers"][0]["volumeMounts"].append({"name": "drain", "mountPath": "/opt/r"})
+    data = {"t-engine": {"rooftop_drain.py": "x = 1\n"}}
+    paths = HostPaths({"models": tmp_path}, tmp_path / "pods", config_maps=data)
+    mounts = volume_dirs(p, paths)
+    assert (mounts["/opt/r"] / "rooftop_drain.py").read_text() == "x = 1\n"
+    with pytest.raises(ValueError, match="no data for ConfigMap t-engine"):
+        volume_dirs(p, HostPaths({"models": tmp_path}, tmp_path / "other"))

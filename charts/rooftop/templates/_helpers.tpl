@@ -96,7 +96,8 @@ removed by garbage collection through ownerReferences, so no delete verb.
   resources: ["deployments"]
   verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: [""]
-  resources: ["services"]
+  # configmaps: the drain middleware each vLLM target's pods load.
+  resources: ["services", "configmaps"]
   verbs: ["get", "list", "watch", "create", "patch"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]

@@ -86,7 +86,7 @@ def test_render_takes_several_targets_and_standard_input(rooftop: Rooftop, tmp_p
     done = rooftop("render", "-", str(poor), stdin=EXAMPLE.read_text())
     assert done.returncode == 1 and "no plan for poor" in done.stderr
     docs = [d for d in yaml.safe_load_all(done.stdout) if d]
-    assert [d["kind"] for d in docs][:2] == ["Deployment", "Service"]
+    assert [d["kind"] for d in docs][:3] == ["ConfigMap", "Deployment", "Service"]
     two = rooftop("render", str(EXAMPLE), str(SECOND))
     assert two.returncode == 0, two.stderr
     deployments = [d for d in yaml.safe_load_all(two.stdout) if d and d["kind"] == "Deployment"]

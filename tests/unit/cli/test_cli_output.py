@@ -118,8 +118,8 @@ def test_render_json_is_one_kubectl_list(rooftop: Rooftop) -> None:
     data = json.loads(done.stdout)
     assert data["kind"] == "List" and data["apiVersion"] == "v1"
     kinds = [item["kind"] for item in data["items"]]
-    assert kinds == ["Deployment", "Service", "PodDisruptionBudget", "PodMonitor"]
-    replicas = data["items"][0]["spec"]["replicas"]
+    assert kinds == ["ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "PodMonitor"]
+    replicas = data["items"][1]["spec"]["replicas"]
     assert isinstance(replicas, int)
     docs = [d for d in yaml.safe_load_all(rooftop("render", str(EXAMPLE)).stdout) if d]
     assert docs == data["items"]  # yaml, the default, holds the same objects

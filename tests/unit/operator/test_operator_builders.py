@@ -357,13 +357,16 @@ def test_probes_hit_health_on_the_engine_port(catalog: Catalog) -> None:
 def test_scrape_annotations_only_without_pod_monitor(catalog: Catalog) -> None:
     inp = inputs(catalog)
     annotated = builders.build_deployment(inp)["spec"]["template"]["metadata"]
-    assert annotated["annotations"] == {
+    scrape = {k: v for k, v in annotated["annotations"].items() if k.startswith("prometheus.io")}
+    assert scrape == {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": "8000",
         "prometheus.io/path": "/metrics",
     }
     monitored = builders.build_deployment(replace(inp, pod_monitor=True))
-    assert "annotations" not in monitored["spec"]["template"]["metadata"]
+    assert list(monitored["spec"]["template"]["metadata"]["annotations"]) == [
+        builders.DRAIN_ANNOTATION
+    ]
 
 
 def test_pod_monitor_adds_namespace_and_servingtarget_labels() -> None:
@@ -466,12 +469,13 @@ def test_engine_pods_pull_with_the_targets_secrets(catalog: Catalog) -> None:
 def test_every_flag_the_plan_sets_is_kept_out_of_extra_args(catalog: Catalog) -> None:
     """The spec refuses extraArgs that set a dest the builder sets (vLLM keeps the last
     one): every flag the builder writes must set such a dest, read as vLLM reads it."""
-    from rooftop_api.vllm_args import PLANNED, RESERVED, resolve
+    from rooftop_api.vllm_args import ADDITIVE, PLANNED, RESERVED, resolve
 
     args = container(builders.build_deployment(inputs(catalog)))["args"]
     flags = args if args[0].startswith("-") else args[1:]  # the model may be positional
     dests = {s.dest for s in resolve(flags)}
-    assert dests and dests <= {*PLANNED, *RESERVED}, dests - {*PLANNED, *RESERVED}
+    owned = {*PLANNED, *RESERVED, *ADDITIVE}
+    assert dests and dests <= owned, dests - owned
 
 
 # ---------------------------------------------------------------- pod lifecycle
@@ -489,9 +493,57 @@ def test_a_stopping_pod_finishes_its_requests(catalog: Catalog, mode: str) -> No
     line = engine.get("args") or engine["command"]
     drain = int(line[line.index("--shutdown-timeout") + 1])
     assert drain == inp.lifecycle.shutdown_timeout_s >= 30
-    sleep = engine["lifecycle"]["preStop"]["sleep"]["seconds"]
-    assert sleep > 0
-    assert pod["terminationGracePeriodSeconds"] > sleep + drain
+    pre_stop = engine["lifecycle"]["preStop"]
+    if mode == "simulated":
+        longest_hook = pre_stop["sleep"]["seconds"]
+        assert longest_hook > 0
+    else:
+        argv = pre_stop["exec"]["command"]
+        assert float(argv[argv.index("--min-s") + 1]) > 0
+        longest_hook = float(argv[argv.index("--max-s") + 1])
+    assert pod["terminationGracePeriodSeconds"] > longest_hook + drain
+
+
+def test_vllm_pods_load_the_drain_middleware_from_their_config_map(catalog: Catalog) -> None:
+    """A ClusterIP keeps a kept-alive connection on a draining pod, where vLLM aborts
+    new requests: every vLLM pod loads engine_drain (vLLM's --middleware, from the
+    target's ConfigMap on PYTHONPATH) and its preStop runs it as a script."""
+    inp = inputs(catalog, {**SPEC, "engine": {"env": [{"name": "PYTHONPATH", "value": "/x"}]}})
+    deployment = builders.build_deployment(inp)
+    engine, pod = container(deployment), pod_spec(deployment)
+    args = engine["args"]
+    assert args[args.index("--middleware") + 1] == "rooftop_drain.DrainMiddleware"
+    (volume,) = [v for v in pod["volumes"] if "configMap" in v]
+    config_map = builders.build_config_map(REF)
+    assert volume["configMap"]["name"] == config_map["metadata"]["name"] == "chat-engine"
+    (mount,) = [m for m in engine["volumeMounts"] if m["name"] == volume["name"]]
+    assert mount["readOnly"] is True
+    env = {e["name"]: e["value"] for e in engine["env"] if "value" in e}
+    assert env["PYTHONPATH"] == f"{mount['mountPath']}:/x"  # the target's own path kept
+    (module,) = config_map["data"]
+    assert module == "rooftop_drain.py"
+    assert "class DrainMiddleware" in config_map["data"][module]
+    script = engine["lifecycle"]["preStop"]["exec"]["command"][1]
+    assert script == f"{mount['mountPath']}/{module}"
+
+
+def test_a_changed_drain_module_rolls_the_pods(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Running engines imported the middleware at start: new code needs new pods."""
+    before = builders.build_deployment(inputs(catalog))["spec"]["template"]
+    monkeypatch.setattr(builders, "drain_source", lambda: "changed = True\n")
+    after = builders.build_deployment(inputs(catalog))["spec"]["template"]
+    key = builders.DRAIN_ANNOTATION
+    assert before["metadata"]["annotations"][key] != after["metadata"]["annotations"][key]
+
+
+def test_simulated_targets_have_no_drain_config_map(catalog: Catalog) -> None:
+    from rooftop_operator.children import desired
+
+    kinds = [o["kind"] for o in desired(inputs(catalog, {**SPEC, "mode": "simulated"}))]
+    assert "ConfigMap" not in kinds
+    assert [o["kind"] for o in desired(inputs(catalog))][0] == "ConfigMap"  # mounted: first
 
 
 def test_a_long_workload_drains_longer(catalog: Catalog) -> None:

@@ -69,7 +69,8 @@ def test_baseline_is_the_default_and_keeps_the_images_user(catalog: Catalog) -> 
     spec = pod(catalog, PodSecurity.BASELINE)
     assert spec["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
     assert spec["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False}
-    assert {v["name"] for v in spec["volumes"]} == {"model-cache", "dshm"}  # no writable extras
+    volumes = {v["name"] for v in spec["volumes"]}
+    assert volumes == {"model-cache", "dshm", "rooftop-drain"}  # no writable extras
 
 
 @pytest.mark.parametrize("level", list(PodSecurity))
@@ -262,7 +263,7 @@ def test_rooftop_render_shows_what_the_operator_is_configured_with(
     monkeypatch.setenv("ROOFTOP_PODMONITOR_LABELS", '{"release": "kps"}')
     assert main(["render", str(example)]) == 0
     docs = [d for d in yaml.safe_load_all(capsys.readouterr().out) if d]
-    deployment, monitor = docs[0], docs[-1]
+    deployment, monitor = docs[1], docs[-1]
     assert restricted_violations(pod_spec(deployment)) == []
     assert monitor["kind"] == "PodMonitor" and monitor["metadata"]["labels"]["release"] == "kps"
     monkeypatch.setenv("ROOFTOP_PODMONITOR_LABELS", "release=kps")

@@ -25,9 +25,9 @@ def test_render_prints_every_child_the_operator_applies(capsys: pytest.CaptureFi
     code, docs, _ = render(capsys, str(EXAMPLE), "--namespace", "team-a")
     assert code == 0
     kinds = [d["kind"] for d in docs]
-    assert kinds == ["Deployment", "Service", "PodDisruptionBudget", "PodMonitor"]
+    assert kinds == ["ConfigMap", "Deployment", "Service", "PodDisruptionBudget", "PodMonitor"]
     assert {d["metadata"]["namespace"] for d in docs} == {"team-a"}
-    engine = docs[0]["spec"]["template"]["spec"]["containers"][0]
+    engine = docs[1]["spec"]["template"]["spec"]["containers"][0]
     assert engine["command"] == ["vllm", "serve"]
     assert engine["args"][0] == "meta-llama/Llama-3.1-8B-Instruct"
     assert engine["image"] == "vllm/vllm-openai:v0.32.0"
@@ -38,14 +38,14 @@ def test_without_the_prometheus_operator_pods_carry_scrape_annotations(
 ) -> None:
     code, docs, _ = render(capsys, str(EXAMPLE), "--no-pod-monitor")
     assert code == 0 and "PodMonitor" not in [d["kind"] for d in docs]
-    annotations = docs[0]["spec"]["template"]["metadata"]["annotations"]
+    annotations = docs[1]["spec"]["template"]["metadata"]["annotations"]
     assert annotations["prometheus.io/scrape"] == "true"
 
 
 def test_image_flags_pick_the_engine_image(capsys: pytest.CaptureFixture[str]) -> None:
     code, docs, _ = render(capsys, str(EXAMPLE), "--vllm-image", "mirror.local/vllm:0.32.0")
     assert code == 0
-    assert docs[0]["spec"]["template"]["spec"]["containers"][0]["image"] == (
+    assert docs[1]["spec"]["template"]["spec"]["containers"][0]["image"] == (
         "mirror.local/vllm:0.32.0"
     )
 

@@ -1,0 +1,125 @@
+"""A kept-alive client loses no request when its vLLM engine pod stops.
+
+A Service's ClusterIP keeps a kept-alive connection on its pod after the pod leaves
+the endpoints, and once SIGTERM starts vLLM's drain it aborts every new request. This
+module runs the real vLLM (CPU build, tiny model) as a host process and plays the
+kubelet's part in the order a pod stops: the ``preStop`` hook, then SIGTERM. One
+client holds one kept-alive connection, as an HTTP client library does, and streams a
+long completion, then sends its next request on the same connection:
+
+- **Rooftop's pods** load the drain middleware (``engine_drain``, with vLLM's own
+  ``--middleware``) and their preStop runs it as a script. The next request is told
+  to close its connection, so the client would open the one after on another pod;
+  the preStop returns only once vLLM has taken that request, and SIGTERM's drain
+  finishes it.
+- **A preStop that only sleeps** (Rooftop's pods before): SIGTERM arrives while the
+  first stream runs, and the next request on the kept-alive connection reaches an
+  engine that is draining. It is lost.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rooftop_operator import builders
+from tests.cluster.controlplane import free_port
+from tests.cluster.keepalive import KeptAliveClient
+from tests.cluster.vllm_engines import VllmProcess, vllm_cli
+
+pytestmark = pytest.mark.vllm
+
+SERVED = "tiny"
+LONG = 1500  # tokens: a stream that outlasts the preStop's minimum on the CPU build
+NEXT = 200
+SHUTDOWN_TIMEOUT_S = 60
+MIN_WAIT_S = 1.0  # the preStop's least wait (endpoint removal); 10 s in a pod
+
+
+def engine(vllm_py: Path, model: Path, work: Path, drain: bool) -> VllmProcess:
+    port = free_port()
+    argv = [str(vllm_cli(vllm_py)), "serve", str(model), "--served-model-name", SERVED,
+            "--max-model-len", "2048", "--max-num-seqs", "4", "--dtype", "bfloat16",
+            "--host", "127.0.0.1", "--port", str(port),
+            "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]  # fmt: skip
+    env = {"PATH": f"{vllm_py.parent}:/usr/bin:/bin", "HOME": str(work),
+           "HF_HOME": str(work / "hf"), "HF_HUB_OFFLINE": "1",
+           "VLLM_CPU_KVCACHE_SPACE": "1"}  # fmt: skip
+    if drain:  # as the pod gets it: the ConfigMap's file on PYTHONPATH
+        module_dir = work / "drain"
+        module_dir.mkdir()
+        (module_dir / f"{builders.DRAIN_MODULE}.py").write_text(builders.drain_source())
+        argv += ["--middleware", builders.DRAIN_MIDDLEWARE]
+        env["PYTHONPATH"] = str(module_dir)
+    return VllmProcess(argv, env, port, work / "vllm.log")
+
+
+@pytest.fixture
+def started(
+    request: pytest.FixtureRequest, vllm_py: Path, tiny_model_dir: Path, tmp_path: Path
+) -> Iterator[tuple[VllmProcess, Path]]:
+    process = engine(vllm_py, tiny_model_dir, tmp_path, drain=bool(request.param))
+    process.start()
+    try:
+        process.wait_ready()
+        yield process, tmp_path
+    finally:
+        process.stop()
+
+
+def sigterm_and_wait(process: VllmProcess) -> int:
+    """The kubelet's SIGTERM after the preStop; vLLM drains, then exits."""
+    assert process.proc is not None
+    process.proc.send_signal(signal.SIGTERM)
+    return process.proc.wait(timeout=SHUTDOWN_TIMEOUT_S + 30)
+
+
+@pytest.mark.parametrize("started", [True], indirect=True)
+def test_the_drain_moves_a_kept_alive_client_before_sigterm(
+    started: tuple[VllmProcess, Path], vllm_py: Path
+) -> None:
+    process, work = started
+    client = KeptAliveClient("127.0.0.1", process.port, SERVED, (LONG, NEXT))
+    client.start()
+    assert client.first.first_chunk.wait(60) and client.first.error is None
+    script = work / "drain" / f"{builders.DRAIN_MODULE}.py"
+    prestop = subprocess.run(
+        [str(vllm_py), str(script), "--port", str(process.port), "--min-s", str(MIN_WAIT_S),
+         "--max-s", str(SHUTDOWN_TIMEOUT_S)],
+        capture_output=True, text=True, timeout=SHUTDOWN_TIMEOUT_S + 30,
+    )  # fmt: skip
+    assert prestop.returncode == 0 and "no connection busy" in prestop.stdout, prestop
+    # The preStop waited for the first stream, and for the engine to take the request
+    # the client sent next on the same connection:
+    assert client.first.served(LONG), client.first
+    assert client.second.first_chunk.wait(10)
+    assert sigterm_and_wait(process) == 0
+    client.join(timeout=60)
+    assert client.first.connection_header != "close"  # started before the drain
+    assert client.kept_alive
+    assert client.second.connection_header == "close"  # the client moves on after it
+    assert client.second.served(NEXT), (client.second, process.tail())
+
+
+@pytest.mark.parametrize("started", [False], indirect=True)
+def test_a_sleep_only_prestop_loses_the_next_request_on_a_kept_alive_connection(
+    started: tuple[VllmProcess, Path],
+) -> None:
+    """What Rooftop's pods did before the drain middleware: the loss it prevents."""
+    process, _ = started
+    client = KeptAliveClient("127.0.0.1", process.port, SERVED, (LONG, NEXT))
+    client.start()
+    assert client.first.first_chunk.wait(60) and client.first.error is None
+    time.sleep(MIN_WAIT_S)  # the preStop sleep
+    assert not client.first.done, "the stream ended before SIGTERM: make LONG longer"
+    assert process.proc is not None
+    process.proc.send_signal(signal.SIGTERM)
+    client.join(timeout=SHUTDOWN_TIMEOUT_S + 30)
+    assert client.first.served(LONG), client.first  # the drain finished the stream...
+    assert client.kept_alive
+    assert not client.second.served(NEXT), client.second  # ...but not the next request
