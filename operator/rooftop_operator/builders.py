@@ -389,8 +389,9 @@ def _volumes(inp: EngineInputs) -> tuple[list[dict[str, Any]], list[dict[str, An
 
 def _pre_stop(inp: EngineInputs) -> dict[str, Any]:
     """vLLM: wait until endpoints drop the pod and kept-alive clients have moved on
-    (``engine_drain``). The simulator closes kept-alive connections itself on SIGTERM
-    (aiohttp's shutdown), so it only waits for the endpoints."""
+    (``engine_drain``). The simulator keeps answering on kept-alive connections while
+    it drains and closes each after its response (aiohttp's shutdown), so its preStop
+    only waits for the endpoints."""
     life = inp.lifecycle
     if inp.spec.mode is Mode.SIMULATED:
         return {"sleep": {"seconds": life.prestop_s}}

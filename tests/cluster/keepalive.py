@@ -2,7 +2,8 @@
 completions from a vLLM engine: what a ClusterIP pins to one pod.
 
 A stream counts as served only when it ends with ``data: [DONE]`` after every token
-it asked for (``ignore_eos``, so the random tiny model never stops early).
+it asked for, as its usage chunk counts them (``ignore_eos``, so the random tiny model
+never stops early; one chunk may carry several tokens).
 """
 
 from __future__ import annotations
@@ -21,13 +22,25 @@ class Stream:
 
     connection_header: str | None = None
     chunks: int = 0
+    tokens: int = 0  # completion tokens, from the final usage chunk
     finish_reason: str | None = None
     done: bool = False  # the stream ended with `data: [DONE]`
     error: str | None = None
     first_chunk: threading.Event = field(default_factory=threading.Event)
 
     def served(self, max_tokens: int) -> bool:
-        return self.done and self.finish_reason == "length" and self.chunks == max_tokens
+        return self.done and self.finish_reason == "length" and self.tokens == max_tokens
+
+
+def _record(chunk: Mapping[str, Any], out: Stream) -> None:
+    """One `data:` chunk: a choice (text, maybe a finish reason) or the usage."""
+    for choice in chunk.get("choices") or []:
+        out.chunks += 1
+        out.finish_reason = choice.get("finish_reason") or out.finish_reason
+        out.first_chunk.set()
+    usage = chunk.get("usage")
+    if usage:
+        out.tokens = int(usage["completion_tokens"])
 
 
 def read_stream(
@@ -37,7 +50,8 @@ def read_stream(
     """Send one streamed completion on ``conn`` (reused while the server keeps it)
     and record what came back in ``out``; never raises."""
     body = {"model": model, "prompt": "The quick", "max_tokens": max_tokens, "stream": True,
-            "ignore_eos": True, "temperature": 0, **(extra or {})}  # fmt: skip
+            "stream_options": {"include_usage": True}, "ignore_eos": True, "temperature": 0,
+            **(extra or {})}  # fmt: skip
     try:
         conn.request("POST", "/v1/completions", json.dumps(body),
                      {"Content-Type": "application/json"})  # fmt: skip
@@ -48,10 +62,7 @@ def read_stream(
             if line == "data: [DONE]":
                 out.done = True
             elif line.startswith("data:"):
-                choice = json.loads(line[5:])["choices"][0]
-                out.chunks += 1
-                out.finish_reason = choice.get("finish_reason") or out.finish_reason
-                out.first_chunk.set()
+                _record(json.loads(line[5:]), out)
     except (OSError, http.client.HTTPException, ValueError) as err:
         out.error = repr(err)
     finally:
