@@ -164,7 +164,8 @@ build_operator() {
   layer=$("${OCI[@]}" layer "$IMAGES" "$stage")
   config=$(cat <<EOF
 {"Entrypoint": ["rooftop"], "Cmd": ["--help"], "User": "10001:10001", "WorkingDir": "/",
- "Env": ["PATH=$IMAGE_PATH", "VIRTUAL_ENV=/opt/venv", "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1"],
+ "Env": ["PATH=$IMAGE_PATH", "VIRTUAL_ENV=/opt/venv", "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1",
+         "USER=rooftop"],
  "ExposedPorts": {"8080/tcp": {}, "9090/tcp": {}, "8000/tcp": {}}}
 EOF
 )

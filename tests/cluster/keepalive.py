@@ -41,6 +41,8 @@ def _record(chunk: Mapping[str, Any], out: Stream) -> None:
     usage = chunk.get("usage")
     if usage:
         out.tokens = int(usage["completion_tokens"])
+    if "error" in chunk:  # vLLM reports a failure inside the stream
+        out.error = json.dumps(chunk["error"])[:500]
 
 
 def read_stream(

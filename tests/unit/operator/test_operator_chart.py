@@ -201,6 +201,16 @@ def test_operator_pod_is_locked_down() -> None:
 
 
 @needs_helm
+def test_the_operator_needs_no_passwd_entry_for_its_uid() -> None:
+    """uid 10001 has no passwd entry in the image; kopf names itself after the user
+    unless POD_ID is set, and the lookup crashed the operator pod at start."""
+    (deployment,) = by_kind(render(), "Deployment")
+    env = {e["name"]: e for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["POD_ID"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert re.search(r"^ENV .*\bUSER=rooftop\b", (ROOT / "Containerfile").read_text(), re.M)
+
+
+@needs_helm
 def test_optional_resources() -> None:
     assert not by_kind(render(), "PodMonitor")
     (monitor,) = by_kind(render("metrics.podMonitor.enabled=true"), "PodMonitor")
@@ -261,6 +271,7 @@ def test_loop_values_reach_the_operator_as_its_settings() -> None:
     env = {
         e["name"]: e["value"]
         for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        if "value" in e  # POD_ID comes from the pod's name
     }
     settings = LoopSettings.from_env(env)
     assert settings.prometheus_url == "http://prom.mon:9090"
@@ -326,7 +337,7 @@ def test_prometheus_credentials_reach_the_operator_as_files_and_env() -> None:
         "loop.prometheusAuth.caConfigMap.name=prom-ca",
         "loop.prometheusAuth.headers.X-Scope-OrgID=team-a",
     ))  # fmt: skip
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     assert env["ROOFTOP_PROMETHEUS_BEARER_TOKEN_FILE"] == "/etc/rooftop/prometheus-token/token"
     assert env["ROOFTOP_PROMETHEUS_CA_FILE"] == "/etc/rooftop/prometheus-ca/ca.crt"
     assert json.loads(env["ROOFTOP_PROMETHEUS_HEADERS"]) == {"X-Scope-OrgID": "team-a"}
@@ -345,7 +356,7 @@ def test_no_prometheus_credentials_by_default_and_a_plain_token_file() -> None:
     assert [v["name"] for v in pod["volumes"]] == ["tmp"]
     sa_token = "/var/run/secrets/kubernetes.io/serviceaccount/token"
     _, container = _operator_container(render(f"loop.prometheusAuth.bearerTokenFile={sa_token}"))
-    env = {e["name"]: e["value"] for e in container["env"]}
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
     assert env["ROOFTOP_PROMETHEUS_BEARER_TOKEN_FILE"] == sa_token
 
 
