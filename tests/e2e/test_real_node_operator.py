@@ -61,6 +61,18 @@ class Installed:
     def kubectl(self, *args: str, check: bool = True, stdin: str | None = None) -> Any:
         return self.cluster.kubectl("-n", self.namespace, *args, check=check, stdin=stdin)
 
+    def deploy(self, target: dict[str, Any]) -> dict[str, Any]:
+        """Apply a ServingTarget; its first engine pod once Ready."""
+        self.kubectl("apply", "-f", "-", stdin=json.dumps(target))
+        selector = f"rooftop.dev/servingtarget={target['metadata']['name']}"
+        try:
+            pod = wait_until(lambda: _one_ready(self.cluster, self.namespace, selector),
+                             READY_TIMEOUT_S, "the engine pod Ready")  # fmt: skip
+        except TimeoutError:
+            pytest.fail(self.debug())
+        assert isinstance(pod, dict)
+        return pod
+
     def debug(self) -> str:
         pods = self.kubectl("get", "pods", "-o", "wide", check=False).stdout
         events = self.kubectl("get", "events", "--sort-by=.lastTimestamp", check=False).stdout
@@ -179,14 +191,7 @@ def test_a_simulated_target_runs_in_the_operator_image_without_a_gpu(
     installed: Installed,
 ) -> None:
     name = "sim"
-    installed.kubectl("apply", "-f", "-", stdin=json.dumps(_simulated(name)))
-    selector = f"rooftop.dev/servingtarget={name}"
-    try:
-        pod = wait_until(lambda: _one_ready(installed.cluster, installed.namespace, selector),
-                         READY_TIMEOUT_S, "the simulated engine Ready")  # fmt: skip
-    except TimeoutError:
-        pytest.fail(installed.debug())
-    assert isinstance(pod, dict)
+    pod = installed.deploy(_simulated(name))
     container = pod["spec"]["containers"][0]
     assert pod["spec"]["nodeName"] == installed.node.name
     assert container["image"] == OPERATOR_IMAGE
@@ -220,14 +225,7 @@ def test_a_vllm_target_passes_restricted_pod_security_with_a_pvc_model(
     doc = target(tiny_model_dir, 1)
     name = doc["metadata"]["name"]
     try:
-        installed.kubectl("apply", "-f", "-", stdin=json.dumps(doc))
-        selector = f"rooftop.dev/servingtarget={name}"
-        try:
-            pod = wait_until(lambda: _one_ready(installed.cluster, installed.namespace, selector),
-                             READY_TIMEOUT_S, "the vLLM engine Ready")  # fmt: skip
-        except TimeoutError:
-            pytest.fail(installed.debug())
-        assert isinstance(pod, dict)
+        pod = installed.deploy(doc)
         security = pod["spec"]["securityContext"]
         assert security["runAsNonRoot"] is True and security.get("fsGroup")
         container = pod["spec"]["containers"][0]
