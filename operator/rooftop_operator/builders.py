@@ -17,6 +17,7 @@ builder itself emits.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.resources
 import json
@@ -333,6 +334,7 @@ def _drain_pythonpath(spec: ServingTargetSpec) -> dict[str, str]:
     return {"name": "PYTHONPATH", "value": ":".join(p for p in (DRAIN_MOUNT, own) if p)}
 
 
+@functools.cache  # read once: every deploy renders it twice (ConfigMap, pod digest)
 def drain_source() -> str:
     """The drain middleware's source, shipped to vLLM pods in their ConfigMap."""
     return importlib.resources.files("rooftop_operator").joinpath("engine_drain.py").read_text()

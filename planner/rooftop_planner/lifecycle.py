@@ -88,7 +88,6 @@ class Lifecycle:
         request_p99_s: the p99 request duration the drain covers, s.
         shutdown_timeout_s: vLLM's ``--shutdown-timeout``, s.
         prestop_s: the least the ``preStop`` hook waits (endpoint removal), s.
-        prestop_max_s: the most it waits for kept-alive connections to close, s.
         grace_s: ``terminationGracePeriodSeconds``.
         ephemeral_bytes: the pod's ``ephemeral-storage`` request, bytes.
     """
@@ -100,9 +99,14 @@ class Lifecycle:
     request_p99_s: float
     shutdown_timeout_s: int
     prestop_s: int
-    prestop_max_s: int
     grace_s: int
     ephemeral_bytes: int
+
+    @property
+    def prestop_max_s(self) -> int:
+        """The most the ``preStop`` hook waits for kept-alive connections to close, s:
+        a connection is busy for at most one request beyond the least wait."""
+        return self.prestop_s + self.shutdown_timeout_s
 
 
 def checkpoint_bytes(model: ModelSpec, weight_dtype: str, weights: Weights | None) -> float:
@@ -149,12 +153,10 @@ def lifecycle(
     """The start-up and drain figures of one engine pod of ``plan``."""
     request_s = request_p99_s(spec, plan)
     drain = shutdown_timeout_s(request_s)
-    prestop_max = PRESTOP_S + drain
-    grace = prestop_max + drain + GRACE_MARGIN_S
+    grace = PRESTOP_S + drain + drain + GRACE_MARGIN_S  # the longest preStop, then the drain
     if spec.mode is Mode.SIMULATED:
         return Lifecycle(0.0, False, SIMULATED_STARTUP_S, MIN_PROGRESS_DEADLINE_S,
-                         request_s, drain, PRESTOP_S, prestop_max, grace,
-                         SCRATCH_BYTES)  # fmt: skip
+                         request_s, drain, PRESTOP_S, grace, SCRATCH_BYTES)  # fmt: skip
     size = checkpoint_bytes(model, plan.weight_dtype, weights)
     download = downloads(spec)
     start = startup_s(size, download)
@@ -168,7 +170,6 @@ def lifecycle(
         request_p99_s=request_s,
         shutdown_timeout_s=drain,
         prestop_s=PRESTOP_S,
-        prestop_max_s=prestop_max,
         grace_s=grace,
         ephemeral_bytes=math.ceil(on_disk * 1.1) + SCRATCH_BYTES,
     )

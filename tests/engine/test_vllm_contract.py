@@ -145,7 +145,7 @@ def shapes(catalog: Catalog, model: ModelSpec) -> Iterator[Shape]:
 # for a short chat request.
 LIFECYCLE = Lifecycle(
     checkpoint_bytes=16e9, downloads=True, startup_s=200.0, progress_deadline_s=600,
-    request_p99_s=10.0, shutdown_timeout_s=30, prestop_s=10, prestop_max_s=40, grace_s=85,
+    request_p99_s=10.0, shutdown_timeout_s=30, prestop_s=10, grace_s=85,
     ephemeral_bytes=20 * 2**30,
 )  # fmt: skip
 
