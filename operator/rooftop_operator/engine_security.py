@@ -15,8 +15,9 @@ value ``engine.podSecurity``):
   model cache PVC filled by a download job, say). What costs vLLM nothing is still
   added: the runtime's default seccomp profile and no privilege escalation (setuid).
 - ``restricted`` passes Pod Security "restricted": a fixed non-root uid/gid, no
-  capabilities, and writable emptyDirs for $HOME, the caches vLLM, Triton and torch
-  inductor write, and /tmp, with the environment pointing each cache there.
+  capabilities, a read-only root filesystem, and writable emptyDirs for $HOME, the
+  caches vLLM, Triton and torch inductor write, and /tmp, with the environment pointing
+  each cache there.
 
 Both levels mount the model cache at ``MODEL_CACHE_PATH`` and set ``HF_HOME`` to it: a
 path under /root would be unreadable to any uid but root, and a user's PVC cache then
@@ -75,10 +76,12 @@ def pod_security_context(level: PodSecurity, vllm: bool) -> dict[str, Any]:
 
 
 def container_security_context(level: PodSecurity) -> dict[str, Any]:
-    """The engine container's ``securityContext``."""
+    """The engine container's ``securityContext``. Under "restricted" the root
+    filesystem is read-only too: everything an engine writes goes to the volumes of
+    ``writable_volumes`` and the model cache."""
     context: dict[str, Any] = {"allowPrivilegeEscalation": False}
     if level is PodSecurity.RESTRICTED:
-        context["capabilities"] = {"drop": ["ALL"]}
+        context |= {"capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}
     return context
 
 

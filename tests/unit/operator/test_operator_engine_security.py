@@ -105,6 +105,10 @@ def test_restricted_vllm_pod_passes_restricted(catalog: Catalog, tp: int) -> Non
         "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
         "fsGroupChangePolicy": "OnRootMismatch",
     }  # fmt: skip
+    assert spec["containers"][0]["securityContext"] == {
+        "allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+        "readOnlyRootFilesystem": True,  # what vLLM writes is on volumes (next test)
+    }  # fmt: skip
 
 
 def test_every_path_vllm_writes_is_on_a_writable_volume(catalog: Catalog) -> None:
