@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import re
 import ssl
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from typing import Any
 import aiohttp
 
 from rooftop_control.control import MetricState, Reading
+from rooftop_control.durations import parse_duration_s
 
 # vLLM's per-request TPOT histogram: what a TPOT SLO bounds (a request's mean gap between
 # output tokens), unlike the per-token inter-token latency, which also carries every
@@ -55,7 +55,6 @@ ITERATION_TOKENS_HISTOGRAM = "vllm:iteration_tokens_total"
 # engine's buckets, which tests/e2e/test_vllm_metrics.py checks against the real vLLM).
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
 FRESHNESS_GAUGE = "vllm:num_requests_running"
-_DURATION = re.compile(r"^([0-9]+(ms|s|m|h|d|w|y))+$")
 
 
 @dataclass(frozen=True)
@@ -107,9 +106,10 @@ def le_pattern(bound_s: float) -> str:
 
 
 def check_window(window: str) -> str:
-    """``window`` if it is a PromQL duration (range of rate(), e.g. "2m"), else ValueError."""
-    if not _DURATION.match(window):
-        raise ValueError(f"window must be a PromQL duration like '2m', got {window!r}")
+    """``window`` if it is a positive PromQL duration (range of rate(), e.g. "2m", in
+    ``rooftop_control.durations``' grammar), else ValueError."""
+    if parse_duration_s(window) <= 0:
+        raise ValueError(f"window must be longer than zero, got {window!r}")
     return window
 
 

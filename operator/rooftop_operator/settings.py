@@ -21,6 +21,7 @@ from typing import Any, Final, cast
 import kopf
 
 from rooftop_control.control import ControllerConfig
+from rooftop_control.durations import parse_duration_s
 from rooftop_operator import builders
 from rooftop_operator.engine_security import PodSecurity, parse_pod_security
 from rooftop_operator.metrics_client import PrometheusAuth, check_window
@@ -91,10 +92,8 @@ class LoopSettings:
         window = env.get("ROOFTOP_LOOP_WINDOW") or base.window
         try:
             check_window(window)
-        except ValueError:
-            raise ValueError(
-                f"ROOFTOP_LOOP_WINDOW={window!r}: give a PromQL duration such as 1m or 90s"
-            ) from None
+        except ValueError as err:
+            raise ValueError(f"ROOFTOP_LOOP_WINDOW: {err}") from None
         return cls(
             prometheus_url=env.get("ROOFTOP_PROMETHEUS_URL") or base.prometheus_url,
             interval_s=seconds("ROOFTOP_LOOP_INTERVAL_S", base.interval_s, positive=True),
@@ -113,12 +112,8 @@ class LoopSettings:
 
     @property
     def window_s(self) -> float:
-        """``window`` in seconds (single-unit durations: 90s, 1m, 2m...)."""
-        units = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
-        for unit in ("ms", "s", "m", "h"):
-            if self.window.endswith(unit) and self.window[: -len(unit)].isdigit():
-                return float(self.window[: -len(unit)]) * units[unit]
-        return 60.0
+        """``window`` in seconds, read as the PromQL range is ("1m30s" is 90 s)."""
+        return parse_duration_s(self.window)
 
 
 @dataclass(frozen=True)
