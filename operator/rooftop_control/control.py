@@ -63,6 +63,7 @@ from typing import Any, Protocol
 from rooftop_api.conditions import SLO_MET, WITHIN_BUDGET, Condition
 from rooftop_api.spec import KvDtype, ServingTargetSpec, WeightDtype
 from rooftop_control import calibration as cal_mod
+from rooftop_control import defaults
 from rooftop_control.calibration import Calibration, CalibrationConfig, TrimConfig
 from rooftop_planner.batching import predict_continuous
 from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog, load_catalog
@@ -260,8 +261,8 @@ class ControllerConfig:
     default_prompt_tokens: float
     default_output_tokens: float
     scale_down_window_s: float = 180.0
-    startup_s: float = 120.0
-    metrics_window_s: float = 60.0
+    startup_s: float = defaults.STARTUP_S
+    metrics_window_s: float = defaults.METRICS_WINDOW_S
     trend_window_s: float = 300.0
     falling_rate_per_minute: float = 0.05
     headroom: float = 0.0

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from rooftop_api.spec import MODELS_MOUNT, Mode, ServingTargetSpec
+from rooftop_control import defaults
 from rooftop_control.control import max_billed_replicas
 from rooftop_operator import engine_security
 from rooftop_operator.engine_security import PodSecurity
@@ -46,8 +47,8 @@ CACHE_PATH: Final = engine_security.MODEL_CACHE_PATH
 HEALTH_PATH: Final = "/health"
 METRICS_PATH: Final = "/metrics"
 # Share of replicas a rollout may start on top of the fleet (Kubernetes' own default
-# maxSurge); the simulator's cluster (sim.cluster.SimConfig.surge) follows the same rule.
-ROLLOUT_SURGE: Final = 0.25
+# maxSurge), shared with the simulated cluster.
+ROLLOUT_SURGE: Final = defaults.ROLLOUT_SURGE
 
 # The engine container's command for mode "vllm"; the model is its first argument
 # (``vllm serve MODEL``: vLLM deprecates ``--model`` there).

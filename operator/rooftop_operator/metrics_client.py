@@ -38,6 +38,7 @@ from typing import Any
 
 import aiohttp
 
+from rooftop_control import defaults
 from rooftop_control.control import MetricState, Reading
 from rooftop_control.durations import parse_duration_s
 
@@ -327,7 +328,7 @@ class MetricsClient:
     def __init__(
         self,
         base_url: str,
-        stale_after_s: float = 120.0,
+        stale_after_s: float = defaults.STALE_AFTER_S,
         timeout_s: float = 5.0,
         auth: PrometheusAuth | None = None,
     ) -> None:

@@ -20,6 +20,7 @@ from typing import Any, Final, cast
 
 import kopf
 
+from rooftop_control import defaults
 from rooftop_control.control import ControllerConfig
 from rooftop_control.durations import parse_duration_s
 from rooftop_operator import builders
@@ -68,9 +69,9 @@ class LoopSettings:
     """
 
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
-    interval_s: float = 15.0
-    window: str = "1m"
-    stale_after_s: float = 60.0
+    interval_s: float = defaults.TICK_S
+    window: str = defaults.METRICS_WINDOW
+    stale_after_s: float = defaults.STALE_AFTER_S
     startup_s: float | None = None
     scale_down_window_s: float = ControllerConfig.scale_down_window_s
     prometheus_auth: PrometheusAuth = PrometheusAuth()

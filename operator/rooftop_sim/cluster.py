@@ -33,6 +33,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from rooftop_control import defaults
 from rooftop_control.control import Observation
 from rooftop_sim.engine.core import Engine, EngineConfig, Request
 from rooftop_sim.engine.truth import TruthModel
@@ -99,14 +100,14 @@ class SimConfig:
     reality_factor: float = 1.0
     noise: float = 0.05
     seed: int = 0
-    startup_s: float = 120.0
-    scrape_s: float = 15.0
-    window_s: float = 60.0
+    startup_s: float = defaults.STARTUP_S
+    scrape_s: float = defaults.TICK_S
+    window_s: float = defaults.METRICS_WINDOW_S
     tpot_quantile: float = 0.9
     ttft_quantile: float = 0.9
     tpot_slo_ms: float = math.inf
     outages: tuple[tuple[float, float], ...] = ()
-    surge: float = 0.25
+    surge: float = defaults.ROLLOUT_SURGE
     max_pods: int | None = None
 
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from rooftop_api.output import JSON, TABLE, TEXT, WIDE, YAML, add_output_option, dumps, print_table
 from rooftop_api.spec import ServingTargetSpec
-from rooftop_control import control
+from rooftop_control import control, defaults
 from rooftop_control.calibration import Calibration
 from rooftop_planner.batching import mean_step_s
 from rooftop_planner.plan import Plan
@@ -346,9 +346,24 @@ def register(subparsers: Any) -> None:
         default=1.0,
         help="true step times / the fitted truth model (default 1.0)",
     )
-    p.add_argument("--startup-s", type=float, default=120.0, help="pod start-up delay, s")
-    p.add_argument("--scrape-s", type=float, default=15.0, help="scrape/decision interval, s")
-    p.add_argument("--window-s", type=float, default=60.0, help="rate/quantile window, s")
+    p.add_argument(
+        "--startup-s",
+        type=float,
+        default=defaults.STARTUP_S,
+        help="pod start-up delay, s",
+    )
+    p.add_argument(
+        "--scrape-s",
+        type=float,
+        default=defaults.TICK_S,
+        help="scrape/decision interval, s",
+    )
+    p.add_argument(
+        "--window-s",
+        type=float,
+        default=defaults.METRICS_WINDOW_S,
+        help="rate/quantile window, s",
+    )
     p.add_argument("--noise", type=float, default=0.05, help="step-time noise (lognormal sigma)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
