@@ -11,6 +11,8 @@ import argparse
 from collections.abc import Iterator
 from typing import Any
 
+from rooftop_api import exit_codes
+
 SHELLS = ("bash", "zsh")
 INSTALL = """- bash: add `source <(rooftop completion bash)` to ~/.bashrc.
 - zsh: `rooftop completion zsh > ~/.zfunc/_rooftop`, with `fpath=(~/.zfunc $fpath)`
@@ -53,7 +55,7 @@ def script(shell: str) -> str:
 def run(args: argparse.Namespace) -> int:
     """Print the script."""
     print(script(args.shell))
-    return 0
+    return exit_codes.OK
 
 
 def register(subparsers: Any) -> None:

@@ -1,9 +1,6 @@
-"""The ``rooftop`` commands' exit codes, in one place: each command's ``--help`` epilog and
-the CLI reference page (docs/cli.md) are written from this table.
-
-0 is success, 1 a well-formed question with a "no" for an answer (no feasible plan), 2 bad
-input (argparse's own code for a bad flag), 130 interrupted (Ctrl-C, 128 + SIGINT), 141
-stdout closed by its reader (128 + SIGPIPE, as a shell reports a writer whose reader left).
+"""What each ``rooftop`` command's exit codes mean: each command's ``--help`` epilog and the
+CLI reference page (docs/cli.md) are written from this table. The numbers themselves are
+``rooftop_api.exit_codes``, which the commands return.
 """
 
 from __future__ import annotations
@@ -12,7 +9,7 @@ import argparse
 import sys
 from collections.abc import Callable, Mapping
 
-OK, INFEASIBLE, BAD_INPUT, INTERRUPTED, BROKEN_PIPE = 0, 1, 2, 130, 141
+from rooftop_api.exit_codes import BAD_INPUT, BROKEN_PIPE, INFEASIBLE, INTERRUPTED, OK
 
 Codes = tuple[tuple[int, str], ...]
 _BAD = "bad input: a file that cannot be read or used, an unknown model or GPU, a bad flag"

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 
+from rooftop_api import exit_codes
 from rooftop_cli import exits
 
 # (subcommand, module that registers it). Order is the help order.
@@ -82,9 +83,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.flush()  # here, so that a reader gone by now is a broken pipe we catch
     except BrokenPipeError:
         _silence_stdout()
-        return exits.BROKEN_PIPE
+        return exit_codes.BROKEN_PIPE
     except KeyboardInterrupt:
-        return exits.INTERRUPTED
+        return exit_codes.INTERRUPTED
     return code
 
 
@@ -93,7 +94,7 @@ def _dispatch(args_list: list[str]) -> int:
     args = parser.parse_args(args_list)
     if not getattr(args, "func", None):
         parser.print_help()
-        return exits.BAD_INPUT
+        return exit_codes.BAD_INPUT
     code: int = args.func(args)
     return code
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rooftop_api import exit_codes
 from rooftop_api.manifest import Loaded, ManifestError, load_all
 from rooftop_api.output import (
     JSON,
@@ -51,7 +52,7 @@ class Planned:
     @property
     def code(self) -> int:
         """0 with a plan, 1 without."""
-        return exits.OK if self.result.feasible else exits.INFEASIBLE
+        return exit_codes.OK if self.result.feasible else exit_codes.INFEASIBLE
 
     def to_json(self) -> dict[str, object]:
         """``rooftop plan -o json`` for this target: its name and file, then the search."""
@@ -99,7 +100,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     show(planned, args.output, args.explain)
     if args.plot and planned:
         _plot(planned[0], catalog, args.plot)
-    return max(codes, default=exits.BAD_INPUT)
+    return max(codes, default=exit_codes.BAD_INPUT)
 
 
 def _plot(planned: Planned, catalog: Catalog, path: str) -> None:

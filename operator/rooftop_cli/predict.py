@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from rooftop_api import exit_codes
 from rooftop_api.output import JSON, TABLE, WIDE, YAML, Cell, add_output_option, dumps, print_table
 from rooftop_cli import exits
 from rooftop_planner.catalog import Catalog, CatalogError, load_catalog, model_from_hf_config
@@ -150,7 +151,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     _show(predicted, _row(args, model), args.output or JSON)
     if predicted.explanation:
         print("\n".join(predicted.explanation))
-    return exits.OK
+    return exit_codes.OK
 
 
 def _row(args: argparse.Namespace, model: str) -> dict[str, str]:
@@ -233,7 +234,7 @@ def _predict_rows(path: Path, out_path: Path | None, catalog: Catalog) -> int:
             out.close()
     failed = sum(1 for r in rows if r["error"] and not r["tpot_ms"])
     print(f"predicted {len(rows) - failed}/{len(rows)} rows", file=sys.stderr)
-    return exits.OK
+    return exit_codes.OK
 
 
 # ---------------------------------------------------------------- registration

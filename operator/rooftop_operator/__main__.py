@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from rooftop_api import exit_codes
 from rooftop_operator.settings import (
     INVENTORY_MODES,
     MIN_PEERING_LIFETIME_S,
@@ -107,14 +108,14 @@ def run(args: argparse.Namespace) -> int:
     if not args.namespaces and not args.all_namespaces:
         print("rooftop operator: give --namespace NS (repeatable) or --all-namespaces",
               file=sys.stderr)  # fmt: skip
-        return 2
+        return exit_codes.BAD_INPUT
     import kopf
 
     try:
         config = config_from_args(args)  # the one read of flags and ROOFTOP_* variables
     except ValueError as err:
         print(f"rooftop operator: {err}", file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
     if (code := preflight()) != 0:
         return code
     load_handlers(config)
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         liveness_endpoint=config.liveness_endpoint,
         memo=kopf.Memo(config=config),
     )
-    return 0
+    return exit_codes.OK
 
 
 def preflight() -> int:
@@ -141,7 +142,7 @@ def preflight() -> int:
     except ClusterUnavailable as err:
         print(f"rooftop operator: {err}", file=sys.stderr)
         return err.exit_code
-    return 0
+    return exit_codes.OK
 
 
 def load_handlers(config: OperatorConfig, registry: Any = None) -> list[str]:

@@ -41,9 +41,8 @@ from typing import Any, Protocol
 import kopf
 
 from rooftop_api import conditions as cnd
-from rooftop_api import crd
 from rooftop_api.conditions import Condition
-from rooftop_api.spec import KIND, Mode, ServingTargetSpec
+from rooftop_api.spec import GROUP, KIND, PLURAL, VERSION, Mode, ServingTargetSpec
 from rooftop_operator import builders, children, metrics
 from rooftop_operator.kube import Kube, KubeError
 from rooftop_operator.settings import OperatorConfig, configure
@@ -600,9 +599,9 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         metrics.start_http_server(config.metrics_port)
 
 
-@kopf.on.resume(crd.GROUP, crd.VERSION, crd.PLURAL)
-@kopf.on.create(crd.GROUP, crd.VERSION, crd.PLURAL)
-@kopf.on.update(crd.GROUP, crd.VERSION, crd.PLURAL, field="spec")
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 def reconcile_target(body: kopf.Body, memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
     rt = runtime(memo)
     try:
@@ -691,7 +690,7 @@ def timer_without_finalizer(
     ``when`` filter instead (``alive``).
     """
     real = registry if registry is not None else kopf.get_default_registry()
-    kopf.timer(crd.GROUP, crd.VERSION, crd.PLURAL, interval=interval, initial_delay=interval,
+    kopf.timer(GROUP, VERSION, PLURAL, interval=interval, initial_delay=interval,
                when=when, registry=real)(fn)  # fmt: skip
     _without_finalizer(real)
 
@@ -703,7 +702,7 @@ def daemon_without_finalizer(
     """Register ``fn`` as a ServingTarget daemon with no finalizer (see
     ``timer_without_finalizer``)."""
     real = registry if registry is not None else kopf.get_default_registry()
-    kopf.daemon(crd.GROUP, crd.VERSION, crd.PLURAL, when=when, registry=real)(fn)
+    kopf.daemon(GROUP, VERSION, PLURAL, when=when, registry=real)(fn)
     _without_finalizer(real)
 
 
@@ -818,7 +817,7 @@ def deployment_event(rt: Runtime, body: Mapping[str, Any], kind: str) -> None:
         log.warning("engine %s: %s", name, err)
 
 
-@kopf.on.event(crd.GROUP, crd.VERSION, crd.PLURAL)
+@kopf.on.event(GROUP, VERSION, PLURAL)
 async def target_event(event: kopf.RawEvent, name: str | None, namespace: str | None,
                  memo: kopf.Memo, **_: Any) -> None:  # fmt: skip
     """Drop a deleted target's metric series and the loop's memory of it, and stop its

@@ -29,7 +29,8 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from rooftop_api.spec import API_VERSION, KIND
+from rooftop_api import exit_codes
+from rooftop_api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
 
 FIELD_MANAGER: Final = "rooftop"
 APPLY_CONTENT_TYPE: Final = "application/apply-patch+yaml"
@@ -43,7 +44,7 @@ CONNECTIONS: Final = 32
 # installed meanwhile is noticed by the targets reconciled after it.
 DISCOVERY_TTL_S: Final = 10.0
 # Group, version and plural of the ServingTarget API.
-TARGET_GVP: Final = ("rooftop.dev", "v1alpha1", "servingtargets")
+TARGET_GVP: Final = (GROUP, VERSION, PLURAL)
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ def load_credentials() -> str:
         try:
             config.load_kube_config()  # type: ignore[no-untyped-call]
         except (config.ConfigException, yaml.YAMLError, OSError) as err:
-            raise ClusterUnavailable(_no_config(in_cluster, err), 2) from None
+            raise ClusterUnavailable(_no_config(in_cluster, err), exit_codes.BAD_INPUT) from None
     return str(client.Configuration.get_default_copy().host)
 
 
@@ -152,7 +153,7 @@ def check_cluster(timeout_s: float = 5.0) -> str:
             _judge_answer(err, host)
         except (HTTPError, OSError) as err:
             unreachable = f"cannot reach the API server at {host}: {_reason(err)}"
-            raise ClusterUnavailable(unreachable, 1) from None
+            raise ClusterUnavailable(unreachable, exit_codes.INFEASIBLE) from None
     return host
 
 
@@ -161,12 +162,14 @@ def _judge_answer(err: ApiException, host: str) -> None:
     0: TLS failed). Any other answer passes: the server is there, and the operator's own
     calls report their permissions."""
     if err.status == 401:
-        raise ClusterUnavailable(
+        refused = (
             f"the API server at {host} refused the credentials (HTTP 401); check the "
-            "kubeconfig's user or the ServiceAccount token", 2) from None  # fmt: skip
+            "kubeconfig's user or the ServiceAccount token"
+        )
+        raise ClusterUnavailable(refused, exit_codes.BAD_INPUT) from None
     if not err.status or err.status >= 500:
         unreachable = f"cannot reach the API server at {host}: {_one_line(err)}"
-        raise ClusterUnavailable(unreachable, 1) from None
+        raise ClusterUnavailable(unreachable, exit_codes.INFEASIBLE) from None
 
 
 def _reason(err: Exception) -> str:

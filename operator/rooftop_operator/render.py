@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from rooftop_api import exit_codes
 from rooftop_operator import builders, children
 from rooftop_operator.settings import VLLM_IMAGE, OperatorConfig, env_defaults
 from rooftop_operator.specs import TargetRef
@@ -25,8 +26,8 @@ if TYPE_CHECKING:
     from rooftop_api.manifest import Loaded
     from rooftop_planner.catalog import Catalog
 
-EXIT_INFEASIBLE = 1
-EXIT_USAGE = 2
+EXIT_INFEASIBLE = exit_codes.INFEASIBLE
+EXIT_USAGE = exit_codes.BAD_INPUT
 # A stand-in for the target's uid in ownerReferences: the API server assigns the real
 # one, so an applied render is adopted only through the operator, never by name.
 UID_PLACEHOLDER = "00000000-0000-0000-0000-000000000000"

@@ -20,6 +20,7 @@ from typing import Any, Final, cast
 
 import kopf
 
+from rooftop_api.spec import GROUP
 from rooftop_control import defaults
 from rooftop_control.control import ControllerConfig
 from rooftop_control.durations import parse_duration_s
@@ -36,7 +37,7 @@ VLLM_VERSION: Final = "0.32.0"
 VLLM_IMAGE: Final = f"vllm/vllm-openai:v{VLLM_VERSION}"
 # Image for mode "simulated": the operator's own image (it ships `rooftop engine-sim`).
 DEFAULT_SELF_IMAGE: Final = "ghcr.io/rooftop-dev/rooftop:0.1.0"
-ANNOTATION_PREFIX: Final = "rooftop.dev"
+ANNOTATION_PREFIX: Final = GROUP
 # Seconds kopf waits for its own write to come back on the watch (see ``configure``).
 CONSISTENCY_TIMEOUT_S: Final = 60.0
 # Threads kopf runs the reconciles in. A reconcile spends most of its time waiting on the

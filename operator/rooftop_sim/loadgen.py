@@ -29,6 +29,7 @@ from typing import Any, Final
 import aiohttp
 import numpy as np
 
+from rooftop_api import exit_codes
 from rooftop_api.output import JSON, TEXT, YAML, add_output_option, dumps
 from rooftop_sim.flags import Rule, check_ranges
 from rooftop_sim.traces import Trace, TraceError, load_trace
@@ -421,8 +422,8 @@ def main(args: argparse.Namespace) -> int:
         schedule(spec)  # validate before opening connections
     except (TraceError, ValueError) as err:
         print(f"rooftop load: {err}", file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
     show = None if args.quiet or not sys.stderr.isatty() else progress_bar()
     report = asyncio.run(run_load(spec, show))
     print(dumps(report.to_json(), args.output) if args.output != TEXT else report.format())
-    return 0 if report.completed > 0 else 1
+    return exit_codes.OK if report.completed > 0 else exit_codes.INFEASIBLE

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from rooftop_api import exit_codes
 from rooftop_api.output import JSON, TABLE, TEXT, WIDE, YAML, add_output_option, dumps, print_table
 from rooftop_api.spec import ServingTargetSpec
 from rooftop_control import control, defaults
@@ -430,7 +431,7 @@ def main(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except InputError as err:
         print(f"rooftop simulate: {err}", file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
     names = POLICIES if args.policy == "all" else (args.policy,)
     progress = Progress()
     results, summaries = run_policies(scn, names, progress, echo=args.output == TEXT)
@@ -441,7 +442,7 @@ def main(args: argparse.Namespace) -> int:
         progress.status(f"rooftop simulate: drawing {args.plot}", force=True)
         plot(results, scn.slo, args.plot)
         progress.clear()
-    return 0
+    return exit_codes.OK
 
 
 def run_policies(

@@ -27,11 +27,8 @@ from pydantic import BaseModel
 from rooftop_api import spec as st
 from rooftop_api import vllm_args
 from rooftop_api.generated import write_or_check
+from rooftop_api.spec import GROUP, PLURAL, SINGULAR, VERSION
 
-GROUP: Final = "rooftop.dev"
-VERSION: Final = "v1alpha1"
-PLURAL: Final = "servingtargets"
-SINGULAR: Final = "servingtarget"
 SHORT_NAMES: Final = ["st"]
 CRD_NAME: Final = f"{PLURAL}.{GROUP}"
 # Children are named "<name>" (Service) and "<name>-engine" (Deployment, PodMonitor), and

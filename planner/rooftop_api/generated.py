@@ -9,19 +9,21 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from rooftop_api import exit_codes
+
 
 def write_or_check(output: Path, text: str, *, check: bool, stale_hint: str) -> int:
     """Write ``text`` to ``output``; with ``check``, only compare and say how to fix.
 
-    Returns the exit code: 1 when checking found the file stale, else 0.
+    Returns the exit code: INFEASIBLE when checking found the file stale, else OK.
     """
     if check:
         current = output.read_text() if output.exists() else ""
         if current != text:
             print(f"{output} is stale: {stale_hint}", file=sys.stderr)
-            return 1
-        return 0
+            return exit_codes.INFEASIBLE
+        return exit_codes.OK
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(text)
     print(output)
-    return 0
+    return exit_codes.OK

@@ -14,15 +14,21 @@ from __future__ import annotations
 import json
 import re
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from rooftop_api.vllm_args import check_env_name, check_extra_args
 
-API_VERSION = "rooftop.dev/v1alpha1"
-KIND = "ServingTarget"
+# The resource's identity, spelled here only: the CRD (crd.py), the manifest loader, the
+# operator's watches and API calls, and its annotation prefix all read these.
+GROUP: Final = "rooftop.dev"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "ServingTarget"
+PLURAL: Final = "servingtargets"
+SINGULAR: Final = "servingtarget"
 
 
 class _Model(BaseModel):
@@ -513,6 +519,7 @@ class Metadata(_Model):
 class ServingTarget(_Model):
     """A whole ServingTarget manifest as read from a YAML file."""
 
+    # API_VERSION and KIND (a type annotation cannot name a constant; a test compares)
     api_version: Literal["rooftop.dev/v1alpha1"]
     kind: Literal["ServingTarget"]
     metadata: Metadata

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from rooftop_api import exit_codes
 from rooftop_planner.catalog import Catalog, load_catalog
 from rooftop_planner.efficiency import (
     TABLE_GPU_IDS,
@@ -809,17 +810,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.stored:
         print(report(json.loads(OUTPUT.read_text())))
-        return 0
+        return exit_codes.OK
     for flag, path in (("--ops", args.ops / "versions.csv"), ("--data", args.data)):
         if not path.is_file():
             print(f"{flag}: {path} not found", file=sys.stderr)
-            return 2
+            return exit_codes.BAD_INPUT
     doc = fit_all(args.ops, args.data, elementwise=not args.no_elementwise)
     print(report(doc))
     if args.write:
         OUTPUT.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"wrote {OUTPUT}")
-    return 0
+    return exit_codes.OK
 
 
 if __name__ == "__main__":

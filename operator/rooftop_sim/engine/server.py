@@ -36,6 +36,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from rooftop_api import exit_codes
 from rooftop_planner.catalog import ModelSpec
 from rooftop_planner.parallelism import TP_DEGREES, tp_problem
 from rooftop_planner.scenarios import normalize_dtype
@@ -588,7 +589,7 @@ def run(args: argparse.Namespace) -> int:
         app = build_app(config_from_args(args), shutdown_timeout_s=drain_s)
     except (KeyError, ValueError) as err:
         print(f"engine-sim: {_message(err)}", file=sys.stderr)
-        return 2
+        return exit_codes.BAD_INPUT
     sim = app[SIM_KEY]
     banner = (
         f"engine-sim: serving {sim.cfg.served_name!r} ({sim.cfg.model} on {sim.cfg.tp}x "
@@ -604,8 +605,8 @@ def run(args: argparse.Namespace) -> int:
                     print=lambda _: print(banner, file=sys.stderr, flush=True))  # fmt: skip
     except OSError as err:  # address in use, unknown host, no permission
         print(f"engine-sim: cannot listen on {args.host}:{args.port}: {err}", file=sys.stderr)
-        return 1
-    return 0
+        return exit_codes.INFEASIBLE
+    return exit_codes.OK
 
 
 def register(subparsers: Any) -> None:

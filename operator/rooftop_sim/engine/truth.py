@@ -57,6 +57,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rooftop_api import exit_codes
 from rooftop_planner.catalog import (
     BYTES_PER_DTYPE,
     CatalogError,
@@ -430,10 +431,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.fit:
         ap.print_help()
-        return 2
+        return exit_codes.BAD_INPUT
     if not args.ops.is_dir():
         print(f"measured tables not found: {args.ops}", file=sys.stderr)
-        return 1
+        return exit_codes.INFEASIBLE
     from rooftop_sim.engine import truth_fit  # the builder needs this module
 
     return truth_fit.run(args.ops, args.write)

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from rooftop_api import exit_codes
 from rooftop_planner.catalog import load_catalog
 from rooftop_planner.parallelism import TP_DEGREES, tp_problem
 from rooftop_sim.engine import kernels
@@ -430,4 +431,4 @@ def run(ops: Path, write: bool) -> int:
         print(f"packaged {kernels.TABLES_PATH.name} ({len(data) / 1e6:.2f} MB) {state}")
     if write or current:
         print(sanity(packed))
-    return 0
+    return exit_codes.OK

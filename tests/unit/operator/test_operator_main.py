@@ -12,7 +12,7 @@ import pytest
 from operator_fakes import FakeKube, FakePlanner
 from prometheus_client import CollectorRegistry
 
-from rooftop_api import crd
+from rooftop_api import spec
 from rooftop_cli.main import build_parser
 from rooftop_operator import __main__ as main_mod
 from rooftop_operator import handlers
@@ -249,9 +249,9 @@ def _spawning_cause(uid: str) -> Any:
     from kopf._core.engines import indexing
     from kopf._core.intents import causes
 
-    resource = references.Resource(group=crd.GROUP, version=crd.VERSION, plural=crd.PLURAL,
+    resource = references.Resource(group=spec.GROUP, version=spec.VERSION, plural=spec.PLURAL,
                                    kind="ServingTarget", namespaced=True)  # fmt: skip
-    body = bodies.Body({"apiVersion": f"{crd.GROUP}/{crd.VERSION}", "kind": "ServingTarget",
+    body = bodies.Body({"apiVersion": f"{spec.GROUP}/{spec.VERSION}", "kind": "ServingTarget",
                         "metadata": {"name": "t", "namespace": "ns", "uid": uid},
                         "status": {"conditions": []}})  # fmt: skip
     return causes.SpawningCause(
