@@ -41,7 +41,7 @@ import kopf
 
 from rooftop_api import conditions as cnd
 from rooftop_api.spec import ServingTargetSpec
-from rooftop_control import control
+from rooftop_control import control, signals
 from rooftop_control.calibration import CalibrationConfig, TrimConfig, clamp
 from rooftop_operator import children, handlers, metrics_client
 from rooftop_operator.builders import deployment_name
@@ -72,28 +72,25 @@ def observation(
     snap: metrics_client.TargetMetrics, ready: int, pending: int, outdated: int = 0
 ) -> control.Observation:
     """The controller's view of one snapshot and of the Deployment's pods
-    (``outdated``: pods a rollout has yet to replace, ``outdated_pods``)."""
-    rate = snap.get("requests_per_second")
-    if not rate.ok:  # the derivative needs 2 samples; completions alone still tell
-        rate = snap.get("completions_per_second")
-    elif rate.value < 0:  # a draining queue makes the estimate dip below zero
-        rate = control.Reading(0.0, control.MetricState.OK)
-    return control.Observation(
-        tpot_ms=_scaled(snap.get("tpot_s"), 1e3),
-        ttft_ms=_scaled(snap.get("ttft_s"), 1e3),
-        requests_per_second=rate,
-        running=snap.get("running"),
-        waiting=snap.get("waiting"),
-        kv_usage_ratio=snap.get("kv_usage_ratio"),
-        step_ms=_scaled(snap.get("step_s"), 1e3),
-        step_batch=snap.get("step_batch"),
-        tpot_attainment=snap.get("tpot_attainment"),
-        prompt_tokens=snap.get("prompt_tokens"),
-        output_tokens=snap.get("output_tokens"),
-        ready_replicas=ready,
-        pending_replicas=pending,
-        outdated_replicas=outdated,
+    (``outdated``: pods a rollout has yet to replace, ``outdated_pods``): every
+    declared signal (``rooftop_control.signals``) in the controller's units."""
+    pods = control.Observation(
+        ready_replicas=ready, pending_replicas=pending, outdated_replicas=outdated
     )
+    readings: dict[str, Any] = {s.field: _signal(snap, s) for s in signals.SIGNALS}
+    return replace(pods, **readings)
+
+
+def _signal(snap: metrics_client.TargetMetrics, signal: signals.Signal) -> control.Reading:
+    """One signal's reading: its fallback query when its own has no figure, raised to
+    its least meaningful figure, scaled to its unit."""
+    reading = snap.get(signal.query)
+    fallback = signals.FALLBACKS.get(signal.field)
+    if fallback is not None and not reading.ok:
+        reading = snap.get(fallback)
+    if signal.at_least is not None and reading.ok and reading.value < signal.at_least:
+        reading = control.Reading(signal.at_least, control.MetricState.OK)
+    return reading if signal.scale == 1.0 else _scaled(reading, signal.scale)
 
 
 def pod_counts(deployment: Mapping[str, Any] | None) -> tuple[int, int, int]:
@@ -129,15 +126,11 @@ def observed_status(d: control.Decision, obs: control.Observation, now: str) -> 
     def num(r: control.Reading) -> float | None:
         return round(r.value, 4) if r.ok else None
 
+    shown = {s.status_key: num(getattr(obs, s.field)) for s in signals.SIGNALS if s.status_key}
     return {
         k: v
         for k, v in {
-            "tpotMs": num(obs.tpot_ms),
-            "ttftMs": num(obs.ttft_ms),
-            "requestsPerSecond": num(obs.requests_per_second),
-            "running": num(obs.running),
-            "waiting": num(obs.waiting),
-            "kvCacheUsageRatio": num(obs.kv_usage_ratio),
+            **shown,
             "calibrationFactor": round(d.calibration_factor, 4),
             "calibrationSamples": d.state.calibration.samples,
             "latencyTrim": round(d.state.trim, 4),
@@ -152,7 +145,7 @@ def observed_status(d: control.Decision, obs: control.Observation, now: str) -> 
 # noise is not news, and a write per target per tick is what limits how many targets one
 # operator can run. Relative, with an absolute floor for figures near zero.
 OBSERVED_NOISE_RATIO = 0.05
-OBSERVED_NOISE_FLOOR = {"running": 1.0, "waiting": 1.0, "kvCacheUsageRatio": 0.02}
+OBSERVED_NOISE_FLOOR = {s.status_key: s.status_noise_floor for s in signals.SIGNALS if s.status_key}
 # Kept up to date only alongside a visible change: the sample count grows every tick.
 OBSERVED_BOOKKEEPING = ("calibrationSamples", "time")
 

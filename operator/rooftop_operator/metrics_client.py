@@ -38,7 +38,7 @@ from typing import Any
 
 import aiohttp
 
-from rooftop_control import defaults
+from rooftop_control import defaults, signals
 from rooftop_control.control import MetricState, Reading
 from rooftop_control.durations import parse_duration_s
 
@@ -82,7 +82,11 @@ class TargetMetrics:
     errors: Sequence[str] = ()
 
     def get(self, name: str) -> Reading:
-        """The reading of one query; missing when the snapshot did not ask for it."""
+        """The reading of one query; missing when the snapshot did not ask for it. A
+        name no signal declares (``rooftop_control.signals``) is a KeyError: a typo
+        would otherwise read as missing metrics and hold every scale-down."""
+        if name not in signals.QUERY_NAMES:
+            raise KeyError(f"{name!r} is not a declared query: {sorted(signals.QUERY_NAMES)}")
         return self.readings.get(name, Reading())
 
 
