@@ -101,7 +101,7 @@ def main() -> None:
     errors = []
     for model, gpu, tp, weights, kv in DEPLOYMENTS:
         dep = Deployment(catalog.model(model), catalog.gpu(gpu), tp, weights, kv,
-                         efficiency.lookup(gpu, "vllm"))  # fmt: skip
+                         efficiency.lookup(catalog.gpu(gpu), "vllm"))  # fmt: skip
         truth = TruthModel.for_deployment(model, gpu, tp, weights, kv)
         name = f"{model} {weights} on {tp}x {gpu}"
         for isl, osl in SHAPES:
@@ -118,7 +118,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for model, gpu, tp, clients, isl, osl in AT_VLLM_CAPS:
         dep = Deployment(catalog.model(model), catalog.gpu(gpu), tp, "bf16", "auto",
-                         efficiency.lookup(gpu, "vllm"))  # fmt: skip
+                         efficiency.lookup(catalog.gpu(gpu), "vllm"))  # fmt: skip
         limits = default_limits("vllm", dep.gpu, clients)
         truth = TruthModel.for_deployment(model, gpu, tp, "bf16", "auto")
         sim = simulated_tpot_s(truth, clients, isl, osl, limits)

@@ -102,7 +102,7 @@ def main() -> None:
     with_model, without = [], []
     for model, gpu, tp, weights, kv, clients, isl, osl in CASES:
         dep = Deployment(catalog.model(model), catalog.gpu(gpu), tp, weights, kv,
-                         efficiency.lookup(gpu, "vllm"))  # fmt: skip
+                         efficiency.lookup(catalog.gpu(gpu), "vllm"))  # fmt: skip
         sim = simulate(TruthModel.for_deployment(model, gpu, tp, weights, kv), clients, isl, osl)
         limits = EngineLimits(max_num_seqs=clients, preempts_when_full=True)
         pred = predict_continuous(dep, clients, isl, osl, limits)

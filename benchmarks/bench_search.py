@@ -43,7 +43,7 @@ def main() -> None:
     dep = Deployment(
         catalog.model("llama-3.1-8b"),
         catalog.gpu("h100-sxm"),
-        efficiency=load_efficiency().lookup("h100-sxm"),
+        efficiency=load_efficiency().lookup(catalog.gpu("h100-sxm")),
     )
     baseline = median_seconds(lambda: predict_continuous(dep, 32, 1000, 200), args.repeat * 10)
     print(f"baseline: one continuous-batching prediction = {baseline * 1e3:.3f} ms")

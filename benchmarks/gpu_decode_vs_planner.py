@@ -125,7 +125,7 @@ def price(lines: Iterable[dict[str, str]]) -> list[Row]:
                  int(line.get("batch") or 0), int(line.get("context") or 0),
                  int(line.get("prompt_tokens") or 0))  # fmt: skip
         dep = Deployment(catalog.model(s.model), catalog.gpu(s.gpu), s.tp, s.weights, "auto",
-                         efficiency.lookup(s.gpu, "vllm"))  # fmt: skip
+                         efficiency.lookup(catalog.gpu(s.gpu), "vllm"))  # fmt: skip
         floor = floor_s(dep, s.batch + s.prompt, s.batch * s.context) * 1e3
         out.append(Row(s, measured(line), simulated(s), planned(dep, s), floor))
     return out

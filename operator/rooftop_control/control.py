@@ -1018,7 +1018,7 @@ class PlanTargetPlanner:
         self.plan = plan
         self.spec = pinned_spec(spec, plan)
         gpu = self.catalog.gpu(plan.gpu)
-        eff = load_efficiency().lookup(gpu.id, "vllm")
+        eff = load_efficiency().lookup(gpu, "vllm")
         model = resolve_model(spec, self.catalog)
         self.deployment = Deployment(model, gpu, plan.tp, plan.weight_dtype, plan.kv_dtype, eff)
         self._cache: OrderedDict[tuple[float, float], tuple[Sizing, ...]] = OrderedDict()

@@ -40,9 +40,8 @@ import numpy as np
 import numpy.typing as npt
 
 from rooftop_api import exit_codes
-from rooftop_planner.catalog import Catalog, load_catalog
+from rooftop_planner.catalog import KERNEL_TABLE_GPUS, Catalog, load_catalog
 from rooftop_planner.efficiency import (
-    TABLE_GPU_IDS,
     EfficiencyTable,
     EngineOverhead,
     table_from_mapping,
@@ -383,7 +382,7 @@ def fit_engine_curves(
     folder = ops / table_gpu / engine
     if not (folder / "gemm_perf.csv.gz").is_file():
         return None
-    gpu = catalog.gpus[TABLE_GPU_IDS[table_gpu]]
+    gpu = catalog.gpus[KERNEL_TABLE_GPUS[table_gpu]]
     bw, bf16 = gpu.hbm_bytes_per_s, gpu.flops_per_s("bf16")
     gemm_table = read_table(folder / "gemm_perf.csv.gz")
     shapes = catalog_gemm_shapes(catalog)
@@ -438,7 +437,7 @@ def curve_error(curve: Curve, f: Features, bw: float, peak: float) -> float:
 def stored_curve_errors(ops: Path, kc: KernelCurves) -> dict[str, tuple[Curve, float]]:
     """Each stored curve of one engine/GPU and its median error on the vendored table now."""
     catalog = load_catalog()
-    gpu = catalog.gpus[TABLE_GPU_IDS[kc.table_gpu]]
+    gpu = catalog.gpus[KERNEL_TABLE_GPUS[kc.table_gpu]]
     bw, bf16 = gpu.hbm_bytes_per_s, gpu.flops_per_s("bf16")
     folder = ops / kc.table_gpu / kc.engine
     dtypes = {v: k for k, v in DTYPE_KEYS.items()}
@@ -689,7 +688,7 @@ def fit_all(
 def fit_every_engine(ops: Path, catalog: Catalog, progress: Progress) -> list[KernelCurves]:
     """The curves of every measured GPU and engine, one ``progress`` line per table."""
     curves = []
-    for table_gpu in sorted(TABLE_GPU_IDS):
+    for table_gpu in sorted(KERNEL_TABLE_GPUS):
         for engine in FIT_ENGINES:
             progress.status(f"calibrate: fitting {table_gpu}/{engine}", force=True)
             kc = fit_engine_curves(ops, table_gpu, engine, catalog)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
@@ -70,6 +70,10 @@ class GpuSpec:
         host_arch: the CPU architecture of the nodes that carry it, as Kubernetes'
             ``kubernetes.io/arch`` label writes it (``arm64`` for Grace superchips):
             the engine image must run on it.
+        kernel_table: the measured kernel table its kernels are timed on (one of
+            ``KERNEL_TABLE_GPUS``): its own where it was measured, else the nearest
+            architecture's (same memory technology and generation), scaled by the two
+            GPUs' rooflines. The planner and the simulated engine both read it.
     """
 
     id: str
@@ -89,6 +93,12 @@ class GpuSpec:
     sources: Mapping[str, str] = field(default_factory=dict)
     link_group_gpus: int = 0
     beyond_group_bytes_per_s: float = 0.0
+    kernel_table: str = field(kw_only=True)
+
+    @property
+    def kernel_table_borrowed(self) -> bool:
+        """Whether its kernel table was measured on another GPU."""
+        return KERNEL_TABLE_GPUS.get(self.kernel_table) != self.id
 
     def link_bytes_per_s(self, gpus: int) -> float:
         """Per-direction bandwidth a tensor-parallel group of ``gpus`` all-reduces over:
@@ -109,6 +119,15 @@ class GpuSpec:
 
 # Accelerator families vLLM publishes an engine build (container image) for.
 ACCELERATOR_FAMILIES = ("cuda", "rocm", "tpu")
+# The measured kernel tables (data/ops) and the catalog GPU each was timed on, whose
+# peaks its fractions refer to. Every catalog GPU names one (``GpuSpec.kernel_table``).
+KERNEL_TABLE_GPUS: Final = {
+    "a100_sxm": "a100-80gb",
+    "h100_sxm": "h100-sxm",
+    "h200_sxm": "h200",
+    "b200_sxm": "b200",
+    "l40s": "l40s",
+}
 # CPU architectures of GPU hosts, as the kubernetes.io/arch node label names them.
 HOST_ARCHES = ("amd64", "arm64")
 # Weight dtypes a model's 16-bit checkpoint serves as is (vLLM casts with --dtype) or that
@@ -394,7 +413,21 @@ def _gpu_from_entry(gpu_id: str, entry: Mapping[str, Any]) -> GpuSpec:
         raise CatalogError(
             f"{at}host_arch: unknown architecture {arch!r}; use one of {', '.join(HOST_ARCHES)}"
         )
+    values["kernel_table"] = _kernel_table(at + "kernel_table", entry.get("kernel_table"))
     return GpuSpec(**values)
+
+
+def _kernel_table(path: str, value: Any) -> str:
+    """A measured kernel table's name; a GPU without one would have no timing at all."""
+    tables = ", ".join(KERNEL_TABLE_GPUS)
+    if value is None:
+        raise CatalogError(
+            f"{path}: missing; name the measured kernel table of the nearest architecture "
+            f"(same memory technology and generation), one of {tables}"
+        )
+    if value not in KERNEL_TABLE_GPUS:
+        raise CatalogError(f"{path}: unknown kernel table {value!r}; use one of {tables}")
+    return str(value)
 
 
 def _link_group(at: str, entry: Mapping[str, Any]) -> dict[str, Any]:

@@ -4,10 +4,10 @@ Values live in ``catalog/kernel_curves.json``, written by ``python -m
 rooftop_planner.calibrate --write`` from the measured kernel tables in ``data/ops/`` and the
 end-to-end rows of ``data/measured/calibration.csv`` (never edited by hand).
 
-Lookup for a (GPU, engine) pair: the engine's curves measured on that GPU; a GPU without
-tables borrows the curves of the nearest architecture (``GPU_TABLES``), scaled by the
-ratio of its roofline to the measured GPU's (``kernels``), and says so
-(``Efficiency.borrowed_from``). Engines without tables of their own
+Lookup for a (GPU, engine) pair: the engine's curves on the GPU's kernel table
+(``GpuSpec.kernel_table``, from the catalog): its own where it was measured, else the
+nearest architecture's, scaled by the ratio of its roofline to the measured GPU's
+(``kernels``), and says so (``Efficiency.borrowed_from``). Engines without tables of their own
 borrow a sibling's (NIM for LLMs runs TensorRT-LLM underneath).
 """
 
@@ -20,38 +20,12 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any
 
+from rooftop_planner.catalog import GpuSpec
 from rooftop_planner.kernels import KernelCurves
 
 ENGINES = ("vllm", "sglang", "trtllm", "nim")
 # Engines whose kernels were not timed use the engine they run on underneath.
 ENGINE_CURVES = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm", "nim": "trtllm"}
-# Measured table per catalog GPU: its own where it was timed, else the nearest architecture
-# (same memory technology and generation), marked borrowed.
-GPU_TABLES: Mapping[str, str] = {
-    "a100-80gb": "a100_sxm",
-    "a100-40gb": "a100_sxm",
-    "h100-sxm": "h100_sxm",
-    "h100-pcie": "h100_sxm",
-    "h100-nvl": "h100_sxm",
-    "gh200": "h100_sxm",
-    "h200": "h200_sxm",
-    "b200": "b200_sxm",
-    "l40s": "l40s",
-    "l40": "l40s",
-    "l4": "l40s",
-    "a10g": "l40s",
-    "mi300x": "h100_sxm",
-    "tpu-v5e": "h100_sxm",
-}
-# The catalog GPU each measured table was timed on (whose peaks its fractions refer to).
-TABLE_GPU_IDS: Mapping[str, str] = {
-    "a100_sxm": "a100-80gb",
-    "h100_sxm": "h100-sxm",
-    "h200_sxm": "h200",
-    "b200_sxm": "b200",
-    "l40s": "l40s",
-}
-DEFAULT_TABLE = "h100_sxm"
 
 
 @dataclass(frozen=True)
@@ -109,13 +83,18 @@ class EfficiencyTable:
     curves: Mapping[tuple[str, str], KernelCurves] = field(default_factory=dict)
     overheads: Mapping[str, EngineOverhead] = field(default_factory=dict)
 
-    def lookup(self, gpu_id: str, engine: str = "vllm") -> Efficiency:
-        """The curves for ``gpu_id`` under ``engine`` (vLLM when not given)."""
-        table = GPU_TABLES.get(gpu_id, DEFAULT_TABLE)
-        kernels = self.curves.get((table, ENGINE_CURVES.get(engine, "vllm")))
+    def lookup(self, gpu: GpuSpec, engine: str = "vllm") -> Efficiency:
+        """The curves for ``gpu`` under ``engine`` (vLLM when not given). KeyError when
+        its kernel table has none for the engine: planning it at the ideal roofline
+        instead would look fine and be far too fast."""
+        table, curves_of = gpu.kernel_table, ENGINE_CURVES.get(engine, "vllm")
+        kernels = self.curves.get((table, curves_of))
         if kernels is None:
-            return Efficiency()
-        borrowed = "" if TABLE_GPU_IDS.get(table) == gpu_id else table
+            raise KeyError(
+                f"no fitted {curves_of} kernel curves for table {table!r} (gpu {gpu.id}); "
+                "python -m rooftop_planner.calibrate --write fits them from data/ops"
+            )
+        borrowed = table if gpu.kernel_table_borrowed else ""
         return Efficiency(kernels, self.overheads.get(engine, EngineOverhead()), 1.0, borrowed)
 
 

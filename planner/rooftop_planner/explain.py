@@ -6,7 +6,6 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from rooftop_api.spec import ServingTargetSpec
-from rooftop_planner.efficiency import load_efficiency
 
 if TYPE_CHECKING:  # types only: results are built by ``choice``, which imports this module
     from rooftop_planner.perf import StepBreakdown
@@ -206,8 +205,8 @@ def explain_result(result: SearchResult) -> str:
     lines = []
     if result.plan:
         lines.append(f"Chosen: {result.plan.summary}")
-        curves = load_efficiency().lookup(result.plan.gpu, "vllm").describe()
-        lines.append(f"  - step times from {curves}")
+        if result.step_times_from:
+            lines.append(f"  - step times from {result.step_times_from}")
     else:
         lines.append("No feasible plan.")
     lines += [f"  - {reason}" for reason in result.reasons]

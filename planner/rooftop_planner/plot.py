@@ -47,7 +47,7 @@ def _curve(
         plan.tp,
         plan.weight_dtype,
         plan.kv_dtype,
-        load_efficiency().lookup(gpu.id),
+        load_efficiency().lookup(gpu),
     )
     isl = from_spec(spec.workload.prompt_tokens).mean
     osl = from_spec(spec.workload.output_tokens).mean

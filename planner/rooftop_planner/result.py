@@ -56,6 +56,8 @@ class SearchResult:
     budget_usd_per_hour: float = 0.0
     # Infeasible only for want of GPU nodes: the plan the whole catalog would give.
     beyond_inventory: Plan | None = None
+    # Where the plan's step times come from (``Efficiency.describe``); "" without a plan.
+    step_times_from: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {

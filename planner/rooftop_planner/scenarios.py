@@ -216,7 +216,7 @@ def scenario_from_row(
             row.get("weight_dtype") or "", "weight_dtype", model_name=row.get("model") or ""
         ),
         kv_dtype=normalize_dtype(row.get("kv_dtype") or "", "kv_dtype", kv=True),
-        efficiency=efficiency.lookup(gpu.id, engine),
+        efficiency=efficiency.lookup(gpu, engine),
     )
     concurrency, batch = _int(row, "concurrency", False), _int(row, "batch", False)
     if (concurrency is None) == (batch is None):

@@ -369,7 +369,7 @@ def _prepare(ctx: _Context, gpu: GpuSpec, wd: str, kv: str, tp: int) -> _Pending
     problem = tp_problem(ctx.model, tp) or _dtype_problem(gpu, wd, kv)
     if problem:
         return reject("invalid", problem)
-    eff = ctx.efficiency.lookup(gpu.id, "vllm").scaled(ctx.step_time_scale)
+    eff = ctx.efficiency.lookup(gpu, "vllm").scaled(ctx.step_time_scale)
     dep = Deployment(ctx.model, gpu, tp, wd, kv, eff)
     kv_tokens = perf.kv_capacity_tokens(dep)
     context = _context_length(ctx, kv_tokens)
@@ -647,7 +647,11 @@ def _search(ctx: _Context, catalog: Catalog) -> SearchResult:
             rejections.append(item)
         else:
             _judge(ctx, item, next(curves), plans, rejections)
-    return choose(ctx.spec, plans, rejections)
+    result = choose(ctx.spec, plans, rejections)
+    if result.plan is not None:  # which curves its step times came from, for explain
+        chosen = catalog.gpu(result.plan.gpu)
+        result.step_times_from = ctx.efficiency.lookup(chosen, "vllm").describe()
+    return result
 
 
 def _beyond_cluster(unrestricted: SearchResult, inventory: GpuInventory) -> str:

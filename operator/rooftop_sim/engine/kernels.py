@@ -43,42 +43,21 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from rooftop_planner.catalog import SUSTAINED_FLOP_FRACTION, GpuSpec
+from rooftop_planner.catalog import KERNEL_TABLE_GPUS, SUSTAINED_FLOP_FRACTION, GpuSpec
 
 FloatArray = npt.NDArray[np.float64]
 TABLES_PATH = Path(__file__).with_name("truth_tables.json.gz")
 HEAD_DIM = 128  # the attention tables' head size (every model in the catalog)
 ACT_BYTES = 2.0  # activations and all-reduce messages are bf16
 
-# Measured table -> the catalog GPU it was measured on (whose specs scale a borrow).
-TABLE_GPU = {
-    "a100_sxm": "a100-80gb",
-    "h100_sxm": "h100-sxm",
-    "h200_sxm": "h200",
-    "b200_sxm": "b200",
-    "l40s": "l40s",
-}
-# Catalog GPUs without tables -> the nearest architecture's (same memory technology first).
-BORROW = {
-    "a100-40gb": "a100_sxm",  # Ampere, HBM
-    "h100-pcie": "h100_sxm",  # Hopper
-    "h100-nvl": "h100_sxm",
-    "gh200": "h100_sxm",
-    "a10g": "l40s",  # GDDR
-    "l4": "l40s",
-    "l40": "l40s",
-    "mi300x": "h100_sxm",  # no AMD/TPU tables: the most common HBM part, scaled
-    "tpu-v5e": "h100_sxm",
-}
-DEFAULT_BORROW = "h100_sxm"
+# Measured table -> the catalog GPU it was measured on (whose specs scale a borrow); each
+# catalog GPU names its table (GpuSpec.kernel_table), as the planner reads it too.
+TABLE_GPU: Mapping[str, str] = KERNEL_TABLE_GPUS
 
 
-def table_for(gpu_id: str) -> str:
+def table_for(gpu: GpuSpec) -> str:
     """The measured table a catalog GPU uses: its own, or the one it borrows."""
-    for table, gid in TABLE_GPU.items():
-        if gid == gpu_id:
-            return table
-    return BORROW.get(gpu_id, DEFAULT_BORROW)
+    return gpu.kernel_table
 
 
 # --------------------------------------------------------------------------------------

@@ -297,7 +297,7 @@ def layer_elementwise_bytes(model: ModelSpec, tp: int) -> float:
 
 def fit_source(gpu: GpuSpec) -> str:
     """Which measured table times ``gpu``: ``tables:<name>``, and whether it is borrowed."""
-    name = table_for(gpu.id)
+    name = table_for(gpu)
     if TABLE_GPU[name] == gpu.id:
         return f"tables:{name}"
     return f"tables:{name} borrowed by {gpu.id} (scaled by bandwidth/FLOPs)"
@@ -307,7 +307,7 @@ def fit_source(gpu: GpuSpec) -> str:
 def _kernels(model: str, gpu: str, tp: int, weight_dtype: str, kv_dtype: str) -> StepKernels:
     """Cached per deployment: every simulated pod of a fleet shares its kernels."""
     m, g = model_spec(model), gpu_spec(gpu)
-    name = table_for(g.id)
+    name = table_for(g)
     tables = load_tables()[name]
     roof = Roofline(gpu_spec(TABLE_GPU[name]), g)
     gemm_dt, kv_dt = gemm_dtype(weight_dtype, g, tables), kv_table_dtype(kv_dtype, tables)

@@ -17,7 +17,7 @@ from rooftop_sim.engine.truth import TruthModel
 
 def deployment(model: str = "llama-3.1-8b", gpu: str = "h100-sxm") -> perf.Deployment:
     catalog = load_catalog()
-    eff = load_efficiency().lookup(gpu, "vllm")
+    eff = load_efficiency().lookup(catalog.gpu(gpu), "vllm")
     return perf.Deployment(catalog.model(model), catalog.gpu(gpu), efficiency=eff)
 
 

@@ -30,7 +30,7 @@ def deployment(gpu: str, model: str = "llama-3.1-8b", tp: int = 1, dtype: str = 
                ) -> perf.Deployment:  # fmt: skip
     spec = CATALOG.gpu(gpu)
     return perf.Deployment(CATALOG.model(model), spec, tp, dtype, "auto",
-                           TABLE.lookup(spec.id, "trtllm"))  # fmt: skip
+                           TABLE.lookup(spec, "trtllm"))  # fmt: skip
 
 
 def dli_l40_over_l40s() -> dict[int, float]:

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from rooftop_planner import calibrate
-from rooftop_planner.catalog import load_catalog
+from rooftop_planner.catalog import KERNEL_TABLE_GPUS, CatalogError, load_catalog
 from rooftop_planner.efficiency import (
     ENGINES,
-    GPU_TABLES,
-    TABLE_GPU_IDS,
     load_efficiency,
     table_from_mapping,
 )
@@ -113,15 +112,35 @@ def test_a_step_pays_the_elementwise_bytes_of_every_token() -> None:
 
 def test_every_catalog_gpu_has_curves_and_borrowed_ones_say_so() -> None:
     table = load_efficiency()
-    for gpu in load_catalog().gpus:
+    for gpu in load_catalog().gpus.values():
         for engine in ENGINES:
             eff = table.lookup(gpu, engine)
-            assert eff.kernels is not None, (gpu, engine)
-            own = TABLE_GPU_IDS.get(GPU_TABLES[gpu]) == gpu
-            assert bool(eff.borrowed_from) != own, gpu
-            assert ("borrowed" in eff.describe()) != own, gpu
+            assert eff.kernels is not None, (gpu.id, engine)
+            own = KERNEL_TABLE_GPUS[gpu.kernel_table] == gpu.id
+            assert bool(eff.borrowed_from) != own, gpu.id
+            assert ("borrowed" in eff.describe()) != own, gpu.id
     # NIM runs TensorRT-LLM underneath: it uses TensorRT-LLM's kernel curves
-    assert table.lookup("h100-sxm", "nim").kernels == table.lookup("h100-sxm", "trtllm").kernels
+    h100 = load_catalog().gpu("h100-sxm")
+    assert table.lookup(h100, "nim").kernels == table.lookup(h100, "trtllm").kernels
+
+
+def test_a_gpu_must_name_its_kernel_table(tmp_path: Path) -> None:
+    """A GPU without a table would plan at the ideal roofline, far too fast, silently."""
+    new_gpu = (
+        "gpus:\n  x1:\n    hbm_bytes: 8.0e+10\n    hbm_bytes_per_s: 3.0e+12\n"
+        "    dense_flops_per_s: {bf16: 1.0e+15}\n    interconnect_bytes_per_s: 4.5e+11\n"
+        "    usd_per_gpu_hour: 2.0\n"
+    )
+    path = tmp_path / "catalog.yaml"
+    path.write_text(new_gpu)
+    with pytest.raises(CatalogError, match=r"gpus\.x1\.kernel_table: missing; .*h100_sxm"):
+        load_catalog(str(path))
+    path.write_text(new_gpu + "    kernel_table: h900\n")
+    with pytest.raises(CatalogError, match=r"gpus\.x1\.kernel_table: unknown kernel table 'h900'"):
+        load_catalog(str(path))
+    path.write_text(new_gpu + "    kernel_table: h100_sxm\n")
+    x1 = load_catalog(str(path)).gpu("x1")
+    assert load_efficiency().lookup(x1).borrowed_from == "h100_sxm"
 
 
 def test_attention_curves_fit_only_the_head_layouts_served_models_run() -> None:
@@ -147,7 +166,7 @@ def test_rows_faster_than_dram_are_left_out(table_gpu: str, cached: bool) -> Non
     catalog = load_catalog()
     columns = calibrate.read_table(calibrate.DEFAULT_OPS / table_gpu / "vllm" / "gemm_perf.csv.gz")
     rows = calibrate.gemm_features(columns, "bfloat16", calibrate.catalog_gemm_shapes(catalog))
-    bw = catalog.gpus[TABLE_GPU_IDS[table_gpu]].hbm_bytes_per_s
+    bw = catalog.gpus[KERNEL_TABLE_GPUS[table_gpu]].hbm_bytes_per_s
     kept = calibrate.from_dram(rows, bw)
     assert (kept.moved / kept.seconds <= bw).all()
     assert (len(kept.seconds) < len(rows.seconds)) == cached
@@ -160,7 +179,7 @@ def test_fp8_gemm_curves_follow_the_tile_jump_at_each_power_of_two(table_gpu: st
     the measured rows at the batches a power-of-two concurrency runs (within 8 % in the
     median over the served weight shapes), where a smooth curve was 17-33 % slow."""
     catalog = load_catalog()
-    gpu = catalog.gpus[TABLE_GPU_IDS[table_gpu]]
+    gpu = catalog.gpus[KERNEL_TABLE_GPUS[table_gpu]]
     bw, peak = gpu.hbm_bytes_per_s, gpu.flops_per_s("fp8")
     curve = load_efficiency().curves[(table_gpu, "vllm")].gemm["fp8"]
     columns = calibrate.read_table(calibrate.DEFAULT_OPS / table_gpu / "vllm" / "gemm_perf.csv.gz")
@@ -193,7 +212,7 @@ def test_no_gemm_curve_jumps_where_its_table_does_not(kc: KernelCurves) -> None:
     fp8 saw-tooth on Hopper, about 2.2x at the served shapes), at any batch up to 16,384
     tokens. The A100 tables have no rows between 1,024 and 2,048 tokens; a knot placed
     there once priced 1,025 tokens 70x slower than 1,024."""
-    gpu = load_catalog().gpus[TABLE_GPU_IDS[kc.table_gpu]]
+    gpu = load_catalog().gpus[KERNEL_TABLE_GPUS[kc.table_gpu]]
     m = np.arange(1, 16385, dtype=float)
     for dtype, curve in kc.gemm.items():
         weight_bytes = 1.0 if dtype == "fp8" else 2.0

@@ -27,8 +27,9 @@ VLLM = EngineLimits(max_num_seqs=1024, preempts_when_full=True)
 
 def deployment(model: str = "qwen3-32b", gpu: str = "h100-sxm", tp: int = 1) -> perf.Deployment:
     catalog = load_catalog()
-    return perf.Deployment(catalog.model(model), catalog.gpu(gpu), tp,
-                           efficiency=load_efficiency().lookup(gpu, "vllm"))  # fmt: skip
+    spec = catalog.gpu(gpu)
+    eff = load_efficiency().lookup(spec, "vllm")
+    return perf.Deployment(catalog.model(model), spec, tp, efficiency=eff)
 
 
 def test_only_an_engine_that_admits_into_a_full_cache_evicts() -> None:

@@ -18,7 +18,7 @@ PREFILL_FIRST = EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192, mix
 
 
 def deployment(gpu: str = "h100-sxm") -> perf.Deployment:
-    eff = load_efficiency().lookup(gpu, "sglang")
+    eff = load_efficiency().lookup(CATALOG.gpu(gpu), "sglang")
     return perf.Deployment(CATALOG.model("llama-3.1-8b"), CATALOG.gpu(gpu), efficiency=eff)
 
 

@@ -53,8 +53,10 @@ def _steps() -> list[Step]:
     with STEPS_CSV.open() as handle:
         for row in csv.DictReader(handle):
             gpu, batch, context = row["gpu"], int(row["batch"]), int(row["context"])
-            dep = Deployment(catalog.model(row["model"]), catalog.gpu(gpu), int(row["tp"]),
-                             row["weights"], "auto", efficiency.lookup(gpu, "vllm"))  # fmt: skip
+            spec = catalog.gpu(gpu)
+            eff = efficiency.lookup(spec, "vllm")
+            dep = Deployment(catalog.model(row["model"]), spec, int(row["tp"]), row["weights"],
+                             "auto", eff)  # fmt: skip
             parts = step_breakdown(dep, batch, batch * context)
             step = min(float(row["bmm_step_ms"]), float(row["sdpa_step_ms"]))
             out.append(Step(
@@ -135,7 +137,7 @@ def _prefills() -> list[Prefill]:
         for row in csv.DictReader(handle):
             model, gpu, tp = catalog.model(row["model"]), catalog.gpu(row["gpu"]), int(row["tp"])
             dep = Deployment(model, gpu, tp, row["weights"], "auto",
-                             efficiency.lookup(gpu.id, "vllm"))  # fmt: skip
+                             efficiency.lookup(gpu, "vllm"))  # fmt: skip
             p = int(row["prompt_tokens"])
             weights = sum(n * k for n, k in layer_gemm_shapes(model, tp)) * model.num_layers
             flops = 2.0 * p * weights + 2.0 * model.vocab_size / tp * model.hidden_size
@@ -177,7 +179,7 @@ def test_no_gemm_is_priced_above_the_sustained_flop_rate() -> None:
     gpu = catalog.gpu("h100-sxm")
     for dtype in ("bf16", "fp8"):
         dep = Deployment(catalog.model("llama-3.1-8b"), gpu, 1, dtype, "auto",
-                         efficiency.lookup(gpu.id, "vllm"))  # fmt: skip
+                         efficiency.lookup(gpu, "vllm"))  # fmt: skip
         m, n, k = 8192, 28672, 4096
         rate = 2.0 * m * n * k / gemm_s(dep, m, n, k)
         assert rate <= SUSTAINED_FLOP_FRACTION[dtype] * gpu.flops_per_s(dtype) * 1.001

@@ -305,7 +305,8 @@ def test_measured_gpu_uses_its_tables_and_others_borrow() -> None:
         "borrowed"
         in TruthModel.for_deployment("llama-3.1-8b", "mi300x", 1, "bf16", "auto").fit_source
     )
-    assert kernels.table_for("a100-40gb") == "a100_sxm" and kernels.table_for("gh200") == "h100_sxm"
+    a100_40, gh200 = truth.gpu_spec("a100-40gb"), truth.gpu_spec("gh200")
+    assert kernels.table_for(a100_40) == "a100_sxm" and kernels.table_for(gh200) == "h100_sxm"
 
 
 def test_weight_and_kv_dtypes_pick_table_rows() -> None:
