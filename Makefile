@@ -86,7 +86,7 @@ e2e: $(VENV)/.dev tools
 	$(BIN)/pytest -q -m "(e2e or loop or vllm) and not zeroloss" -p no:cacheprovider
 
 ## zero-loss: requests lost under load while Rooftop scales, rolls out, restarts and
-## drains, on the real node (about 17 min); ROOFTOP_ZERO_LOSS_RECORD=f.json keeps the table
+## drains, on the real node (about 21 min); ROOFTOP_ZERO_LOSS_RECORD=f.json keeps the table
 zero-loss: $(VENV)/.dev tools
 	$(BIN)/pytest -q -s -m zeroloss -p no:cacheprovider tests/e2e/test_zero_loss.py
 

@@ -23,7 +23,11 @@ failed, how many of those were cut streams, and the seconds until recovery:
    the first eviction proceed and holds the second; then uncordon;
 5. scale-down: minReplicas = maxReplicas = 1;
 6. before: for comparison, a plain Deployment of the same image as Rooftop rendered it
-   before (``--shutdown-timeout 0``, no preStop), scaled 2 -> 1 under the same load.
+   before (``--shutdown-timeout 0``, no preStop), rolled out (an env var added) and then
+   scaled 2 -> 1 under the same load.
+
+After each event the previous log of any engine container that restarted is kept in
+the work directory (``previous-POD-CONTAINER.log``) and the event names it.
 
 Both scale-downs add BURST long streams just before the change, so the pod that stops
 certainly holds requests (at RATE alone a pod often holds none at that instant).
@@ -373,7 +377,27 @@ def event(
     wait_until(check, RECOVER_TIMEOUT_S, "the target Ready with its desired pods")
     t1 = time.monotonic()
     out = world.count(t0 - LEAD_S, t1)
-    return out | {"recover_s": round(t1 - t0, 1), "action_at": LEAD_S} | extra
+    restarted = _keep_restart_logs(world)
+    return out | {"recover_s": round(t1 - t0, 1), "action_at": LEAD_S,
+                  "restarted": restarted} | extra  # fmt: skip
+
+
+def _keep_restart_logs(world: World) -> list[str]:
+    """Pods whose engine container restarted, its previous log kept in the work dir: a
+    crash nobody caused is otherwise gone with the next event."""
+    restarted = []
+    for pod in world.pods():
+        name = pod["metadata"]["name"]
+        for status in pod["status"].get("containerStatuses") or []:
+            if status.get("restartCount", 0) == 0:
+                continue
+            restarted.append(f"{name}/{status['name']} x{status['restartCount']}")
+            log = world.kubectl("logs", name, "-c", status["name"], "--previous",
+                                "--tail=300", check=False)  # fmt: skip
+            (world.work / f"previous-{name}-{status['name']}.log").write_text(
+                log.stdout + log.stderr
+            )
+    return restarted
 
 
 # ---------------------------------------------------------------- events
@@ -466,7 +490,8 @@ def scale_down(world: World) -> dict[str, Any]:
 
 def before(world: World, cluster: ClusterHandle) -> dict[str, Any]:
     """What Rooftop rendered before: --shutdown-timeout 0 (vLLM's default: abort) and
-    no preStop, a plain Deployment of the same image scaled 2 -> 1 under load."""
+    no preStop, a plain Deployment of the same image rolled out (an env var added,
+    Kubernetes' default rolling update) and then scaled 2 -> 1 under load."""
     ns = f"{world.namespace}-before"
     cluster.create_namespace(ns)
     items = engine_manifests(world.node, world.model_dir)
@@ -485,10 +510,19 @@ def before(world: World, cluster: ClusterHandle) -> dict[str, Any]:
     listed = {"apiVersion": "v1", "kind": "List", "items": items}
     cluster.kubectl("-n", ns, "apply", "-f", "-", stdin=json.dumps(listed))
 
+    def pods() -> list[dict[str, Any]]:
+        return list(json.loads(cluster.kubectl("-n", ns, "get", "pods", "-l", "app=engine",
+                                               "-o", "json").stdout)["items"])  # fmt: skip
+
+    def names() -> set[str]:
+        return {p["metadata"]["name"] for p in pods()}
+
     def ready(n: int) -> bool:
-        pods = json.loads(cluster.kubectl("-n", ns, "get", "pods", "-l", "app=engine",
-                                          "-o", "json").stdout)["items"]  # fmt: skip
-        return len(pods) == n and all(_pod_ready(p) for p in pods)
+        now = pods()
+        return len(now) == n and all(_pod_ready(p) for p in now)
+
+    def set_env(assignment: str) -> None:  # a rollout, as the edited target's was
+        cluster.kubectl("-n", ns, "set", "env", "deployment/engine", assignment)
 
     wait_until(lambda: ready(2), RECOVER_TIMEOUT_S, "the plain Deployment's 2 pods Ready")
     ip = cluster.kubectl("-n", ns, "get", "service", "engine", "-o",
@@ -496,13 +530,17 @@ def before(world: World, cluster: ClusterHandle) -> dict[str, Any]:
     load = world.load = Load(f"http://{ip}:{PORT}", RATE, seed=7).start()
     try:
         time.sleep(10)
+        old = names()
+        out = {"before-rollout": event(
+            world, lambda: set_env("ROOFTOP_ZERO_LOSS=1"), 2,
+            lambda: ready(2) and not old & names())}  # fmt: skip
 
         def scale() -> None:
             load.burst(BURST, BURST_TOKENS)
             time.sleep(1)
             cluster.kubectl("-n", ns, "scale", "deployment", "engine", "--replicas=1")
 
-        return event(world, scale, 1, lambda: ready(1))
+        return out | {"before-scale-down": event(world, scale, 1, lambda: ready(1))}
     finally:
         load.stop()
         cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
@@ -544,7 +582,7 @@ def scenario(world: World, run: Run) -> None:
         world.openai.stop()
     world.kubectl("delete", "servingtarget", NAME, "--wait=false", check=False)
     try:
-        run.phases["before"] = before(world, world.cluster)
+        run.phases.update(before(world, world.cluster))
     except (TimeoutError, subprocess.SubprocessError) as err:
         run.failed = f"before: {err}"
 
@@ -566,7 +604,7 @@ def _debug(world: World) -> str:
 def table(run: Run) -> str:
     rows = ["| event | requests sent | failed | cut | OpenAI client: sent | failed | cut "
             "| seconds to recover |", "|---|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-    for name in ("baseline", *EVENTS, "before"):
+    for name in ("baseline", *EVENTS, "before-rollout", "before-scale-down"):
         if name in run.phases:
             p = run.phases[name]
             o = p.get("openai") or {"sent": "-", "failed": "-", "cut": "-"}
@@ -699,6 +737,14 @@ def test_scale_down_loses_no_request(run: Run) -> None:
 
 def test_before_scale_down_cut_in_flight_streams(run: Run) -> None:
     """The comparison: what --shutdown-timeout 0 without preStop did (reported)."""
-    phase = run.need("before")
+    phase = run.need("before-scale-down")
     print(f"\nbefore: {phase}")
     assert phase["sent"] > 0 and phase["cut"] > 0, phase
+
+
+def test_before_rollout_is_measured(run: Run) -> None:
+    """Reported, not asserted lost: without a burst the rollout's stopping pods may hold
+    no stream at SIGTERM (the scale-down above is the certain case)."""
+    phase = run.need("before-rollout")
+    print(f"\nbefore rollout: {phase}")
+    assert phase["sent"] > 0 and not phase["restarted"], phase
