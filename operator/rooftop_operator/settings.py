@@ -182,6 +182,34 @@ class OperatorConfig:
         return {family: image for family, image in images.items() if image}
 
 
+# Every ROOFTOP_* variable the operator reads, and the chart value that sets it: a
+# variable read here but never set by the chart is a setting users cannot reach
+# (tests/unit/operator/test_settings_declared.py holds the chart, its schema and
+# docs/operating.md to this table).
+CHART_ENV: Final = {
+    "ROOFTOP_SELF_IMAGE": "operator.simulatorImage",
+    "ROOFTOP_VLLM_IMAGE": "operator.vllmImage",
+    "ROOFTOP_VLLM_ARM64_IMAGE": "operator.vllmArm64Image",
+    "ROOFTOP_VLLM_ROCM_IMAGE": "operator.rocmImage",
+    "ROOFTOP_VLLM_TPU_IMAGE": "operator.tpuImage",
+    "ROOFTOP_GPU_INVENTORY": "operator.gpuInventory",
+    "ROOFTOP_NODES_RETRY_S": "operator.nodesRetrySeconds",
+    "ROOFTOP_ENGINE_POD_SECURITY": "engine.podSecurity",
+    "ROOFTOP_PODMONITOR_LABELS": "engine.podMonitor.labels",
+    "ROOFTOP_PROMETHEUS_URL": "loop.prometheusUrl",
+    "ROOFTOP_LOOP_INTERVAL_S": "loop.intervalSeconds",
+    "ROOFTOP_LOOP_WINDOW": "loop.window",
+    "ROOFTOP_LOOP_STALE_AFTER_S": "loop.staleAfterSeconds",
+    "ROOFTOP_LOOP_STARTUP_S": "loop.startupSeconds",
+    "ROOFTOP_LOOP_SCALE_DOWN_WINDOW_S": "loop.scaleDownWindowSeconds",
+    "ROOFTOP_PROMETHEUS_BEARER_TOKEN_FILE": "loop.prometheusAuth.bearerTokenFile",
+    "ROOFTOP_PROMETHEUS_CA_FILE": "loop.prometheusAuth.caConfigMap",
+    "ROOFTOP_PROMETHEUS_HEADERS": "loop.prometheusAuth.headers",
+}
+# Read, but for tests only: no chart value sets them.
+TEST_ENV: Final = frozenset({"ROOFTOP_FAULT_PAUSE_AFTER_APPLY_S"})
+
+
 def env_defaults(environ: Mapping[str, str] | None = None) -> dict[str, object]:
     """Config values the chart sets through the environment (ROOFTOP_*)."""
     env = os.environ if environ is None else environ
