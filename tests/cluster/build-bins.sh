@@ -5,8 +5,8 @@
 #
 # Why from source: no Docker engine and no internet beyond package registries,
 # so release tarballs and kind images are out of reach; the Go module proxy is not.
-# Recipe: shared/docs/k8s/build-recipe.md (kubernetes/kubernetes#79384 for the
-# staging replace block).
+# Recipe: go build of k8s.io/kubernetes at a release tag, its staging modules pinned by
+# a replace block (kubernetes/kubernetes#79384 explains why it is needed).
 #
 # Usage: tests/cluster/build-bins.sh            -> prints the bin directory
 # Env:   ROOFTOP_CACHE (default ~/.cache/rooftop), KUBEBUILDER_ASSETS (if it already

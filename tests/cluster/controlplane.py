@@ -317,7 +317,7 @@ class ControlPlane:
             time.sleep(0.05)
         return False
 
-    # ---- flags (shared/docs/k8s/control-plane-flags.md)
+    # ---- flags (each component's command-line reference in the Kubernetes docs)
 
     def _flags(self, name: str) -> list[str]:
         return {

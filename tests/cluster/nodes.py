@@ -3,7 +3,7 @@
 Why: the planner picks a GPU type and the operator expresses it as a nodeSelector on
 `nvidia.com/gpu.product` plus an `nvidia.com/gpu` request; with kwok nodes the real
 kube-scheduler does the fitting, so "9 GPUs on an 8-GPU node stays Pending" is real.
-Labels follow NVIDIA GPU Feature Discovery (shared/docs/k8s/gpu-node.yaml); kwok keeps
+Labels follow NVIDIA GPU Feature Discovery (the labels it puts on a GPU node); kwok keeps
 the capacity/allocatable given at creation.
 """
 

@@ -1,6 +1,7 @@
-"""The seeds' worked examples (shared/seeds/) as tests against our formulas.
+"""Worked examples of LLM-serving arithmetic from public write-ups (KV bytes per token,
+the largest batch that fits, the optimal batch) as tests against our formulas.
 
-Each case quotes the seed's number; tolerances reflect the seed's own rounding.
+Each case quotes its example's number; tolerances reflect that example's own rounding.
 """
 
 from __future__ import annotations
