@@ -7,6 +7,7 @@ operating point is marked.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from rooftop_api.spec import ServingTargetSpec
@@ -28,6 +29,8 @@ def plot_path_problem(path: str) -> str:
     """Why ``--plot PATH`` cannot be written, else "": checked before any work is done,
     so a typo does not cost the user a whole run."""
     target = Path(path)
+    if importlib.util.find_spec("matplotlib") is None:
+        return f"--plot {path}: drawing needs matplotlib; pip install 'rooftop[plot]'"
     if target.suffix.lower() not in PLOT_SUFFIXES:
         return f"--plot {path}: the file name must end in one of {', '.join(PLOT_SUFFIXES)}"
     if not target.parent.is_dir():

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 from pathlib import Path
 
@@ -120,6 +121,29 @@ def test_a_plot_that_cannot_be_written_exits_2_before_planning(
 ) -> None:
     assert main(["plan", str(EXAMPLES[0]), "--plot", str(tmp_path / name)]) == 2
     assert needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["plan", "simulate"])
+def test_plotting_without_matplotlib_names_the_extra(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    command: str,
+) -> None:
+    """matplotlib is the optional ``plot`` extra (the operator image has none): --plot
+    without it is bad input, said before any work, with the install line."""
+    real = importlib.util.find_spec
+
+    def without_matplotlib(name: str, package: str | None = None) -> object:
+        return None if name == "matplotlib" else real(name, package)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_matplotlib)
+    args = [command, str(EXAMPLES[0]), "--plot", str(tmp_path / "plane.png")]
+    if command == "simulate":
+        args += ["--trace", str(tmp_path / "never-read.csv")]
+    assert main(args) == 2
+    assert "pip install 'rooftop[plot]'" in capsys.readouterr().err
+    assert not (tmp_path / "plane.png").exists()
 
 
 def test_missing_file_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
