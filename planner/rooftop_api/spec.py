@@ -545,6 +545,10 @@ class PlanStatus(_Model):
     weight_dtype: str
     kv_dtype: str
     max_model_len: int | None = None
+    gpu_memory_utilization: float | None = Field(
+        default=None,
+        description="The share of GPU memory vLLM may use (--gpu-memory-utilization).",
+    )
     checkpoint: str | None = Field(default=None, description="The weights vLLM loads.")
     predicted: PredictedLatency = Field(default_factory=PredictedLatency)
     usd_per_hour: float

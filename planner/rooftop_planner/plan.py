@@ -11,11 +11,22 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Final
 
 from pydantic import ValidationError
 
 from rooftop_api.spec import PlanStatus, PredictedLatency
 from rooftop_planner.perf import DEFAULT_GPU_MEMORY_UTILIZATION
+
+# Plan fields status.plan does not keep, and why; every other field survives
+# ``from_status(to_status())`` (a unit test holds both to this).
+NOT_IN_STATUS: Final = {
+    # the loop changes replicas and the batch cap in status.plan, which a stored
+    # capacity would not follow; the controller sizes from the planner instead
+    "capacity_rps": "stale once the loop rescales",
+    "weights_note": "words for rooftop plan; the checkpoint itself is stored",
+    "context_note": "words for rooftop plan; the context length itself is stored",
+}
 
 
 class PlanStatusError(ValueError):
@@ -101,6 +112,7 @@ class Plan:
             weight_dtype=self.weight_dtype,
             kv_dtype=self.kv_dtype,
             max_model_len=self.max_model_len,
+            gpu_memory_utilization=self.gpu_memory_utilization,
             checkpoint=self.checkpoint or None,
             usd_per_hour=round(self.usd_per_hour, 3),
             predicted=PredictedLatency(
@@ -115,8 +127,9 @@ class Plan:
     def from_status(cls, status_plan: Mapping[str, object] | PlanStatus) -> Plan:
         """Read ``status.plan`` (camelCase, as stored) back into a plan.
 
-        Fields the status does not keep (capacity, notes) take their defaults; a stored
-        plan without a context length (older status) reads as 0, which builders omit.
+        Fields the status does not keep (``NOT_IN_STATUS``) take their defaults; a stored
+        plan without a context length or memory share (older status) reads as 0, which
+        builders omit, or as vLLM's default share.
 
         Raises:
             PlanStatusError: the stored plan lacks a field or has a wrong type.
@@ -137,7 +150,8 @@ class Plan:
             weight_dtype=stored.weight_dtype,
             kv_dtype=stored.kv_dtype,
             max_model_len=stored.max_model_len or 0,
-            gpu_memory_utilization=DEFAULT_GPU_MEMORY_UTILIZATION,
+            gpu_memory_utilization=stored.gpu_memory_utilization
+            or DEFAULT_GPU_MEMORY_UTILIZATION,
             tpot_ms=stored.predicted.tpot_ms or 0.0,
             ttft_ms=stored.predicted.ttft_ms or 0.0,
             output_tok_s=stored.predicted.output_tok_s or 0.0,

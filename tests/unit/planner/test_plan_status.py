@@ -1,0 +1,50 @@
+"""``status.plan`` keeps every field of a plan but the ones ``NOT_IN_STATUS`` names: a plan
+field added without its status field fails here instead of resetting on the operator's
+next read (as ``gpu_memory_utilization`` did, which then rendered vLLM's default)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from rooftop_planner.plan import NOT_IN_STATUS, Plan
+
+PLAN = Plan(
+    gpu="h100-sxm",
+    tp=2,
+    replicas=3,
+    max_num_seqs=48,
+    weight_dtype="fp8",
+    kv_dtype="fp8",
+    max_model_len=16384,
+    gpu_memory_utilization=0.85,
+    tpot_ms=41.25,
+    ttft_ms=812.5,
+    output_tok_s=2950.5,
+    usd_per_hour=31.875,
+    capacity_rps=4.2,
+    summary="h100-sxm x2 ...",
+    checkpoint="neuralmagic/Meta-Llama-3.1-70B-Instruct-FP8",
+    weights_note="an FP8 checkpoint",
+    context_note="capped by the KV cache",
+)
+
+
+def _through_status(plan: Plan) -> Plan:
+    """As the operator stores it (camelCase JSON) and reads it back."""
+    stored = json.loads(plan.to_status().model_dump_json(by_alias=True, exclude_none=True))
+    return Plan.from_status(stored)
+
+
+def test_every_plan_field_survives_the_status_but_the_declared_ones() -> None:
+    back = _through_status(PLAN)
+    lost = {
+        f.name for f in dataclasses.fields(Plan) if getattr(back, f.name) != getattr(PLAN, f.name)
+    }
+    assert lost == set(NOT_IN_STATUS)
+
+
+def test_an_older_status_without_the_memory_share_reads_as_vllms_default() -> None:
+    stored = json.loads(PLAN.to_status().model_dump_json(by_alias=True, exclude_none=True))
+    del stored["gpuMemoryUtilization"]
+    assert Plan.from_status(stored).gpu_memory_utilization == 0.9
