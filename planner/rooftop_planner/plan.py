@@ -142,6 +142,7 @@ class Plan:
             )
         except ValidationError as err:
             raise PlanStatusError(f"status.plan is not a plan: {err}") from err
+        memory_share = stored.gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
         return cls(
             gpu=stored.gpu,
             tp=stored.tp,
@@ -150,8 +151,7 @@ class Plan:
             weight_dtype=stored.weight_dtype,
             kv_dtype=stored.kv_dtype,
             max_model_len=stored.max_model_len or 0,
-            gpu_memory_utilization=stored.gpu_memory_utilization
-            or DEFAULT_GPU_MEMORY_UTILIZATION,
+            gpu_memory_utilization=memory_share,
             tpot_ms=stored.predicted.tpot_ms or 0.0,
             ttft_ms=stored.predicted.ttft_ms or 0.0,
             output_tok_s=stored.predicted.output_tok_s or 0.0,
