@@ -101,6 +101,9 @@ CNI_PLUGINS = ("bridge", "host-local", "loopback", "portmap")
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NOFILE = 1 << 20  # open-file limit of the node's processes (and so of its containers)
 
+# Taints the node lifecycle controller keeps on a node that is not (yet) Ready.
+LIFECYCLE_TAINTS = frozenset({"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"})
+
 
 def node_cache() -> Path:
     """build-node.sh's output: bin/ (links to every binary) and cni-bin/."""
@@ -803,11 +806,16 @@ table inet {GUARD_TABLE} {{
         return node
 
     def _node_ready(self) -> bool:
+        """Ready, and the node lifecycle controller has lifted its not-ready taint: it
+        does so on its next pass (every 5 s) after the kubelet reports Ready, and until
+        then new pods without a toleration do not schedule here."""
         node = self._node()
         if node is None:
             return False
         conditions = node.get("status", {}).get("conditions") or []
-        return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+        ready = any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+        taints = {t.get("key") for t in node.get("spec", {}).get("taints") or []}
+        return ready and not taints & LIFECYCLE_TAINTS
 
     def _gpus_allocatable(self) -> bool:
         node = self._node() or {}
