@@ -8,8 +8,6 @@ kopf's memo, instead of each handler reading the environment.
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -25,11 +23,6 @@ from rooftop_operator.settings import (
     parse_inventory_mode,
     seniority_priority,
 )
-
-# Modules whose import registers kopf handlers. ``loop`` (the feedback loop's timer) is
-# optional: it is imported when present, so the operator runs with or without it.
-HANDLER_MODULES = ("rooftop_operator.handlers",)
-OPTIONAL_HANDLER_MODULES = ("rooftop_operator.loop",)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -145,15 +138,11 @@ def preflight() -> int:
     return exit_codes.OK
 
 
-def load_handlers(config: OperatorConfig, registry: Any = None) -> list[str]:
-    """Import the handler modules (kopf registers event handlers at import time) and
-    register their timers, whose periods come from ``config``."""
-    names = list(HANDLER_MODULES)
-    names += [m for m in OPTIONAL_HANDLER_MODULES if importlib.util.find_spec(m) is not None]
-    for name in names:
-        module = importlib.import_module(name)
-        module.register_timers(config, registry)
-    return names
+def load_handlers(config: OperatorConfig, registry: Any = None) -> None:
+    """Register every handler with kopf (``wiring``), with ``config``'s periods."""
+    from rooftop_operator import wiring
+
+    wiring.register(config, registry)
 
 
 EPILOG = """\

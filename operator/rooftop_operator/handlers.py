@@ -18,9 +18,10 @@ never an exception, and changes no workload; a target waiting for GPU nodes is p
 again by a timer (``replan_waiting``), not by failing. API errors raise
 ``kopf.TemporaryError`` so kopf retries with a delay.
 
-Feedback loop: ``rooftop_operator.loop`` (imported by ``__main__``) registers a loop
-that decides replicas and batch cap from observed metrics, re-applies the children
-through ``apply_children`` and writes ``status.plan.replicas``/``maxNumSeqs``. A later
+Registration: ``rooftop_operator.wiring`` registers these handlers, and the feedback
+loop's, with kopf (importing this module registers nothing). The loop (``loop.py``)
+decides replicas and batch cap from observed metrics, re-applies the children through
+``apply_children`` and writes ``status.plan.replicas``/``maxNumSeqs``. A later
 reconcile of the same spec generation (an operator restart, a repaired Deployment) keeps
 those (``keep_loop_scale``); a spec edit or a new engine shape starts from the new plan.
 """
@@ -589,7 +590,6 @@ def build_runtime(config: OperatorConfig) -> Runtime:
                    config=config)  # fmt: skip
 
 
-@kopf.on.startup()
 def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config = getattr(memo, "config", None) or OperatorConfig()
     configure(settings, config)
@@ -599,9 +599,6 @@ def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         metrics.start_http_server(config.metrics_port)
 
 
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.update(GROUP, VERSION, PLURAL, field="spec")
 def reconcile_target(body: kopf.Body, memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
     rt = runtime(memo)
     try:
@@ -631,17 +628,6 @@ def waiting_for_nodes(status: Mapping[str, Any]) -> bool:
     conditions: Sequence[Mapping[str, Any]] = status.get("conditions") or []
     feasible = next((c for c in conditions if c.get("type") == cnd.FEASIBLE), {})
     return feasible.get("status") == "False" and feasible.get("reason") == "NodesUnavailable"
-
-
-def register_timers(config: OperatorConfig, registry: kopf.OperatorRegistry | None = None) -> None:
-    """Register ``replan_waiting`` at ``config.nodes_retry_s`` (a kopf timer's period is
-    fixed when it registers, so ``__main__`` calls this once, with the start-up config)."""
-    every = config.nodes_retry_s
-    timer_without_finalizer(
-        replan_waiting, interval=every,
-        when=lambda uid, status, **_: alive(uid) and waiting_for_nodes(status),
-        registry=registry,
-    )  # fmt: skip
 
 
 class RecentlyDeleted:
@@ -766,7 +752,6 @@ def index_entry(body: Mapping[str, Any]) -> dict[str, Any]:
 # The index and the targets' watch handler are coroutines: kopf runs a plain function in
 # its thread pool, a hop per watch event (several per target under a burst) for work that
 # takes microseconds and makes no API call.
-@kopf.index("apps", "v1", "deployments", labels={"app.kubernetes.io/name": builders.APP_NAME})
 async def engine_deployments(
     namespace: str | None, name: str | None, body: kopf.Body, **_: Any
 ) -> dict[tuple[str, str], dict[str, Any]]:
@@ -791,7 +776,6 @@ DEPLOYMENT_EVENT_THREADS = 4
 DEPLOYMENT_EVENTS = ThreadPoolExecutor(DEPLOYMENT_EVENT_THREADS, "deployment-events")
 
 
-@kopf.on.event("apps", "v1", "deployments", labels={"app.kubernetes.io/name": builders.APP_NAME})
 async def engine_deployment_event(
     body: kopf.Body, event: kopf.RawEvent, memo: kopf.Memo, **_: Any
 ) -> None:
@@ -817,7 +801,6 @@ def deployment_event(rt: Runtime, body: Mapping[str, Any], kind: str) -> None:
         log.warning("engine %s: %s", name, err)
 
 
-@kopf.on.event(GROUP, VERSION, PLURAL)
 async def target_event(event: kopf.RawEvent, name: str | None, namespace: str | None,
                  memo: kopf.Memo, **_: Any) -> None:  # fmt: skip
     """Drop a deleted target's metric series and the loop's memory of it, and stop its

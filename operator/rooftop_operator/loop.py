@@ -19,9 +19,9 @@ One task ticks for every target at once (``run_loop``, every ``LoopSettings.inte
 kopf decides which targets it ticks for through a daemon per target that only waits
 (``presence``): kopf stops those on a standby replica (peering) and for a deleted target.
 
-It imports ``handlers`` (for ``runtime`` and ``apply_children``); ``__main__`` imports
-this module and registers the loop (``register_timers``) with the configuration it
-read once at start-up (``OperatorConfig.loop``, a ``LoopSettings``).
+It imports ``handlers`` (for ``runtime`` and ``apply_children``); ``wiring`` registers
+its daemon and task with the configuration read once at start-up
+(``OperatorConfig.loop``, a ``LoopSettings``).
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import copy
-import functools
 import logging
 import math
 import time
@@ -47,7 +46,7 @@ from rooftop_operator import children, handlers, metrics_client
 from rooftop_operator.builders import deployment_name
 from rooftop_operator.kube import KubeError
 from rooftop_operator.metrics_client import MetricsClient
-from rooftop_operator.settings import LoopSettings, OperatorConfig
+from rooftop_operator.settings import LoopSettings
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec
 from rooftop_planner.catalog import Catalog
 from rooftop_planner.plan import Plan, PlanStatusError
@@ -550,20 +549,6 @@ async def stop_loop(memo: kopf.Memo, **_: Any) -> None:
     task = getattr(memo, "feedback_loop", None)
     if task is not None:
         task.cancel()
-
-
-def register_timers(config: OperatorConfig, registry: kopf.OperatorRegistry | None = None) -> None:
-    """Register the loop (``__main__`` calls this once, with the configuration it read at
-    start-up): the ``presence`` daemon per target (no finalizer, see
-    ``handlers.daemon_without_finalizer``) and one task, started with the operator, that
-    ticks every ``config.loop.interval_s`` for all of them."""
-    real = registry if registry is not None else kopf.get_default_registry()
-    handlers.daemon_without_finalizer(
-        presence, when=lambda uid, **_: handlers.alive(uid), registry=real
-    )
-    start = functools.partial(start_loop, interval_s=config.loop.interval_s)
-    kopf.on.startup(id="feedback_loop", registry=real)(start)
-    kopf.on.cleanup(id="feedback_loop", registry=real)(stop_loop)
 
 
 async def feedback(

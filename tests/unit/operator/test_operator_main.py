@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -15,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from rooftop_api import spec
 from rooftop_cli.main import build_parser
 from rooftop_operator import __main__ as main_mod
-from rooftop_operator import handlers
+from rooftop_operator import handlers, wiring
 from rooftop_operator.metrics import OperatorMetrics
 from rooftop_operator.settings import (
     VLLM_IMAGE,
@@ -162,9 +164,7 @@ def test_handler_modules_load_and_their_timers_take_the_startup_config() -> None
     environment at import: the loop's ROOFTOP_LOOP_INTERVAL_S and the inventory retry."""
     registry = kopf.OperatorRegistry()
     config = OperatorConfig(nodes_retry_s=7.0, loop=LoopSettings(interval_s=3.0))
-    assert main_mod.load_handlers(config, registry) == [
-        "rooftop_operator.handlers", "rooftop_operator.loop"
-    ]  # fmt: skip
+    main_mod.load_handlers(config, registry)
     spawning = registry._spawning.get_all_handlers()  # kopf keeps timers with daemons
     timers = [h for h in spawning if type(h).__name__ == "TimerHandler"]
     assert [t.interval for t in timers] == [7.0]
@@ -342,3 +342,30 @@ def test_the_handled_spec_digest_ignores_status_and_bookkeeping_as_kopfs_own_ess
     assert set(whole) == {"spec", "metadata"}
     relabelled = kopf.Body({**raw, "metadata": {**raw["metadata"], "labels": {"team": "b"}}})
     assert storage.build(body=relabelled) != storage.build(body=body)
+
+
+def test_importing_the_handler_modules_registers_nothing() -> None:
+    """Only ``wiring.register`` registers, with the start-up configuration: a handler
+    that registered itself at import would run with the defaults, whatever the chart
+    said, or twice. (kopf's own login handlers are kopf's.)"""
+    script = (
+        "import kopf, rooftop_operator.handlers, rooftop_operator.loop\n"
+        "r = kopf.get_default_registry()\n"
+        "kinds = (r._changing, r._activities, r._spawning, r._watching, r._indexing)\n"
+        "print([h.id for k in kinds for h in k.get_all_handlers()"
+        " if getattr(h.fn, '__module__', '').startswith('rooftop')])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]"
+
+
+def test_wiring_registers_every_handler_once() -> None:
+    registry = kopf.OperatorRegistry()
+    wiring.register(OperatorConfig(), registry)
+    kinds = (registry._changing, registry._watching, registry._indexing)
+    ids = sorted(h.id for kind in kinds for h in kind.get_all_handlers())
+    on_resume_create_update = ["reconcile_target"] * 2 + ["reconcile_target/spec"]
+    watches = ["engine_deployment_event", "engine_deployments", "target_event"]
+    assert ids == sorted(on_resume_create_update + watches)
