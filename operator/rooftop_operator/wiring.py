@@ -24,7 +24,8 @@ import functools
 import kopf
 
 from rooftop_api.spec import GROUP, PLURAL, VERSION
-from rooftop_operator import builders, handlers, loop
+from rooftop_operator import builders, handlers
+from rooftop_operator.loop import presence, start_loop, stop_loop
 from rooftop_operator.settings import OperatorConfig
 
 # The engine Deployments the operator made, by the label builders gives them.
@@ -65,8 +66,8 @@ def _register_timers(config: OperatorConfig, registry: kopf.OperatorRegistry) ->
         registry=registry,
     )
     handlers.daemon_without_finalizer(
-        loop.presence, when=lambda uid, **_: handlers.alive(uid), registry=registry
+        presence, when=lambda uid, **_: handlers.alive(uid), registry=registry
     )
-    start = functools.partial(loop.start_loop, interval_s=config.loop.interval_s)
+    start = functools.partial(start_loop, interval_s=config.loop.interval_s)
     kopf.on.startup(id="feedback_loop", registry=registry)(start)
-    kopf.on.cleanup(id="feedback_loop", registry=registry)(loop.stop_loop)
+    kopf.on.cleanup(id="feedback_loop", registry=registry)(stop_loop)
