@@ -19,9 +19,11 @@ long completion, then sends its next request on the same connection:
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,7 +37,7 @@ from tests.cluster.vllm_engines import VllmProcess, vllm_cli
 pytestmark = pytest.mark.vllm
 
 SERVED = "tiny"
-LONG = 1500  # tokens: a stream that outlasts the preStop's minimum on the CPU build
+LONG = 2000  # tokens: about 3 s on the CPU build, outlasting the preStop's start
 NEXT = 200
 SHUTDOWN_TIMEOUT_S = 60
 MIN_WAIT_S = 1.0  # the preStop's least wait (endpoint removal); 10 s in a pod
@@ -67,9 +69,21 @@ def started(
     process.start()
     try:
         process.wait_ready()
+        _warm_up(process)
         yield process, tmp_path
     finally:
         process.stop()
+
+
+def _warm_up(process: VllmProcess) -> None:
+    """One short completion before the test's: the engine's first request can stall for
+    a minute (compilation) and then stream its tokens at once, so the long stream would
+    end before the preStop began instead of being in flight across it."""
+    body = {"model": SERVED, "prompt": "The quick", "max_tokens": 8}
+    url, headers = f"{process.url}/v1/completions", {"Content-Type": "application/json"}
+    request = urllib.request.Request(url, json.dumps(body).encode(), headers)
+    with urllib.request.urlopen(request, timeout=300) as answer:
+        assert answer.status == 200
 
 
 def sigterm_and_wait(process: VllmProcess) -> int:
