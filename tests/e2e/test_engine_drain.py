@@ -39,6 +39,7 @@ pytestmark = pytest.mark.vllm
 SERVED = "tiny"
 LONG = 2000  # tokens: about 3 s on the CPU build, outlasting the preStop's start
 NEXT = 200
+SLOW = {"logprobs": 20}  # vLLM's most by default: each step also ranks 20 tokens
 SHUTDOWN_TIMEOUT_S = 60
 MIN_WAIT_S = 1.0  # the preStop's least wait (endpoint removal); 10 s in a pod
 
@@ -98,9 +99,12 @@ def test_the_drain_moves_a_kept_alive_client_before_sigterm(
     started: tuple[VllmProcess, Path], vllm_py: Path
 ) -> None:
     process, work = started
-    client = KeptAliveClient("127.0.0.1", process.port, SERVED, (LONG, NEXT))
+    # logprobs slow each step, so the first stream is still in flight when the preStop
+    # begins: on a warm engine 2,000 plain tokens can stream in well under a second
+    client = KeptAliveClient("127.0.0.1", process.port, SERVED, (LONG, NEXT), SLOW)
     client.start()
     assert client.first.first_chunk.wait(60) and client.first.error is None
+    assert not client.first.done, "the stream ended before the preStop: make LONG longer"
     script = work / "drain" / f"{builders.DRAIN_MODULE}.py"
     prestop = subprocess.run(
         [str(vllm_py), str(script), "--port", str(process.port), "--min-s", str(MIN_WAIT_S),
