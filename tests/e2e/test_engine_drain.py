@@ -19,6 +19,7 @@ long completion, then sends its next request on the same connection:
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import subprocess
@@ -26,12 +27,14 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from rooftop_operator import builders
 from tests.cluster.controlplane import free_port
-from tests.cluster.keepalive import KeptAliveClient
+from tests.cluster.handle import wait_until
+from tests.cluster.keepalive import KeptAliveClient, Stream, read_stream
 from tests.cluster.vllm_engines import VllmProcess, vllm_cli
 
 pytestmark = pytest.mark.vllm
@@ -98,30 +101,38 @@ def sigterm_and_wait(process: VllmProcess) -> int:
 def test_the_drain_moves_a_kept_alive_client_before_sigterm(
     started: tuple[VllmProcess, Path], vllm_py: Path
 ) -> None:
+    """In sequence, not by timing: a stream in flight (slowed by logprobs), and an idle
+    kept-alive connection whose next request is sent only once the preStop's drain has
+    begun. That request is served and told to close; the preStop waits for both."""
     process, work = started
-    # logprobs slow each step, so the first stream is still in flight when the preStop
-    # begins: on a warm engine 2,000 plain tokens can stream in well under a second
-    client = KeptAliveClient("127.0.0.1", process.port, SERVED, (LONG, NEXT), SLOW)
-    client.start()
-    assert client.first.first_chunk.wait(60) and client.first.error is None
-    assert not client.first.done, "the stream ended before the preStop: make LONG longer"
+    streaming = KeptAliveClient("127.0.0.1", process.port, SERVED, (LONG, NEXT), SLOW)
+    streaming.start()
+    assert streaming.first.first_chunk.wait(60) and streaming.first.error is None
+    idle = http.client.HTTPConnection("127.0.0.1", process.port, timeout=300)
+    before, after = Stream(), Stream()
+    read_stream(idle, SERVED, 8, before)
+    assert before.served(8) and before.connection_header != "close", before
     script = work / "drain" / f"{builders.DRAIN_MODULE}.py"
-    prestop = subprocess.run(
-        [str(vllm_py), str(script), "--port", str(process.port), "--min-s", str(MIN_WAIT_S),
-         "--max-s", str(SHUTDOWN_TIMEOUT_S)],
-        capture_output=True, text=True, timeout=SHUTDOWN_TIMEOUT_S + 30,
-    )  # fmt: skip
-    assert prestop.returncode == 0 and "no connection busy" in prestop.stdout, prestop
-    # The preStop waited for the first stream, and for the engine to take the request
-    # the client sent next on the same connection:
-    assert client.first.served(LONG), client.first
-    assert client.second.first_chunk.wait(10)
+    argv = [str(vllm_py), str(script), "--port", str(process.port), "--min-s", str(MIN_WAIT_S),
+            "--max-s", str(SHUTDOWN_TIMEOUT_S)]  # fmt: skip
+    prestop = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+    wait_until(lambda: _drain_state(process)["draining"], 30, "the preStop's drain")
+    read_stream(idle, SERVED, NEXT, after)  # the next request on the kept-alive connection
+    out, _ = prestop.communicate(timeout=SHUTDOWN_TIMEOUT_S + 30)
+    assert prestop.returncode == 0 and "no connection busy" in out, out
+    assert after.connection_header == "close"  # the client moves on after it
+    assert after.served(NEXT), (after, process.tail())
+    assert streaming.first.served(LONG), streaming.first  # the preStop waited for it
     assert sigterm_and_wait(process) == 0
-    client.join(timeout=60)
-    assert client.first.connection_header != "close"  # started before the drain
-    assert client.kept_alive
-    assert client.second.connection_header == "close"  # the client moves on after it
-    assert client.second.served(NEXT), (client.second, process.tail())
+    streaming.join(timeout=60)
+    assert streaming.first.connection_header != "close"  # started before the drain
+
+
+def _drain_state(process: VllmProcess) -> dict[str, Any]:
+    """The drain middleware's own answer (loopback only): draining, busy connections."""
+    with urllib.request.urlopen(f"{process.url}/rooftop/drain", timeout=5) as answer:
+        state: dict[str, Any] = json.loads(answer.read())
+    return state
 
 
 @pytest.mark.parametrize("started", [False], indirect=True)
