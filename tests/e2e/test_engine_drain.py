@@ -8,10 +8,12 @@ client holds one kept-alive connection, as an HTTP client library does, and stre
 long completion, then sends its next request on the same connection:
 
 - **Rooftop's pods** load the drain middleware (``engine_drain``, with vLLM's own
-  ``--middleware``) and their preStop runs it as a script. The next request is told
-  to close its connection, so the client would open the one after on another pod;
-  the preStop returns only once vLLM has taken that request, and SIGTERM's drain
-  finishes it.
+  ``--middleware``) and their preStop runs it as a script. A request sent on a
+  kept-alive connection once the drain has begun is served and told to close its
+  connection, so the client would open the one after on another pod; the preStop
+  returns only once no connection is busy (the stream in flight included), and
+  SIGTERM's drain finishes what is left. The test sends that request only after the
+  middleware reports the drain, so the order never depends on the engine's speed.
 - **A preStop that only sleeps** (Rooftop's pods before): SIGTERM arrives while the
   first stream runs, and the next request on the kept-alive connection reaches an
   engine that is draining. It is lost.
@@ -40,7 +42,7 @@ from tests.cluster.vllm_engines import VllmProcess, vllm_cli
 pytestmark = pytest.mark.vllm
 
 SERVED = "tiny"
-LONG = 2000  # tokens: about 3 s on the CPU build, outlasting the preStop's start
+LONG = 2000  # tokens: a stream in flight across the preStop's start
 NEXT = 200
 SLOW = {"logprobs": 20}  # vLLM's most by default: each step also ranks 20 tokens
 SHUTDOWN_TIMEOUT_S = 60
