@@ -298,7 +298,7 @@ def layer_elementwise_bytes(model: ModelSpec, tp: int) -> float:
 def fit_source(gpu: GpuSpec) -> str:
     """Which measured table times ``gpu``: ``tables:<name>``, and whether it is borrowed."""
     name = table_for(gpu)
-    if TABLE_GPU[name] == gpu.id:
+    if not gpu.kernel_table_borrowed:
         return f"tables:{name}"
     return f"tables:{name} borrowed by {gpu.id} (scaled by bandwidth/FLOPs)"
 
