@@ -61,8 +61,9 @@ def run(args: argparse.Namespace) -> int:
 def register(subparsers: Any) -> None:
     """Add ``rooftop completion`` (see rooftop_cli.main)."""
     p = subparsers.add_parser(
-        "completion", help="print a bash or zsh completion script",
+        "completion",
+        help="print a bash or zsh completion script",
         description=f"Print a shell completion script for rooftop.\n\n{INSTALL}",
-    )  # fmt: skip
+    )
     p.add_argument("shell", choices=SHELLS, metavar="SHELL", help="bash or zsh")
     p.set_defaults(func=run)

@@ -56,8 +56,7 @@ class Planned:
 
     def to_json(self) -> dict[str, object]:
         """``rooftop plan -o json`` for this target: its name and file, then the search."""
-        return {"name": self.target.metadata.name, "source": self.source,
-                **self.result.to_json()}  # fmt: skip
+        return {"name": self.target.metadata.name, "source": self.source, **self.result.to_json()}
 
 
 def plan_one(
@@ -143,10 +142,29 @@ def _short(result: SearchResult) -> str:
     return "No feasible plan.\n" + "\n".join(f"  - {r}" for r in result.reasons[:3])
 
 
-HEADERS = ("NAME", "MODEL", "FEASIBLE", "GPU", "TP", "REPLICAS", "WEIGHTS", "KV",
-           "TPOT(ms)", "TTFT(ms)", "USD/h")  # fmt: skip
-WIDE_HEADERS = ("MAX-NUM-SEQS", "MAX-MODEL-LEN", "TOK/s", "CAPACITY(req/s)",
-                "SLO-TPOT(ms)", "BUDGET(USD/h)", "SOURCE", "REASON")  # fmt: skip
+HEADERS = (
+    "NAME",
+    "MODEL",
+    "FEASIBLE",
+    "GPU",
+    "TP",
+    "REPLICAS",
+    "WEIGHTS",
+    "KV",
+    "TPOT(ms)",
+    "TTFT(ms)",
+    "USD/h",
+)
+WIDE_HEADERS = (
+    "MAX-NUM-SEQS",
+    "MAX-MODEL-LEN",
+    "TOK/s",
+    "CAPACITY(req/s)",
+    "SLO-TPOT(ms)",
+    "BUDGET(USD/h)",
+    "SOURCE",
+    "REASON",
+)
 
 
 def headers(wide: bool) -> tuple[str, ...]:
@@ -170,18 +188,26 @@ def _plan_cells(plan: Plan | None) -> list[Cell]:
     if plan is None:
         return [None] * 8
     return [
-        plan.gpu, plan.tp, plan.replicas, plan.weight_dtype, plan.kv_dtype,
-        round(plan.tpot_ms, 2), round(plan.ttft_ms, 1), round(plan.usd_per_hour, 3),
-    ]  # fmt: skip
+        plan.gpu,
+        plan.tp,
+        plan.replicas,
+        plan.weight_dtype,
+        plan.kv_dtype,
+        round(plan.tpot_ms, 2),
+        round(plan.ttft_ms, 1),
+        round(plan.usd_per_hour, 3),
+    ]
 
 
 def _wide_plan_cells(plan: Plan | None) -> list[Cell]:
     if plan is None:
         return [None] * 4
     return [
-        plan.max_num_seqs, plan.max_model_len, round(plan.output_tok_s, 1),
+        plan.max_num_seqs,
+        plan.max_model_len,
+        round(plan.output_tok_s, 1),
         round(plan.capacity_rps, 3),
-    ]  # fmt: skip
+    ]
 
 
 # ---------------------------------------------------------------- registration
@@ -190,23 +216,28 @@ def _wide_plan_cells(plan: Plan | None) -> list[Cell]:
 def register(subparsers: Any) -> None:
     """Add ``rooftop plan`` (see rooftop_cli.main)."""
     plan = subparsers.add_parser(
-        "plan", help="plan ServingTargets: GPU, dtypes, TP, replicas, batch cap",
+        "plan",
+        help="plan ServingTargets: GPU, dtypes, TP, replicas, batch cap",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
-    )  # fmt: skip
+    )
     plan.add_argument(
-        "targets", nargs="+", metavar="TARGET.yaml",
+        "targets",
+        nargs="+",
+        metavar="TARGET.yaml",
         help="ServingTarget manifests (YAML; several documents each; - for standard input)",
-    )  # fmt: skip
+    )
     add_output_option(plan, FORMATS, TEXT, json_alias=True)
     plan.add_argument(
-        "--explain", action="store_true",
+        "--explain",
+        action="store_true",
         help="alternatives and every rejection reason (text output)",
-    )  # fmt: skip
+    )
     plan.add_argument("--plot", metavar="FILE.png", help="draw the throughput-latency plane")
     plan.add_argument("--catalog", metavar="FILE.yaml", help="your GPU/model catalog overrides")
     plan.add_argument(
-        "--nodes", metavar="NODES.json",
+        "--nodes",
+        metavar="NODES.json",
         help="plan only for GPUs these nodes offer the target's pods, after its "
         "nodeSelector and tolerations (`kubectl get nodes -o json`)",
-    )  # fmt: skip
+    )
     plan.set_defaults(func=exits.guarded(cmd_plan))

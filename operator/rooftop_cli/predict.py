@@ -27,9 +27,17 @@ from rooftop_planner.scenarios import ScenarioError, checkpoint_dtype, scenario_
 
 FORMATS = (JSON, YAML, TABLE, WIDE)
 PREDICT_OUTPUT = (
-    "tpot_ms", "ttft_ms", "output_tok_s", "running", "evictions", "floor_ms", "floor_share",
-    "curves", "fits", "error",
-)  # fmt: skip
+    "tpot_ms",
+    "ttft_ms",
+    "output_tok_s",
+    "running",
+    "evictions",
+    "floor_ms",
+    "floor_share",
+    "curves",
+    "fits",
+    "error",
+)
 NUMERIC_OUTPUT = PREDICT_OUTPUT[:7]
 REQUIRED_INPUT = ("model", "gpu", "tp", "isl", "osl")
 CSV_COLUMNS = "model,gpu,tp,isl,osl and concurrency or batch; optional weight_dtype,kv_dtype,engine"
@@ -73,8 +81,12 @@ class Predicted:
     def csv_cells(self) -> dict[str, str]:
         """The CSV's output columns as text (empty for a missing value)."""
         numbers = {k: _csv_number(getattr(self, k)) for k in NUMERIC_OUTPUT}
-        return {**numbers, "curves": self.curves, "fits": "true" if self.fits else "false",
-                "error": self.error or ""}  # fmt: skip
+        return {
+            **numbers,
+            "curves": self.curves,
+            "fits": "true" if self.fits else "false",
+            "error": self.error or "",
+        }
 
 
 def _csv_number(value: float | None) -> str:
@@ -172,8 +184,21 @@ def _row(args: argparse.Namespace, model: str) -> dict[str, str]:
 
 
 HEADERS = ("MODEL", "GPU", "TP", "TPOT(ms)", "TTFT(ms)", "TOK/s", "FITS")
-WIDE_HEADERS = ("WEIGHTS", "KV", "ISL", "OSL", "CONCURRENCY", "BATCH", "ENGINE", "RUNNING",
-                "EVICTIONS", "FLOOR(ms)", "FLOOR-SHARE", "CURVES", "ERROR")  # fmt: skip
+WIDE_HEADERS = (
+    "WEIGHTS",
+    "KV",
+    "ISL",
+    "OSL",
+    "CONCURRENCY",
+    "BATCH",
+    "ENGINE",
+    "RUNNING",
+    "EVICTIONS",
+    "FLOOR(ms)",
+    "FLOOR-SHARE",
+    "CURVES",
+    "ERROR",
+)
 
 
 def _show(predicted: Predicted, row: Mapping[str, str], fmt: str) -> None:
@@ -181,13 +206,28 @@ def _show(predicted: Predicted, row: Mapping[str, str], fmt: str) -> None:
     if fmt in (JSON, YAML):
         print(dumps(predicted.to_json(), fmt))
         return
-    cells: list[Cell] = [row["model"], row["gpu"], row["tp"], predicted.tpot_ms,
-                         predicted.ttft_ms, predicted.output_tok_s, predicted.fits]  # fmt: skip
+    cells: list[Cell] = [
+        row["model"],
+        row["gpu"],
+        row["tp"],
+        predicted.tpot_ms,
+        predicted.ttft_ms,
+        predicted.output_tok_s,
+        predicted.fits,
+    ]
     if fmt == WIDE:
-        cells += [row[k] for k in ("weight_dtype", "kv_dtype", "isl", "osl", "concurrency",
-                                   "batch", "engine")]  # fmt: skip
-        cells += [predicted.running, predicted.evictions, predicted.floor_ms,
-                  predicted.floor_share, predicted.curves, predicted.error]  # fmt: skip
+        cells += [
+            row[k]
+            for k in ("weight_dtype", "kv_dtype", "isl", "osl", "concurrency", "batch", "engine")
+        ]
+        cells += [
+            predicted.running,
+            predicted.evictions,
+            predicted.floor_ms,
+            predicted.floor_share,
+            predicted.curves,
+            predicted.error,
+        ]
     print_table(HEADERS + (WIDE_HEADERS if fmt == WIDE else ()), [cells])
 
 
@@ -253,9 +293,10 @@ def _positive_int(text: str) -> int:
 def register(subparsers: Any) -> None:
     """Add ``rooftop predict`` (see rooftop_cli.main)."""
     predict = subparsers.add_parser(
-        "predict", help="predict TPOT/TTFT/throughput of scenarios",
+        "predict",
+        help="predict TPOT/TTFT/throughput of scenarios",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
-    )  # fmt: skip
+    )
     predict.add_argument("--csv", metavar="IN.csv", help=f"columns: {CSV_COLUMNS}")
     predict.add_argument("--out", metavar="OUT.csv", help="where to write (default stdout)")
     add_output_option(
@@ -263,18 +304,20 @@ def register(subparsers: Any) -> None:
     )
     predict.add_argument("--model", help="catalog id, Hugging Face repo id or alias")
     predict.add_argument(
-        "--model-config", metavar="config.json",
+        "--model-config",
+        metavar="config.json",
         help="the model's Hugging Face config.json, for a model outside the catalog (named "
         "--model, else by the config; CSV rows ask for it by that name)",
-    )  # fmt: skip
+    )
     predict.add_argument("--catalog", metavar="FILE.yaml", help="your GPU/model catalog overrides")
     predict.add_argument("--gpu", help="catalog GPU id or common name (H100 80GB HBM3)")
     predict.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel size")
     predict.add_argument(
-        "--weight-dtype", default="",
+        "--weight-dtype",
+        default="",
         help="bf16, fp16, fp8, int8, int4 or fp4 (default: the format the model name's "
         "checkpoint suffix states, such as -FP8 or -AWQ, else bf16)",
-    )  # fmt: skip
+    )
     predict.add_argument("--kv-dtype", default="auto")
     predict.add_argument("--isl", type=_positive_int, default=1024, help="input tokens")
     predict.add_argument("--osl", type=_positive_int, default=256, help="output tokens")
@@ -282,11 +325,13 @@ def register(subparsers: Any) -> None:
     group.add_argument("--concurrency", type=_positive_int, help="requests in flight (continuous)")
     group.add_argument("--batch", type=_positive_int, help="one static batch")
     predict.add_argument(
-        "--engine", default="vllm",
+        "--engine",
+        default="vllm",
         help="vllm, sglang, trtllm or nim: whose measured kernel curves to use",
-    )  # fmt: skip
+    )
     predict.add_argument(
-        "--explain", action="store_true",
+        "--explain",
+        action="store_true",
         help="where the decode step's time goes, against its physical floor",
-    )  # fmt: skip
+    )
     predict.set_defaults(func=exits.guarded(cmd_predict))

@@ -369,8 +369,9 @@ class Decision:
         return self.state.calibration.factor
 
 
-def config_from_spec(spec: ServingTargetSpec, planner: Planner, usd_per_replica_hour: float,
-                     **overrides: Any) -> ControllerConfig:  # fmt: skip
+def config_from_spec(
+    spec: ServingTargetSpec, planner: Planner, usd_per_replica_hour: float, **overrides: Any
+) -> ControllerConfig:
     """Build a config from a ServingTarget spec; ``overrides`` set the tuning fields."""
     mean_prompt = spec.workload.prompt_tokens.mean or _hist_mean(spec.workload.prompt_tokens)
     mean_out = spec.workload.output_tokens.mean or _hist_mean(spec.workload.output_tokens)
@@ -425,8 +426,9 @@ def decide(
     history, since = _remember_history(state, wanted, now_s, not bad, config)
     short = _rollout_runs_short(state, obs, now_s, config)
     window = scale_down_window(rates, config)
-    replicas, why = _stabilize(state.replicas, wanted, why, history, since, now_s, bad,
-                               short, window, config)  # fmt: skip
+    replicas, why = _stabilize(
+        state.replicas, wanted, why, history, since, now_s, bad, short, window, config
+    )
     lower, upper = replica_limits(config)
     limited = clamp_replicas(replicas, lower, upper)
     # a new cap rolls pods: only in a steady fleet, never on top of a scale-up
@@ -438,17 +440,29 @@ def decide(
     rolled = limited if rollout is None else clamp_replicas(rollout[0], lower, upper)
     held = None
     if cap != state.max_num_seqs and sole_pod_would_go(rolled, upper):
-        cap_why = (f"max_num_seqs held at {state.max_num_seqs}, not {cap}: the rollout would "
-                   "stop the only pod before its replacement serves (no room under "
-                   "maxReplicas and the budget for a surge pod)")  # fmt: skip
+        cap_why = (
+            f"max_num_seqs held at {state.max_num_seqs}, not {cap}: the rollout would "
+            "stop the only pod before its replacement serves (no room under "
+            "maxReplicas and the budget for a surge pod)"
+        )
         held, cap, cap_at = cap, state.max_num_seqs, state.last_cap_change_s
     elif rollout is not None:
         (replicas, why), cause = rollout, Cause.CALIBRATION
         wanted, limited = replicas, rolled
     new_state = ControllerState(
-        limited, cap, cal, history, since, rates, cap_at, trim, obs.ready_replicas, grew_s,
-        trim_at, held,
-    )  # fmt: skip
+        limited,
+        cap,
+        cal,
+        history,
+        since,
+        rates,
+        cap_at,
+        trim,
+        obs.ready_replicas,
+        grew_s,
+        trim_at,
+        held,
+    )
     return Decision(
         replicas=limited,
         max_num_seqs=cap,
@@ -698,11 +712,17 @@ def _plan(
     running = config.planner.size(rate, scale, cap)
     at = ""
     if running.feasible and running.max_num_seqs == cap != sizing.max_num_seqs:
-        sizing = replace(sizing, replicas=running.replicas, tpot_ms=running.tpot_ms,
-                         capacity_rps=running.capacity_rps)  # fmt: skip
+        sizing = replace(
+            sizing,
+            replicas=running.replicas,
+            tpot_ms=running.tpot_ms,
+            capacity_rps=running.capacity_rps,
+        )
         at = f" at the pods' max_num_seqs {cap}"
-    why = (f"planned {sizing.replicas} for {rate:.2f} req/s{at} (trim {trim:.2f}) at "
-           f"step-time factor {scale:.2f}")  # fmt: skip
+    why = (
+        f"planned {sizing.replicas} for {rate:.2f} req/s{at} (trim {trim:.2f}) at "
+        f"step-time factor {scale:.2f}"
+    )
     return sizing, why
 
 
@@ -740,8 +760,10 @@ def _rollout_replicas(
     if not at_cap.feasible or at_cap.max_num_seqs != cap:
         return None
     planned = at_cap.replicas
-    why = (f"the rollout to max_num_seqs {cap}: planned {planned} for {rate:.2f} req/s "
-           f"(trim {state.trim:.2f}) at step-time factor {scale:.2f}")  # fmt: skip
+    why = (
+        f"the rollout to max_num_seqs {cap}: planned {planned} for {rate:.2f} req/s "
+        f"(trim {state.trim:.2f}) at step-time factor {scale:.2f}"
+    )
     if planned < state.replicas and not _ok_for_a_window(since, now_s, config):
         held_s = config.scale_down_window_s
         return state.replicas, f"{why}; holding {state.replicas} until {held_s:.0f} s of OK metrics"
@@ -940,8 +962,10 @@ def _reason(
     else:
         parts.append(f"hold {limited}: {why}" if why else f"hold {limited}")
     if unlimited > limited:
-        parts.append(f"capped at {limited} (max replicas {config.max_replicas}, budget "
-                     f"${config.budget_usd_per_hour:.2f}/h)")  # fmt: skip
+        parts.append(
+            f"capped at {limited} (max replicas {config.max_replicas}, budget "
+            f"${config.budget_usd_per_hour:.2f}/h)"
+        )
     if cap_why:
         parts.append(cap_why)
     return "; ".join(parts)
@@ -957,8 +981,12 @@ def slo_condition(obs: Observation, needed: int, upper: int, config: ControllerC
     if not obs.tpot_ms.ok:
         rate = obs.requests_per_second
         if rate.ok and rate.value <= 0:
-            return Condition(type=SLO_MET, status="Unknown", reason="NoTraffic",
-                             message="no requests in the window")  # fmt: skip
+            return Condition(
+                type=SLO_MET,
+                status="Unknown",
+                reason="NoTraffic",
+                message="no requests in the window",
+            )
         msg = "cannot judge the SLO: tpot_ms is " + obs.tpot_ms.state.value
         return Condition(type=SLO_MET, status="Unknown", reason="MetricsUnavailable", message=msg)
     tpot, slo = obs.tpot_ms.value, config.tpot_slo_ms
@@ -1052,9 +1080,13 @@ class PlanTargetPlanner:
     def _options(self, rate: float, factor: float) -> tuple[Sizing, ...]:
         """One sizing per batch cap that keeps TPOT within the SLO (none: infeasible)."""
         # The shape is pinned and already runs: its accelerator family had an image.
-        res = plan_target(self.spec, catalog=self.catalog, step_time_scale=factor,
-                          requests_per_second=rate,
-                          engine_families=ACCELERATOR_FAMILIES)  # fmt: skip
+        res = plan_target(
+            self.spec,
+            catalog=self.catalog,
+            step_time_scale=factor,
+            requests_per_second=rate,
+            engine_families=ACCELERATOR_FAMILIES,
+        )
         return tuple(_sizing(p) for p in res.candidates if p.tp == self.plan.tp)
 
     def _price(self) -> float:
@@ -1069,8 +1101,14 @@ class PlanTargetPlanner:
 def _sizing(plan: Plan) -> Sizing:
     """A candidate plan as the controller sizes with it (price and capacity per replica)."""
     per_replica = 1.0 / plan.replicas
-    return Sizing(plan.replicas, plan.max_num_seqs, plan.usd_per_hour * per_replica,
-                  plan.tpot_ms, True, plan.capacity_rps * per_replica)  # fmt: skip
+    return Sizing(
+        plan.replicas,
+        plan.max_num_seqs,
+        plan.usd_per_hour * per_replica,
+        plan.tpot_ms,
+        True,
+        plan.capacity_rps * per_replica,
+    )
 
 
 def quantize_rate(rate: float) -> float:

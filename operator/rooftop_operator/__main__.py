@@ -27,25 +27,33 @@ from rooftop_operator.settings import (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "-n", "--namespace", action="append", default=[], dest="namespaces",
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        dest="namespaces",
         help="namespace to watch (repeatable); without it, --all-namespaces is required",
-    )  # fmt: skip
+    )
     parser.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
     parser.add_argument(
-        "--peering", default=None,
+        "--peering",
+        default=None,
         help="kopf peering name for several replicas (default: standalone)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--priority", type=int, default=None,
+        "--priority",
+        type=int,
+        default=None,
         help="with --peering: the highest-priority replica is active (default: minus the "
-             "start time, so the longest-running replica is)",
-    )  # fmt: skip
+        "start time, so the longest-running replica is)",
+    )
     parser.add_argument(
-        "--peering-lifetime", type=peering_lifetime, default=PEERING_LIFETIME_S,
+        "--peering-lifetime",
+        type=peering_lifetime,
+        default=PEERING_LIFETIME_S,
         metavar="SECONDS",
-        help="with --peering: a replica silent this long counts as gone and a standby "
-             "takes over",
-    )  # fmt: skip
+        help="with --peering: a replica silent this long counts as gone and a standby takes over",
+    )
     parser.add_argument("--liveness", default=None, help="e.g. http://0.0.0.0:8080/healthz")
     parser.add_argument(
         "--metrics-port", type=int, default=None, help="serve Prometheus metrics here"
@@ -53,9 +61,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--self-image", default=None, help="image for mode: simulated")
     parser.add_argument("--vllm-image", default=None, help="image for mode: vllm")
     parser.add_argument(
-        "--gpu-inventory", choices=sorted(INVENTORY_MODES), default=None,
+        "--gpu-inventory",
+        choices=sorted(INVENTORY_MODES),
+        default=None,
         help="nodes: plan only for GPU shapes the cluster's Nodes offer (default: off)",
-    )  # fmt: skip
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log handler details")
     parser.add_argument("--debug", action="store_true", help="log kopf internals")
 
@@ -99,8 +109,10 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
 def run(args: argparse.Namespace) -> int:
     """Run the operator until SIGINT/SIGTERM."""
     if not args.namespaces and not args.all_namespaces:
-        print("rooftop operator: give --namespace NS (repeatable) or --all-namespaces",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "rooftop operator: give --namespace NS (repeatable) or --all-namespaces",
+            file=sys.stderr,
+        )
         return exit_codes.BAD_INPUT
     import kopf
 
@@ -161,18 +173,22 @@ exit codes:
 def register(subparsers: Any) -> None:
     """Add ``rooftop operator`` (see rooftop_cli.main)."""
     parser = subparsers.add_parser(
-        "operator", help="run the Kubernetes operator", epilog=EPILOG,
+        "operator",
+        help="run the Kubernetes operator",
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     add_arguments(parser)
     parser.set_defaults(func=run)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m rooftop_operator", description=__doc__, epilog=EPILOG,
+        prog="python -m rooftop_operator",
+        description=__doc__,
+        epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

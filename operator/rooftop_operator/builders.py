@@ -56,12 +56,21 @@ VLLM_COMMAND: Final = ("vllm", "serve")
 # Flags the builder emits for mode "vllm".
 ENGINE_FLAGS: Final = frozenset(
     {
-        "--served-model-name", "--tensor-parallel-size", "--max-num-seqs", "--max-model-len",
-        "--gpu-memory-utilization", "--max-num-batched-tokens", "--dtype", "--quantization",
-        "--kv-cache-dtype", "--port", "--enable-chunked-prefill", "--shutdown-timeout",
+        "--served-model-name",
+        "--tensor-parallel-size",
+        "--max-num-seqs",
+        "--max-model-len",
+        "--gpu-memory-utilization",
+        "--max-num-batched-tokens",
+        "--dtype",
+        "--quantization",
+        "--kv-cache-dtype",
+        "--port",
+        "--enable-chunked-prefill",
+        "--shutdown-timeout",
         "--middleware",
     }
-)  # fmt: skip
+)
 # Per GPU in the pod: CPU and host memory for tokenization, weight loading and the
 # API server. Conservative floors, not tuned per model.
 CPU_PER_GPU: Final = 2
@@ -246,19 +255,31 @@ def sim_command(inp: EngineInputs) -> list[str]:
     vLLM would with that GPU, TP, dtypes and batch limit, without a GPU."""
     plan, spec = inp.plan, inp.spec
     command = [
-        "rooftop", "engine-sim",
-        "--host", "0.0.0.0",  # reachable through the Service, not just loopback
-        "--port", str(ENGINE_PORT),
-        "--model-name", spec.model,
-        "--model", spec.model,
-        "--gpu", plan.gpu,
-        "--tp", str(plan.tp),
-        "--max-num-seqs", str(plan.max_num_seqs),
-        "--weight-dtype", plan.weight_dtype,
-        "--kv-dtype", plan.kv_dtype,
-        "--gpu-memory-utilization", f"{plan.gpu_memory_utilization:g}",
-        "--shutdown-timeout", str(inp.lifecycle.shutdown_timeout_s),
-    ]  # fmt: skip
+        "rooftop",
+        "engine-sim",
+        "--host",
+        "0.0.0.0",  # reachable through the Service, not just loopback
+        "--port",
+        str(ENGINE_PORT),
+        "--model-name",
+        spec.model,
+        "--model",
+        spec.model,
+        "--gpu",
+        plan.gpu,
+        "--tp",
+        str(plan.tp),
+        "--max-num-seqs",
+        str(plan.max_num_seqs),
+        "--weight-dtype",
+        plan.weight_dtype,
+        "--kv-dtype",
+        plan.kv_dtype,
+        "--gpu-memory-utilization",
+        f"{plan.gpu_memory_utilization:g}",
+        "--shutdown-timeout",
+        str(inp.lifecycle.shutdown_timeout_s),
+    ]
     if plan.max_model_len:
         command += ["--max-model-len", str(plan.max_model_len)]
     return command
@@ -320,8 +341,10 @@ def _env(inp: EngineInputs) -> list[dict[str, Any]]:
     env += [{"name": e.name, "value": e.value} for e in spec.engine.env or []]
     if spec.mode is not Mode.SIMULATED:
         env.append(_drain_pythonpath(spec))
-    secrets = (("HF_TOKEN", spec.engine.hf_token_secret_ref),
-               ("VLLM_API_KEY", spec.engine.api_key_secret_ref))  # fmt: skip
+    secrets = (
+        ("HF_TOKEN", spec.engine.hf_token_secret_ref),
+        ("VLLM_API_KEY", spec.engine.api_key_secret_ref),
+    )
     for name, ref in secrets:
         if ref is not None:
             secret = {"secretKeyRef": {"name": ref.name, "key": ref.key}}
@@ -399,8 +422,16 @@ def _pre_stop(inp: EngineInputs) -> dict[str, Any]:
     if inp.spec.mode is Mode.SIMULATED:
         return {"sleep": {"seconds": life.prestop_s}}
     script = f"{DRAIN_MOUNT}/{DRAIN_MODULE}.py"
-    command = ["python3", script, "--port", str(ENGINE_PORT),
-               "--min-s", str(life.prestop_s), "--max-s", str(life.prestop_max_s)]  # fmt: skip
+    command = [
+        "python3",
+        script,
+        "--port",
+        str(ENGINE_PORT),
+        "--min-s",
+        str(life.prestop_s),
+        "--max-s",
+        str(life.prestop_max_s),
+    ]
     return {"exec": {"command": command}}
 
 

@@ -207,8 +207,13 @@ def _call(url: str, method: str) -> dict[str, Any] | None:
         return None
 
 
-def prestop(port: int, min_s: float, max_s: float, clock: Callable[[], float] = time.monotonic,
-            sleep: Callable[[float], None] = time.sleep) -> str:  # fmt: skip
+def prestop(
+    port: int,
+    min_s: float,
+    max_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
     """Steps 1 and 2 of the module doc; returns why it stopped waiting."""
     url = f"http://127.0.0.1:{port}{DRAIN_PATH}"
     start = clock()

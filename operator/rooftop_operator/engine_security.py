@@ -68,10 +68,14 @@ def pod_security_context(level: PodSecurity, vllm: bool) -> dict[str, Any]:
         return context
     context["runAsNonRoot"] = True
     if vllm:
-        context |= {"runAsUser": ENGINE_UID, "runAsGroup": ENGINE_UID, "fsGroup": ENGINE_UID,
-                    # chown a model cache PVC only when its root is not ours yet: a
-                    # recursive chown of hundreds of GB on every start would delay it.
-                    "fsGroupChangePolicy": "OnRootMismatch"}  # fmt: skip
+        context |= {
+            "runAsUser": ENGINE_UID,
+            "runAsGroup": ENGINE_UID,
+            "fsGroup": ENGINE_UID,
+            # chown a model cache PVC only when its root is not ours yet: a
+            # recursive chown of hundreds of GB on every start would delay it.
+            "fsGroupChangePolicy": "OnRootMismatch",
+        }
     return context
 
 

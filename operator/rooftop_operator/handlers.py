@@ -88,9 +88,13 @@ class KubeLike(Protocol):
     def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[Obj]: ...
     def get_target(self, namespace: str, name: str) -> Obj | None: ...
     def update_status(
-        self, namespace: str, name: str, mutate: Callable[[Obj], Obj], uid: str | None = None,
+        self,
+        namespace: str,
+        name: str,
+        mutate: Callable[[Obj], Obj],
+        uid: str | None = None,
         seen: Mapping[str, Any] | None = None,
-    ) -> Obj | None: ...  # fmt: skip
+    ) -> Obj | None: ...
 
 
 def kopf_emit(body: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
@@ -161,8 +165,9 @@ def with_conditions(
     status: Obj, updates: Sequence[Condition], *, now: str, generation: int, **fields: Any
 ) -> Obj:
     """``status`` with ``fields`` set and ``updates`` merged into its conditions."""
-    merged = cnd.merge(status.get("conditions"), [*_initial(status), *updates], now=now,
-                       generation=generation)  # fmt: skip
+    merged = cnd.merge(
+        status.get("conditions"), [*_initial(status), *updates], now=now, generation=generation
+    )
     return {**status, **fields, "conditions": merged, "observedGeneration": generation}
 
 
@@ -326,26 +331,33 @@ def model_cache_condition(
     life = children.pod_lifecycle(catalog, spec, plan)
     if not life.downloads:
         where = "a model volume" if spec.engine.model_volume else "a PersistentVolumeClaim"
-        return Condition(cnd.MODEL_CACHED, "True", "Persistent",
-                         f"engine pods load the weights from {where}")  # fmt: skip
+        return Condition(
+            cnd.MODEL_CACHED, "True", "Persistent", f"engine pods load the weights from {where}"
+        )
     gb, fetch_s = life.checkpoint_bytes / 1e9, life.checkpoint_bytes / DOWNLOAD_BYTES_PER_S
     return Condition(
-        cnd.MODEL_CACHED, "False", "EveryPodDownloads",
+        cnd.MODEL_CACHED,
+        "False",
+        "EveryPodDownloads",
         f"every new engine pod downloads the {gb:.0f} GB checkpoint into its own emptyDir "
         f"(about {fetch_s:.0f} s at {DOWNLOAD_BYTES_PER_S / 1e6:.0f} MB/s); name a "
         "ReadWriteMany PersistentVolumeClaim in spec.engine.modelCache.pvcName, or serve "
         "prepared files from spec.engine.modelVolume",
-    )  # fmt: skip
+    )
 
 
 def _not_deployed(
-    rt: Runtime, body: Mapping[str, Any], ref: TargetRef, spec: ServingTargetSpec,
-    new_plan: Obj, reason: str, message: str,
-) -> None:  # fmt: skip
+    rt: Runtime,
+    body: Mapping[str, Any],
+    ref: TargetRef,
+    spec: ServingTargetSpec,
+    new_plan: Obj,
+    reason: str,
+    message: str,
+) -> None:
     """Deployed=False with ``reason``; a Warning event only when that is news."""
     failed = Condition(cnd.DEPLOYED, "False", reason, message[:1000])
-    if _write(rt, ref, [*_plan_conditions(spec, new_plan), failed], seen=body,
-              slo=slo_text(spec)):  # fmt: skip
+    if _write(rt, ref, [*_plan_conditions(spec, new_plan), failed], seen=body, slo=slo_text(spec)):
         rt.emit(body, "Warning", reason, message[:1000])
 
 
@@ -394,8 +406,14 @@ def _plan_conditions(spec: ServingTargetSpec, plan: Mapping[str, Any]) -> list[C
     ]
 
 
-def _write(rt: Runtime, ref: TargetRef, conds: Sequence[Condition], *,
-           seen: Mapping[str, Any] | None = None, **fields: Any) -> bool:  # fmt: skip
+def _write(
+    rt: Runtime,
+    ref: TargetRef,
+    conds: Sequence[Condition],
+    *,
+    seen: Mapping[str, Any] | None = None,
+    **fields: Any,
+) -> bool:
     """Merge our conditions and fields into status; True if anything changed. Written
     against ``seen``, the body this pass began with; read again only on a 409."""
     now = rt.now()
@@ -559,14 +577,20 @@ def sync_readiness(rt: Runtime, deployment: Mapping[str, Any]) -> None:
 
     def mutate(status: Obj) -> Obj:
         merged = cnd.merge(status.get("conditions"), [cond], now=now)
-        return {**status, "conditions": merged, "replicas": desired,
-                "readyReplicas": ready, "ready": cond.status}  # fmt: skip
+        return {
+            **status,
+            "conditions": merged,
+            "replicas": desired,
+            "readyReplicas": ready,
+            "ready": cond.status,
+        }
 
     # uid: only the owner; a target recreated under the same name is not this one
     rt.kube.update_status(str(meta.get("namespace")), str(owner.get("name")), mutate, uid=uid)
     rt.readiness_written[uid] = shown
-    rt.metrics.record_replicas(str(meta.get("namespace")), str(owner.get("name")),
-                               desired=desired, ready=ready)  # fmt: skip
+    rt.metrics.record_replicas(
+        str(meta.get("namespace")), str(owner.get("name")), desired=desired, ready=ready
+    )
 
 
 # ---------------------------------------------------------------- kopf wiring
@@ -586,8 +610,9 @@ def runtime(memo: Any) -> Runtime:
 
 def build_runtime(config: OperatorConfig) -> Runtime:
     """The production runtime: real API client, packaged catalog, the planner."""
-    return Runtime(kube=Kube.from_environment(), catalog=load_catalog(), plan=plan_target,
-                   config=config)  # fmt: skip
+    return Runtime(
+        kube=Kube.from_environment(), catalog=load_catalog(), plan=plan_target, config=config
+    )
 
 
 def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -663,9 +688,12 @@ def alive(uid: str | None) -> bool:
 
 
 def timer_without_finalizer(
-    fn: Callable[..., Any], *, interval: float, when: Callable[..., bool],
+    fn: Callable[..., Any],
+    *,
+    interval: float,
+    when: Callable[..., bool],
     registry: kopf.OperatorRegistry | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Register ``fn`` as a ServingTarget timer that puts no finalizer on the targets.
 
     kopf gives every object with a timer or daemon its finalizer, so that it can stop
@@ -676,15 +704,18 @@ def timer_without_finalizer(
     ``when`` filter instead (``alive``).
     """
     real = registry if registry is not None else kopf.get_default_registry()
-    kopf.timer(GROUP, VERSION, PLURAL, interval=interval, initial_delay=interval,
-               when=when, registry=real)(fn)  # fmt: skip
+    kopf.timer(
+        GROUP, VERSION, PLURAL, interval=interval, initial_delay=interval, when=when, registry=real
+    )(fn)
     _without_finalizer(real)
 
 
 def daemon_without_finalizer(
-    fn: Callable[..., Any], *, when: Callable[..., bool],
+    fn: Callable[..., Any],
+    *,
+    when: Callable[..., bool],
     registry: kopf.OperatorRegistry | None = None,
-) -> None:  # fmt: skip
+) -> None:
     """Register ``fn`` as a ServingTarget daemon with no finalizer (see
     ``timer_without_finalizer``)."""
     real = registry if registry is not None else kopf.get_default_registry()
@@ -801,8 +832,9 @@ def deployment_event(rt: Runtime, body: Mapping[str, Any], kind: str) -> None:
         log.warning("engine %s: %s", name, err)
 
 
-async def target_event(event: kopf.RawEvent, name: str | None, namespace: str | None,
-                 memo: kopf.Memo, **_: Any) -> None:  # fmt: skip
+async def target_event(
+    event: kopf.RawEvent, name: str | None, namespace: str | None, memo: kopf.Memo, **_: Any
+) -> None:
     """Drop a deleted target's metric series and the loop's memory of it, and stop its
     timer and daemon (``RecentlyDeleted``). A watch event rather than on.delete: a
     deletion handler would need a finalizer, and the children go by garbage collection."""

@@ -126,8 +126,10 @@ def _no_config(in_cluster: Exception, kubeconfig: Exception) -> str:
         kube = f"the kubeconfig ({where}) is unusable: {_one_line(kubeconfig)}"
     else:
         kube = f"no kubeconfig ({where} not found)"
-    return (f"no Kubernetes configuration: {pod} and {kube}; point KUBECONFIG at a "
-            "kubeconfig, or run in a pod with a ServiceAccount")  # fmt: skip
+    return (
+        f"no Kubernetes configuration: {pod} and {kube}; point KUBECONFIG at a "
+        "kubeconfig, or run in a pod with a ServiceAccount"
+    )
 
 
 def _one_line(err: BaseException, limit: int = 200) -> str:
@@ -211,8 +213,9 @@ def _object_path(obj: Mapping[str, Any]) -> str:
     """The API path of a namespaced object: /api/v1/... for the core group, else /apis/..."""
     meta, api_version = obj["metadata"], str(obj["apiVersion"])
     root = "/api" if "/" not in api_version else "/apis"
-    return (f"{root}/{api_version}/namespaces/{meta['namespace']}/{_plural(obj['kind'])}/"
-            f"{meta['name']}")  # fmt: skip
+    return (
+        f"{root}/{api_version}/namespaces/{meta['namespace']}/{_plural(obj['kind'])}/{meta['name']}"
+    )
 
 
 class Kube:
@@ -283,11 +286,12 @@ class Kube:
         plumbing (auth, TLS, proxies). The generated methods only take a dict, which the
         client encodes with the surrogate escapes the API server's YAML reader refuses."""
         method, url, headers, _, _ = self.api.param_serialize(
-            "PATCH", path,
+            "PATCH",
+            path,
             query_params=[("fieldManager", FIELD_MANAGER), ("force", "true")],
             header_params={"Content-Type": APPLY_CONTENT_TYPE, "Accept": "application/json"},
             auth_settings=["BearerToken"],
-        )  # fmt: skip
+        )
         response = self.api.call_api(method, url, header_params=headers, body=body)
         data = response.read()
         if not 200 <= response.status < 300:
@@ -336,9 +340,13 @@ class Kube:
         return self.get(API_VERSION, KIND, namespace, name)
 
     def update_status(
-        self, namespace: str, name: str, mutate: StatusMutation, uid: str | None = None,
+        self,
+        namespace: str,
+        name: str,
+        mutate: StatusMutation,
+        uid: str | None = None,
         seen: Mapping[str, Any] | None = None,
-    ) -> Obj | None:  # fmt: skip
+    ) -> Obj | None:
         """Read the target, let ``mutate`` compute the new ``status`` from the current
         one, and write it back only if it changed. A concurrent writer makes the write
         fail with 409 (resourceVersion precondition); then read again and retry.

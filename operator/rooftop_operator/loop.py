@@ -164,9 +164,12 @@ def observed_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
 
 
 def status_update(
-    status: Mapping[str, Any], d: control.Decision, obs: control.Observation, plan: Plan,
+    status: Mapping[str, Any],
+    d: control.Decision,
+    obs: control.Observation,
+    plan: Plan,
     now: str,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """The new status: observed, plan (replicas, cap, cost) and the two conditions.
 
     ``observed`` keeps its previous figures (and time) unless one moved beyond its
@@ -232,9 +235,14 @@ class _Target:
 
 
 def _memory(
-    memo: Any, ref: TargetRef, spec: ServingTargetSpec, plan: Plan, status: Mapping[str, Any],
-    replicas: int, catalog: Catalog,
-) -> _Target:  # fmt: skip
+    memo: Any,
+    ref: TargetRef,
+    spec: ServingTargetSpec,
+    plan: Plan,
+    status: Mapping[str, Any],
+    replicas: int,
+    catalog: Catalog,
+) -> _Target:
     """The target's controller memory; rebuilt when the spec or the plan's shape changed.
 
     Raises:
@@ -252,8 +260,11 @@ def _memory(
         factor = resumed(observed.get("calibrationFactor"), CalibrationConfig())
         state = control.initial_state(replicas or plan.replicas, plan.max_num_seqs, factor)
         samples = resumed_samples(observed.get("calibrationSamples"))
-        state = replace(state, trim=resumed(observed.get("latencyTrim"), TrimConfig()),
-                        calibration=replace(state.calibration, samples=samples))  # fmt: skip
+        state = replace(
+            state,
+            trim=resumed(observed.get("latencyTrim"), TrimConfig()),
+            calibration=replace(state.calibration, samples=samples),
+        )
         startup = children.pod_lifecycle(catalog, spec, plan).startup_s
         mem = _Target(key, control.PlanTargetPlanner(spec, plan), state, startup)
         targets[ref.uid] = mem
@@ -288,9 +299,11 @@ def scrape_hint(ref: TargetRef, pod_monitor_labels: Mapping[str, str]) -> str:
     if pod_monitor_labels:
         shown = ", ".join(f"{k}={v}" for k, v in sorted(pod_monitor_labels.items()))
         return f"check that this Prometheus selects the engine {monitor} (labels {shown})"
-    return (f"the engine {monitor} has no label a Prometheus Operator selects by: set the "
-            "chart value engine.podMonitor.labels to what its podMonitorSelector matches "
-            "(kube-prometheus-stack: release=<its release>)")  # fmt: skip
+    return (
+        f"the engine {monitor} has no label a Prometheus Operator selects by: set the "
+        "chart value engine.podMonitor.labels to what its podMonitorSelector matches "
+        "(kube-prometheus-stack: release=<its release>)"
+    )
 
 
 def explain_unavailable(
@@ -307,8 +320,10 @@ def explain_unavailable(
         if c.type == cnd.SLO_MET and c.reason == "MetricsUnavailable":
             silent = "no engine series" + (f"; {hint}" if hint else "")
             cause = f"Prometheus at {url}: {errors[0]}" if errors else silent
-            message = (f"{c.message} ({cause}); holding {d.replicas} replica(s): "
-                       "no scale-down without metrics")  # fmt: skip
+            message = (
+                f"{c.message} ({cause}); holding {d.replicas} replica(s): "
+                "no scale-down without metrics"
+            )
             c = replace(c, message=message[:1000])
         conds.append(c)
     return replace(d, conditions=tuple(conds))
@@ -323,8 +338,11 @@ async def _observe(
     """The target's readings from this tick's fleet snapshot, and Prometheus' errors
     (``pods``: ready, pending and outdated pods of the Deployment)."""
     slo = spec.slo
-    shape = (slo.tpot_percentile.quantile, slo.ttft_percentile.quantile,
-             metrics_client.attainment_bucket(slo.tpot_ms))  # fmt: skip
+    shape = (
+        slo.tpot_percentile.quantile,
+        slo.ttft_percentile.quantile,
+        metrics_client.attainment_bucket(slo.tpot_ms),
+    )
     fleet = await FLEET.snapshot(settings, shape, slo.tpot_ms)
     snap = fleet.target(ref.namespace, ref.name)
     return observation(snap, *pods), list(snap.errors)
@@ -351,10 +369,10 @@ class FleetCache:
             cached = self._snapshots.get(shape)
             if cached is not None and now - cached[0] < settings.interval_s / 2:
                 return cached[1]
-            queries = metrics_client.fleet_queries(settings.window, shape[0], shape[1],
-                                                   tpot_slo_ms)  # fmt: skip
-            async with MetricsClient(settings.prometheus_url, settings.stale_after_s,
-                                     auth=settings.prometheus_auth) as client:  # fmt: skip
+            queries = metrics_client.fleet_queries(settings.window, shape[0], shape[1], tpot_slo_ms)
+            async with MetricsClient(
+                settings.prometheus_url, settings.stale_after_s, auth=settings.prometheus_auth
+            ) as client:
                 fleet = await client.fleet_snapshot(queries)
             self._snapshots[shape] = (time.monotonic(), fleet)
             return fleet
@@ -376,8 +394,9 @@ class ApiHealth:
             log.warning("feedback %s: %s", target, err)
         elif not self.down:
             self.down = True
-            log.warning("Kubernetes API unavailable (%s); the loop skips ticks until it "
-                        "answers", err)  # fmt: skip
+            log.warning(
+                "Kubernetes API unavailable (%s); the loop skips ticks until it answers", err
+            )
         else:
             log.debug("still unavailable: %s", err)
 
@@ -391,21 +410,32 @@ class ApiHealth:
 API_HEALTH = ApiHealth()
 
 
-def _record(rt: handlers.Runtime, ref: TargetRef, d: control.Decision,
-            obs: control.Observation) -> None:  # fmt: skip
+def _record(
+    rt: handlers.Runtime, ref: TargetRef, d: control.Decision, obs: control.Observation
+) -> None:
     """The decision's figures in the operator's own metrics (in memory, no API call)."""
     slo = next((c for c in d.conditions if c.type == cnd.SLO_MET), None)
     rt.metrics.record_observation(
-        ref.namespace, ref.name, metrics_state=d.metrics_state.value,
+        ref.namespace,
+        ref.name,
+        metrics_state=d.metrics_state.value,
         tpot_s=obs.tpot_ms.value / 1e3 if obs.tpot_ms.ok else None,
         ttft_s=obs.ttft_ms.value / 1e3 if obs.ttft_ms.ok else None,
-        calibration_factor=d.calibration_factor, latency_trim=d.state.trim,
+        calibration_factor=d.calibration_factor,
+        latency_trim=d.state.trim,
         slo_met=None if slo is None or slo.status == "Unknown" else slo.status == "True",
-    )  # fmt: skip
+    )
 
 
-def _apply(rt: handlers.Runtime, body: Mapping[str, Any], ref: TargetRef, spec: ServingTargetSpec,
-           plan: Plan, d: control.Decision, obs: control.Observation) -> None:  # fmt: skip
+def _apply(
+    rt: handlers.Runtime,
+    body: Mapping[str, Any],
+    ref: TargetRef,
+    spec: ServingTargetSpec,
+    plan: Plan,
+    d: control.Decision,
+    obs: control.Observation,
+) -> None:
     """Deployment (when changed), event, status. Blocking: run in a thread, and only when
     ``_writes`` says there is something to write."""
     if d.changed:
@@ -427,8 +457,13 @@ def _apply(rt: handlers.Runtime, body: Mapping[str, Any], ref: TargetRef, spec: 
     )
 
 
-def _writes(rt: handlers.Runtime, body: Mapping[str, Any], plan: Plan, d: control.Decision,
-            obs: control.Observation) -> bool:  # fmt: skip
+def _writes(
+    rt: handlers.Runtime,
+    body: Mapping[str, Any],
+    plan: Plan,
+    d: control.Decision,
+    obs: control.Observation,
+) -> bool:
     """Whether this decision writes anything (a Deployment, an event, status). Most ticks
     do not, and skip the thread hop ``_apply`` takes (at 1,000 targets the hop alone
     was a third of a tick's CPU)."""
@@ -483,9 +518,13 @@ TICK_WORKERS = 8
 
 
 async def presence(
-    body: kopf.Body, memo: kopf.Memo, uid: str | None, stopped: kopf.DaemonStopped,
-    engine_deployments: handlers.EngineIndex, **_: Any,
-) -> None:  # fmt: skip
+    body: kopf.Body,
+    memo: kopf.Memo,
+    uid: str | None,
+    stopped: kopf.DaemonStopped,
+    engine_deployments: handlers.EngineIndex,
+    **_: Any,
+) -> None:
     """A target's membership in the loop, for as long as kopf runs this daemon.
 
     Why a daemon that only waits, not a timer per target: kopf's machinery for one
@@ -581,8 +620,9 @@ async def feedback(
     except (KeyError, ValueError) as err:  # CatalogError: an edit the planner rejects
         # Reconcile reports it (Planned=False, PlannerError) and keeps the workload; the
         # loop holds too, instead of failing on every tick.
-        log.warning("feedback %s/%s: holding, the spec does not plan: %s",
-                    ref.namespace, ref.name, err)  # fmt: skip
+        log.warning(
+            "feedback %s/%s: holding, the spec does not plan: %s", ref.namespace, ref.name, err
+        )
         return
     # A pod of this target takes its own start-up (checkpoint size, cache) unless the
     # chart sets one figure for every target.
@@ -593,9 +633,13 @@ async def feedback(
         startup_s = mem.startup_s
         scale_down_s = max(scale_down_s, startup_s + settings.window_s)
     cfg = control.config_from_spec(
-        spec, mem.planner, plan.usd_per_replica_hour, startup_s=startup_s,
-        metrics_window_s=settings.window_s, scale_down_window_s=scale_down_s,
-    )  # fmt: skip
+        spec,
+        mem.planner,
+        plan.usd_per_replica_hour,
+        startup_s=startup_s,
+        metrics_window_s=settings.window_s,
+        scale_down_window_s=scale_down_s,
+    )
     obs, errors = await _observe(settings, spec, ref, (ready, pending, outdated_pods(dep)))
     d = control.decide(mem.state, obs, time.monotonic(), cfg)
     hint = scrape_hint(ref, rt.config.pod_monitor_labels)

@@ -142,8 +142,10 @@ def _queries(w: str, tpot_q: float, ttft_q: float, tpot_slo_ms: float) -> dict[s
     def quantile(histogram: str, q: float) -> str:
         if not 0 < q < 1:
             raise ValueError(f"quantile must be in (0, 1), got {q}")
-        return (f"histogram_quantile({q}, sum by ({', '.join(('le', *by))}) "
-                f"(rate({histogram}_bucket{s}[{w}])))")  # fmt: skip
+        return (
+            f"histogram_quantile({q}, sum by ({', '.join(('le', *by))}) "
+            f"(rate({histogram}_bucket{s}[{w}])))"
+        )
 
     # the names spelled out: tests/e2e/test_vllm_metrics.py checks every vllm: name here
     running = agg("sum", f"vllm:num_requests_running{s}")
@@ -235,10 +237,11 @@ class FleetMetrics:
         key = (namespace, name)
         age = self.ages.get(key, Reading())
         readings = {
-            query: fresh(answers[key].reading if key in answers else Reading(), age,
-                         self.stale_after_s)
+            query: fresh(
+                answers[key].reading if key in answers else Reading(), age, self.stale_after_s
+            )
             for query, answers in self.readings.items()
-        }  # fmt: skip
+        }
         return TargetMetrics(readings, age.value if age.ok else None, self.errors)
 
 
@@ -305,8 +308,11 @@ class PrometheusAuth:
                 f"ROOFTOP_PROMETHEUS_HEADERS={raw!r}: give a JSON object of strings, "
                 'e.g. {"X-Scope-OrgID": "team-a"}'
             )
-        return cls(env.get("ROOFTOP_PROMETHEUS_BEARER_TOKEN_FILE") or None,
-                   env.get("ROOFTOP_PROMETHEUS_CA_FILE") or None, headers)  # fmt: skip
+        return cls(
+            env.get("ROOFTOP_PROMETHEUS_BEARER_TOKEN_FILE") or None,
+            env.get("ROOFTOP_PROMETHEUS_CA_FILE") or None,
+            headers,
+        )
 
     def request_headers(self) -> dict[str, str]:
         """Headers for one query; OSError when the token file cannot be read."""
@@ -408,6 +414,8 @@ class MetricsClient:
         errors = {error for _, error in ((ages, age_error), *grouped) if error}
         by_query = {name: answers for name, (answers, _) in zip(queries, grouped, strict=True)}
         return FleetMetrics(
-            {k: _age(a) for k, a in ages.items()}, by_query, self.stale_after_s,
+            {k: _age(a) for k, a in ages.items()},
+            by_query,
+            self.stale_after_s,
             tuple(sorted(errors)),
-        )  # fmt: skip
+        )

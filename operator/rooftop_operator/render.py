@@ -44,21 +44,25 @@ def register(subparsers: Any) -> None:
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     p.add_argument(
-        "targets", nargs="+", metavar="TARGET.yaml",
+        "targets",
+        nargs="+",
+        metavar="TARGET.yaml",
         help="ServingTarget manifests (YAML; several documents each; - for standard input)",
-    )  # fmt: skip
+    )
     add_output_option(p, (YAML, JSON), YAML, note="default yaml; json is one List")
     p.add_argument("-n", "--namespace", default=None, help="default: the manifest's, else default")
-    p.add_argument("--catalog", default=None, metavar="FILE.yaml",
-                   help="GPU/model catalog overlay (YAML)")  # fmt: skip
+    p.add_argument(
+        "--catalog", default=None, metavar="FILE.yaml", help="GPU/model catalog overlay (YAML)"
+    )
     p.add_argument("--vllm-image", default=None, help=f"CUDA engine image (default {VLLM_IMAGE})")
     p.add_argument("--rocm-image", default=None, help="vLLM image for ROCm GPUs")
     p.add_argument("--tpu-image", default=None, help="vLLM image for TPUs")
     p.add_argument("--self-image", default=None, help="image for mode: simulated")
     p.add_argument(
-        "--no-pod-monitor", action="store_true",
+        "--no-pod-monitor",
+        action="store_true",
         help="render for a cluster without the Prometheus Operator (scrape annotations)",
-    )  # fmt: skip
+    )
     p.set_defaults(func=run)
 
 
@@ -134,8 +138,9 @@ def to_text(rendered: list[Rendered], fmt: str) -> str:
     if fmt == JSON:
         items = [obj for r in rendered for obj in r.objects]
         return dumps({"apiVersion": "v1", "kind": "List", "items": items}, JSON)
-    blocks = [f"{r.note}\n" + yaml.safe_dump_all(r.objects, sort_keys=False, width=100)
-              for r in rendered]  # fmt: skip
+    blocks = [
+        f"{r.note}\n" + yaml.safe_dump_all(r.objects, sort_keys=False, width=100) for r in rendered
+    ]
     return "---\n".join(blocks)
 
 

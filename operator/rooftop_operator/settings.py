@@ -272,8 +272,9 @@ def parse_pod_monitor_labels(text: str) -> dict[str, str]:
             raise ValueError(f"{name}: {key}={value!r} is not a valid Kubernetes label")
     taken = sorted(set(labels) & set(builders.labels("x")))
     if taken:
-        raise ValueError(f"{name}: the operator sets {', '.join(taken)} itself, to name "
-                         "and find its own objects")  # fmt: skip
+        raise ValueError(
+            f"{name}: the operator sets {', '.join(taken)} itself, to name and find its own objects"
+        )
     return labels
 
 
@@ -406,8 +407,12 @@ def digest(value: Any) -> str:
 # Handlers that run on every tick or watch event, or per target for its lifetime, not on
 # a user's change.
 ROUTINE_HANDLERS: Final = (
-    "presence", "replan_waiting", "engine_deployment_event", "target_event", "engine_deployments",
-)  # fmt: skip
+    "presence",
+    "replan_waiting",
+    "engine_deployment_event",
+    "target_event",
+    "engine_deployments",
+)
 
 
 class RoutineSuccesses(logging.Filter):

@@ -203,9 +203,15 @@ class Cluster:
     def _new_pod(self, now: float, ready: bool) -> Pod:
         r, i = self.cfg.replica, len(self.pods)
         truth = TruthModel.for_deployment(
-            r.model, r.gpu, r.tp, r.weight_dtype, r.kv_dtype,
-            self.cfg.reality_factor, self.cfg.noise, self.cfg.seed + i,
-        )  # fmt: skip
+            r.model,
+            r.gpu,
+            r.tp,
+            r.weight_dtype,
+            r.kv_dtype,
+            self.cfg.reality_factor,
+            self.cfg.noise,
+            self.cfg.seed + i,
+        )
         ecfg = EngineConfig(self.kv_tokens, self.cap, r.max_num_batched_tokens, r.max_model_len)
         pod = Pod(i, Engine(ecfg, truth), self.cap, now)
         self.pods.append(pod)
@@ -279,14 +285,26 @@ class Cluster:
         self.serving = list(self.pods)
         timeline = self._loop(policy, progress)
         horizon = self.w.horizon_s
-        pod_s = sum(min(p.gone_s if p.gone_s is not None else horizon, horizon) - p.created_s
-                    for p in self.pods if p.created_s < horizon)  # fmt: skip
+        pod_s = sum(
+            min(p.gone_s if p.gone_s is not None else horizon, horizon) - p.created_s
+            for p in self.pods
+            if p.created_s < horizon
+        )
         r = self.cfg.replica
         return SimResult(
-            policy.name, self.w, self.first, self.fin, self.tpot, self.rejected,
-            pod_s, r.usd_per_replica_hour, r.tp, timeline, time.perf_counter() - started,
+            policy.name,
+            self.w,
+            self.first,
+            self.fin,
+            self.tpot,
+            self.rejected,
+            pod_s,
+            r.usd_per_replica_hour,
+            r.tp,
+            timeline,
+            time.perf_counter() - started,
             rejected_by_reason=dict(self.rejections),
-        )  # fmt: skip
+        )
 
     def _reject(self, reason: str) -> None:
         self.rejected += 1
@@ -402,9 +420,18 @@ class Cluster:
         self.desired, self.cap = policy.decide(now, obs)
         self.reconcile(now)
         alive = sum(p.state in (_PENDING, _SERVING) for p in self.pods)
-        return Tick(now, (hi - lo) / span, obs.tpot_ms.value, obs.ttft_ms.value,
-                    self.desired, alive, gauges.ready, self.cap, gauges.running,
-                    gauges.waiting)  # fmt: skip
+        return Tick(
+            now,
+            (hi - lo) / span,
+            obs.tpot_ms.value,
+            obs.ttft_ms.value,
+            self.desired,
+            alive,
+            gauges.ready,
+            self.cap,
+            gauges.running,
+            gauges.waiting,
+        )
 
     def _gauges(self) -> Gauges:
         ready = [p.engine for p in self.pods if p.state == _SERVING]

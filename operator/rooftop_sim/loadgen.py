@@ -401,8 +401,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--output-tokens", type=int, default=128)
     p.add_argument("--duration", type=float, default=60.0, help="seconds of sending")
     p.add_argument("--max-requests", type=int, default=None)
-    p.add_argument("--drain-timeout", type=float, default=30.0,
-                   help="seconds to wait for requests in flight after sending stops")  # fmt: skip
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=30.0,
+        help="seconds to wait for requests in flight after sending stops",
+    )
     p.add_argument("--seed", type=int, default=0)
     add_output_option(p, (TEXT, JSON, YAML), TEXT, json_alias=True)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -414,11 +418,19 @@ def main(args: argparse.Namespace) -> int:
     try:
         trace = load_trace(args.trace) if args.trace else None
         spec = LoadSpec(
-            url=args.url, model=args.model, rate=args.rate, burstiness=args.burstiness,
-            trace=trace, trace_speedup=args.trace_speedup, prompt_tokens=args.prompt_tokens,
-            output_tokens=args.output_tokens, duration_s=args.duration,
-            max_requests=args.max_requests, drain_timeout_s=args.drain_timeout, seed=args.seed,
-        )  # fmt: skip
+            url=args.url,
+            model=args.model,
+            rate=args.rate,
+            burstiness=args.burstiness,
+            trace=trace,
+            trace_speedup=args.trace_speedup,
+            prompt_tokens=args.prompt_tokens,
+            output_tokens=args.output_tokens,
+            duration_s=args.duration,
+            max_requests=args.max_requests,
+            drain_timeout_s=args.drain_timeout,
+            seed=args.seed,
+        )
         schedule(spec)  # validate before opening connections
     except (TraceError, ValueError) as err:
         print(f"rooftop load: {err}", file=sys.stderr)

@@ -78,9 +78,14 @@ def probe_workload(
 
 
 def meets(
-    source: Workload, sim: SimConfig, slo: Slo, cap: int, fleet: int, per_replica: float,
+    source: Workload,
+    sim: SimConfig,
+    slo: Slo,
+    cap: int,
+    fleet: int,
+    per_replica: float,
     cfg: OracleConfig,
-) -> bool:  # fmt: skip
+) -> bool:
     """Whether ``fleet`` replicas meet the SLO at ``per_replica`` req/s each."""
     w, _, _ = probe_workload(source, per_replica * fleet, cfg.probe_requests, cfg.seed)
     probe_cfg = replace(sim, startup_s=0.0, outages=())
@@ -91,9 +96,14 @@ def meets(
 
 
 def measure_capacity(
-    source: Workload, sim: SimConfig, slo: Slo, cap: int, fleet: int, guess: float,
+    source: Workload,
+    sim: SimConfig,
+    slo: Slo,
+    cap: int,
+    fleet: int,
+    guess: float,
     cfg: OracleConfig,
-) -> float:  # fmt: skip
+) -> float:
     """Highest per-replica rate (req/s) meeting the SLO; bisection on a log scale.
 
     Args:
@@ -127,10 +137,16 @@ def schedule(
 
 
 def oracle_policy(
-    workload: Workload, sim: SimConfig, slo: Slo, cap: int, guess: float,
-    min_replicas: int, max_replicas: int, cfg: OracleConfig | None = None,
+    workload: Workload,
+    sim: SimConfig,
+    slo: Slo,
+    cap: int,
+    guess: float,
+    min_replicas: int,
+    max_replicas: int,
+    cfg: OracleConfig | None = None,
     startup_s: float = 0.0,
-) -> tuple[SchedulePolicy, float]:  # fmt: skip
+) -> tuple[SchedulePolicy, float]:
     """The oracle for one run, and the per-replica capacity it plans with (req/s).
 
     ``startup_s`` > 0: pods take that long to start, so the schedule asks for each
@@ -147,8 +163,12 @@ def oracle_policy(
     lead_s = startup_s + sim.scrape_s if startup_s > 0 else 0.0
 
     def policy(c: float) -> SchedulePolicy:
-        return SchedulePolicy(schedule(workload, c, cfg.window_s, lower, max_replicas),
-                              cfg.window_s, cap, lead_s=lead_s)  # fmt: skip
+        return SchedulePolicy(
+            schedule(workload, c, cfg.window_s, lower, max_replicas),
+            cfg.window_s,
+            cap,
+            lead_s=lead_s,
+        )
 
     def attains(c: float) -> bool:
         res = Cluster(workload, replace(sim, startup_s=startup_s)).run(policy(c))
@@ -160,8 +180,9 @@ def oracle_policy(
     # larger capacities give the same schedule: the search stops there.
     ceiling = _peak_window_rate(workload, cfg.window_s) / lower
     floor = mean_rate / max(max_replicas, 1)
-    lo, hi = _first_failure_from_below(attains, cfg.scan_start * capacity, floor, ceiling,
-                                       cfg.scan_step)  # fmt: skip
+    lo, hi = _first_failure_from_below(
+        attains, cfg.scan_start * capacity, floor, ceiling, cfg.scan_step
+    )
     for _ in range(cfg.refine_iterations):
         mid = math.sqrt(lo * hi)
         lo, hi = (mid, hi) if attains(mid) else (lo, mid)
@@ -169,9 +190,15 @@ def oracle_policy(
 
 
 def static_fit(
-    workload: Workload, sim: SimConfig, slo: Slo, cap: int, start: int,
-    min_replicas: int, max_replicas: int, cfg: OracleConfig | None = None,
-) -> tuple[FixedPolicy, bool]:  # fmt: skip
+    workload: Workload,
+    sim: SimConfig,
+    slo: Slo,
+    cap: int,
+    start: int,
+    min_replicas: int,
+    max_replicas: int,
+    cfg: OracleConfig | None = None,
+) -> tuple[FixedPolicy, bool]:
     """The fewest fixed replicas (searched from ``start``) meeting the shares on the
     trace, as a policy, and whether any count within ``max_replicas`` meets them."""
     cfg = cfg or OracleConfig()

@@ -102,8 +102,10 @@ class QueueThresholdPolicy:
         ready = obs.ready_replicas
         if ready <= 0 or not (obs.waiting.ok and obs.kv_usage_ratio.ok):
             return self.current, self.cap  # HPA skips a metric it cannot read
-        ratio = max(obs.waiting.value / ready / self.waiting_target,
-                    obs.kv_usage_ratio.value / self.kv_target)  # fmt: skip
+        ratio = max(
+            obs.waiting.value / ready / self.waiting_target,
+            obs.kv_usage_ratio.value / self.kv_target,
+        )
         wanted = self.current
         if abs(ratio - 1.0) > self.tolerance:
             wanted = min(math.ceil(ready * ratio), 2 * max(self.current, 1))

@@ -91,8 +91,14 @@ def tpot_misses_by_output(res: SimResult, slo: Slo) -> list[dict[str, Any]]:
         upper = OUTPUT_BANDS[i + 1] if i + 1 < len(OUTPUT_BANDS) else None
         band = (out >= lower) & (out < upper) if upper else out >= lower
         n, missed = int(band.sum()), int((band & ~tpot_ok).sum())
-        rows.append({"output_tokens": [lower, upper], "requests": n, "tpot_misses": missed,
-                     "miss_share": round(missed / n, 5) if n else None})  # fmt: skip
+        rows.append(
+            {
+                "output_tokens": [lower, upper],
+                "requests": n,
+                "tpot_misses": missed,
+                "miss_share": round(missed / n, 5) if n else None,
+            }
+        )
     return rows
 
 
@@ -162,9 +168,14 @@ def text(s: dict[str, Any], slo: Slo) -> str:
     ]
     bands = [b for b in s["tpot_misses_by_output_tokens"] if b["tpot_misses"]]
     if bands:
-        lines.append("  TPOT misses by output tokens: " + ", ".join(
-            f"{b['output_tokens'][0]}-{b['output_tokens'][1] or ''}: {b['tpot_misses']} "
-            f"of {b['requests']} ({b['miss_share']:.1%})" for b in bands))  # fmt: skip
+        lines.append(
+            "  TPOT misses by output tokens: "
+            + ", ".join(
+                f"{b['output_tokens'][0]}-{b['output_tokens'][1] or ''}: {b['tpot_misses']} "
+                f"of {b['requests']} ({b['miss_share']:.1%})"
+                for b in bands
+            )
+        )
     lines += [f"  rejected {n}: {why}" for why, n in s["rejected_by_reason"].items()]
     lines += [f"  note: {n}" for n in s["notes"]]
     return "\n".join(lines)
@@ -185,10 +196,15 @@ def comparison(summaries: list[dict[str, Any]], slo: Slo) -> str:
     and GPU-hours, rejected requests (``--policy all``)."""
     base = next((s for s in summaries if s["policy"] == COMPARISON_BASELINE), None)
     ttft = "n/a" if slo.ttft_ms is None else f"{slo.ttft_ms:g} ms"
-    head = (f"{'policy':<16} {'TPOT met':>9} {'TTFT met':>9} {'$/h mean':>9} "
-            f"{'x oracle':>9} {'replica-h':>10} {'GPU-h':>8} {'rejected':>9}")  # fmt: skip
-    lines = [f"comparison (TPOT {slo.tpot_ms:g} ms, TTFT {ttft}; met: share of all requests; "
-             f"x oracle: cost / {COMPARISON_BASELINE}'s):", head]  # fmt: skip
+    head = (
+        f"{'policy':<16} {'TPOT met':>9} {'TTFT met':>9} {'$/h mean':>9} "
+        f"{'x oracle':>9} {'replica-h':>10} {'GPU-h':>8} {'rejected':>9}"
+    )
+    lines = [
+        f"comparison (TPOT {slo.tpot_ms:g} ms, TTFT {ttft}; met: share of all requests; "
+        f"x oracle: cost / {COMPARISON_BASELINE}'s):",
+        head,
+    ]
     for s in summaries:
         hours = max(s["horizon_s"], 1e-9) / 3600.0
         lines.append(

@@ -156,9 +156,15 @@ def scenario(spec: ServingTargetSpec, workload: Workload, **sim_kw: Any) -> Scen
         raise InputError("no plan meets the SLO within the budget:\n" + result.explain())
     plan = result.plan
     replica = Replica(
-        spec.model, plan.gpu, plan.tp, plan.weight_dtype, plan.kv_dtype,
-        plan.usd_per_replica_hour, plan.gpu_memory_utilization, plan.max_model_len,
-    )  # fmt: skip
+        spec.model,
+        plan.gpu,
+        plan.tp,
+        plan.weight_dtype,
+        plan.kv_dtype,
+        plan.usd_per_replica_hour,
+        plan.gpu_memory_utilization,
+        plan.max_model_len,
+    )
     sim = SimConfig(
         replica,
         tpot_quantile=spec.slo.tpot_percentile.quantile,
@@ -258,12 +264,15 @@ def _rooftop(
     """The operator's controller, started at the planner's size for ``head_rate`` (within
     ``limits``, min and max replicas) with what ``prior`` says it knows."""
     cfg = control.config_from_spec(
-        scn.spec, scn.planner, scn.usd_per_replica_hour,
-        startup_s=scn.sim.startup_s, metrics_window_s=scn.sim.window_s, **controller,
-    )  # fmt: skip
+        scn.spec,
+        scn.planner,
+        scn.usd_per_replica_hour,
+        startup_s=scn.sim.startup_s,
+        metrics_window_s=scn.sim.window_s,
+        **controller,
+    )
     first = scn.planner.size(head_rate * prior.trim, prior.factor)
-    policy = RooftopPolicy(cfg, control.clamp_replicas(first.replicas, *limits),
-                           first.max_num_seqs)  # fmt: skip
+    policy = RooftopPolicy(cfg, control.clamp_replicas(first.replicas, *limits), first.max_num_seqs)
     if prior != Prior():
         settled = Calibration(prior.factor, cfg.calibration.settled_samples)
         policy.state = replace(policy.state, calibration=settled, trim=prior.trim)
@@ -295,8 +304,10 @@ def _search_oracle(
     policy, capacity = oracle_policy(
         scn.workload, scn.sim, scn.slo, size.max_num_seqs, guess, lower, upper, cfg, startup_s
     )
-    note = (f"true step-time factor {factor:.2f}, cap {size.max_num_seqs}, measured "
-            f"capacity {capacity:.3f} req/s per replica")  # fmt: skip
+    note = (
+        f"true step-time factor {factor:.2f}, cap {size.max_num_seqs}, measured "
+        f"capacity {capacity:.3f} req/s per replica"
+    )
     return policy, [note]
 
 
@@ -324,8 +335,10 @@ def controller_note(policy: RooftopPolicy) -> str:
     """Where the loop's estimates ended: the step-time factor and the latency trim (the
     planner's capacity error it made up online; docs/benchmarks.md)."""
     st = policy.state
-    return (f"controller ended at step-time factor {st.calibration.factor:.2f}, latency "
-            f"trim {st.trim:.2f}")  # fmt: skip
+    return (
+        f"controller ended at step-time factor {st.calibration.factor:.2f}, latency "
+        f"trim {st.trim:.2f}"
+    )
 
 
 # ---------------------------------------------------------------- CLI
@@ -379,10 +392,15 @@ def register(subparsers: Any) -> None:
         metavar="START:END",
         help="seconds during which every metric is missing (repeatable)",
     )
-    add_output_option(p, FORMATS, TEXT, json_alias=True, note="default text; json and yaml "
-                      "are a list for --policy all, tables one row per policy")  # fmt: skip
+    add_output_option(
+        p,
+        FORMATS,
+        TEXT,
+        json_alias=True,
+        note="default text; json and yaml are a list for --policy all, tables one row per policy",
+    )
     p.add_argument("--plot", metavar="FILE.png", help="plot load, TPOT and replicas")
-    p.set_defaults(func=main)  # fmt: skip
+    p.set_defaults(func=main)
 
 
 def _outages(values: list[str]) -> tuple[tuple[float, float], ...]:
@@ -425,10 +443,16 @@ def main(args: argparse.Namespace) -> int:
         spec = load_spec(args.target)
         workload = workload_from_trace(args.trace, args.diurnal)
         scn = scenario(
-            spec, workload, reality_factor=args.reality_factor, noise=args.noise,
-            seed=args.seed, startup_s=args.startup_s, scrape_s=args.scrape_s,
-            window_s=args.window_s, outages=_outages(args.outage),
-        )  # fmt: skip
+            spec,
+            workload,
+            reality_factor=args.reality_factor,
+            noise=args.noise,
+            seed=args.seed,
+            startup_s=args.startup_s,
+            scrape_s=args.scrape_s,
+            window_s=args.window_s,
+            outages=_outages(args.outage),
+        )
     except InputError as err:
         print(f"rooftop simulate: {err}", file=sys.stderr)
         return exit_codes.BAD_INPUT
@@ -473,16 +497,24 @@ def _ticker(progress: Progress, label: str, horizon_s: float) -> Callable[[float
 
 
 TABLE_COLUMNS = (
-    ("POLICY", "policy"), ("TPOT-OK", "slo_attainment_tpot"),
-    ("TTFT-OK", "slo_attainment_ttft"), ("GPU-HOURS", "gpu_hours"), ("USD", "usd"),
-    ("MEAN-REPLICAS", "mean_replicas"), ("REJECTED", "rejected"),
-)  # fmt: skip
+    ("POLICY", "policy"),
+    ("TPOT-OK", "slo_attainment_tpot"),
+    ("TTFT-OK", "slo_attainment_ttft"),
+    ("GPU-HOURS", "gpu_hours"),
+    ("USD", "usd"),
+    ("MEAN-REPLICAS", "mean_replicas"),
+    ("REJECTED", "rejected"),
+)
 WIDE_COLUMNS = (
-    ("REQUESTS", "requests"), ("TOKENS-TPOT-OK", "token_attainment_tpot"),
-    ("TOKENS-TTFT-OK", "token_attainment_ttft"), ("TPOT-P50(ms)", "tpot_p50_ms"),
-    ("TPOT-P99(ms)", "tpot_p99_ms"), ("REALITY-FACTOR", "reality_factor"),
-    ("HORIZON(s)", "horizon_s"), ("WALL(s)", "wall_s"),
-)  # fmt: skip
+    ("REQUESTS", "requests"),
+    ("TOKENS-TPOT-OK", "token_attainment_tpot"),
+    ("TOKENS-TTFT-OK", "token_attainment_ttft"),
+    ("TPOT-P50(ms)", "tpot_p50_ms"),
+    ("TPOT-P99(ms)", "tpot_p99_ms"),
+    ("REALITY-FACTOR", "reality_factor"),
+    ("HORIZON(s)", "horizon_s"),
+    ("WALL(s)", "wall_s"),
+)
 
 
 def show(summaries: list[dict[str, Any]], fmt: str) -> None:

@@ -81,8 +81,11 @@ class MetricsWindow:
             while q and q[0][0] <= start:
                 q.popleft()
         if outage:
-            return Observation(ready_replicas=gauges.ready, pending_replicas=gauges.pending,
-                               outdated_replicas=gauges.outdated)  # fmt: skip
+            return Observation(
+                ready_replicas=gauges.ready,
+                pending_replicas=gauges.pending,
+                outdated_replicas=gauges.outdated,
+            )
         return self._observation(now_s, rate, gauges)
 
     def _observation(self, now_s: float, rate: float, gauges: Gauges) -> Observation:

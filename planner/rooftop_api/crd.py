@@ -71,8 +71,10 @@ def _spellings(dests: set[str]) -> list[str]:
 def _no_flag_of(flags: Sequence[str]) -> str:
     """CEL: no extraArgs entry is one of ``flags``, alone or as ``--flag=value``."""
     listed = ", ".join(f"'{f}'" for f in flags)
-    return (f"!has(self.extraArgs) || self.extraArgs.all(a, [{listed}].all(f, "
-            "a != f && !a.startsWith(f + '=')))")  # fmt: skip
+    return (
+        f"!has(self.extraArgs) || self.extraArgs.all(a, [{listed}].all(f, "
+        "a != f && !a.startsWith(f + '=')))"
+    )
 
 
 # CEL rules per pydantic model (by class name), mirroring its model_validator.
@@ -199,11 +201,23 @@ PRINTER_COLUMNS: Final[list[Schema]] = [
 
 _PASSTHROUGH: Final = frozenset(
     {
-        "type", "description", "enum", "minimum", "maximum", "minLength", "maxLength",
-        "pattern", "minItems", "maxItems", "format", "default", "required", "minProperties",
+        "type",
+        "description",
+        "enum",
+        "minimum",
+        "maximum",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "minItems",
+        "maxItems",
+        "format",
+        "default",
+        "required",
+        "minProperties",
         "maxProperties",
     }
-)  # fmt: skip
+)
 _DROPPED: Final = frozenset({"title"})
 
 
@@ -279,18 +293,36 @@ def _key_rule(names: Schema) -> Schema:
         raise SchemaError(f"propertyNames other than a length bound: {names}")
     low, high = names.get("minLength", 0), names["maxLength"]
     size = f"size(k) >= {low} && size(k) <= {high}" if low else f"size(k) <= {high}"
-    return {"rule": f"self.all(k, {size})",
-            "message": f"keys must have {low} to {high} characters"}  # fmt: skip
+    return {"rule": f"self.all(k, {size})", "message": f"keys must have {low} to {high} characters"}
 
 
 # Canonical key order so the generated YAML reads type-first, children last.
 _KEY_ORDER: Final = (
-    "type", "description", "nullable", "enum", "default", "format", "minimum",
-    "exclusiveMinimum", "maximum", "minLength", "maxLength", "pattern", "minItems",
-    "maxItems", "minProperties", "maxProperties", "required", "properties", "items",
-    "additionalProperties", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-list-type",
-    "x-kubernetes-list-map-keys", "x-kubernetes-validations",
-)  # fmt: skip
+    "type",
+    "description",
+    "nullable",
+    "enum",
+    "default",
+    "format",
+    "minimum",
+    "exclusiveMinimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "minProperties",
+    "maxProperties",
+    "required",
+    "properties",
+    "items",
+    "additionalProperties",
+    "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys",
+    "x-kubernetes-validations",
+)
 
 
 def _finish(out: Schema, nullable: bool) -> Schema:

@@ -98,8 +98,10 @@ def read_text(path: str | Path) -> tuple[str, str]:
     try:
         return name, data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise ManifestError(f"{name}: not a UTF-8 text file ({err.reason}); expected a "
-                            "ServingTarget manifest in YAML") from None  # fmt: skip
+        raise ManifestError(
+            f"{name}: not a UTF-8 text file ({err.reason}); expected a "
+            "ServingTarget manifest in YAML"
+        ) from None
 
 
 def parse_documents(text: str, name: str) -> list[tuple[str, object]]:
@@ -108,8 +110,10 @@ def parse_documents(text: str, name: str) -> list[tuple[str, object]]:
     try:
         documents = list(yaml.load_all(text, Loader=StrictLoader))
     except _DuplicateKey as err:
-        raise ManifestError(f"{name} line {err.line}: duplicate key {err.key!r}; give each "
-                            "field once (YAML would keep only the last)") from None  # fmt: skip
+        raise ManifestError(
+            f"{name} line {err.line}: duplicate key {err.key!r}; give each "
+            "field once (YAML would keep only the last)"
+        ) from None
     except yaml.YAMLError as err:
         raise ManifestError(f"{name}: malformed YAML: {err}") from err
     if not any(d is not None for d in documents):

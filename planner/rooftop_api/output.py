@@ -37,9 +37,13 @@ def add_output_option(
     said = ", ".join(f"{f} (a table with more columns)" if f == WIDE else f for f in formats)
     note = note or (f"default {default}" if default else "")
     parser.add_argument(
-        "-o", "--output", choices=formats, default=default, metavar="FORMAT",
+        "-o",
+        "--output",
+        choices=formats,
+        default=default,
+        metavar="FORMAT",
         help=f"{said}; {note}" if note else said,
-    )  # fmt: skip
+    )
     if json_alias:
         parser.add_argument(
             "--json", dest="output", action="store_const", const=JSON, help="same as -o json"
@@ -104,9 +108,13 @@ def format_table(
         table.add_row(*(_cell(v) for v in row))
     buffer = io.StringIO()
     console = Console(
-        file=buffer, width=width or 10_000, no_color=not styled, force_terminal=styled,
-        color_system="auto" if styled else None, highlight=False,
-    )  # fmt: skip
+        file=buffer,
+        width=width or 10_000,
+        no_color=not styled,
+        force_terminal=styled,
+        color_system="auto" if styled else None,
+        highlight=False,
+    )
     console.print(table)
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()).strip("\n")
 

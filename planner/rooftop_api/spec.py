@@ -182,8 +182,10 @@ class Toleration(_Model):
     def _as_kubernetes_checks(self) -> Toleration:
         # the API server's own rules for a toleration (else the Deployment is refused)
         if self.toleration_seconds is not None and self.effect != "NoExecute":
-            raise ValueError("tolerationSeconds applies only to effect NoExecute; remove it "
-                             "or set effect: NoExecute")  # fmt: skip
+            raise ValueError(
+                "tolerationSeconds applies only to effect NoExecute; remove it "
+                "or set effect: NoExecute"
+            )
         if self.operator == "Exists" and self.value:
             raise ValueError("value must be empty with operator Exists")
         return self
@@ -222,8 +224,10 @@ class Constraints(_Model):
     def _label_keys(cls, value: dict[str, str] | None) -> dict[str, str] | None:
         for key in value or {}:
             if not re.fullmatch(LABEL_KEY, key):
-                raise ValueError(f"nodeSelector key {key!r} is not a label key "
-                                 "([prefix/]name, e.g. example.com/pool)")  # fmt: skip
+                raise ValueError(
+                    f"nodeSelector key {key!r} is not a label key "
+                    "([prefix/]name, e.g. example.com/pool)"
+                )
         return value
 
     @field_validator("kv_dtypes", mode="before")

@@ -154,9 +154,11 @@ def kv_limit(dep: Deployment, isl: float, osl: float, limits: EngineLimits) -> f
     or isl + osl where the engine reserves a whole request's blocks up front.
     """
     capacity = perf.kv_capacity_tokens(
-        dep, limits.gpu_memory_utilization, limits.max_num_batched_tokens,
+        dep,
+        limits.gpu_memory_utilization,
+        limits.max_num_batched_tokens,
         limits.free_memory_fraction,
-    )  # fmt: skip
+    )
     held = osl if limits.reserve_whole_request else osl / 2.0
     per_seq = perf.cached_tokens(dep.model, isl + held)
     return capacity / max(per_seq, 1.0)
@@ -251,7 +253,7 @@ def predict_continuous(
             isl + osl,
             gpu_memory_utilization=limits.gpu_memory_utilization,
             free_memory_fraction=limits.free_memory_fraction,
-        )  # fmt: skip
+        )
         < 1
     ):
         return _does_not_fit(dep, isl + osl)
@@ -305,9 +307,13 @@ def _chunked(
 
 
 def _steady_state(
-    step: float, prompt_s: float, batch: float, concurrency: float, osl: float,
+    step: float,
+    prompt_s: float,
+    batch: float,
+    concurrency: float,
+    osl: float,
     parts: perf.StepBreakdown,
-) -> Prediction:  # fmt: skip
+) -> Prediction:
     """The prediction of B = ``batch`` running sequences whose mean step is ``step`` and
     whose prompt takes ``prompt_s`` of steps: TTFT = prompt_s + t̄/2 plus the queue wait
     (C − B)/λ, with λ = B / (TTFT without the wait + (osl − 1) · t̄) requests per second."""
@@ -318,9 +324,14 @@ def _steady_state(
 
 
 def _prefill_first(
-    dep: Deployment, concurrency: float, isl: float, osl: float, limits: EngineLimits,
-    batch: float, decode: perf.StepBreakdown,
-) -> Prediction:  # fmt: skip
+    dep: Deployment,
+    concurrency: float,
+    isl: float,
+    osl: float,
+    limits: EngineLimits,
+    batch: float,
+    decode: perf.StepBreakdown,
+) -> Prediction:
     """``predict_continuous`` for an engine that runs waiting prompts as prefill batches
     of their own, before the next decode step (SGLang by default).
 
@@ -363,5 +374,6 @@ def _mean_parts(
         base = float(getattr(decode, part))
         return base + sum(share * (float(getattr(step, part)) - base) for step, share in carried)
 
-    return perf.StepBreakdown(**{part: mean(part) for part in perf.STEP_PARTS},
-                              floor_s=decode.floor_s)  # fmt: skip
+    return perf.StepBreakdown(
+        **{part: mean(part) for part in perf.STEP_PARTS}, floor_s=decode.floor_s
+    )

@@ -202,8 +202,11 @@ def supported_knots(knots: Sequence[float], x: Array) -> Array:
     points = np.asarray(x, dtype=float)
     grid = np.asarray(knots, dtype=float)
     keep = [grid[0]] if len(grid) > 1 and np.any(points < grid[1]) else []
-    keep += [knot for knot, low in zip(grid[1:], grid[:-1], strict=True)
-             if np.any((points > low) & (points <= knot))]  # fmt: skip
+    keep += [
+        knot
+        for knot, low in zip(grid[1:], grid[:-1], strict=True)
+        if np.any((points > low) & (points <= knot))
+    ]
     return np.array(keep, dtype=float)
 
 
@@ -302,9 +305,13 @@ def _attention_rows(t: dict[str, Any], kv: str, heads: Set[tuple[int, int]]) -> 
     (64 query heads on one KV head, query heads fewer than KV heads), where the kernels
     pick other code paths, and those would bend the curve away from the layouts it will
     price (on TensorRT-LLM's tables, a fifth to a third of the error)."""
-    pairs = np.array([(int(q), int(k)) in heads
-                      for q, k in zip(t["num_heads"], t["num_key_value_heads"], strict=True)],
-                     dtype=bool)  # fmt: skip
+    pairs = np.array(
+        [
+            (int(q), int(k)) in heads
+            for q, k in zip(t["num_heads"], t["num_key_value_heads"], strict=True)
+        ],
+        dtype=bool,
+    )
     return _select(t, (t["kv_cache_dtype"] == kv) & pairs)
 
 
@@ -351,9 +358,12 @@ def moe_features(t: dict[str, Any], dtype: str) -> Features:
     weight_bytes = 1.0 if dtype == "fp8" else 2.0
     flops = 2.0 * tokens * k * expert
     return Features(
-        touched * expert * weight_bytes, flops, tokens * k / experts, np.zeros_like(tokens),
+        touched * expert * weight_bytes,
+        flops,
+        tokens * k / experts,
+        np.zeros_like(tokens),
         t["latency"] * 1e-3,
-    )  # fmt: skip
+    )
 
 
 def fit_allreduce(t: dict[str, Any]) -> dict[int, AllReduce]:
@@ -392,7 +402,7 @@ def fit_engine_curves(
             GEMM_KNOTS,
             bw,
             gpu.flops_per_s(DTYPE_KEYS[d]),
-        )  # fmt: skip
+        )
         for d in DTYPE_KEYS
         if (gemm_table["gemm_dtype"] == d).any()
     }
@@ -406,8 +416,19 @@ def fit_engine_curves(
                 moe[key] = fit_curve(features, range(0, 13, 2), bw, gpu.flops_per_s(key))
     allreduce = fit_allreduce(read_table(folder / "custom_allreduce_perf.csv.gz"))
     version = _version(ops, table_gpu, engine)
-    return KernelCurves(table_gpu, engine, version, gemm, decode, prefill, allreduce, moe,
-                        gpu.interconnect_bytes_per_s, bw, dict(gpu.dense_flops_per_s))  # fmt: skip
+    return KernelCurves(
+        table_gpu,
+        engine,
+        version,
+        gemm,
+        decode,
+        prefill,
+        allreduce,
+        moe,
+        gpu.interconnect_bytes_per_s,
+        bw,
+        dict(gpu.dense_flops_per_s),
+    )
 
 
 def _attention_curves(
@@ -443,18 +464,29 @@ def stored_curve_errors(ops: Path, kc: KernelCurves) -> dict[str, tuple[Curve, f
     dtypes = {v: k for k, v in DTYPE_KEYS.items()}
     heads = catalog_attention_heads(catalog)
     out: dict[str, tuple[Curve, float]] = {}
-    tables: dict[str, tuple[str, Callable[[dict[str, Any], str], Features], Mapping[str, Curve],
-                            bool]] = {
-        "gemm": ("gemm_perf", partial(gemm_features, shapes=catalog_gemm_shapes(catalog)),
-                 kc.gemm, True),
-        "decode_attention": ("generation_attention_perf",
-                             partial(decode_attention_features, heads=heads),
-                             kc.decode_attention, False),
-        "prefill_attention": ("context_attention_perf",
-                              partial(prefill_attention_features, heads=heads),
-                              kc.prefill_attention, False),
+    tables: dict[
+        str, tuple[str, Callable[[dict[str, Any], str], Features], Mapping[str, Curve], bool]
+    ] = {
+        "gemm": (
+            "gemm_perf",
+            partial(gemm_features, shapes=catalog_gemm_shapes(catalog)),
+            kc.gemm,
+            True,
+        ),
+        "decode_attention": (
+            "generation_attention_perf",
+            partial(decode_attention_features, heads=heads),
+            kc.decode_attention,
+            False,
+        ),
+        "prefill_attention": (
+            "context_attention_perf",
+            partial(prefill_attention_features, heads=heads),
+            kc.prefill_attention,
+            False,
+        ),
         "moe": ("moe_perf", moe_features, kc.moe, True),
-    }  # fmt: skip
+    }
     for kind, (table, features, curves, dtype_peak) in tables.items():
         if not curves:
             continue
@@ -582,11 +614,15 @@ def fit_overhead(observations: Sequence[Observation], elementwise: bool = True) 
     low_eff = OVERHEAD_BOUNDS["elementwise_mem_eff"][0]
     upper = [OVERHEAD_BOUNDS["step_s"][1] * 1e3, OVERHEAD_BOUNDS["layer_s"][1] * 1e6, 1 / low_eff]
     n = 3 if elementwise else 2
-    r = least_squares(residuals, [1.0, 10.0, 1.0][:n], bounds=([0.0] * n, upper[:n]),
-                      loss="soft_l1", f_scale=0.2)  # fmt: skip
+    r = least_squares(
+        residuals, [1.0, 10.0, 1.0][:n], bounds=([0.0] * n, upper[:n]), loss="soft_l1", f_scale=0.2
+    )
     fitted = overhead_of(r.x)
-    return EngineOverhead(_sig(fitted.step_s), _sig(fitted.layer_s),
-                          elementwise_mem_eff=_sig(fitted.elementwise_mem_eff))  # fmt: skip
+    return EngineOverhead(
+        _sig(fitted.step_s),
+        _sig(fitted.layer_s),
+        elementwise_mem_eff=_sig(fitted.elementwise_mem_eff),
+    )
 
 
 def _eff(inverse: float) -> float:
@@ -643,7 +679,7 @@ def bias_by_batch(
             band: round(statistics.median(bands[band]), 4)
             for _, band in BATCH_BANDS
             if bands.get(band)
-        }  # fmt: skip
+        }
         for key, bands in sorted(groups.items())
     }
 
@@ -663,13 +699,17 @@ def fit_all(
     table = table_from_mapping(doc)
     progress.status(f"calibrate: reading {data.name}", force=True)
     observations = load_observations(data, table)
-    progress.status(f"calibrate: fitting the engines' fixed costs on {len(observations)} "
-                    "measurements", force=True)  # fmt: skip
+    progress.status(
+        f"calibrate: fitting the engines' fixed costs on {len(observations)} measurements",
+        force=True,
+    )
     overheads = _fit_overheads(observations, elementwise)
     base = overheads["trtllm"]
-    progress.line(f"calibrate: engine costs: {base.step_s * 1e3:.3f} ms per step, "
-                  f"{base.layer_s * 1e6:.1f} us per layer, elementwise kernels at "
-                  f"{base.elementwise_mem_eff:.0%} of HBM bandwidth")  # fmt: skip
+    progress.line(
+        f"calibrate: engine costs: {base.step_s * 1e3:.3f} ms per step, "
+        f"{base.layer_s * 1e6:.1f} us per layer, elementwise kernels at "
+        f"{base.elementwise_mem_eff:.0%} of HBM bandwidth"
+    )
     doc["engine_overhead"] = {
         e: {
             "step_s": o.step_s,
@@ -702,8 +742,12 @@ def fit_every_engine(ops: Path, catalog: Catalog, progress: Progress) -> list[Ke
 
 def curve_lines(kc: KernelCurves) -> list[str]:
     """One line per fitted table of an engine/GPU: its rows and median error."""
-    kinds = {"gemm": kc.gemm, "decode_attention": kc.decode_attention,
-             "prefill_attention": kc.prefill_attention, "moe": kc.moe}  # fmt: skip
+    kinds = {
+        "gemm": kc.gemm,
+        "decode_attention": kc.decode_attention,
+        "prefill_attention": kc.prefill_attention,
+        "moe": kc.moe,
+    }
     return [
         f"calibrate: {kc.table_gpu}/{kc.engine} {kind}.{dtype}: {c.rows} rows, "
         f"median |error| {c.median_error:.1%}"
@@ -734,10 +778,14 @@ def _fit_overheads(
 def curves_to_mapping(kc: KernelCurves) -> dict[str, Any]:
     def curve(c: Curve) -> dict[str, Any]:
         return {
-            "t0_s": c.t0_s, "item_s": c.item_s, "knots": list(c.knots),
-            "mem_eff": list(c.mem_eff), "flop_eff": list(c.flop_eff),
-            "median_error": c.median_error, "rows": c.rows,
-        }  # fmt: skip
+            "t0_s": c.t0_s,
+            "item_s": c.item_s,
+            "knots": list(c.knots),
+            "mem_eff": list(c.mem_eff),
+            "flop_eff": list(c.flop_eff),
+            "median_error": c.median_error,
+            "rows": c.rows,
+        }
 
     return {
         "table_gpu": kc.table_gpu,
@@ -770,8 +818,10 @@ def report(doc: dict[str, Any]) -> str:
             name = f"{prefix} allreduce.tp{count} (as measured)"
             lines.append(f"{name:<44} {len(a['seconds']):>6} {0.0:>15.1f}")
     lines.append("")
-    lines.append(f"{'engine':<8} {'step overhead ms':>17} {'per layer us':>13} "
-                 f"{'elementwise % of BW':>20}  fitted on")  # fmt: skip
+    lines.append(
+        f"{'engine':<8} {'step overhead ms':>17} {'per layer us':>13} "
+        f"{'elementwise % of BW':>20}  fitted on"
+    )
     for engine, o in doc["engine_overhead"].items():
         step, layer = o["step_s"] * 1e3, o["layer_s"] * 1e6
         share = o.get("elementwise_mem_eff", 0.0) * 100
@@ -787,8 +837,9 @@ def report(doc: dict[str, Any]) -> str:
         lines.append("median signed error % (+: predicted slower) by batch")
         lines.append(f"{'source:metric':<34}" + "".join(f"{band:>9}" for _, band in BATCH_BANDS))
         for key, bands in bias.items():
-            cells = "".join(f"{bands[b] * 100:>+9.1f}" if b in bands else f"{'':>9}"
-                            for _, b in BATCH_BANDS)  # fmt: skip
+            cells = "".join(
+                f"{bands[b] * 100:>+9.1f}" if b in bands else f"{'':>9}" for _, b in BATCH_BANDS
+            )
             lines.append(f"{key:<34}{cells}")
     return "\n".join(lines)
 

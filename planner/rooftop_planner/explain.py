@@ -75,8 +75,10 @@ def lost_to(plan: Plan, winner: Plan, kv_dtypes: tuple[str, ...] = ()) -> str:
     if extra > 1e-9:
         why = f"costs ${extra:.2f}/h more"
     elif plan.tpot_ms < winner.tpot_ms:  # lost the tie on quantization
-        why = (f"same cost, lower TPOT ({plan.tpot_ms:.1f} vs {winner.tpot_ms:.1f} ms), but "
-               f"{changes_outputs(plan)} would change the outputs")  # fmt: skip
+        why = (
+            f"same cost, lower TPOT ({plan.tpot_ms:.1f} vs {winner.tpot_ms:.1f} ms), but "
+            f"{changes_outputs(plan)} would change the outputs"
+        )
     else:
         why = f"same cost, higher TPOT ({plan.tpot_ms:.1f} vs {winner.tpot_ms:.1f} ms)"
     return f"{describe(plan, kv_dtypes)}: {why}"
@@ -85,8 +87,10 @@ def lost_to(plan: Plan, winner: Plan, kv_dtypes: tuple[str, ...] = ()) -> str:
 def over_budget(plan: Plan, budget: float, kv_dtypes: tuple[str, ...] = ()) -> str:
     """A plan that meets the SLO but not the budget, and by how much."""
     gap = plan.usd_per_hour - budget
-    return (f"{describe(plan, kv_dtypes)} meets the SLO at ${plan.usd_per_hour:.2f}/h, "
-            f"${gap:.2f} over budget")  # fmt: skip
+    return (
+        f"{describe(plan, kv_dtypes)} meets the SLO at ${plan.usd_per_hour:.2f}/h, "
+        f"${gap:.2f} over budget"
+    )
 
 
 def with_fp8_weights(plan: Plan) -> str:
@@ -104,10 +108,14 @@ def too_long(model: str, prompt: float, output: float, context: int) -> str:
     if prompt > context:
         what = f"prompts of {prompt:,.0f} tokens (the workload's p90) exceed {where}"
     else:
-        what = (f"requests of {prompt:,.0f} prompt + {output:,.0f} output tokens (the workload's "
-                f"p90s) exceed {where}")  # fmt: skip
-    return (f"{what}; vLLM refuses such requests, so no GPU serves this workload: serve a "
-            "model with a longer context, or shorten them")  # fmt: skip
+        what = (
+            f"requests of {prompt:,.0f} prompt + {output:,.0f} output tokens (the workload's "
+            f"p90s) exceed {where}"
+        )
+    return (
+        f"{what}; vLLM refuses such requests, so no GPU serves this workload: serve a "
+        "model with a longer context, or shorten them"
+    )
 
 
 def reasons(result: SearchResult, spec: ServingTargetSpec) -> list[str]:

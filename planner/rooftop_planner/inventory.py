@@ -74,8 +74,7 @@ class Placement:
         own = (gpu_toleration(gpu.resource_name), *self.tolerations)
         for taint in (node.get("spec") or {}).get("taints") or []:
             if _blocks(taint) and not any(tolerates(t, taint) for t in own):
-                return (f"taint {_taint_text(taint)} not tolerated "
-                        "(spec.constraints.tolerations)")  # fmt: skip
+                return f"taint {_taint_text(taint)} not tolerated (spec.constraints.tolerations)"
         return ""
 
 
@@ -133,12 +132,13 @@ class GpuInventory:
         if tp <= have:
             return ""
         if (blocked := self.unusable.get(gpu.id)) and (blocked[0] >= tp or have == 0):
-            return (f"the cluster's {blocked[0]}-GPU {gpu.id} nodes are not usable: "
-                    f"{blocked[1]}")  # fmt: skip
+            return f"the cluster's {blocked[0]}-GPU {gpu.id} nodes are not usable: {blocked[1]}"
         if have == 0:
             label = f"{gpu.node_label_key}={gpu.node_label_value}"
-            return (f"no schedulable node has {label} and allocatable {gpu.resource_name} "
-                    f"(the cluster has: {self.describe()})")  # fmt: skip
+            return (
+                f"no schedulable node has {label} and allocatable {gpu.resource_name} "
+                f"(the cluster has: {self.describe()})"
+            )
         return f"the cluster's {gpu.id} nodes have at most {have} GPU(s) each"
 
     def describe(self) -> str:

@@ -132,9 +132,14 @@ def moe_s(dep: Deployment, tokens: float) -> float:
     per_expert = tokens * k_over_e
     gpu, dtype = dep.gpu, dep.compute_dtype
     return curve.time_s(
-        moved, flops, per_expert, gpu.hbm_bytes_per_s, gpu.flops_per_s(dtype),
-        measured_on=measured_on(dep, dtype), sustained=sustained(dep, dtype),
-    )  # fmt: skip
+        moved,
+        flops,
+        per_expert,
+        gpu.hbm_bytes_per_s,
+        gpu.flops_per_s(dtype),
+        measured_on=measured_on(dep, dtype),
+        sustained=sustained(dep, dtype),
+    )
 
 
 def allreduce_s(dep: Deployment, message_bytes: float) -> float:
@@ -155,9 +160,14 @@ def _gemms_s(dep: Deployment, m: FloatArray, n: float, k: float) -> FloatArray:
     moved = weight + (m * k + m * n) * ACTIVATION_BYTES
     gpu, dtype = dep.gpu, dep.compute_dtype
     return _gemm_curve(dep).times_s(
-        moved, 2.0 * m * n * k, m, gpu.hbm_bytes_per_s, gpu.flops_per_s(dtype),
-        measured_on=measured_on(dep, dtype), sustained=sustained(dep, dtype),
-    )  # fmt: skip
+        moved,
+        2.0 * m * n * k,
+        m,
+        gpu.hbm_bytes_per_s,
+        gpu.flops_per_s(dtype),
+        measured_on=measured_on(dep, dtype),
+        sustained=sustained(dep, dtype),
+    )
 
 
 def allreduces_s(dep: Deployment, message_bytes: FloatArray) -> FloatArray:
@@ -175,8 +185,7 @@ def allreduces_s(dep: Deployment, message_bytes: FloatArray) -> FloatArray:
 
 def _token_costs(dep: Deployment, tokens: FloatArray) -> tuple[FloatArray, FloatArray]:
     """(GEMM + MoE seconds, all-reduce seconds) of all layers, per token count."""
-    layer = sum((_gemms_s(dep, tokens, n, k) for n, k in _layer_shapes(dep)),
-                np.zeros_like(tokens))  # fmt: skip
+    layer = sum((_gemms_s(dep, tokens, n, k) for n, k in _layer_shapes(dep)), np.zeros_like(tokens))
     if dep.model.is_moe:
         layer = layer + np.array([moe_s(dep, float(t)) for t in tokens])
     reduce = np.zeros_like(tokens)
@@ -260,9 +269,13 @@ class StepModel:
 
 
 def totals_s(
-    models: Sequence[StepModel], decode_seqs: FloatArray, context: FloatArray,
-    prefill: FloatArray, attended: FloatArray, floor: FloatArray,
-) -> FloatArray:  # fmt: skip
+    models: Sequence[StepModel],
+    decode_seqs: FloatArray,
+    context: FloatArray,
+    prefill: FloatArray,
+    attended: FloatArray,
+    floor: FloatArray,
+) -> FloatArray:
     """Step seconds of many deployments at once (same sum as ``StepModel.parts``).
 
     Every array is D × N: row d holds steps of ``models[d]``; ``floor`` from the caller.
@@ -280,8 +293,9 @@ def totals_s(
         groups.setdefault((id(m.decode), id(m.prefill)), []).append(row)
     for rows in groups.values():
         part = [models[r] for r in rows]
-        attention[rows] = _attention_rows(part, decode_seqs[rows], context[rows],
-                                          prefill[rows], attended[rows])  # fmt: skip
+        attention[rows] = _attention_rows(
+            part, decode_seqs[rows], context[rows], prefill[rows], attended[rows]
+        )
     layers = column([m.dep.model.num_layers for m in models])
     overhead = (
         column([m.overhead_s for m in models])
@@ -293,9 +307,12 @@ def totals_s(
 
 
 def _attention_rows(
-    models: list[StepModel], decode_seqs: FloatArray, context: FloatArray,
-    prefill: FloatArray, attended: FloatArray,
-) -> FloatArray:  # fmt: skip
+    models: list[StepModel],
+    decode_seqs: FloatArray,
+    context: FloatArray,
+    prefill: FloatArray,
+    attended: FloatArray,
+) -> FloatArray:
     """One layer's attention seconds for models that share their attention curves."""
     first = models[0]
     q_heads = column([m.q_heads for m in models])
@@ -307,15 +324,26 @@ def _attention_rows(
     measured = _measured_columns(models)
     seqs = np.maximum(decode_seqs, 1e-9)
     decode = first.decode.times_s(
-        context * kv_bytes, 4.0 * q_heads * head_dim * context, context / seqs, bw, peak,
-        decode_seqs, measured, kept,
-    )  # fmt: skip
+        context * kv_bytes,
+        4.0 * q_heads * head_dim * context,
+        context / seqs,
+        bw,
+        peak,
+        decode_seqs,
+        measured,
+        kept,
+    )
     chunk = np.maximum(prefill, 1e-9)
     moved = prefill * (q_heads + 2.0 * kv_heads) * head_dim * ACTIVATION_BYTES
     pre = first.prefill.times_s(
-        moved, 4.0 * q_heads * head_dim * attended, 2.0 * attended / chunk, bw, peak,
-        measured_on=measured, sustained=kept,
-    )  # fmt: skip
+        moved,
+        4.0 * q_heads * head_dim * attended,
+        2.0 * attended / chunk,
+        bw,
+        peak,
+        measured_on=measured,
+        sustained=kept,
+    )
     out: FloatArray = np.where(decode_seqs > 0, decode, 0.0) + np.where(prefill > 0, pre, 0.0)
     return out
 
@@ -350,15 +378,30 @@ _TABLES: OrderedDict[tuple[object, ...], Tables] = OrderedDict()
 def _token_tables(dep: Deployment) -> Tables:
     """(GEMM + MoE, all-reduce, LM head) seconds on the token grid, cached by shape."""
     m = dep.model
-    key = (m.id, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads, m.head_dim,
-           m.intermediate_size, m.vocab_size, m.num_experts, m.experts_per_token,
-           dep.gpu.id, dep.gpu.hbm_bytes_per_s, dep.gpu.link_bytes_per_s(dep.tp),
-           tuple(sorted(dep.gpu.dense_flops_per_s.items())), dep.tp, dep.weight_dtype,
-           id(dep.efficiency.kernels))  # fmt: skip
+    key = (
+        m.id,
+        m.num_layers,
+        m.hidden_size,
+        m.num_heads,
+        m.num_kv_heads,
+        m.head_dim,
+        m.intermediate_size,
+        m.vocab_size,
+        m.num_experts,
+        m.experts_per_token,
+        dep.gpu.id,
+        dep.gpu.hbm_bytes_per_s,
+        dep.gpu.link_bytes_per_s(dep.tp),
+        tuple(sorted(dep.gpu.dense_flops_per_s.items())),
+        dep.tp,
+        dep.weight_dtype,
+        id(dep.efficiency.kernels),
+    )
     tables = _TABLES.get(key)
     if tables is None:
-        points = np.exp2(np.arange(GRID_OCTAVES * GRID_STEPS_PER_OCTAVE + 1)
-                         / GRID_STEPS_PER_OCTAVE)  # fmt: skip
+        points = np.exp2(
+            np.arange(GRID_OCTAVES * GRID_STEPS_PER_OCTAVE + 1) / GRID_STEPS_PER_OCTAVE
+        )
         gemm, reduce = _token_costs(dep, points)
         lm_head = _gemms_s(dep, points, m.vocab_size / dep.tp, float(m.hidden_size))
         tables = _TABLES[key] = (gemm, reduce, lm_head)

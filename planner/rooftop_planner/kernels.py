@@ -122,8 +122,9 @@ class Curve:
         compute = flops / (peak * min(interp(x, self.knots, self.flop_eff), sustained))
         scale = 1.0
         if measured_on is not None:
-            scale = float(roofline_ratio(bytes_moved, flops, (hbm_bytes_per_s, flops_per_s),
-                                         measured_on))  # fmt: skip
+            scale = float(
+                roofline_ratio(bytes_moved, flops, (hbm_bytes_per_s, flops_per_s), measured_on)
+            )
         return self.t0_s + items * self.item_s + smooth_max(memory, compute) * scale
 
     def times_s(
@@ -187,8 +188,9 @@ class AllReduce:
     def times_s(self, message_bytes: FloatArray) -> FloatArray:
         """``time_s`` over an array of message sizes."""
         sizes, times = np.array(self.message_bytes), np.array(self.seconds)
-        inside = np.exp(np.interp(np.log(np.maximum(message_bytes, sizes[0])),
-                                  np.log(sizes), np.log(times)))  # fmt: skip
+        inside = np.exp(
+            np.interp(np.log(np.maximum(message_bytes, sizes[0])), np.log(sizes), np.log(times))
+        )
         out: FloatArray = np.where(
             message_bytes >= sizes[-1], times[-1] * message_bytes / sizes[-1], inside
         )

@@ -155,8 +155,17 @@ def lifecycle(
     drain = shutdown_timeout_s(request_s)
     grace = PRESTOP_S + drain + drain + GRACE_MARGIN_S  # the longest preStop, then the drain
     if spec.mode is Mode.SIMULATED:
-        return Lifecycle(0.0, False, SIMULATED_STARTUP_S, MIN_PROGRESS_DEADLINE_S,
-                         request_s, drain, PRESTOP_S, grace, SCRATCH_BYTES)  # fmt: skip
+        return Lifecycle(
+            0.0,
+            False,
+            SIMULATED_STARTUP_S,
+            MIN_PROGRESS_DEADLINE_S,
+            request_s,
+            drain,
+            PRESTOP_S,
+            grace,
+            SCRATCH_BYTES,
+        )
     size = checkpoint_bytes(model, plan.weight_dtype, weights)
     download = downloads(spec)
     start = startup_s(size, download)

@@ -142,8 +142,9 @@ def max_sequences_fitting(
 ) -> int:
     """Sequences of ``tokens_per_sequence`` whose KV blocks fit in one replica's cache."""
     blocks = math.ceil(cached_tokens(dep.model, tokens_per_sequence) / BLOCK_TOKENS)
-    capacity = kv_capacity_tokens(dep, gpu_memory_utilization, max_num_batched_tokens,
-                                  free_memory_fraction)  # fmt: skip
+    capacity = kv_capacity_tokens(
+        dep, gpu_memory_utilization, max_num_batched_tokens, free_memory_fraction
+    )
     return capacity // max(blocks * BLOCK_TOKENS, 1)
 
 
@@ -228,10 +229,13 @@ def step_breakdown(
     gemm, attention, allreduce = model.parts(decode_seqs, context, prefill_tokens, prefill_attended)
     scale = model.scale
     return StepBreakdown(
-        gemm * scale, attention * scale, allreduce * scale, model.overhead_s * scale,
+        gemm * scale,
+        attention * scale,
+        allreduce * scale,
+        model.overhead_s * scale,
         floor_s(dep, decode_seqs + prefill_tokens, context_tokens),
         model.elementwise_s_per_token * (decode_seqs + prefill_tokens) * scale,
-    )  # fmt: skip
+    )
 
 
 def forward_time_s(
@@ -259,8 +263,9 @@ def forward_times_s(
     context = np.minimum(context_tokens, window)
     floor = _floors_s(deps, decode_seqs + prefill_tokens, context)
     models = [kernel_model.step_model(d) for d in deps]
-    return kernel_model.totals_s(models, decode_seqs, context, prefill_tokens,
-                                 prefill_attended, floor)  # fmt: skip
+    return kernel_model.totals_s(
+        models, decode_seqs, context, prefill_tokens, prefill_attended, floor
+    )
 
 
 def _floors_s(deps: Sequence[Deployment], tokens: FloatArray, cached: FloatArray) -> FloatArray:

@@ -81,11 +81,15 @@ def default_limits(engine: str, gpu: GpuSpec, concurrency: int) -> EngineLimits:
     """
     every_client = max(concurrency, 256)  # no cap of their own below the KV cache's
     if engine == "sglang":
-        return EngineLimits(max_num_seqs=every_client, mixed_prefill=False,
-                            max_num_batched_tokens=sglang_chunk_tokens(gpu))  # fmt: skip
+        return EngineLimits(
+            max_num_seqs=every_client,
+            mixed_prefill=False,
+            max_num_batched_tokens=sglang_chunk_tokens(gpu),
+        )
     if engine in ("trtllm", "nim"):
-        return EngineLimits(max_num_seqs=every_client, free_memory_fraction=0.9,
-                            reserve_whole_request=True)  # fmt: skip
+        return EngineLimits(
+            max_num_seqs=every_client, free_memory_fraction=0.9, reserve_whole_request=True
+        )
     if engine != "vllm":
         return EngineLimits(max_num_seqs=every_client)
     memory_gib = gpu.hbm_bytes / GIB

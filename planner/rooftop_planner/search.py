@@ -175,9 +175,17 @@ def _operating_points(steps: _Steps, t: _Targets) -> tuple[FloatArray, FloatArra
     """
     flat = {name: getattr(steps, name).ravel() for name in _Steps.__dataclass_fields__}
     tpot_q = tail.tpot_quantile(
-        t.tpot_q, flat["decode"], flat["slope"], flat["batches"], flat["rate"], flat["step"],
-        flat["extra_mean"], flat["extra_sq"], np.array(t.outputs), t.osl_mean,
-    ).reshape(steps.batches.shape)  # fmt: skip
+        t.tpot_q,
+        flat["decode"],
+        flat["slope"],
+        flat["batches"],
+        flat["rate"],
+        flat["step"],
+        flat["extra_mean"],
+        flat["extra_sq"],
+        np.array(t.outputs),
+        t.osl_mean,
+    ).reshape(steps.batches.shape)
     return tpot_q, steps.prefill + tpot_q / 2.0, steps.rate
 
 
@@ -230,8 +238,11 @@ class _Curve:
 
     def at(self, batch: float) -> tuple[float, float, float]:
         """(TPOT_q, TTFT_q, λ) interpolated at a mean batch inside the grid."""
-        return (_interp(batch, self.batches, self.tpot_s),
-                _interp(batch, self.batches, self.ttft_s), self.rate_at(batch))  # fmt: skip
+        return (
+            _interp(batch, self.batches, self.tpot_s),
+            _interp(batch, self.batches, self.ttft_s),
+            self.rate_at(batch),
+        )
 
     def _last_where(self, margin: Callable[[int], float]) -> float:
         """Interpolated largest batch with margin(batch) >= 0, margin decreasing in batch."""
@@ -398,8 +409,9 @@ def _judge(
     dep, t = pending.shape.dep, ctx.targets
 
     def reject(category: str, detail: str) -> None:
-        rejections.append(Rejection(dep.gpu.id, dep.tp, dep.weight_dtype, dep.kv_dtype,
-                                    category, detail))  # fmt: skip
+        rejections.append(
+            Rejection(dep.gpu.id, dep.tp, dep.weight_dtype, dep.kv_dtype, category, detail)
+        )
 
     best_batch = curve.largest_batch_meeting(t)
     if best_batch <= 0:
@@ -579,8 +591,13 @@ def plan_target(
     if engine_families is not None:
         ctx = replace(ctx, engine_families=frozenset(engine_families))
     if too_long := _too_long(ctx):
-        return SearchResult(False, None, reasons=[too_long], slo_tpot_ms=spec.slo.tpot_ms,
-                            budget_usd_per_hour=spec.budget.usd_per_hour)  # fmt: skip
+        return SearchResult(
+            False,
+            None,
+            reasons=[too_long],
+            slo_tpot_ms=spec.slo.tpot_ms,
+            budget_usd_per_hour=spec.budget.usd_per_hour,
+        )
     on_cluster = replace(ctx, inventory=gpu_inventory)
     result = _search(on_cluster, catalog)
     if gpu_inventory is not None and not result.feasible:
@@ -663,5 +680,4 @@ def _beyond_cluster(unrestricted: SearchResult, inventory: GpuInventory) -> str:
     if unrestricted.plan is None:
         return f"{have}; no GPU in the catalog meets this target either"
     p = unrestricted.plan
-    return (f"{have}; with nodes of {p.tp} {p.gpu} GPU(s) each, this would work: "
-            f"{p.summary}")  # fmt: skip
+    return f"{have}; with nodes of {p.tp} {p.gpu} GPU(s) each, this would work: {p.summary}"

@@ -74,8 +74,7 @@ def resolve_weights(spec: ServingTargetSpec, model: ModelSpec, dtype: str) -> We
     repo, fmt = _named_checkpoint(spec, model, dtype)
     if repo:
         what = f"{fmt} " if fmt else ""
-        note = (f"weights from {repo} ({what}{dtype} checkpoint: different weights "
-                f"from {base}'s)")  # fmt: skip
+        note = f"weights from {repo} ({what}{dtype} checkpoint: different weights from {base}'s)"
         return Weights(repo, dtype, None, note)
     if dtype == "fp8":
         note = f"fp8 weights quantized by vLLM at load from {base} (not bit-identical to it)"

@@ -243,8 +243,14 @@ class Roofline:
         """Measured ``ms`` (NaN: unmeasured) floored at src's roofline, carried to dst;
         ``launch_ms``: the table's launch latency (its quickest call), kept as measured;
         ``cold_bytes_per_s``: the table's fastest stream from DRAM (``cold_rate``)."""
-        floor = self.time_ms(self.src, nbytes, flops, compute, cold_bytes_per_s,
-                             SUSTAINED_FLOP_FRACTION.get(compute, 1.0))  # fmt: skip
+        floor = self.time_ms(
+            self.src,
+            nbytes,
+            flops,
+            compute,
+            cold_bytes_per_s,
+            SUSTAINED_FLOP_FRACTION.get(compute, 1.0),
+        )
         out = np.maximum(ms, floor)  # NaN stays NaN
         if self.src.id == self.dst.id:
             return out
@@ -354,8 +360,9 @@ class GemmTable:
     def from_doc(cls, d: Mapping[str, Any], dtype: str) -> GemmTable:
         """``dtype``: the table's weight dtype (its key in the document)."""
         table = cls(tuple(d["m"]), tuple(d["n"]), tuple(d["k"]), d["rows"])
-        return replace(table, cold_bytes_per_s=stored_cold_rate(
-            d, lambda: table.memory_bound_calls(dtype)))  # fmt: skip
+        return replace(
+            table, cold_bytes_per_s=stored_cold_rate(d, lambda: table.memory_bound_calls(dtype))
+        )
 
     def _row(self, n: float, k: float) -> FloatArray | None:
         row = self.rows.get(f"{int(n)},{int(k)}")
@@ -377,8 +384,14 @@ class GemmTable:
         """Latency (ms) against m for this (n, k); ``dtype`` is the table's (weight bytes)."""
         m = np.array(self.m)
         nbytes, flops = self._bytes(m, n, k, dtype), 2.0 * m * n * k
-        ms = roof.apply(self.latencies(n, k), nbytes, flops, _compute_dtype(dtype),
-                        self.launch_ms, self.cold_bytes_per_s)  # fmt: skip
+        ms = roof.apply(
+            self.latencies(n, k),
+            nbytes,
+            flops,
+            _compute_dtype(dtype),
+            self.launch_ms,
+            self.cold_bytes_per_s,
+        )
         return Curve(self.m, ms)
 
     @staticmethod
@@ -426,8 +439,9 @@ class AttentionTable:
         table = cls(tuple(d["batch"]), tuple(d["tokens"]), d["heads"], d["rows"])
         if not decode:
             return table
-        return replace(table, cold_bytes_per_s=stored_cold_rate(
-            d, lambda: table.memory_bound_calls(dtype)))  # fmt: skip
+        return replace(
+            table, cold_bytes_per_s=stored_cold_rate(d, lambda: table.memory_bound_calls(dtype))
+        )
 
     def _row(self, h: int, kv: int) -> FloatArray | None:
         row = self.rows.get(f"{h},{kv}")
@@ -475,8 +489,9 @@ class AttentionTable:
         else:  # Q, K, V in and O out; causal QK^T and PV over t^2/2 pairs
             nbytes = b * t * (2.0 * h + 2.0 * kv) * head_dim * ACT_BYTES
             flops = 2.0 * b * t * t * h * head_dim
-        ms = roof.apply(ms, nbytes, flops, _compute_dtype(dtype), self.launch_ms,
-                        self.cold_bytes_per_s)  # fmt: skip
+        ms = roof.apply(
+            ms, nbytes, flops, _compute_dtype(dtype), self.launch_ms, self.cold_bytes_per_s
+        )
         # prefill: attention work grows as the prompt length squared; a chunk of a prompt
         # is a fraction of one batch entry (scale_below_batch)
         return Grid(self.batch, self.tokens, ms, 1.0 if decode else 2.0, not decode)
@@ -490,8 +505,10 @@ class AttentionTable:
         ``dtype``: the KV's."""
         b, t = self._batch_tokens()
         ms = [np.ravel(_grid(rows)) for rows in self.rows.values()]
-        nbytes = [np.ravel(_decode_bytes(b, t, int(key.split(",")[1]), HEAD_DIM, dtype))
-                  for key in self.rows]  # fmt: skip
+        nbytes = [
+            np.ravel(_decode_bytes(b, t, int(key.split(",")[1]), HEAD_DIM, dtype))
+            for key in self.rows
+        ]
         return np.concatenate(ms), np.concatenate(nbytes)
 
 
@@ -508,13 +525,20 @@ class MoeTable:
     def from_doc(cls, d: Mapping[str, Any], dtype: str) -> MoeTable:
         """``dtype``: the table's weight dtype (its key in the document)."""
         table = cls(tuple(d["tokens"]), d["rows"])
-        return replace(table, cold_bytes_per_s=stored_cold_rate(
-            d, lambda: table.memory_bound_calls(dtype)))  # fmt: skip
+        return replace(
+            table, cold_bytes_per_s=stored_cold_rate(d, lambda: table.memory_bound_calls(dtype))
+        )
 
     def curve(
-        self, hidden: int, inter: int, topk: int, experts: int, tp: int, dtype: str,
+        self,
+        hidden: int,
+        inter: int,
+        topk: int,
+        experts: int,
+        tp: int,
+        dtype: str,
         roof: Roofline,
-    ) -> Curve | None:  # fmt: skip
+    ) -> Curve | None:
         """Latency (ms) against tokens, or None when the shape was not measured."""
         row = self.rows.get(f"{hidden},{inter},{topk},{experts},{tp}")
         if row is None:
@@ -522,8 +546,9 @@ class MoeTable:
         t = np.array(self.tokens)
         nbytes = self._bytes(hidden, inter, topk, experts, tp, dtype)
         flops = 2.0 * t * topk * 3.0 * hidden * inter / tp
-        ms = roof.apply(_array(row), nbytes, flops, _compute_dtype(dtype), self.launch_ms,
-                        self.cold_bytes_per_s)  # fmt: skip
+        ms = roof.apply(
+            _array(row), nbytes, flops, _compute_dtype(dtype), self.launch_ms, self.cold_bytes_per_s
+        )
         return Curve(self.tokens, ms)
 
     def _bytes(

@@ -354,8 +354,19 @@ async def _stream(
         await resp.write(f"data: {data}\n\n".encode())
 
     if chat:  # vLLM's first chat chunk carries the role only
-        await send({**head, "choices": [{"index": 0, "delta": {"role": "assistant",
-                    "content": ""}, "logprobs": None, "finish_reason": None}]})  # fmt: skip
+        await send(
+            {
+                **head,
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                ],
+            }
+        )
     async for index in _tokens(queue):
         finish = "length" if index + 1 >= req.max_tokens else None
         await send(_chunk(chat, head, _token_text(index), finish))
@@ -439,10 +450,15 @@ async def models(request: web.Request) -> web.Response:
     """GET /v1/models: the one served model, as vLLM lists it."""
     cfg = request.app[SIM_KEY].cfg
     card = {
-        "id": cfg.served_name, "object": "model", "created": int(time.time()),
-        "owned_by": "vllm", "root": cfg.model, "parent": None,
-        "max_model_len": cfg.max_model_len, "permission": [],
-    }  # fmt: skip
+        "id": cfg.served_name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "vllm",
+        "root": cfg.model,
+        "parent": None,
+        "max_model_len": cfg.max_model_len,
+        "permission": [],
+    }
     return web.json_response({"object": "list", "data": [card]})
 
 
@@ -601,8 +617,13 @@ def run(args: argparse.Namespace) -> int:
         # a "cannot listen" error
         # On SIGTERM aiohttp stops listening, runs _drain (on_shutdown) and only then
         # cancels the engine loop (cleanup_ctx); its own grace must not end the drain.
-        web.run_app(app, host=args.host, port=args.port, shutdown_timeout=drain_s + 5,
-                    print=lambda _: print(banner, file=sys.stderr, flush=True))  # fmt: skip
+        web.run_app(
+            app,
+            host=args.host,
+            port=args.port,
+            shutdown_timeout=drain_s + 5,
+            print=lambda _: print(banner, file=sys.stderr, flush=True),
+        )
     except OSError as err:  # address in use, unknown host, no permission
         print(f"engine-sim: cannot listen on {args.host}:{args.port}: {err}", file=sys.stderr)
         return exit_codes.INFEASIBLE

@@ -260,7 +260,10 @@ def build_kernels(
             hidden, inter, model.experts_per_token, model.num_experts, tp, gemm_dt, roof
         )
     return StepKernels(
-        model.num_layers, hidden, model.num_experts, model.experts_per_token,
+        model.num_layers,
+        hidden,
+        model.num_experts,
+        model.experts_per_token,
         qkv=linear((heads + 2 * kv) * hd, hidden),
         o_proj=linear(hidden, heads * hd),
         gate_up=linear(2 * math.ceil(inter / tp), hidden),
@@ -271,7 +274,7 @@ def build_kernels(
         prefill_attn=tables.prefill[kv_dt].grid(heads, kv, hd, kv_dt, False, roof),
         allreduce=tables.allreduce_curve(tp, roof) if tp > 1 else None,
         elementwise_ms_per_token=elementwise_ms(model, tp, roof.dst),
-    )  # fmt: skip
+    )
 
 
 def elementwise_ms(model: ModelSpec, tp: int, gpu: GpuSpec) -> float:

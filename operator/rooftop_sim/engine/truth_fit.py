@@ -76,10 +76,15 @@ def _gemm(path: Path) -> Doc:
     for dtype, cells in sorted(by_dtype.items()):
         ms = _grid(m for m, _, _ in cells)
         pairs = sorted({(n, k) for _, n, k in cells})
-        rows = {f"{n},{k}": _without_spikes(ms, [cells.get((m, n, k)) for m in ms])
-                for n, k in pairs}  # fmt: skip
-        out[dtype] = {"m": ms, "n": _grid(n for n, _ in pairs), "k": _grid(k for _, k in pairs),
-                      "rows": rows}  # fmt: skip
+        rows = {
+            f"{n},{k}": _without_spikes(ms, [cells.get((m, n, k)) for m in ms]) for n, k in pairs
+        }
+        out[dtype] = {
+            "m": ms,
+            "n": _grid(n for n, _ in pairs),
+            "k": _grid(k for _, k in pairs),
+            "rows": rows,
+        }
     return out
 
 
@@ -97,8 +102,11 @@ def _without_spikes(ms: list[int], row: list[float | None]) -> list[float | None
     fp8 table has one at m = 1 for most weights (about 2x the rest). A None cell takes
     its neighbours' interpolation (below the first measured m, the first one's time).
     """
-    small = [(i, v) for i, (m, v) in enumerate(zip(ms, row, strict=True))
-             if m <= SPIKE_TOKENS and v is not None]  # fmt: skip
+    small = [
+        (i, v)
+        for i, (m, v) in enumerate(zip(ms, row, strict=True))
+        if m <= SPIKE_TOKENS and v is not None
+    ]
     out = list(row)
     for j, (i, value) in enumerate(small[:-1]):
         if value > SPIKE_RATIO * float(np.median([v for _, v in small[j + 1 :]])):
@@ -145,15 +153,18 @@ def _moe(path: Path) -> Doc:
     """moe_perf: per dtype, latency over tokens for every "hidden,inter,topk,experts,tp"."""
     by_dtype: dict[str, dict[tuple[str, int], float]] = defaultdict(dict)
     for r in _rows(path):
-        shape = ",".join(r[c] for c in ("hidden_size", "inter_size", "topk", "num_experts",
-                                        "moe_tp_size"))  # fmt: skip
+        shape = ",".join(
+            r[c] for c in ("hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size")
+        )
         by_dtype[r["moe_dtype"]][shape, int(r["num_tokens"])] = float(r["latency"])
     out: Doc = {}
     for dtype, cells in sorted(by_dtype.items()):
         tokens = _grid(t for _, t in cells)
         shapes = sorted({s for s, _ in cells})
-        out[dtype] = {"tokens": tokens,
-                      "rows": {s: [cells.get((s, t)) for t in tokens] for s in shapes}}  # fmt: skip
+        out[dtype] = {
+            "tokens": tokens,
+            "rows": {s: [cells.get((s, t)) for t in tokens] for s in shapes},
+        }
     return out
 
 
@@ -181,8 +192,13 @@ def read_ops(ops: Path) -> Doc:
         if (d / "moe_perf.csv.gz").exists():
             doc["moe"] = _moe(d / "moe_perf.csv.gz")
         tables[gpu] = doc
-    return {"version": 1, "engine": ENGINE, "source": SOURCE, "latency_unit": "ms",
-            "tables": tables}  # fmt: skip
+    return {
+        "version": 1,
+        "engine": ENGINE,
+        "source": SOURCE,
+        "latency_unit": "ms",
+        "tables": tables,
+    }
 
 
 # --------------------------------------------------------------------------------------
@@ -306,13 +322,20 @@ def _heldout(full: Doc) -> list[tuple[str, str, dict[str, FloatArray]]]:
     out = []
     for dtype, t in full["gemm"].items():
         cube = _gemm_cube(t)
-        out.append(("gemm", dtype, {a: leave_one_out(t[a], cube, i)
-                                    for i, a in enumerate(("m", "n", "k"))}))  # fmt: skip
+        out.append(
+            (
+                "gemm",
+                dtype,
+                {a: leave_one_out(t[a], cube, i) for i, a in enumerate(("m", "n", "k"))},
+            )
+        )
     for kind in ("decode_attention", "context_attention"):
         for dtype, t in full[kind].items():
             stack = np.array([_as_array(r) for r in t["rows"].values()])  # [pair, batch, tokens]
-            errs = {"batch": leave_one_out(t["batch"], stack, 1),
-                    "tokens": leave_one_out(t["tokens"], stack, 2)}  # fmt: skip
+            errs = {
+                "batch": leave_one_out(t["batch"], stack, 1),
+                "tokens": leave_one_out(t["tokens"], stack, 2),
+            }
             out.append((kind.split("_")[0], dtype, errs))
     ar = [
         leave_one_out(s["elements"], _as_array(s["latency"]), 0) for s in full["allreduce"].values()
@@ -407,8 +430,10 @@ def sanity(doc: Doc) -> str:
             continue
         t = TruthModel.for_deployment("llama-3.1-8b", gid, 1, "bf16", "auto")
         floor = t.dep.weight_bytes_per_gpu / t.dep.gpu.hbm_bytes_per_s
-        lines.append(f"  {gid:10s} {t.decode_step_s(1, 1000) * 1e3:6.2f} ms "
-                     f"(weights / HBM bandwidth {floor * 1e3:5.2f} ms)")  # fmt: skip
+        lines.append(
+            f"  {gid:10s} {t.decode_step_s(1, 1000) * 1e3:6.2f} ms "
+            f"(weights / HBM bandwidth {floor * 1e3:5.2f} ms)"
+        )
     return "\n".join(lines)
 
 
