@@ -22,7 +22,7 @@ from collections.abc import Callable
 from rooftop_planner.batching import EngineLimits, predict_continuous
 from rooftop_planner.catalog import load_catalog
 from rooftop_planner.efficiency import load_efficiency
-from rooftop_planner.perf import Deployment
+from rooftop_planner.perf import EngineShape
 from rooftop_planner.scenarios import default_limits
 from rooftop_sim.engine.core import Engine, EngineConfig, Request, StepResult
 from rooftop_sim.engine.truth import TruthModel
@@ -100,7 +100,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     errors = []
     for model, gpu, tp, weights, kv in DEPLOYMENTS:
-        dep = Deployment(catalog.model(model), catalog.gpu(gpu), tp, weights, kv,
+        dep = EngineShape(catalog.model(model), catalog.gpu(gpu), tp, weights, kv,
                          efficiency.lookup(catalog.gpu(gpu), "vllm"))  # fmt: skip
         truth = TruthModel.for_deployment(model, gpu, tp, weights, kv)
         name = f"{model} {weights} on {tp}x {gpu}"
@@ -117,7 +117,7 @@ def main() -> None:
     print("| deployment | isl/osl | clients | running | simulated TPOT ms | predicted ms | error |")
     print("|---|---|---|---|---|---|---|")
     for model, gpu, tp, clients, isl, osl in AT_VLLM_CAPS:
-        dep = Deployment(catalog.model(model), catalog.gpu(gpu), tp, "bf16", "auto",
+        dep = EngineShape(catalog.model(model), catalog.gpu(gpu), tp, "bf16", "auto",
                          efficiency.lookup(catalog.gpu(gpu), "vllm"))  # fmt: skip
         limits = default_limits("vllm", dep.gpu, clients)
         truth = TruthModel.for_deployment(model, gpu, tp, "bf16", "auto")

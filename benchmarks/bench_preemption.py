@@ -35,7 +35,7 @@ from rooftop_planner.batching import (
 )
 from rooftop_planner.catalog import load_catalog
 from rooftop_planner.efficiency import load_efficiency
-from rooftop_planner.perf import Deployment
+from rooftop_planner.perf import EngineShape
 from rooftop_sim.engine.core import StepResult
 from rooftop_sim.engine.truth import TruthModel
 
@@ -101,7 +101,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     with_model, without = [], []
     for model, gpu, tp, weights, kv, clients, isl, osl in CASES:
-        dep = Deployment(catalog.model(model), catalog.gpu(gpu), tp, weights, kv,
+        dep = EngineShape(catalog.model(model), catalog.gpu(gpu), tp, weights, kv,
                          efficiency.lookup(catalog.gpu(gpu), "vllm"))  # fmt: skip
         sim = simulate(TruthModel.for_deployment(model, gpu, tp, weights, kv), clients, isl, osl)
         limits = EngineLimits(max_num_seqs=clients, preempts_when_full=True)

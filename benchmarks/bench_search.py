@@ -19,7 +19,7 @@ from rooftop_api.manifest import load_target
 from rooftop_planner.batching import predict_continuous
 from rooftop_planner.catalog import load_catalog
 from rooftop_planner.efficiency import load_efficiency
-from rooftop_planner.perf import Deployment
+from rooftop_planner.perf import EngineShape
 from rooftop_planner.search import plan_target
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -40,7 +40,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=20)
     args = parser.parse_args()
     catalog = load_catalog()
-    dep = Deployment(
+    dep = EngineShape(
         catalog.model("llama-3.1-8b"),
         catalog.gpu("h100-sxm"),
         efficiency=load_efficiency().lookup(catalog.gpu("h100-sxm")),

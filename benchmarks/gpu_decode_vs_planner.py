@@ -31,7 +31,7 @@ from pathlib import Path
 
 from rooftop_planner.catalog import load_catalog
 from rooftop_planner.efficiency import load_efficiency
-from rooftop_planner.perf import Deployment, floor_s, step_breakdown
+from rooftop_planner.perf import EngineShape, floor_s, step_breakdown
 from rooftop_sim.engine.truth import TruthModel
 
 MEASURED = Path(__file__).resolve().parents[1] / "data" / "measured"
@@ -109,7 +109,7 @@ def simulated(s: Step) -> Priced:
     return Priced(gemm, attention, gemm + attention)
 
 
-def planned(dep: Deployment, s: Step) -> Priced:
+def planned(dep: EngineShape, s: Step) -> Priced:
     """The planner's GEMMs, attention and kernels plus fixed costs (no all-reduce: the
     shard ran alone), ms."""
     parts = step_breakdown(dep, s.batch, s.batch * s.context, s.prompt, s.pairs)
@@ -124,7 +124,7 @@ def price(lines: Iterable[dict[str, str]]) -> list[Row]:
         s = Step(line["gpu"], line["model"], int(line["tp"]), line["weights"],
                  int(line.get("batch") or 0), int(line.get("context") or 0),
                  int(line.get("prompt_tokens") or 0))  # fmt: skip
-        dep = Deployment(catalog.model(s.model), catalog.gpu(s.gpu), s.tp, s.weights, "auto",
+        dep = EngineShape(catalog.model(s.model), catalog.gpu(s.gpu), s.tp, s.weights, "auto",
                          efficiency.lookup(catalog.gpu(s.gpu), "vllm"))  # fmt: skip
         floor = floor_s(dep, s.batch + s.prompt, s.batch * s.context) * 1e3
         out.append(Row(s, measured(line), simulated(s), planned(dep, s), floor))

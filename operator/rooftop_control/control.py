@@ -68,7 +68,7 @@ from rooftop_control.calibration import Calibration, CalibrationConfig, TrimConf
 from rooftop_planner.batching import predict_continuous
 from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog, load_catalog
 from rooftop_planner.efficiency import load_efficiency
-from rooftop_planner.perf import Deployment
+from rooftop_planner.perf import EngineShape
 from rooftop_planner.plan import Plan
 from rooftop_planner.search import plan_target, resolve_model
 
@@ -1048,7 +1048,7 @@ class PlanTargetPlanner:
         gpu = self.catalog.gpu(plan.gpu)
         eff = load_efficiency().lookup(gpu, "vllm")
         model = resolve_model(spec, self.catalog)
-        self.deployment = Deployment(model, gpu, plan.tp, plan.weight_dtype, plan.kv_dtype, eff)
+        self.deployment = EngineShape(model, gpu, plan.tp, plan.weight_dtype, plan.kv_dtype, eff)
         self._cache: OrderedDict[tuple[float, float], tuple[Sizing, ...]] = OrderedDict()
         # Plan once now, so a spec the planner rejects (say, an edit that added a price
         # for an unknown GPU) raises here, where the caller expects it, not mid-decision.

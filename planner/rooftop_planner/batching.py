@@ -15,7 +15,7 @@ from typing import TypeVar
 
 from rooftop_planner import perf
 from rooftop_planner.kernels import FloatArray
-from rooftop_planner.perf import Deployment
+from rooftop_planner.perf import EngineShape
 
 # Steps a request spends in the batch beyond its decode steps: its prefill and its
 # wait for a slot, about one and a half steps in steady state.
@@ -82,7 +82,7 @@ class Prediction:
         return self.ttft_s * 1e3
 
 
-def _does_not_fit(dep: Deployment, tokens: float) -> Prediction:
+def _does_not_fit(dep: EngineShape, tokens: float) -> Prediction:
     free = perf.kv_capacity_tokens(dep)
     reason = (
         f"{dep.model.id} ({dep.weight_dtype}) on {dep.tp}x {dep.gpu.id}: a {tokens:.0f}-token "
@@ -91,7 +91,7 @@ def _does_not_fit(dep: Deployment, tokens: float) -> Prediction:
     return Prediction(math.inf, math.inf, 0.0, 0.0, fits=False, reason=reason)
 
 
-def predict_static(dep: Deployment, batch: int, isl: int, osl: int) -> Prediction:
+def predict_static(dep: EngineShape, batch: int, isl: int, osl: int) -> Prediction:
     """One static batch: all prompts prefilled together, then ``osl`` decode steps.
 
     TTFT = prefill(batch · isl); TPOT = step(batch, isl + osl/2) (mean context);
@@ -147,7 +147,7 @@ class EngineLimits:
     preempts_when_full: bool = False
 
 
-def kv_limit(dep: Deployment, isl: float, osl: float, limits: EngineLimits) -> float:
+def kv_limit(dep: EngineShape, isl: float, osl: float, limits: EngineLimits) -> float:
     """Sequences the KV cache holds at once.
 
     A running sequence holds isl + osl/2 tokens on average (blocks grow as it decodes),
@@ -165,7 +165,7 @@ def kv_limit(dep: Deployment, isl: float, osl: float, limits: EngineLimits) -> f
 
 
 def running_batch(
-    dep: Deployment, concurrency: float, isl: float, osl: float, limits: EngineLimits
+    dep: EngineShape, concurrency: float, isl: float, osl: float, limits: EngineLimits
 ) -> float:
     """Sequences that actually run: min(concurrency, max_num_seqs, KV capacity)."""
     held = kv_limit(dep, isl, osl, limits)
@@ -198,7 +198,7 @@ def admission_bound(isl: float, osl: float, limits: EngineLimits) -> float:
 
 
 def recompute_tokens(
-    dep: Deployment, concurrency: float, isl: float, osl: float, limits: EngineLimits
+    dep: EngineShape, concurrency: float, isl: float, osl: float, limits: EngineLimits
 ) -> tuple[float, float]:
     """(prefills again per request, tokens each): the evictions of a KV-bound engine.
 
@@ -224,7 +224,7 @@ def recompute_tokens(
 
 
 def predict_continuous(
-    dep: Deployment,
+    dep: EngineShape,
     concurrency: float,
     isl: float,
     osl: float,
@@ -297,7 +297,7 @@ def evicted_tpot_factor(evictions: float, osl: float, concurrency: float, batch:
 
 
 def _chunked(
-    dep: Deployment, batch: float, context: float, prompt: float, limits: EngineLimits
+    dep: EngineShape, batch: float, context: float, prompt: float, limits: EngineLimits
 ) -> tuple[int, perf.StepBreakdown]:
     """(c, t_c): a prompt of ``prompt`` tokens rides in c steps beside the B decodes,
     c = ceil(prompt / (token budget − B)), each carrying one chunk of prompt / c."""
@@ -324,7 +324,7 @@ def _steady_state(
 
 
 def _prefill_first(
-    dep: Deployment,
+    dep: EngineShape,
     concurrency: float,
     isl: float,
     osl: float,

@@ -372,7 +372,7 @@ def _price(path: str, value: Any) -> float:
     return number
 
 
-# Tensor-core dtypes the planner looks up (perf.Deployment.compute_dtype); fp16 and tf32
+# Tensor-core dtypes the planner looks up (perf.EngineShape.compute_dtype); fp16 and tf32
 # are accepted as data even though matmuls are priced at bf16.
 COMPUTE_DTYPES = ("bf16", "fp16", "fp8", "int8", "fp4", "tf32")
 

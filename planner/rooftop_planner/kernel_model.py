@@ -14,7 +14,7 @@ elementwise kernels' bytes per token per layer at a fitted share of HBM bandwidt
 (t = step_s + L · (layer_s + m · elementwise_bytes / (BW · η_elementwise))).
 
 GEMM weight bytes use the weight dtype (int4 reads half a byte per weight), compute runs
-on the GPU's tensor cores for that dtype where it has them (``Deployment.compute_dtype``).
+on the GPU's tensor cores for that dtype where it has them (``EngineShape.compute_dtype``).
 A GPU that borrows another's curves scales that GPU's kernel times by the ratio of their
 rooflines (``kernels`` module docstring).
 """
@@ -32,7 +32,7 @@ from rooftop_planner.catalog import BYTES_PER_DTYPE, SUSTAINED_FLOP_FRACTION, Mo
 from rooftop_planner.kernels import Curve, FloatArray, KernelCurves, column
 
 if TYPE_CHECKING:
-    from rooftop_planner.perf import Deployment
+    from rooftop_planner.perf import EngineShape
 
 ACTIVATION_BYTES = 2.0  # activations stay 16-bit between kernels
 IDEAL = Curve(t0_s=0.0, knots=(0.0,), mem_eff=(1.0,), flop_eff=(1.0,))
@@ -55,7 +55,7 @@ def elementwise_bytes(m: ModelSpec, tp: int) -> float:
     return ACTIVATION_BYTES * (8.0 * m.hidden_size + 2.0 * (q + kv) + 4.0 * kv + mlp)
 
 
-def elementwise_s(dep: Deployment) -> float:
+def elementwise_s(dep: EngineShape) -> float:
     """Seconds the elementwise kernels add per token per layer: ``elementwise_bytes`` at
     the engine's fitted share of the GPU's HBM bandwidth (0 when none is fitted)."""
     eff = dep.efficiency.overhead.elementwise_mem_eff
@@ -64,12 +64,12 @@ def elementwise_s(dep: Deployment) -> float:
     return elementwise_bytes(dep.model, dep.tp) / (dep.gpu.hbm_bytes_per_s * eff)
 
 
-def _gemm_curve(dep: Deployment) -> Curve:
+def _gemm_curve(dep: EngineShape) -> Curve:
     kernels = dep.efficiency.kernels
     return IDEAL if kernels is None else kernels.gemm_curve(dep.compute_dtype)
 
 
-def sustained(dep: Deployment, compute_dtype: str) -> float:
+def sustained(dep: EngineShape, compute_dtype: str) -> float:
     """The share of peak FLOP/s a forward pass sustains in ``compute_dtype``
     (``catalog.SUSTAINED_FLOP_FRACTION``): no fitted FLOP fraction counts above it. The
     ideal roofline (no fitted curves) is not capped."""
@@ -78,7 +78,7 @@ def sustained(dep: Deployment, compute_dtype: str) -> float:
     return SUSTAINED_FLOP_FRACTION.get(compute_dtype, 1.0)
 
 
-def measured_on(dep: Deployment, compute_dtype: str) -> tuple[float, float] | None:
+def measured_on(dep: EngineShape, compute_dtype: str) -> tuple[float, float] | None:
     """The measured GPU's (HBM bytes/s, FLOP/s) when ``dep``'s GPU borrows its curves;
     None when the curves are the GPU's own (or do not record their GPU's peaks)."""
     kernels = dep.efficiency.kernels
@@ -87,12 +87,12 @@ def measured_on(dep: Deployment, compute_dtype: str) -> tuple[float, float] | No
     return kernels.measured_on(compute_dtype)
 
 
-def gemm_s(dep: Deployment, m: float, n: float, k: float) -> float:
+def gemm_s(dep: EngineShape, m: float, n: float, k: float) -> float:
     """One GEMM of m tokens through an n × k weight (seconds)."""
     return float(_gemms_s(dep, np.array([m], dtype=np.float64), n, k)[0])
 
 
-def _layer_shapes(dep: Deployment) -> list[tuple[float, float]]:
+def _layer_shapes(dep: EngineShape) -> list[tuple[float, float]]:
     """(n, k) of the dense GEMMs of one layer on one GPU."""
     return layer_gemm_shapes(dep.model, dep.tp)
 
@@ -113,7 +113,7 @@ def layer_gemm_shapes(m: ModelSpec, tp: int) -> list[tuple[float, float]]:
     return shapes
 
 
-def moe_s(dep: Deployment, tokens: float) -> float:
+def moe_s(dep: EngineShape, tokens: float) -> float:
     """The fused-MoE kernel of one layer: the touched experts' weights, top-k FLOPs.
 
     bytes = experts touched · 3 · hidden · intermediate/tp · weight bytes;
@@ -142,7 +142,7 @@ def moe_s(dep: Deployment, tokens: float) -> float:
     )
 
 
-def allreduce_s(dep: Deployment, message_bytes: float) -> float:
+def allreduce_s(dep: EngineShape, message_bytes: float) -> float:
     """One all-reduce of ``message_bytes`` over ``tp`` GPUs (seconds).
 
     A ring moves 2 · (tp − 1)/tp of the message over each link, so its bus rate is
@@ -154,7 +154,7 @@ def allreduce_s(dep: Deployment, message_bytes: float) -> float:
     return float(allreduces_s(dep, np.array([message_bytes], dtype=np.float64))[0])
 
 
-def _gemms_s(dep: Deployment, m: FloatArray, n: float, k: float) -> FloatArray:
+def _gemms_s(dep: EngineShape, m: FloatArray, n: float, k: float) -> FloatArray:
     """``gemm_s`` over an array of token counts."""
     weight = n * k * BYTES_PER_DTYPE[dep.weight_dtype]
     moved = weight + (m * k + m * n) * ACTIVATION_BYTES
@@ -170,7 +170,7 @@ def _gemms_s(dep: Deployment, m: FloatArray, n: float, k: float) -> FloatArray:
     )
 
 
-def allreduces_s(dep: Deployment, message_bytes: FloatArray) -> FloatArray:
+def allreduces_s(dep: EngineShape, message_bytes: FloatArray) -> FloatArray:
     """``allreduce_s`` over an array of message sizes."""
     rate = dep.gpu.link_bytes_per_s(dep.tp) * dep.tp / (2.0 * (dep.tp - 1))  # the ring's R
     kernels = dep.efficiency.kernels
@@ -183,7 +183,7 @@ def allreduces_s(dep: Deployment, message_bytes: FloatArray) -> FloatArray:
     return latency + (measured.times_s(message_bytes) - latency) * measured_rate / rate
 
 
-def _token_costs(dep: Deployment, tokens: FloatArray) -> tuple[FloatArray, FloatArray]:
+def _token_costs(dep: EngineShape, tokens: FloatArray) -> tuple[FloatArray, FloatArray]:
     """(GEMM + MoE seconds, all-reduce seconds) of all layers, per token count."""
     layer = sum((_gemms_s(dep, tokens, n, k) for n, k in _layer_shapes(dep)), np.zeros_like(tokens))
     if dep.model.is_moe:
@@ -196,7 +196,7 @@ def _token_costs(dep: Deployment, tokens: FloatArray) -> tuple[FloatArray, Float
     return layers * layer, layers * reduce
 
 
-def lm_head_s(dep: Deployment, sampled: float) -> float:
+def lm_head_s(dep: EngineShape, sampled: float) -> float:
     """The LM head over the sequences that sample a token this step (vocab split over tp)."""
     if sampled <= 0:
         return 0.0
@@ -213,7 +213,7 @@ class StepModel:
     and re-summing every GEMM each time would cost more than the 100 ms a search may take.
     """
 
-    def __init__(self, dep: Deployment) -> None:
+    def __init__(self, dep: EngineShape) -> None:
         self.dep = dep
         self.gemm, self.allreduce, self.lm_head = _token_tables(dep)
         self.by_tokens = self.gemm + self.allreduce
@@ -375,7 +375,7 @@ Tables = tuple[FloatArray, FloatArray, FloatArray]
 _TABLES: OrderedDict[tuple[object, ...], Tables] = OrderedDict()
 
 
-def _token_tables(dep: Deployment) -> Tables:
+def _token_tables(dep: EngineShape) -> Tables:
     """(GEMM + MoE, all-reduce, LM head) seconds on the token grid, cached by shape."""
     m = dep.model
     key = (
@@ -410,11 +410,11 @@ def _token_tables(dep: Deployment) -> Tables:
     return tables
 
 
-_MODELS: OrderedDict[int, tuple[Deployment, StepModel]] = OrderedDict()
+_MODELS: OrderedDict[int, tuple[EngineShape, StepModel]] = OrderedDict()
 _MODELS_MAX = 512
 
 
-def step_model(dep: Deployment) -> StepModel:
+def step_model(dep: EngineShape) -> StepModel:
     """The compiled step model of ``dep`` (an LRU keyed by identity; the entry keeps the
     deployment alive so its id is not reused while cached)."""
     entry = _MODELS.get(id(dep))

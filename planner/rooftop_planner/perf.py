@@ -34,7 +34,7 @@ BLOCK_TOKENS = 16  # vLLM's default KV block size
 
 
 @dataclass(frozen=True)
-class Deployment:
+class EngineShape:
     """One engine replica's shape: which model, on which GPU, how sharded and stored."""
 
     model: ModelSpec
@@ -90,12 +90,12 @@ def weight_bytes(model: ModelSpec, weight_dtype: str) -> float:
     return body * BYTES_PER_DTYPE[weight_dtype] + embedding_params * 2.0
 
 
-def weight_bytes_per_gpu(dep: Deployment) -> float:
+def weight_bytes_per_gpu(dep: EngineShape) -> float:
     """Weights are sharded evenly over TP ranks (vLLM also splits the vocabulary)."""
     return weight_bytes(dep.model, dep.weight_dtype) / dep.tp
 
 
-def activation_reserve_bytes(dep: Deployment, max_num_batched_tokens: int) -> float:
+def activation_reserve_bytes(dep: EngineShape, max_num_batched_tokens: int) -> float:
     """Peak activation memory vLLM's profiling run reserves, per GPU.
 
     The widest tensors are the MLP's gate+up output (tokens · 2 · intermediate / tp, 16-bit)
@@ -106,7 +106,7 @@ def activation_reserve_bytes(dep: Deployment, max_num_batched_tokens: int) -> fl
 
 
 def kv_capacity_tokens(
-    dep: Deployment,
+    dep: EngineShape,
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
     free_memory_fraction: float | None = None,
@@ -134,7 +134,7 @@ def max_sequences(free_bytes: float, kv_bytes_per_sequence: float) -> int:
 
 
 def max_sequences_fitting(
-    dep: Deployment,
+    dep: EngineShape,
     tokens_per_sequence: float,
     gpu_memory_utilization: float = DEFAULT_GPU_MEMORY_UTILIZATION,
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS,
@@ -199,7 +199,7 @@ class StepBreakdown:
 STEP_PARTS = ("gemm_s", "attention_s", "allreduce_s", "overhead_s", "elementwise_s")
 
 
-def floor_s(dep: Deployment, tokens: float, context_tokens: float) -> float:
+def floor_s(dep: EngineShape, tokens: float, context_tokens: float) -> float:
     """The physical floor of one step: every weight byte touched and every cached KV byte
     read streams from HBM once at peak bandwidth (seconds). MoE touches only the experts
     its tokens route to: E · (1 − (1 − k/E)^tokens) in expectation."""
@@ -208,7 +208,7 @@ def floor_s(dep: Deployment, tokens: float, context_tokens: float) -> float:
 
 
 def step_breakdown(
-    dep: Deployment,
+    dep: EngineShape,
     decode_seqs: float,
     context_tokens: float,
     prefill_tokens: float = 0.0,
@@ -239,7 +239,7 @@ def step_breakdown(
 
 
 def forward_time_s(
-    dep: Deployment,
+    dep: EngineShape,
     decode_seqs: float,
     context_tokens: float,
     prefill_tokens: float = 0.0,
@@ -252,7 +252,7 @@ def forward_time_s(
 
 
 def forward_times_s(
-    deps: Sequence[Deployment],
+    deps: Sequence[EngineShape],
     decode_seqs: FloatArray,
     context_tokens: FloatArray,
     prefill_tokens: FloatArray,
@@ -268,7 +268,7 @@ def forward_times_s(
     )
 
 
-def _floors_s(deps: Sequence[Deployment], tokens: FloatArray, cached: FloatArray) -> FloatArray:
+def _floors_s(deps: Sequence[EngineShape], tokens: FloatArray, cached: FloatArray) -> FloatArray:
     """``floor_s`` over D × N arrays (``cached``: context already capped by a window).
 
     MoE weights touched: E · (1 − (1 − k/E)^tokens) of the E experts (the same count
@@ -287,12 +287,12 @@ def _floors_s(deps: Sequence[Deployment], tokens: FloatArray, cached: FloatArray
     return out
 
 
-def decode_step_s(dep: Deployment, batch: float, context_per_seq: float) -> float:
+def decode_step_s(dep: EngineShape, batch: float, context_per_seq: float) -> float:
     """One decode step for ``batch`` sequences each holding ``context_per_seq`` tokens."""
     return forward_time_s(dep, batch, batch * cached_tokens(dep.model, context_per_seq))
 
 
-def prefill_s(dep: Deployment, batch: float, prompt_tokens: float) -> float:
+def prefill_s(dep: EngineShape, batch: float, prompt_tokens: float) -> float:
     """Prefill of ``batch`` prompts of ``prompt_tokens`` each (compute-bound).
 
     Causal attention over a prompt of length l costs 4 · heads · head_dim · l²/2 per layer.

@@ -44,7 +44,7 @@ def _curve(
     plan: Plan, spec: ServingTargetSpec, catalog: Catalog
 ) -> tuple[list[float], list[float]]:
     gpu = catalog.gpu(plan.gpu)
-    dep = perf.Deployment(
+    dep = perf.EngineShape(
         resolve_model(spec, catalog),
         gpu,
         plan.tp,

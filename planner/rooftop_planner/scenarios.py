@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from rooftop_planner.batching import EngineLimits, Prediction, predict_continuous, predict_static
 from rooftop_planner.catalog import BYTES_PER_DTYPE, Catalog, GpuSpec
 from rooftop_planner.efficiency import EfficiencyTable
-from rooftop_planner.perf import GIB, Deployment
+from rooftop_planner.perf import GIB, EngineShape
 
 
 class ScenarioError(ValueError):
@@ -26,7 +26,7 @@ class ScenarioError(ValueError):
 
 @dataclass(frozen=True)
 class Scenario:
-    deployment: Deployment
+    deployment: EngineShape
     engine: str
     isl: int
     osl: int
@@ -212,7 +212,7 @@ def scenario_from_row(
             f"(gpus_per_node in the GPU catalog); use tp <= {gpu.gpus_per_node}"
         )
     engine = normalize_engine(row.get("engine") or "")
-    dep = Deployment(
+    dep = EngineShape(
         model=model,
         gpu=gpu,
         tp=tp,

@@ -42,7 +42,7 @@ from rooftop_planner.efficiency import EfficiencyTable, load_efficiency
 from rooftop_planner.inventory import GpuInventory
 from rooftop_planner.kernels import FloatArray
 from rooftop_planner.parallelism import TP_DEGREES, tp_problem
-from rooftop_planner.perf import Deployment
+from rooftop_planner.perf import EngineShape
 from rooftop_planner.plan import Plan
 from rooftop_planner.result import Rejection, SearchResult
 from rooftop_planner.weights import Weights, kv_problem, resolve_weights
@@ -129,7 +129,7 @@ def _batch_grid(limits: FloatArray) -> FloatArray:
     return out
 
 
-def _steps(deps: list[Deployment], limits: FloatArray, t: _Targets) -> _Steps:
+def _steps(deps: list[EngineShape], limits: FloatArray, t: _Targets) -> _Steps:
     """Step times of every candidate on its batch grid, in one array call.
 
     The serving model is ``batching.mean_step_s``: B / (osl + 1.5) admissions ride in
@@ -293,7 +293,7 @@ class _Context:
 class _Shape:
     """One candidate's engine: its deployment, the weights it loads, its context."""
 
-    dep: Deployment
+    dep: EngineShape
     weights: Weights
     max_model_len: int
     context_note: str
@@ -381,7 +381,7 @@ def _prepare(ctx: _Context, gpu: GpuSpec, wd: str, kv: str, tp: int) -> _Pending
     if problem:
         return reject("invalid", problem)
     eff = ctx.efficiency.lookup(gpu, "vllm").scaled(ctx.step_time_scale)
-    dep = Deployment(ctx.model, gpu, tp, wd, kv, eff)
+    dep = EngineShape(ctx.model, gpu, tp, wd, kv, eff)
     kv_tokens = perf.kv_capacity_tokens(dep)
     context = _context_length(ctx, kv_tokens)
     if isinstance(context, str):

@@ -15,10 +15,10 @@ from rooftop_planner.scenarios import default_limits
 from rooftop_sim.engine.truth import TruthModel
 
 
-def deployment(model: str = "llama-3.1-8b", gpu: str = "h100-sxm") -> perf.Deployment:
+def deployment(model: str = "llama-3.1-8b", gpu: str = "h100-sxm") -> perf.EngineShape:
     catalog = load_catalog()
     eff = load_efficiency().lookup(catalog.gpu(gpu), "vllm")
-    return perf.Deployment(catalog.model(model), catalog.gpu(gpu), efficiency=eff)
+    return perf.EngineShape(catalog.model(model), catalog.gpu(gpu), efficiency=eff)
 
 
 def test_a_lone_long_answer_pays_its_prompt_once() -> None:

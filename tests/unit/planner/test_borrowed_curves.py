@@ -27,9 +27,9 @@ TABLE = load_efficiency()
 
 
 def deployment(gpu: str, model: str = "llama-3.1-8b", tp: int = 1, dtype: str = "bf16"
-               ) -> perf.Deployment:  # fmt: skip
+               ) -> perf.EngineShape:  # fmt: skip
     spec = CATALOG.gpu(gpu)
-    return perf.Deployment(CATALOG.model(model), spec, tp, dtype, "auto",
+    return perf.EngineShape(CATALOG.model(model), spec, tp, dtype, "auto",
                            TABLE.lookup(spec, "trtllm"))  # fmt: skip
 
 

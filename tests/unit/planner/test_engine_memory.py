@@ -17,8 +17,8 @@ from rooftop_planner.scenarios import default_limits
 CATALOG = load_catalog()
 
 
-def deployment(gpu: str = "a10g") -> perf.Deployment:
-    return perf.Deployment(CATALOG.model("llama-3.1-8b"), CATALOG.gpu(gpu))
+def deployment(gpu: str = "a10g") -> perf.EngineShape:
+    return perf.EngineShape(CATALOG.model("llama-3.1-8b"), CATALOG.gpu(gpu))
 
 
 def test_tensorrt_llm_keeps_a_share_of_what_the_model_leaves() -> None:

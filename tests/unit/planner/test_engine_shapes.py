@@ -144,10 +144,10 @@ def test_where_the_full_context_does_not_fit_the_most_that_does_is_planned() -> 
     assert 4096 <= plan.max_model_len < 131072
     assert "the model allows 131072" in plan.context_note
     from rooftop_planner import perf
-    from rooftop_planner.perf import Deployment
+    from rooftop_planner.perf import EngineShape
 
     model, gpu = load_catalog().model("llama-3.1-8b"), load_catalog().gpu("l4")
-    kv = perf.kv_capacity_tokens(Deployment(model, gpu, plan.tp, "bf16", "auto"))
+    kv = perf.kv_capacity_tokens(EngineShape(model, gpu, plan.tp, "bf16", "auto"))
     assert plan.max_model_len <= kv * KV_FIT_MARGIN  # vLLM starts only if one fits
 
 

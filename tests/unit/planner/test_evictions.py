@@ -25,11 +25,11 @@ from rooftop_sim.engine.truth import TruthModel
 VLLM = EngineLimits(max_num_seqs=1024, preempts_when_full=True)
 
 
-def deployment(model: str = "qwen3-32b", gpu: str = "h100-sxm", tp: int = 1) -> perf.Deployment:
+def deployment(model: str = "qwen3-32b", gpu: str = "h100-sxm", tp: int = 1) -> perf.EngineShape:
     catalog = load_catalog()
     spec = catalog.gpu(gpu)
     eff = load_efficiency().lookup(spec, "vllm")
-    return perf.Deployment(catalog.model(model), spec, tp, efficiency=eff)
+    return perf.EngineShape(catalog.model(model), spec, tp, efficiency=eff)
 
 
 def test_only_an_engine_that_admits_into_a_full_cache_evicts() -> None:

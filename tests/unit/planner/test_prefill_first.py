@@ -17,9 +17,9 @@ MIXED = EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192)
 PREFILL_FIRST = EngineLimits(max_num_seqs=1024, max_num_batched_tokens=8192, mixed_prefill=False)
 
 
-def deployment(gpu: str = "h100-sxm") -> perf.Deployment:
+def deployment(gpu: str = "h100-sxm") -> perf.EngineShape:
     eff = load_efficiency().lookup(CATALOG.gpu(gpu), "sglang")
-    return perf.Deployment(CATALOG.model("llama-3.1-8b"), CATALOG.gpu(gpu), efficiency=eff)
+    return perf.EngineShape(CATALOG.model("llama-3.1-8b"), CATALOG.gpu(gpu), efficiency=eff)
 
 
 def test_each_prompt_stalls_every_decode_for_its_prefill_batch() -> None:

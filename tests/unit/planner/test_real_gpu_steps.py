@@ -27,7 +27,7 @@ from rooftop_planner.calibrate import REPO
 from rooftop_planner.catalog import SUSTAINED_FLOP_FRACTION, load_catalog
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.kernel_model import gemm_s, layer_gemm_shapes
-from rooftop_planner.perf import Deployment, floor_s, step_breakdown
+from rooftop_planner.perf import EngineShape, floor_s, step_breakdown
 
 STEPS_CSV = REPO / "data" / "measured" / "gpu_decode_steps.csv"
 
@@ -55,7 +55,7 @@ def _steps() -> list[Step]:
             gpu, batch, context = row["gpu"], int(row["batch"]), int(row["context"])
             spec = catalog.gpu(gpu)
             eff = efficiency.lookup(spec, "vllm")
-            dep = Deployment(catalog.model(row["model"]), spec, int(row["tp"]), row["weights"],
+            dep = EngineShape(catalog.model(row["model"]), spec, int(row["tp"]), row["weights"],
                              "auto", eff)  # fmt: skip
             parts = step_breakdown(dep, batch, batch * context)
             step = min(float(row["bmm_step_ms"]), float(row["sdpa_step_ms"]))
@@ -136,7 +136,7 @@ def _prefills() -> list[Prefill]:
     with PREFILL_CSV.open() as handle:
         for row in csv.DictReader(handle):
             model, gpu, tp = catalog.model(row["model"]), catalog.gpu(row["gpu"]), int(row["tp"])
-            dep = Deployment(model, gpu, tp, row["weights"], "auto",
+            dep = EngineShape(model, gpu, tp, row["weights"], "auto",
                              efficiency.lookup(gpu, "vllm"))  # fmt: skip
             p = int(row["prompt_tokens"])
             weights = sum(n * k for n, k in layer_gemm_shapes(model, tp)) * model.num_layers
@@ -178,7 +178,7 @@ def test_no_gemm_is_priced_above_the_sustained_flop_rate() -> None:
     catalog, efficiency = load_catalog(), load_efficiency()
     gpu = catalog.gpu("h100-sxm")
     for dtype in ("bf16", "fp8"):
-        dep = Deployment(catalog.model("llama-3.1-8b"), gpu, 1, dtype, "auto",
+        dep = EngineShape(catalog.model("llama-3.1-8b"), gpu, 1, dtype, "auto",
                          efficiency.lookup(gpu, "vllm"))  # fmt: skip
         m, n, k = 8192, 28672, 4096
         rate = 2.0 * m * n * k / gemm_s(dep, m, n, k)

@@ -93,7 +93,7 @@ def test_seed002_qps_per_chip_table() -> None:
 def test_pure_roofline_step_is_weights_over_bandwidth() -> None:
     """With ideal efficiency and no overheads, batch-1 decode = weight bytes / HBM bytes/s."""
     ideal = Efficiency()  # no fitted curves: every achieved fraction 1, no fixed costs
-    dep = perf.Deployment(
+    dep = perf.EngineShape(
         CATALOG.model("llama-3-70b"), CATALOG.gpu("h100-sxm"), 1, "int8", "int8", ideal
     )
     expected = perf.weight_bytes(dep.model, "int8") / dep.gpu.hbm_bytes_per_s
