@@ -108,7 +108,7 @@ bench: $(VENV)/.dev
 	$(BIN)/python benchmarks/bench_search.py
 
 calibrate: $(VENV)/.dev
-	$(BIN)/python -m rooftop_planner.calibrate
+	$(BIN)/python -m rooftop_fit.kernel_fit
 	$(BIN)/python -m rooftop_sim.engine.truth --fit
 
 cluster-up: $(VENV)/.dev tools

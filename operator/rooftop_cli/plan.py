@@ -26,6 +26,7 @@ from rooftop_api.output import (
     Cell,
     add_output_option,
     dumps,
+    plot_path_problem,
     print_table,
 )
 from rooftop_api.spec import ServingTarget
@@ -80,8 +81,6 @@ def plan_one(
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Plan every target; print them in the chosen format; the worst exit code."""
-    from rooftop_planner.plot import plot_path_problem
-
     if args.plot and (problem := plot_path_problem(args.plot)):
         return exits.fail(problem)
     loaded = load_all(args.targets)
@@ -103,7 +102,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _plot(planned: Planned, catalog: Catalog, path: str) -> None:
-    from rooftop_planner.plot import plot_plane
+    from rooftop_fit.plots import plot_plane  # offline tools: loaded only to draw
 
     plot_plane(planned.result, planned.target.spec, catalog, path)
     print(f"wrote {path}", file=sys.stderr)

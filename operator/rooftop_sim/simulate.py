@@ -30,7 +30,17 @@ from typing import Any
 import numpy as np
 
 from rooftop_api import exit_codes
-from rooftop_api.output import JSON, TABLE, TEXT, WIDE, YAML, add_output_option, dumps, print_table
+from rooftop_api.output import (
+    JSON,
+    TABLE,
+    TEXT,
+    WIDE,
+    YAML,
+    add_output_option,
+    dumps,
+    plot_path_problem,
+    print_table,
+)
 from rooftop_api.spec import ServingTargetSpec
 from rooftop_control import control, defaults
 from rooftop_control.calibration import Calibration
@@ -418,8 +428,6 @@ def _outages(values: list[str]) -> tuple[tuple[float, float], ...]:
 
 def check_flags(args: argparse.Namespace) -> None:
     """Each numeric flag finite and in range, and --plot writable, before any work."""
-    from rooftop_planner.plot import plot_path_problem
-
     rules: tuple[Rule, ...] = (
         ("--reality-factor", args.reality_factor, 0.0, True),
         ("--startup-s", args.startup_s, 0.0, False),

@@ -4,11 +4,13 @@ JSON and YAML are typed (numbers as numbers, booleans as booleans, NaN and infin
 null). Tables are drawn with rich on a terminal and plain (no colour, no box drawing:
 columns separated by spaces, a ``-`` for an empty cell) when standard output is not a
 terminal or ``NO_COLOR`` is set, so ``| grep`` and ``| awk`` read them as kubectl's.
+A ``--plot PATH`` (``rooftop plan``, ``rooftop simulate``) is checked here before any work.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import io
 import json
 import math
@@ -16,6 +18,7 @@ import os
 import shutil
 import sys
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TextIO
 
 import yaml
@@ -23,6 +26,8 @@ import yaml
 JSON, YAML, TABLE, WIDE, TEXT = "json", "yaml", "table", "wide", "text"
 # A cell: what a table shows; None shows as "-".
 Cell = str | int | float | bool | None
+# What matplotlib's Agg backend writes, by file suffix.
+PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
 
 
 def add_output_option(
@@ -126,3 +131,18 @@ def print_table(
     out = stream or sys.stdout
     width = None if is_plain(out) else shutil.get_terminal_size().columns
     print(format_table(headers, rows, width), file=out)
+
+
+def plot_path_problem(path: str) -> str:
+    """Why ``--plot PATH`` cannot be written, else "": checked before any work is done,
+    so a typo does not cost the user a whole run."""
+    target = Path(path)
+    if importlib.util.find_spec("matplotlib") is None:
+        return f"--plot {path}: drawing needs matplotlib; pip install 'rooftop[plot]'"
+    if target.suffix.lower() not in PLOT_SUFFIXES:
+        return f"--plot {path}: the file name must end in one of {', '.join(PLOT_SUFFIXES)}"
+    if not target.parent.is_dir():
+        return f"--plot {path}: folder {target.parent} does not exist; create it first"
+    if target.is_dir():
+        return f"--plot {path}: is a folder; give a file name"
+    return ""

@@ -1,7 +1,7 @@
 """How one engine runs on one GPU: fitted kernel curves plus the engine's fixed costs.
 
 Values live in ``catalog/kernel_curves.json``, written by ``python -m
-rooftop_planner.calibrate --write`` from the measured kernel tables in ``data/ops/`` and the
+rooftop_fit.kernel_fit --write`` from the measured kernel tables in ``data/ops/`` and the
 end-to-end rows of ``data/measured/calibration.csv`` (never edited by hand).
 
 Lookup for a (GPU, engine) pair: the engine's curves on the GPU's kernel table
@@ -92,7 +92,7 @@ class EfficiencyTable:
         if kernels is None:
             raise KeyError(
                 f"no fitted {curves_of} kernel curves for table {table!r} (gpu {gpu.id}); "
-                "python -m rooftop_planner.calibrate --write fits them from data/ops"
+                "python -m rooftop_fit.kernel_fit --write fits them from data/ops"
             )
         borrowed = table if gpu.kernel_table_borrowed else ""
         return Efficiency(kernels, self.overheads.get(engine, EngineOverhead()), 1.0, borrowed)

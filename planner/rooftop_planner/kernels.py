@@ -1,8 +1,8 @@
 """Kernel curves: the achieved fraction of the roofline, per kernel, as data.
 
 Every kernel of a forward pass keeps the roofline's form, bytes over bandwidth and FLOPs
-over peak, so a prediction still explains itself; what is fitted (``calibrate.py``, on the
-measured kernel tables in ``data/ops/``) is the share of peak a real engine's kernel
+over peak, so a prediction still explains itself; what is fitted (``rooftop_fit.kernel_fit``,
+on the measured kernel tables in ``data/ops/``) is the share of peak a real engine's kernel
 reaches, as a function of what drives it:
 
     t = t0 + n_items · t_item + smoothmax( bytes / (BW · η_mem(x)), FLOPs / (peak · η_flop(x)) )

@@ -6,7 +6,7 @@ cached KV byte from HBM once, and must do 2 FLOP per active parameter per token;
 takes longer bounds the step (000, 002). Tensor parallelism (TP) splits both across ``tp``
 GPUs and adds two all-reduces per layer (003). Real engines add fixed costs per step and per
 layer (scheduling, sampling, kernel launches); those and the achievable fractions of peak
-bandwidth and FLOP/s are *fitted* on measured data (``calibrate.py``), never guessed.
+bandwidth and FLOP/s are *fitted* on measured data (``rooftop_fit.kernel_fit``), never guessed.
 """
 
 from __future__ import annotations

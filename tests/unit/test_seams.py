@@ -22,6 +22,7 @@ PACKAGES = {
     "rooftop_operator": "operator",
     "rooftop_sim": "operator",
     "rooftop_cli": "operator",
+    "rooftop_fit": "planner",
 }
 # module.name: why its Any stays (only within its own package)
 WITHIN_PACKAGE_EXEMPT = {

@@ -17,7 +17,8 @@ from dataclasses import replace
 
 import pytest
 
-from rooftop_planner import calibrate, perf
+from rooftop_fit import kernel_fit
+from rooftop_planner import perf
 from rooftop_planner.catalog import load_catalog
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.kernel_model import gemm_s
@@ -36,7 +37,7 @@ def deployment(gpu: str, model: str = "llama-3.1-8b", tp: int = 1, dtype: str = 
 def dli_l40_over_l40s() -> dict[int, float]:
     """Median measured L40 / L40S TPOT per batch over the DLI rows run on both."""
     tpot: dict[tuple[str, ...], dict[str, float]] = defaultdict(dict)
-    with calibrate.DEFAULT_DATA.open(newline="") as handle:
+    with kernel_fit.DEFAULT_DATA.open(newline="") as handle:
         for row in csv.DictReader(handle):
             if row["gpu"] in ("L40", "L40S") and row["tpot_ms"]:
                 key = (row["model"], row["tp"], row["weight_dtype"], row["isl"], row["osl"],

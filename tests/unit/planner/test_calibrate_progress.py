@@ -1,4 +1,4 @@
-"""``python -m rooftop_planner.calibrate`` reports each fitted table on a terminal only."""
+"""``python -m rooftop_fit.kernel_fit`` reports each fitted table on a terminal only."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rooftop_planner import calibrate
+from rooftop_fit import kernel_fit
 from rooftop_planner.catalog import Catalog, load_catalog
 from rooftop_planner.kernels import KernelCurves
 from rooftop_planner.progress import Progress
@@ -16,7 +16,7 @@ from rooftop_planner.progress import Progress
 STORED = {
     (kc.table_gpu, kc.engine): kc
     for kc in (KernelCurves.from_mapping(e)
-               for e in json.loads(calibrate.OUTPUT.read_text())["curves"])
+               for e in json.loads(kernel_fit.OUTPUT.read_text())["curves"])
 }  # fmt: skip
 
 
@@ -27,7 +27,7 @@ class Terminal(io.StringIO):
 
 def test_one_line_per_fitted_table() -> None:
     kc = STORED["h100_sxm", "vllm"]
-    lines = calibrate.curve_lines(kc)
+    lines = kernel_fit.curve_lines(kc)
     tables = len(kc.gemm) + len(kc.decode_attention) + len(kc.prefill_attention) + len(kc.moe)
     assert len(lines) == tables
     gemm = kc.gemm["bf16"]
@@ -44,15 +44,15 @@ def _stored(ops: Path, table_gpu: str, engine: str, catalog: Catalog) -> KernelC
 def test_fit_every_engine_reports_each_table_only_on_a_terminal(
     monkeypatch: pytest.MonkeyPatch, tty: bool
 ) -> None:
-    monkeypatch.setattr(calibrate, "fit_engine_curves", _stored)
+    monkeypatch.setattr(kernel_fit, "fit_engine_curves", _stored)
     stream = Terminal() if tty else io.StringIO()
-    curves = calibrate.fit_every_engine(calibrate.DEFAULT_OPS, load_catalog(), Progress(stream))
+    curves = kernel_fit.fit_every_engine(kernel_fit.DEFAULT_OPS, load_catalog(), Progress(stream))
     assert len(curves) == len(STORED)
     if not tty:
         assert stream.getvalue() == ""
         return
     shown = stream.getvalue()
     lasting = [ln.split("\x1b[K")[-1] for ln in shown.split("\n")[:-1]]
-    assert lasting == [line for kc in curves for line in calibrate.curve_lines(kc)]
+    assert lasting == [line for kc in curves for line in kernel_fit.curve_lines(kc)]
     assert "calibrate: fitting a100_sxm/vllm" in shown
     assert shown.endswith("\n")  # no status line left behind

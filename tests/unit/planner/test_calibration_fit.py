@@ -1,6 +1,6 @@
 """The stored kernel curves and engine overheads still explain the data they were fitted on.
 
-``python -m rooftop_planner.calibrate`` prints the median error of every curve on its op
+``python -m rooftop_fit.kernel_fit`` prints the median error of every curve on its op
 table and of the engine overheads on every calibration.csv source, and stores them with
 the fit; these tests recompute both from the vendored data (``data/``) and fail when the
 stored fit has drifted above what it printed (an edited curve, a changed model, new data).
@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rooftop_planner import calibrate
+from rooftop_fit import kernel_fit
 from rooftop_planner.catalog import KERNEL_TABLE_GPUS, CatalogError, load_catalog
 from rooftop_planner.efficiency import (
     ENGINES,
@@ -25,14 +25,14 @@ from rooftop_planner.efficiency import (
 from rooftop_planner.kernel_model import elementwise_bytes
 from rooftop_planner.kernels import KernelCurves
 
-DOC = json.loads(calibrate.OUTPUT.read_text())
+DOC = json.loads(kernel_fit.OUTPUT.read_text())
 CURVES = [KernelCurves.from_mapping(entry) for entry in DOC["curves"]]
 SLACK = 0.002  # rounding of the stored figures
 
 
 @pytest.mark.parametrize("kc", CURVES, ids=lambda kc: f"{kc.table_gpu}-{kc.engine}")
 def test_every_curve_reproduces_its_table_within_its_printed_error(kc: KernelCurves) -> None:
-    errors = calibrate.stored_curve_errors(calibrate.DEFAULT_OPS, kc)
+    errors = kernel_fit.stored_curve_errors(kernel_fit.DEFAULT_OPS, kc)
     assert {"gemm.bf16", "decode_attention.bf16", "prefill_attention.bf16"} <= set(errors)
     for name, (curve, now) in errors.items():
         assert now <= curve.median_error + SLACK, f"{kc.table_gpu}/{kc.engine} {name}"
@@ -41,9 +41,9 @@ def test_every_curve_reproduces_its_table_within_its_printed_error(kc: KernelCur
 
 def test_the_engine_overheads_reproduce_calibration_csv_within_their_printed_error() -> None:
     table = table_from_mapping(DOC)
-    observations = calibrate.load_observations(calibrate.DEFAULT_DATA, table)
-    errors = calibrate.signed_errors(observations, lambda e: table.overheads[e])
-    now = calibrate.overhead_errors(observations, errors)
+    observations = kernel_fit.load_observations(kernel_fit.DEFAULT_DATA, table)
+    errors = kernel_fit.signed_errors(observations, lambda e: table.overheads[e])
+    now = kernel_fit.overhead_errors(observations, errors)
     assert set(now) == set(DOC["calibration_error"])
     for key, stored in DOC["calibration_error"].items():
         assert now[key]["rows"] == stored["rows"], key
@@ -57,18 +57,18 @@ def test_the_step_times_are_right_in_slope_over_batch_size() -> None:
     # the stored bias by batch band is what the stored fit gives, and no band of the rows
     # that time steps is biased by more than 10 % either way
     table = table_from_mapping(DOC)
-    observations = calibrate.load_observations(calibrate.DEFAULT_DATA, table)
-    errors = calibrate.signed_errors(observations, lambda e: table.overheads[e])
-    now = calibrate.bias_by_batch(observations, errors)
+    observations = kernel_fit.load_observations(kernel_fit.DEFAULT_DATA, table)
+    errors = kernel_fit.signed_errors(observations, lambda e: table.overheads[e])
+    now = kernel_fit.bias_by_batch(observations, errors)
     assert now == DOC["calibration_bias_by_batch"]
-    assert set(now["nvidia-dli:tpot_s"]) == {band for _, band in calibrate.BATCH_BANDS}
+    assert set(now["nvidia-dli:tpot_s"]) == {band for _, band in kernel_fit.BATCH_BANDS}
     for key in ("nvidia-dli:tpot_s", "nvidia-dli:ttft_s"):
         for band, bias in now[key].items():
             assert abs(bias) <= 0.10, (key, band, bias)
 
 
 def test_batch_bands() -> None:
-    bands = [calibrate.batch_band(b) for b in (1, 2, 16, 17, 64, 65, 256, 257, 4096)]
+    bands = [kernel_fit.batch_band(b) for b in (1, 2, 16, 17, 64, 65, 256, 257, 4096)]
     assert bands == ["1", "2-16", "2-16", "17-64", "17-64", "65-256", "65-256", ">256", ">256"]
 
 
@@ -77,12 +77,12 @@ def test_fitted_values_are_physical() -> None:
         for curves in (kc.gemm, kc.decode_attention, kc.prefill_attention, kc.moe):
             for curve in curves.values():
                 assert all(0.0 < v <= 1.0 for v in curve.mem_eff + curve.flop_eff)
-                assert 0.0 <= curve.t0_s <= calibrate.T0_BOUNDS_S[1]
+                assert 0.0 <= curve.t0_s <= kernel_fit.T0_BOUNDS_S[1]
         assert all(len(a.seconds) > 5 for a in kc.allreduce.values())
     for engine, overhead in load_efficiency().overheads.items():
         assert 0.0 <= overhead.step_s <= 0.02 and 0.0 <= overhead.layer_s <= 1e-4, engine
         # the elementwise kernels stream their bytes at a physical share of HBM bandwidth
-        low, high = calibrate.OVERHEAD_BOUNDS["elementwise_mem_eff"]
+        low, high = kernel_fit.OVERHEAD_BOUNDS["elementwise_mem_eff"]
         assert low <= overhead.elementwise_mem_eff <= high, engine
 
 
@@ -144,18 +144,18 @@ def test_a_gpu_must_name_its_kernel_table(tmp_path: Path) -> None:
 
 
 def test_attention_curves_fit_only_the_head_layouts_served_models_run() -> None:
-    heads = calibrate.catalog_attention_heads(load_catalog())
+    heads = kernel_fit.catalog_attention_heads(load_catalog())
     # Llama-3.1-70B: 64 query / 8 KV heads; at TP 8 one KV head per GPU
     assert {(64, 8), (32, 4), (8, 1)} <= heads
     # the tables also time 64 query heads on one KV head, which no served model runs
     assert (64, 1) not in heads
-    columns = calibrate.read_table(
-        calibrate.DEFAULT_OPS / "h100_sxm" / "trtllm" / "generation_attention_perf.csv.gz"
+    columns = kernel_fit.read_table(
+        kernel_fit.DEFAULT_OPS / "h100_sxm" / "trtllm" / "generation_attention_perf.csv.gz"
     )
-    every = calibrate.decode_attention_features(
+    every = kernel_fit.decode_attention_features(
         columns, "bfloat16", {(q, k) for q in range(1, 257) for k in range(1, 257)}
     )
-    kept = calibrate.decode_attention_features(columns, "bfloat16", heads)
+    kept = kernel_fit.decode_attention_features(columns, "bfloat16", heads)
     assert 0 < len(kept.seconds) < len(every.seconds)
 
 
@@ -164,10 +164,12 @@ def test_rows_faster_than_dram_are_left_out(table_gpu: str, cached: bool) -> Non
     """The L40S's tables time small operands re-read from its L2 cache (up to 3x its DRAM
     bandwidth); a forward pass reads them from DRAM, so the fit leaves those rows out."""
     catalog = load_catalog()
-    columns = calibrate.read_table(calibrate.DEFAULT_OPS / table_gpu / "vllm" / "gemm_perf.csv.gz")
-    rows = calibrate.gemm_features(columns, "bfloat16", calibrate.catalog_gemm_shapes(catalog))
+    columns = kernel_fit.read_table(
+        kernel_fit.DEFAULT_OPS / table_gpu / "vllm" / "gemm_perf.csv.gz"
+    )
+    rows = kernel_fit.gemm_features(columns, "bfloat16", kernel_fit.catalog_gemm_shapes(catalog))
     bw = catalog.gpus[KERNEL_TABLE_GPUS[table_gpu]].hbm_bytes_per_s
-    kept = calibrate.from_dram(rows, bw)
+    kept = kernel_fit.from_dram(rows, bw)
     assert (kept.moved / kept.seconds <= bw).all()
     assert (len(kept.seconds) < len(rows.seconds)) == cached
 
@@ -182,8 +184,10 @@ def test_fp8_gemm_curves_follow_the_tile_jump_at_each_power_of_two(table_gpu: st
     gpu = catalog.gpus[KERNEL_TABLE_GPUS[table_gpu]]
     bw, peak = gpu.hbm_bytes_per_s, gpu.flops_per_s("fp8")
     curve = load_efficiency().curves[(table_gpu, "vllm")].gemm["fp8"]
-    columns = calibrate.read_table(calibrate.DEFAULT_OPS / table_gpu / "vllm" / "gemm_perf.csv.gz")
-    rows = calibrate.gemm_features(columns, "fp8", calibrate.catalog_gemm_shapes(catalog))
+    columns = kernel_fit.read_table(
+        kernel_fit.DEFAULT_OPS / table_gpu / "vllm" / "gemm_perf.csv.gz"
+    )
+    rows = kernel_fit.gemm_features(columns, "fp8", kernel_fit.catalog_gemm_shapes(catalog))
     ratio = curve.times_s(rows.moved, rows.flops, rows.driver, bw, peak, rows.items) / rows.seconds
     for m in (128, 129, 256, 257, 512, 513, 1024):
         assert abs(float(np.median(ratio[rows.driver == m])) - 1.0) < 0.08, m
@@ -194,13 +198,13 @@ def test_a_knot_needs_a_row_between_the_previous_knot_and_itself() -> None:
     at 1,025: the fit would leave it anywhere within its bounds."""
     knots = (0.0, 2.0, 10.0, math.log2(1025), 11.0, 14.0)
     measured = np.log2(np.array([1.0, 4.0, 1024.0, 2048.0, 8192.0]))
-    kept = calibrate.supported_knots(knots, measured)
+    kept = kernel_fit.supported_knots(knots, measured)
     assert list(kept) == [0.0, 2.0, 10.0, 11.0, 14.0]
     # measured one token past 1,024: the knot there stays
-    with_jump = calibrate.supported_knots(knots, np.append(measured, math.log2(1025)))
+    with_jump = kernel_fit.supported_knots(knots, np.append(measured, math.log2(1025)))
     assert list(with_jump) == list(knots)
     # the first knot stays while rows lie below the second; the last needs rows up to it
-    assert list(calibrate.supported_knots((0.0, 4.0, 14.0), np.array([1.0, 3.0]))) == [0.0, 4.0]
+    assert list(kernel_fit.supported_knots((0.0, 4.0, 14.0), np.array([1.0, 3.0]))) == [0.0, 4.0]
 
 
 SERVED_SHAPES = ((4096, 4096), (28672, 4096), (4096, 14336), (8192, 8192), (10240, 8192))
@@ -229,7 +233,7 @@ def spikes_of(times_by_m: dict[int, float], n: float = 8192.0, k: float = 8192.0
     """The token counts ``timing_spikes`` flags in one weight shape's rows."""
     m = np.array(list(times_by_m), dtype=float)
     latency = np.array(list(times_by_m.values()))
-    flagged = calibrate.timing_spikes(m, np.full_like(m, n), np.full_like(m, k), latency)
+    flagged = kernel_fit.timing_spikes(m, np.full_like(m, n), np.full_like(m, k), latency)
     return {int(x) for x in m[flagged]}
 
 
@@ -260,7 +264,7 @@ def test_spikes_are_judged_within_one_weight_shape() -> None:
     m = np.array([1.0, 2.0, 4.0, 1.0, 2.0, 4.0])
     n = np.array([4096.0, 4096.0, 4096.0, 8192.0, 8192.0, 8192.0])
     latency = np.array([0.01, 0.01, 0.01, 0.04, 0.02, 0.02])
-    flagged = calibrate.timing_spikes(m, n, np.full_like(m, 4096.0), latency)
+    flagged = kernel_fit.timing_spikes(m, n, np.full_like(m, 4096.0), latency)
     assert flagged.tolist() == [False, False, False, True, False, False]
 
 

@@ -17,12 +17,12 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
-from rooftop_planner import calibrate
+from rooftop_fit import kernel_fit
 from rooftop_planner.catalog import load_catalog
 from rooftop_planner.perf import kv_bytes_per_token_per_gpu
 from rooftop_planner.scenarios import normalize_dtype
 
-ROWS = list(csv.DictReader(calibrate.DEFAULT_DATA.open(newline="")))
+ROWS = list(csv.DictReader(kernel_fit.DEFAULT_DATA.open(newline="")))
 CATALOG = load_catalog()
 
 
@@ -42,7 +42,7 @@ def kv_bytes_per_token_from_peak_memory(
     groups: dict[tuple[str, str, str, str, int, int], list[tuple[float, float]]] = defaultdict(list)
     for row in rows:
         peak = re.search(r"peak mem ([\d.]+) GB", row.get("notes") or "")
-        if calibrate.source_of(row) != "nvidia-dli" or not peak or not row.get("batch"):
+        if kernel_fit.source_of(row) != "nvidia-dli" or not peak or not row.get("batch"):
             continue
         isl, osl = int(row["isl"]), int(row["osl"])
         key = (row["model"], row["gpu"], row["tp"], row["weight_dtype"], isl, osl)
@@ -65,7 +65,7 @@ def long_answer_groups() -> list[tuple[dict[str, str], float]]:
                 r
                 for r in ROWS
                 if (r["model"], r["gpu"], r["tp"], r["weight_dtype"]) == (model, gpu, tp, weights)
-                and calibrate.source_of(r) == "nvidia-dli"
+                and kernel_fit.source_of(r) == "nvidia-dli"
             )
             out.append((row, bytes_per_token))
     return out
@@ -89,7 +89,7 @@ def group_id(value: object) -> str:
 def test_peak_memory_grows_by_the_cache_the_calibration_reads(
     row: dict[str, str], growth: float
 ) -> None:
-    read = normalize_dtype(calibrate.with_kv_dtype_ran(row)["kv_dtype"], "kv_dtype", kv=True)
+    read = normalize_dtype(kernel_fit.with_kv_dtype_ran(row)["kv_dtype"], "kv_dtype", kv=True)
     other = "auto" if read == "fp8" else "fp8"
     tp = int(row["tp"])
     fits = abs(math.log(growth / cache_bytes_per_token(row["model"], tp, read)))
@@ -103,14 +103,14 @@ def test_the_growth_is_the_cache_within_ten_percent_at_the_median(fp8_weights: b
     for row, growth in GROUPS:
         if row["weight_dtype"].startswith("fp8") != fp8_weights:
             continue
-        read = normalize_dtype(calibrate.with_kv_dtype_ran(row)["kv_dtype"], "kv_dtype", kv=True)
+        read = normalize_dtype(kernel_fit.with_kv_dtype_ran(row)["kv_dtype"], "kv_dtype", kv=True)
         ratios.append(growth / cache_bytes_per_token(row["model"], int(row["tp"]), read))
     assert 0.9 < statistics.median(ratios) < 1.1
 
 
 def test_only_unstated_dli_fp8_rows_change() -> None:
-    changed = [r for r in ROWS if calibrate.with_kv_dtype_ran(r) != r]
-    assert changed and all(calibrate.source_of(r) == "nvidia-dli" for r in changed)
+    changed = [r for r in ROWS if kernel_fit.with_kv_dtype_ran(r) != r]
+    assert changed and all(kernel_fit.source_of(r) == "nvidia-dli" for r in changed)
     assert all(r["weight_dtype"].startswith("fp8") for r in changed)
     stated = {**changed[0], "kv_dtype": "fp16"}
-    assert calibrate.with_kv_dtype_ran(stated) == stated
+    assert kernel_fit.with_kv_dtype_ran(stated) == stated

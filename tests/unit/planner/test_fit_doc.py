@@ -1,4 +1,4 @@
-"""docs/planner.md's fit-error tables are the stored fit's (``calibrate --stored``).
+"""docs/planner.md's fit-error tables are the stored fit's (``kernel_fit --stored``).
 
 A refit (``make calibrate``) that moves a figure fails here until the doc is updated.
 """
@@ -10,10 +10,10 @@ import re
 
 import pytest
 
-from rooftop_planner import calibrate
+from rooftop_fit import kernel_fit
 
-DOC = calibrate.REPO / "docs" / "planner.md"
-STORED = json.loads(calibrate.OUTPUT.read_text())
+DOC = kernel_fit.REPO / "docs" / "planner.md"
+STORED = json.loads(kernel_fit.OUTPUT.read_text())
 # docs/planner.md's fit-error columns and the stored curve each one shows
 CURVE_COLUMNS = (
     ("gemm", "bf16"),
@@ -68,7 +68,7 @@ def test_the_bias_by_batch_table_is_the_stored_fit(metric: str) -> None:
     bands = STORED["calibration_bias_by_batch"][f"nvidia-dli:{metric}"]
     label = metric.split("_")[0].upper()
     row = next(r for r in table_rows("DLI rows") if r[0] == label)
-    want = [f"{bands[band] * 100:+.1f} %" for _, band in calibrate.BATCH_BANDS]
+    want = [f"{bands[band] * 100:+.1f} %" for _, band in kernel_fit.BATCH_BANDS]
     assert row[1:] == want
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from rooftop_planner import calibrate
+from rooftop_fit import kernel_fit
 from rooftop_planner.catalog import load_catalog
 from rooftop_planner.efficiency import load_efficiency
 
@@ -26,7 +26,7 @@ def test_a_group_past_the_bridged_pair_runs_over_pcie() -> None:
 
 
 def test_dli_h100_nvl_tpot_at_tp4_and_tp8_is_predicted_within_25_percent() -> None:
-    observations = calibrate.load_observations(calibrate.DEFAULT_DATA, load_efficiency())
+    observations = kernel_fit.load_observations(kernel_fit.DEFAULT_DATA, load_efficiency())
     errors: dict[int, list[float]] = defaultdict(list)
     for o in observations:
         dep = o.scenario.deployment

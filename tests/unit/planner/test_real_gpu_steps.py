@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from rooftop_planner.calibrate import REPO
+from rooftop_fit.kernel_fit import REPO
 from rooftop_planner.catalog import SUSTAINED_FLOP_FRACTION, load_catalog
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.kernel_model import gemm_s, layer_gemm_shapes

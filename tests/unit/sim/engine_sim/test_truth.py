@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rooftop_planner.calibrate import REPO
+from rooftop_fit.kernel_fit import REPO
 from rooftop_planner.catalog import SUSTAINED_FLOP_FRACTION
 from rooftop_sim.engine import kernels, truth, truth_fit
 from rooftop_sim.engine.kernels import Curve, Roofline, bracket

@@ -2,13 +2,11 @@
 
 x = time per output token (ms), y = output tokens/s per GPU; each curve sweeps the
 running batch from 1 to the KV limit. The SLO is a vertical line; the chosen plan's
-operating point is marked.
+operating point is marked. ``rooftop plan --plot PATH`` draws it; the path is checked
+before any planning by ``rooftop_api.output.plot_path_problem``.
 """
 
 from __future__ import annotations
-
-import importlib.util
-from pathlib import Path
 
 from rooftop_api.spec import ServingTargetSpec
 from rooftop_planner import perf
@@ -21,23 +19,6 @@ from rooftop_planner.search import resolve_model
 from rooftop_planner.workload import from_spec
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
-# What matplotlib's Agg backend writes, by file suffix.
-PLOT_SUFFIXES = (".png", ".pdf", ".svg", ".jpg", ".jpeg")
-
-
-def plot_path_problem(path: str) -> str:
-    """Why ``--plot PATH`` cannot be written, else "": checked before any work is done,
-    so a typo does not cost the user a whole run."""
-    target = Path(path)
-    if importlib.util.find_spec("matplotlib") is None:
-        return f"--plot {path}: drawing needs matplotlib; pip install 'rooftop[plot]'"
-    if target.suffix.lower() not in PLOT_SUFFIXES:
-        return f"--plot {path}: the file name must end in one of {', '.join(PLOT_SUFFIXES)}"
-    if not target.parent.is_dir():
-        return f"--plot {path}: folder {target.parent} does not exist; create it first"
-    if target.is_dir():
-        return f"--plot {path}: is a folder; give a file name"
-    return ""
 
 
 def _curve(

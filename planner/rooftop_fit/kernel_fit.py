@@ -1,6 +1,6 @@
 """Fit the kernel curves on measured kernel tables, then the engines' fixed costs.
 
-    python -m rooftop_planner.calibrate [--ops DIR] [--data CSV] [--write | --stored]
+    python -m rooftop_fit.kernel_fit [--ops DIR] [--data CSV] [--write | --stored]
 
 1. Per measured GPU and engine (``data/ops/<gpu>/<engine>/``), every kernel table gets a
    roofline curve (``kernels.Curve``): the achieved fractions of peak bandwidth and FLOP/s
@@ -16,8 +16,9 @@
    writes: bytes that grow with the step's tokens). The error per source and metric is
    printed and stored.
 
-``--write`` stores the result in ``catalog/kernel_curves.json``; only this command writes it.
-On a terminal, stderr reports each table as it is fitted (the whole fit takes minutes).
+``--write`` stores the result in ``rooftop_planner/catalog/kernel_curves.json``; only this
+command writes it. On a terminal, stderr reports each table as it is fitted (the whole fit
+takes minutes).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+import rooftop_planner
 from rooftop_api import exit_codes
 from rooftop_planner.catalog import KERNEL_TABLE_GPUS, Catalog, load_catalog
 from rooftop_planner.efficiency import (
@@ -55,7 +57,8 @@ Array = npt.NDArray[np.float64]
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_OPS = REPO / "data" / "ops"
 DEFAULT_DATA = REPO / "data" / "measured" / "calibration.csv"
-OUTPUT = Path(__file__).resolve().parent / "catalog" / "kernel_curves.json"
+# The planner reads the fit from its own package (``efficiency.load_efficiency``).
+OUTPUT = Path(rooftop_planner.__file__).resolve().parent / "catalog" / "kernel_curves.json"
 FIT_ENGINES = ("vllm", "sglang", "trtllm")
 HEAD_DIM = 128  # the vendored attention tables hold head_dim 128 only
 FIT_ROWS = 6000  # rows per curve fit (a seeded sample); errors are reported on every row
@@ -845,7 +848,7 @@ def report(doc: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rooftop_planner.calibrate")
+    parser = argparse.ArgumentParser(prog="python -m rooftop_fit.kernel_fit")
     parser.add_argument("--ops", type=Path, default=DEFAULT_OPS, help="kernel tables folder")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="calibration.csv")
     parser.add_argument("--write", action="store_true", help="store the fit in the catalog")
