@@ -43,9 +43,18 @@ import kopf
 
 from rooftop_api import conditions as cnd
 from rooftop_api.conditions import Condition
-from rooftop_api.spec import GROUP, KIND, PLURAL, VERSION, Mode, ServingTargetSpec
+from rooftop_api.spec import (
+    GROUP,
+    KIND,
+    PLURAL,
+    VERSION,
+    Mode,
+    ServingTargetSpec,
+    ServingTargetStatus,
+)
 from rooftop_operator import builders, children, metrics
 from rooftop_operator.kube import Kube, KubeError
+from rooftop_operator.loop_memory import EngineIndex, LoopMemory
 from rooftop_operator.settings import OperatorConfig, configure
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec, slo_text
 from rooftop_planner.catalog import Catalog, load_catalog
@@ -71,8 +80,6 @@ PODS_LOOK_EVERY_S = 30.0
 # ``OperatorConfig.nodes_retry_s`` (``replan_waiting``), so nodes added later (by hand
 # or by an autoscaler) are picked up without a spec edit.
 WAITING_FOR_NODES = "waiting-for-nodes"
-# Plan fields that change the engine; a change here is a "PlanChanged" event.
-PLAN_SHAPE = ("gpu", "tp", "replicas", "maxNumSeqs", "weightDtype", "kvDtype", "maxModelLen")
 
 Obj = dict[str, Any]
 EmitFn = Callable[[Mapping[str, Any], str, str, str], None]
@@ -102,6 +109,30 @@ def kopf_emit(body: Mapping[str, Any], type_: str, reason: str, message: str) ->
     kopf.event(body, type=type_, reason=reason, message=message[:1000])  # type: ignore[arg-type]
 
 
+class RecentlyDeleted:
+    """The uids of the last ``size`` targets whose DELETED watch event arrived.
+
+    Why: a timer or daemon without kopf's finalizer is not stopped by the deletion
+    itself. kopf runs the watch handlers of an event before it re-matches the object's
+    timers and daemons against their ``when`` filters, so ``target_event`` recording the
+    uid here makes their ``alive`` filter fail in that same event, and kopf stops them.
+    The uid is needed only for that moment; the bound keeps a long-lived operator's
+    memory flat.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._uids: OrderedDict[str, None] = OrderedDict()
+        self._size = size
+
+    def add(self, uid: str) -> None:
+        self._uids[uid] = None
+        while len(self._uids) > self._size:
+            self._uids.popitem(last=False)
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._uids
+
+
 @dataclass
 class Runtime:
     """What every handler needs; built once at startup and kept in kopf's memo."""
@@ -119,56 +150,71 @@ class Runtime:
     # When each target's pods were last listed (``clock``), by target uid.
     pods_listed: dict[str, float] = field(default_factory=dict)
     clock: Callable[[], float] = time.monotonic
+    # What the feedback loop keeps between ticks, and the targets deleted lately.
+    loop: LoopMemory = field(default_factory=LoopMemory)
+    deleted: RecentlyDeleted = field(default_factory=RecentlyDeleted)
+
+    def alive(self, uid: str | None) -> bool:
+        """Whether the target with ``uid`` has not been deleted (``RecentlyDeleted``)."""
+        return uid not in self.deleted
 
     def forget(self, namespace: str, name: str, uid: str) -> None:
-        """Drop what this process keeps of a deleted target: its metric series and its
-        readiness memory."""
+        """Drop what this process keeps of a deleted target: its metric series, its
+        readiness memory and the loop's, and stop its timer and daemon."""
+        self.deleted.add(uid)
         self.metrics.forget(namespace, name)
         self.readiness_written.pop(uid, None)
         self.pods_listed.pop(uid, None)
+        self.loop.forget(uid)
 
 
 # ---------------------------------------------------------------- pure helpers
 
 
-def plan_status(plan: Plan) -> Obj:
-    """A planner ``Plan`` as the camelCase dict stored in ``status.plan``."""
-    dumped: Obj = plan.to_status().model_dump(by_alias=True, exclude_none=True, mode="json")
-    return dumped
+def plan_changed(old: Plan | None, new: Plan) -> bool:
+    """Whether the engine changed: its shape or its scale (a "PlanChanged" event)."""
+    return old is None or (old.shape, old.scale) != (new.shape, new.scale)
 
 
-def plan_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
-    old = old or {}
-    return any(old.get(k) != new.get(k) for k in PLAN_SHAPE)
+def stored_plan(status: ServingTargetStatus) -> Plan | None:
+    """``status.plan`` as a plan, or None when there is none."""
+    return None if status.plan is None else Plan.from_status(status.plan)
 
 
-def describe_plan(plan: Mapping[str, Any]) -> str:
+def describe_plan(plan: Plan) -> str:
     """``2 replicas of 1x h100-sxm (TP1), batch 64, fp8/auto, $6.98/h``."""
     return (
-        f"{replicas_of(plan.get('replicas'), plan.get('tp'), plan.get('gpu'))}, "
-        f"batch {plan.get('maxNumSeqs')}, {plan.get('weightDtype')}/{plan.get('kvDtype')}, "
-        f"${float(plan.get('usdPerHour') or 0):.2f}/h"
+        f"{replicas_of(plan.replicas, plan.tp, plan.gpu)}, "
+        f"batch {plan.max_num_seqs}, {plan.weight_dtype}/{plan.kv_dtype}, "
+        f"${round(plan.usd_per_hour, 3):.2f}/h"
     )
 
 
-def _initial(status: Mapping[str, Any]) -> list[Condition]:
+def _initial(status: ServingTargetStatus) -> list[Condition]:
     """Ready and SLOMet belong to other writers; seed them so columns are never blank."""
     seeds = [
         Condition(cnd.READY, "False", "Deploying", "waiting for the engine Deployment"),
         Condition(cnd.SLO_MET, "Unknown", "NotObserved", "no engine metrics observed yet"),
     ]
-    current = status.get("conditions")
-    return [c for c in seeds if cnd.find(current, c.type) is None]
+    return [c for c in seeds if cnd.find(status.conditions, c.type) is None]
 
 
 def with_conditions(
-    status: Obj, updates: Sequence[Condition], *, now: str, generation: int, **fields: Any
-) -> Obj:
-    """``status`` with ``fields`` set and ``updates`` merged into its conditions."""
+    status: ServingTargetStatus,
+    updates: Sequence[Condition],
+    *,
+    now: str,
+    generation: int,
+    **fields: Any,
+) -> ServingTargetStatus:
+    """``status`` with ``fields`` (its field names) set and ``updates`` merged into its
+    conditions."""
     merged = cnd.merge(
-        status.get("conditions"), [*_initial(status), *updates], now=now, generation=generation
+        status.conditions, [*_initial(status), *updates], now=now, generation=generation
     )
-    return {**status, **fields, "conditions": merged, "observedGeneration": generation}
+    return status.model_copy(
+        update={**fields, "conditions": merged, "observed_generation": generation}
+    )
 
 
 def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
@@ -287,29 +333,27 @@ def _deploy(
     plan: Plan,
     cause: str,
 ) -> None:
-    status = body.get("status") or {}
-    old_plan = status.get("plan")
+    old_plan = stored_plan(ServingTargetStatus.read(body.get("status")))
     if cause != "spec_change" or _same_generation(body):
         plan = keep_loop_scale(plan, old_plan)
-    new_plan = plan_status(plan)
     try:
         apply_children(rt, ref, spec, plan)
     except (builders.UnsupportedPlan, ChildConflict) as err:
         reason = "UnsupportedPlan" if isinstance(err, builders.UnsupportedPlan) else "NameConflict"
-        _not_deployed(rt, body, ref, spec, new_plan, reason, str(err))
+        _not_deployed(rt, body, ref, spec, plan, reason, str(err))
         return
     except KubeError as err:
         if not err.transient and not err.namespace_terminating:  # refused: say so on it
             message = f"the API server refused the engine's objects: {err}"
-            _not_deployed(rt, body, ref, spec, new_plan, "ApplyRejected", message)
+            _not_deployed(rt, body, ref, spec, plan, "ApplyRejected", message)
         raise  # reconcile_target retries, backing off
-    deployed = Condition(cnd.DEPLOYED, "True", "Applied", f"engine {describe_plan(new_plan)}")
+    deployed = Condition(cnd.DEPLOYED, "True", "Applied", f"engine {describe_plan(plan)}")
     cache = model_cache_condition(rt.catalog, spec, plan)
-    conds = [*_plan_conditions(spec, new_plan), deployed, *([cache] if cache else [])]
-    _write(rt, ref, conds, seen=body, plan=new_plan, gpu=new_plan["gpu"], slo=slo_text(spec))
-    if plan_changed(old_plan, new_plan):
+    conds = [*_plan_conditions(spec, plan), deployed, *([cache] if cache else [])]
+    _write(rt, ref, conds, seen=body, plan=plan.to_status(), gpu=plan.gpu, slo=slo_text(spec))
+    if plan_changed(old_plan, plan):
         verb = "PlanChanged" if old_plan else "Planned"
-        rt.emit(body, "Normal", verb, f"{describe_plan(new_plan)} ({cause})")
+        rt.emit(body, "Normal", verb, f"{describe_plan(plan)} ({cause})")
         if old_plan:
             rt.metrics.record_decision(ref.namespace, ref.name, "replan", cause)
     if cache is not None and cache.status == "False" and not old_plan:
@@ -351,28 +395,23 @@ def _not_deployed(
     body: Mapping[str, Any],
     ref: TargetRef,
     spec: ServingTargetSpec,
-    new_plan: Obj,
+    plan: Plan,
     reason: str,
     message: str,
 ) -> None:
     """Deployed=False with ``reason``; a Warning event only when that is news."""
     failed = Condition(cnd.DEPLOYED, "False", reason, message[:1000])
-    if _write(rt, ref, [*_plan_conditions(spec, new_plan), failed], seen=body, slo=slo_text(spec)):
+    if _write(rt, ref, [*_plan_conditions(spec, plan), failed], seen=body, slo=slo_text(spec)):
         rt.emit(body, "Warning", reason, message[:1000])
-
-
-# The part of a plan the feedback loop may change without a new spec generation.
-LOOP_FIELDS = ("replicas", "maxNumSeqs")
-_SHAPE_ONLY = tuple(k for k in PLAN_SHAPE if k not in LOOP_FIELDS)
 
 
 def _same_generation(body: Mapping[str, Any]) -> bool:
     """Whether status was written for the current spec (a resume, not an edit)."""
-    seen = (body.get("status") or {}).get("observedGeneration")
+    seen = ServingTargetStatus.read(body.get("status")).observed_generation
     return seen is not None and seen == (body.get("metadata") or {}).get("generation")
 
 
-def keep_loop_scale(plan: Plan, old_plan: Mapping[str, Any] | None) -> Plan:
+def keep_loop_scale(plan: Plan, old_plan: Plan | None) -> Plan:
     """``plan`` with the replicas and batch cap the feedback loop last chose.
 
     Why: the planner sizes for the spec's expected rate, the loop for the observed one.
@@ -381,21 +420,19 @@ def keep_loop_scale(plan: Plan, old_plan: Mapping[str, Any] | None) -> Plan:
     the replicas a load spike needed. Kept only when the engine shape (GPU, TP, dtypes,
     context) is unchanged: a new shape is a new operating curve and starts from its plan.
     """
-    if not old_plan or any(
-        old_plan.get(k) != v for k, v in plan_status(plan).items() if k in _SHAPE_ONLY
-    ):
+    if old_plan is None or old_plan.shape != plan.shape:
         return plan
-    replicas, cap = int(old_plan.get("replicas") or 0), int(old_plan.get("maxNumSeqs") or 0)
-    if replicas < 1 or cap < 1 or (replicas, cap) == (plan.replicas, plan.max_num_seqs):
+    replicas, cap = old_plan.scale
+    if replicas < 1 or cap < 1 or old_plan.scale == plan.scale:
         return plan
     return plan.rescaled(replicas, cap)
 
 
-def _plan_conditions(spec: ServingTargetSpec, plan: Mapping[str, Any]) -> list[Condition]:
-    cost, budget = float(plan.get("usdPerHour") or 0), spec.budget.usd_per_hour
+def _plan_conditions(spec: ServingTargetSpec, plan: Plan) -> list[Condition]:
+    cost, budget = round(plan.usd_per_hour, 3), spec.budget.usd_per_hour
     within = cost <= budget
     return [
-        Condition(cnd.PLANNED, "True", "Planned", str(plan.get("summary") or describe_plan(plan))),
+        Condition(cnd.PLANNED, "True", "Planned", plan.summary or describe_plan(plan)),
         Condition(cnd.FEASIBLE, "True", "PlanFound", "a plan meets the SLO within the budget"),
         Condition(
             cnd.WITHIN_BUDGET,
@@ -418,8 +455,9 @@ def _write(
     against ``seen``, the body this pass began with; read again only on a 409."""
     now = rt.now()
 
-    def mutate(status: Obj) -> Obj:
-        return with_conditions(status, conds, now=now, generation=ref.generation, **fields)
+    def mutate(stored: Obj) -> Obj:
+        status = ServingTargetStatus.read(stored)
+        return with_conditions(status, conds, now=now, generation=ref.generation, **fields).stored()
 
     return rt.kube.update_status(ref.namespace, ref.name, mutate, seen=seen) is not None
 
@@ -575,15 +613,11 @@ def sync_readiness(rt: Runtime, deployment: Mapping[str, Any]) -> None:
         return
     now = rt.now()
 
-    def mutate(status: Obj) -> Obj:
-        merged = cnd.merge(status.get("conditions"), [cond], now=now)
-        return {
-            **status,
-            "conditions": merged,
-            "replicas": desired,
-            "readyReplicas": ready,
-            "ready": cond.status,
-        }
+    def mutate(stored: Obj) -> Obj:
+        status = ServingTargetStatus.read(stored)
+        merged = cnd.merge(status.conditions, [cond], now=now)
+        shown = {"conditions": merged, "replicas": desired, "ready_replicas": ready}
+        return status.model_copy(update={**shown, "ready": cond.status}).stored()
 
     # uid: only the owner; a target recreated under the same name is not this one
     rt.kube.update_status(str(meta.get("namespace")), str(owner.get("name")), mutate, uid=uid)
@@ -594,13 +628,6 @@ def sync_readiness(rt: Runtime, deployment: Mapping[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------- kopf wiring
-
-
-# Where the feedback loop keeps each target's controller state in kopf's memo, by uid
-# (the loop writes it; a deleted target's entry goes with its DELETED event).
-LOOP_MEMORY = "loop_targets"
-# ... and each target's spec and plan as parsed models (``loop._parsed``), by uid.
-PARSED_MEMORY = "loop_parsed"
 
 
 def runtime(memo: Any) -> Runtime:
@@ -650,41 +677,11 @@ def _record(rt: Runtime, result: str) -> None:
 def waiting_for_nodes(status: Mapping[str, Any]) -> bool:
     """Whether the last plan found that only GPU nodes the cluster lacks could serve the
     target (Feasible=False, reason NodesUnavailable)."""
-    conditions: Sequence[Mapping[str, Any]] = status.get("conditions") or []
-    feasible = next((c for c in conditions if c.get("type") == cnd.FEASIBLE), {})
-    return feasible.get("status") == "False" and feasible.get("reason") == "NodesUnavailable"
-
-
-class RecentlyDeleted:
-    """The uids of the last ``size`` targets whose DELETED watch event arrived.
-
-    Why: a timer or daemon without kopf's finalizer is not stopped by the deletion
-    itself. kopf runs the watch handlers of an event before it re-matches the object's
-    timers and daemons against their ``when`` filters, so ``target_event`` recording the
-    uid here makes their ``alive`` filter fail in that same event, and kopf stops them.
-    The uid is needed only for that moment; the bound keeps a long-lived operator's
-    memory flat.
-    """
-
-    def __init__(self, size: int = 4096) -> None:
-        self._uids: OrderedDict[str, None] = OrderedDict()
-        self._size = size
-
-    def add(self, uid: str) -> None:
-        self._uids[uid] = None
-        while len(self._uids) > self._size:
-            self._uids.popitem(last=False)
-
-    def __contains__(self, uid: object) -> bool:
-        return uid in self._uids
-
-
-DELETED = RecentlyDeleted()
-
-
-def alive(uid: str | None) -> bool:
-    """Whether the target with ``uid`` has not been deleted (see ``RecentlyDeleted``)."""
-    return uid not in DELETED
+    feasible = cnd.find(ServingTargetStatus.read(status).conditions, cnd.FEASIBLE)
+    return feasible is not None and (feasible.status, feasible.reason) == (
+        "False",
+        "NodesUnavailable",
+    )
 
 
 def timer_without_finalizer(
@@ -765,9 +762,6 @@ def repair_deleted(rt: Runtime, deployment: Mapping[str, Any]) -> bool:
     return True
 
 
-EngineIndex = Mapping[tuple[str, str], Any]  # kopf.Index: (namespace, name) -> a Store
-
-
 def index_entry(body: Mapping[str, Any]) -> dict[str, Any]:
     """What the loop reads of an engine Deployment: replicas, rollout status and owner.
     A copy without managedFields and the pod template keeps 1,000 of them small."""
@@ -840,7 +834,4 @@ async def target_event(
     deletion handler would need a finalizer, and the children go by garbage collection."""
     if event.get("type") == "DELETED":
         uid = ((event.get("object") or {}).get("metadata") or {}).get("uid")
-        DELETED.add(str(uid))
         runtime(memo).forget(str(namespace), str(name), str(uid))
-        getattr(memo, LOOP_MEMORY, {}).pop(uid, None)
-        getattr(memo, PARSED_MEMORY, {}).pop(uid, None)

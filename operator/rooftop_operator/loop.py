@@ -27,29 +27,41 @@ its daemon and task with the configuration read once at start-up
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import copy
 import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import kopf
 
 from rooftop_api import conditions as cnd
-from rooftop_api.spec import ServingTargetSpec
+from rooftop_api.spec import (
+    ConditionStatus,
+    ObservedStatus,
+    ServingTargetSpec,
+    ServingTargetStatus,
+)
 from rooftop_control import control, signals
 from rooftop_control.calibration import CalibrationConfig, TrimConfig, clamp
 from rooftop_operator import children, handlers, metrics_client
 from rooftop_operator.builders import deployment_name
 from rooftop_operator.kube import KubeError
-from rooftop_operator.metrics_client import MetricsClient
+from rooftop_operator.loop_memory import (
+    EngineIndex,
+    FleetCache,
+    LoopMemory,
+    Member,
+    Members,
+    ParsedTarget,
+    TargetMemory,
+)
 from rooftop_operator.settings import LoopSettings
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec
 from rooftop_planner.catalog import Catalog
-from rooftop_planner.plan import Plan, PlanStatusError
+from rooftop_planner.plan import Plan
 
 log = logging.getLogger(__name__)
 
@@ -119,25 +131,24 @@ def decision_labels(d: control.Decision) -> tuple[str, str]:
     return direction, d.cause.value
 
 
-def observed_status(d: control.Decision, obs: control.Observation, now: str) -> dict[str, Any]:
-    """``status.observed`` (camelCase, no NaN: JSON has none)."""
+def observed_status(d: control.Decision, obs: control.Observation, now: str) -> ObservedStatus:
+    """``status.observed``: every shown signal (a reading with no figure is absent: JSON
+    has no NaN) and what the loop learned."""
 
     def num(r: control.Reading) -> float | None:
         return round(r.value, 4) if r.ok else None
 
     shown = {s.status_key: num(getattr(obs, s.field)) for s in signals.SIGNALS if s.status_key}
-    return {
-        k: v
-        for k, v in {
+    return ObservedStatus.model_validate(
+        {
             **shown,
             "calibrationFactor": round(d.calibration_factor, 4),
             "calibrationSamples": d.state.calibration.samples,
             "latencyTrim": round(d.state.trim, 4),
             "metricsState": d.metrics_state.value,
             "time": now,
-        }.items()
-        if v is not None
-    }
+        }
+    )
 
 
 # How far an observed figure must move before status is written again: window-to-window
@@ -149,8 +160,20 @@ OBSERVED_NOISE_FLOOR = {s.status_key: s.status_noise_floor for s in signals.SIGN
 OBSERVED_BOOKKEEPING = ("calibrationSamples", "time")
 
 
-def observed_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+def observed_changed(old: ObservedStatus | None, new: ObservedStatus) -> bool:
     """Whether ``new`` says something ``old`` does not, beyond each figure's noise."""
+    return _figures_changed(_figures(old), _figures(new))
+
+
+def _figures(observed: ObservedStatus | None) -> dict[str, Any]:
+    """``status.observed`` as stored (camelCase keys, no nulls), {} when absent."""
+    if observed is None:
+        return {}
+    figures: dict[str, Any] = observed.model_dump(by_alias=True, exclude_none=True)
+    return figures
+
+
+def _figures_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     keys = (set(old) | set(new)) - set(OBSERVED_BOOKKEEPING)
     for key in keys:
         before, after = old.get(key), new.get(key)
@@ -164,109 +187,98 @@ def observed_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
 
 
 def status_update(
-    status: Mapping[str, Any],
+    status: ServingTargetStatus,
     d: control.Decision,
     obs: control.Observation,
     plan: Plan,
     now: str,
-) -> dict[str, Any]:
+) -> ServingTargetStatus:
     """The new status: observed, plan (replicas, cap, cost) and the two conditions.
 
     ``observed`` keeps its previous figures (and time) unless one moved beyond its
     noise, so a quiet tick leaves status exactly as it was and nothing is written.
     """
-    out = dict(status)
-    old = status.get("observed") or {}
     new = observed_status(d, obs, now)
-    quiet = not observed_changed(old, new)
-    out["observed"] = old if quiet else new
-    if status.get("plan"):
-        out["plan"] = {
-            **status["plan"],
-            "replicas": d.replicas,
-            "maxNumSeqs": d.max_num_seqs,
-            "usdPerHour": round(d.replicas * plan.usd_per_replica_hour, 3),
-        }
-    conds = _same_words(status.get("conditions"), d.conditions) if quiet else d.conditions
-    out["conditions"] = cnd.merge(status.get("conditions"), conds, now=now)
-    return out
+    quiet = not observed_changed(status.observed, new)
+    update: dict[str, Any] = {"observed": status.observed if quiet else new}
+    if status.plan is not None:
+        cost = round(d.replicas * plan.usd_per_replica_hour, 3)
+        scale = {"replicas": d.replicas, "max_num_seqs": d.max_num_seqs, "usd_per_hour": cost}
+        update["plan"] = status.plan.model_copy(update=scale)
+    conds = _same_words(status.conditions, d.conditions) if quiet else d.conditions
+    update["conditions"] = cnd.merge(status.conditions, conds, now=now)
+    return status.model_copy(update=update)
 
 
 def _same_words(
-    current: Sequence[Mapping[str, Any]] | None, updates: Sequence[cnd.Condition]
+    current: Sequence[ConditionStatus] | None, updates: Sequence[cnd.Condition]
 ) -> list[cnd.Condition]:
     """``updates``, keeping the stored message of a condition whose status and reason are
     unchanged: its figures (an observed TPOT) moved only within their noise."""
     out = []
     for c in updates:
         old = cnd.find(current, c.type)
-        same = old is not None and (old.get("status"), old.get("reason")) == (c.status, c.reason)
-        out.append(replace(c, message=str(old.get("message", ""))) if same and old else c)
+        same = old is not None and (old.status, old.reason) == (c.status, c.reason)
+        out.append(replace(c, message=old.message) if same and old else c)
     return out
 
 
 # ---------------------------------------------------------------- one decision
 
 
-def _parsed(
-    memo: Any, ref: TargetRef, spec: Mapping[str, Any], plan: Mapping[str, Any]
-) -> tuple[ServingTargetSpec, Plan]:
-    """The target's spec and plan as models, parsed once per spec generation and plan:
-    validating them on every tick was a third of a quiet tick's CPU (1,000 targets tick
-    67 times a second). Kept by uid in kopf's memo; a deleted target's entry goes with
-    its DELETED event."""
-    cache: dict[str, Any] = memo.__dict__.setdefault(handlers.PARSED_MEMORY, {})
-    hit = cache.get(ref.uid)
-    if hit is not None and hit[0] == ref.generation and hit[1] == plan:
-        return hit[2], hit[3]
-    parsed = (parse_spec(spec), Plan.from_status(plan))
-    cache[ref.uid] = (ref.generation, copy.deepcopy(dict(plan)), *parsed)
+def _parsed(memory: LoopMemory, ref: TargetRef, body: Mapping[str, Any]) -> ParsedTarget:
+    """The target's spec, status and plan as models. The spec is parsed once per
+    generation and the status once per change: validating them on every tick was a third
+    of a quiet tick's CPU (1,000 targets tick 67 times a second).
+
+    Raises:
+        SpecError: the spec does not validate (reconcile reports it).
+    """
+    stored = body.get("status") or {}
+    hit = memory.parsed.get(ref.uid)
+    if hit is not None and hit.generation == ref.generation and hit.stored_status == stored:
+        return hit
+    same_spec = hit is not None and hit.generation == ref.generation
+    spec = hit.spec if hit is not None and same_spec else parse_spec(body.get("spec") or {})
+    status = ServingTargetStatus.read(stored)
+    plan = None if status.plan is None else Plan.from_status(status.plan)
+    parsed = ParsedTarget(ref.generation, copy.deepcopy(dict(stored)), spec, status, plan)
+    memory.parsed[ref.uid] = parsed
     return parsed
 
 
-@dataclass
-class _Target:
-    """Per-target memory: the controller state and the planner adapter (its cache)."""
-
-    key: tuple[int, str, int, int, str, str]
-    planner: control.PlanTargetPlanner
-    state: control.ControllerState
-    startup_s: float  # this target's pod start-up (rooftop_planner.lifecycle)
-
-
 def _memory(
-    memo: Any,
+    targets: dict[str, TargetMemory],
     ref: TargetRef,
     spec: ServingTargetSpec,
     plan: Plan,
-    status: Mapping[str, Any],
+    status: ServingTargetStatus,
     replicas: int,
     catalog: Catalog,
-) -> _Target:
+) -> TargetMemory:
     """The target's controller memory; rebuilt when the spec or the plan's shape changed.
 
     Raises:
         ValueError: the spec no longer plans (an unknown model, a checkpoint gone).
     """
-    targets: dict[str, _Target] = memo.__dict__.setdefault(handlers.LOOP_MEMORY, {})
-    key = (ref.generation, plan.gpu, plan.tp, plan.max_num_seqs, plan.weight_dtype, plan.kv_dtype)
+    key = (ref.generation, plan.shape)
     mem = targets.get(ref.uid)
-    if mem is None or mem.key[:3] != key[:3] or mem.key[4:] != key[4:]:
+    if mem is None or mem.key != key:
         # an operator restart must not forget what the loop learned: the trim (at
         # reality 1.3 it stands near 1.6: starting over at 1 under-serves until it is
         # learned again), and the factor with its weight (with none, one noisy window
         # would replace it)
-        observed = status.get("observed") or {}
-        factor = resumed(observed.get("calibrationFactor"), CalibrationConfig())
+        observed = status.observed or ObservedStatus()
+        factor = resumed(observed.calibration_factor, CalibrationConfig())
         state = control.initial_state(replicas or plan.replicas, plan.max_num_seqs, factor)
-        samples = resumed_samples(observed.get("calibrationSamples"))
+        samples = resumed_samples(observed.calibration_samples)
         state = replace(
             state,
-            trim=resumed(observed.get("latencyTrim"), TrimConfig()),
+            trim=resumed(observed.latency_trim, TrimConfig()),
             calibration=replace(state.calibration, samples=samples),
         )
         startup = children.pod_lifecycle(catalog, spec, plan).startup_s
-        mem = _Target(key, control.PlanTargetPlanner(spec, plan), state, startup)
+        mem = TargetMemory(key, control.PlanTargetPlanner(spec, plan), state, startup)
         targets[ref.uid] = mem
     return mem
 
@@ -330,6 +342,7 @@ def explain_unavailable(
 
 
 async def _observe(
+    fleet_cache: FleetCache,
     settings: LoopSettings,
     spec: ServingTargetSpec,
     ref: TargetRef,
@@ -343,71 +356,9 @@ async def _observe(
         slo.ttft_percentile.quantile,
         metrics_client.attainment_bucket(slo.tpot_ms),
     )
-    fleet = await FLEET.snapshot(settings, shape, slo.tpot_ms)
+    fleet = await fleet_cache.snapshot(settings, shape, slo.tpot_ms)
     snap = fleet.target(ref.namespace, ref.name)
     return observation(snap, *pods), list(snap.errors)
-
-
-QueryShape = tuple[float, float, float | None]  # TPOT and TTFT quantiles, attainment bucket
-
-
-class FleetCache:
-    """One set of grouped PromQL queries per tick for every target that shares an SLO
-    shape (percentiles and attainment bucket), instead of a set per target: what the
-    loop asks Prometheus grows with the shapes in use, not with the targets. A snapshot
-    serves the next half interval: one tick's targets share it."""
-
-    def __init__(self) -> None:
-        self._snapshots: dict[QueryShape, tuple[float, metrics_client.FleetMetrics]] = {}
-        self._lock = asyncio.Lock()
-
-    async def snapshot(
-        self, settings: LoopSettings, shape: QueryShape, tpot_slo_ms: float
-    ) -> metrics_client.FleetMetrics:
-        async with self._lock:  # one refresh at a time: the others then reuse it
-            now = time.monotonic()
-            cached = self._snapshots.get(shape)
-            if cached is not None and now - cached[0] < settings.interval_s / 2:
-                return cached[1]
-            queries = metrics_client.fleet_queries(settings.window, shape[0], shape[1], tpot_slo_ms)
-            async with MetricsClient(
-                settings.prometheus_url, settings.stale_after_s, auth=settings.prometheus_auth
-            ) as client:
-                fleet = await client.fleet_snapshot(queries)
-            self._snapshots[shape] = (time.monotonic(), fleet)
-            return fleet
-
-
-FLEET = FleetCache()
-
-
-class ApiHealth:
-    """One warning per API server outage, not one per target and tick: while the server
-    is unreachable every target's tick fails the same way."""
-
-    def __init__(self) -> None:
-        self.down = False
-
-    def failed(self, err: KubeError, target: str) -> None:
-        """Log ``err``: a transient one once per outage, any other one per target."""
-        if not err.transient:
-            log.warning("feedback %s: %s", target, err)
-        elif not self.down:
-            self.down = True
-            log.warning(
-                "Kubernetes API unavailable (%s); the loop skips ticks until it answers", err
-            )
-        else:
-            log.debug("still unavailable: %s", err)
-
-    def answered(self) -> None:
-        """A call went through: the outage, if any, is over."""
-        if self.down:
-            self.down = False
-            log.info("Kubernetes API answers again; the loop resumes")
-
-
-API_HEALTH = ApiHealth()
 
 
 def _record(
@@ -446,20 +397,19 @@ def _apply(
     elif d.cap_hold_began:
         rt.emit(body, "Normal", "BatchCapHeld", d.reason)
     now = rt.now()
-    seen = body.get("status") or {}
+    seen = ServingTargetStatus.read(body.get("status"))
     if status_update(seen, d, obs, plan, now) == seen:
         return  # nothing a user would see changed: no read, no write
-    rt.kube.update_status(
-        ref.namespace,
-        ref.name,
-        lambda status: status_update(status, d, obs, plan, now),
-        seen=body,
-    )
+
+    def mutate(stored: dict[str, Any]) -> dict[str, Any]:
+        return status_update(ServingTargetStatus.read(stored), d, obs, plan, now).stored()
+
+    rt.kube.update_status(ref.namespace, ref.name, mutate, seen=body)
 
 
 def _writes(
     rt: handlers.Runtime,
-    body: Mapping[str, Any],
+    seen: ServingTargetStatus,
     plan: Plan,
     d: control.Decision,
     obs: control.Observation,
@@ -467,50 +417,9 @@ def _writes(
     """Whether this decision writes anything (a Deployment, an event, status). Most ticks
     do not, and skip the thread hop ``_apply`` takes (at 1,000 targets the hop alone
     was a third of a tick's CPU)."""
-    seen = body.get("status") or {}
     return d.changed or d.cap_hold_began or status_update(seen, d, obs, plan, rt.now()) != seen
 
 
-@dataclass(frozen=True)
-class Member:
-    """A target the loop decides for: kopf's live view of its body (kept current by the
-    watch), its per-object memo, the engine Deployments' index, and the context kopf
-    runs its handlers in (``kopf.event`` finds kopf's event queue there)."""
-
-    body: Mapping[str, Any]
-    memo: Any
-    engine_deployments: handlers.EngineIndex
-    context: contextvars.Context = field(default_factory=contextvars.copy_context)
-
-
-class Members:
-    """The targets this replica's loop runs for: those whose ``presence`` daemon kopf
-    runs now. kopf stops every daemon while peering pauses a standby replica, and a
-    target's when its filter stops matching (deleted), so this is exactly the set the
-    per-target timers used to tick, kept without a timer each."""
-
-    def __init__(self) -> None:
-        self._by_uid: dict[str, Member] = {}
-
-    def join(self, uid: str, member: Member) -> None:
-        if not self._by_uid:
-            log.info("feedback loop: running")
-        self._by_uid[uid] = member
-
-    def leave(self, uid: str, member: Member) -> None:
-        if self._by_uid.get(uid) is member:  # not a successor spawned meanwhile
-            del self._by_uid[uid]
-            if not self._by_uid:
-                log.info("feedback loop: idle (no targets, or another replica is active)")
-
-    def snapshot(self) -> list[tuple[str, Member]]:
-        return list(self._by_uid.items())
-
-    def __len__(self) -> int:
-        return len(self._by_uid)
-
-
-MEMBERS = Members()
 # Decisions in flight at once within a tick: most take no API call and finish at once;
 # the few that write (a status change, a rescale) wait on the API server in a thread,
 # and this many keep a tick of 1,000 targets within its interval when many write.
@@ -522,7 +431,7 @@ async def presence(
     memo: kopf.Memo,
     uid: str | None,
     stopped: kopf.DaemonStopped,
-    engine_deployments: handlers.EngineIndex,
+    engine_deployments: EngineIndex,
     **_: Any,
 ) -> None:
     """A target's membership in the loop, for as long as kopf runs this daemon.
@@ -533,11 +442,12 @@ async def presence(
     still decides when a target belongs to this replica (peering, deletion).
     """
     member = Member(body, memo, engine_deployments)
-    MEMBERS.join(str(uid), member)
+    members = handlers.runtime(memo).loop.members
+    members.join(str(uid), member)
     try:
         await stopped.wait()
     finally:
-        MEMBERS.leave(str(uid), member)
+        members.leave(str(uid), member)
 
 
 async def tick(members: Members, workers: int = TICK_WORKERS) -> int:
@@ -549,7 +459,7 @@ async def tick(members: Members, workers: int = TICK_WORKERS) -> int:
     async def work() -> None:
         nonlocal done
         for uid, m in queue:
-            if not handlers.alive(uid):  # its DELETED event came; its daemon is stopping
+            if not handlers.runtime(m.memo).alive(uid):  # deleted: its daemon is stopping
                 continue
             meta = m.body.get("metadata") or {}
             # A task in the daemon's context, where kopf keeps its event queue; awaiting
@@ -580,7 +490,8 @@ async def run_loop(interval_s: float, members: Members) -> None:
 
 async def start_loop(memo: kopf.Memo, interval_s: float, **_: Any) -> None:
     """Start ``run_loop`` with the operator (kopf's startup handler)."""
-    memo.feedback_loop = asyncio.create_task(run_loop(interval_s, MEMBERS))
+    members = handlers.runtime(memo).loop.members
+    memo.feedback_loop = asyncio.create_task(run_loop(interval_s, members))
 
 
 async def stop_loop(memo: kopf.Memo, **_: Any) -> None:
@@ -591,32 +502,32 @@ async def stop_loop(memo: kopf.Memo, **_: Any) -> None:
 
 
 async def feedback(
-    body: Mapping[str, Any], memo: Any, engine_deployments: handlers.EngineIndex, **_: Any
+    body: Mapping[str, Any], memo: Any, engine_deployments: EngineIndex, **_: Any
 ) -> None:
     """One decision for one deployed target (skips targets with no plan yet).
     ``engine_deployments``: kopf's index of the engine Deployments."""
-    status = body.get("status") or {}
-    if not status.get("plan"):
+    if not (body.get("status") or {}).get("plan"):
         return
     rt, ref = handlers.runtime(memo), TargetRef.from_body(body)
-    settings = rt.config.loop
+    settings, health = rt.config.loop, rt.loop.api_health
     try:
-        spec, plan = _parsed(memo, ref, body.get("spec") or {}, status["plan"])
+        parsed = _parsed(rt.loop, ref, body)
     except SpecError:
         return  # reconcile reports it
-    except PlanStatusError as err:  # hand-edited status: reconcile writes it again
-        log.warning("feedback %s/%s: holding: %s", ref.namespace, ref.name, err)
+    spec, status, plan = parsed.spec, parsed.status, parsed.plan
+    if plan is None:  # hand-edited status: reconcile writes it again
+        log.warning("feedback %s/%s: holding: status.plan is not a plan", ref.namespace, ref.name)
         return
     dep = handlers.indexed_deployment(engine_deployments, ref.namespace, deployment_name(ref.name))
     try:
         if dep is not None and not handlers.deployment_ready(dep):  # else no API call
             await asyncio.to_thread(handlers.refresh_readiness, rt, dep)
     except KubeError as err:
-        API_HEALTH.failed(err, f"{ref.namespace}/{ref.name}")
+        health.failed(err, f"{ref.namespace}/{ref.name}")
         return  # the next tick reads again: no back-off, no traceback
     desired, ready, pending = pod_counts(dep)
     try:
-        mem = _memory(memo, ref, spec, plan, status, desired, rt.catalog)
+        mem = _memory(rt.loop.targets, ref, spec, plan, status, desired, rt.catalog)
     except (KeyError, ValueError) as err:  # CatalogError: an edit the planner rejects
         # Reconcile reports it (Planned=False, PlannerError) and keeps the workload; the
         # loop holds too, instead of failing on every tick.
@@ -640,20 +551,21 @@ async def feedback(
         metrics_window_s=settings.window_s,
         scale_down_window_s=scale_down_s,
     )
-    obs, errors = await _observe(settings, spec, ref, (ready, pending, outdated_pods(dep)))
+    pods = (ready, pending, outdated_pods(dep))
+    obs, errors = await _observe(rt.loop.fleet, settings, spec, ref, pods)
     d = control.decide(mem.state, obs, time.monotonic(), cfg)
     hint = scrape_hint(ref, rt.config.pod_monitor_labels)
     d = explain_unavailable(d, errors, settings.prometheus_url, hint)
     mem.state = d.state
     _record(rt, ref, d, obs)
-    if not _writes(rt, body, plan, d, obs):
-        API_HEALTH.answered()
+    if not _writes(rt, status, plan, d, obs):
+        health.answered()
         return
     try:
         # kopf swaps the live body's contents on the event loop when a watch event comes;
         # the thread gets a copy taken here, on the loop, so it sees one version whole
         await asyncio.to_thread(_apply, rt, dict(body), ref, spec, plan, d, obs)
     except KubeError as err:  # the next tick decides again from fresh data
-        API_HEALTH.failed(err, f"{ref.namespace}/{ref.name}")
+        health.failed(err, f"{ref.namespace}/{ref.name}")
         return
-    API_HEALTH.answered()
+    health.answered()

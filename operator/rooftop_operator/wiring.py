@@ -62,11 +62,13 @@ def _register_timers(config: OperatorConfig, registry: kopf.OperatorRegistry) ->
     handlers.timer_without_finalizer(
         handlers.replan_waiting,
         interval=config.nodes_retry_s,
-        when=lambda uid, status, **_: handlers.alive(uid) and handlers.waiting_for_nodes(status),
+        when=lambda uid, status, memo, **_: (
+            handlers.runtime(memo).alive(uid) and handlers.waiting_for_nodes(status)
+        ),
         registry=registry,
     )
     handlers.daemon_without_finalizer(
-        presence, when=lambda uid, **_: handlers.alive(uid), registry=registry
+        presence, when=lambda uid, memo, **_: handlers.runtime(memo).alive(uid), registry=registry
     )
     start = functools.partial(start_loop, interval_s=config.loop.interval_s)
     kopf.on.startup(id="feedback_loop", registry=registry)(start)

@@ -8,10 +8,12 @@ machines, ``message`` a sentence for people; ``lastTransitionTime`` moves only w
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from typing import Final, Literal
+
+from rooftop_api.spec import ConditionStatus
 
 PLANNED: Final = "Planned"
 FEASIBLE: Final = "Feasible"
@@ -41,44 +43,39 @@ def now_iso() -> str:
     return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
-def find(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> Mapping[str, Any] | None:
+def find(conditions: Sequence[ConditionStatus] | None, type_: str) -> ConditionStatus | None:
     """The condition of that type, or None."""
-    for cond in conditions or ():
-        if cond.get("type") == type_:
-            return cond
-    return None
+    return next((c for c in conditions or () if c.type == type_), None)
 
 
-def is_true(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> bool:
+def is_true(conditions: Sequence[ConditionStatus] | None, type_: str) -> bool:
     cond = find(conditions, type_)
-    return cond is not None and cond.get("status") == "True"
+    return cond is not None and cond.status == "True"
 
 
 def _entry(
-    new: Condition, old: Mapping[str, Any] | None, now: str, generation: int | None
-) -> dict[str, Any]:
-    """A condition dict; keeps the old transition time while the status is unchanged."""
-    unchanged = old is not None and old.get("status") == new.status
-    since = old.get("lastTransitionTime") if unchanged and old is not None else None
-    entry: dict[str, Any] = {
-        "type": new.type,
-        "status": new.status,
-        "reason": new.reason,
-        "message": new.message,
-        "lastTransitionTime": since or now,
-    }
-    if generation is not None:
-        entry["observedGeneration"] = generation
-    return entry
+    new: Condition, old: ConditionStatus | None, now: str, generation: int | None
+) -> ConditionStatus:
+    """The stored condition; keeps the old transition time while the status is unchanged."""
+    unchanged = old is not None and old.status == new.status
+    since = old.last_transition_time if unchanged and old is not None else None
+    return ConditionStatus(
+        type=new.type,
+        status=new.status,
+        reason=new.reason,
+        message=new.message,
+        last_transition_time=since or now,
+        observed_generation=generation,
+    )
 
 
 def merge(
-    current: Sequence[Mapping[str, Any]] | None,
+    current: Sequence[ConditionStatus] | None,
     updates: Iterable[Condition],
     *,
     now: str,
     generation: int | None = None,
-) -> list[dict[str, Any]]:
+) -> list[ConditionStatus]:
     """The full condition list after applying ``updates``; other types are kept as-is.
 
     Args:
@@ -87,8 +84,8 @@ def merge(
         now: timestamp for conditions whose status changed.
         generation: ``metadata.generation`` the updates were computed from.
     """
-    by_type: dict[str, dict[str, Any]] = {str(c["type"]): dict(c) for c in current or ()}
+    by_type = {c.type: c for c in current or ()}
     for new in updates:
         by_type[new.type] = _entry(new, by_type.get(new.type), now, generation)
     rank = {t: i for i, t in enumerate(ORDER)}
-    return sorted(by_type.values(), key=lambda c: (rank.get(c["type"], len(ORDER)), c["type"]))
+    return sorted(by_type.values(), key=lambda c: (rank.get(c.type, len(ORDER)), c.type))

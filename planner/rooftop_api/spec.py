@@ -13,10 +13,18 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic.alias_generators import to_camel
 
 from rooftop_api.vllm_args import check_env_name, check_extra_args
@@ -530,7 +538,8 @@ class ServingTarget(_Model):
     spec: ServingTargetSpec
 
 
-# ---- status (written by the operator; defined here so the CRD has one source) ----
+# ---- status: the operator reads and writes it through these models, which also
+# generate the CRD's status schema (one source for both) ----
 
 
 class PredictedLatency(_Model):
@@ -590,8 +599,8 @@ class ObservedStatus(_Model):
     )
 
 
-# The stored form, for the CRD schema only: the operator and the control law build
-# ``rooftop_api.conditions.Condition`` and ``conditions.merge`` writes it here.
+# The stored form: the operator and the control law build the desired
+# ``rooftop_api.conditions.Condition`` and ``conditions.merge`` turns it into this.
 class ConditionStatus(_Model):
     """A standard Kubernetes condition."""
 
@@ -603,7 +612,11 @@ class ConditionStatus(_Model):
     observed_generation: int | None = None
 
 
+# Each writer in the operator reads status with ``read`` and writes back ``stored()``.
 class ServingTargetStatus(_Model):
+    """What the operator decided and observed: the plan, the loop's measurements, the
+    engine's replicas and the conditions."""
+
     plan: PlanStatus | None = None
     observed: ObservedStatus | None = None
     conditions: list[ConditionStatus] | None = None
@@ -613,3 +626,30 @@ class ServingTargetStatus(_Model):
     gpu: str | None = Field(default=None, description="Planned GPU id (printer column).")
     slo: str | None = Field(default=None, description="SLO in words (printer column).")
     ready: str | None = Field(default=None, description="Ready condition (printer column).")
+
+    @classmethod
+    def read(cls, stored: Mapping[str, Any] | None) -> ServingTargetStatus:
+        """``status`` as the API server stores it (camelCase JSON).
+
+        A section that does not validate (hand-edited, or from another version) reads as
+        absent, so its writer writes it afresh; the other sections are kept.
+        """
+        raw = stored or {}
+        try:
+            return cls.model_validate(raw)
+        except ValidationError:
+            return cls.model_validate({k: v for k, v in raw.items() if _valid(cls, k, v)})
+
+    def stored(self) -> dict[str, Any]:
+        """The JSON the API server stores: camelCase, no nulls."""
+        dumped: dict[str, Any] = self.model_dump(by_alias=True, exclude_none=True, mode="json")
+        return dumped
+
+
+def _valid(model: type[BaseModel], key: str, value: Any) -> bool:
+    """Whether ``{key: value}`` alone validates as ``model``."""
+    try:
+        model.model_validate({key: value})
+    except ValidationError:
+        return False
+    return True

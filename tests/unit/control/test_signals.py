@@ -64,7 +64,8 @@ def test_a_figure_below_its_least_meaning_reads_as_that() -> None:
 
 def test_status_observed_shows_the_rows_that_name_a_key() -> None:
     readings: dict[str, Any] = {s.field: Reading(1.0, MetricState.OK) for s in signals.SIGNALS}
-    keys = set(loop.observed_status(_decision(), Observation(**readings), "t"))
+    observed = loop.observed_status(_decision(), Observation(**readings), "t")
+    keys = set(observed.model_dump(by_alias=True, exclude_none=True))
     learned = {"calibrationFactor", "calibrationSamples", "latencyTrim", "metricsState", "time"}
     assert keys - learned == {s.status_key for s in signals.SIGNALS if s.status_key}
 

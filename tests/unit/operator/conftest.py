@@ -11,7 +11,6 @@ import pytest
 from operator_fakes import NS, Events, FakeKube, FakePlanner
 from prometheus_client import CollectorRegistry
 
-from rooftop_operator import handlers
 from rooftop_operator.handlers import Runtime
 from rooftop_operator.metrics import OperatorMetrics
 from rooftop_operator.settings import OperatorConfig
@@ -49,10 +48,3 @@ def rt(kube: FakeKube, catalog: Catalog, planner: FakePlanner, events: Events) -
         metrics=OperatorMetrics(CollectorRegistry()),
         now=lambda: "2026-01-01T00:00:00Z",
     )
-
-
-@pytest.fixture(autouse=True)
-def no_deleted_targets(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts with no target recorded as deleted: ``handlers.DELETED`` is a
-    process-wide record, and a uid one test deleted would stop another test's timers."""
-    monkeypatch.setattr(handlers, "DELETED", handlers.RecentlyDeleted())

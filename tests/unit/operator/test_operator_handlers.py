@@ -23,7 +23,8 @@ from operator_fakes import (
     target_body,
 )
 
-from rooftop_api.conditions import Condition, find
+from rooftop_api.conditions import Condition
+from rooftop_api.spec import ObservedStatus
 from rooftop_control import control
 from rooftop_operator import builders, children, handlers, loop, wiring
 from rooftop_operator.handlers import Runtime, reconcile
@@ -45,6 +46,11 @@ def latest(kube: FakeKube, name: str = "chat") -> dict[str, Any]:
     found = kube.get_target(NS, name)
     assert found is not None
     return found
+
+
+def find(stored: list[dict[str, Any]] | None, type_: str) -> dict[str, Any] | None:
+    """The stored condition of that type (as the API server holds it), or None."""
+    return next((c for c in stored or [] if c.get("type") == type_), None)
 
 
 def cond(kube: FakeKube, type_: str) -> dict[str, Any]:
@@ -580,11 +586,17 @@ async def test_deleted_target_forgets_its_metrics(rt: Runtime, kube: FakeKube) -
     reconcile(rt, created(kube))
     labels = {"namespace": NS, "name": "chat"}
     assert rt.metrics.registry.get_sample_value("rooftop_target_feasible", labels) == 1.0
-    memo = kopf.Memo(runtime=rt, loop_targets={UID: "state", "other-uid": "state"})
+    unreachable = replace(rt.config.loop, prometheus_url="http://127.0.0.1:1")
+    rt.config = replace(rt.config, loop=unreachable)
+    memo = kopf.Memo(runtime=rt)
+    await loop.feedback(body=latest(kube), memo=memo, engine_deployments={})
+    other = rt.loop.targets[UID]
+    rt.loop.targets["other-uid"] = other
     deleted = {"type": "DELETED", "object": target_body()}
     await handlers.target_event(event=deleted, name="chat", namespace=NS, memo=memo)
     assert rt.metrics.registry.get_sample_value("rooftop_target_feasible", labels) is None
-    assert memo.loop_targets == {"other-uid": "state"}  # the loop's memory of it is gone too
+    assert rt.loop.targets == {"other-uid": other}  # the loop's memory of it is gone too
+    assert set(rt.loop.parsed) == set() and not rt.alive(UID)
 
 
 # ---------------------------------------------------------------- helpers
@@ -724,7 +736,8 @@ def test_a_quiet_tick_writes_nothing(rt: Runtime, kube: FakeKube) -> None:
 def test_observed_figures_change_beyond_their_noise(
     old: dict[str, Any], new: dict[str, Any], changed: bool
 ) -> None:
-    assert loop.observed_changed(old, new) is changed
+    typed = ObservedStatus.model_validate
+    assert loop.observed_changed(typed(old), typed(new)) is changed
 
 
 async def test_the_loop_holds_when_an_edit_no_longer_plans(rt: Runtime, kube: FakeKube) -> None:
@@ -739,7 +752,7 @@ async def test_the_loop_holds_when_an_edit_no_longer_plans(rt: Runtime, kube: Fa
     memo = SimpleNamespace(runtime=rt)
     await loop.feedback(body=body, memo=memo, engine_deployments={})  # returns, no CatalogError
     assert len(kube.applied) == writes  # the workload is untouched
-    assert "loop_targets" not in vars(memo) or not memo.loop_targets
+    assert not rt.loop.targets
 
 
 class NoDeploymentGets(FakeKube):
@@ -775,7 +788,7 @@ async def test_the_loop_reads_the_deployment_from_kopfs_index(rt: Runtime) -> No
     index = {(NS, deployment["metadata"]["name"]): [handlers.index_entry(ready)]}
     memo, kube.looping = SimpleNamespace(runtime=rt), True
     await loop.feedback(body=body, memo=memo, engine_deployments=index)
-    assert [m.state.replicas for m in memo.loop_targets.values()] == [3]
+    assert [m.state.replicas for m in rt.loop.targets.values()] == [3]
 
 
 # ---------------------------------------------------------------- GPU inventory

@@ -6,7 +6,6 @@ import json
 import math
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -14,6 +13,7 @@ import yaml
 from operator_fakes import make_plan
 
 from rooftop_api.conditions import Condition
+from rooftop_api.spec import ServingTargetStatus
 from rooftop_control import control
 from rooftop_control.calibration import CalibrationConfig, TrimConfig
 from rooftop_operator import loop
@@ -105,11 +105,11 @@ def test_status_update_is_json_clean() -> None:
         max_model_len=8192,
         usd_per_hour=12.8,
     )
-    status = {"plan": {"gpu": "l4", "replicas": 2, "maxNumSeqs": 64, "usdPerHour": 12.8}}
+    status = ServingTargetStatus(plan=plan.to_status())
     obs = control.Observation(tpot_ms=control.Reading(), ready_replicas=2)
     d = _decision(replicas=3)
-    out = loop.status_update(status, d, obs, plan, "2026-01-01T00:00:00Z")
-    json.dumps(out)  # no NaN
+    out = loop.status_update(status, d, obs, plan, "2026-01-01T00:00:00Z").stored()
+    json.dumps(out, allow_nan=False)
     assert out["plan"]["replicas"] == 3 and out["plan"]["usdPerHour"] == pytest.approx(19.2)
     assert "tpotMs" not in out["observed"]  # missing stays missing, not 0
     assert {c["type"] for c in out["conditions"]} == {"SLOMet", "WithinBudget"}
@@ -189,12 +189,14 @@ def test_an_operator_restart_resumes_what_the_loop_learned() -> None:
     learned = _decision(replicas=3)
     calibration = replace(learned.state.calibration, factor=1.2, samples=40)
     learned = replace(learned, state=replace(learned.state, trim=1.6, calibration=calibration))
-    status = loop.status_update({}, learned, control.Observation(), plan, "2026-01-01T00:00:00Z")
-    assert status["observed"]["latencyTrim"] == 1.6
-    restarted = loop._memory(SimpleNamespace(), ref, spec, plan, status, 3, load_catalog())
+    empty = ServingTargetStatus()
+    status = loop.status_update(empty, learned, control.Observation(), plan, "2026-01-01T00:00Z")
+    stored = ServingTargetStatus.read(status.stored())  # as a restarted operator reads it
+    assert stored.observed is not None and stored.observed.latency_trim == 1.6
+    restarted = loop._memory({}, ref, spec, plan, stored, 3, load_catalog())
     assert restarted.state.trim == 1.6
     assert (restarted.state.calibration.factor, restarted.state.calibration.samples) == (1.2, 40)
-    fresh = loop._memory(SimpleNamespace(), ref, spec, plan, {}, 3, load_catalog())
+    fresh = loop._memory({}, ref, spec, plan, empty, 3, load_catalog())
     assert (fresh.state.trim, fresh.state.calibration.samples) == (1.0, 0)
 
 
@@ -220,9 +222,9 @@ def test_a_trim_edited_into_status_is_kept_within_its_bounds(value: object, trim
 def test_a_factor_edited_into_status_cannot_stop_the_loop(value: object, factor: float) -> None:
     """It used to be float(value): a string there raised on every tick."""
     assert loop.resumed(value, CalibrationConfig()) == factor
-    status = {"observed": {"calibrationFactor": value}}
+    status = ServingTargetStatus.read({"observed": {"calibrationFactor": value}})
     spec, ref, plan = _chat_target()
-    mem = loop._memory(SimpleNamespace(), ref, spec, plan, status, 1, load_catalog())
+    mem = loop._memory({}, ref, spec, plan, status, 1, load_catalog())
     assert mem.state.calibration.factor == factor
 
 
@@ -235,8 +237,9 @@ def test_each_target_projects_demand_over_its_own_start_up() -> None:
     big = parse_spec({**real.model_dump(by_alias=True, exclude_none=True),
                       "model": "llama-3.1-70b"})  # fmt: skip
     catalog = load_catalog()
-    sim = loop._memory(SimpleNamespace(), ref, spec, plan, {}, 1, catalog)
-    small = loop._memory(SimpleNamespace(), ref, real, plan, {}, 1, catalog)
+    empty = ServingTargetStatus()
+    sim = loop._memory({}, ref, spec, plan, empty, 1, catalog)
+    small = loop._memory({}, ref, real, plan, empty, 1, catalog)
     ref70 = replace(ref, uid="u70")
-    large = loop._memory(SimpleNamespace(), ref70, big, replace(plan, tp=4), {}, 1, catalog)
+    large = loop._memory({}, ref70, big, replace(plan, tp=4), empty, 1, catalog)
     assert sim.startup_s < 10 < small.startup_s < 300 < large.startup_s

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+from types import SimpleNamespace
 from typing import Any
 
 import kopf
@@ -13,9 +14,12 @@ import pytest
 from rooftop_operator import handlers, loop, wiring
 from rooftop_operator.settings import LoopSettings, OperatorConfig
 
+RUNTIME = SimpleNamespace(alive=lambda uid: True)  # what ``tick`` asks of the runtime
 
-def member(name: str) -> loop.Member:
-    return loop.Member({"metadata": {"name": name, "namespace": "ns"}}, object(), {})
+
+def member(name: str, runtime: Any = RUNTIME) -> loop.Member:
+    memo = SimpleNamespace(runtime=runtime)
+    return loop.Member({"metadata": {"name": name, "namespace": "ns"}}, memo, {})
 
 
 @pytest.fixture
@@ -98,10 +102,11 @@ async def test_one_failing_target_costs_only_its_own_decision(
 
 
 async def test_a_target_whose_deletion_arrived_is_not_decided(decided: list[str]) -> None:
+    runtime = handlers.Runtime(kube=Any, catalog=Any, plan=Any)
     members = loop.Members()
-    members.join("uid-gone", member("gone"))
-    members.join("uid-kept", member("kept"))
-    handlers.DELETED.add("uid-gone")
+    members.join("uid-gone", member("gone", runtime))
+    members.join("uid-kept", member("kept", runtime))
+    runtime.deleted.add("uid-gone")
     await loop.tick(members)
     assert decided == ["kept"]
 
@@ -112,26 +117,21 @@ async def test_presence_is_membership_until_kopf_stops_the_daemon() -> None:
     from kopf._cogs.aiokits import aioenums
     from kopf._core.intents import stoppers
 
-    members = loop.Members()
+    runtime = handlers.Runtime(kube=Any, catalog=Any, plan=Any)
+    members = runtime.loop.members
     stopper = stoppers.DaemonStopper()
     stopped = aioenums.AsyncFlagWaiter(stopper)  # what kopf hands an async daemon
-    original = loop.MEMBERS
-    loop.MEMBERS = members
-    try:
-        body = kopf.Body({"metadata": {"name": "t", "namespace": "ns", "uid": "u1"}})
-        daemon = asyncio.create_task(
-            loop.presence(
-                body=body, memo=kopf.Memo(), uid="u1", stopped=stopped, engine_deployments={}
-            )
-        )
-        await asyncio.sleep(0)
-        assert [uid for uid, _ in members.snapshot()] == ["u1"]
-        assert members.snapshot()[0][1].body is body  # kopf's live view, not a copy
-        stopper.set(reason=stoppers.DaemonStoppingReason.OPERATOR_PAUSING)
-        await asyncio.wait_for(daemon, 1.0)
-        assert len(members) == 0
-    finally:
-        loop.MEMBERS = original
+    body = kopf.Body({"metadata": {"name": "t", "namespace": "ns", "uid": "u1"}})
+    memo = kopf.Memo(runtime=runtime)
+    daemon = asyncio.create_task(
+        loop.presence(body=body, memo=memo, uid="u1", stopped=stopped, engine_deployments={})
+    )
+    await asyncio.sleep(0)
+    assert [uid for uid, _ in members.snapshot()] == ["u1"]
+    assert members.snapshot()[0][1].body is body  # kopf's live view, not a copy
+    stopper.set(reason=stoppers.DaemonStoppingReason.OPERATOR_PAUSING)
+    await asyncio.wait_for(daemon, 1.0)
+    assert len(members) == 0
 
 
 def test_a_leaving_daemon_does_not_remove_its_successor() -> None:

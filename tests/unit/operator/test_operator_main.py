@@ -243,9 +243,9 @@ def test_routine_successes_are_debug(message: str, level: int, shown_at_info: bo
         root.setLevel(before)
 
 
-def _spawning_cause(uid: str) -> Any:
+def _spawning_cause(uid: str, memo: Any) -> Any:
     """kopf's own cause for a ServingTarget event, as its reactor builds one."""
-    from kopf._cogs.structs import bodies, ephemera, patches, references
+    from kopf._cogs.structs import bodies, patches, references
     from kopf._core.engines import indexing
     from kopf._core.intents import causes
 
@@ -256,7 +256,7 @@ def _spawning_cause(uid: str) -> Any:
                         "status": {"conditions": []}})  # fmt: skip
     return causes.SpawningCause(
         logger=logging.getLogger("test"), indices=indexing.OperatorIndexers().indices,
-        memo=ephemera.Memo(), resource=resource, patch=patches.Patch(), body=body, reset=False,
+        memo=memo, resource=resource, patch=patches.Patch(), body=body, reset=False,
     )  # fmt: skip
 
 
@@ -272,14 +272,14 @@ async def test_timers_put_no_finalizer_and_stop_when_their_target_is_deleted() -
     timers drop the deleted target's (kopf stops timers whose filter stops matching)."""
     registry = kopf.OperatorRegistry()
     main_mod.load_handlers(OperatorConfig(), registry)
-    cause = _spawning_cause("uid-1")
+    memo = kopf.Memo(runtime=_runtime())
+    cause = _spawning_cause("uid-1", memo)
     assert {h.id for h in registry._spawning.get_handlers(cause=cause)} == {"presence"}
     assert not registry._spawning.requires_finalizer(cause=cause)
     deleted = {"type": "DELETED", "object": dict(cause.body)}
-    memo = kopf.Memo(runtime=_runtime())
     await handlers.target_event(event=deleted, name="t", namespace="ns", memo=memo)
     assert registry._spawning.get_handlers(cause=cause) == []
-    assert registry._spawning.get_handlers(cause=_spawning_cause("uid-2")) != []
+    assert registry._spawning.get_handlers(cause=_spawning_cause("uid-2", memo)) != []
 
 
 def test_recently_deleted_keeps_a_bounded_number_of_uids() -> None:

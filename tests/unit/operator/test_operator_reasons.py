@@ -34,10 +34,10 @@ def documented() -> set[tuple[str, str]]:
 def written_literally() -> set[tuple[str, str]]:
     pairs = set()
     for source in CODE.values():
-        for const, reason in re.findall(r'Condition\(cnd\.(\w+), "\w+", "(\w+)"', source):
+        for const, reason in re.findall(r'Condition\(\s*cnd\.(\w+),\s*"\w+",\s*"(\w+)"', source):
             pairs.add((TYPES[const], reason))
         for const, reason in re.findall(
-            r'Condition\(type=(\w+), status="\w+", reason="(\w+)"', source
+            r'Condition\(\s*type=(\w+),\s*status="\w+",\s*reason="(\w+)"', source
         ):
             pairs.add((TYPES[const], reason))
     return pairs
