@@ -131,7 +131,7 @@ def with_applied_hash(obj: Mapping[str, Any]) -> dict[str, Any]:
     """``obj`` with a digest of itself in the ``rooftop.dev/applied`` annotation.
 
     Why: the operator skips applying a child whose fields already hold its values
-    (``handlers.is_subset``), but a field it STOPPED setting (a nodeSelector entry
+    (``reconcile.is_subset``), but a field it STOPPED setting (a nodeSelector entry
     removed from the spec, the scrape annotations once a PodMonitor exists) still sits
     there, and a subset check cannot see that. The digest changes whenever the desired
     object does, removals included, so such a change is applied, and server-side apply

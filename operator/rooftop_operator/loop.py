@@ -6,11 +6,12 @@ simulator's ``rooftop`` policy runs); this module only
 1. reads one snapshot of the target's engine metrics from Prometheus
    (``metrics_client``) and turns it into a ``control.Observation`` (every reading keeps
    its ok/missing/stale/nan state; an unreachable Prometheus is "missing");
-2. keeps each target's ``ControllerState`` in kopf's memo (an operator restart starts a
+2. keeps each target's ``ControllerState`` on the runtime (``Runtime.loop``, a
+   ``loop_memory.LoopMemory``; an operator restart starts a
    fresh state seeded with the last calibration factor from ``status.observed``: no
    history means no scale-down for a full window, the safe side);
-3. on a change, re-applies the engine Deployment through the handlers' own builders
-   (``handlers.apply_children``) with the decided replicas and batch cap, emits an
+3. on a change, re-applies the engine Deployment through reconcile's own builders
+   (``reconcile.apply_children``) with the decided replicas and batch cap, emits an
    event with the decision's reason and counts it in the operator's metrics;
 4. writes ``status.observed``, ``status.plan`` (replicas, batch cap, cost) and the
    SLOMet / WithinBudget conditions.
@@ -19,7 +20,7 @@ One task ticks for every target at once (``run_loop``, every ``LoopSettings.inte
 kopf decides which targets it ticks for through a daemon per target that only waits
 (``presence``): kopf stops those on a standby replica (peering) and for a deleted target.
 
-It imports ``handlers`` (for ``runtime`` and ``apply_children``); ``wiring`` registers
+It imports ``reconcile`` (``apply_children``) and ``readiness``; ``wiring`` registers
 its daemon and task with the configuration read once at start-up
 (``OperatorConfig.loop``, a ``LoopSettings``).
 """
@@ -46,7 +47,7 @@ from rooftop_api.spec import (
 )
 from rooftop_control import control, signals
 from rooftop_control.calibration import CalibrationConfig, TrimConfig, clamp
-from rooftop_operator import children, handlers, metrics_client
+from rooftop_operator import children, metrics_client, readiness, reconcile
 from rooftop_operator.builders import deployment_name
 from rooftop_operator.kube import KubeError
 from rooftop_operator.loop_memory import (
@@ -58,6 +59,7 @@ from rooftop_operator.loop_memory import (
     ParsedTarget,
     TargetMemory,
 )
+from rooftop_operator.runtime import Runtime, runtime
 from rooftop_operator.settings import LoopSettings
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec
 from rooftop_planner.catalog import Catalog
@@ -361,9 +363,7 @@ async def _observe(
     return observation(snap, *pods), list(snap.errors)
 
 
-def _record(
-    rt: handlers.Runtime, ref: TargetRef, d: control.Decision, obs: control.Observation
-) -> None:
+def _record(rt: Runtime, ref: TargetRef, d: control.Decision, obs: control.Observation) -> None:
     """The decision's figures in the operator's own metrics (in memory, no API call)."""
     slo = next((c for c in d.conditions if c.type == cnd.SLO_MET), None)
     rt.metrics.record_observation(
@@ -379,7 +379,7 @@ def _record(
 
 
 def _apply(
-    rt: handlers.Runtime,
+    rt: Runtime,
     body: Mapping[str, Any],
     ref: TargetRef,
     spec: ServingTargetSpec,
@@ -391,7 +391,7 @@ def _apply(
     ``_writes`` says there is something to write."""
     if d.changed:
         new = plan.rescaled(d.replicas, d.max_num_seqs)
-        handlers.apply_children(rt, ref, spec, new)
+        reconcile.apply_children(rt, ref, spec, new)
         rt.emit(body, "Normal", "Scaled", d.reason)
         rt.metrics.record_decision(ref.namespace, ref.name, *decision_labels(d))
     elif d.cap_hold_began:
@@ -408,7 +408,7 @@ def _apply(
 
 
 def _writes(
-    rt: handlers.Runtime,
+    rt: Runtime,
     seen: ServingTargetStatus,
     plan: Plan,
     d: control.Decision,
@@ -442,7 +442,7 @@ async def presence(
     still decides when a target belongs to this replica (peering, deletion).
     """
     member = Member(body, memo, engine_deployments)
-    members = handlers.runtime(memo).loop.members
+    members = runtime(memo).loop.members
     members.join(str(uid), member)
     try:
         await stopped.wait()
@@ -459,7 +459,7 @@ async def tick(members: Members, workers: int = TICK_WORKERS) -> int:
     async def work() -> None:
         nonlocal done
         for uid, m in queue:
-            if not handlers.runtime(m.memo).alive(uid):  # deleted: its daemon is stopping
+            if not runtime(m.memo).alive(uid):  # deleted: its daemon is stopping
                 continue
             meta = m.body.get("metadata") or {}
             # A task in the daemon's context, where kopf keeps its event queue; awaiting
@@ -490,7 +490,7 @@ async def run_loop(interval_s: float, members: Members) -> None:
 
 async def start_loop(memo: kopf.Memo, interval_s: float, **_: Any) -> None:
     """Start ``run_loop`` with the operator (kopf's startup handler)."""
-    members = handlers.runtime(memo).loop.members
+    members = runtime(memo).loop.members
     memo.feedback_loop = asyncio.create_task(run_loop(interval_s, members))
 
 
@@ -508,7 +508,7 @@ async def feedback(
     ``engine_deployments``: kopf's index of the engine Deployments."""
     if not (body.get("status") or {}).get("plan"):
         return
-    rt, ref = handlers.runtime(memo), TargetRef.from_body(body)
+    rt, ref = runtime(memo), TargetRef.from_body(body)
     settings, health = rt.config.loop, rt.loop.api_health
     try:
         parsed = _parsed(rt.loop, ref, body)
@@ -518,10 +518,10 @@ async def feedback(
     if plan is None:  # hand-edited status: reconcile writes it again
         log.warning("feedback %s/%s: holding: status.plan is not a plan", ref.namespace, ref.name)
         return
-    dep = handlers.indexed_deployment(engine_deployments, ref.namespace, deployment_name(ref.name))
+    dep = readiness.indexed_deployment(engine_deployments, ref.namespace, deployment_name(ref.name))
     try:
-        if dep is not None and not handlers.deployment_ready(dep):  # else no API call
-            await asyncio.to_thread(handlers.refresh_readiness, rt, dep)
+        if dep is not None and not readiness.deployment_ready(dep):  # else no API call
+            await asyncio.to_thread(readiness.refresh_readiness, rt, dep)
     except KubeError as err:
         health.failed(err, f"{ref.namespace}/{ref.name}")
         return  # the next tick reads again: no back-off, no traceback

@@ -26,8 +26,8 @@ PACKAGES = {
 }
 # module.name: why its Any stays (only within its own package)
 WITHIN_PACKAGE_EXEMPT = {
-    "rooftop_operator.handlers.runtime": "kopf's Memo is untyped: this is where it is typed",
-    "rooftop_operator.handlers.is_subset": "compares two arbitrary JSON values",
+    "rooftop_operator.runtime.runtime": "kopf's Memo is untyped: this is where it is typed",
+    "rooftop_operator.reconcile.is_subset": "compares two arbitrary JSON values",
     "rooftop_operator.kube.Kube.__init__": "the kubernetes client's ApiClient is untyped",
 }
 

@@ -11,8 +11,8 @@ import pytest
 from operator_fakes import NS, Events, FakeKube, FakePlanner
 from prometheus_client import CollectorRegistry
 
-from rooftop_operator.handlers import Runtime
 from rooftop_operator.metrics import OperatorMetrics
+from rooftop_operator.runtime import Runtime
 from rooftop_operator.settings import OperatorConfig
 from rooftop_planner.catalog import Catalog, load_catalog
 

@@ -18,7 +18,8 @@ from rooftop_api.spec import ModelCache
 from rooftop_operator import __main__ as main_mod
 from rooftop_operator import builders
 from rooftop_operator.engine_security import MODEL_CACHE_PATH, PodSecurity, parse_pod_security
-from rooftop_operator.handlers import Runtime, reconcile
+from rooftop_operator.reconcile import reconcile
+from rooftop_operator.runtime import Runtime
 from rooftop_operator.settings import OperatorConfig, env_defaults, parse_pod_monitor_labels
 from rooftop_planner.catalog import Catalog
 
@@ -278,7 +279,7 @@ def test_rooftop_render_shows_what_the_operator_is_configured_with(
 def test_pods_the_api_server_refuses_are_the_ready_reason() -> None:
     """A namespace enforcing Pod Security refuses the pods themselves: no pod exists
     to look at, and only the Deployment's ReplicaFailure condition says why."""
-    from rooftop_operator.handlers import readiness
+    from rooftop_operator.readiness import readiness
 
     why = 'pods "chat-engine-1" is forbidden: violates PodSecurity "restricted:latest": ...'
     deployment = {

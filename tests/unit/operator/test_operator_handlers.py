@@ -26,9 +26,10 @@ from operator_fakes import (
 from rooftop_api.conditions import Condition
 from rooftop_api.spec import ObservedStatus
 from rooftop_control import control
-from rooftop_operator import builders, children, handlers, loop, wiring
-from rooftop_operator.handlers import Runtime, reconcile
+from rooftop_operator import builders, children, handlers, loop, readiness, wiring
 from rooftop_operator.kube import KubeError
+from rooftop_operator.reconcile import is_subset, reconcile, waiting_for_nodes
+from rooftop_operator.runtime import Runtime
 from rooftop_operator.settings import OperatorConfig
 from rooftop_operator.specs import TargetRef, parse_spec
 
@@ -390,7 +391,7 @@ def deployment(status: dict[str, Any] | None = None, desired: int = 2) -> dict[s
     ],
 )  # fmt: skip
 def test_readiness(status: dict[str, Any], expected: tuple[str, str]) -> None:
-    ready, desired, _ = handlers.readiness(deployment(status))
+    ready, desired, _ = readiness.readiness(deployment(status))
     assert (ready.status, ready.reason) == expected
     assert desired == 2
 
@@ -398,18 +399,18 @@ def test_readiness(status: dict[str, Any], expected: tuple[str, str]) -> None:
 def test_readiness_waits_for_the_controller_to_see_the_new_spec() -> None:
     stale = deployment({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 2})
     stale["status"]["observedGeneration"] = 1
-    assert handlers.readiness(stale)[0].status == "False"
+    assert readiness.readiness(stale)[0].status == "False"
 
 
 def test_sync_readiness_writes_ready_and_counts(rt: Runtime, kube: FakeKube) -> None:
     created(kube)
     ready = deployment({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 2})
-    handlers.sync_readiness(rt, ready)
+    readiness.sync_readiness(rt, ready)
     status = kube.status()
     assert (status["ready"], status["replicas"], status["readyReplicas"]) == ("True", 2, 2)
     assert cond(kube, "Ready")["reason"] == "EngineReady"
     writes = kube.status_writes
-    handlers.sync_readiness(rt, ready)  # same state: no write
+    readiness.sync_readiness(rt, ready)  # same state: no write
     assert kube.status_writes == writes
 
 
@@ -419,7 +420,7 @@ def test_sync_readiness_ignores_deployments_of_a_recreated_target(
     body = target_body()
     body["metadata"]["uid"] = "another-uid"
     kube.add(body)
-    handlers.sync_readiness(
+    readiness.sync_readiness(
         rt, deployment({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 2})
     )
     assert kube.status() == {}
@@ -448,13 +449,13 @@ def engine_pod(
 def test_readiness_names_pods_the_scheduler_cannot_place() -> None:
     rolling = deployment({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 1})
     pods = [engine_pod("a", "Running", "True"), engine_pod("b")]
-    ready, _, _ = handlers.readiness(rolling, pods)
+    ready, _, _ = readiness.readiness(rolling, pods)
     assert (ready.status, ready.reason) == ("False", "Unschedulable")
     assert ready.message == f"1/2 engine replicas ready; 1 pod(s) cannot be scheduled: {NO_FIT}"
     placed = [engine_pod("a", "Running", "True"), engine_pod("b", scheduled="True")]
-    assert handlers.readiness(rolling, placed)[0].reason == "Deploying"
+    assert readiness.readiness(rolling, placed)[0].reason == "Deploying"
     done = deployment({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 2})
-    assert handlers.readiness(done, pods)[0].reason == "EngineReady"
+    assert readiness.readiness(done, pods)[0].reason == "EngineReady"
 
 
 def test_refresh_readiness_sees_pods_the_deployment_does_not_report(
@@ -465,18 +466,18 @@ def test_refresh_readiness_sees_pods_the_deployment_does_not_report(
     created(kube)
     starting = deployment({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 1})
     kube.add(engine_pod("b"))
-    handlers.refresh_readiness(rt, starting)
+    readiness.refresh_readiness(rt, starting)
     assert cond(kube, "Ready")["reason"] == "Unschedulable"
     assert NO_FIT in cond(kube, "Ready")["message"]
     kube.add(engine_pod("b", scheduled="True"))  # a node joined: placed, still starting
-    handlers.refresh_readiness(rt, starting)  # looked a moment ago: not again yet
+    readiness.refresh_readiness(rt, starting)  # looked a moment ago: not again yet
     assert (kube.pod_lists, cond(kube, "Ready")["reason"]) == (1, "Unschedulable")
-    clock[0] += handlers.PODS_LOOK_EVERY_S  # the loop's next tick
-    handlers.refresh_readiness(rt, starting)  # the same Deployment status
+    clock[0] += readiness.PODS_LOOK_EVERY_S  # the loop's next tick
+    readiness.refresh_readiness(rt, starting)  # the same Deployment status
     assert cond(kube, "Ready")["reason"] == "Deploying"
     lists, writes = kube.pod_lists, kube.status_writes
-    handlers.refresh_readiness(rt, None)  # no Deployment (yet)
-    handlers.refresh_readiness(rt, deployment({"replicas": 2, "updatedReplicas": 2,
+    readiness.refresh_readiness(rt, None)  # no Deployment (yet)
+    readiness.refresh_readiness(rt, deployment({"replicas": 2, "updatedReplicas": 2,
                                                "readyReplicas": 2}))  # fmt: skip
     assert (kube.pod_lists, kube.status_writes) == (lists, writes)  # ready: no API call
 
@@ -496,11 +497,11 @@ def test_deployment_events_that_change_nothing_shown_cost_no_api_call(rt: Runtim
     rt = replace(rt, kube=kube)
     created(kube)
     done = deployment({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 2})
-    handlers.sync_readiness(rt, done)
+    readiness.sync_readiness(rt, done)
     assert (kube.status_reads, cond(kube, "Ready")["reason"]) == (1, "EngineReady")
-    handlers.sync_readiness(rt, {**done, "status": {**done["status"], "availableReplicas": 2}})
+    readiness.sync_readiness(rt, {**done, "status": {**done["status"], "availableReplicas": 2}})
     assert kube.status_reads == 1
-    handlers.sync_readiness(rt, deployment({"replicas": 2, "updatedReplicas": 2,
+    readiness.sync_readiness(rt, deployment({"replicas": 2, "updatedReplicas": 2,
                                             "readyReplicas": 1}))  # fmt: skip
     assert kube.status_reads == 2 and cond(kube, "Ready")["status"] == "False"
 
@@ -516,21 +517,21 @@ def test_a_new_deployments_first_seconds_cost_no_api_call_until_it_is_ready(
     reconcile(rt, created(kube))
     writes = kube.status_writes
     starting = deployment({"replicas": 2, "updatedReplicas": 2, "readyReplicas": 0}, desired=2)
-    handlers.sync_readiness(rt, starting)
+    readiness.sync_readiness(rt, starting)
     assert (kube.pod_lists, kube.status_writes) == (0, writes)
     assert cond(kube, "Ready")["reason"] == "Deploying"
-    clock[0] += handlers.PODS_LOOK_EVERY_S
-    handlers.sync_readiness(rt, starting)
+    clock[0] += readiness.PODS_LOOK_EVERY_S
+    readiness.sync_readiness(rt, starting)
     assert (kube.pod_lists, kube.status_writes) == (1, writes + 1)
     assert cond(kube, "Ready")["message"].startswith("0/2 engine replicas ready")
-    handlers.sync_readiness(rt, deployment({"replicas": 2, "updatedReplicas": 2,
+    readiness.sync_readiness(rt, deployment({"replicas": 2, "updatedReplicas": 2,
                                             "readyReplicas": 2}))  # fmt: skip
     assert cond(kube, "Ready")["reason"] == "EngineReady"
 
 
 def test_a_ready_deployment_lists_no_pods(rt: Runtime, kube: FakeKube) -> None:
     created(kube)
-    handlers.sync_readiness(rt, deployment({"replicas": 2, "updatedReplicas": 2,
+    readiness.sync_readiness(rt, deployment({"replicas": 2, "updatedReplicas": 2,
                                             "readyReplicas": 2}))  # fmt: skip
     assert cond(kube, "Ready")["reason"] == "EngineReady" and kube.pod_lists == 0
 
@@ -621,13 +622,13 @@ def test_served_model_prefers_the_catalog_repo(rt: Runtime) -> None:
     ],
 )
 def test_is_subset(desired: Any, actual: Any, expected: bool) -> None:
-    assert handlers.is_subset(desired, actual) is expected
+    assert is_subset(desired, actual) is expected
 
 
 def test_deleted_deployment_of_a_live_target_is_recreated(rt: Runtime, kube: FakeKube) -> None:
     reconcile(rt, created(kube))
     gone = kube.objects.pop(("Deployment", NS, "chat-engine"))
-    assert handlers.repair_deleted(rt, gone) is True
+    assert readiness.repair_deleted(rt, gone) is True
     assert kube.get("apps/v1", "Deployment", NS, "chat-engine") is not None
 
 
@@ -635,7 +636,7 @@ def test_deployment_deleted_with_its_target_is_left_alone(rt: Runtime, kube: Fak
     reconcile(rt, created(kube))
     gone = kube.objects.pop(("Deployment", NS, "chat-engine"))
     kube.objects.pop(("ServingTarget", NS, "chat"))
-    assert handlers.repair_deleted(rt, gone) is False
+    assert readiness.repair_deleted(rt, gone) is False
     assert kube.get("apps/v1", "Deployment", NS, "chat-engine") is None
 
 
@@ -650,13 +651,13 @@ def test_a_deployment_deleted_with_its_namespace_is_not_repaired_nor_a_warning(
     kube.apply_error = KubeError(403, f'deployments.apps "chat-engine" is forbidden: unable to '
                                  f"create new content in namespace {NS} because it is being "
                                  "terminated")  # fmt: skip
-    with caplog.at_level("DEBUG", logger="rooftop_operator.handlers"):
-        handlers.deployment_event(rt, gone, "DELETED")
+    with caplog.at_level("DEBUG", logger="rooftop_operator.readiness"):
+        readiness.deployment_event(rt, gone, "DELETED")
     assert [r.levelname for r in caplog.records] == ["DEBUG"]
     assert cond(kube, "Deployed")["status"] == "True"  # no ApplyRejected either
     kube.apply_error = KubeError(403, "deployments.apps is forbidden: User cannot create")
-    with caplog.at_level("DEBUG", logger="rooftop_operator.handlers"):
-        handlers.deployment_event(rt, gone, "DELETED")
+    with caplog.at_level("DEBUG", logger="rooftop_operator.readiness"):
+        readiness.deployment_event(rt, gone, "DELETED")
     assert caplog.records[-1].levelname == "WARNING"  # RBAC: a real fault, said
 
 
@@ -785,7 +786,7 @@ async def test_the_loop_reads_the_deployment_from_kopfs_index(rt: Runtime) -> No
         "spec": {**deployment["spec"], "replicas": 3},
         "status": {"replicas": 3, "readyReplicas": 3, "updatedReplicas": 3},
     }
-    index = {(NS, deployment["metadata"]["name"]): [handlers.index_entry(ready)]}
+    index = {(NS, deployment["metadata"]["name"]): [readiness.index_entry(ready)]}
     memo, kube.looping = SimpleNamespace(runtime=rt), True
     await loop.feedback(body=body, memo=memo, engine_deployments=index)
     assert [m.state.replicas for m in rt.loop.targets.values()] == [3]
@@ -834,7 +835,7 @@ def test_no_node_big_enough_waits_and_says_which_nodes_would_do(
     kube.add(body)
     # no handler failure: kopf would log each retry as an error and post an Error event
     handlers.reconcile_target(body=body, memo=kopf.Memo(runtime=inventory_rt))
-    assert handlers.waiting_for_nodes(latest(kube)["status"])
+    assert waiting_for_nodes(latest(kube)["status"])
     feasible = cond(kube, "Feasible")
     assert feasible["status"] == "False"
     # the message names the node size of the plan the whole catalog would give
@@ -852,7 +853,7 @@ def test_no_node_big_enough_waits_and_says_which_nodes_would_do(
     kube.nodes.append(l4_node("big", 2))  # a node arrives: the timer's next tick deploys
     handlers.replan_waiting(body=latest(kube), memo=kopf.Memo(runtime=inventory_rt))
     assert cond(kube, "Feasible")["status"] == "True" and "Deployment" in kinds(kube)
-    assert not handlers.waiting_for_nodes(latest(kube)["status"])
+    assert not waiting_for_nodes(latest(kube)["status"])
 
 
 @pytest.mark.parametrize(
@@ -871,7 +872,7 @@ def test_only_targets_waiting_for_nodes_get_the_replan_timer(
 ) -> None:
     """An infeasible spec waits for an edit, not for nodes: planning it again every
     minute would only repeat the same answer."""
-    assert handlers.waiting_for_nodes({"conditions": conditions}) is waiting
+    assert waiting_for_nodes({"conditions": conditions}) is waiting
 
 
 def test_the_replan_timer_runs_at_the_configured_interval() -> None:
@@ -891,7 +892,7 @@ def test_with_inventory_only_nodes_the_pods_tolerate_count(
     body = target_body(spec=L4_ONLY)
     kube.add(body)
     handlers.reconcile_target(body=body, memo=kopf.Memo(runtime=inventory_rt))
-    assert handlers.waiting_for_nodes(latest(kube)["status"])
+    assert waiting_for_nodes(latest(kube)["status"])
     assert "taint dedicated=llm:NoSchedule not tolerated" in cond(kube, "Feasible")["message"]
     tolerant = {**L4_ONLY, "constraints": {**L4_ONLY["constraints"],
                 "tolerations": [{"key": "dedicated", "operator": "Exists"}]}}  # fmt: skip
@@ -930,5 +931,5 @@ def test_a_simulated_target_is_not_bound_by_the_gpus_the_nodes_offer(
     body = target_body(spec={**L4_ONLY, "mode": "simulated"})
     kube.add(body)
     handlers.reconcile_target(body=body, memo=kopf.Memo(runtime=inventory_rt))
-    assert not handlers.waiting_for_nodes(latest(kube)["status"])
+    assert not waiting_for_nodes(latest(kube)["status"])
     assert find(latest(kube)["status"]["conditions"], "Deployed")["status"] == "True"

@@ -11,7 +11,8 @@ from typing import Any
 import kopf
 import pytest
 
-from rooftop_operator import handlers, loop, wiring
+from rooftop_operator import loop, wiring
+from rooftop_operator.runtime import Runtime
 from rooftop_operator.settings import LoopSettings, OperatorConfig
 
 RUNTIME = SimpleNamespace(alive=lambda uid: True)  # what ``tick`` asks of the runtime
@@ -102,7 +103,7 @@ async def test_one_failing_target_costs_only_its_own_decision(
 
 
 async def test_a_target_whose_deletion_arrived_is_not_decided(decided: list[str]) -> None:
-    runtime = handlers.Runtime(kube=Any, catalog=Any, plan=Any)
+    runtime = Runtime(kube=Any, catalog=Any, plan=Any)
     members = loop.Members()
     members.join("uid-gone", member("gone", runtime))
     members.join("uid-kept", member("kept", runtime))
@@ -117,7 +118,7 @@ async def test_presence_is_membership_until_kopf_stops_the_daemon() -> None:
     from kopf._cogs.aiokits import aioenums
     from kopf._core.intents import stoppers
 
-    runtime = handlers.Runtime(kube=Any, catalog=Any, plan=Any)
+    runtime = Runtime(kube=Any, catalog=Any, plan=Any)
     members = runtime.loop.members
     stopper = stoppers.DaemonStopper()
     stopped = aioenums.AsyncFlagWaiter(stopper)  # what kopf hands an async daemon

@@ -19,6 +19,7 @@ from rooftop_cli.main import build_parser
 from rooftop_operator import __main__ as main_mod
 from rooftop_operator import handlers, wiring
 from rooftop_operator.metrics import OperatorMetrics
+from rooftop_operator.runtime import RecentlyDeleted, Runtime
 from rooftop_operator.settings import (
     VLLM_IMAGE,
     LoopSettings,
@@ -260,9 +261,9 @@ def _spawning_cause(uid: str, memo: Any) -> Any:
     )  # fmt: skip
 
 
-def _runtime() -> handlers.Runtime:
+def _runtime() -> Runtime:
     """A runtime with a fake API and its own metrics registry."""
-    return handlers.Runtime(kube=FakeKube(), catalog=load_catalog(), plan=FakePlanner(),
+    return Runtime(kube=FakeKube(), catalog=load_catalog(), plan=FakePlanner(),
                             metrics=OperatorMetrics(CollectorRegistry()))  # fmt: skip
 
 
@@ -283,7 +284,7 @@ async def test_timers_put_no_finalizer_and_stop_when_their_target_is_deleted() -
 
 
 def test_recently_deleted_keeps_a_bounded_number_of_uids() -> None:
-    recent = handlers.RecentlyDeleted(size=2)
+    recent = RecentlyDeleted(size=2)
     for uid in ("a", "b", "c"):
         recent.add(uid)
     assert "a" not in recent and "b" in recent and "c" in recent
@@ -350,6 +351,7 @@ def test_importing_the_handler_modules_registers_nothing() -> None:
     said, or twice. (kopf's own login handlers are kopf's.)"""
     script = (
         "import kopf, rooftop_operator.handlers, rooftop_operator.loop\n"
+        "import rooftop_operator.reconcile, rooftop_operator.readiness\n"
         "r = kopf.get_default_registry()\n"
         "kinds = (r._changing, r._activities, r._spawning, r._watching, r._indexing)\n"
         "print([h.id for k in kinds for h in k.get_all_handlers()"

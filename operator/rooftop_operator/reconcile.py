@@ -1,0 +1,396 @@
+"""One reconcile pass for one ServingTarget: plan, apply the children, write status.
+
+``reconcile`` parses the spec with the pydantic models, plans with the planner,
+server-side applies the children (Deployment, Service, PodMonitor) and writes status:
+plan, gpu, slo, observedGeneration and the Planned, Feasible, Deployed and WithinBudget
+conditions (read-modify-write, see ``kube.update_status``).
+
+Failure policy: an invalid spec or an infeasible target is a condition and an event,
+never an exception, and changes no workload; a target waiting for GPU nodes is planned
+again by a timer (``handlers.replan_waiting``), not by failing. API errors propagate as
+``KubeError``; the kopf handlers turn them into retries.
+
+The feedback loop (``loop.py``) re-applies the children through ``apply_children`` and
+writes ``status.plan.replicas``/``maxNumSeqs``. A later reconcile of the same spec
+generation (an operator restart, a repaired Deployment) keeps those
+(``keep_loop_scale``); a spec edit or a new engine shape starts from the new plan.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rooftop_api import conditions as cnd
+from rooftop_api.conditions import Condition
+from rooftop_api.spec import (
+    Mode,
+    ServingTargetSpec,
+    ServingTargetStatus,
+)
+from rooftop_operator import builders, children
+from rooftop_operator.kube import KubeError
+from rooftop_operator.runtime import Obj, Runtime
+from rooftop_operator.specs import SpecError, TargetRef, parse_spec, slo_text
+from rooftop_planner.catalog import Catalog
+from rooftop_planner.explain import replicas_of
+from rooftop_planner.inventory import GpuInventory, Placement, inventory_from_nodes
+from rooftop_planner.lifecycle import DOWNLOAD_BYTES_PER_S
+from rooftop_planner.plan import Plan
+from rooftop_planner.result import SearchResult
+
+PODMONITOR_API = ("monitoring.coreos.com/v1", "podmonitors")
+
+
+# A target only GPU nodes the cluster lacks could serve is planned again every
+# ``OperatorConfig.nodes_retry_s`` (``replan_waiting``), so nodes added later (by hand
+# or by an autoscaler) are picked up without a spec edit.
+WAITING_FOR_NODES = "waiting-for-nodes"
+
+
+def plan_changed(old: Plan | None, new: Plan) -> bool:
+    """Whether the engine changed: its shape or its scale (a "PlanChanged" event)."""
+    return old is None or (old.shape, old.scale) != (new.shape, new.scale)
+
+
+def stored_plan(status: ServingTargetStatus) -> Plan | None:
+    """``status.plan`` as a plan, or None when there is none."""
+    return None if status.plan is None else Plan.from_status(status.plan)
+
+
+def describe_plan(plan: Plan) -> str:
+    """``2 replicas of 1x h100-sxm (TP1), batch 64, fp8/auto, $6.98/h``."""
+    return (
+        f"{replicas_of(plan.replicas, plan.tp, plan.gpu)}, "
+        f"batch {plan.max_num_seqs}, {plan.weight_dtype}/{plan.kv_dtype}, "
+        f"${round(plan.usd_per_hour, 3):.2f}/h"
+    )
+
+
+def _initial(status: ServingTargetStatus) -> list[Condition]:
+    """Ready and SLOMet belong to other writers; seed them so columns are never blank."""
+    seeds = [
+        Condition(cnd.READY, "False", "Deploying", "waiting for the engine Deployment"),
+        Condition(cnd.SLO_MET, "Unknown", "NotObserved", "no engine metrics observed yet"),
+    ]
+    return [c for c in seeds if cnd.find(status.conditions, c.type) is None]
+
+
+def with_conditions(
+    status: ServingTargetStatus,
+    updates: Sequence[Condition],
+    *,
+    now: str,
+    generation: int,
+    **fields: Any,
+) -> ServingTargetStatus:
+    """``status`` with ``fields`` (its field names) set and ``updates`` merged into its
+    conditions."""
+    merged = cnd.merge(
+        status.conditions, [*_initial(status), *updates], now=now, generation=generation
+    )
+    return status.model_copy(
+        update={**fields, "conditions": merged, "observed_generation": generation}
+    )
+
+
+def controlled_by(obj: Mapping[str, Any], uid: str) -> bool:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(r.get("uid") == uid and r.get("controller") for r in refs)
+
+
+def is_subset(desired: Any, actual: Any) -> bool:
+    """Whether every field we set already has our value (server defaults aside), so
+    the apply can be skipped. Lists must match element by element."""
+    if isinstance(desired, Mapping):
+        return isinstance(actual, Mapping) and all(
+            k in actual and is_subset(v, actual[k]) for k, v in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(actual, list)
+            and len(desired) == len(actual)
+            and all(is_subset(d, a) for d, a in zip(desired, actual, strict=True))
+        )
+    return bool(desired == actual)
+
+
+def reconcile(
+    rt: Runtime,
+    body: Mapping[str, Any],
+    *,
+    step_time_scale: float = 1.0,
+    requests_per_second: float | None = None,
+    cause: str = "spec_change",
+) -> str:
+    """One pass for one target; returns the result recorded in metrics (``success``,
+    ``skipped`` for invalid/infeasible targets), or ``WAITING_FOR_NODES`` when only GPU
+    nodes the cluster lacks could serve it (``replan_waiting`` then plans it again)."""
+    ref = TargetRef.from_body(body)
+    try:
+        spec = parse_spec(body.get("spec") or {})
+    except SpecError as err:
+        _invalid(rt, body, ref, err)
+        return "skipped"
+    # A simulated engine runs on any node, so the GPUs the nodes offer do not bound it.
+    on_gpus = rt.config.gpu_inventory and spec.mode is not Mode.SIMULATED
+    inventory = {"gpu_inventory": gpu_inventory(rt, spec)} if on_gpus else {}
+    try:
+        result = rt.plan(
+            spec,
+            catalog=rt.catalog,
+            step_time_scale=step_time_scale,
+            requests_per_second=requests_per_second,
+            engine_families=children.engine_families(rt.config, spec),
+            **inventory,
+        )
+    except (KeyError, ValueError) as err:  # unknown model/GPU, bad modelConfig
+        _plan_error(rt, body, ref, spec, err)
+        return "skipped"
+    _record_plan(rt, ref, spec, result)
+    if not result.feasible or result.plan is None:
+        _infeasible(rt, body, ref, spec, result)
+        return WAITING_FOR_NODES if result.beyond_inventory else "skipped"
+    _deploy(rt, body, ref, spec, result.plan, cause)
+    return "success"
+
+
+def gpu_inventory(rt: Runtime, spec: ServingTargetSpec) -> GpuInventory:
+    """The GPUs the cluster's Nodes offer this target's pods now (its nodeSelector and
+    tolerations). Read on every plan rather than watched: plans happen on spec changes
+    and restarts, rarely enough that a list is cheap, and a node added since the last
+    plan is seen by the next one."""
+    placement = Placement.of(spec.constraints)
+    return inventory_from_nodes(rt.kube.list_nodes(), rt.catalog, placement)
+
+
+def _invalid(rt: Runtime, body: Mapping[str, Any], ref: TargetRef, err: SpecError) -> None:
+    cond = Condition(cnd.PLANNED, "False", "InvalidSpec", str(err))
+    if _write(rt, ref, [cond], seen=body):
+        rt.emit(body, "Warning", "InvalidSpec", str(err))
+
+
+def _plan_error(
+    rt: Runtime, body: Mapping[str, Any], ref: TargetRef, spec: ServingTargetSpec, err: Exception
+) -> None:
+    message = f"planner error: {err}"
+    cond = Condition(cnd.PLANNED, "False", "PlannerError", message)
+    if _write(rt, ref, [cond], seen=body, slo=slo_text(spec)):
+        rt.emit(body, "Warning", "PlannerError", message)
+
+
+def _infeasible(
+    rt: Runtime,
+    body: Mapping[str, Any],
+    ref: TargetRef,
+    spec: ServingTargetSpec,
+    result: SearchResult,
+) -> None:
+    """Say why no plan fits; leave the workload exactly as it was. The reason tells
+    the two fixes apart: ``Infeasible`` (change the spec) and ``NodesUnavailable``
+    (a GPU node the cluster lacks would do: add one, and the re-plan uses it)."""
+    explanation = str(result.explain())
+    reason = "NodesUnavailable" if getattr(result, "beyond_inventory", None) else "Infeasible"
+    conds = [
+        Condition(cnd.PLANNED, "True", "Planned", "the planner ran on this generation"),
+        Condition(cnd.FEASIBLE, "False", reason, explanation),
+    ]
+    if _write(rt, ref, conds, seen=body, slo=slo_text(spec)):
+        rt.emit(body, "Warning", reason, explanation)
+
+
+def _deploy(
+    rt: Runtime,
+    body: Mapping[str, Any],
+    ref: TargetRef,
+    spec: ServingTargetSpec,
+    plan: Plan,
+    cause: str,
+) -> None:
+    old_plan = stored_plan(ServingTargetStatus.read(body.get("status")))
+    if cause != "spec_change" or _same_generation(body):
+        plan = keep_loop_scale(plan, old_plan)
+    try:
+        apply_children(rt, ref, spec, plan)
+    except (builders.UnsupportedPlan, ChildConflict) as err:
+        reason = "UnsupportedPlan" if isinstance(err, builders.UnsupportedPlan) else "NameConflict"
+        _not_deployed(rt, body, ref, spec, plan, reason, str(err))
+        return
+    except KubeError as err:
+        if not err.transient and not err.namespace_terminating:  # refused: say so on it
+            message = f"the API server refused the engine's objects: {err}"
+            _not_deployed(rt, body, ref, spec, plan, "ApplyRejected", message)
+        raise  # reconcile_target retries, backing off
+    deployed = Condition(cnd.DEPLOYED, "True", "Applied", f"engine {describe_plan(plan)}")
+    cache = model_cache_condition(rt.catalog, spec, plan)
+    conds = [*_plan_conditions(spec, plan), deployed, *([cache] if cache else [])]
+    _write(rt, ref, conds, seen=body, plan=plan.to_status(), gpu=plan.gpu, slo=slo_text(spec))
+    if plan_changed(old_plan, plan):
+        verb = "PlanChanged" if old_plan else "Planned"
+        rt.emit(body, "Normal", verb, f"{describe_plan(plan)} ({cause})")
+        if old_plan:
+            rt.metrics.record_decision(ref.namespace, ref.name, "replan", cause)
+    if cache is not None and cache.status == "False" and not old_plan:
+        rt.emit(body, "Warning", cache.reason, cache.message)
+
+
+def model_cache_condition(
+    catalog: Catalog, spec: ServingTargetSpec, plan: Plan
+) -> Condition | None:
+    """ModelCached: whether a new engine pod finds the weights on a volume or downloads
+    them (None for a simulated engine, which loads none).
+
+    Why a condition: with the default emptyDir every new pod (each scale-up, rollout,
+    rescheduled pod) downloads the whole checkpoint again, which is slow, costs egress
+    and makes the loop's start-up long; nothing else would tell the user.
+    """
+    if spec.mode is Mode.SIMULATED:
+        return None
+    life = children.pod_lifecycle(catalog, spec, plan)
+    if not life.downloads:
+        where = "a model volume" if spec.engine.model_volume else "a PersistentVolumeClaim"
+        return Condition(
+            cnd.MODEL_CACHED, "True", "Persistent", f"engine pods load the weights from {where}"
+        )
+    gb, fetch_s = life.checkpoint_bytes / 1e9, life.checkpoint_bytes / DOWNLOAD_BYTES_PER_S
+    return Condition(
+        cnd.MODEL_CACHED,
+        "False",
+        "EveryPodDownloads",
+        f"every new engine pod downloads the {gb:.0f} GB checkpoint into its own emptyDir "
+        f"(about {fetch_s:.0f} s at {DOWNLOAD_BYTES_PER_S / 1e6:.0f} MB/s); name a "
+        "ReadWriteMany PersistentVolumeClaim in spec.engine.modelCache.pvcName, or serve "
+        "prepared files from spec.engine.modelVolume",
+    )
+
+
+def _not_deployed(
+    rt: Runtime,
+    body: Mapping[str, Any],
+    ref: TargetRef,
+    spec: ServingTargetSpec,
+    plan: Plan,
+    reason: str,
+    message: str,
+) -> None:
+    """Deployed=False with ``reason``; a Warning event only when that is news."""
+    failed = Condition(cnd.DEPLOYED, "False", reason, message[:1000])
+    if _write(rt, ref, [*_plan_conditions(spec, plan), failed], seen=body, slo=slo_text(spec)):
+        rt.emit(body, "Warning", reason, message[:1000])
+
+
+def _same_generation(body: Mapping[str, Any]) -> bool:
+    """Whether status was written for the current spec (a resume, not an edit)."""
+    seen = ServingTargetStatus.read(body.get("status")).observed_generation
+    return seen is not None and seen == (body.get("metadata") or {}).get("generation")
+
+
+def keep_loop_scale(plan: Plan, old_plan: Plan | None) -> Plan:
+    """``plan`` with the replicas and batch cap the feedback loop last chose.
+
+    Why: the planner sizes for the spec's expected rate, the loop for the observed one.
+    A resume (operator restart) or a repair of a deleted Deployment re-plans the same
+    spec; resetting to the planned size would undo the loop's last decision, e.g. drop
+    the replicas a load spike needed. Kept only when the engine shape (GPU, TP, dtypes,
+    context) is unchanged: a new shape is a new operating curve and starts from its plan.
+    """
+    if old_plan is None or old_plan.shape != plan.shape:
+        return plan
+    replicas, cap = old_plan.scale
+    if replicas < 1 or cap < 1 or old_plan.scale == plan.scale:
+        return plan
+    return plan.rescaled(replicas, cap)
+
+
+def _plan_conditions(spec: ServingTargetSpec, plan: Plan) -> list[Condition]:
+    cost, budget = round(plan.usd_per_hour, 3), spec.budget.usd_per_hour
+    within = cost <= budget
+    return [
+        Condition(cnd.PLANNED, "True", "Planned", plan.summary or describe_plan(plan)),
+        Condition(cnd.FEASIBLE, "True", "PlanFound", "a plan meets the SLO within the budget"),
+        Condition(
+            cnd.WITHIN_BUDGET,
+            "True" if within else "False",
+            "WithinBudget" if within else "OverBudget",
+            f"plan costs ${cost:.2f}/h of a ${budget:.2f}/h budget",
+        ),
+    ]
+
+
+def _write(
+    rt: Runtime,
+    ref: TargetRef,
+    conds: Sequence[Condition],
+    *,
+    seen: Mapping[str, Any] | None = None,
+    **fields: Any,
+) -> bool:
+    """Merge our conditions and fields into status; True if anything changed. Written
+    against ``seen``, the body this pass began with; read again only on a 409."""
+    now = rt.now()
+
+    def mutate(stored: Obj) -> Obj:
+        status = ServingTargetStatus.read(stored)
+        return with_conditions(status, conds, now=now, generation=ref.generation, **fields).stored()
+
+    return rt.kube.update_status(ref.namespace, ref.name, mutate, seen=seen) is not None
+
+
+def _record_plan(
+    rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, result: SearchResult
+) -> None:
+    plan = result.plan if result.feasible else None
+    ttft = spec.slo.ttft_ms
+    rt.metrics.record_plan(
+        ref.namespace,
+        ref.name,
+        feasible=bool(result.feasible),
+        slo_tpot_s=spec.slo.tpot_ms / 1000.0,
+        slo_ttft_s=None if ttft is None else ttft / 1000.0,
+        slo_quantiles=(spec.slo.tpot_percentile.quantile, spec.slo.ttft_percentile.quantile),
+        budget_usd_per_hour=spec.budget.usd_per_hour,
+        gpu_type=None if plan is None else plan.gpu,
+        gpus=None if plan is None else plan.tp * plan.replicas,
+        usd_per_hour=None if plan is None else plan.usd_per_hour,
+        predicted_tpot_s=None if plan is None else plan.tpot_ms / 1000.0,
+        predicted_ttft_s=None if plan is None or plan.ttft_ms is None else plan.ttft_ms / 1000.0,
+    )
+
+
+class ChildConflict(RuntimeError):
+    """A child's name is taken by an object this target does not control."""
+
+
+def apply_children(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: Plan) -> None:
+    """Server-side apply each child that differs from what is there (its fields, or
+    the digest of what was last applied: see ``builders.with_applied_hash``). Raises
+    ``ChildConflict`` rather than take over an object someone else created."""
+    inputs = children.engine_inputs(
+        rt.catalog, rt.config, ref, spec, plan, pod_monitor=rt.kube.has_api(*PODMONITOR_API)
+    )
+    for child in map(builders.with_applied_hash, children.desired(inputs)):
+        meta = child["metadata"]
+        current = rt.kube.get(child["apiVersion"], child["kind"], ref.namespace, meta["name"])
+        if current is not None and not controlled_by(current, ref.uid):
+            raise ChildConflict(
+                f"{child['kind']} {meta['name']} exists and is not owned by this ServingTarget"
+            )
+        if current is None and child["kind"] == "Deployment":
+            # its first seconds of rollout events say "0/N ready" and nothing more: the
+            # seeded Ready=False Deploying says as much (see PODS_LOOK_EVERY_S)
+            rt.pods_listed[ref.uid] = rt.clock()
+        if current is None or not is_subset(child, current):
+            rt.kube.apply(child)
+            if child["kind"] == "Deployment" and rt.config.fault_pause_after_apply_s:
+                time.sleep(rt.config.fault_pause_after_apply_s)  # test hook, see settings
+
+
+def waiting_for_nodes(status: Mapping[str, Any]) -> bool:
+    """Whether the last plan found that only GPU nodes the cluster lacks could serve the
+    target (Feasible=False, reason NodesUnavailable)."""
+    feasible = cnd.find(ServingTargetStatus.read(status).conditions, cnd.FEASIBLE)
+    return feasible is not None and (feasible.status, feasible.reason) == (
+        "False",
+        "NodesUnavailable",
+    )
