@@ -86,14 +86,13 @@ def fail(message: str) -> int:
 
 def guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """Turn user-input errors into a message and exit code 2, never a traceback."""
-    from rooftop_api.manifest import ManifestError
-    from rooftop_planner.catalog import CatalogError
-    from rooftop_planner.scenarios import ScenarioError
+    from rooftop_api.errors import ApiError
+    from rooftop_planner.errors import PlannerError
 
     def run(args: argparse.Namespace) -> int:
         try:
             return func(args)
-        except (ManifestError, CatalogError, ScenarioError) as err:
+        except (ApiError, PlannerError) as err:
             return fail(str(err))
         except BrokenPipeError:  # stdout's reader left: rooftop_cli.main ends quietly
             raise

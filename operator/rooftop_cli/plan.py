@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rooftop_api import exit_codes
+from rooftop_api.errors import ApiError
 from rooftop_api.manifest import Loaded, ManifestError, load_all
 from rooftop_api.output import (
     JSON,
@@ -32,6 +33,7 @@ from rooftop_api.output import (
 from rooftop_api.spec import ServingTarget
 from rooftop_cli import exits
 from rooftop_planner.catalog import Catalog, CatalogError, load_catalog
+from rooftop_planner.errors import PlannerError
 from rooftop_planner.inventory import Placement, inventory_from_nodes, load_nodes
 from rooftop_planner.plan import Plan
 from rooftop_planner.result import SearchResult
@@ -93,7 +95,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         try:
             planned.append(plan_one(item, catalog, nodes, args.nodes or ""))
             codes.append(planned[-1].code)
-        except (ManifestError, CatalogError) as err:
+        except (ApiError, PlannerError) as err:
             codes.append(exits.fail(str(err)))
     show(planned, args.output, args.explain)
     if args.plot and planned:

@@ -20,10 +20,11 @@ from typing import Any
 from rooftop_api import exit_codes
 from rooftop_api.output import JSON, TABLE, WIDE, YAML, Cell, add_output_option, dumps, print_table
 from rooftop_cli import exits
-from rooftop_planner.catalog import Catalog, CatalogError, load_catalog, model_from_hf_config
+from rooftop_planner.catalog import Catalog, load_catalog, model_from_hf_config
 from rooftop_planner.efficiency import load_efficiency
+from rooftop_planner.errors import PlannerError
 from rooftop_planner.explain import explain_step
-from rooftop_planner.scenarios import ScenarioError, checkpoint_dtype, scenario_from_row
+from rooftop_planner.scenarios import checkpoint_dtype, scenario_from_row
 
 FORMATS = (JSON, YAML, TABLE, WIDE)
 PREDICT_OUTPUT = (
@@ -96,7 +97,7 @@ def _csv_number(value: float | None) -> str:
 def predict_one(
     row: Mapping[str, str], catalog: Catalog | None = None, explain: bool = False
 ) -> Predicted:
-    """Predict one scenario row (ScenarioError/CatalogError when it cannot be)."""
+    """Predict one scenario row (a PlannerError when it cannot be)."""
     scenario = scenario_from_row(row, catalog or load_catalog(), load_efficiency())
     prediction = scenario.predict()
     floor = prediction.floor_s
@@ -131,7 +132,7 @@ def predict_row(
     """
     try:
         predicted = predict_one(row, catalog, explain is not None)
-    except (ScenarioError, CatalogError) as err:
+    except PlannerError as err:
         return {**row, **dict.fromkeys(PREDICT_OUTPUT[:-1], ""), "error": str(err)}
     if explain is not None:
         explain += predicted.explanation

@@ -155,12 +155,12 @@ def load_spec(path: str) -> Any:
 
 def scenario(spec: ServingTargetSpec, workload: Workload, **sim_kw: Any) -> Scenario:
     """Plan the target (its shape, at its own workload rate) and set up the cluster."""
-    from rooftop_planner.catalog import CatalogError
+    from rooftop_planner.errors import PlannerError
     from rooftop_planner.search import plan_target
 
     try:
         result = plan_target(spec)
-    except CatalogError as err:  # an unknown model or a bad spec.modelConfig
+    except PlannerError as err:  # an unknown model or a bad spec.modelConfig
         raise InputError(str(err)) from err
     if result.plan is None:
         raise InputError("no plan meets the SLO within the budget:\n" + result.explain())

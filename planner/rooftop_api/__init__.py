@@ -9,6 +9,7 @@ and the output formats every command shares.
 ``reference``  generate docs/reference.md (the ServingTarget reference) from ``spec``
 ``generated``  write or check (``--check``) what the generators produce
 ``output``     how every command prints results (``-o json|yaml|table|wide``)
+``errors``     ``ApiError``, the base of every input error this package raises
 
 No Kubernetes client, no kopf, no planner: everything else builds on this package.
 """

@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from rooftop_api import spec as st
 from rooftop_api import vllm_args
+from rooftop_api.errors import ApiError
 from rooftop_api.generated import write_or_check
 from rooftop_api.spec import GROUP, PLURAL, SINGULAR, VERSION
 
@@ -221,7 +222,7 @@ _PASSTHROUGH: Final = frozenset(
 _DROPPED: Final = frozenset({"title"})
 
 
-class SchemaError(ValueError):
+class SchemaError(ApiError):
     """Pydantic produced a construct this converter does not know how to translate."""
 
 

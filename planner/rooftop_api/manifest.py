@@ -18,18 +18,21 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from rooftop_api.errors import ApiError
 from rooftop_api.spec import API_VERSION, KIND, ServingTarget
 
 STDIN = "-"
 STDIN_NAME = "<stdin>"
 
 
-class ManifestError(ValueError):
+class ManifestError(ApiError):
     """The manifest cannot be used; ``str()`` is the whole message for the user."""
 
 
-class _DuplicateKey(yaml.YAMLError):
-    """A mapping gives ``key`` twice; ``line`` (1-based) is the second one."""
+class _DuplicateKey(yaml.YAMLError, ApiError):
+    """A mapping gives ``key`` twice; ``line`` (1-based) is the second one. A YAMLError,
+    so every reader of StrictLoader's YAML (manifests, catalogs, node lists) reports it
+    with its other YAML errors; an ApiError, since the input is the user's."""
 
     def __init__(self, key: object, line: int) -> None:
         super().__init__(f"line {line}: duplicate key {key!r}")

@@ -32,6 +32,8 @@ from functools import cache
 from importlib import resources
 from typing import Any, Final
 
+from rooftop_api.errors import ApiError
+
 TABLE_FILE: Final = "vllm_flags.json"
 
 _GPUS = "Rooftop runs one engine per pod on the plan's tensor-parallel GPUs and scales out "
@@ -124,7 +126,7 @@ def check_env_name(name: str) -> None:
         )
 
 
-class ExtraArgError(ValueError):
+class ExtraArgError(ApiError):
     """An extra argument vLLM would refuse, or one that sets what the plan sets."""
 
 

@@ -21,6 +21,7 @@ from typing import Any, Final
 import yaml
 
 from rooftop_api.manifest import StrictLoader
+from rooftop_planner.errors import PlannerError
 
 BYTES_PER_DTYPE: dict[str, float] = {
     "fp32": 4.0,
@@ -43,7 +44,7 @@ BYTES_PER_DTYPE: dict[str, float] = {
 SUSTAINED_FLOP_FRACTION: dict[str, float] = {"bf16": 0.69, "fp8": 0.63}
 
 
-class CatalogError(ValueError):
+class CatalogError(PlannerError):
     """A catalog file or config.json is malformed; the message names the field and the fix."""
 
 

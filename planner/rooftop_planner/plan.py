@@ -16,6 +16,7 @@ from typing import Final
 from pydantic import ValidationError
 
 from rooftop_api.spec import PlanStatus, PredictedLatency
+from rooftop_planner.errors import PlannerError
 from rooftop_planner.perf import DEFAULT_GPU_MEMORY_UTILIZATION
 
 # Plan fields status.plan does not keep, and why; every other field survives
@@ -29,7 +30,7 @@ NOT_IN_STATUS: Final = {
 }
 
 
-class PlanStatusError(ValueError):
+class PlanStatusError(PlannerError):
     """``status.plan`` cannot be read back as a plan (hand-edited or from another version)."""
 
 

@@ -15,12 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from rooftop_planner.batching import EngineLimits, Prediction, predict_continuous, predict_static
-from rooftop_planner.catalog import BYTES_PER_DTYPE, Catalog, GpuSpec
+from rooftop_planner.catalog import BYTES_PER_DTYPE, Catalog, CatalogError, GpuSpec
 from rooftop_planner.efficiency import EfficiencyTable
+from rooftop_planner.errors import PlannerError
 from rooftop_planner.perf import GIB, EngineShape
 
 
-class ScenarioError(ValueError):
+class ScenarioError(PlannerError):
     """A row cannot be predicted; the message names the column and the fix."""
 
 
@@ -200,7 +201,7 @@ def scenario_from_row(
     try:
         model = catalog.model(row.get("model") or "")
         gpu = catalog.gpu(row.get("gpu") or "")
-    except ValueError as err:
+    except CatalogError as err:
         raise ScenarioError(str(err)) from err
     tp = _int(row, "tp") or 1
     if model.num_heads % tp:

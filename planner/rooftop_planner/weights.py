@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from rooftop_api.spec import MODELS_MOUNT, ServingTargetSpec
 from rooftop_planner.catalog import ModelSpec
+from rooftop_planner.errors import PlannerError
 
 # Planned 16-bit weight dtype -> vLLM --dtype.
 VLLM_DTYPE: dict[str, str] = {"bf16": "bfloat16", "fp16": "float16"}
@@ -97,24 +98,24 @@ def vllm_kv_cache_dtype(weight_dtype: str, kv_dtype: str) -> str:
     spelled ``auto`` and planned only where the model's dtype is that 16-bit type.
 
     Raises:
-        ValueError: vLLM cannot store this KV dtype with these weights.
+        PlannerError: vLLM cannot store this KV dtype with these weights (a ValueError).
     """
     if kv_dtype in ("auto", "fp8"):
         return kv_dtype
     if kv_dtype in VLLM_DTYPE and kv_dtype == weight_dtype:
         return "auto"
     if kv_dtype in VLLM_DTYPE:
-        raise ValueError(
+        raise PlannerError(
             f"vLLM keeps a 16-bit KV cache in the model's dtype: kv {kv_dtype} needs weight "
             f"dtype {kv_dtype} (use kvDtype auto)"
         )
-    raise ValueError(f"vLLM has no {kv_dtype} KV cache (use auto or fp8)")
+    raise PlannerError(f"vLLM has no {kv_dtype} KV cache (use auto or fp8)")
 
 
 def kv_problem(weight_dtype: str, kv_dtype: str) -> str:
     """Why vLLM cannot run this weight/KV pair, else ""."""
     try:
         vllm_kv_cache_dtype(weight_dtype, kv_dtype)
-    except ValueError as err:
+    except PlannerError as err:
         return str(err)
     return ""
