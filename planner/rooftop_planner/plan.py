@@ -66,7 +66,6 @@ class Plan:
         return (self.gpu, self.tp, self.weight_dtype, self.kv_dtype)
 
     @property
-    @property
     def shape(self) -> tuple[str, int, str, str, int]:
         """The engine each pod runs: GPU, TP, the two dtypes and the context length. The
         feedback loop changes only the ``scale``; a new shape is a new operating curve."""
@@ -77,6 +76,7 @@ class Plan:
         """What the feedback loop changes: replicas and the batch cap (``max_num_seqs``)."""
         return (self.replicas, self.max_num_seqs)
 
+    @property
     def usd_per_replica_hour(self) -> float:
         """One replica's cost: the plan's $/hour over its replicas."""
         return self.usd_per_hour / max(self.replicas, 1)
