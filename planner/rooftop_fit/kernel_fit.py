@@ -513,7 +513,9 @@ def _version(ops: Path, table_gpu: str, engine: str) -> str:
 
 
 @dataclass(frozen=True)
-class Observation:
+class MeasuredMetric:
+    """One metric measured on one benchmark row (a row gives up to three), to fit against."""
+
     scenario: Scenario
     metric: str  # tpot_s | ttft_s | output_tok_s
     measured: float
@@ -527,15 +529,15 @@ def source_of(row: dict[str, str]) -> str:
     return "argonne-vllm" if "vllm" in row["engine"].lower() else "argonne-trtllm"
 
 
-def load_observations(path: Path, table: EfficiencyTable) -> list[Observation]:
-    """Every measured metric of every NVIDIA row we can parse, as separate observations.
+def load_measurements(path: Path, table: EfficiencyTable) -> list[MeasuredMetric]:
+    """Every measured metric of every NVIDIA row we can parse, as separate measurements.
 
     AMD rows are left out: the kernel tables are NVIDIA-only, so MI300X borrows H100
     curves and its rows would fit the engine's fixed costs to an architecture gap. So are
     the DLI MoE rows (``_fake_moe``).
     """
     catalog = load_catalog()
-    observations: list[Observation] = []
+    measurements: list[MeasuredMetric] = []
     with path.open(newline="") as handle:
         for row in csv.DictReader(handle):
             if "mi300" in row["gpu"].lower() or _fake_moe(row):
@@ -544,8 +546,8 @@ def load_observations(path: Path, table: EfficiencyTable) -> list[Observation]:
                 scenario = scenario_from_row(with_kv_dtype_ran(row), catalog, table)
             except ScenarioError:
                 continue
-            observations += _row_observations(row, scenario)
-    return observations
+            measurements += _row_measurements(row, scenario)
+    return measurements
 
 
 def with_kv_dtype_ran(row: dict[str, str]) -> dict[str, str]:
@@ -576,7 +578,7 @@ def _fake_moe(row: dict[str, str]) -> bool:
     return "mixtral" in row["model"].lower() and source_of(row) == "nvidia-dli"
 
 
-def _row_observations(row: dict[str, str], scenario: Scenario) -> list[Observation]:
+def _row_measurements(row: dict[str, str], scenario: Scenario) -> list[MeasuredMetric]:
     source = source_of(row)
     out = []
     for column, metric, scale in (
@@ -586,21 +588,23 @@ def _row_observations(row: dict[str, str], scenario: Scenario) -> list[Observati
     ):
         # DLI rows give TPOT and TTFT; their tok/s is derived from the same two.
         if row.get(column) and not (source == "nvidia-dli" and metric == "output_tok_s"):
-            out.append(Observation(scenario, metric, float(row[column]) * scale, source))
+            out.append(MeasuredMetric(scenario, metric, float(row[column]) * scale, source))
     return out
 
 
-def log_error(observation: Observation, overhead: EngineOverhead) -> float:
-    scenario = observation.scenario
+def log_error(measurement: MeasuredMetric, overhead: EngineOverhead) -> float:
+    scenario = measurement.scenario
     eff = replace(scenario.deployment.efficiency, overhead=overhead)
     prediction = replace(scenario, deployment=replace(scenario.deployment, efficiency=eff))
-    value: float = getattr(prediction.predict(check_context=False), observation.metric)
+    value: float = getattr(prediction.predict(check_context=False), measurement.metric)
     if not math.isfinite(value) or value <= 0:
         return 3.0  # a row we claim does not fit but was measured: a large, bounded penalty
-    return math.log(value / observation.measured)
+    return math.log(value / measurement.measured)
 
 
-def fit_overhead(observations: Sequence[Observation], elementwise: bool = True) -> EngineOverhead:
+def fit_overhead(
+    measurements: Sequence[MeasuredMetric], elementwise: bool = True
+) -> EngineOverhead:
     """Per-step and per-layer costs (fitted in ms and µs) and the elementwise kernels'
     share of HBM bandwidth (fitted as its inverse, so that 0 means free), minimising the
     log error of these rows. ``elementwise=False`` leaves the elementwise kernels out
@@ -612,7 +616,7 @@ def fit_overhead(observations: Sequence[Observation], elementwise: bool = True) 
         return EngineOverhead(p[0] * 1e-3, p[1] * 1e-6, elementwise_mem_eff=_eff(inverse))
 
     def residuals(p: Array) -> Array:
-        return np.array([log_error(o, overhead_of(p)) for o in observations])
+        return np.array([log_error(o, overhead_of(p)) for o in measurements])
 
     low_eff = OVERHEAD_BOUNDS["elementwise_mem_eff"][0]
     upper = [OVERHEAD_BOUNDS["step_s"][1] * 1e3, OVERHEAD_BOUNDS["layer_s"][1] * 1e6, 1 / low_eff]
@@ -634,19 +638,19 @@ def _eff(inverse: float) -> float:
 
 
 def signed_errors(
-    observations: Sequence[Observation], overhead_of: Callable[[str], EngineOverhead]
+    measurements: Sequence[MeasuredMetric], overhead_of: Callable[[str], EngineOverhead]
 ) -> list[float]:
-    """predicted / measured − 1 of every observation, with its engine's costs (one
+    """predicted / measured − 1 of every measurement, with its engine's costs (one
     prediction each: ``overhead_errors`` and ``bias_by_batch`` both summarise these)."""
-    return [math.exp(log_error(o, overhead_of(o.scenario.engine))) - 1.0 for o in observations]
+    return [math.exp(log_error(o, overhead_of(o.scenario.engine))) - 1.0 for o in measurements]
 
 
 def overhead_errors(
-    observations: Sequence[Observation], errors: Sequence[float]
+    measurements: Sequence[MeasuredMetric], errors: Sequence[float]
 ) -> dict[str, dict[str, float]]:
     """Median and p90 |error| per source and metric (``errors``: ``signed_errors``)."""
     groups: dict[str, list[float]] = defaultdict(list)
-    for o, error in zip(observations, errors, strict=True):
+    for o, error in zip(measurements, errors, strict=True):
         groups[f"{o.source}:{o.metric}"].append(abs(error))
     return {
         key: {
@@ -667,12 +671,12 @@ def batch_band(batch: float) -> str:
 
 
 def bias_by_batch(
-    observations: Sequence[Observation], errors: Sequence[float]
+    measurements: Sequence[MeasuredMetric], errors: Sequence[float]
 ) -> dict[str, dict[str, float]]:
     """Median signed error (``errors``: ``signed_errors``) per step-timing metric and
     batch band: whether the model is right in slope over batch size, not only in level."""
     groups: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for o, error in zip(observations, errors, strict=True):
+    for o, error in zip(measurements, errors, strict=True):
         if o.metric == "output_tok_s":
             continue
         batch = o.scenario.batch or o.scenario.concurrency or 1
@@ -701,12 +705,12 @@ def fit_all(
     doc: dict[str, Any] = {"curves": [curves_to_mapping(kc) for kc in curves]}
     table = table_from_mapping(doc)
     progress.status(f"calibrate: reading {data.name}", force=True)
-    observations = load_observations(data, table)
+    measurements = load_measurements(data, table)
     progress.status(
-        f"calibrate: fitting the engines' fixed costs on {len(observations)} measurements",
+        f"calibrate: fitting the engines' fixed costs on {len(measurements)} measurements",
         force=True,
     )
-    overheads = _fit_overheads(observations, elementwise)
+    overheads = _fit_overheads(measurements, elementwise)
     base = overheads["trtllm"]
     progress.line(
         f"calibrate: engine costs: {base.step_s * 1e3:.3f} ms per step, "
@@ -722,9 +726,9 @@ def fit_all(
         }
         for e, o in overheads.items()
     }
-    errors = signed_errors(observations, lambda e: overheads[e])
-    doc["calibration_error"] = overhead_errors(observations, errors)
-    doc["calibration_bias_by_batch"] = bias_by_batch(observations, errors)
+    errors = signed_errors(measurements, lambda e: overheads[e])
+    doc["calibration_error"] = overhead_errors(measurements, errors)
+    doc["calibration_bias_by_batch"] = bias_by_batch(measurements, errors)
     return doc
 
 
@@ -760,7 +764,7 @@ def curve_lines(kc: KernelCurves) -> list[str]:
 
 
 def _fit_overheads(
-    observations: Sequence[Observation], elementwise: bool = True
+    measurements: Sequence[MeasuredMetric], elementwise: bool = True
 ) -> dict[str, EngineOverhead]:
     """Fitted on the rows that time engine steps: the DLI set's TPOT and TTFT.
 
@@ -768,7 +772,7 @@ def _fit_overheads(
     times of theirs, only Argonne's 2024 end-to-end batch latencies (output tokens/s, with
     the harness around the engine inside), which the report keeps as a held-out check.
     """
-    rows = [o for o in observations if o.source == "nvidia-dli"]
+    rows = [o for o in measurements if o.source == "nvidia-dli"]
     base = replace(
         fit_overhead(rows, elementwise), fitted_on="calibration.csv nvidia-dli TPOT/TTFT rows"
     )

@@ -41,9 +41,9 @@ def test_every_curve_reproduces_its_table_within_its_printed_error(kc: KernelCur
 
 def test_the_engine_overheads_reproduce_calibration_csv_within_their_printed_error() -> None:
     table = table_from_mapping(DOC)
-    observations = kernel_fit.load_observations(kernel_fit.DEFAULT_DATA, table)
-    errors = kernel_fit.signed_errors(observations, lambda e: table.overheads[e])
-    now = kernel_fit.overhead_errors(observations, errors)
+    measurements = kernel_fit.load_measurements(kernel_fit.DEFAULT_DATA, table)
+    errors = kernel_fit.signed_errors(measurements, lambda e: table.overheads[e])
+    now = kernel_fit.overhead_errors(measurements, errors)
     assert set(now) == set(DOC["calibration_error"])
     for key, stored in DOC["calibration_error"].items():
         assert now[key]["rows"] == stored["rows"], key
@@ -57,9 +57,9 @@ def test_the_step_times_are_right_in_slope_over_batch_size() -> None:
     # the stored bias by batch band is what the stored fit gives, and no band of the rows
     # that time steps is biased by more than 10 % either way
     table = table_from_mapping(DOC)
-    observations = kernel_fit.load_observations(kernel_fit.DEFAULT_DATA, table)
-    errors = kernel_fit.signed_errors(observations, lambda e: table.overheads[e])
-    now = kernel_fit.bias_by_batch(observations, errors)
+    measurements = kernel_fit.load_measurements(kernel_fit.DEFAULT_DATA, table)
+    errors = kernel_fit.signed_errors(measurements, lambda e: table.overheads[e])
+    now = kernel_fit.bias_by_batch(measurements, errors)
     assert now == DOC["calibration_bias_by_batch"]
     assert set(now["nvidia-dli:tpot_s"]) == {band for _, band in kernel_fit.BATCH_BANDS}
     for key in ("nvidia-dli:tpot_s", "nvidia-dli:ttft_s"):

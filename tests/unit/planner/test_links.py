@@ -26,9 +26,9 @@ def test_a_group_past_the_bridged_pair_runs_over_pcie() -> None:
 
 
 def test_dli_h100_nvl_tpot_at_tp4_and_tp8_is_predicted_within_25_percent() -> None:
-    observations = kernel_fit.load_observations(kernel_fit.DEFAULT_DATA, load_efficiency())
+    measurements = kernel_fit.load_measurements(kernel_fit.DEFAULT_DATA, load_efficiency())
     errors: dict[int, list[float]] = defaultdict(list)
-    for o in observations:
+    for o in measurements:
         dep = o.scenario.deployment
         if o.source == "nvidia-dli" and o.metric == "tpot_s" and dep.gpu.id == "h100-nvl":
             predicted = o.scenario.predict(check_context=False).tpot_s
