@@ -119,12 +119,12 @@ def gpu_spec(name: str) -> GpuSpec:
 
 
 # --------------------------------------------------------------------------------------
-# Deployment shape
+# The simulated engine's shape
 # --------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
-class Deployment:
+class SimulatedShape:
     """One engine replica's static shape: model, GPU, tensor parallelism, dtypes."""
 
     model: ModelSpec
@@ -333,7 +333,7 @@ class TruthModel:
 
     def __init__(
         self,
-        dep: Deployment,
+        dep: SimulatedShape,
         kernels: StepKernels,
         fit_source: str,
         reality_factor: float = 1.0,
@@ -364,7 +364,7 @@ class TruthModel:
         """Build from names (catalog ids, aliases, HF repos, node labels all resolve)."""
         if tp < 1:
             raise ValueError(f"tp must be >= 1, got {tp}")
-        dep = Deployment(model_spec(model), gpu_spec(gpu), tp, weight_dtype, kv_dtype)
+        dep = SimulatedShape(model_spec(model), gpu_spec(gpu), tp, weight_dtype, kv_dtype)
         kernels = _kernels(dep.model.id, dep.gpu.id, tp, weight_dtype, kv_dtype)
         return cls(dep, kernels, fit_source(dep.gpu), reality_factor, noise, seed)
 
