@@ -31,6 +31,7 @@ from urllib3.exceptions import HTTPError
 
 from rooftop_api import exit_codes
 from rooftop_api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from rooftop_operator.errors import OperatorError
 
 FIELD_MANAGER: Final = "rooftop"
 APPLY_CONTENT_TYPE: Final = "application/apply-patch+yaml"
@@ -52,7 +53,7 @@ Obj = dict[str, Any]
 StatusMutation = Callable[[Obj], Obj]
 
 
-class KubeError(RuntimeError):
+class KubeError(OperatorError, RuntimeError):
     """An API call failed. ``transient`` errors are worth retrying as they are."""
 
     def __init__(self, status: int, message: str) -> None:
@@ -62,6 +63,7 @@ class KubeError(RuntimeError):
 
     @property
     def transient(self) -> bool:
+        """A lost connection (0), a conflict, throttling or a server error."""
         return self.status in (0, 409, 429) or self.status >= 500
 
     @property
@@ -91,7 +93,7 @@ def api_errors() -> Iterator[None]:
         raise KubeError(0, f"API server unreachable: {err}") from err
 
 
-class ClusterUnavailable(RuntimeError):
+class ClusterUnavailable(OperatorError, RuntimeError):
     """No cluster to talk to. ``exit_code``: 2, no usable configuration (credentials);
     1, the API server cannot be reached (or answers with a server error)."""
 

@@ -30,10 +30,12 @@ from rooftop_api.spec import (
     ServingTargetStatus,
 )
 from rooftop_operator import builders, children
+from rooftop_operator.errors import OperatorError
 from rooftop_operator.kube import KubeError
 from rooftop_operator.runtime import Obj, Runtime
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec, slo_text
 from rooftop_planner.catalog import Catalog
+from rooftop_planner.errors import PlannerError
 from rooftop_planner.explain import replicas_of
 from rooftop_planner.inventory import GpuInventory, Placement, inventory_from_nodes
 from rooftop_planner.lifecycle import DOWNLOAD_BYTES_PER_S
@@ -145,7 +147,7 @@ def reconcile(
             engine_families=children.engine_families(rt.config, spec),
             **inventory,
         )
-    except (KeyError, ValueError) as err:  # unknown model/GPU, bad modelConfig
+    except PlannerError as err:  # unknown model/GPU, bad modelConfig: the spec's fault
         _plan_error(rt, body, ref, spec, err)
         return "skipped"
     _record_plan(rt, ref, spec, result)
@@ -358,7 +360,7 @@ def _record_plan(
     )
 
 
-class ChildConflict(RuntimeError):
+class ChildConflict(OperatorError, RuntimeError):
     """A child's name is taken by an object this target does not control."""
 
 

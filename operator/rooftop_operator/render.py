@@ -21,6 +21,7 @@ from rooftop_api import exit_codes
 from rooftop_operator import builders, children
 from rooftop_operator.settings import VLLM_IMAGE, OperatorConfig, env_defaults
 from rooftop_operator.specs import TargetRef
+from rooftop_planner.errors import PlannerError
 
 if TYPE_CHECKING:
     from rooftop_api.manifest import Loaded
@@ -88,7 +89,6 @@ def render_one(
     item: Loaded, catalog: Catalog, config: OperatorConfig, args: argparse.Namespace
 ) -> Rendered:
     """Plan one loaded target and build the objects the operator would apply for it."""
-    from rooftop_planner.catalog import CatalogError
     from rooftop_planner.search import plan_target
 
     if item.target is None:
@@ -97,7 +97,7 @@ def render_one(
     try:
         families = children.engine_families(config, target.spec)
         result = plan_target(target.spec, catalog=catalog, engine_families=families)
-    except (CatalogError, ValueError) as err:
+    except PlannerError as err:
         return Rendered(EXIT_USAGE, f"rooftop: error: {item.source}: {err}")
     if result.plan is None:
         return Rendered(
@@ -118,12 +118,12 @@ def render_one(
 def render(args: argparse.Namespace) -> list[Rendered]:
     """Every target of every manifest, rendered (or why not)."""
     from rooftop_api.manifest import load_all
-    from rooftop_planner.catalog import CatalogError, load_catalog
+    from rooftop_planner.catalog import load_catalog
 
     try:
         config = _config(args)
         catalog = load_catalog(args.catalog)
-    except (CatalogError, ValueError) as err:
+    except (PlannerError, ValueError) as err:  # a bad catalog; a bad setting
         return [Rendered(EXIT_USAGE, f"rooftop: error: {err}")]
     except OSError as err:
         where = getattr(err, "filename", "") or ""

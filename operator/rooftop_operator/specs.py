@@ -16,9 +16,10 @@ from typing import Any
 from pydantic import ValidationError
 
 from rooftop_api.spec import API_VERSION, KIND, ServingTargetSpec
+from rooftop_operator.errors import OperatorError
 
 
-class SpecError(ValueError):
+class SpecError(OperatorError, ValueError):
     """The spec is invalid; ``str(err)`` names every offending field."""
 
 

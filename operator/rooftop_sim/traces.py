@@ -26,13 +26,15 @@ from typing import IO
 import numpy as np
 import numpy.typing as npt
 
+from rooftop_sim.errors import SimError
+
 COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 
-class TraceError(ValueError):
+class TraceError(SimError):
     """A trace file cannot be used; the message names file, line and column."""
 
 
