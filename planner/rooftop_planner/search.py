@@ -68,8 +68,9 @@ CONTEXT_STEP_TOKENS = 256
 
 
 @dataclass(frozen=True)
-class Workload:
-    """Resolved workload: rate and length distributions."""
+class ResolvedWorkload:
+    """The spec's workload as the search uses it: the rate planned for (the spec's or an
+    observed one) and the length distributions."""
 
     requests_per_second: float
     prompt: LengthDistribution
@@ -279,7 +280,7 @@ def _mean_batch_for_cap(cap: float, z: float) -> float:
 class _Context:
     spec: ServingTargetSpec
     model: ModelSpec
-    workload: Workload
+    workload: ResolvedWorkload
     targets: _Targets
     efficiency: EfficiencyTable
     step_time_scale: float
@@ -507,7 +508,7 @@ def _context(
 ) -> _Context:
     model = resolve_model(spec, catalog)
     _check_max_model_len(spec, model)
-    workload = Workload(
+    workload = ResolvedWorkload(
         requests_per_second=spec.workload.requests_per_second if rps is None else rps,
         prompt=from_spec(spec.workload.prompt_tokens),
         output=from_spec(spec.workload.output_tokens),
@@ -550,7 +551,7 @@ def _prices(spec: ServingTargetSpec, catalog: Catalog) -> dict[str, float]:
     return prices
 
 
-def _need_tokens(model: ModelSpec, workload: Workload) -> int:
+def _need_tokens(model: ModelSpec, workload: ResolvedWorkload) -> int:
     """The workload's p99 request (p99 prompt + p99 output, rounded up to 1024 tokens),
     within the model's context: the shortest max-model-len a plan may have."""
     need = workload.prompt.quantile(0.99) + workload.output.quantile(0.99)
