@@ -114,7 +114,7 @@ def blend(
     return np.asarray(np.exp(total) * math.prod(b.factor for b in brackets))
 
 
-class Curve:
+class LatencyCurve:
     """Latency (ms) against one size, log-log interpolated between measured points.
 
     Unmeasured (NaN) points are skipped; above the last measured point the latency grows
@@ -151,7 +151,7 @@ class Curve:
 
 
 class Grid:
-    """Latency (ms) against (batch, tokens): one ``Curve`` over tokens per measured batch
+    """Latency (ms) against (batch, tokens): one ``LatencyCurve`` over tokens per measured batch
     size, log-log interpolated across batch sizes.
 
     A row's curve extends past its own last measured point (the tables stop where the
@@ -169,7 +169,7 @@ class Grid:
     ) -> None:
         rows = [(b, row) for b, row in zip(batch, values, strict=True) if np.any(row > 0)]
         self.batch = [float(b) for b, _ in rows]
-        self.rows = [Curve(tokens, row, token_power) for _, row in rows]
+        self.rows = [LatencyCurve(tokens, row, token_power) for _, row in rows]
         self.floor = float(np.nanmin(values))
         self.scale_below_batch = scale_below_batch
 
@@ -380,7 +380,7 @@ class GemmTable:
         key, (n0, k0) = _nearest(sorted(self.rows), (n, k))
         return _array(self.rows[key]) * (n * k / (n0 * k0))
 
-    def curve(self, n: float, k: float, dtype: str, roof: Roofline) -> Curve:
+    def curve(self, n: float, k: float, dtype: str, roof: Roofline) -> LatencyCurve:
         """Latency (ms) against m for this (n, k); ``dtype`` is the table's (weight bytes)."""
         m = np.array(self.m)
         nbytes, flops = self._bytes(m, n, k, dtype), 2.0 * m * n * k
@@ -392,7 +392,7 @@ class GemmTable:
             self.launch_ms,
             self.cold_bytes_per_s,
         )
-        return Curve(self.m, ms)
+        return LatencyCurve(self.m, ms)
 
     @staticmethod
     def _bytes(m: FloatArray, n: float, k: float, dtype: str) -> FloatArray:
@@ -538,7 +538,7 @@ class MoeTable:
         tp: int,
         dtype: str,
         roof: Roofline,
-    ) -> Curve | None:
+    ) -> LatencyCurve | None:
         """Latency (ms) against tokens, or None when the shape was not measured."""
         row = self.rows.get(f"{hidden},{inter},{topk},{experts},{tp}")
         if row is None:
@@ -549,7 +549,7 @@ class MoeTable:
         ms = roof.apply(
             _array(row), nbytes, flops, _compute_dtype(dtype), self.launch_ms, self.cold_bytes_per_s
         )
-        return Curve(self.tokens, ms)
+        return LatencyCurve(self.tokens, ms)
 
     def _bytes(
         self, hidden: int, inter: int, topk: int, experts: int, tp: int, dtype: str
@@ -587,7 +587,7 @@ class GpuTables:
     gemm: Mapping[str, GemmTable]
     decode: Mapping[str, AttentionTable]
     prefill: Mapping[str, AttentionTable]
-    allreduce: Mapping[int, Curve]
+    allreduce: Mapping[int, LatencyCurve]
     moe: Mapping[str, MoeTable]
 
     @classmethod
@@ -598,11 +598,11 @@ class GpuTables:
             {k: GemmTable.from_doc(v, k) for k, v in d["gemm"].items()},
             {k: AttentionTable.from_doc(v, k, True) for k, v in d["decode_attention"].items()},
             {k: AttentionTable.from_doc(v, k, False) for k, v in d["context_attention"].items()},
-            {int(k): Curve(v["elements"], v["latency"]) for k, v in d["allreduce"].items()},
+            {int(k): LatencyCurve(v["elements"], v["latency"]) for k, v in d["allreduce"].items()},
             {k: MoeTable.from_doc(v, k) for k, v in d.get("moe", {}).items()},
         )
 
-    def allreduce_curve(self, gpus: int, roof: Roofline) -> Curve:
+    def allreduce_curve(self, gpus: int, roof: Roofline) -> LatencyCurve:
         """Latency (ms) against message elements for ``gpus`` GPUs (nearest measured count).
 
         The part above the smallest message's latency is bandwidth: it is rescaled from
@@ -615,7 +615,7 @@ class GpuTables:
         latency = c.ys[0]
         measured = c.xs[-1] * 2.0 / (c.ys[-1] * 1e-3)  # bf16 bytes per second
         ring = roof.dst.link_bytes_per_s(gpus) * n / (2.0 * (n - 1))
-        return Curve(c.xs, [latency + (y - latency) * measured / ring for y in c.ys])
+        return LatencyCurve(c.xs, [latency + (y - latency) * measured / ring for y in c.ys])
 
 
 def parse_tables(doc: Mapping[str, Any]) -> dict[str, GpuTables]:

@@ -67,9 +67,9 @@ from rooftop_planner.catalog import (
 )
 from rooftop_sim.engine.kernels import (
     TABLE_GPU,
-    Curve,
     GpuTables,
     Grid,
+    LatencyCurve,
     Roofline,
     load_tables,
     table_for,
@@ -183,15 +183,15 @@ class StepKernels:
     hidden: int
     experts: int
     topk: int
-    qkv: Curve
-    o_proj: Curve
-    gate_up: Curve
-    down: Curve
-    lm_head: Curve
-    moe: Curve | None
+    qkv: LatencyCurve
+    o_proj: LatencyCurve
+    gate_up: LatencyCurve
+    down: LatencyCurve
+    lm_head: LatencyCurve
+    moe: LatencyCurve | None
     decode_attn: Grid
     prefill_attn: Grid
-    allreduce: Curve | None
+    allreduce: LatencyCurve | None
     elementwise_ms_per_token: float = 0.0  # every layer's, on this GPU
 
     def mlp_ms(self, tokens: float) -> float:
@@ -251,7 +251,7 @@ def build_kernels(
     heads, kv = math.ceil(model.num_heads / tp), kv_heads_per_gpu(model, tp)
     gemm = tables.gemm[gemm_dt]
 
-    def linear(n: float, k: float) -> Curve:
+    def linear(n: float, k: float) -> LatencyCurve:
         return gemm.curve(n, k, gemm_dt, roof)
 
     moe = None

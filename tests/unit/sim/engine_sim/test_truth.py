@@ -14,7 +14,7 @@ import pytest
 from rooftop_fit.kernel_fit import REPO
 from rooftop_planner.catalog import SUSTAINED_FLOP_FRACTION
 from rooftop_sim.engine import kernels, truth, truth_fit
-from rooftop_sim.engine.kernels import Curve, Roofline, bracket
+from rooftop_sim.engine.kernels import LatencyCurve, Roofline, bracket
 from rooftop_sim.engine.truth import TruthModel
 
 H100_8B = ("llama-3.1-8b", "h100-sxm", 1, "bf16", "auto")
@@ -103,11 +103,11 @@ def test_bracket_inside_exact_and_outside() -> None:
 
 def test_curve_is_exact_on_power_laws_and_skips_unmeasured_points() -> None:
     xs = [1.0, 2.0, 4.0, 8.0]
-    c = Curve(xs, [3.0 * x**1.5 for x in xs])
+    c = LatencyCurve(xs, [3.0 * x**1.5 for x in xs])
     assert c(3.0) == pytest.approx(3.0 * 3.0**1.5)
     assert c(16.0) == pytest.approx(c(8.0) * 2)  # proportional beyond the grid
     assert c(0.1) == pytest.approx(3.0)  # launch-bound below
-    gappy = Curve(xs, [1.0, math.nan, 4.0, math.nan])
+    gappy = LatencyCurve(xs, [1.0, math.nan, 4.0, math.nan])
     assert gappy(2.0) == pytest.approx(2.0) and gappy(8.0) == pytest.approx(8.0)
 
 
