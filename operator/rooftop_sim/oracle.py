@@ -122,7 +122,7 @@ def measure_capacity(
     return lo
 
 
-def schedule(
+def replicas_per_window(
     workload: Workload, capacity: float, window_s: float, min_replicas: int, max_replicas: int
 ) -> list[int]:
     """Replicas per window: enough for the window's actual arrivals."""
@@ -164,7 +164,7 @@ def oracle_policy(
 
     def policy(c: float) -> SchedulePolicy:
         return SchedulePolicy(
-            schedule(workload, c, cfg.window_s, lower, max_replicas),
+            replicas_per_window(workload, c, cfg.window_s, lower, max_replicas),
             cfg.window_s,
             cap,
             lead_s=lead_s,
