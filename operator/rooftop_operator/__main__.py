@@ -14,14 +14,14 @@ from typing import Any
 
 from rooftop_api import exit_codes
 from rooftop_operator.settings import (
-    INVENTORY_MODES,
     MIN_PEERING_LIFETIME_S,
     PEERING_LIFETIME_S,
-    LoopSettings,
     OperatorConfig,
-    env_defaults,
-    parse_inventory_mode,
+    add_setting_flags,
+    configured,
+    read_settings,
     seniority_priority,
+    setting_flags,
 )
 
 
@@ -58,14 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-port", type=int, default=None, help="serve Prometheus metrics here"
     )
-    parser.add_argument("--self-image", default=None, help="image for mode: simulated")
-    parser.add_argument("--vllm-image", default=None, help="image for mode: vllm")
-    parser.add_argument(
-        "--gpu-inventory",
-        choices=sorted(INVENTORY_MODES),
-        default=None,
-        help="nodes: plan only for GPU shapes the cluster's Nodes offer (default: off)",
-    )
+    add_setting_flags(parser)  # the images and --gpu-inventory, as declared in SETTINGS
     parser.add_argument("-v", "--verbose", action="store_true", help="log handler details")
     parser.add_argument("--debug", action="store_true", help="log kopf internals")
 
@@ -86,15 +79,8 @@ def peering_lifetime(text: str) -> int:
 
 def config_from_args(args: argparse.Namespace) -> OperatorConfig:
     """Command-line flags over ROOFTOP_* environment variables over defaults."""
-    values: dict[str, Any] = env_defaults()
-    values["loop"] = LoopSettings.from_env()
-    if args.self_image:
-        values["self_image"] = args.self_image
-    if args.vllm_image:
-        values["vllm_image"] = args.vllm_image
-    if args.gpu_inventory:
-        values["gpu_inventory"] = parse_inventory_mode(args.gpu_inventory)
-    return OperatorConfig(
+    return configured(
+        read_settings(flags=setting_flags(args)),
         namespaces=tuple(args.namespaces),
         clusterwide=bool(args.all_namespaces),
         peering=args.peering,
@@ -102,7 +88,6 @@ def config_from_args(args: argparse.Namespace) -> OperatorConfig:
         peering_lifetime_s=args.peering_lifetime,
         liveness_endpoint=args.liveness,
         metrics_port=args.metrics_port,
-        **values,
     )
 
 

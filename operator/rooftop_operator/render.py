@@ -13,13 +13,19 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import yaml
 
 from rooftop_api import exit_codes
 from rooftop_operator import builders, children
-from rooftop_operator.settings import VLLM_IMAGE, OperatorConfig, env_defaults
+from rooftop_operator.settings import (
+    OperatorConfig,
+    add_setting_flags,
+    configured,
+    read_settings,
+    setting_flags,
+)
 from rooftop_operator.specs import TargetRef
 from rooftop_planner.errors import PlannerError
 
@@ -55,10 +61,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--catalog", default=None, metavar="FILE.yaml", help="GPU/model catalog overlay (YAML)"
     )
-    p.add_argument("--vllm-image", default=None, help=f"CUDA engine image (default {VLLM_IMAGE})")
-    p.add_argument("--rocm-image", default=None, help="vLLM image for ROCm GPUs")
-    p.add_argument("--tpu-image", default=None, help="vLLM image for TPUs")
-    p.add_argument("--self-image", default=None, help="image for mode: simulated")
+    add_setting_flags(p, IMAGE_SETTINGS)
     p.add_argument(
         "--no-pod-monitor",
         action="store_true",
@@ -67,13 +70,13 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
+# The settings that shape what is rendered: the engine images.
+IMAGE_SETTINGS: Final = ("vllm_image", "vllm_arm64_image", "rocm_image", "tpu_image", "self_image")
+
+
 def _config(args: argparse.Namespace) -> OperatorConfig:
-    """The operator's image settings: flags over ROOFTOP_* variables over defaults."""
-    values: dict[str, Any] = env_defaults()
-    for name in ("vllm_image", "rocm_image", "tpu_image", "self_image"):  # flag = field
-        if getattr(args, name):
-            values[name] = getattr(args, name)
-    return OperatorConfig(**values)
+    """The operator's settings: flags over ROOFTOP_* variables over defaults."""
+    return configured(read_settings(flags=setting_flags(args)))
 
 
 @dataclass(frozen=True)

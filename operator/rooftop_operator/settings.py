@@ -14,7 +14,7 @@ import math
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
@@ -55,7 +55,7 @@ MIN_PEERING_LIFETIME_S: Final = 10
 
 @dataclass(frozen=True)
 class LoopSettings:
-    """The loop's knobs (environment ``ROOFTOP_LOOP_*`` / ``ROOFTOP_PROMETHEUS_URL``).
+    """The loop's knobs (``ROOFTOP_LOOP_*`` and ``ROOFTOP_PROMETHEUS_*``: ``SETTINGS``).
 
     Attributes:
         prometheus_url: Prometheus HTTP API base URL.
@@ -76,41 +76,6 @@ class LoopSettings:
     startup_s: float | None = None
     scale_down_window_s: float = ControllerConfig.scale_down_window_s
     prometheus_auth: PrometheusAuth = PrometheusAuth()
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> LoopSettings:
-        """The settings the chart passes (``loop.*`` values); unset variables keep the
-        defaults. A bad value is a ValueError naming the variable and what it takes, at
-        startup: a negative period or window would otherwise reach the timer and the
-        controller (the chart's schema checks the same bounds for chart users)."""
-        env = os.environ if environ is None else environ
-        base = cls()
-
-        def seconds(name: str, default: float, positive: bool = False) -> float:
-            if not env.get(name):
-                return default
-            return _env_seconds(env, name, positive)
-
-        window = env.get("ROOFTOP_LOOP_WINDOW") or base.window
-        try:
-            check_window(window)
-        except ValueError as err:
-            raise ValueError(f"ROOFTOP_LOOP_WINDOW: {err}") from None
-        return cls(
-            prometheus_url=env.get("ROOFTOP_PROMETHEUS_URL") or base.prometheus_url,
-            interval_s=seconds("ROOFTOP_LOOP_INTERVAL_S", base.interval_s, positive=True),
-            window=window,
-            stale_after_s=seconds("ROOFTOP_LOOP_STALE_AFTER_S", base.stale_after_s, True),
-            startup_s=(
-                _env_seconds(env, "ROOFTOP_LOOP_STARTUP_S", False)
-                if env.get("ROOFTOP_LOOP_STARTUP_S")
-                else None
-            ),
-            scale_down_window_s=seconds(
-                "ROOFTOP_LOOP_SCALE_DOWN_WINDOW_S", base.scale_down_window_s
-            ),
-            prometheus_auth=PrometheusAuth.from_env(env),
-        )
 
     @property
     def window_s(self) -> float:
@@ -182,72 +147,255 @@ class OperatorConfig:
         return {family: image for family, image in images.items() if image}
 
 
-# Every ROOFTOP_* variable the operator reads, and the chart value that sets it: a
-# variable read here but never set by the chart is a setting users cannot reach
-# (tests/unit/operator/test_settings_declared.py holds the chart, its schema and
-# docs/operating.md to this table).
-CHART_ENV: Final = {
-    "ROOFTOP_SELF_IMAGE": "operator.simulatorImage",
-    "ROOFTOP_VLLM_IMAGE": "operator.vllmImage",
-    "ROOFTOP_VLLM_ARM64_IMAGE": "operator.vllmArm64Image",
-    "ROOFTOP_VLLM_ROCM_IMAGE": "operator.rocmImage",
-    "ROOFTOP_VLLM_TPU_IMAGE": "operator.tpuImage",
-    "ROOFTOP_GPU_INVENTORY": "operator.gpuInventory",
-    "ROOFTOP_NODES_RETRY_S": "operator.nodesRetrySeconds",
-    "ROOFTOP_ENGINE_POD_SECURITY": "engine.podSecurity",
-    "ROOFTOP_PODMONITOR_LABELS": "engine.podMonitor.labels",
-    "ROOFTOP_PROMETHEUS_URL": "loop.prometheusUrl",
-    "ROOFTOP_LOOP_INTERVAL_S": "loop.intervalSeconds",
-    "ROOFTOP_LOOP_WINDOW": "loop.window",
-    "ROOFTOP_LOOP_STALE_AFTER_S": "loop.staleAfterSeconds",
-    "ROOFTOP_LOOP_STARTUP_S": "loop.startupSeconds",
-    "ROOFTOP_LOOP_SCALE_DOWN_WINDOW_S": "loop.scaleDownWindowSeconds",
-    "ROOFTOP_PROMETHEUS_BEARER_TOKEN_FILE": "loop.prometheusAuth.bearerTokenFile",
-    "ROOFTOP_PROMETHEUS_CA_FILE": "loop.prometheusAuth.caConfigMap",
-    "ROOFTOP_PROMETHEUS_HEADERS": "loop.prometheusAuth.headers",
-}
-# Read, but for tests only: no chart value sets them.
-TEST_ENV: Final = frozenset({"ROOFTOP_FAULT_PAUSE_AFTER_APPLY_S"})
+Parse = Callable[[str, str], object]  # (the variable or flag, its text) -> the value
+INVENTORY_MODES: Final = {"nodes": True, "off": False}
 
 
-def env_defaults(environ: Mapping[str, str] | None = None) -> dict[str, object]:
-    """Config values the chart sets through the environment (ROOFTOP_*)."""
-    env = os.environ if environ is None else environ
-    out: dict[str, object] = {}
-    if env.get("ROOFTOP_SELF_IMAGE"):
-        out["self_image"] = env["ROOFTOP_SELF_IMAGE"]
-    if env.get("ROOFTOP_VLLM_IMAGE"):
-        out["vllm_image"] = env["ROOFTOP_VLLM_IMAGE"]
-    if env.get("ROOFTOP_VLLM_ARM64_IMAGE"):
-        out["vllm_arm64_image"] = env["ROOFTOP_VLLM_ARM64_IMAGE"]
-    if env.get("ROOFTOP_VLLM_ROCM_IMAGE"):
-        out["rocm_image"] = env["ROOFTOP_VLLM_ROCM_IMAGE"]
-    if env.get("ROOFTOP_VLLM_TPU_IMAGE"):
-        out["tpu_image"] = env["ROOFTOP_VLLM_TPU_IMAGE"]
-    if env.get("ROOFTOP_GPU_INVENTORY"):
-        out["gpu_inventory"] = parse_inventory_mode(env["ROOFTOP_GPU_INVENTORY"])
-    if env.get("ROOFTOP_NODES_RETRY_S"):
-        out["nodes_retry_s"] = _env_seconds(env, "ROOFTOP_NODES_RETRY_S")
-    if env.get("ROOFTOP_FAULT_PAUSE_AFTER_APPLY_S"):
-        out["fault_pause_after_apply_s"] = _env_seconds(env, "ROOFTOP_FAULT_PAUSE_AFTER_APPLY_S")
-    if env.get("ROOFTOP_ENGINE_POD_SECURITY"):
-        out["engine_pod_security"] = parse_pod_security(env["ROOFTOP_ENGINE_POD_SECURITY"])
-    if env.get("ROOFTOP_PODMONITOR_LABELS"):
-        out["pod_monitor_labels"] = parse_pod_monitor_labels(env["ROOFTOP_PODMONITOR_LABELS"])
-    return out
+@dataclass(frozen=True)
+class Setting:
+    """One operator setting, declared once.
+
+    Attributes:
+        field: where it lands in ``OperatorConfig``, dotted (``loop.window``,
+            ``loop.prometheus_auth.headers``); its default is that field's default.
+        env: the ``ROOFTOP_*`` variable that sets it (the chart passes it).
+        parse: (name, text) -> value; a ValueError names the variable or flag and what
+            it takes, at start-up.
+        chart: the chart value that sets ``env`` (values.yaml, its schema and
+            docs/operating.md name it); None for a test hook no chart value sets.
+        flag: a command-line flag that overrides ``env``, if any.
+        help: the flag's help.
+        choices: the flag's words, when it takes one of a few.
+    """
+
+    field: str
+    env: str
+    parse: Parse
+    chart: str | None
+    flag: str | None = None
+    help: str = ""
+    choices: tuple[str, ...] = ()
 
 
-def _env_seconds(env: Mapping[str, str], name: str, positive: bool = False) -> float:
-    """A duration from the environment, s (``positive``: above 0, else at least 0); a
-    clear error naming the variable."""
+def _text(name: str, text: str) -> str:
+    return text
+
+
+def seconds(name: str, text: str) -> float:
+    """A duration in seconds, >= 0; a clear error naming ``name``."""
+    return _seconds(name, text, positive=False)
+
+
+def positive_seconds(name: str, text: str) -> float:
+    """A duration in seconds, > 0; a clear error naming ``name``."""
+    return _seconds(name, text, positive=True)
+
+
+def _seconds(name: str, text: str, positive: bool) -> float:
     try:
-        value = float(env[name])
+        value = float(text)
     except ValueError:
         value = math.nan
     if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
         bound = "> 0" if positive else ">= 0"
-        raise ValueError(f"{name}={env[name]!r}: give a number of seconds {bound}")
+        raise ValueError(f"{name}={text!r}: give a number of seconds {bound}")
     return value
+
+
+def _window(name: str, text: str) -> str:
+    try:
+        return check_window(text)
+    except ValueError as err:
+        raise ValueError(f"{name}: {err}") from None
+
+
+def _headers(name: str, text: str) -> dict[str, str]:
+    headers = _json_strings(text)
+    if headers is None:
+        raise ValueError(
+            f'{name}={text!r}: give a JSON object of strings, e.g. {{"X-Scope-OrgID": "team-a"}}'
+        )
+    return headers
+
+
+# Every setting the operator reads (tests/unit/operator/test_settings_declared.py holds the
+# chart's template, values, schema and docs/operating.md to this table, and the code to
+# reading no ROOFTOP_* variable outside it).
+SETTINGS: Final = (
+    Setting(
+        field="self_image",
+        env="ROOFTOP_SELF_IMAGE",
+        parse=_text,
+        chart="operator.simulatorImage",
+        flag="--self-image",
+        help="image for mode: simulated",
+    ),
+    Setting(
+        field="vllm_image",
+        env="ROOFTOP_VLLM_IMAGE",
+        parse=_text,
+        chart="operator.vllmImage",
+        flag="--vllm-image",
+        help="vLLM image for NVIDIA GPUs",
+    ),
+    Setting(
+        field="vllm_arm64_image",
+        env="ROOFTOP_VLLM_ARM64_IMAGE",
+        parse=_text,
+        chart="operator.vllmArm64Image",
+        flag="--vllm-arm64-image",
+        help="vLLM image for NVIDIA GPUs on arm64 hosts",
+    ),
+    Setting(
+        field="rocm_image",
+        env="ROOFTOP_VLLM_ROCM_IMAGE",
+        parse=_text,
+        chart="operator.rocmImage",
+        flag="--rocm-image",
+        help="vLLM image for AMD GPUs (empty: not planned)",
+    ),
+    Setting(
+        field="tpu_image",
+        env="ROOFTOP_VLLM_TPU_IMAGE",
+        parse=_text,
+        chart="operator.tpuImage",
+        flag="--tpu-image",
+        help="vLLM image for TPUs (empty: not planned)",
+    ),
+    Setting(
+        field="gpu_inventory",
+        env="ROOFTOP_GPU_INVENTORY",
+        parse=lambda name, text: parse_inventory_mode(text),
+        chart="operator.gpuInventory",
+        flag="--gpu-inventory",
+        help="nodes: plan only for GPU shapes the cluster's Nodes offer (default: off)",
+        choices=tuple(sorted(INVENTORY_MODES)),
+    ),
+    Setting(
+        field="nodes_retry_s",
+        env="ROOFTOP_NODES_RETRY_S",
+        parse=seconds,
+        chart="operator.nodesRetrySeconds",
+    ),
+    Setting(
+        field="engine_pod_security",
+        env="ROOFTOP_ENGINE_POD_SECURITY",
+        parse=lambda name, text: parse_pod_security(text),
+        chart="engine.podSecurity",
+    ),
+    Setting(
+        field="pod_monitor_labels",
+        env="ROOFTOP_PODMONITOR_LABELS",
+        parse=lambda name, text: parse_pod_monitor_labels(text),
+        chart="engine.podMonitor.labels",
+    ),
+    Setting(
+        field="loop.prometheus_url",
+        env="ROOFTOP_PROMETHEUS_URL",
+        parse=_text,
+        chart="loop.prometheusUrl",
+    ),
+    Setting(
+        field="loop.interval_s",
+        env="ROOFTOP_LOOP_INTERVAL_S",
+        parse=positive_seconds,
+        chart="loop.intervalSeconds",
+    ),
+    Setting(field="loop.window", env="ROOFTOP_LOOP_WINDOW", parse=_window, chart="loop.window"),
+    Setting(
+        field="loop.stale_after_s",
+        env="ROOFTOP_LOOP_STALE_AFTER_S",
+        parse=positive_seconds,
+        chart="loop.staleAfterSeconds",
+    ),
+    Setting(
+        field="loop.startup_s",
+        env="ROOFTOP_LOOP_STARTUP_S",
+        parse=seconds,
+        chart="loop.startupSeconds",
+    ),
+    Setting(
+        field="loop.scale_down_window_s",
+        env="ROOFTOP_LOOP_SCALE_DOWN_WINDOW_S",
+        parse=seconds,
+        chart="loop.scaleDownWindowSeconds",
+    ),
+    Setting(
+        field="loop.prometheus_auth.bearer_token_file",
+        env="ROOFTOP_PROMETHEUS_BEARER_TOKEN_FILE",
+        parse=_text,
+        chart="loop.prometheusAuth.bearerTokenFile",
+    ),
+    Setting(
+        field="loop.prometheus_auth.ca_file",
+        env="ROOFTOP_PROMETHEUS_CA_FILE",
+        parse=_text,
+        chart="loop.prometheusAuth.caConfigMap",
+    ),
+    Setting(
+        field="loop.prometheus_auth.headers",
+        env="ROOFTOP_PROMETHEUS_HEADERS",
+        parse=_headers,
+        chart="loop.prometheusAuth.headers",
+    ),
+    # a test hook (see OperatorConfig.fault_pause_after_apply_s): no chart value sets it
+    Setting(
+        field="fault_pause_after_apply_s",
+        env="ROOFTOP_FAULT_PAUSE_AFTER_APPLY_S",
+        parse=seconds,
+        chart=None,
+    ),
+)
+
+
+def read_settings(
+    environ: Mapping[str, str] | None = None, flags: Mapping[str, str | None] | None = None
+) -> dict[str, object]:
+    """The settings given, by ``Setting.field``: ``flags`` (by flag, e.g.
+    ``{"--vllm-image": "..."}``) over the environment; an empty one is not given.
+
+    Raises:
+        ValueError: a value its setting refuses; the message names the variable or flag.
+    """
+    env = os.environ if environ is None else environ
+    given = flags or {}
+    values: dict[str, object] = {}
+    for setting in SETTINGS:
+        flag_text = given.get(setting.flag) if setting.flag else None
+        if flag_text:
+            values[setting.field] = setting.parse(str(setting.flag), flag_text)
+        elif env.get(setting.env):
+            values[setting.field] = setting.parse(setting.env, env[setting.env])
+    return values
+
+
+def add_setting_flags(parser: Any, fields: Collection[str] | None = None) -> None:
+    """The ``flag`` of each setting (of ``fields``, else all) on an argparse parser, read
+    back with ``setting_flags``."""
+    for setting in SETTINGS:
+        if setting.flag and (fields is None or setting.field in fields):
+            choices = setting.choices or None
+            parser.add_argument(setting.flag, default=None, choices=choices, help=setting.help)
+
+
+def setting_flags(args: Any) -> dict[str, str | None]:
+    """The setting flags an argparse namespace holds, by flag (for ``read_settings``)."""
+    flags = [s.flag for s in SETTINGS if s.flag]
+    return {flag: getattr(args, flag[2:].replace("-", "_"), None) for flag in flags}
+
+
+def configured(values: Mapping[str, object], **startup: Any) -> OperatorConfig:
+    """An ``OperatorConfig`` from ``read_settings``' values (each field not given keeps
+    its default) and ``startup``'s fields (namespaces, peering, ...)."""
+    top: dict[str, Any] = dict(startup)
+    loop: dict[str, Any] = {}
+    auth: dict[str, Any] = {}
+    for dotted, value in values.items():
+        parts = dotted.split(".")
+        where = {1: top, 2: loop, 3: auth}[len(parts)]
+        where[parts[-1]] = value
+    loop_settings = LoopSettings(**loop, prometheus_auth=PrometheusAuth(**auth))
+    return OperatorConfig(**top, loop=loop_settings)
 
 
 # Kubernetes label syntax: an optional DNS-subdomain prefix and a name of at most 63
@@ -303,9 +451,6 @@ def seniority_priority(now_ns: int | None = None) -> int:
     """
     now = time.time_ns() if now_ns is None else now_ns
     return -(now // 1000)
-
-
-INVENTORY_MODES: Final = {"nodes": True, "off": False}
 
 
 def parse_inventory_mode(text: str) -> bool:

@@ -11,12 +11,17 @@ import pytest
 
 from rooftop_control.durations import PATTERN, parse_duration_s
 from rooftop_operator.metrics_client import check_window
-from rooftop_operator.settings import LoopSettings
+from rooftop_operator.settings import LoopSettings, configured, read_settings
 
 SCHEMA = Path(__file__).resolve().parents[3] / "charts" / "rooftop" / "values.schema.json"
 GOOD = {"90s": 90.0, "1m30s": 90.0, "2d": 172800.0, "1h1m1s5ms": 3661.005, "250ms": 0.25}
 # out of order, repeated, fractional, unitless, empty: Prometheus refuses each in a query
 BAD = ["30s1m", "1m1m", "1.5m", "10", "m", "", " 1m"]
+
+
+def loop_settings(environ: dict[str, str]) -> LoopSettings:
+    """The loop's settings the operator reads from ``environ``."""
+    return configured(read_settings(environ)).loop
 
 
 @pytest.mark.parametrize(("text", "seconds"), GOOD.items())
@@ -26,14 +31,14 @@ def test_a_duration_reads_as_prometheus_reads_it(text: str, seconds: float) -> N
 
 @pytest.mark.parametrize(("text", "seconds"), GOOD.items())
 def test_the_loop_computes_with_the_window_promql_uses(text: str, seconds: float) -> None:
-    settings = LoopSettings.from_env({"ROOFTOP_LOOP_WINDOW": text})
+    settings = loop_settings({"ROOFTOP_LOOP_WINDOW": text})
     assert settings.window == text and settings.window_s == pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("text", [t for t in BAD if t])
 def test_a_bad_window_stops_the_operator_naming_the_variable(text: str) -> None:
     with pytest.raises(ValueError, match="ROOFTOP_LOOP_WINDOW.*largest first"):
-        LoopSettings.from_env({"ROOFTOP_LOOP_WINDOW": text})
+        loop_settings({"ROOFTOP_LOOP_WINDOW": text})
 
 
 def test_a_zero_window_is_refused() -> None:

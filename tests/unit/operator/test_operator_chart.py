@@ -21,6 +21,8 @@ import pytest
 import yaml
 from tests.cluster.controlplane import find_binary
 
+from rooftop_operator.settings import configured, read_settings
+
 ROOT = Path(__file__).resolve().parents[3]
 CHART = ROOT / "charts" / "rooftop"
 KEY = re.compile(r"^(\s*)([A-Za-z_][\w.-]*):(.*)$")
@@ -264,7 +266,6 @@ def test_one_resource_per_template_file() -> None:
 @needs_helm
 def test_loop_values_reach_the_operator_as_its_settings() -> None:
     """The chart's loop values become the environment LoopSettings reads."""
-    from rooftop_operator.settings import LoopSettings
 
     docs = render("loop.prometheusUrl=http://prom.mon:9090", "loop.scaleDownWindowSeconds=600")
     (deployment,) = by_kind(docs, "Deployment")
@@ -273,7 +274,7 @@ def test_loop_values_reach_the_operator_as_its_settings() -> None:
         for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
         if "value" in e  # POD_ID comes from the pod's name
     }
-    settings = LoopSettings.from_env(env)
+    settings = configured(read_settings(env)).loop
     assert settings.prometheus_url == "http://prom.mon:9090"
     assert settings.scale_down_window_s == 600.0
     # no chart-wide start-up: each target's own (rooftop_planner.lifecycle)
@@ -374,11 +375,10 @@ def test_engine_values_reach_the_operator_as_its_settings() -> None:
     """engine.podSecurity and engine.podMonitor.labels become the environment the
     operator's settings read, and parse there to what was asked for."""
     from rooftop_operator.engine_security import PodSecurity
-    from rooftop_operator.settings import env_defaults
 
     docs = render("engine.podSecurity=restricted", "engine.podMonitor.labels.release=kps",
                   "engine.podMonitor.labels.team\\.example\\.com/owner=ml")  # fmt: skip
-    config = env_defaults(_env(docs))
+    config = read_settings(_env(docs))
     assert config["engine_pod_security"] is PodSecurity.RESTRICTED
     assert config["pod_monitor_labels"] == {"release": "kps", "team.example.com/owner": "ml"}
 
@@ -395,16 +395,16 @@ def test_engine_defaults_are_baseline_and_no_extra_labels() -> None:
 def test_engine_images_per_accelerator_family_reach_the_operator() -> None:
     """ROCm and TPU accelerators are planned only where the chart names their vLLM image;
     by default only the pinned CUDA image is configured."""
-    from rooftop_operator.settings import VLLM_IMAGE, OperatorConfig, env_defaults
+    from rooftop_operator.settings import VLLM_IMAGE
 
-    default = OperatorConfig(**env_defaults(_env(render())))  # type: ignore[arg-type]
+    default = configured(read_settings(_env(render())))
     assert default.engine_images() == {"cuda": VLLM_IMAGE}
     docs = render("operator.rocmImage=rocm/vllm:tested", "operator.tpuImage=vllm/vllm-tpu:x")
-    configured = OperatorConfig(**env_defaults(_env(docs)))  # type: ignore[arg-type]
-    assert configured.engine_images() == {
+    families = configured(read_settings(_env(docs)))
+    assert families.engine_images() == {
         "cuda": VLLM_IMAGE, "rocm": "rocm/vllm:tested", "tpu": "vllm/vllm-tpu:x"
     }  # fmt: skip
-    arm = OperatorConfig(**env_defaults(_env(render("operator.vllmArm64Image=m/vllm:arm"))))  # type: ignore[arg-type]
+    arm = configured(read_settings(_env(render("operator.vllmArm64Image=m/vllm:arm"))))
     assert (default.vllm_arm64_image, arm.vllm_arm64_image) == ("", "m/vllm:arm")
 
 

@@ -20,7 +20,7 @@ from rooftop_operator import builders
 from rooftop_operator.engine_security import MODEL_CACHE_PATH, PodSecurity, parse_pod_security
 from rooftop_operator.reconcile import reconcile
 from rooftop_operator.runtime import Runtime
-from rooftop_operator.settings import OperatorConfig, env_defaults, parse_pod_monitor_labels
+from rooftop_operator.settings import OperatorConfig, parse_pod_monitor_labels, read_settings
 from rooftop_planner.catalog import Catalog
 
 Obj = dict[str, Any]
@@ -183,7 +183,7 @@ def _without_security_context(pod: Obj) -> Obj:
 
 @pytest.mark.parametrize(("text", "level"), [("restricted", RESTRICTED), (" Baseline", "baseline")])
 def test_pod_security_from_the_environment(text: str, level: str) -> None:
-    assert env_defaults({"ROOFTOP_ENGINE_POD_SECURITY": text})["engine_pod_security"] == level
+    assert read_settings({"ROOFTOP_ENGINE_POD_SECURITY": text})["engine_pod_security"] == level
 
 
 def test_a_bad_pod_security_level_names_the_variable_and_stops_the_operator(
@@ -200,7 +200,7 @@ def test_a_bad_pod_security_level_names_the_variable_and_stops_the_operator(
 
 def test_pod_monitor_labels_from_the_environment() -> None:
     raw = '{"release": "kps", "team.example.com/owner": "ml-platform"}'
-    got = env_defaults({"ROOFTOP_PODMONITOR_LABELS": raw})["pod_monitor_labels"]
+    got = read_settings({"ROOFTOP_PODMONITOR_LABELS": raw})["pod_monitor_labels"]
     assert got == {"release": "kps", "team.example.com/owner": "ml-platform"}
     assert OperatorConfig().pod_monitor_labels == {}
 

@@ -26,11 +26,17 @@ from rooftop_operator.settings import (
     OperatorConfig,
     RoutineSuccesses,
     configure,
+    configured,
     digest,
-    env_defaults,
+    read_settings,
     seniority_priority,
 )
 from rooftop_planner.catalog import load_catalog
+
+
+def loop_settings(environ: dict[str, str]) -> LoopSettings:
+    """The loop's settings the operator reads from ``environ``."""
+    return configured(read_settings(environ)).loop
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -64,7 +70,7 @@ def test_no_namespace_is_a_usage_error() -> None:
 
 def test_env_defaults() -> None:
     env = {"ROOFTOP_FAULT_PAUSE_AFTER_APPLY_S": "2.5", "ROOFTOP_VLLM_IMAGE": "v"}
-    assert env_defaults(env) == {"fault_pause_after_apply_s": 2.5, "vllm_image": "v"}
+    assert read_settings(env) == {"fault_pause_after_apply_s": 2.5, "vllm_image": "v"}
 
 
 @pytest.mark.parametrize(
@@ -81,7 +87,7 @@ def test_env_defaults() -> None:
 )
 def test_a_bad_loop_setting_names_its_variable(name: str, value: str, fix: str) -> None:
     with pytest.raises(ValueError) as err:
-        LoopSettings.from_env({name: value})
+        loop_settings({name: value})
     assert name in str(err.value) and repr(value) in str(err.value) and fix in str(err.value)
 
 
@@ -98,10 +104,10 @@ def test_a_bad_loop_setting_stops_the_operator_before_it_starts(
 def test_loop_settings_from_the_environment() -> None:
     env = {"ROOFTOP_LOOP_INTERVAL_S": "30", "ROOFTOP_LOOP_WINDOW": "2m",
            "ROOFTOP_LOOP_STARTUP_S": "0", "ROOFTOP_LOOP_SCALE_DOWN_WINDOW_S": "600"}  # fmt: skip
-    loop = LoopSettings.from_env(env)
+    loop = loop_settings(env)
     assert (loop.interval_s, loop.window_s, loop.startup_s) == (30.0, 120.0, 0.0)
     assert loop.scale_down_window_s == 600.0
-    assert LoopSettings.from_env({"ROOFTOP_LOOP_INTERVAL_S": ""}) == LoopSettings()
+    assert loop_settings({"ROOFTOP_LOOP_INTERVAL_S": ""}) == LoopSettings()
 
 
 def test_kopf_settings() -> None:
@@ -202,7 +208,7 @@ def test_a_bad_gpu_inventory_mode_is_a_usage_error(
 @pytest.mark.parametrize("value", ["soon", "-1", "nan"])
 def test_a_bad_duration_in_the_environment_names_the_variable(value: str) -> None:
     with pytest.raises(ValueError, match=f"ROOFTOP_NODES_RETRY_S='{value}': give a number"):
-        env_defaults({"ROOFTOP_NODES_RETRY_S": value})
+        read_settings({"ROOFTOP_NODES_RETRY_S": value})
 
 
 def test_bad_prometheus_headers_stop_the_operator_before_it_starts() -> None:
