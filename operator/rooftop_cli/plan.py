@@ -104,7 +104,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _plot(planned: Planned, catalog: Catalog, path: str) -> None:
-    from rooftop_fit.plots import plot_plane  # offline tools: loaded only to draw
+    from rooftop_cli.plan_plot import plot_plane  # matplotlib: loaded only to draw
 
     plot_plane(planned.result, planned.target.spec, catalog, path)
     print(f"wrote {path}", file=sys.stderr)

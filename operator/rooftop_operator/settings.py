@@ -7,6 +7,7 @@ environment after startup, so handlers stay testable with a hand-made config.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import logging
@@ -369,7 +370,9 @@ def read_settings(
     return values
 
 
-def add_setting_flags(parser: Any, fields: Collection[str] | None = None) -> None:
+def add_setting_flags(
+    parser: argparse.ArgumentParser, fields: Collection[str] | None = None
+) -> None:
     """The ``flag`` of each setting (of ``fields``, else all) on an argparse parser, read
     back with ``setting_flags``."""
     for setting in SETTINGS:
@@ -378,7 +381,7 @@ def add_setting_flags(parser: Any, fields: Collection[str] | None = None) -> Non
             parser.add_argument(setting.flag, default=None, choices=choices, help=setting.help)
 
 
-def setting_flags(args: Any) -> dict[str, str | None]:
+def setting_flags(args: argparse.Namespace) -> dict[str, str | None]:
     """The setting flags an argparse namespace holds, by flag (for ``read_settings``)."""
     flags = [s.flag for s in SETTINGS if s.flag]
     return {flag: getattr(args, flag[2:].replace("-", "_"), None) for flag in flags}
