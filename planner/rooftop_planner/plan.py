@@ -30,6 +30,32 @@ NOT_IN_STATUS: Final = {
 }
 
 
+# What each plan field is (tests/unit/planner/test_plan_status.py holds every field to one):
+# the engine each pod runs (a change is a new operating curve: a rollout, a PlanChanged
+# event, the loop starting over), what the feedback loop changes, and what follows from
+# those two (the prediction and its words).
+SHAPE_FIELDS: Final = (
+    "gpu",
+    "tp",
+    "weight_dtype",
+    "kv_dtype",
+    "max_model_len",
+    "gpu_memory_utilization",
+    "checkpoint",
+)
+SCALE_FIELDS: Final = ("replicas", "max_num_seqs")
+OUTCOME_FIELDS: Final = (
+    "tpot_ms",
+    "ttft_ms",
+    "output_tok_s",
+    "usd_per_hour",
+    "capacity_rps",
+    "summary",
+    "weights_note",
+    "context_note",
+)
+
+
 class PlanStatusError(PlannerError):
     """``status.plan`` cannot be read back as a plan (hand-edited or from another version)."""
 
@@ -66,14 +92,15 @@ class Plan:
         return (self.gpu, self.tp, self.weight_dtype, self.kv_dtype)
 
     @property
-    def shape(self) -> tuple[str, int, str, str, int]:
-        """The engine each pod runs: GPU, TP, the two dtypes and the context length. The
-        feedback loop changes only the ``scale``; a new shape is a new operating curve."""
-        return (*self.key, self.max_model_len)
+    def shape(self) -> tuple[object, ...]:
+        """The engine each pod runs (``SHAPE_FIELDS``: GPU, TP, dtypes, context length,
+        memory share, checkpoint). The feedback loop changes only the ``scale``; a new
+        shape is a new operating curve."""
+        return tuple(getattr(self, name) for name in SHAPE_FIELDS)
 
     @property
     def scale(self) -> tuple[int, int]:
-        """What the feedback loop changes: replicas and the batch cap (``max_num_seqs``)."""
+        """What the feedback loop changes (``SCALE_FIELDS``): replicas and the batch cap."""
         return (self.replicas, self.max_num_seqs)
 
     @property

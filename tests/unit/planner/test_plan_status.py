@@ -7,7 +7,13 @@ from __future__ import annotations
 import dataclasses
 import json
 
-from rooftop_planner.plan import NOT_IN_STATUS, Plan
+from rooftop_planner.plan import (
+    NOT_IN_STATUS,
+    OUTCOME_FIELDS,
+    SCALE_FIELDS,
+    SHAPE_FIELDS,
+    Plan,
+)
 
 PLAN = Plan(
     gpu="h100-sxm",
@@ -48,3 +54,18 @@ def test_an_older_status_without_the_memory_share_reads_as_vllms_default() -> No
     stored = json.loads(PLAN.to_status().model_dump_json(by_alias=True, exclude_none=True))
     del stored["gpuMemoryUtilization"]
     assert Plan.from_status(stored).gpu_memory_utilization == 0.9
+
+
+def test_every_plan_field_is_shape_scale_or_outcome_once() -> None:
+    """A field added to the plan must say whether it changes the engine (``shape``: a
+    rollout, a PlanChanged event, the loop's memory starting over), is what the loop
+    scales, or follows from those; forgetting it fails here instead of a rollout the
+    loop's memory and events do not notice."""
+    declared = [*SHAPE_FIELDS, *SCALE_FIELDS, *OUTCOME_FIELDS]
+    assert sorted(declared) == sorted(f.name for f in dataclasses.fields(Plan))
+
+
+def test_a_new_checkpoint_is_a_new_shape_and_a_rescale_is_not() -> None:
+    assert PLAN.rescaled(5, 64).shape == PLAN.shape
+    other = dataclasses.replace(PLAN, checkpoint="meta-llama/Llama-3.1-70B-Instruct")
+    assert other.shape != PLAN.shape and other.scale == PLAN.scale
