@@ -71,6 +71,8 @@ class GpuSpec:
         host_arch: the CPU architecture of the nodes that carry it, as Kubernetes'
             ``kubernetes.io/arch`` label writes it (``arm64`` for Grace superchips):
             the engine image must run on it.
+        name_pattern: a regular expression, searched in a lowercased name, that maps
+            other spellings of it (benchmark rows, product names) to it; "" for none.
         kernel_table: the measured kernel table its kernels are timed on (one of
             ``KERNEL_TABLE_GPUS``): its own where it was measured, else the nearest
             architecture's (same memory technology and generation), scaled by the two
@@ -94,6 +96,7 @@ class GpuSpec:
     sources: Mapping[str, str] = field(default_factory=dict)
     link_group_gpus: int = 0
     beyond_group_bytes_per_s: float = 0.0
+    name_pattern: str = ""
     kernel_table: str = field(kw_only=True)
 
     @property
@@ -265,22 +268,15 @@ def normalize_model_name(name: str, models: Mapping[str, ModelSpec]) -> str | No
     return None
 
 
-_GPU_PATTERNS: tuple[tuple[str, str], ...] = (
-    (r"gh200", "gh200"),
-    (r"h200", "h200"),
-    (r"b200", "b200"),
-    (r"h100.*nvl", "h100-nvl"),
-    (r"h100.*pcie", "h100-pcie"),
-    (r"h100", "h100-sxm"),
-    (r"a100.*40", "a100-40gb"),
-    (r"a100", "a100-80gb"),
-    (r"l40s", "l40s"),
-    (r"l40", "l40"),
-    (r"a10g", "a10g"),
-    (r"\bl4\b|^l4$|-l4$", "l4"),
-    (r"mi300x", "mi300x"),
-    (r"v5e|v5-lite|v5litepod", "tpu-v5e"),
-)
+def _pattern(where: str, value: object) -> str:
+    """A ``name_pattern``: a regular expression Python compiles."""
+    if not isinstance(value, str):
+        raise CatalogError(f"{where}: give a regular expression as a string")
+    try:
+        re.compile(value)
+    except re.error as err:
+        raise CatalogError(f"{where}: {value!r} is not a regular expression ({err})") from None
+    return value
 
 
 def normalize_gpu_name(name: str, gpus: Mapping[str, GpuSpec]) -> str | None:
@@ -291,9 +287,9 @@ def normalize_gpu_name(name: str, gpus: Mapping[str, GpuSpec]) -> str | None:
     for gpu in gpus.values():
         if key == gpu.node_label_value.lower() or key == gpu.name.lower():
             return gpu.id
-    for pattern, gpu_id in _GPU_PATTERNS:
-        if re.search(pattern, key) and gpu_id in gpus:
-            return gpu_id
+    for gpu in gpus.values():
+        if gpu.name_pattern and re.search(gpu.name_pattern, key):
+            return gpu.id
     return None
 
 
@@ -415,6 +411,7 @@ def _gpu_from_entry(gpu_id: str, entry: Mapping[str, Any]) -> GpuSpec:
             f"{at}host_arch: unknown architecture {arch!r}; use one of {', '.join(HOST_ARCHES)}"
         )
     values["kernel_table"] = _kernel_table(at + "kernel_table", entry.get("kernel_table"))
+    values["name_pattern"] = _pattern(at + "name_pattern", entry.get("name_pattern", ""))
     return GpuSpec(**values)
 
 
