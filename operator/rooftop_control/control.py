@@ -2,7 +2,9 @@
 
 ``decide(state, obs, now_s, config) -> Decision`` is called once per scrape by the
 operator's timer (``loop.py``) and, unchanged, by ``rooftop simulate``'s ``rooftop``
-policy, so what the simulator measures is what the operator does.
+policy, so what the simulator measures is what the operator does. It reads an
+``Observation`` (``readings.py``), re-plans through a ``Planner`` (``sizing.py``) and
+projects the request rate with ``forecast.py``; this module is the law that joins them.
 
 One decision:
 
@@ -54,166 +56,19 @@ One decision:
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import Any
 
 from rooftop_api.conditions import SLO_MET, WITHIN_BUDGET, Condition
-from rooftop_api.spec import KvDtype, ServingTargetSpec, WeightDtype
+from rooftop_api.spec import ServingTargetSpec
 from rooftop_control import calibration as cal_mod
 from rooftop_control import defaults
 from rooftop_control.calibration import Calibration, CalibrationConfig, TrimConfig
-from rooftop_planner.batching import predict_continuous
-from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog, load_catalog
-from rooftop_planner.efficiency import load_efficiency
-from rooftop_planner.perf import EngineShape
-from rooftop_planner.plan import Plan
-from rooftop_planner.search import plan_target, resolve_model
-
-# Sizings one target keeps (rate on a 1 % grid x factor to 0.01): enough for hours of
-# a daily swing at one factor, bounded so a long-lived operator's memory stays flat.
-SIZING_CACHE_ENTRIES = 512
-
-
-class MetricState(StrEnum):
-    """Whether a reading can be trusted."""
-
-    OK = "ok"
-    MISSING = "missing"  # no series (target down, never scraped, query returned nothing)
-    STALE = "stale"  # the newest sample is older than the scrape allows
-    NAN = "nan"  # NaN or infinite (histogram_quantile over an empty window)
-
-
-_BADNESS = {MetricState.OK: 0, MetricState.NAN: 1, MetricState.STALE: 2, MetricState.MISSING: 3}
-
-
-@dataclass(frozen=True)
-class Reading:
-    """One metric value and whether it can be trusted; ``value`` is NaN unless OK."""
-
-    value: float = math.nan
-    state: MetricState = MetricState.MISSING
-
-    @classmethod
-    def of(cls, value: float | None, age_s: float = 0.0, max_age_s: float = math.inf) -> Reading:
-        """Classify a raw sample: None is missing, NaN/inf is nan, too old is stale."""
-        if value is None:
-            return cls()
-        if not math.isfinite(value):
-            return cls(math.nan, MetricState.NAN)
-        if age_s > max_age_s:
-            return cls(math.nan, MetricState.STALE)
-        return cls(float(value), MetricState.OK)
-
-    @property
-    def ok(self) -> bool:
-        """True when the value is usable."""
-        return self.state is MetricState.OK
-
-
-@dataclass(frozen=True)
-class Observation:
-    """What the metrics said over the last window (all replicas of one target).
-
-    Attributes:
-        tpot_ms: the SLO's percentile of per-request time per output token, ms.
-        ttft_ms: the SLO's percentile of time to first token, ms.
-        requests_per_second: arrival (or completion) rate over the window, req/s.
-        running: requests in running batches, summed over ready replicas.
-        waiting: requests queued, summed over ready replicas.
-        kv_usage_ratio: KV-cache usage, mean over ready replicas, 0..1.
-        step_ms: mean inter-token latency over the window, ms (for calibration).
-        step_batch: decode tokens per engine iteration over the same window, the mean
-            running batch of one replica's step (inter-token latency count over the
-            iterations' count); unlike ``running``, an instant gauge, it describes the
-            steps ``step_ms`` averages, so the two still agree while the fleet or the
-            load changes within the window.
-        tpot_attainment: share 0..1 of the window's requests whose TPOT met the bound
-            (a histogram bucket at the bound over the count).
-        prompt_tokens / output_tokens: mean lengths of requests in the window, tokens.
-        ready_replicas: pods ready to serve (from the Deployment, always known).
-        pending_replicas: pods created but not ready yet.
-        outdated_replicas: pods still on the previous pod template, which a rollout
-            (a new batch cap) is replacing: the Deployment's ``status.replicas`` minus
-            ``status.updatedReplicas``. Pods starting for a scale-up are not among them.
-    """
-
-    tpot_ms: Reading = Reading()
-    ttft_ms: Reading = Reading()
-    requests_per_second: Reading = Reading()
-    running: Reading = Reading()
-    waiting: Reading = Reading()
-    kv_usage_ratio: Reading = Reading()
-    step_ms: Reading = Reading()
-    step_batch: Reading = Reading()
-    tpot_attainment: Reading = Reading()
-    prompt_tokens: Reading = Reading()
-    output_tokens: Reading = Reading()
-    ready_replicas: int = 0
-    pending_replicas: int = 0
-    outdated_replicas: int = 0
-
-    def gating(self) -> list[tuple[str, Reading]]:
-        """The readings that must be OK before scaling down, by name.
-
-        Latency is excused when the rate is a trustworthy zero: with no requests,
-        histogram_quantile is NaN by construction, and an idle target must still be
-        able to shrink.
-        """
-        names = ["requests_per_second", "running", "waiting", "kv_usage_ratio"]
-        if not (self.requests_per_second.ok and self.requests_per_second.value <= 0):
-            names.append("tpot_ms")
-        return [(n, getattr(self, n)) for n in names]
-
-    def unhealthy(self) -> list[str]:
-        """Gating readings that are not OK, as ``name: state`` (empty when healthy)."""
-        return [f"{n}: {r.state.value}" for n, r in self.gating() if not r.ok]
-
-    def state(self) -> MetricState:
-        """The worst state of the gating readings."""
-        return max((r.state for _, r in self.gating()), key=_BADNESS.__getitem__)
-
-
-@dataclass(frozen=True, slots=True)
-class Sizing:
-    """The planner's answer for one request rate and calibration factor.
-
-    Attributes:
-        replicas: replicas needed, NOT limited by min/max/budget (the controller does that).
-        max_num_seqs: the batch cap that keeps TPOT within the SLO at this factor.
-        usd_per_replica_hour: price of one replica (all its GPUs), USD/h.
-        tpot_ms: predicted TPOT at that sizing, ms (None if unknown).
-        feasible: False when no batch cap meets the SLO on this deployment.
-        capacity_rps: requests/s one replica serves within the SLO (None if unknown).
-    """
-
-    replicas: int
-    max_num_seqs: int
-    usd_per_replica_hour: float
-    tpot_ms: float | None = None
-    feasible: bool = True
-    capacity_rps: float | None = None
-
-
-class Planner(Protocol):
-    """The planner, as the controller needs it (``PlanTargetPlanner`` is the real one)."""
-
-    def size(
-        self, requests_per_second: float, step_time_scale: float, max_num_seqs: int | None = None
-    ) -> Sizing:
-        """Replicas and batch cap for a rate (req/s) with step times scaled by a factor.
-
-        Without ``max_num_seqs``: the cap that gives a replica the most capacity. With
-        it: the replicas that cap needs (the cap the pods run), or, where that cap
-        cannot keep TPOT within the SLO at this factor, the best cap's sizing."""
-        ...
-
-    def step_ms(self, batch: float, prompt_tokens: float, output_tokens: float) -> float:
-        """Predicted (unscaled) mean step time, ms, of ``batch`` running requests with
-        these mean prompt and output lengths (tokens), prefill chunks included."""
-        ...
+from rooftop_control.forecast import forecast_rate, rate_trend
+from rooftop_control.readings import MetricState, Observation, Reading
+from rooftop_control.sizing import Planner, Sizing
 
 
 @dataclass(frozen=True)
@@ -617,38 +472,6 @@ def replica_limits(config: ControllerConfig) -> tuple[int, int]:
     return min(config.min_replicas, upper), upper
 
 
-def forecast_rate(rates: Sequence[tuple[float, float]], lead_s: float) -> float:
-    """The rate expected ``lead_s`` ahead, req/s: never below the latest reading.
-
-    A least-squares line over the remembered readings; only a rising trend is
-    projected (a falling one is left to the slow scale-down, which is the safe side).
-    """
-    if not rates:
-        return 0.0
-    latest_t, latest = rates[-1]
-    trend = rate_trend(rates, 60.0)
-    if trend is None:
-        return latest
-    mean_t, mean_rate, slope = trend
-    fitted_now = mean_rate + slope * (latest_t - mean_t)
-    return max(latest, fitted_now) + max(0.0, slope) * lead_s
-
-
-def rate_trend(
-    rates: Sequence[tuple[float, float]], min_span_s: float
-) -> tuple[float, float, float] | None:
-    """The least-squares line through (time s, rate req/s) readings: (mean time s,
-    mean rate req/s, slope req/s per s); None with under 3 readings or ``min_span_s``."""
-    if len(rates) < 3 or rates[-1][0] - rates[0][0] < min_span_s:
-        return None
-    n = len(rates)
-    mt = sum(t for t, _ in rates) / n
-    mr = sum(r for _, r in rates) / n
-    var = sum((t - mt) ** 2 for t, _ in rates)
-    slope = sum((t - mt) * (r - mr) for t, r in rates) / var if var > 0 else 0.0
-    return mt, mr, slope
-
-
 def scale_down_window(
     rates: Sequence[tuple[float, float]], config: ControllerConfig
 ) -> tuple[float, str]:
@@ -1026,109 +849,3 @@ def _budget_binds(config: ControllerConfig) -> bool:
     """Whether the budget, not max_replicas, sets the upper replica limit."""
     _, upper = replica_limits(config)
     return upper < config.max_replicas
-
-
-# ---------------------------------------------------------------- the real planner
-
-
-class PlanTargetPlanner:
-    """``Planner`` backed by ``rooftop_planner``, pinned to the running deployment's shape.
-
-    Re-planning may change replicas and the batch cap, never the GPU type, TP or dtypes:
-    those need new nodes and a full redeploy, which is the planner's (``rooftop plan``)
-    job, not the feedback loop's. min/max replicas and the budget are lifted from the
-    pinned spec so the planner reports what the SLO needs; ``decide`` applies the limits
-    (and says in the conditions when they bind).
-    """
-
-    def __init__(self, spec: ServingTargetSpec, plan: Plan, catalog: Catalog | None = None) -> None:
-        self.catalog = catalog or load_catalog()
-        self.plan = plan
-        self.spec = pinned_spec(spec, plan)
-        gpu = self.catalog.gpu(plan.gpu)
-        eff = load_efficiency().lookup(gpu, "vllm")
-        model = resolve_model(spec, self.catalog)
-        self.deployment = EngineShape(model, gpu, plan.tp, plan.weight_dtype, plan.kv_dtype, eff)
-        self._cache: OrderedDict[tuple[float, float], tuple[Sizing, ...]] = OrderedDict()
-        # Plan once now, so a spec the planner rejects (say, an edit that added a price
-        # for an unknown GPU) raises here, where the caller expects it, not mid-decision.
-        self.size(spec.workload.requests_per_second, 1.0)
-
-    def size(
-        self, requests_per_second: float, step_time_scale: float, max_num_seqs: int | None = None
-    ) -> Sizing:
-        """Replicas and batch cap at a rate (req/s) and factor (see ``Planner.size``);
-        every cap's sizing is cached on a 1 % grid of rates."""
-        key = (quantize_rate(requests_per_second), round(step_time_scale, 2))
-        if key in self._cache:
-            self._cache.move_to_end(key)
-            options = self._cache[key]
-        else:
-            options = self._cache[key] = self._options(*key)
-            if len(self._cache) > SIZING_CACHE_ENTRIES:
-                self._cache.popitem(last=False)  # least recently used
-        if not options:
-            return Sizing(0, self.plan.max_num_seqs, self._price(), None, feasible=False)
-        for option in options:
-            if option.max_num_seqs == max_num_seqs:
-                return option
-        # The cap that gives a replica the most capacity (ties: the smaller cap, lower
-        # TPOT). Not simply the cheapest plan: at low rates several caps tie at one
-        # replica, and the tie-break would make the cap flap with the load.
-        return max(options, key=lambda o: (o.capacity_rps or 0.0, -o.max_num_seqs))
-
-    def _options(self, rate: float, factor: float) -> tuple[Sizing, ...]:
-        """One sizing per batch cap that keeps TPOT within the SLO (none: infeasible)."""
-        # The shape is pinned and already runs: its accelerator family had an image.
-        res = plan_target(
-            self.spec,
-            catalog=self.catalog,
-            step_time_scale=factor,
-            requests_per_second=rate,
-            engine_families=ACCELERATOR_FAMILIES,
-        )
-        return tuple(_sizing(p) for p in res.candidates if p.tp == self.plan.tp)
-
-    def _price(self) -> float:
-        return self.plan.usd_per_replica_hour
-
-    def step_ms(self, batch: float, prompt_tokens: float, output_tokens: float) -> float:
-        """The planner's mean step time (TPOT) at this running batch, ms, unscaled."""
-        pred = predict_continuous(self.deployment, batch, prompt_tokens, output_tokens)
-        return float(pred.tpot_s) * 1e3
-
-
-def _sizing(plan: Plan) -> Sizing:
-    """A candidate plan as the controller sizes with it (price and capacity per replica)."""
-    per_replica = 1.0 / plan.replicas
-    return Sizing(
-        plan.replicas,
-        plan.max_num_seqs,
-        plan.usd_per_hour * per_replica,
-        plan.tpot_ms,
-        True,
-        plan.capacity_rps * per_replica,
-    )
-
-
-def quantize_rate(rate: float) -> float:
-    """``rate`` rounded UP to a 1 % grid (req/s), so cached plans never under-size."""
-    if rate <= 1e-3:
-        return 0.0
-    return round(1.01 ** math.ceil(math.log(rate) / math.log(1.01) - 1e-9), 6)
-
-
-def pinned_spec(spec: ServingTargetSpec, plan: Plan) -> ServingTargetSpec:
-    """``spec`` restricted to ``plan``'s GPU, TP and dtypes, with limits lifted."""
-    constraints = spec.constraints.model_copy(
-        update={
-            "gpu_types": [plan.gpu],
-            "weight_dtypes": [WeightDtype(plan.weight_dtype)],
-            "kv_dtypes": [KvDtype(plan.kv_dtype)],
-            "max_tensor_parallel": plan.tp,
-            "min_replicas": 0,
-            "max_replicas": 1000,
-        }
-    )
-    budget = spec.budget.model_copy(update={"usd_per_hour": 1e7})
-    return spec.model_copy(update={"constraints": constraints, "budget": budget})

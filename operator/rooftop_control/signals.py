@@ -1,6 +1,6 @@
 """The engine signals the loop reads, each declared once.
 
-A signal is one figure of an ``Observation`` (``rooftop_control.control``). Its row
+A signal is one figure of an ``Observation`` (``rooftop_control.readings``). Its row
 says which Prometheus query answers it (``rooftop_operator.metrics_client`` builds one
 PromQL expression per query name, in Prometheus' units), how to convert that answer to
 the controller's unit, whether and how ``status.observed`` shows it, and how the

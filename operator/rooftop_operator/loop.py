@@ -4,7 +4,7 @@ Thin glue, by design: every decision is ``control.decide`` (the same function th
 simulator's ``rooftop`` policy runs); this module only
 
 1. reads one snapshot of the target's engine metrics from Prometheus
-   (``metrics_client``) and turns it into a ``control.Observation`` (every reading keeps
+   (``metrics_client``) and turns it into a ``readings.Observation`` (every reading keeps
    its ok/missing/stale/nan state; an unreachable Prometheus is "missing");
 2. keeps each target's ``ControllerState`` on the runtime (``Runtime.loop``, a
    ``loop_memory.LoopMemory``; an operator restart starts a
@@ -47,8 +47,10 @@ from rooftop_api.spec import (
 )
 from rooftop_control import control, signals
 from rooftop_control.calibration import CalibrationConfig, TrimConfig, clamp
+from rooftop_control.readings import MetricState, Observation, Reading
+from rooftop_control.sizing import PlanTargetPlanner
 from rooftop_operator import children, metrics_client, readiness, reconcile
-from rooftop_operator.builders import deployment_name
+from rooftop_operator.builders import UnsupportedPlan, deployment_name
 from rooftop_operator.kube import KubeError
 from rooftop_operator.loop_memory import (
     EngineIndex,
@@ -63,6 +65,7 @@ from rooftop_operator.runtime import Runtime, runtime
 from rooftop_operator.settings import LoopSettings
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec
 from rooftop_planner.catalog import Catalog
+from rooftop_planner.errors import PlannerError
 from rooftop_planner.plan import Plan
 
 log = logging.getLogger(__name__)
@@ -73,28 +76,26 @@ INF_MS = 1e9  # a +Inf quantile ("above the last bucket") as a finite, breaching
 # ---------------------------------------------------------------- pure conversions
 
 
-def _scaled(r: control.Reading, scale: float) -> control.Reading:
+def _scaled(r: Reading, scale: float) -> Reading:
     """``r`` in other units (s -> ms); +Inf stays a finite, breaching number."""
     if not r.ok:
         return r
     value = r.value * scale
-    return control.Reading(INF_MS if math.isinf(value) else value, control.MetricState.OK)
+    return Reading(INF_MS if math.isinf(value) else value, MetricState.OK)
 
 
 def observation(
     snap: metrics_client.TargetMetrics, ready: int, pending: int, outdated: int = 0
-) -> control.Observation:
+) -> Observation:
     """The controller's view of one snapshot and of the Deployment's pods
     (``outdated``: pods a rollout has yet to replace, ``outdated_pods``): every
     declared signal (``rooftop_control.signals``) in the controller's units."""
-    pods = control.Observation(
-        ready_replicas=ready, pending_replicas=pending, outdated_replicas=outdated
-    )
+    pods = Observation(ready_replicas=ready, pending_replicas=pending, outdated_replicas=outdated)
     readings: dict[str, Any] = {s.field: _signal(snap, s) for s in signals.SIGNALS}
     return replace(pods, **readings)
 
 
-def _signal(snap: metrics_client.TargetMetrics, signal: signals.Signal) -> control.Reading:
+def _signal(snap: metrics_client.TargetMetrics, signal: signals.Signal) -> Reading:
     """One signal's reading: its fallback query when its own has no figure, raised to
     its least meaningful figure, scaled to its unit."""
     reading = snap.get(signal.query)
@@ -102,7 +103,7 @@ def _signal(snap: metrics_client.TargetMetrics, signal: signals.Signal) -> contr
     if fallback is not None and not reading.ok:
         reading = snap.get(fallback)
     if signal.at_least is not None and reading.ok and reading.value < signal.at_least:
-        reading = control.Reading(signal.at_least, control.MetricState.OK)
+        reading = Reading(signal.at_least, MetricState.OK)
     return reading if signal.scale == 1.0 else _scaled(reading, signal.scale)
 
 
@@ -133,11 +134,11 @@ def decision_labels(d: control.Decision) -> tuple[str, str]:
     return direction, d.cause.value
 
 
-def observed_status(d: control.Decision, obs: control.Observation, now: str) -> ObservedStatus:
+def observed_status(d: control.Decision, obs: Observation, now: str) -> ObservedStatus:
     """``status.observed``: every shown signal (a reading with no figure is absent: JSON
     has no NaN) and what the loop learned."""
 
-    def num(r: control.Reading) -> float | None:
+    def num(r: Reading) -> float | None:
         return round(r.value, 4) if r.ok else None
 
     shown = {s.status_key: num(getattr(obs, s.field)) for s in signals.SIGNALS if s.status_key}
@@ -191,7 +192,7 @@ def _figures_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
 def status_update(
     status: ServingTargetStatus,
     d: control.Decision,
-    obs: control.Observation,
+    obs: Observation,
     plan: Plan,
     now: str,
 ) -> ServingTargetStatus:
@@ -261,7 +262,8 @@ def _memory(
     """The target's controller memory; rebuilt when the spec or the plan's shape changed.
 
     Raises:
-        ValueError: the spec no longer plans (an unknown model, a checkpoint gone).
+        PlannerError: the spec no longer plans (an unknown model, a checkpoint gone).
+        UnsupportedPlan: its checkpoint is one vLLM cannot load.
     """
     key = (ref.generation, plan.shape)
     mem = targets.get(ref.uid)
@@ -280,7 +282,7 @@ def _memory(
             calibration=replace(state.calibration, samples=samples),
         )
         startup = children.pod_lifecycle(catalog, spec, plan).startup_s
-        mem = TargetMemory(key, control.PlanTargetPlanner(spec, plan), state, startup)
+        mem = TargetMemory(key, PlanTargetPlanner(spec, plan), state, startup)
         targets[ref.uid] = mem
     return mem
 
@@ -349,7 +351,7 @@ async def _observe(
     spec: ServingTargetSpec,
     ref: TargetRef,
     pods: tuple[int, int, int],
-) -> tuple[control.Observation, list[str]]:
+) -> tuple[Observation, list[str]]:
     """The target's readings from this tick's fleet snapshot, and Prometheus' errors
     (``pods``: ready, pending and outdated pods of the Deployment)."""
     slo = spec.slo
@@ -363,7 +365,7 @@ async def _observe(
     return observation(snap, *pods), list(snap.errors)
 
 
-def _record(rt: Runtime, ref: TargetRef, d: control.Decision, obs: control.Observation) -> None:
+def _record(rt: Runtime, ref: TargetRef, d: control.Decision, obs: Observation) -> None:
     """The decision's figures in the operator's own metrics (in memory, no API call)."""
     slo = next((c for c in d.conditions if c.type == cnd.SLO_MET), None)
     rt.metrics.record_observation(
@@ -385,7 +387,7 @@ def _apply(
     spec: ServingTargetSpec,
     plan: Plan,
     d: control.Decision,
-    obs: control.Observation,
+    obs: Observation,
 ) -> None:
     """Deployment (when changed), event, status. Blocking: run in a thread, and only when
     ``_writes`` says there is something to write."""
@@ -412,7 +414,7 @@ def _writes(
     seen: ServingTargetStatus,
     plan: Plan,
     d: control.Decision,
-    obs: control.Observation,
+    obs: Observation,
 ) -> bool:
     """Whether this decision writes anything (a Deployment, an event, status). Most ticks
     do not, and skip the thread hop ``_apply`` takes (at 1,000 targets the hop alone
@@ -528,7 +530,7 @@ async def feedback(
     desired, ready, pending = pod_counts(dep)
     try:
         mem = _memory(rt.loop.targets, ref, spec, plan, status, desired, rt.catalog)
-    except (KeyError, ValueError) as err:  # CatalogError: an edit the planner rejects
+    except (PlannerError, UnsupportedPlan) as err:  # an edit the planner rejects
         # Reconcile reports it (Planned=False, PlannerError) and keeps the workload; the
         # loop holds too, instead of failing on every tick.
         log.warning(

@@ -22,7 +22,7 @@ from typing import Any
 import kopf
 
 from rooftop_api.spec import ServingTargetSpec, ServingTargetStatus
-from rooftop_control import control
+from rooftop_control import control, sizing
 from rooftop_operator import metrics_client
 from rooftop_operator.kube import KubeError
 from rooftop_operator.metrics_client import MetricsClient
@@ -134,8 +134,8 @@ class TargetMemory:
     """One target's controller state and planner adapter (with its cache), for the spec
     generation and engine shape in ``key``."""
 
-    key: tuple[int, tuple[str, int, str, str, int]]
-    planner: control.PlanTargetPlanner
+    key: tuple[int, tuple[object, ...]]
+    planner: sizing.PlanTargetPlanner
     state: control.ControllerState
     startup_s: float  # this target's pod start-up (rooftop_planner.lifecycle)
 

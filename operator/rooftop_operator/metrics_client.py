@@ -28,7 +28,6 @@ once, here, to each target's readings.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import ssl
 from collections.abc import Mapping, Sequence
@@ -39,8 +38,8 @@ from typing import Any
 import aiohttp
 
 from rooftop_control import defaults, signals
-from rooftop_control.control import MetricState, Reading
 from rooftop_control.durations import parse_duration_s
+from rooftop_control.readings import MetricState, Reading
 
 # vLLM's per-request TPOT histogram: what a TPOT SLO bounds (a request's mean gap between
 # output tokens), unlike the per-token inter-token latency, which also carries every
@@ -290,29 +289,6 @@ class PrometheusAuth:
     bearer_token_file: str | None = None
     ca_file: str | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str]) -> PrometheusAuth:
-        """ROOFTOP_PROMETHEUS_{BEARER_TOKEN_FILE,CA_FILE,HEADERS} (HEADERS: a JSON object
-        of strings); ValueError naming the variable when HEADERS is not one."""
-        raw = env.get("ROOFTOP_PROMETHEUS_HEADERS") or "{}"
-        try:
-            headers = json.loads(raw)
-        except ValueError:
-            headers = None
-        strings = isinstance(headers, dict) and all(
-            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
-        )
-        if not strings:
-            raise ValueError(
-                f"ROOFTOP_PROMETHEUS_HEADERS={raw!r}: give a JSON object of strings, "
-                'e.g. {"X-Scope-OrgID": "team-a"}'
-            )
-        return cls(
-            env.get("ROOFTOP_PROMETHEUS_BEARER_TOKEN_FILE") or None,
-            env.get("ROOFTOP_PROMETHEUS_CA_FILE") or None,
-            headers,
-        )
 
     def request_headers(self) -> dict[str, str]:
         """Headers for one query; OSError when the token file cannot be read."""

@@ -2,7 +2,7 @@
 
 ``engine``    ``rooftop engine-sim``: a vLLM stand-in timed by measured kernel tables
 ``cluster``   pods running ``engine.core`` engines behind a least-outstanding balancer
-``window``    scrape-interval accumulators turned into ``control.Observation``s
+``window``    scrape-interval accumulators turned into ``readings.Observation``s
 ``policies``  rooftop (``control.decide`` itself), static-peak, queue-threshold, oracle
 ``oracle``    the hindsight baselines: the oracle's schedule and static-fit
 ``report``    attainment, cost, timeline, JSON and plot

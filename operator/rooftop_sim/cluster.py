@@ -34,7 +34,7 @@ import numpy as np
 import numpy.typing as npt
 
 from rooftop_control import defaults
-from rooftop_control.control import Observation
+from rooftop_control.readings import Observation
 from rooftop_sim.engine.core import Engine, EngineConfig, Request
 from rooftop_sim.engine.truth import TruthModel
 from rooftop_sim.window import Gauges, MetricsWindow

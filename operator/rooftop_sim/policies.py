@@ -23,11 +23,11 @@ from dataclasses import dataclass, field
 from rooftop_control.control import (
     ControllerConfig,
     Decision,
-    Observation,
     clamp_replicas,
     decide,
     initial_state,
 )
+from rooftop_control.readings import Observation
 
 
 @dataclass

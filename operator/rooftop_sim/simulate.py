@@ -42,12 +42,13 @@ from rooftop_api.output import (
     print_table,
 )
 from rooftop_api.spec import ServingTargetSpec
-from rooftop_control import control, defaults
+from rooftop_control import control, defaults, sizing
 from rooftop_control.calibration import Calibration
 from rooftop_planner.batching import mean_step_s
 from rooftop_planner.plan import Plan
 from rooftop_planner.progress import Progress
 from rooftop_sim.cluster import Cluster, Policy, Replica, SimConfig, SimResult, Workload
+from rooftop_sim.errors import SimError
 from rooftop_sim.flags import Rule, check_ranges
 from rooftop_sim.oracle import OracleConfig, oracle_policy, static_fit
 from rooftop_sim.policies import (
@@ -66,7 +67,7 @@ ORACLES = ("oracle", "oracle-instant")
 FORMATS = (TEXT, TABLE, WIDE, JSON, YAML)
 
 
-class InputError(ValueError):
+class InputError(SimError):
     """The target or trace cannot be simulated; the message says why."""
 
 
@@ -91,7 +92,7 @@ class Scenario:
 
     spec: ServingTargetSpec
     plan: Plan  # the shape every policy runs
-    planner: control.PlanTargetPlanner
+    planner: sizing.PlanTargetPlanner
     workload: Workload
     sim: SimConfig
     slo: Slo
@@ -183,7 +184,7 @@ def scenario(spec: ServingTargetSpec, workload: Workload, **sim_kw: Any) -> Scen
         **sim_kw,
     )
     slo = Slo(spec.slo.tpot_ms, spec.slo.ttft_ms)
-    scn = Scenario(spec, plan, control.PlanTargetPlanner(spec, plan), workload, sim, slo)
+    scn = Scenario(spec, plan, sizing.PlanTargetPlanner(spec, plan), workload, sim, slo)
     # the budget and maxReplicas bound the pods every policy may run (billed pods:
     # starting and draining ones included)
     return replace(scn, sim=replace(sim, max_pods=scn.limits()[1]))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rooftop_control.control import MetricState, Observation, Reading
+from rooftop_control.readings import MetricState, Observation, Reading
 
 
 @dataclass(frozen=True)

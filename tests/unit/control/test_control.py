@@ -17,17 +17,15 @@ from rooftop_control.control import (
     Cause,
     ControllerConfig,
     ControllerState,
-    MetricState,
-    Observation,
-    Reading,
-    Sizing,
     clamp_replicas,
     decide,
-    forecast_rate,
     initial_state,
     replica_limits,
     scale_down_window,
 )
+from rooftop_control.forecast import forecast_rate
+from rooftop_control.readings import MetricState, Observation, Reading
+from rooftop_control.sizing import Sizing
 
 NOW = 10_000.0
 WINDOW = 180.0  # ControllerConfig's default scale_down_window_s
@@ -665,7 +663,7 @@ def test_the_loop_sizes_a_running_rocm_target_too() -> None:
     """A target already running on MI300X (its operator had a ROCm image) is re-sized on
     its own shape; the planner's default families (CUDA only) must not make it infeasible."""
     from rooftop_api.spec import ServingTargetSpec
-    from rooftop_control.control import PlanTargetPlanner
+    from rooftop_control.sizing import PlanTargetPlanner
     from rooftop_planner.search import plan_target
 
     spec = ServingTargetSpec.model_validate({
@@ -684,7 +682,7 @@ def test_the_real_planner_sizes_any_cap_it_would_offer() -> None:
     replica, so never fewer); a cap the planner would not offer there (over the SLO at
     this factor, or one no plan has) gives its own pick."""
     from rooftop_api.spec import ServingTargetSpec
-    from rooftop_control.control import PlanTargetPlanner
+    from rooftop_control.sizing import PlanTargetPlanner
     from rooftop_planner.search import plan_target
 
     spec = ServingTargetSpec.model_validate({

@@ -9,14 +9,8 @@ from typing import Any
 import pytest
 
 from rooftop_control import signals
-from rooftop_control.control import (
-    Cause,
-    Decision,
-    MetricState,
-    Observation,
-    Reading,
-    initial_state,
-)
+from rooftop_control.control import Cause, Decision, initial_state
+from rooftop_control.readings import MetricState, Observation, Reading
 from rooftop_operator import loop
 from rooftop_operator.metrics_client import TargetMetrics, fleet_queries
 from rooftop_sim.window import Gauges, MetricsWindow

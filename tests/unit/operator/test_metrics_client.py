@@ -13,7 +13,7 @@ import yaml
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
-from rooftop_control.control import MetricState, Reading
+from rooftop_control.readings import MetricState, Reading
 from rooftop_operator.metrics_client import (
     TPOT_BUCKETS,
     MetricsClient,

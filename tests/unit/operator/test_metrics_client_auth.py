@@ -14,8 +14,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from tests.cluster import pki
 
-from rooftop_control.control import MetricState, Reading
+from rooftop_control.readings import MetricState, Reading
 from rooftop_operator.metrics_client import MetricsClient, PrometheusAuth
+from rooftop_operator.settings import configured, read_settings
 
 ANSWER = {"status": "success", "data": {"resultType": "vector",
           "result": [{"metric": {}, "value": [1.7e9, "42"]}]}}  # fmt: skip
@@ -131,10 +132,10 @@ async def test_https_with_a_private_ca(tmp_path: Path) -> None:
     ],
 )  # fmt: skip
 def test_auth_from_the_environment(env: dict[str, str], expected: PrometheusAuth) -> None:
-    assert PrometheusAuth.from_env(env) == expected
+    assert configured(read_settings(env)).loop.prometheus_auth == expected
 
 
 @pytest.mark.parametrize("raw", ["X-Scope-OrgID=team-a", '["a"]', '{"n": 1}'])
 def test_headers_must_be_a_json_object_of_strings(raw: str) -> None:
     with pytest.raises(ValueError, match="ROOFTOP_PROMETHEUS_HEADERS=.*JSON object of strings"):
-        PrometheusAuth.from_env({"ROOFTOP_PROMETHEUS_HEADERS": raw})
+        read_settings({"ROOFTOP_PROMETHEUS_HEADERS": raw})

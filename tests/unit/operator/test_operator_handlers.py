@@ -26,12 +26,14 @@ from operator_fakes import (
 from rooftop_api.conditions import Condition
 from rooftop_api.spec import ObservedStatus
 from rooftop_control import control
+from rooftop_control.readings import MetricState, Observation, Reading
 from rooftop_operator import builders, children, handlers, loop, readiness, wiring
 from rooftop_operator.kube import KubeError
 from rooftop_operator.reconcile import is_subset, reconcile, waiting_for_nodes
 from rooftop_operator.runtime import Runtime
 from rooftop_operator.settings import OperatorConfig
 from rooftop_operator.specs import TargetRef, parse_spec
+from rooftop_planner.catalog import CatalogError
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
@@ -258,10 +260,21 @@ def test_infeasible_from_the_start_deploys_nothing(
 
 
 def test_planner_error_is_reported(rt: Runtime, kube: FakeKube, planner: FakePlanner) -> None:
-    planner.error = ValueError("unknown model 'gpt-17'")
+    planner.error = CatalogError("unknown model 'gpt-17'")
     assert reconcile(rt, created(kube)) == "skipped"
     planned = cond(kube, "Planned")
     assert planned["reason"] == "PlannerError" and "gpt-17" in planned["message"]
+
+
+def test_a_planner_bug_is_not_reported_as_the_specs_fault(
+    rt: Runtime, kube: FakeKube, planner: FakePlanner
+) -> None:
+    """A KeyError from a lookup that should never miss is a bug: it surfaces (kopf logs
+    it and retries) instead of telling the user their spec is wrong."""
+    planner.error = KeyError("h100-sxm")
+    with pytest.raises(KeyError):
+        reconcile(rt, created(kube))
+    assert find(kube.status().get("conditions"), "Planned") is None
 
 
 def test_foreign_object_with_our_name_is_not_taken_over(
@@ -664,7 +677,7 @@ def test_a_deployment_deleted_with_its_namespace_is_not_repaired_nor_a_warning(
 def _held(began: bool) -> control.Decision:
     state = replace(control.initial_state(1, 64), held_cap=32)
     return control.Decision(1, 64, "hold 1; max_num_seqs held at 64, not 32: ...", (), state,
-                            control.MetricState.OK, 1, 1, 64, cap_hold_began=began,
+                            MetricState.OK, 1, 1, 64, cap_hold_began=began,
                             cause=control.Cause.BUDGET)  # fmt: skip
 
 
@@ -681,7 +694,7 @@ def test_a_held_batch_cap_is_an_event_once(rt: Runtime, kube: FakeKube, events: 
         max_model_len=8192,
         usd_per_hour=0.8,
     )
-    obs = control.Observation(ready_replicas=1)
+    obs = Observation(ready_replicas=1)
     loop._apply(rt, body, TargetRef.from_body(body), parse_spec(SPEC), plan, _held(True), obs)
     assert events.items == [("Normal", "BatchCapHeld", _held(True).reason)]
     loop._apply(rt, body, TargetRef.from_body(body), parse_spec(SPEC), plan, _held(False), obs)
@@ -689,17 +702,17 @@ def test_a_held_batch_cap_is_an_event_once(rt: Runtime, kube: FakeKube, events: 
     assert kube.applied == []  # nothing changed, nothing written to the Deployment
 
 
-def _steady(tpot_ms: float) -> tuple[control.Decision, control.Observation]:
+def _steady(tpot_ms: float) -> tuple[control.Decision, Observation]:
     """A decision that changes nothing, with SLOMet's message carrying the figure."""
     conds = (
         Condition("SLOMet", "True", "SLOMet", f"observed TPOT {tpot_ms:.1f} ms <= SLO 50 ms"),
         Condition("WithinBudget", "True", "WithinBudget", "1 replica, $0.80/h"),
     )
     state = control.initial_state(1, 64)
-    d = control.Decision(1, 64, "hold 1", conds, state, control.MetricState.OK, 1, 1, 64,
+    d = control.Decision(1, 64, "hold 1", conds, state, MetricState.OK, 1, 1, 64,
                          cause=control.Cause.LOAD_CHANGE)  # fmt: skip
-    ok = control.MetricState.OK
-    return d, control.Observation(tpot_ms=control.Reading(tpot_ms, ok), ready_replicas=1)
+    ok = MetricState.OK
+    return d, Observation(tpot_ms=Reading(tpot_ms, ok), ready_replicas=1)
 
 
 def test_a_quiet_tick_writes_nothing(rt: Runtime, kube: FakeKube) -> None:

@@ -16,6 +16,7 @@ from rooftop_api.conditions import Condition
 from rooftop_api.spec import ServingTargetStatus
 from rooftop_control import control
 from rooftop_control.calibration import CalibrationConfig, TrimConfig
+from rooftop_control.readings import MetricState, Observation, Reading
 from rooftop_operator import loop
 from rooftop_operator.metrics_client import TargetMetrics
 from rooftop_operator.specs import TargetRef, parse_spec
@@ -23,51 +24,49 @@ from rooftop_planner.catalog import load_catalog
 from rooftop_planner.plan import Plan
 
 
-def snapshot(**readings: control.Reading) -> TargetMetrics:
+def snapshot(**readings: Reading) -> TargetMetrics:
     return TargetMetrics(readings)
 
 
 @pytest.mark.parametrize(
     ("raw", "state", "value"),
     [
-        (control.Reading(0.05, control.MetricState.OK), control.MetricState.OK, 50.0),  # s -> ms
-        (control.Reading(math.inf, control.MetricState.OK), control.MetricState.OK, loop.INF_MS),
-        (control.Reading(math.nan, control.MetricState.NAN), control.MetricState.NAN, None),
-        (control.Reading(math.nan, control.MetricState.STALE), control.MetricState.STALE, None),
-        (control.Reading(), control.MetricState.MISSING, None),  # unknown stays unknown
+        (Reading(0.05, MetricState.OK), MetricState.OK, 50.0),  # s -> ms
+        (Reading(math.inf, MetricState.OK), MetricState.OK, loop.INF_MS),
+        (Reading(math.nan, MetricState.NAN), MetricState.NAN, None),
+        (Reading(math.nan, MetricState.STALE), MetricState.STALE, None),
+        (Reading(), MetricState.MISSING, None),  # unknown stays unknown
     ],
 )
-def test_latencies_become_ms(
-    raw: control.Reading, state: control.MetricState, value: float | None
-) -> None:
+def test_latencies_become_ms(raw: Reading, state: MetricState, value: float | None) -> None:
     got = loop.observation(snapshot(tpot_s=raw), 1, 0).tpot_ms
     assert got.state is state
     assert got.value == pytest.approx(value) if value is not None else math.isnan(got.value)
 
 
 def test_observation_falls_back_to_completions() -> None:
-    ok = control.Reading(1.0, control.MetricState.OK)
+    ok = Reading(1.0, MetricState.OK)
     snap = snapshot(
-        ttft_s=control.Reading(0.4, control.MetricState.OK),
-        requests_per_second=control.Reading(math.nan, control.MetricState.NAN),
-        completions_per_second=control.Reading(3.0, control.MetricState.OK),
+        ttft_s=Reading(0.4, MetricState.OK),
+        requests_per_second=Reading(math.nan, MetricState.NAN),
+        completions_per_second=Reading(3.0, MetricState.OK),
         running=ok, waiting=ok, kv_usage_ratio=ok,
     )  # fmt: skip
     obs = loop.observation(snap, 2, 1)
     assert obs.requests_per_second.value == 3.0  # deriv needs two samples; completions do
     assert obs.ttft_ms.value == pytest.approx(400.0)
     assert (obs.ready_replicas, obs.pending_replicas) == (2, 1)
-    assert obs.tpot_ms.state is control.MetricState.MISSING
+    assert obs.tpot_ms.state is MetricState.MISSING
 
 
 def test_the_step_batch_is_a_count_ratio_passed_on_as_read() -> None:
-    batch = control.Reading(12.5, control.MetricState.OK)
+    batch = Reading(12.5, MetricState.OK)
     assert loop.observation(snapshot(step_batch=batch), 2, 0).step_batch == batch
-    assert loop.observation(snapshot(), 2, 0).step_batch.state is control.MetricState.MISSING
+    assert loop.observation(snapshot(), 2, 0).step_batch.state is MetricState.MISSING
 
 
 def test_a_draining_queue_is_no_negative_rate() -> None:
-    snap = snapshot(requests_per_second=control.Reading(-0.5, control.MetricState.OK))
+    snap = snapshot(requests_per_second=Reading(-0.5, MetricState.OK))
     assert loop.observation(snap, 1, 0).requests_per_second.value == 0.0
 
 
@@ -106,7 +105,7 @@ def test_status_update_is_json_clean() -> None:
         usd_per_hour=12.8,
     )
     status = ServingTargetStatus(plan=plan.to_status())
-    obs = control.Observation(tpot_ms=control.Reading(), ready_replicas=2)
+    obs = Observation(tpot_ms=Reading(), ready_replicas=2)
     d = _decision(replicas=3)
     out = loop.status_update(status, d, obs, plan, "2026-01-01T00:00:00Z").stored()
     json.dumps(out, allow_nan=False)
@@ -122,7 +121,7 @@ def _decision(replicas: int) -> control.Decision:
     )
     state = control.initial_state(replicas, 64)
     return control.Decision(replicas, 64, "scale up 2 -> 3: TPOT 120 ms > SLO 100 ms", conds,
-                            state, control.MetricState.OK, replicas, 2, 64,
+                            state, MetricState.OK, replicas, 2, 64,
                             cause=control.Cause.SLO_VIOLATION)  # fmt: skip
 
 
@@ -190,7 +189,7 @@ def test_an_operator_restart_resumes_what_the_loop_learned() -> None:
     calibration = replace(learned.state.calibration, factor=1.2, samples=40)
     learned = replace(learned, state=replace(learned.state, trim=1.6, calibration=calibration))
     empty = ServingTargetStatus()
-    status = loop.status_update(empty, learned, control.Observation(), plan, "2026-01-01T00:00Z")
+    status = loop.status_update(empty, learned, Observation(), plan, "2026-01-01T00:00Z")
     stored = ServingTargetStatus.read(status.stored())  # as a restarted operator reads it
     assert stored.observed is not None and stored.observed.latency_trim == 1.6
     restarted = loop._memory({}, ref, spec, plan, stored, 3, load_catalog())

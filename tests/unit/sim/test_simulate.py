@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rooftop_control.control import Observation
+from rooftop_control.readings import Observation
 from rooftop_sim import simulate
 from rooftop_sim.cluster import Cluster, SimResult, Tick, Workload
 from rooftop_sim.oracle import OracleConfig

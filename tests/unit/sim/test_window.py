@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from rooftop_control.control import MetricState
+from rooftop_control.readings import MetricState
 from rooftop_sim.window import Gauges, MetricsWindow
 
 GAUGES = Gauges(running=4.0, waiting=0.0, kv_usage_ratio=0.1, ready=1, pending=0)

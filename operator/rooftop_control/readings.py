@@ -1,0 +1,113 @@
+"""What the controller sees: one window's readings of one target.
+
+``Reading`` is a metric value with whether it can be trusted (``MetricState``: ok,
+missing, stale, nan); ``Observation`` is every reading of a window plus the
+Deployment's pod counts. Separate from the decision (``control``) because the operator's
+Prometheus client and the simulator's metrics window build these, and neither needs the
+control law or the planner to do it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class MetricState(StrEnum):
+    """Whether a reading can be trusted."""
+
+    OK = "ok"
+    MISSING = "missing"  # no series (target down, never scraped, query returned nothing)
+    STALE = "stale"  # the newest sample is older than the scrape allows
+    NAN = "nan"  # NaN or infinite (histogram_quantile over an empty window)
+
+
+_BADNESS = {MetricState.OK: 0, MetricState.NAN: 1, MetricState.STALE: 2, MetricState.MISSING: 3}
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One metric value and whether it can be trusted; ``value`` is NaN unless OK."""
+
+    value: float = math.nan
+    state: MetricState = MetricState.MISSING
+
+    @classmethod
+    def of(cls, value: float | None, age_s: float = 0.0, max_age_s: float = math.inf) -> Reading:
+        """Classify a raw sample: None is missing, NaN/inf is nan, too old is stale."""
+        if value is None:
+            return cls()
+        if not math.isfinite(value):
+            return cls(math.nan, MetricState.NAN)
+        if age_s > max_age_s:
+            return cls(math.nan, MetricState.STALE)
+        return cls(float(value), MetricState.OK)
+
+    @property
+    def ok(self) -> bool:
+        """True when the value is usable."""
+        return self.state is MetricState.OK
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the metrics said over the last window (all replicas of one target).
+
+    Attributes:
+        tpot_ms: the SLO's percentile of per-request time per output token, ms.
+        ttft_ms: the SLO's percentile of time to first token, ms.
+        requests_per_second: arrival (or completion) rate over the window, req/s.
+        running: requests in running batches, summed over ready replicas.
+        waiting: requests queued, summed over ready replicas.
+        kv_usage_ratio: KV-cache usage, mean over ready replicas, 0..1.
+        step_ms: mean inter-token latency over the window, ms (for calibration).
+        step_batch: decode tokens per engine iteration over the same window, the mean
+            running batch of one replica's step (inter-token latency count over the
+            iterations' count); unlike ``running``, an instant gauge, it describes the
+            steps ``step_ms`` averages, so the two still agree while the fleet or the
+            load changes within the window.
+        tpot_attainment: share 0..1 of the window's requests whose TPOT met the bound
+            (a histogram bucket at the bound over the count).
+        prompt_tokens / output_tokens: mean lengths of requests in the window, tokens.
+        ready_replicas: pods ready to serve (from the Deployment, always known).
+        pending_replicas: pods created but not ready yet.
+        outdated_replicas: pods still on the previous pod template, which a rollout
+            (a new batch cap) is replacing: the Deployment's ``status.replicas`` minus
+            ``status.updatedReplicas``. Pods starting for a scale-up are not among them.
+    """
+
+    tpot_ms: Reading = Reading()
+    ttft_ms: Reading = Reading()
+    requests_per_second: Reading = Reading()
+    running: Reading = Reading()
+    waiting: Reading = Reading()
+    kv_usage_ratio: Reading = Reading()
+    step_ms: Reading = Reading()
+    step_batch: Reading = Reading()
+    tpot_attainment: Reading = Reading()
+    prompt_tokens: Reading = Reading()
+    output_tokens: Reading = Reading()
+    ready_replicas: int = 0
+    pending_replicas: int = 0
+    outdated_replicas: int = 0
+
+    def gating(self) -> list[tuple[str, Reading]]:
+        """The readings that must be OK before scaling down, by name.
+
+        Latency is excused when the rate is a trustworthy zero: with no requests,
+        histogram_quantile is NaN by construction, and an idle target must still be
+        able to shrink.
+        """
+        names = ["requests_per_second", "running", "waiting", "kv_usage_ratio"]
+        if not (self.requests_per_second.ok and self.requests_per_second.value <= 0):
+            names.append("tpot_ms")
+        return [(n, getattr(self, n)) for n in names]
+
+    def unhealthy(self) -> list[str]:
+        """Gating readings that are not OK, as ``name: state`` (empty when healthy)."""
+        return [f"{n}: {r.state.value}" for n, r in self.gating() if not r.ok]
+
+    def state(self) -> MetricState:
+        """The worst state of the gating readings."""
+        return max((r.state for _, r in self.gating()), key=_BADNESS.__getitem__)

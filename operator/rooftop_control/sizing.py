@@ -1,0 +1,170 @@
+"""The planner as the controller uses it: a sizing per request rate and step-time factor.
+
+``Planner`` is what ``decide`` needs of a planner (a sizing, a predicted step time);
+``PlanTargetPlanner`` is the real one, ``rooftop_planner``'s search pinned to the
+running deployment's shape, with its sizings cached. This is the only module of
+``rooftop_control`` that imports the planner's search, batching and efficiency model:
+the decision law (``control``) sees only ``Sizing`` values, so a fake planner tests it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Protocol
+
+from rooftop_api.spec import KvDtype, ServingTargetSpec, WeightDtype
+from rooftop_planner.batching import predict_continuous
+from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog, load_catalog
+from rooftop_planner.efficiency import load_efficiency
+from rooftop_planner.perf import EngineShape
+from rooftop_planner.plan import Plan
+from rooftop_planner.search import plan_target, resolve_model
+
+# Sizings one target keeps (rate on a 1 % grid x factor to 0.01): enough for hours of
+# a daily swing at one factor, bounded so a long-lived operator's memory stays flat.
+SIZING_CACHE_ENTRIES = 512
+
+
+@dataclass(frozen=True, slots=True)
+class Sizing:
+    """The planner's answer for one request rate and calibration factor.
+
+    Attributes:
+        replicas: replicas needed, NOT limited by min/max/budget (the controller does that).
+        max_num_seqs: the batch cap that keeps TPOT within the SLO at this factor.
+        usd_per_replica_hour: price of one replica (all its GPUs), USD/h.
+        tpot_ms: predicted TPOT at that sizing, ms (None if unknown).
+        feasible: False when no batch cap meets the SLO on this deployment.
+        capacity_rps: requests/s one replica serves within the SLO (None if unknown).
+    """
+
+    replicas: int
+    max_num_seqs: int
+    usd_per_replica_hour: float
+    tpot_ms: float | None = None
+    feasible: bool = True
+    capacity_rps: float | None = None
+
+
+class Planner(Protocol):
+    """The planner, as the controller needs it (``PlanTargetPlanner`` is the real one)."""
+
+    def size(
+        self, requests_per_second: float, step_time_scale: float, max_num_seqs: int | None = None
+    ) -> Sizing:
+        """Replicas and batch cap for a rate (req/s) with step times scaled by a factor.
+
+        Without ``max_num_seqs``: the cap that gives a replica the most capacity. With
+        it: the replicas that cap needs (the cap the pods run), or, where that cap
+        cannot keep TPOT within the SLO at this factor, the best cap's sizing."""
+        ...
+
+    def step_ms(self, batch: float, prompt_tokens: float, output_tokens: float) -> float:
+        """Predicted (unscaled) mean step time, ms, of ``batch`` running requests with
+        these mean prompt and output lengths (tokens), prefill chunks included."""
+        ...
+
+
+class PlanTargetPlanner:
+    """``Planner`` backed by ``rooftop_planner``, pinned to the running deployment's shape.
+
+    Re-planning may change replicas and the batch cap, never the GPU type, TP or dtypes:
+    those need new nodes and a full redeploy, which is the planner's (``rooftop plan``)
+    job, not the feedback loop's. min/max replicas and the budget are lifted from the
+    pinned spec so the planner reports what the SLO needs; ``decide`` applies the limits
+    (and says in the conditions when they bind).
+    """
+
+    def __init__(self, spec: ServingTargetSpec, plan: Plan, catalog: Catalog | None = None) -> None:
+        self.catalog = catalog or load_catalog()
+        self.plan = plan
+        self.spec = pinned_spec(spec, plan)
+        gpu = self.catalog.gpu(plan.gpu)
+        eff = load_efficiency().lookup(gpu, "vllm")
+        model = resolve_model(spec, self.catalog)
+        self.deployment = EngineShape(model, gpu, plan.tp, plan.weight_dtype, plan.kv_dtype, eff)
+        self._cache: OrderedDict[tuple[float, float], tuple[Sizing, ...]] = OrderedDict()
+        # Plan once now, so a spec the planner rejects (say, an edit that added a price
+        # for an unknown GPU) raises here, where the caller expects it, not mid-decision.
+        self.size(spec.workload.requests_per_second, 1.0)
+
+    def size(
+        self, requests_per_second: float, step_time_scale: float, max_num_seqs: int | None = None
+    ) -> Sizing:
+        """Replicas and batch cap at a rate (req/s) and factor (see ``Planner.size``);
+        every cap's sizing is cached on a 1 % grid of rates."""
+        key = (quantize_rate(requests_per_second), round(step_time_scale, 2))
+        if key in self._cache:
+            self._cache.move_to_end(key)
+            options = self._cache[key]
+        else:
+            options = self._cache[key] = self._options(*key)
+            if len(self._cache) > SIZING_CACHE_ENTRIES:
+                self._cache.popitem(last=False)  # least recently used
+        if not options:
+            return Sizing(0, self.plan.max_num_seqs, self._price(), None, feasible=False)
+        for option in options:
+            if option.max_num_seqs == max_num_seqs:
+                return option
+        # The cap that gives a replica the most capacity (ties: the smaller cap, lower
+        # TPOT). Not simply the cheapest plan: at low rates several caps tie at one
+        # replica, and the tie-break would make the cap flap with the load.
+        return max(options, key=lambda o: (o.capacity_rps or 0.0, -o.max_num_seqs))
+
+    def _options(self, rate: float, factor: float) -> tuple[Sizing, ...]:
+        """One sizing per batch cap that keeps TPOT within the SLO (none: infeasible)."""
+        # The shape is pinned and already runs: its accelerator family had an image.
+        res = plan_target(
+            self.spec,
+            catalog=self.catalog,
+            step_time_scale=factor,
+            requests_per_second=rate,
+            engine_families=ACCELERATOR_FAMILIES,
+        )
+        return tuple(_sizing(p) for p in res.candidates if p.tp == self.plan.tp)
+
+    def _price(self) -> float:
+        return self.plan.usd_per_replica_hour
+
+    def step_ms(self, batch: float, prompt_tokens: float, output_tokens: float) -> float:
+        """The planner's mean step time (TPOT) at this running batch, ms, unscaled."""
+        pred = predict_continuous(self.deployment, batch, prompt_tokens, output_tokens)
+        return float(pred.tpot_s) * 1e3
+
+
+def _sizing(plan: Plan) -> Sizing:
+    """A candidate plan as the controller sizes with it (price and capacity per replica)."""
+    per_replica = 1.0 / plan.replicas
+    return Sizing(
+        plan.replicas,
+        plan.max_num_seqs,
+        plan.usd_per_hour * per_replica,
+        plan.tpot_ms,
+        True,
+        plan.capacity_rps * per_replica,
+    )
+
+
+def quantize_rate(rate: float) -> float:
+    """``rate`` rounded UP to a 1 % grid (req/s), so cached plans never under-size."""
+    if rate <= 1e-3:
+        return 0.0
+    return round(1.01 ** math.ceil(math.log(rate) / math.log(1.01) - 1e-9), 6)
+
+
+def pinned_spec(spec: ServingTargetSpec, plan: Plan) -> ServingTargetSpec:
+    """``spec`` restricted to ``plan``'s GPU, TP and dtypes, with limits lifted."""
+    constraints = spec.constraints.model_copy(
+        update={
+            "gpu_types": [plan.gpu],
+            "weight_dtypes": [WeightDtype(plan.weight_dtype)],
+            "kv_dtypes": [KvDtype(plan.kv_dtype)],
+            "max_tensor_parallel": plan.tp,
+            "min_replicas": 0,
+            "max_replicas": 1000,
+        }
+    )
+    budget = spec.budget.model_copy(update={"usd_per_hour": 1e7})
+    return spec.model_copy(update={"constraints": constraints, "budget": budget})
