@@ -31,7 +31,9 @@ from rooftop_control import defaults
 from rooftop_control.control import max_billed_replicas
 from rooftop_operator import engine_security
 from rooftop_operator.engine_security import PodSecurity
+from rooftop_operator.errors import OperatorError
 from rooftop_operator.specs import TargetRef
+from rooftop_planner.errors import PlannerError
 from rooftop_planner.inventory import gpu_toleration
 from rooftop_planner.lifecycle import Lifecycle
 from rooftop_planner.perf import DEFAULT_MAX_NUM_BATCHED_TOKENS
@@ -85,7 +87,7 @@ DRAIN_MIDDLEWARE: Final = f"{DRAIN_MODULE}.DrainMiddleware"
 DRAIN_ANNOTATION: Final = "rooftop.dev/drain-module"
 
 
-class UnsupportedPlan(ValueError):
+class UnsupportedPlan(OperatorError, ValueError):
     """The plan needs something the engine cannot do (e.g. an int8 KV cache in vLLM)."""
 
 
@@ -221,7 +223,7 @@ def vllm_args(inp: EngineInputs) -> list[str]:
     plan, spec = inp.plan, inp.spec
     try:
         kv_cache_dtype = vllm_kv_cache_dtype(plan.weight_dtype, plan.kv_dtype)
-    except ValueError as err:
+    except PlannerError as err:
         raise UnsupportedPlan(str(err)) from err
     weights = plan_weights(inp)
     args = [weights.model, "--served-model-name", *served_names(inp)]

@@ -14,6 +14,7 @@ from rooftop_operator import builders
 from rooftop_operator.settings import OperatorConfig
 from rooftop_operator.specs import TargetRef
 from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog
+from rooftop_planner.errors import PlannerError
 from rooftop_planner.lifecycle import Lifecycle, lifecycle
 from rooftop_planner.plan import Plan
 from rooftop_planner.search import resolve_model
@@ -29,7 +30,7 @@ def served_model(spec: ServingTargetSpec, catalog: Catalog) -> str:
         return spec.model
     try:
         repo = catalog.model(spec.model).hf_repo
-    except (KeyError, ValueError):
+    except PlannerError:
         return spec.model
     return str(repo or spec.model)
 

@@ -43,6 +43,7 @@ from rooftop_planner.scenarios import normalize_dtype
 from rooftop_sim.engine.core import Engine, EngineConfig, Request, StepResult
 from rooftop_sim.engine.truth import TruthModel
 from rooftop_sim.engine.vllm_metrics import VllmMetrics
+from rooftop_sim.errors import SimError
 from rooftop_sim.flags import Rule, check_ranges
 
 CHAT_TOKENS_PER_MESSAGE = 4  # role markers and separators of a typical chat template
@@ -128,7 +129,7 @@ def count_text_tokens(text: str) -> int:
     return max(1, math.ceil(len(text.split()) * TOKENS_PER_WORD))
 
 
-class BadRequest(Exception):
+class BadRequest(SimError):
     """A client error; becomes an OpenAI-style 400 (or the given status)."""
 
     def __init__(self, message: str, status: int = 400) -> None:
