@@ -12,6 +12,27 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final
+
+from rooftop_control.signals import (
+    ITERATION_TOKENS_HISTOGRAM,
+    ITL_HISTOGRAM,
+    REQUEST_TPOT_HISTOGRAM,
+    RUNNING_GAUGE,
+    SUCCESS_COUNTER,
+    TTFT_HISTOGRAM,
+    WAITING_GAUGE,
+    Arrivals,
+    Attainment,
+    Fallback,
+    Gauge,
+    Quantile,
+    Rate,
+    Ratio,
+    declared,
+    query_names,
+    signal,
+)
 
 
 class MetricState(StrEnum):
@@ -77,17 +98,108 @@ class Observation:
             ``status.updatedReplicas``. Pods starting for a scale-up are not among them.
     """
 
-    tpot_ms: Reading = Reading()
-    ttft_ms: Reading = Reading()
-    requests_per_second: Reading = Reading()
-    running: Reading = Reading()
-    waiting: Reading = Reading()
-    kv_usage_ratio: Reading = Reading()
-    step_ms: Reading = Reading()
-    step_batch: Reading = Reading()
-    tpot_attainment: Reading = Reading()
-    prompt_tokens: Reading = Reading()
-    output_tokens: Reading = Reading()
+    # Each reading is an engine signal, declared here (``rooftop_control.signals``).
+    tpot_ms: Reading = signal(
+        Reading(),
+        query="tpot_s",
+        promql=Quantile(REQUEST_TPOT_HISTOGRAM, "tpot"),
+        scale=1e3,
+        unit="ms",
+        status_key="tpotMs",
+        simulated="the SLO quantile of the window's finished requests' TPOT",
+    )
+    ttft_ms: Reading = signal(
+        Reading(),
+        query="ttft_s",
+        promql=Quantile(TTFT_HISTOGRAM, "ttft"),
+        scale=1e3,
+        unit="ms",
+        status_key="ttftMs",
+        simulated="the SLO quantile of the window's first tokens' TTFT",
+    )
+    requests_per_second: Reading = signal(
+        Reading(),
+        query="requests_per_second",
+        promql=Arrivals(SUCCESS_COUNTER, (RUNNING_GAUGE, WAITING_GAUGE)),
+        scale=1.0,
+        unit="req/s",
+        status_key="requestsPerSecond",
+        simulated="the arrival rate over the window",
+        # completions + deriv(in the engines): a draining queue dips it below zero
+        at_least=0.0,
+        # deriv() needs two samples in the window; completions alone do not
+        fallback=Fallback("completions_per_second", Rate(SUCCESS_COUNTER)),
+    )
+    running: Reading = signal(
+        Reading(),
+        query="running",
+        promql=Gauge(RUNNING_GAUGE),
+        scale=1.0,
+        unit="requests",
+        status_key="running",
+        simulated="running requests summed over ready replicas",
+        status_noise_floor=1.0,
+    )
+    waiting: Reading = signal(
+        Reading(),
+        query="waiting",
+        promql=Gauge(WAITING_GAUGE),
+        scale=1.0,
+        unit="requests",
+        status_key="waiting",
+        simulated="queued requests summed over ready replicas",
+        status_noise_floor=1.0,
+    )
+    kv_usage_ratio: Reading = signal(
+        Reading(),
+        query="kv_usage_ratio",
+        promql=Gauge("vllm:kv_cache_usage_perc", "max"),  # the fullest replica
+        scale=1.0,
+        unit="ratio",
+        status_key="kvCacheUsageRatio",
+        simulated="the fullest replica's KV-cache usage",
+        status_noise_floor=0.02,
+    )
+    step_ms: Reading = signal(
+        Reading(),
+        query="step_s",
+        promql=Ratio(f"{ITL_HISTOGRAM}_sum", f"{ITL_HISTOGRAM}_count"),
+        scale=1e3,
+        unit="ms",
+        simulated="decoded tokens' mean wait for their step over the window",
+    )
+    step_batch: Reading = signal(
+        Reading(),
+        query="step_batch",
+        promql=Ratio(f"{ITL_HISTOGRAM}_count", f"{ITERATION_TOKENS_HISTOGRAM}_count"),
+        scale=1.0,
+        unit="tokens/step",
+        simulated="decoded tokens per engine iteration over the window",
+    )
+    tpot_attainment: Reading = signal(
+        Reading(),
+        query="tpot_attainment",
+        promql=Attainment(REQUEST_TPOT_HISTOGRAM),
+        scale=1.0,
+        unit="ratio",
+        simulated="share of the window's finished requests within the TPOT bound",
+    )
+    prompt_tokens: Reading = signal(
+        Reading(),
+        query="prompt_tokens",
+        promql=Ratio("vllm:request_prompt_tokens_sum", "vllm:request_prompt_tokens_count"),
+        scale=1.0,
+        unit="tokens",
+        simulated="mean prompt length of the window's finished requests",
+    )
+    output_tokens: Reading = signal(
+        Reading(),
+        query="output_tokens",
+        promql=Ratio("vllm:request_generation_tokens_sum", "vllm:request_generation_tokens_count"),
+        scale=1.0,
+        unit="tokens",
+        simulated="mean output length of the window's finished requests",
+    )
     ready_replicas: int = 0
     pending_replicas: int = 0
     outdated_replicas: int = 0
@@ -111,3 +223,8 @@ class Observation:
     def state(self) -> MetricState:
         """The worst state of the gating readings."""
         return max((r.state for _, r in self.gating()), key=_BADNESS.__getitem__)
+
+
+# The engine signals, in field order, and every query name a snapshot may be asked for.
+SIGNALS: Final = declared(Observation)
+QUERY_NAMES: Final = query_names(SIGNALS)

@@ -1,24 +1,99 @@
-"""The engine signals the loop reads, each declared once.
+"""How an engine signal is declared: where Prometheus finds it and how the loop reads it.
 
-A signal is one figure of an ``Observation`` (``rooftop_control.readings``). Its row
-says which Prometheus query answers it (``rooftop_operator.metrics_client`` builds one
-PromQL expression per query name, in Prometheus' units), how to convert that answer to
-the controller's unit, whether and how ``status.observed`` shows it, and how the
-simulated cluster produces it (``rooftop_sim.window``). The operator builds the
-observation and ``status.observed`` by walking this table, so no reading is spelled as
-a string anywhere else; unit tests hold the queries, the ``Observation`` fields and the
-simulator's window to the same rows, and a query name that is not declared here is an
-error instead of a reading that is silently missing.
+A signal is one ``Reading`` of an ``Observation``, and it is declared where that field is
+(``rooftop_control.readings``: ``tpot_ms: Reading = signal(...)``). Its row says how
+Prometheus answers it (``Query``: a quantile, a ratio of rates, a gauge...), the unit it
+converts to, whether and how ``status.observed`` shows it, and in words how the
+simulated cluster produces it (``rooftop_sim.window``). The operator's queries
+(``rooftop_operator.metrics_client``), its observation and ``status.observed``
+(``rooftop_operator.loop``) are all built by walking ``readings.SIGNALS``, so no reading
+is spelled anywhere else; a query name that is not declared is an error instead of a
+reading that is silently missing.
 
-Adding a signal: a row here, a field on ``Observation``, its PromQL in
-``metrics_client._queries`` and its figure in ``rooftop_sim.window``; the tests name
-whichever is forgotten.
+Adding a signal: a field with its row in ``readings.Observation`` and its figure in
+``rooftop_sim.window``; ``tests/unit/control/test_signals.py`` names whichever is
+forgotten. A new kind of query (beyond those below) also takes its renderer in
+``metrics_client``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, Literal
+
+# vLLM's per-request TPOT histogram: what a TPOT SLO bounds (a request's mean gap between
+# output tokens), unlike the per-token inter-token latency, which also carries every
+# prefill stall; the mean of the latter is the mean step time the calibration compares.
+REQUEST_TPOT_HISTOGRAM: Final = "vllm:request_time_per_output_token_seconds"
+ITL_HISTOGRAM: Final = "vllm:inter_token_latency_seconds"
+TTFT_HISTOGRAM: Final = "vllm:time_to_first_token_seconds"
+# Observed once per engine step (prefill-only steps too): its count over the inter-token
+# latency's count is the window's mean decode batch, the batch of the steps whose mean
+# the calibration compares.
+ITERATION_TOKENS_HISTOGRAM: Final = "vllm:iteration_tokens_total"
+RUNNING_GAUGE: Final = "vllm:num_requests_running"
+WAITING_GAUGE: Final = "vllm:num_requests_waiting"
+SUCCESS_COUNTER: Final = "vllm:request_success_total"
+
+
+@dataclass(frozen=True)
+class Quantile:
+    """The SLO's percentile (of TPOT or of TTFT) of a histogram over the window, s."""
+
+    histogram: str
+    percentile_of: Literal["tpot", "ttft"]
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """sum(rate(numerator)) / sum(rate(denominator)) over the window: a mean."""
+
+    numerator: str
+    denominator: str
+
+
+@dataclass(frozen=True)
+class Gauge:
+    """A gauge now, summed (or the largest) over the target's engines."""
+
+    series: str
+    aggregate: Literal["sum", "max"] = "sum"
+
+
+@dataclass(frozen=True)
+class Rate:
+    """sum(rate(counter)) over the window, per second."""
+
+    counter: str
+
+
+@dataclass(frozen=True)
+class Arrivals:
+    """Requests arriving per second: completions plus the growth of what the engines
+    hold (deriv of the gauges' sum), so a queue building up counts as load."""
+
+    completions: str
+    held: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Attainment:
+    """The share of requests whose histogram value is within the TPOT bound: the bucket
+    at the bound over the count (asked only where a bucket sits at the bound)."""
+
+    histogram: str
+
+
+Query = Quantile | Ratio | Gauge | Rate | Arrivals | Attainment
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """A query asked beside a signal's own, read only when that has no figure."""
+
+    query: str
+    promql: Query
 
 
 @dataclass(frozen=True)
@@ -26,125 +101,50 @@ class Signal:
     """One reading of the loop.
 
     Attributes:
-        field: the ``Observation`` attribute, in ``unit``.
         query: the name of the Prometheus query that answers it.
-        scale: ``field`` = the query's answer x ``scale`` (1e3: seconds to ms).
-        unit: the unit of ``field``.
+        promql: how Prometheus answers it, in Prometheus' units.
+        scale: the reading = the query's answer x ``scale`` (1e3: seconds to ms).
+        unit: the reading's unit.
+        simulated: how ``rooftop_sim.window`` produces it from the simulated engines.
         status_key: its key in ``status.observed`` (None: not shown there).
         status_noise_floor: the least absolute change that rewrites ``status.observed``
             (besides a relative 5 %), in ``unit``; keeps near-zero figures quiet.
-        simulated: how ``rooftop_sim.window`` produces it from the simulated engines.
         at_least: the lowest figure that means something; below it reads as this
             (None: any figure).
+        fallback: asked beside it, read when it has no figure (None: none).
+        field: the ``Observation`` attribute that declares it (set by ``declared``).
     """
 
-    field: str
     query: str
+    promql: Query
     scale: float
     unit: str
-    status_key: str | None
     simulated: str
+    status_key: str | None = None
     status_noise_floor: float = 0.0
     at_least: float | None = None
+    fallback: Fallback | None = None
+    field: str = ""
 
 
-SIGNALS: Final = (
-    Signal(
-        field="tpot_ms",
-        query="tpot_s",
-        scale=1e3,
-        unit="ms",
-        status_key="tpotMs",
-        simulated="the SLO quantile of the window's finished requests' TPOT",
-    ),
-    Signal(
-        field="ttft_ms",
-        query="ttft_s",
-        scale=1e3,
-        unit="ms",
-        status_key="ttftMs",
-        simulated="the SLO quantile of the window's first tokens' TTFT",
-    ),
-    Signal(
-        field="requests_per_second",
-        query="requests_per_second",
-        scale=1.0,
-        unit="req/s",
-        status_key="requestsPerSecond",
-        simulated="the arrival rate over the window",
-        # completions + deriv(in the engines): a draining queue dips it below zero
-        at_least=0.0,
-    ),
-    Signal(
-        field="running",
-        query="running",
-        scale=1.0,
-        unit="requests",
-        status_key="running",
-        simulated="running requests summed over ready replicas",
-        status_noise_floor=1.0,
-    ),
-    Signal(
-        field="waiting",
-        query="waiting",
-        scale=1.0,
-        unit="requests",
-        status_key="waiting",
-        simulated="queued requests summed over ready replicas",
-        status_noise_floor=1.0,
-    ),
-    Signal(
-        field="kv_usage_ratio",
-        query="kv_usage_ratio",
-        scale=1.0,
-        unit="ratio",
-        status_key="kvCacheUsageRatio",
-        simulated="the fullest replica's KV-cache usage",
-        status_noise_floor=0.02,
-    ),
-    Signal(
-        field="step_ms",
-        query="step_s",
-        scale=1e3,
-        unit="ms",
-        status_key=None,
-        simulated="decoded tokens' mean wait for their step over the window",
-    ),
-    Signal(
-        field="step_batch",
-        query="step_batch",
-        scale=1.0,
-        unit="tokens/step",
-        status_key=None,
-        simulated="decoded tokens per engine iteration over the window",
-    ),
-    Signal(
-        field="tpot_attainment",
-        query="tpot_attainment",
-        scale=1.0,
-        unit="ratio",
-        status_key=None,
-        simulated="share of the window's finished requests within the TPOT bound",
-    ),
-    Signal(
-        field="prompt_tokens",
-        query="prompt_tokens",
-        scale=1.0,
-        unit="tokens",
-        status_key=None,
-        simulated="mean prompt length of the window's finished requests",
-    ),
-    Signal(
-        field="output_tokens",
-        query="output_tokens",
-        scale=1.0,
-        unit="tokens",
-        status_key=None,
-        simulated="mean output length of the window's finished requests",
-    ),
-)
-# Asked beside the signals, read only when a signal cannot be: the arrival estimate
-# needs two samples in the window (deriv), completions alone do not.
-FALLBACKS: Final = {"requests_per_second": "completions_per_second"}
-# Every query name a snapshot may be asked for.
-QUERY_NAMES: Final = frozenset({s.query for s in SIGNALS} | set(FALLBACKS.values()))
+_ROW: Final = "rooftop.signal"
+
+
+def signal(default: object, **row: Any) -> Any:
+    """A dataclass field holding ``default`` and declaring a ``Signal(**row)``."""
+    return dataclasses.field(default=default, metadata={_ROW: Signal(**row)})
+
+
+def declared(observation: type) -> tuple[Signal, ...]:
+    """The signals a dataclass declares with ``signal``, in field order."""
+    return tuple(
+        dataclasses.replace(f.metadata[_ROW], field=f.name)
+        for f in dataclasses.fields(observation)
+        if _ROW in f.metadata
+    )
+
+
+def query_names(signals: tuple[Signal, ...]) -> frozenset[str]:
+    """Every query name a snapshot may be asked for: the signals' and their fallbacks'."""
+    fallbacks = {s.fallback.query for s in signals if s.fallback is not None}
+    return frozenset({s.query for s in signals} | fallbacks)

@@ -47,7 +47,7 @@ from rooftop_api.spec import (
 )
 from rooftop_control import control, signals
 from rooftop_control.calibration import CalibrationConfig, TrimConfig, clamp
-from rooftop_control.readings import MetricState, Observation, Reading
+from rooftop_control.readings import SIGNALS, MetricState, Observation, Reading
 from rooftop_control.sizing import PlanTargetPlanner
 from rooftop_operator import children, metrics_client, readiness, reconcile
 from rooftop_operator.builders import UnsupportedPlan, deployment_name
@@ -89,9 +89,9 @@ def observation(
 ) -> Observation:
     """The controller's view of one snapshot and of the Deployment's pods
     (``outdated``: pods a rollout has yet to replace, ``outdated_pods``): every
-    declared signal (``rooftop_control.signals``) in the controller's units."""
+    declared signal (``readings.SIGNALS``) in the controller's units."""
     pods = Observation(ready_replicas=ready, pending_replicas=pending, outdated_replicas=outdated)
-    readings: dict[str, Any] = {s.field: _signal(snap, s) for s in signals.SIGNALS}
+    readings: dict[str, Any] = {s.field: _signal(snap, s) for s in SIGNALS}
     return replace(pods, **readings)
 
 
@@ -99,9 +99,8 @@ def _signal(snap: metrics_client.TargetMetrics, signal: signals.Signal) -> Readi
     """One signal's reading: its fallback query when its own has no figure, raised to
     its least meaningful figure, scaled to its unit."""
     reading = snap.get(signal.query)
-    fallback = signals.FALLBACKS.get(signal.field)
-    if fallback is not None and not reading.ok:
-        reading = snap.get(fallback)
+    if signal.fallback is not None and not reading.ok:
+        reading = snap.get(signal.fallback.query)
     if signal.at_least is not None and reading.ok and reading.value < signal.at_least:
         reading = Reading(signal.at_least, MetricState.OK)
     return reading if signal.scale == 1.0 else _scaled(reading, signal.scale)
@@ -141,7 +140,7 @@ def observed_status(d: control.Decision, obs: Observation, now: str) -> Observed
     def num(r: Reading) -> float | None:
         return round(r.value, 4) if r.ok else None
 
-    shown = {s.status_key: num(getattr(obs, s.field)) for s in signals.SIGNALS if s.status_key}
+    shown = {s.status_key: num(getattr(obs, s.field)) for s in SIGNALS if s.status_key}
     return ObservedStatus.model_validate(
         {
             **shown,
@@ -158,7 +157,7 @@ def observed_status(d: control.Decision, obs: Observation, now: str) -> Observed
 # noise is not news, and a write per target per tick is what limits how many targets one
 # operator can run. Relative, with an absolute floor for figures near zero.
 OBSERVED_NOISE_RATIO = 0.05
-OBSERVED_NOISE_FLOOR = {s.status_key: s.status_noise_floor for s in signals.SIGNALS if s.status_key}
+OBSERVED_NOISE_FLOOR = {s.status_key: s.status_noise_floor for s in SIGNALS if s.status_key}
 # Kept up to date only alongside a visible change: the sample count grows every tick.
 OBSERVED_BOOKKEEPING = ("calibrationSamples", "time")
 

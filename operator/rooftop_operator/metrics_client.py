@@ -39,22 +39,12 @@ import aiohttp
 
 from rooftop_control import defaults, signals
 from rooftop_control.durations import parse_duration_s
-from rooftop_control.readings import MetricState, Reading
+from rooftop_control.readings import QUERY_NAMES, SIGNALS, MetricState, Reading
 
-# vLLM's per-request TPOT histogram: what a TPOT SLO bounds (a request's mean gap between
-# output tokens), unlike the per-token inter-token latency, which also carries every
-# prefill stall; the mean of the latter is the mean step time the calibration compares.
-REQUEST_TPOT_HISTOGRAM = "vllm:request_time_per_output_token_seconds"
-ITL_HISTOGRAM = "vllm:inter_token_latency_seconds"
-TTFT_HISTOGRAM = "vllm:time_to_first_token_seconds"
-# Observed once per engine step (prefill-only steps too): its count over the inter-token
-# latency's count is the window's mean decode batch, the batch of the steps whose mean
-# the calibration compares.
-ITERATION_TOKENS_HISTOGRAM = "vllm:iteration_tokens_total"
 # Bounds of vLLM's TPOT histogram up to 5 s (a unit test keeps them among the simulated
 # engine's buckets, which tests/e2e/test_vllm_metrics.py checks against the real vLLM).
 TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0)
-FRESHNESS_GAUGE = "vllm:num_requests_running"
+FRESHNESS_GAUGE = signals.RUNNING_GAUGE
 
 
 @dataclass(frozen=True)
@@ -84,8 +74,8 @@ class TargetMetrics:
         """The reading of one query; missing when the snapshot did not ask for it. A
         name no signal declares (``rooftop_control.signals``) is a KeyError: a typo
         would otherwise read as missing metrics and hold every scale-down."""
-        if name not in signals.QUERY_NAMES:
-            raise KeyError(f"{name!r} is not a declared query: {sorted(signals.QUERY_NAMES)}")
+        if name not in QUERY_NAMES:
+            raise KeyError(f"{name!r} is not a declared query: {sorted(QUERY_NAMES)}")
         return self.readings.get(name, Reading())
 
 
@@ -128,57 +118,68 @@ GROUP_LABELS = ("namespace", "servingtarget")
 
 
 def _queries(w: str, tpot_q: float, ttft_q: float, tpot_slo_ms: float) -> dict[str, str]:
-    """PromQL by name over every target's engine series, aggregated by target."""
-    s, by = '{servingtarget!=""}', GROUP_LABELS
-    group = f" by ({', '.join(by)}) "
+    """PromQL by query name over every target's engine series, aggregated by target: one
+    expression per declared signal (``readings.SIGNALS``) and fallback. The attainment is
+    left out when no histogram bucket sits at the TPOT bound."""
+    promql = _Promql(w, {"tpot": tpot_q, "ttft": ttft_q}, attainment_bucket(tpot_slo_ms))
+    asked = [(s.query, s.promql) for s in SIGNALS]
+    asked += [(s.fallback.query, s.fallback.promql) for s in SIGNALS if s.fallback]
+    out = {name: promql.render(query) for name, query in asked}
+    return {name: expr for name, expr in out.items() if expr is not None}
 
-    def agg(fn: str, expr: str) -> str:
-        return f"{fn}{group}({expr})"
 
-    def ratio(num: str, den: str) -> str:
-        return f"{agg('sum', f'rate({num}{s}[{w}])')} / {agg('sum', f'rate({den}{s}[{w}])')}"
+@dataclass(frozen=True)
+class _Promql:
+    """Renders a signal's ``Query`` as PromQL over every target's engine series, grouped
+    by target, over ``window``."""
 
-    def quantile(histogram: str, q: float) -> str:
+    window: str
+    quantiles: Mapping[str, float]  # the SLO's percentile, by what it bounds
+    bucket_s: float | None  # the TPOT histogram's bucket at the bound, if any
+    series: str = '{servingtarget!=""}'
+
+    def agg(self, fn: str, expr: str) -> str:
+        return f"{fn} by ({', '.join(GROUP_LABELS)}) ({expr})"
+
+    def rate(self, counter: str) -> str:
+        return self.agg("sum", f"rate({counter}{self.series}[{self.window}])")
+
+    def render(self, query: signals.Query) -> str | None:
+        """The expression; None for an attainment with no bucket at the bound."""
+        match query:
+            case signals.Quantile(histogram, percentile_of):
+                return self.quantile(histogram, self.quantiles[percentile_of])
+            case signals.Ratio(numerator, denominator):
+                return f"{self.rate(numerator)} / {self.rate(denominator)}"
+            case signals.Gauge(series, aggregate):
+                return self.agg(aggregate, f"{series}{self.series}")
+            case signals.Rate(counter):
+                return self.rate(counter)
+            case signals.Arrivals(completions, held):
+                # The subquery step is left to Prometheus (its evaluation interval): a
+                # fixed coarse step leaves deriv() two or three points per window, and its
+                # noise became phantom load (3.1 req/s read at 1.5 offered in the loop e2e).
+                inside = " + ".join(self.agg("sum", f"{g}{self.series}") for g in held)
+                return f"{self.rate(completions)} + deriv(({inside})[{self.window}:])"
+            case signals.Attainment(histogram):
+                return self.attainment(histogram)
+        raise TypeError(f"no PromQL for {query!r}")
+
+    def quantile(self, histogram: str, q: float) -> str:
         if not 0 < q < 1:
             raise ValueError(f"quantile must be in (0, 1), got {q}")
+        labels = ", ".join(("le", *GROUP_LABELS))
         return (
-            f"histogram_quantile({q}, sum by ({', '.join(('le', *by))}) "
-            f"(rate({histogram}_bucket{s}[{w}])))"
+            f"histogram_quantile({q}, sum by ({labels}) "
+            f"(rate({histogram}_bucket{self.series}[{self.window}])))"
         )
 
-    # the names spelled out: tests/e2e/test_vllm_metrics.py checks every vllm: name here
-    running = agg("sum", f"vllm:num_requests_running{s}")
-    waiting = agg("sum", f"vllm:num_requests_waiting{s}")
-    completions = agg("sum", f"rate(vllm:request_success_total{s}[{w}])")
-    out = {
-        "tpot_s": quantile(REQUEST_TPOT_HISTOGRAM, tpot_q),
-        "ttft_s": quantile(TTFT_HISTOGRAM, ttft_q),
-        "step_s": ratio(f"{ITL_HISTOGRAM}_sum", f"{ITL_HISTOGRAM}_count"),
-        "step_batch": ratio(f"{ITL_HISTOGRAM}_count", f"{ITERATION_TOKENS_HISTOGRAM}_count"),
-        "prompt_tokens": ratio(
-            "vllm:request_prompt_tokens_sum", "vllm:request_prompt_tokens_count"
-        ),
-        "output_tokens": ratio(
-            "vllm:request_generation_tokens_sum", "vllm:request_generation_tokens_count"
-        ),
-        # arrivals = completions + growth of what is in the engines (a gauge's deriv).
-        # The subquery step is left to Prometheus (its evaluation interval): a fixed
-        # coarse step leaves deriv() two or three points per window, and its noise
-        # became phantom load (3.1 req/s read at 1.5 offered in the loop e2e run).
-        "requests_per_second": f"{completions} + deriv(({running} + {waiting})[{w}:])",
-        # the arrival estimate's fallback: deriv() needs two samples in the window
-        "completions_per_second": completions,
-        "running": running,
-        "waiting": waiting,
-        "kv_usage_ratio": agg("max", f"vllm:kv_cache_usage_perc{s}"),  # the fullest replica
-    }
-    bucket = attainment_bucket(tpot_slo_ms)
-    if bucket is not None:
-        le = f'{{le=~"{le_pattern(bucket)}",servingtarget!=""}}'
-        below = agg("sum", f"rate({REQUEST_TPOT_HISTOGRAM}_bucket{le}[{w}])")
-        total = agg("sum", f"rate({REQUEST_TPOT_HISTOGRAM}_count{s}[{w}])")
-        out["tpot_attainment"] = f"{below} / {total}"
-    return out
+    def attainment(self, histogram: str) -> str | None:
+        if self.bucket_s is None:
+            return None
+        le = f'{{le=~"{le_pattern(self.bucket_s)}",servingtarget!=""}}'
+        below = self.agg("sum", f"rate({histogram}_bucket{le}[{self.window}])")
+        return f"{below} / {self.rate(f'{histogram}_count')}"
 
 
 TargetKey = tuple[str, str]  # (namespace, servingtarget)

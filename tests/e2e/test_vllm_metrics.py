@@ -33,6 +33,8 @@ pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]
 READERS = (
     "operator/rooftop_operator/metrics_client.py",
+    "operator/rooftop_control/signals.py",
+    "operator/rooftop_control/readings.py",
     "dashboards/queries.py",
     "operator/rooftop_sim/engine/vllm_metrics.py",
 )

@@ -1,5 +1,5 @@
-"""Each engine signal is declared once (rooftop_control.signals), and everything that
-asks for, converts, shows or simulates a reading follows that table."""
+"""Each engine signal is declared once, on its ``Observation`` field (``readings.SIGNALS``),
+and everything that asks for, converts, shows or simulates a reading follows those rows."""
 
 from __future__ import annotations
 
@@ -8,9 +8,8 @@ from typing import Any
 
 import pytest
 
-from rooftop_control import signals
 from rooftop_control.control import Cause, Decision, initial_state
-from rooftop_control.readings import MetricState, Observation, Reading
+from rooftop_control.readings import QUERY_NAMES, SIGNALS, MetricState, Observation, Reading
 from rooftop_operator import loop
 from rooftop_operator.metrics_client import TargetMetrics, fleet_queries
 from rooftop_sim.window import Gauges, MetricsWindow
@@ -19,12 +18,12 @@ READING_FIELDS = {f.name for f in dataclasses.fields(Observation) if f.type == "
 
 
 def test_every_observation_reading_is_a_declared_signal_and_back() -> None:
-    assert {s.field for s in signals.SIGNALS} == READING_FIELDS
+    assert {s.field for s in SIGNALS} == READING_FIELDS
 
 
 def test_the_operator_asks_prometheus_exactly_the_declared_queries() -> None:
     asked = set(fleet_queries("1m", 0.9, 0.99, tpot_slo_ms=100.0))
-    assert asked == signals.QUERY_NAMES
+    assert asked == QUERY_NAMES
 
 
 def test_an_undeclared_query_name_is_an_error_not_a_missing_reading() -> None:
@@ -36,11 +35,9 @@ def test_an_undeclared_query_name_is_an_error_not_a_missing_reading() -> None:
 
 def test_the_observation_converts_each_answer_by_its_row() -> None:
     """Distinct answers per query: each field holds its own query's answer x scale."""
-    answers = {
-        s.query: Reading(float(i + 1), MetricState.OK) for i, s in enumerate(signals.SIGNALS)
-    }
+    answers = {s.query: Reading(float(i + 1), MetricState.OK) for i, s in enumerate(SIGNALS)}
     obs = loop.observation(TargetMetrics(answers), ready=2, pending=1)
-    for s in signals.SIGNALS:
+    for s in SIGNALS:
         assert getattr(obs, s.field).value == pytest.approx(answers[s.query].value * s.scale)
     assert (obs.ready_replicas, obs.pending_replicas) == (2, 1)
 
@@ -57,11 +54,11 @@ def test_a_figure_below_its_least_meaning_reads_as_that() -> None:
 
 
 def test_status_observed_shows_the_rows_that_name_a_key() -> None:
-    readings: dict[str, Any] = {s.field: Reading(1.0, MetricState.OK) for s in signals.SIGNALS}
+    readings: dict[str, Any] = {s.field: Reading(1.0, MetricState.OK) for s in SIGNALS}
     observed = loop.observed_status(_decision(), Observation(**readings), "t")
     keys = set(observed.model_dump(by_alias=True, exclude_none=True))
     learned = {"calibrationFactor", "calibrationSamples", "latencyTrim", "metricsState", "time"}
-    assert keys - learned == {s.status_key for s in signals.SIGNALS if s.status_key}
+    assert keys - learned == {s.status_key for s in SIGNALS if s.status_key}
 
 
 def _decision() -> Decision:
@@ -86,6 +83,6 @@ def test_the_simulated_window_produces_every_signal() -> None:
     window.add_step(0.02, 8)
     gauges = Gauges(running=4.0, waiting=1.0, kv_usage_ratio=0.3, ready=1, pending=0)
     obs = window.observe(15.0, 2.0, gauges)
-    assert {s.field: getattr(obs, s.field).state for s in signals.SIGNALS} == {
-        s.field: MetricState.OK for s in signals.SIGNALS
+    assert {s.field: getattr(obs, s.field).state for s in SIGNALS} == {
+        s.field: MetricState.OK for s in SIGNALS
     }

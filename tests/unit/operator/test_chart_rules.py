@@ -23,6 +23,7 @@ import yaml
 from tests.cluster.controlplane import cache_dir
 from tests.unit.operator.test_operator_chart import HELM, needs_helm, render
 
+from rooftop_control import signals
 from rooftop_operator import metrics, metrics_client
 from rooftop_sim.engine.vllm_metrics import TTFT_BUCKETS
 
@@ -134,8 +135,8 @@ def test_alert_labels_reach_every_alert() -> None:
 def test_burn_rate_alerts_follow_the_workbook_table() -> None:
     """Per SLI, three alerts: (long, short window, burn rate, severity) as in the SRE
     workbook, each requiring both windows over the same multiple of the budget."""
-    for sli, histogram in (("TPOT", metrics_client.REQUEST_TPOT_HISTOGRAM),
-                           ("TTFT", metrics_client.TTFT_HISTOGRAM)):  # fmt: skip
+    for sli, histogram in (("TPOT", signals.REQUEST_TPOT_HISTOGRAM),
+                           ("TTFT", signals.TTFT_HISTOGRAM)):  # fmt: skip
         errors = f"namespace_servingtarget:{histogram.replace(':', '_')}_slo_errors:ratio_rate"
         budget = f"namespace_servingtarget:rooftop_slo_{sli.lower()}_error_budget:ratio"
         seen = set()
@@ -185,8 +186,8 @@ def test_the_rules_read_metrics_that_exist() -> None:
     read = set(re.findall(r"(?<![\w:])rooftop_\w+", exprs))  # not inside recorded names
     assert read - set(metrics.METRIC_NAMES) <= PENDING_GAUGES
     vllm = set(re.findall(r"\bvllm:\w+", exprs))
-    assert vllm == {f"{h}_{suffix}" for h in (metrics_client.REQUEST_TPOT_HISTOGRAM,
-                                              metrics_client.TTFT_HISTOGRAM)
+    assert vllm == {f"{h}_{suffix}" for h in (signals.REQUEST_TPOT_HISTOGRAM,
+                                              signals.TTFT_HISTOGRAM)
                     for suffix in ("bucket", "count")}  # fmt: skip
     # the operator's series are per target: `namespace` and `name`
     assert metrics.TARGET_LABELS == ("namespace", "name")
