@@ -77,7 +77,7 @@ class Replica:
 
 
 @dataclass(frozen=True)
-class SimConfig:
+class ClusterConfig:
     """How the cluster behaves; times in seconds.
 
     Attributes:
@@ -178,7 +178,7 @@ class SimResult:
 class Cluster:
     """The simulated target. ``run(policy)`` replays the workload once."""
 
-    def __init__(self, workload: Workload, config: SimConfig, startup_s: float | None = None):
+    def __init__(self, workload: Workload, config: ClusterConfig, startup_s: float | None = None):
         self.w = workload
         self.cfg = config
         self.startup_s = config.startup_s if startup_s is None else startup_s
@@ -449,7 +449,7 @@ def _load(pod: Pod) -> int:
     return pod.engine.num_running + pod.engine.num_waiting
 
 
-def _kv_tokens(config: SimConfig) -> int:
+def _kv_tokens(config: ClusterConfig) -> int:
     r = config.replica
     truth = TruthModel.for_deployment(r.model, r.gpu, r.tp, r.weight_dtype, r.kv_dtype)
     return truth.kv_capacity_tokens(r.gpu_memory_utilization)

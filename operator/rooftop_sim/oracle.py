@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from rooftop_control.control import clamp_replicas
-from rooftop_sim.cluster import Cluster, SimConfig, Workload
+from rooftop_sim.cluster import Cluster, ClusterConfig, Workload
 from rooftop_sim.policies import FixedPolicy, SchedulePolicy
 from rooftop_sim.report import Slo, attainment
 
@@ -79,7 +79,7 @@ def probe_workload(
 
 def meets(
     source: Workload,
-    sim: SimConfig,
+    sim: ClusterConfig,
     slo: Slo,
     cap: int,
     fleet: int,
@@ -97,7 +97,7 @@ def meets(
 
 def measure_capacity(
     source: Workload,
-    sim: SimConfig,
+    sim: ClusterConfig,
     slo: Slo,
     cap: int,
     fleet: int,
@@ -138,7 +138,7 @@ def replicas_per_window(
 
 def oracle_policy(
     workload: Workload,
-    sim: SimConfig,
+    sim: ClusterConfig,
     slo: Slo,
     cap: int,
     guess: float,
@@ -191,7 +191,7 @@ def oracle_policy(
 
 def static_fit(
     workload: Workload,
-    sim: SimConfig,
+    sim: ClusterConfig,
     slo: Slo,
     cap: int,
     start: int,

@@ -47,7 +47,7 @@ from rooftop_control.calibration import Calibration
 from rooftop_planner.batching import mean_step_s
 from rooftop_planner.plan import Plan
 from rooftop_planner.progress import Progress
-from rooftop_sim.cluster import Cluster, Policy, Replica, SimConfig, SimResult, Workload
+from rooftop_sim.cluster import Cluster, ClusterConfig, Policy, Replica, SimResult, Workload
 from rooftop_sim.errors import SimError
 from rooftop_sim.flags import Rule, check_ranges
 from rooftop_sim.oracle import OracleConfig, oracle_policy, static_fit
@@ -94,7 +94,7 @@ class Scenario:
     plan: Plan  # the shape every policy runs
     planner: sizing.PlanTargetPlanner
     workload: Workload
-    sim: SimConfig
+    sim: ClusterConfig
     slo: Slo
     cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
@@ -176,7 +176,7 @@ def scenario(spec: ServingTargetSpec, workload: Workload, **sim_kw: Any) -> Scen
         plan.gpu_memory_utilization,
         plan.max_model_len,
     )
-    sim = SimConfig(
+    sim = ClusterConfig(
         replica,
         tpot_quantile=spec.slo.tpot_percentile.quantile,
         ttft_quantile=spec.slo.ttft_percentile.quantile,

@@ -53,7 +53,7 @@ _WORDS = ("the", " model", " says", " hello", " to", " you", " and", " then", " 
 
 
 @dataclass(frozen=True)
-class SimConfig:
+class EngineSimConfig:
     """engine-sim settings; see ``register`` for the meaning of each flag."""
 
     model: str = "llama-3.1-8b"
@@ -78,7 +78,7 @@ class SimConfig:
         return self.model_name or self.model
 
 
-def check_config(cfg: SimConfig) -> None:
+def check_config(cfg: EngineSimConfig) -> None:
     """Each numeric setting finite and in range; a ValueError naming the flag otherwise."""
     rules: tuple[Rule, ...] = (
         ("--tp", cfg.tp, 1, False),
@@ -97,7 +97,7 @@ def check_config(cfg: SimConfig) -> None:
         raise ValueError(f"--gpu-memory-utilization: must be a number in (0, 1], got {mem}")
 
 
-def sim_dtypes(cfg: SimConfig) -> tuple[str, str]:
+def sim_dtypes(cfg: EngineSimConfig) -> tuple[str, str]:
     """(weight, KV) dtype as the planner spells them; ValueError for a dtype it does not know."""
     weight = normalize_dtype(cfg.weight_dtype, "--weight-dtype")
     return weight, normalize_dtype(cfg.kv_dtype, "--kv-dtype", kv=True)
@@ -112,7 +112,7 @@ def check_tp(model: ModelSpec, tp: int) -> None:
         raise ValueError(f"--tp: {problem} ({model.id}); use one of {valid}")
 
 
-def _check_kv(kv: int, cfg: SimConfig) -> None:
+def _check_kv(kv: int, cfg: EngineSimConfig) -> None:
     if kv >= cfg.max_model_len:
         return
     if cfg.kv_capacity_tokens:
@@ -140,7 +140,7 @@ class BadRequest(SimError):
 class EngineSim:
     """The engine, its metrics, and the task that runs it in scaled real time."""
 
-    def __init__(self, cfg: SimConfig) -> None:
+    def __init__(self, cfg: EngineSimConfig) -> None:
         check_config(cfg)
         self.cfg = cfg
         self.truth = TruthModel.for_deployment(
@@ -509,7 +509,7 @@ async def _drain(app: web.Application) -> None:
         task.cancel()
 
 
-def build_app(cfg: SimConfig, shutdown_timeout_s: float = 0.0) -> web.Application:
+def build_app(cfg: EngineSimConfig, shutdown_timeout_s: float = 0.0) -> web.Application:
     """The aiohttp application; the engine loop starts and stops with it."""
     app = web.Application()
     app[SIM_KEY] = EngineSim(cfg)
@@ -537,7 +537,7 @@ def build_app(cfg: SimConfig, shutdown_timeout_s: float = 0.0) -> web.Applicatio
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """engine-sim's flags (shared by ``rooftop engine-sim`` and ``python -m``)."""
-    d = SimConfig()
+    d = EngineSimConfig()
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model", default=d.model, help="catalog model id used for timing")
@@ -584,12 +584,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def config_from_args(args: argparse.Namespace) -> SimConfig:
-    """SimConfig from parsed flags (names match field names); checks --port as well."""
+def config_from_args(args: argparse.Namespace) -> EngineSimConfig:
+    """EngineSimConfig from parsed flags (names match field names); checks --port as well."""
     if not 1 <= args.port <= 65535:  # 0 would bind a random port the banner cannot name
         raise ValueError(f"--port: must be an integer from 1 to 65535, got {args.port}")
-    fields = SimConfig.__dataclass_fields__
-    return SimConfig(**{k: getattr(args, k) for k in fields if hasattr(args, k)})
+    fields = EngineSimConfig.__dataclass_fields__
+    return EngineSimConfig(**{k: getattr(args, k) for k in fields if hasattr(args, k)})
 
 
 def _message(err: Exception) -> str:

@@ -15,7 +15,7 @@ from rooftop_control.control import ControllerConfig
 from rooftop_operator import builders
 from rooftop_operator.metrics_client import MetricsClient
 from rooftop_operator.settings import LoopSettings
-from rooftop_sim.cluster import SimConfig
+from rooftop_sim.cluster import ClusterConfig
 from rooftop_sim.simulate import register
 
 VALUES = Path(__file__).resolve().parents[3] / "charts" / "rooftop" / "values.yaml"
@@ -26,7 +26,7 @@ def _default(cls: type, name: str) -> object:
 
 
 def _sim_default(name: str) -> object:
-    return _default(SimConfig, name)
+    return _default(ClusterConfig, name)
 
 
 def test_the_operator_and_the_simulator_tick_wait_and_roll_out_alike() -> None:

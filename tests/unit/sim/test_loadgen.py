@@ -11,7 +11,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from rooftop_sim import loadgen
-from rooftop_sim.engine.server import SimConfig, build_app
+from rooftop_sim.engine.server import EngineSimConfig, build_app
 from rooftop_sim.loadgen import LoadSpec, run_load, schedule
 from rooftop_sim.traces import Trace
 
@@ -20,7 +20,7 @@ NAME = "sim"
 
 @pytest.fixture
 async def server() -> AsyncIterator[TestServer]:
-    srv = TestServer(build_app(SimConfig(model_name=NAME, time_scale=20.0, max_num_seqs=64)))
+    srv = TestServer(build_app(EngineSimConfig(model_name=NAME, time_scale=20.0, max_num_seqs=64)))
     await srv.start_server()
     yield srv
     await srv.close()

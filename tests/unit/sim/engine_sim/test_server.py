@@ -12,14 +12,14 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
-from rooftop_sim.engine.server import SimConfig, build_app, count_text_tokens
+from rooftop_sim.engine.server import EngineSimConfig, build_app, count_text_tokens
 from rooftop_sim.engine.vllm_metrics import ITL_BUCKETS, TTFT_BUCKETS
 
 NAME = "served-llama"
 
 
 async def make_client(max_num_seqs: int = 256, time_scale: float = 50.0) -> TestClient:
-    cfg = SimConfig(
+    cfg = EngineSimConfig(
         model="llama-3.1-8b", model_name=NAME, max_num_seqs=max_num_seqs, time_scale=time_scale
     )
     client = TestClient(TestServer(build_app(cfg)))
