@@ -47,7 +47,7 @@ _PENDING, _SERVING, _DRAINING, _GONE = "pending", "ready", "draining", "gone"
 
 
 @dataclass(frozen=True)
-class Workload:
+class RequestStream:
     """Requests to replay: arrival times (s from 0, sorted) and token counts."""
 
     arrival_s: FloatArray
@@ -160,7 +160,7 @@ class SimResult:
     """Per-request outcomes and the timeline of one run. Times in s, NaN = never."""
 
     policy: str
-    workload: Workload
+    workload: RequestStream
     first_token_s: FloatArray
     finished_s: FloatArray
     tpot_s: FloatArray
@@ -178,7 +178,9 @@ class SimResult:
 class Cluster:
     """The simulated target. ``run(policy)`` replays the workload once."""
 
-    def __init__(self, workload: Workload, config: ClusterConfig, startup_s: float | None = None):
+    def __init__(
+        self, workload: RequestStream, config: ClusterConfig, startup_s: float | None = None
+    ):
         self.w = workload
         self.cfg = config
         self.startup_s = config.startup_s if startup_s is None else startup_s

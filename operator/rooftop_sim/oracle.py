@@ -32,7 +32,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from rooftop_control.control import clamp_replicas
-from rooftop_sim.cluster import Cluster, ClusterConfig, Workload
+from rooftop_sim.cluster import Cluster, ClusterConfig, RequestStream
 from rooftop_sim.policies import FixedPolicy, SchedulePolicy
 from rooftop_sim.report import Slo, attainment
 
@@ -66,19 +66,19 @@ class OracleConfig:
 
 
 def probe_workload(
-    source: Workload, rate: float, n: int, seed: int
-) -> tuple[Workload, np.ndarray, np.ndarray]:
+    source: RequestStream, rate: float, n: int, seed: int
+) -> tuple[RequestStream, np.ndarray, np.ndarray]:
     """``n`` requests with the source's lengths, Poisson at ``rate`` req/s."""
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(source.arrival_s), n)
     gaps = rng.exponential(1.0, n)
     arrivals = np.cumsum(gaps) / rate
-    w = Workload(arrivals, source.prompt_tokens[idx], source.output_tokens[idx], "probe")
+    w = RequestStream(arrivals, source.prompt_tokens[idx], source.output_tokens[idx], "probe")
     return w, idx, gaps
 
 
 def meets(
-    source: Workload,
+    source: RequestStream,
     sim: ClusterConfig,
     slo: Slo,
     cap: int,
@@ -96,7 +96,7 @@ def meets(
 
 
 def measure_capacity(
-    source: Workload,
+    source: RequestStream,
     sim: ClusterConfig,
     slo: Slo,
     cap: int,
@@ -123,7 +123,7 @@ def measure_capacity(
 
 
 def replicas_per_window(
-    workload: Workload, capacity: float, window_s: float, min_replicas: int, max_replicas: int
+    workload: RequestStream, capacity: float, window_s: float, min_replicas: int, max_replicas: int
 ) -> list[int]:
     """Replicas per window: enough for the window's actual arrivals."""
     n_windows = max(1, math.ceil(workload.horizon_s / window_s) + 1)
@@ -137,7 +137,7 @@ def replicas_per_window(
 
 
 def oracle_policy(
-    workload: Workload,
+    workload: RequestStream,
     sim: ClusterConfig,
     slo: Slo,
     cap: int,
@@ -190,7 +190,7 @@ def oracle_policy(
 
 
 def static_fit(
-    workload: Workload,
+    workload: RequestStream,
     sim: ClusterConfig,
     slo: Slo,
     cap: int,
@@ -223,7 +223,7 @@ def static_fit(
     return FixedPolicy(hi, cap, "static-fit"), True
 
 
-def _peak_window_rate(workload: Workload, window_s: float) -> float:
+def _peak_window_rate(workload: RequestStream, window_s: float) -> float:
     """The highest arrival rate of any schedule window (req/s)."""
     n_windows = max(1, math.ceil(workload.horizon_s / window_s) + 1)
     counts = np.histogram(workload.arrival_s, bins=np.arange(n_windows + 1) * window_s)[0]

@@ -47,7 +47,7 @@ from rooftop_control.calibration import Calibration
 from rooftop_planner.batching import mean_step_s
 from rooftop_planner.plan import Plan
 from rooftop_planner.progress import Progress
-from rooftop_sim.cluster import Cluster, ClusterConfig, Policy, Replica, SimResult, Workload
+from rooftop_sim.cluster import Cluster, ClusterConfig, Policy, Replica, RequestStream, SimResult
 from rooftop_sim.errors import SimError
 from rooftop_sim.flags import Rule, check_ranges
 from rooftop_sim.oracle import OracleConfig, oracle_policy, static_fit
@@ -93,7 +93,7 @@ class Scenario:
     spec: ServingTargetSpec
     plan: Plan  # the shape every policy runs
     planner: sizing.PlanTargetPlanner
-    workload: Workload
+    workload: RequestStream
     sim: ClusterConfig
     slo: Slo
     cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
@@ -113,7 +113,7 @@ class Scenario:
 MAX_TRACE_SPAN_S = 7 * 86400.0
 
 
-def workload_from_trace(path: str, diurnal: bool = False) -> Workload:
+def workload_from_trace(path: str, diurnal: bool = False) -> RequestStream:
     """Read an Azure-format trace (``traces.load_trace``); optionally day-shaped."""
     from rooftop_sim.traces import TraceError, TraceWarning, diurnal_warp, load_trace
 
@@ -136,7 +136,7 @@ def workload_from_trace(path: str, diurnal: bool = False) -> Workload:
         )
     arrivals = diurnal_warp(trace.arrival_s) if diurnal else trace.arrival_s
     name = f"{path}{' (diurnal)' if diurnal else ''}"
-    return Workload(
+    return RequestStream(
         np.asarray(arrivals, dtype=np.float64),
         np.maximum(trace.prompt_tokens, 1),
         np.maximum(trace.output_tokens, 1),  # a 0-token answer still takes a step
@@ -154,7 +154,7 @@ def load_spec(path: str) -> Any:
         raise InputError(str(err)) from err
 
 
-def scenario(spec: ServingTargetSpec, workload: Workload, **sim_kw: Any) -> Scenario:
+def scenario(spec: ServingTargetSpec, workload: RequestStream, **sim_kw: Any) -> Scenario:
     """Plan the target (its shape, at its own workload rate) and set up the cluster."""
     from rooftop_planner.errors import PlannerError
     from rooftop_planner.search import plan_target
@@ -190,7 +190,7 @@ def scenario(spec: ServingTargetSpec, workload: Workload, **sim_kw: Any) -> Scen
     return replace(scn, sim=replace(sim, max_pods=scn.limits()[1]))
 
 
-def peak_rate(workload: Workload, window_s: float = 60.0) -> float:
+def peak_rate(workload: RequestStream, window_s: float = 60.0) -> float:
     """Highest arrival rate over non-overlapping ``window_s`` windows, req/s."""
     edges = np.arange(0.0, workload.horizon_s + window_s, window_s)
     if len(edges) < 2:

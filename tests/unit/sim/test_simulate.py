@@ -21,7 +21,7 @@ import pytest
 
 from rooftop_control.readings import Observation
 from rooftop_sim import simulate
-from rooftop_sim.cluster import Cluster, SimResult, Tick, Workload
+from rooftop_sim.cluster import Cluster, RequestStream, SimResult, Tick
 from rooftop_sim.oracle import OracleConfig
 from rooftop_sim.policies import FixedPolicy, SchedulePolicy
 from rooftop_sim.report import Slo, attainment, cost
@@ -52,7 +52,7 @@ def spec() -> Any:
     return parse_target(TARGET, "test").spec
 
 
-def tiny_workload(seed: int = 1) -> Workload:
+def tiny_workload(seed: int = 1) -> RequestStream:
     """~420 requests over 10 minutes: 0.3 req/s, then 1.5 req/s, then 0.3 req/s."""
     rng = np.random.default_rng(seed)
     pieces, t = [], 0.0
@@ -62,7 +62,7 @@ def tiny_workload(seed: int = 1) -> Workload:
         t += span
     arr = np.concatenate(pieces)
     n = len(arr)
-    return Workload(arr, rng.integers(100, 800, n), rng.integers(10, 80, n), "tiny")
+    return RequestStream(arr, rng.integers(100, 800, n), rng.integers(10, 80, n), "tiny")
 
 
 @pytest.fixture(scope="module")
@@ -226,7 +226,7 @@ def test_never_scales_down_while_metrics_are_missing() -> None:
 
 def _result(first: list[float], fin: list[float], tpot: list[float], out: list[int]) -> SimResult:
     n = len(first)
-    w = Workload(np.zeros(n), np.full(n, 100), np.array(out), "hand")
+    w = RequestStream(np.zeros(n), np.full(n, 100), np.array(out), "hand")
     tick = Tick(0.0, 0.0, math.nan, math.nan, 2, 2, 2, 8, 0.0, 0.0)
     return SimResult("hand", w, np.array(first), np.array(fin), np.array(tpot), 0,
                      7200.0, 3.0, 4, [tick])  # fmt: skip
