@@ -99,7 +99,7 @@ class EngineInputs:
         served_model: what the engine loads (Hugging Face repo id for vLLM).
         node_label: (key, value) node label that selects the planned GPU type.
         gpu_resource: the extended resource one GPU is requested as.
-        image: the container image (already resolved with ``engine_image``).
+        image: the container image (already resolved with ``children.resolve_engine_image``).
         pod_monitor: True when a PodMonitor scrapes the pods; False adds the
             ``prometheus.io/*`` annotations instead.
         pod_security: the Pod Security level the pods must pass (``engine_security``).
@@ -177,16 +177,18 @@ def _metadata(ref: TargetRef, name: str) -> dict[str, Any]:
     }
 
 
-def engine_image(spec: ServingTargetSpec, vllm_image: str, self_image: str) -> str:
-    """spec.engine.image wins; otherwise the pinned vLLM image or, simulated, our own."""
+def image_for_mode(spec: ServingTargetSpec, vllm_image: str, self_image: str) -> str:
+    """spec.engine.image wins; otherwise the given vLLM image or, simulated, our own
+    (``children.resolve_engine_image`` picks the vLLM image for the GPU)."""
     if spec.engine.image:
         return spec.engine.image
     return self_image if spec.mode is Mode.SIMULATED else vllm_image
 
 
-def plan_weights(inp: EngineInputs) -> Weights:
-    """The checkpoint vLLM loads: the resolved one, else the served model for the dtypes
-    that need none (16-bit as is, fp8 quantized online).
+def vllm_weights(inp: EngineInputs) -> Weights:
+    """The checkpoint ``vllm serve`` loads, from the inputs alone: the resolved one
+    (``inp.weights``, from ``children.resolve_plan_weights``), else the served model for
+    the dtypes that need none (16-bit as is, fp8 quantized online).
 
     Raises:
         UnsupportedPlan: int8/int4/fp4 without a checkpoint in that format (vLLM cannot
@@ -225,7 +227,7 @@ def vllm_args(inp: EngineInputs) -> list[str]:
         kv_cache_dtype = vllm_kv_cache_dtype(plan.weight_dtype, plan.kv_dtype)
     except PlannerError as err:
         raise UnsupportedPlan(str(err)) from err
-    weights = plan_weights(inp)
+    weights = vllm_weights(inp)
     args = [weights.model, "--served-model-name", *served_names(inp)]
     args += ["--tensor-parallel-size", str(plan.tp), "--max-num-seqs", str(plan.max_num_seqs)]
     if plan.max_model_len:

@@ -43,8 +43,9 @@ def engine_families(config: OperatorConfig, spec: ServingTargetSpec) -> list[str
     return sorted(config.engine_images())
 
 
-def plan_weights(catalog: Catalog, spec: ServingTargetSpec, plan: Plan) -> Weights | None:
-    """The checkpoint the plan's weight dtype loads (None for a simulated engine).
+def resolve_plan_weights(catalog: Catalog, spec: ServingTargetSpec, plan: Plan) -> Weights | None:
+    """The checkpoint the plan's weight dtype loads, resolved from the catalog and the
+    spec (None for a simulated engine); ``builders.vllm_weights`` reads it from the inputs.
 
     Raises:
         builders.UnsupportedPlan: no checkpoint serves that dtype.
@@ -64,14 +65,15 @@ def pod_lifecycle(catalog: Catalog, spec: ServingTargetSpec, plan: Plan) -> Life
         builders.UnsupportedPlan: no checkpoint serves the plan's weight dtype.
         ValueError, KeyError: the spec names a model the catalog cannot resolve.
     """
-    weights = plan_weights(catalog, spec, plan)
+    weights = resolve_plan_weights(catalog, spec, plan)
     return lifecycle(spec, plan, resolve_model(spec, catalog), weights)
 
 
-def engine_image(
+def resolve_engine_image(
     config: OperatorConfig, spec: ServingTargetSpec, family: str, arch: str = "amd64"
 ) -> str:
-    """The image for this accelerator family and host architecture (the spec's own wins).
+    """The image for this accelerator family and host architecture, from the operator's
+    configured images (the spec's own wins; ``builders.image_for_mode`` chooses by mode).
 
     GH200 hosts are arm64: vLLM publishes vllm/vllm-openai tags as multi-arch manifests
     (x86_64 and aarch64), so the CUDA image serves them unless ``vllm_arm64_image``
@@ -88,7 +90,7 @@ def engine_image(
             f"no vLLM image for {family} accelerators is configured "
             f"(chart value operator.{family}Image)"
         )
-    return builders.engine_image(spec, images.get(family, ""), config.self_image)
+    return builders.image_for_mode(spec, images.get(family, ""), config.self_image)
 
 
 def engine_inputs(
@@ -102,7 +104,7 @@ def engine_inputs(
 ) -> builders.EngineInputs:
     """Everything the builders need for one target and plan."""
     gpu = catalog.gpu(plan.gpu)
-    weights = plan_weights(catalog, spec, plan)
+    weights = resolve_plan_weights(catalog, spec, plan)
     return builders.EngineInputs(
         ref=ref,
         spec=spec,
@@ -110,7 +112,7 @@ def engine_inputs(
         served_model=served_model(spec, catalog),
         node_label=(gpu.node_label_key, gpu.node_label_value),
         gpu_resource=gpu.resource_name,
-        image=engine_image(config, spec, gpu.family, gpu.host_arch),
+        image=resolve_engine_image(config, spec, gpu.family, gpu.host_arch),
         host_arch=gpu.host_arch,
         pod_monitor=pod_monitor,
         pod_security=config.engine_pod_security,

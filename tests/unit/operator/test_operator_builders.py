@@ -38,7 +38,7 @@ def inputs(
         served_model="meta-llama/Llama-3.1-8B-Instruct",
         node_label=(gpu.node_label_key, gpu.node_label_value),
         gpu_resource=gpu.resource_name,
-        image=builders.engine_image(parsed, "vllm/vllm-openai:v0.32.0", "rooftop:test"),
+        image=builders.image_for_mode(parsed, "vllm/vllm-openai:v0.32.0", "rooftop:test"),
         weights=weights,
         lifecycle=lifecycle(parsed, the_plan, catalog.model(parsed.model), weights),
     )
