@@ -24,7 +24,7 @@ from rooftop_planner.catalog import load_catalog
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.perf import EngineShape
 from rooftop_planner.scenarios import default_limits
-from rooftop_sim.engine.core import Engine, EngineConfig, Request, StepResult
+from rooftop_sim.engine.core import EngineConfig, EngineCore, Request, StepResult
 from rooftop_sim.engine.truth import TruthModel
 
 DEPLOYMENTS = (
@@ -65,7 +65,7 @@ def run_clients(
         max_num_batched_tokens=limits.max_num_batched_tokens if limits else 8192,
         max_model_len=isl + osl + 16,
     )
-    engine, now, issued = Engine(config, truth), 0.0, 0
+    engine, now, issued = EngineCore(config, truth), 0.0, 0
     for i in range(clients):
         # the first wave's answers are spread over 1..osl tokens, so requests finish and
         # admit one by one as in a steady state, not all in the same step

@@ -5,7 +5,7 @@ Events, in time order (ties: engine steps, then arrivals, then scrapes):
 - arrival: the balancer sends the request to the ready pod with the fewest outstanding
   requests (running + waiting), as a least-outstanding-requests gateway does;
 - step end: the pod's engine starts its next iteration at once (an engine loop never
-  sleeps while it has work). ``core.Engine.step`` advances request state immediately
+  sleeps while it has work). ``core.EngineCore.step`` advances request state immediately
   and stamps token times with the iteration's end, so there are no per-token events:
   the cost of a simulated hour is one Python call per engine iteration plus the
   engine's own per-request work;
@@ -35,7 +35,7 @@ import numpy.typing as npt
 
 from rooftop_control import defaults
 from rooftop_control.readings import Observation
-from rooftop_sim.engine.core import Engine, EngineConfig, Request
+from rooftop_sim.engine.core import EngineConfig, EngineCore, Request
 from rooftop_sim.engine.truth import TruthModel
 from rooftop_sim.window import Gauges, MetricsWindow
 
@@ -130,7 +130,7 @@ class Pod:
     """One engine pod and its lifecycle."""
 
     index: int
-    engine: Engine
+    engine: EngineCore
     cap: int
     created_s: float
     state: str = _PENDING
@@ -215,7 +215,7 @@ class Cluster:
             self.cfg.seed + i,
         )
         ecfg = EngineConfig(self.kv_tokens, self.cap, r.max_num_batched_tokens, r.max_model_len)
-        pod = Pod(i, Engine(ecfg, truth), self.cap, now)
+        pod = Pod(i, EngineCore(ecfg, truth), self.cap, now)
         self.pods.append(pod)
         if ready or self.startup_s <= 0:
             pod.state = _SERVING

@@ -169,7 +169,7 @@ class _Batch:
             self.attn_pairs += n * req.computed + n * (n + 1) / 2
 
 
-class Engine:
+class EngineCore:
     """Continuous-batching engine state machine. See the module docstring."""
 
     def __init__(self, config: EngineConfig, timer: StepTimer) -> None:

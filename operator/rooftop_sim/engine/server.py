@@ -1,6 +1,6 @@
 """``rooftop engine-sim``: a simulated vLLM server (OpenAI API + vLLM's /metrics).
 
-One asyncio task drives ``core.Engine`` in (scaled) real time: it runs an iteration,
+One asyncio task drives ``core.EngineCore`` in (scaled) real time: it runs an iteration,
 sleeps for its duration from the truth model, then delivers the iteration's tokens to
 the waiting HTTP handlers. ``--time-scale K`` runs K simulated seconds per wall second;
 /metrics reports simulated seconds (what a real engine would report), while a client's
@@ -40,7 +40,7 @@ from rooftop_api import exit_codes
 from rooftop_planner.catalog import ModelSpec
 from rooftop_planner.parallelism import TP_DEGREES, tp_problem
 from rooftop_planner.scenarios import normalize_dtype
-from rooftop_sim.engine.core import Engine, EngineConfig, Request, StepResult
+from rooftop_sim.engine.core import EngineConfig, EngineCore, Request, StepResult
 from rooftop_sim.engine.truth import TruthModel
 from rooftop_sim.engine.vllm_metrics import VllmMetrics
 from rooftop_sim.errors import SimError
@@ -150,7 +150,7 @@ class EngineSim:
         kv = cfg.kv_capacity_tokens or self.truth.kv_capacity_tokens(cfg.gpu_memory_utilization)
         _check_kv(kv, cfg)
         ecfg = EngineConfig(kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len)
-        self.engine = Engine(ecfg, self.truth)
+        self.engine = EngineCore(ecfg, self.truth)
         self.metrics = VllmMetrics(cfg.served_name, cfg.max_model_len, self._cache_info(ecfg))
         self.metrics.set_gauges(self.engine)
         self._t0 = time.monotonic()

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from rooftop_sim.engine.core import Engine, Request, StepResult
+from rooftop_sim.engine.core import EngineCore, Request, StepResult
 
 TTFT_BUCKETS = (
     0.001,
@@ -228,7 +228,7 @@ class VllmMetrics:
             "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", tok
         )
 
-    def set_gauges(self, engine: Engine) -> None:
+    def set_gauges(self, engine: EngineCore) -> None:
         """Refresh running / waiting / KV usage from the engine."""
         self.running.set(engine.num_running)
         self.waiting.set(engine.num_waiting)

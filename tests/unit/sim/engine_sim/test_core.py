@@ -5,19 +5,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from rooftop_sim.engine.core import Engine, EngineConfig, Request
+from rooftop_sim.engine.core import EngineConfig, EngineCore, Request
 from rooftop_sim.engine.truth import TruthModel
 
 TRUTH = TruthModel.for_deployment("llama-3.1-8b", "h100-sxm", 1, "bf16", "auto")
 
 
-def engine(**kw: int) -> Engine:
+def engine(**kw: int) -> EngineCore:
     cfg = {"kv_capacity_tokens": 100_000, "max_num_seqs": 64, "max_num_batched_tokens": 2048}
     cfg.update(kw)
-    return Engine(EngineConfig(**cfg), TRUTH)
+    return EngineCore(EngineConfig(**cfg), TRUTH)
 
 
-def drive(eng: Engine, reqs: list[Request]) -> float:
+def drive(eng: EngineCore, reqs: list[Request]) -> float:
     """Discrete-event loop: add arrivals when due, step while busy. Returns the end time."""
     pending = sorted(reqs, key=lambda r: r.arrival_s)
     now, i = 0.0, 0
