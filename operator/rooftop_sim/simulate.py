@@ -87,7 +87,7 @@ class Prior:
 
 
 @dataclass(frozen=True)
-class Scenario:
+class SimScenario:
     """Everything a run needs besides the policy."""
 
     spec: ServingTargetSpec
@@ -154,7 +154,7 @@ def load_spec(path: str) -> Any:
         raise InputError(str(err)) from err
 
 
-def scenario(spec: ServingTargetSpec, workload: RequestStream, **sim_kw: Any) -> Scenario:
+def scenario(spec: ServingTargetSpec, workload: RequestStream, **sim_kw: Any) -> SimScenario:
     """Plan the target (its shape, at its own workload rate) and set up the cluster."""
     from rooftop_planner.errors import PlannerError
     from rooftop_planner.search import plan_target
@@ -184,7 +184,7 @@ def scenario(spec: ServingTargetSpec, workload: RequestStream, **sim_kw: Any) ->
         **sim_kw,
     )
     slo = Slo(spec.slo.tpot_ms, spec.slo.ttft_ms)
-    scn = Scenario(spec, plan, sizing.PlanTargetPlanner(spec, plan), workload, sim, slo)
+    scn = SimScenario(spec, plan, sizing.PlanTargetPlanner(spec, plan), workload, sim, slo)
     # the budget and maxReplicas bound the pods every policy may run (billed pods:
     # starting and draining ones included)
     return replace(scn, sim=replace(sim, max_pods=scn.limits()[1]))
@@ -198,7 +198,7 @@ def peak_rate(workload: RequestStream, window_s: float = 60.0) -> float:
     return float(np.histogram(workload.arrival_s, bins=edges)[0].max()) / window_s
 
 
-def true_factor(scn: Scenario, batch: float) -> float:
+def true_factor(scn: SimScenario, batch: float) -> float:
     """Truth mean step / planner mean step at ``batch``, x reality: what a perfectly
     calibrated controller would learn; only the oracle gets it.
 
@@ -223,7 +223,7 @@ def true_factor(scn: Scenario, batch: float) -> float:
 
 
 def make_policy(
-    scn: Scenario,
+    scn: SimScenario,
     name: str,
     oracle: OracleConfig | None = None,
     controller: Mapping[str, Any] | None = None,
@@ -266,7 +266,7 @@ def make_policy(
 
 
 def _rooftop(
-    scn: Scenario,
+    scn: SimScenario,
     head_rate: float,
     limits: tuple[int, int],
     controller: Mapping[str, Any],
@@ -291,7 +291,7 @@ def _rooftop(
 
 
 def _oracle(
-    scn: Scenario, lower: int, upper: int, cfg: OracleConfig, startup_s: float
+    scn: SimScenario, lower: int, upper: int, cfg: OracleConfig, startup_s: float
 ) -> tuple[SchedulePolicy, list[str]]:
     """The hindsight schedule for pods that take ``startup_s`` to start (searched once
     per scenario, config and start-up: about a minute each)."""
@@ -303,7 +303,7 @@ def _oracle(
 
 
 def _search_oracle(
-    scn: Scenario, lower: int, upper: int, cfg: OracleConfig, startup_s: float
+    scn: SimScenario, lower: int, upper: int, cfg: OracleConfig, startup_s: float
 ) -> tuple[SchedulePolicy, list[str]]:
     mean_rate = len(scn.workload.arrival_s) / max(scn.workload.horizon_s, 1e-9)
     first = scn.planner.size(mean_rate, 1.0)
@@ -323,7 +323,7 @@ def _search_oracle(
 
 
 def run(
-    scn: Scenario,
+    scn: SimScenario,
     name: str,
     oracle: OracleConfig | None = None,
     controller: Mapping[str, Any] | None = None,
@@ -479,7 +479,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def run_policies(
-    scn: Scenario, names: Sequence[str], progress: Progress, echo: bool
+    scn: SimScenario, names: Sequence[str], progress: Progress, echo: bool
 ) -> tuple[list[SimResult], list[dict[str, Any]]]:
     """Run each named policy, showing on ``progress`` which one and how far it is;
     ``echo``: print each one's text report as it ends."""
@@ -543,4 +543,4 @@ def with_rate(spec: ServingTargetSpec, requests_per_second: float) -> ServingTar
     return spec.model_copy(update={"workload": workload})
 
 
-__all__ = ["POLICIES", "InputError", "Scenario", "main", "register", "run"]
+__all__ = ["POLICIES", "InputError", "SimScenario", "main", "register", "run"]

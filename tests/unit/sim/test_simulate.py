@@ -66,12 +66,12 @@ def tiny_workload(seed: int = 1) -> RequestStream:
 
 
 @pytest.fixture(scope="module")
-def scn() -> simulate.Scenario:
+def scn() -> simulate.SimScenario:
     return simulate.scenario(spec(), tiny_workload(), noise=0.0)
 
 
 @pytest.fixture(scope="module")
-def runs(scn: simulate.Scenario) -> dict[str, tuple[SimResult, dict[str, Any]]]:
+def runs(scn: simulate.SimScenario) -> dict[str, tuple[SimResult, dict[str, Any]]]:
     return {name: simulate.run(scn, name, FAST_ORACLE) for name in simulate.POLICIES}
 
 
@@ -85,7 +85,7 @@ def test_summary_has_the_contract_keys(runs: dict[str, tuple[SimResult, dict[str
 
 
 def test_rooftop_never_exceeds_budget(
-    scn: simulate.Scenario, runs: dict[str, tuple[SimResult, dict[str, Any]]]
+    scn: simulate.SimScenario, runs: dict[str, tuple[SimResult, dict[str, Any]]]
 ) -> None:
     # Every desired count and every billed pod count stays within $20/h.
     res, _ = runs["rooftop"]
@@ -122,7 +122,7 @@ def test_the_oracle_asks_for_pods_a_start_up_ahead() -> None:
     assert [instant.wanted(t) for t in (0.0, 30.0, 60.0, 150.0)] == [1, 1, 3, 2]
 
 
-def test_the_oracle_search_is_cached_per_start_up(scn: simulate.Scenario) -> None:
+def test_the_oracle_search_is_cached_per_start_up(scn: simulate.SimScenario) -> None:
     first, _ = simulate.make_policy(scn, "oracle", FAST_ORACLE)
     again, _ = simulate.make_policy(scn, "oracle", FAST_ORACLE)
     instant, _ = simulate.make_policy(scn, "oracle-instant", FAST_ORACLE)
@@ -140,7 +140,7 @@ def test_both_oracles_meet_the_shares_they_were_searched_for(
 
 
 def test_static_fit_is_the_fewest_fixed_replicas_meeting_the_slo(
-    scn: simulate.Scenario, runs: dict[str, tuple[SimResult, dict[str, Any]]]
+    scn: simulate.SimScenario, runs: dict[str, tuple[SimResult, dict[str, Any]]]
 ) -> None:
     res, s = runs["static-fit"]
     counts = {t.replicas for t in res.timeline}
@@ -163,7 +163,7 @@ def test_rooftop_scales_with_the_load(runs: dict[str, tuple[SimResult, dict[str,
 
 
 def test_rooftop_reports_where_its_estimates_ended(
-    scn: simulate.Scenario, runs: dict[str, tuple[SimResult, dict[str, Any]]]
+    scn: simulate.SimScenario, runs: dict[str, tuple[SimResult, dict[str, Any]]]
 ) -> None:
     notes = [n for n in runs["rooftop"][1]["notes"] if n.startswith("controller ended")]
     assert len(notes) == 1
@@ -175,7 +175,7 @@ def test_rooftop_reports_where_its_estimates_ended(
     assert not any(n.startswith("controller") for n in runs["oracle"][1]["notes"])
 
 
-def test_controller_overrides_reach_the_rooftop_policy(scn: simulate.Scenario) -> None:
+def test_controller_overrides_reach_the_rooftop_policy(scn: simulate.SimScenario) -> None:
     from rooftop_control.calibration import TrimConfig
     from rooftop_sim.policies import RooftopPolicy
 
@@ -192,7 +192,7 @@ def test_controller_overrides_reach_the_rooftop_policy(scn: simulate.Scenario) -
         simulate.make_policy(scn, "rooftop", controller={"no_such_knob": 1})
 
 
-def test_a_prior_starts_rooftop_knowing_its_factor_and_trim(scn: simulate.Scenario) -> None:
+def test_a_prior_starts_rooftop_knowing_its_factor_and_trim(scn: simulate.SimScenario) -> None:
     from rooftop_sim.policies import RooftopPolicy
 
     prior = simulate.Prior(factor=1.2, trim=3.0)
@@ -369,7 +369,7 @@ def test_an_unknown_model_exits_2_with_the_catalog_message(
 
 
 def test_tpot_misses_are_broken_down_by_output_length(
-    scn: simulate.Scenario, runs: dict[str, tuple[SimResult, dict[str, Any]]]
+    scn: simulate.SimScenario, runs: dict[str, tuple[SimResult, dict[str, Any]]]
 ) -> None:
     from rooftop_sim.report import tpot_misses_by_output
 
@@ -455,7 +455,7 @@ def test_a_failing_start_steps_down_to_a_pass_first() -> None:
 
 
 def test_the_plot_counts_pods_in_whole_numbers(
-    scn: simulate.Scenario, runs: dict[str, tuple[SimResult, dict[str, Any]]]
+    scn: simulate.SimScenario, runs: dict[str, tuple[SimResult, dict[str, Any]]]
 ) -> None:
     import matplotlib.pyplot as plt
 
@@ -490,7 +490,7 @@ class _CapThenScale:
 
 
 def test_pods_on_the_old_batch_cap_are_reported_until_the_rollout_ends(
-    scn: simulate.Scenario,
+    scn: simulate.SimScenario,
 ) -> None:
     policy = _CapThenScale()
     Cluster(scn.workload, scn.sim).run(policy)
