@@ -34,7 +34,7 @@ class Slo:
 
 
 @dataclass(frozen=True)
-class Attainment:
+class RunAttainment:
     """Shares 0..1 of requests and of output tokens within each SLO (TTFT None: no SLO)."""
 
     tpot_requests: float
@@ -56,7 +56,7 @@ def _masks(res: SimResult, slo: Slo) -> tuple[BoolArray, BoolArray | None]:
     return tpot_ok, ttft_ok
 
 
-def attainment(res: SimResult, slo: Slo, skip: int = 0) -> Attainment:
+def attainment(res: SimResult, slo: Slo, skip: int = 0) -> RunAttainment:
     """Shares of requests (and tokens) within the SLOs, ignoring the first ``skip``."""
     tpot_ok, ttft_ok = _masks(res, slo)
     tokens = res.workload.output_tokens[skip:].astype(np.float64)
@@ -69,7 +69,7 @@ def attainment(res: SimResult, slo: Slo, skip: int = 0) -> Attainment:
 
     t_req, t_tok = share(tpot_ok)
     f_req, f_tok = share(ttft_ok) if ttft_ok is not None else (None, None)
-    return Attainment(t_req, t_tok, f_req, f_tok, len(tokens))
+    return RunAttainment(t_req, t_tok, f_req, f_tok, len(tokens))
 
 
 # Output-length bands (tokens) for the TPOT miss breakdown. A request's TPOT averages
