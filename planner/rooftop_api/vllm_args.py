@@ -149,7 +149,7 @@ class FlagTable:
 
 
 @dataclass(frozen=True)
-class Setting:
+class ParsedArg:
     """What one extra argument does: ``arg`` (as written) sets ``dest`` via ``option``."""
 
     arg: str
@@ -392,7 +392,7 @@ def _values(opt: _Option, token: _Token, following: Sequence[_Token | None]) -> 
 
 def resolve(
     args: Sequence[str], table: FlagTable | None = None, values: bool = True
-) -> list[Setting]:
+) -> list[ParsedArg]:
     """What each of ``args`` (extra ``vllm serve`` arguments) sets, as vLLM parses them.
 
     Raises ExtraArgError for what vLLM would refuse: a flag it does not have, an
@@ -402,7 +402,7 @@ def resolve(
     table = table or load_table()
     tokens = _undot(list(_rewrite(args)))
     kinds = [_classify(t, table) for t in tokens]  # argparse classifies every token first
-    settings: list[Setting] = []
+    settings: list[ParsedArg] = []
     i = 0
     while i < len(tokens):
         token, kind = tokens[i], kinds[i]
@@ -420,7 +420,7 @@ def resolve(
         given += [t.text for t in tokens[i + 1 : i + 1 + count]]
         for value in given if values else []:
             _check_value(token, kind, value)
-        settings.append(Setting(token.arg, kind.option, kind.flag.dest, tuple(given)))
+        settings.append(ParsedArg(token.arg, kind.option, kind.flag.dest, tuple(given)))
         i += 1 + count
     return settings
 

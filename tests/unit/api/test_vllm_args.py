@@ -11,7 +11,7 @@ from rooftop_api.vllm_args import (
     REMOVED,
     RESERVED,
     ExtraArgError,
-    Setting,
+    ParsedArg,
     load_table,
     resolve,
 )
@@ -64,7 +64,7 @@ def test_what_each_argument_sets(
     args: list[str], expected: list[tuple[str, str, tuple[str, ...]]]
 ) -> None:
     assert [(s.option, s.dest, s.values) for s in resolve(args)] == expected
-    assert all(isinstance(s, Setting) for s in resolve(args))
+    assert all(isinstance(s, ParsedArg) for s in resolve(args))
 
 
 @pytest.mark.parametrize(
