@@ -136,7 +136,7 @@ class TrimConfig:
     - otherwise hold (dead band).
 
     Which windows may move the trim at all (a settled fleet the planner sized, see
-    ``control.update_trim``) is the caller's business; ``tight`` is its knob.
+    ``control.trim_after_window``) is the caller's business; ``tight`` is its knob.
 
     Attributes:
         target: share of requests within the bound to keep, 0..1.

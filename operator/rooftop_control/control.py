@@ -392,11 +392,11 @@ def _retrim(
     last = state.trim_at_s
     if not settled or (last is not None and now_s - last < config.metrics_window_s):
         return state.trim, last
-    trim = update_trim(state, obs, scale, config)
+    trim = trim_after_window(state, obs, scale, config)
     return trim, (now_s if trim != state.trim else last)
 
 
-def update_trim(
+def trim_after_window(
     state: ControllerState, obs: Observation, scale: float, config: ControllerConfig
 ) -> float:
     """The latency trim after this window (``scale``: the step-time factor in use).

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Final, Literal, TypeVar
 
 # vLLM's per-request TPOT histogram: what a TPOT SLO bounds (a request's mean gap between
 # output tokens), unlike the per-token inter-token latency, which also carries every
@@ -128,11 +128,38 @@ class Signal:
 
 
 _ROW: Final = "rooftop.signal"
+T = TypeVar("T")
 
 
-def signal(default: object, **row: Any) -> Any:
-    """A dataclass field holding ``default`` and declaring a ``Signal(**row)``."""
-    return dataclasses.field(default=default, metadata={_ROW: Signal(**row)})
+def signal(
+    default: T,
+    *,
+    query: str,
+    promql: Query,
+    scale: float,
+    unit: str,
+    simulated: str,
+    status_key: str | None = None,
+    status_noise_floor: float = 0.0,
+    at_least: float | None = None,
+    fallback: Fallback | None = None,
+) -> T:
+    """A dataclass field holding ``default`` and declaring its ``Signal`` (the arguments
+    are the row's, see ``Signal``). Typed as the default: a dataclass takes the field
+    object it is at run time for the field's declaration."""
+    row = Signal(
+        query=query,
+        promql=promql,
+        scale=scale,
+        unit=unit,
+        simulated=simulated,
+        status_key=status_key,
+        status_noise_floor=status_noise_floor,
+        at_least=at_least,
+        fallback=fallback,
+    )
+    declaration: T = dataclasses.field(default=default, metadata={_ROW: row})
+    return declaration
 
 
 def declared(observation: type) -> tuple[Signal, ...]:

@@ -139,7 +139,7 @@ def load_handlers(config: OperatorConfig, registry: Any = None) -> None:
     """Register every handler with kopf (``wiring``), with ``config``'s periods."""
     from rooftop_operator import wiring
 
-    wiring.register(config, registry)
+    wiring.register_handlers(config, registry)
 
 
 EPILOG = """\

@@ -118,7 +118,7 @@ def render_one(
     return Rendered(0, f"# rooftop render {item.source}: {result.plan.summary}", objects)
 
 
-def render(args: argparse.Namespace) -> list[Rendered]:
+def render_all(args: argparse.Namespace) -> list[Rendered]:
     """Every target of every manifest, rendered (or why not)."""
     from rooftop_api.manifest import load_all
     from rooftop_planner.catalog import load_catalog
@@ -149,7 +149,7 @@ def to_text(rendered: list[Rendered], fmt: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Print what renders to stdout and every error to stderr; the worst exit code."""
-    rendered = render(args)
+    rendered = render_all(args)
     for failed in (r for r in rendered if r.code):
         print(failed.note, file=sys.stderr)
     done = [r for r in rendered if not r.code]

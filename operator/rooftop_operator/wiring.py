@@ -1,6 +1,6 @@
 """Every kopf handler the operator runs, registered in one place.
 
-``register`` is called once by ``rooftop operator`` (``__main__.run``) with the
+``register_handlers`` is called once by ``rooftop operator`` (``__main__.run``) with the
 configuration read at start-up, so periods and intervals come from that configuration,
 not from the environment at import time; importing ``handlers`` or ``loop`` registers
 nothing. Handler ids are the functions' names, as kopf gives them: a target's handler
@@ -37,7 +37,9 @@ from rooftop_operator.settings import OperatorConfig
 ENGINE_LABELS = {"app.kubernetes.io/name": builders.APP_NAME}
 
 
-def register(config: OperatorConfig, registry: kopf.OperatorRegistry | None = None) -> None:
+def register_handlers(
+    config: OperatorConfig, registry: kopf.OperatorRegistry | None = None
+) -> None:
     """Register every handler in ``registry`` (kopf's default one when None)."""
     real = registry if registry is not None else kopf.get_default_registry()
     _register_targets(real)

@@ -890,7 +890,7 @@ def test_only_targets_waiting_for_nodes_get_the_replan_timer(
 
 def test_the_replan_timer_runs_at_the_configured_interval() -> None:
     registry = kopf.OperatorRegistry()
-    wiring.register(OperatorConfig(nodes_retry_s=5.0), registry)
+    wiring.register_handlers(OperatorConfig(nodes_retry_s=5.0), registry)
     spawning = registry._spawning.get_all_handlers()  # kopf keeps timers with daemons
     timers = [h for h in spawning if type(h).__name__ == "TimerHandler"]
     assert [(t.interval, t.initial_delay) for t in timers] == [(5.0, 5.0)]

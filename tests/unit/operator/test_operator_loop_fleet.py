@@ -170,7 +170,7 @@ async def test_the_loop_ticks_every_interval_and_a_slow_tick_delays_the_next(
 
 def test_the_loop_registers_one_daemon_without_finalizer_and_no_timer() -> None:
     registry = kopf.OperatorRegistry()
-    wiring.register(OperatorConfig(loop=LoopSettings(interval_s=3.0)), registry)
+    wiring.register_handlers(OperatorConfig(loop=LoopSettings(interval_s=3.0)), registry)
     spawning = registry._spawning.get_all_handlers()
     daemons = [(h.id, h.requires_finalizer) for h in spawning if h.id != "replan_waiting"]
     assert daemons == [("presence", False)]  # the one timer is the inventory's replan

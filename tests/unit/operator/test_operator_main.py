@@ -352,7 +352,7 @@ def test_the_handled_spec_digest_ignores_status_and_bookkeeping_as_kopfs_own_ess
 
 
 def test_importing_the_handler_modules_registers_nothing() -> None:
-    """Only ``wiring.register`` registers, with the start-up configuration: a handler
+    """Only ``wiring.register_handlers`` registers, with the start-up configuration: a handler
     that registered itself at import would run with the defaults, whatever the chart
     said, or twice. (kopf's own login handlers are kopf's.)"""
     script = (
@@ -371,7 +371,7 @@ def test_importing_the_handler_modules_registers_nothing() -> None:
 
 def test_wiring_registers_every_handler_once() -> None:
     registry = kopf.OperatorRegistry()
-    wiring.register(OperatorConfig(), registry)
+    wiring.register_handlers(OperatorConfig(), registry)
     kinds = (registry._changing, registry._watching, registry._indexing)
     ids = sorted(h.id for kind in kinds for h in kind.get_all_handlers())
     on_resume_create_update = ["reconcile_target"] * 2 + ["reconcile_target/spec"]
