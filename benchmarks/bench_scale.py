@@ -652,7 +652,7 @@ def rendered_children(targets: Path) -> Obj:
                               vllm_image=None, rocm_image=None, tpu_image=None,
                               self_image=None, no_pod_monitor=True)  # fmt: skip
     items = []
-    for rendered in render.render(args):
+    for rendered in render.render_all(args):
         assert rendered.code == 0, rendered.note
         for obj in rendered.objects:
             obj["metadata"].pop("ownerReferences", None)

@@ -26,12 +26,12 @@ def _curve(
 ) -> tuple[list[float], list[float]]:
     gpu = catalog.gpu(plan.gpu)
     dep = perf.EngineShape(
-        resolve_model(spec, catalog),
-        gpu,
-        plan.tp,
-        plan.weight_dtype,
-        plan.kv_dtype,
-        load_efficiency().lookup(gpu),
+        model=resolve_model(spec, catalog),
+        gpu=gpu,
+        tp=plan.tp,
+        weight_dtype=plan.weight_dtype,
+        kv_dtype=plan.kv_dtype,
+        efficiency=load_efficiency().lookup(gpu),
     )
     isl = from_spec(spec.workload.prompt_tokens).mean
     osl = from_spec(spec.workload.output_tokens).mean

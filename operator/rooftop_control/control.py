@@ -305,18 +305,18 @@ def decide(
         (replicas, why), cause = rollout, Cause.CALIBRATION
         wanted, limited = replicas, rolled
     new_state = ControllerState(
-        limited,
-        cap,
-        cal,
-        history,
-        since,
-        rates,
-        cap_at,
-        trim,
-        obs.ready_replicas,
-        grew_s,
-        trim_at,
-        held,
+        replicas=limited,
+        max_num_seqs=cap,
+        calibration=cal,
+        history=history,
+        healthy_since_s=since,
+        rates=rates,
+        last_cap_change_s=cap_at,
+        trim=trim,
+        ready_seen=obs.ready_replicas,
+        ready_grew_s=grew_s,
+        trim_at_s=trim_at,
+        held_cap=held,
     )
     return Decision(
         replicas=limited,

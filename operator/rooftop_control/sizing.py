@@ -84,7 +84,14 @@ class PlanTargetPlanner:
         gpu = self.catalog.gpu(plan.gpu)
         eff = load_efficiency().lookup(gpu, "vllm")
         model = resolve_model(spec, self.catalog)
-        self.deployment = EngineShape(model, gpu, plan.tp, plan.weight_dtype, plan.kv_dtype, eff)
+        self.deployment = EngineShape(
+            model=model,
+            gpu=gpu,
+            tp=plan.tp,
+            weight_dtype=plan.weight_dtype,
+            kv_dtype=plan.kv_dtype,
+            efficiency=eff,
+        )
         self._cache: OrderedDict[tuple[float, float], tuple[Sizing, ...]] = OrderedDict()
         # Plan once now, so a spec the planner rejects (say, an edit that added a price
         # for an unknown GPU) raises here, where the caller expects it, not mid-decision.
@@ -138,12 +145,12 @@ def _sizing(plan: Plan) -> Sizing:
     """A candidate plan as the controller sizes with it (price and capacity per replica)."""
     per_replica = 1.0 / plan.replicas
     return Sizing(
-        plan.replicas,
-        plan.max_num_seqs,
-        plan.usd_per_hour * per_replica,
-        plan.tpot_ms,
-        True,
-        plan.capacity_rps * per_replica,
+        replicas=plan.replicas,
+        max_num_seqs=plan.max_num_seqs,
+        usd_per_replica_hour=plan.usd_per_hour * per_replica,
+        tpot_ms=plan.tpot_ms,
+        feasible=True,
+        capacity_rps=plan.capacity_rps * per_replica,
     )
 
 

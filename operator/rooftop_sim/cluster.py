@@ -294,17 +294,17 @@ class Cluster:
         )
         r = self.cfg.replica
         return SimResult(
-            policy.name,
-            self.w,
-            self.first,
-            self.fin,
-            self.tpot,
-            self.rejected,
-            pod_s,
-            r.usd_per_replica_hour,
-            r.tp,
-            timeline,
-            time.perf_counter() - started,
+            policy=policy.name,
+            workload=self.w,
+            first_token_s=self.first,
+            finished_s=self.fin,
+            tpot_s=self.tpot,
+            rejected=self.rejected,
+            pod_seconds=pod_s,
+            usd_per_pod_hour=r.usd_per_replica_hour,
+            gpus_per_pod=r.tp,
+            timeline=timeline,
+            wall_s=time.perf_counter() - started,
             rejected_by_reason=dict(self.rejections),
         )
 
@@ -423,16 +423,16 @@ class Cluster:
         self.reconcile(now)
         alive = sum(p.state in (_PENDING, _SERVING) for p in self.pods)
         return Tick(
-            now,
-            (hi - lo) / span,
-            obs.tpot_ms.value,
-            obs.ttft_ms.value,
-            self.desired,
-            alive,
-            gauges.ready,
-            self.cap,
-            gauges.running,
-            gauges.waiting,
+            t_s=now,
+            rate=(hi - lo) / span,
+            tpot_ms=obs.tpot_ms.value,
+            ttft_ms=obs.ttft_ms.value,
+            replicas=self.desired,
+            alive=alive,
+            ready=gauges.ready,
+            cap=self.cap,
+            running=gauges.running,
+            waiting=gauges.waiting,
         )
 
     def _gauges(self) -> Gauges:
@@ -440,11 +440,25 @@ class Cluster:
         pending = sum(p.state == _PENDING for p in self.pods)
         outdated = sum(p.state in (_PENDING, _SERVING) and p.cap != self.cap for p in self.pods)
         if not ready:
-            return Gauges(0.0, 0.0, 0.0, 0, pending, outdated)
+            return Gauges(
+                running=0.0,
+                waiting=0.0,
+                kv_usage_ratio=0.0,
+                ready=0,
+                pending=pending,
+                outdated=outdated,
+            )
         kv = sum(e.kv_usage for e in ready) / len(ready)
         running = float(sum(e.num_running for e in ready))
         waiting = float(sum(e.num_waiting for e in ready))
-        return Gauges(running, waiting, kv, len(ready), pending, outdated)
+        return Gauges(
+            running=running,
+            waiting=waiting,
+            kv_usage_ratio=kv,
+            ready=len(ready),
+            pending=pending,
+            outdated=outdated,
+        )
 
 
 def _load(pod: Pod) -> int:

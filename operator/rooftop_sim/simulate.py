@@ -167,14 +167,14 @@ def scenario(spec: ServingTargetSpec, workload: RequestStream, **sim_kw: Any) ->
         raise InputError("no plan meets the SLO within the budget:\n" + result.explain())
     plan = result.plan
     replica = Replica(
-        spec.model,
-        plan.gpu,
-        plan.tp,
-        plan.weight_dtype,
-        plan.kv_dtype,
-        plan.usd_per_replica_hour,
-        plan.gpu_memory_utilization,
-        plan.max_model_len,
+        model=spec.model,
+        gpu=plan.gpu,
+        tp=plan.tp,
+        weight_dtype=plan.weight_dtype,
+        kv_dtype=plan.kv_dtype,
+        usd_per_replica_hour=plan.usd_per_replica_hour,
+        gpu_memory_utilization=plan.gpu_memory_utilization,
+        max_model_len=plan.max_model_len,
     )
     sim = ClusterConfig(
         replica,
@@ -184,7 +184,14 @@ def scenario(spec: ServingTargetSpec, workload: RequestStream, **sim_kw: Any) ->
         **sim_kw,
     )
     slo = Slo(spec.slo.tpot_ms, spec.slo.ttft_ms)
-    scn = SimScenario(spec, plan, sizing.PlanTargetPlanner(spec, plan), workload, sim, slo)
+    scn = SimScenario(
+        spec=spec,
+        plan=plan,
+        planner=sizing.PlanTargetPlanner(spec, plan),
+        workload=workload,
+        sim=sim,
+        slo=slo,
+    )
     # the budget and maxReplicas bound the pods every policy may run (billed pods:
     # starting and draining ones included)
     return replace(scn, sim=replace(sim, max_pods=scn.limits()[1]))

@@ -420,17 +420,17 @@ def fit_engine_curves(
     allreduce = fit_allreduce(read_table(folder / "custom_allreduce_perf.csv.gz"))
     version = _version(ops, table_gpu, engine)
     return KernelCurves(
-        table_gpu,
-        engine,
-        version,
-        gemm,
-        decode,
-        prefill,
-        allreduce,
-        moe,
-        gpu.interconnect_bytes_per_s,
-        bw,
-        dict(gpu.dense_flops_per_s),
+        table_gpu=table_gpu,
+        engine=engine,
+        engine_version=version,
+        gemm=gemm,
+        decode_attention=decode,
+        prefill_attention=prefill,
+        allreduce=allreduce,
+        moe=moe,
+        interconnect_bytes_per_s=gpu.interconnect_bytes_per_s,
+        hbm_bytes_per_s=bw,
+        flops_per_s=dict(gpu.dense_flops_per_s),
     )
 
 

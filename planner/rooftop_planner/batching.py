@@ -112,7 +112,15 @@ def predict_static(dep: EngineShape, batch: int, isl: int, osl: int) -> Predicti
             f"batch {batch} exceeds the {fitting} sequences whose KV fits on {dep.tp}x {dep.gpu.id}"
         )
     )
-    return Prediction(tpot, ttft, batch * osl / total, float(batch), not reason, reason, step)
+    return Prediction(
+        tpot_s=tpot,
+        ttft_s=ttft,
+        output_tok_s=batch * osl / total,
+        batch=float(batch),
+        fits=not reason,
+        reason=reason,
+        step=step,
+    )
 
 
 @dataclass(frozen=True)

@@ -89,11 +89,11 @@ def choose(spec: ServingTargetSpec, plans: list[Plan], rejections: list[Rejectio
 
 def _over_budget(plan: Plan, budget: float) -> Rejection:
     return Rejection(
-        plan.gpu,
-        plan.tp,
-        plan.weight_dtype,
-        plan.kv_dtype,
-        "over budget",
-        f"max-num-seqs {plan.max_num_seqs} needs {plan.replicas} replica(s): "
+        gpu=plan.gpu,
+        tp=plan.tp,
+        weight_dtype=plan.weight_dtype,
+        kv_dtype=plan.kv_dtype,
+        category="over budget",
+        detail=f"max-num-seqs {plan.max_num_seqs} needs {plan.replicas} replica(s): "
         f"${plan.usd_per_hour:.2f}/h > ${budget:g}/h",
     )

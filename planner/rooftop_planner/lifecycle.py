@@ -156,15 +156,15 @@ def lifecycle(
     grace = PRESTOP_S + drain + drain + GRACE_MARGIN_S  # the longest preStop, then the drain
     if spec.mode is Mode.SIMULATED:
         return Lifecycle(
-            0.0,
-            False,
-            SIMULATED_STARTUP_S,
-            MIN_PROGRESS_DEADLINE_S,
-            request_s,
-            drain,
-            PRESTOP_S,
-            grace,
-            SCRATCH_BYTES,
+            checkpoint_bytes=0.0,
+            downloads=False,
+            startup_s=SIMULATED_STARTUP_S,
+            progress_deadline_s=MIN_PROGRESS_DEADLINE_S,
+            request_p99_s=request_s,
+            shutdown_timeout_s=drain,
+            prestop_s=PRESTOP_S,
+            grace_s=grace,
+            ephemeral_bytes=SCRATCH_BYTES,
         )
     size = checkpoint_bytes(model, plan.weight_dtype, weights)
     download = downloads(spec)

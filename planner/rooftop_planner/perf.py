@@ -229,12 +229,12 @@ def step_breakdown(
     gemm, attention, allreduce = model.parts(decode_seqs, context, prefill_tokens, prefill_attended)
     scale = model.scale
     return StepBreakdown(
-        gemm * scale,
-        attention * scale,
-        allreduce * scale,
-        model.overhead_s * scale,
-        floor_s(dep, decode_seqs + prefill_tokens, context_tokens),
-        model.elementwise_s_per_token * (decode_seqs + prefill_tokens) * scale,
+        gemm_s=gemm * scale,
+        attention_s=attention * scale,
+        allreduce_s=allreduce * scale,
+        overhead_s=model.overhead_s * scale,
+        floor_s=floor_s(dep, decode_seqs + prefill_tokens, context_tokens),
+        elementwise_s=model.elementwise_s_per_token * (decode_seqs + prefill_tokens) * scale,
     )
 
 

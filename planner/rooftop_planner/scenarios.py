@@ -231,4 +231,6 @@ def scenario_from_row(
         )
     isl, osl = _int(row, "isl"), _int(row, "osl")
     assert isl is not None and osl is not None
-    return Scenario(dep, engine, isl, osl, concurrency, batch)
+    return Scenario(
+        deployment=dep, engine=engine, isl=isl, osl=osl, concurrency=concurrency, batch=batch
+    )

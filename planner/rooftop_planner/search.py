@@ -369,7 +369,9 @@ def _prepare(ctx: _Context, gpu: GpuSpec, wd: str, kv: str, tp: int) -> _Pending
     """The candidate's shape and the batches its curve spans, or why it cannot run."""
 
     def reject(category: str, detail: str) -> Rejection:
-        return Rejection(gpu.id, tp, wd, kv, category, detail)
+        return Rejection(
+            gpu=gpu.id, tp=tp, weight_dtype=wd, kv_dtype=kv, category=category, detail=detail
+        )
 
     if ctx.inventory is not None and (missing := ctx.inventory.problem(gpu, tp)):
         return reject("not in cluster", missing)
@@ -382,7 +384,7 @@ def _prepare(ctx: _Context, gpu: GpuSpec, wd: str, kv: str, tp: int) -> _Pending
     if problem:
         return reject("invalid", problem)
     eff = ctx.efficiency.lookup(gpu, "vllm").scaled(ctx.step_time_scale)
-    dep = EngineShape(ctx.model, gpu, tp, wd, kv, eff)
+    dep = EngineShape(model=ctx.model, gpu=gpu, tp=tp, weight_dtype=wd, kv_dtype=kv, efficiency=eff)
     kv_tokens = perf.kv_capacity_tokens(dep)
     context = _context_length(ctx, kv_tokens)
     if isinstance(context, str):
@@ -411,7 +413,14 @@ def _judge(
 
     def reject(category: str, detail: str) -> None:
         rejections.append(
-            Rejection(dep.gpu.id, dep.tp, dep.weight_dtype, dep.kv_dtype, category, detail)
+            Rejection(
+                gpu=dep.gpu.id,
+                tp=dep.tp,
+                weight_dtype=dep.weight_dtype,
+                kv_dtype=dep.kv_dtype,
+                category=category,
+                detail=detail,
+            )
         )
 
     best_batch = curve.largest_batch_meeting(t)
@@ -527,14 +536,14 @@ def _context(
         outputs=tuple(float(v) for v in tail.output_points(workload.output.quantile)),
     )
     return _Context(
-        spec,
-        model,
-        workload,
-        targets,
-        efficiency,
-        step_time_scale,
-        _prices(spec, catalog),
-        _need_tokens(model, workload),
+        spec=spec,
+        model=model,
+        workload=workload,
+        targets=targets,
+        efficiency=efficiency,
+        step_time_scale=step_time_scale,
+        prices=_prices(spec, catalog),
+        need_tokens=_need_tokens(model, workload),
     )
 
 
