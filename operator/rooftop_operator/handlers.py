@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import kopf
@@ -92,24 +91,14 @@ async def engine_deployments(
     return {(str(namespace), str(name)): index_entry(body)}
 
 
-# Threads for the engine Deployments' events, apart from kopf's pool: a burst of new
-# targets brings several Deployment events per target (the controller's rollout
-# updates), and in one shared pool they queued the reconciles of targets not yet
-# deployed behind the readiness of those that were.
-DEPLOYMENT_EVENT_THREADS = 4
-
-
-DEPLOYMENT_EVENTS = ThreadPoolExecutor(DEPLOYMENT_EVENT_THREADS, "deployment-events")
-
-
 async def engine_deployment_event(
     body: kopf.Body, event: kopf.RawEvent, memo: kopf.Memo, **_: Any
 ) -> None:
     """Mirror readiness, or repair a deleted Deployment (``deployment_event``), in the
-    Deployment events' own threads."""
+    Deployment events' own threads (``Runtime.deployment_events``)."""
     loop = asyncio.get_running_loop()
-    kind = str(event.get("type"))
-    await loop.run_in_executor(DEPLOYMENT_EVENTS, deployment_event, runtime(memo), body, kind)
+    rt, kind = runtime(memo), str(event.get("type"))
+    await loop.run_in_executor(rt.deployment_events, deployment_event, rt, body, kind)
 
 
 async def target_event(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -24,6 +25,8 @@ from rooftop_operator.settings import OperatorConfig
 from rooftop_planner.catalog import Catalog, load_catalog
 from rooftop_planner.result import SearchResult
 from rooftop_planner.search import plan_target
+
+DEPLOYMENT_EVENT_THREADS = 4  # see Runtime.deployment_events
 
 Obj = dict[str, Any]
 
@@ -99,6 +102,13 @@ class Runtime:
     # What the feedback loop keeps between ticks, and the targets deleted lately.
     loop: LoopMemory = field(default_factory=LoopMemory)
     deleted: RecentlyDeleted = field(default_factory=RecentlyDeleted)
+    # Threads for the engine Deployments' events, apart from kopf's pool: a burst of new
+    # targets brings several Deployment events per target (the controller's rollout
+    # updates), and in one shared pool they queued the reconciles of targets not yet
+    # deployed behind the readiness of those that were. Threads start on first use.
+    deployment_events: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(DEPLOYMENT_EVENT_THREADS, "deployment-events")
+    )
 
     def alive(self, uid: str | None) -> bool:
         """Whether the target with ``uid`` has not been deleted (``RecentlyDeleted``)."""

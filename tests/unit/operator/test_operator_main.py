@@ -19,7 +19,7 @@ from rooftop_cli.main import build_parser
 from rooftop_operator import __main__ as main_mod
 from rooftop_operator import handlers, wiring
 from rooftop_operator.metrics import OperatorMetrics
-from rooftop_operator.runtime import RecentlyDeleted, Runtime
+from rooftop_operator.runtime import DEPLOYMENT_EVENT_THREADS, RecentlyDeleted, Runtime
 from rooftop_operator.settings import (
     VLLM_IMAGE,
     LoopSettings,
@@ -130,7 +130,7 @@ def test_kopf_settings() -> None:
     from rooftop_operator.settings import RECONCILE_THREADS
 
     assert settings.execution.max_workers == RECONCILE_THREADS
-    threads = RECONCILE_THREADS + handlers.DEPLOYMENT_EVENT_THREADS + loop.TICK_WORKERS
+    threads = RECONCILE_THREADS + DEPLOYMENT_EVENT_THREADS + loop.TICK_WORKERS
     assert threads <= kube.CONNECTIONS
     configure(settings, OperatorConfig(clusterwide=True, peering="rooftop"))
     assert settings.peering.standalone is False and settings.scanning.disabled is False
