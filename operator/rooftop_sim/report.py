@@ -10,7 +10,6 @@ both. The token share weights each request by its output tokens.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -261,8 +260,3 @@ def figure(results: list[SimResult], slo: Slo) -> Figure:
     reps.legend(fontsize=8)
     fig.tight_layout()
     return fig
-
-
-def finite_or_none(value: float) -> float | None:
-    """JSON has no NaN: None instead."""
-    return None if not math.isfinite(value) else value

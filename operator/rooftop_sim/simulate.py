@@ -544,10 +544,4 @@ def show(summaries: list[dict[str, Any]], fmt: str) -> None:
         print_table([name for name, _ in columns], rows)
 
 
-def with_rate(spec: ServingTargetSpec, requests_per_second: float) -> ServingTargetSpec:
-    """``spec`` with its workload rate replaced (req/s)."""
-    workload = spec.workload.model_copy(update={"requests_per_second": requests_per_second})
-    return spec.model_copy(update={"workload": workload})
-
-
 __all__ = ["POLICIES", "InputError", "SimScenario", "main", "register", "run"]

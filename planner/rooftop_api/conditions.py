@@ -48,11 +48,6 @@ def find(conditions: Sequence[ConditionStatus] | None, type_: str) -> ConditionS
     return next((c for c in conditions or () if c.type == type_), None)
 
 
-def is_true(conditions: Sequence[ConditionStatus] | None, type_: str) -> bool:
-    cond = find(conditions, type_)
-    return cond is not None and cond.status == "True"
-
-
 def _entry(
     new: Condition, old: ConditionStatus | None, now: str, generation: int | None
 ) -> ConditionStatus:

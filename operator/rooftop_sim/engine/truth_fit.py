@@ -272,11 +272,6 @@ def cut(full: Doc) -> Doc:
     return out
 
 
-def build_document(ops: Path) -> Doc:
-    """The packaged artefact's content, regenerated from ``ops``."""
-    return cut(read_ops(ops))
-
-
 def encode(doc: Doc) -> bytes:
     """Deterministic bytes: compact sorted JSON, gzip level 9 without name or timestamp."""
     text = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()

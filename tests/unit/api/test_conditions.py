@@ -39,7 +39,8 @@ def test_other_types_are_kept_and_order_is_stable() -> None:
     merged = cnd.merge(current, [Condition("Planned", "True", "Planned")], now=T0, generation=4)
     assert [c.type for c in merged] == ["Planned", "SLOMet", "Custom"]
     assert merged[0].observed_generation == 4 and merged[2] is current[0]
-    assert cnd.is_true(merged, "SLOMet") and not cnd.is_true(merged, "Ready")
+    slo_met = cnd.find(merged, "SLOMet")
+    assert slo_met is not None and slo_met.status == "True" and cnd.find(merged, "Ready") is None
 
 
 def test_merge_is_idempotent() -> None:
