@@ -68,7 +68,7 @@ def test_no_namespace_is_a_usage_error() -> None:
     assert main_mod.run(parse()) == 2
 
 
-def test_env_defaults() -> None:
+def test_the_settings_given_in_the_environment_are_read_by_field() -> None:
     env = {"ROOFTOP_FAULT_PAUSE_AFTER_APPLY_S": "2.5", "ROOFTOP_VLLM_IMAGE": "v"}
     assert read_settings(env) == {"fault_pause_after_apply_s": 2.5, "vllm_image": "v"}
 
