@@ -37,7 +37,7 @@ from rooftop_planner.errors import PlannerError
 from rooftop_planner.inventory import gpu_toleration
 from rooftop_planner.lifecycle import Lifecycle
 from rooftop_planner.perf import DEFAULT_MAX_NUM_BATCHED_TOKENS
-from rooftop_planner.plan import Plan
+from rooftop_planner.plan import VLLM_FLAGS, Plan
 from rooftop_planner.weights import ONLINE_FP8, VLLM_DTYPE, Weights, vllm_kv_cache_dtype
 
 ENGINE_PORT: Final = 8000
@@ -229,10 +229,9 @@ def vllm_args(inp: EngineInputs) -> list[str]:
         raise UnsupportedPlan(str(err)) from err
     weights = vllm_weights(inp)
     args = [weights.model, "--served-model-name", *served_names(inp)]
-    args += ["--tensor-parallel-size", str(plan.tp), "--max-num-seqs", str(plan.max_num_seqs)]
-    if plan.max_model_len:
-        args += ["--max-model-len", str(plan.max_model_len)]
-    args += ["--gpu-memory-utilization", f"{plan.gpu_memory_utilization:g}"]
+    for name, flag in VLLM_FLAGS.items():  # the plan fields vLLM takes as they are
+        if value := getattr(plan, name):
+            args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
     # The plan times prompts in chunks of this many tokens per step. vLLM's own default
     # depends on the GPU (2,048 on A100s and on cards under 70 GiB, 16,384 from 160 GiB),
     # so the engine is told the planner's.

@@ -44,6 +44,19 @@ SHAPE_FIELDS: Final = (
     "checkpoint",
 )
 SCALE_FIELDS: Final = ("replicas", "max_num_seqs")
+# The plan fields vLLM takes as they are, and the ``vllm serve`` flag of each (a field that
+# is 0 is left to vLLM). The other engine fields are translated where the engine is built
+# (``rooftop_operator.builders``: the GPU a node selector, the dtypes and the checkpoint
+# ``--dtype``, ``--quantization``, ``--kv-cache-dtype`` and the model), and
+# ``ENGINE_FIELDS_TRANSLATED`` says so; tests/unit/planner/test_plan_status.py holds every
+# shape and scale field to one of the two.
+VLLM_FLAGS: Final = {
+    "tp": "--tensor-parallel-size",
+    "max_num_seqs": "--max-num-seqs",
+    "max_model_len": "--max-model-len",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+}
+ENGINE_FIELDS_TRANSLATED: Final = ("gpu", "weight_dtype", "kv_dtype", "checkpoint", "replicas")
 OUTCOME_FIELDS: Final = (
     "tpot_ms",
     "ttft_ms",

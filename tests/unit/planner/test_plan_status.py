@@ -8,10 +8,12 @@ import dataclasses
 import json
 
 from rooftop_planner.plan import (
+    ENGINE_FIELDS_TRANSLATED,
     NOT_IN_STATUS,
     OUTCOME_FIELDS,
     SCALE_FIELDS,
     SHAPE_FIELDS,
+    VLLM_FLAGS,
     Plan,
 )
 
@@ -69,3 +71,11 @@ def test_a_new_checkpoint_is_a_new_shape_and_a_rescale_is_not() -> None:
     assert PLAN.rescaled(5, 64).shape == PLAN.shape
     other = dataclasses.replace(PLAN, checkpoint="meta-llama/Llama-3.1-70B-Instruct")
     assert other.shape != PLAN.shape and other.scale == PLAN.scale
+
+
+def test_every_engine_field_reaches_vllm_as_a_flag_or_by_translation() -> None:
+    """A shape or scale field that is neither a ``vllm serve`` flag nor translated where
+    the engine is built would be planned for and never deployed."""
+    engine = {*SHAPE_FIELDS, *SCALE_FIELDS}
+    assert set(VLLM_FLAGS) | set(ENGINE_FIELDS_TRANSLATED) == engine
+    assert not set(VLLM_FLAGS) & set(ENGINE_FIELDS_TRANSLATED)
