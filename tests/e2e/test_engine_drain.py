@@ -143,7 +143,9 @@ def test_a_sleep_only_prestop_loses_the_next_request_on_a_kept_alive_connection(
 ) -> None:
     """What Rooftop's pods did before the drain middleware: the loss it prevents."""
     process, _ = started
-    client = KeptAliveClient("127.0.0.1", process.port, SERVED, (LONG, NEXT))
+    # slowed like the drain case's stream: a warm engine streamed 2,000 plain tokens
+    # within the preStop's one-second sleep in a clean-clone run
+    client = KeptAliveClient("127.0.0.1", process.port, SERVED, (LONG, NEXT), SLOW)
     client.start()
     assert client.first.first_chunk.wait(60) and client.first.error is None
     time.sleep(MIN_WAIT_S)  # the preStop sleep
