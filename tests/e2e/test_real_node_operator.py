@@ -162,8 +162,19 @@ def test_the_operator_runs_as_the_charts_pod_on_the_real_node(installed: Install
 
 def _served(installed: Installed, name: str, model: str) -> None:
     ip = installed.kubectl("get", "service", name, "-o", "jsonpath={.spec.clusterIP}").stdout
-    client = KeptAliveClient(ip, PORT, model, (32, 16))
-    client.run()
+
+    def attempt() -> KeptAliveClient | None:
+        client = KeptAliveClient(ip, PORT, model, (32, 16))
+        client.run()
+        # a Ready pod can reach kube-proxy's rules a moment later: until then the
+        # ClusterIP has no endpoint and refuses the connection
+        return None if "ConnectionRefused" in (client.first.error or "") else client
+
+    try:
+        client = wait_until(attempt, 30, "kube-proxy to route the Service to the pod")
+    except TimeoutError:
+        pytest.fail(f"the ClusterIP of {name} still refuses connections")
+    assert isinstance(client, KeptAliveClient)
     if not client.served():
         logs = installed.kubectl("logs", "-l", f"rooftop.dev/servingtarget={name}", "--tail=80",
                                  check=False).stdout  # fmt: skip
