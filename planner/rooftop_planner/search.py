@@ -186,6 +186,7 @@ def _operating_points(steps: _Steps, t: _Targets) -> tuple[FloatArray, FloatArra
         flat["extra_sq"],
         np.array(t.outputs),
         t.osl_mean,
+        tail.OUTPUT_WEIGHTS,
     ).reshape(steps.batches.shape)
     return tpot_q, steps.prefill + tpot_q / 2.0, steps.rate
 
