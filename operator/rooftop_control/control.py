@@ -16,7 +16,8 @@ One decision:
      time at the batch those steps ran (the window's decode tokens per engine step;
      running per ready replica when that is not known) and lengths;
    - the latency trim, an integral controller on the share of requests within the
-     TPOT bound: up while under 99.5 %, down while no request missed and the
+     TPOT bound: up while under the aim (the SLO's percentile plus half its allowed
+     misses: 95 % for p90, 99.5 % for p99), down while almost none missed and the
      percentile has room, in steps that grow with the evidence. The factor makes the
      planner's mean right; the trim its tail (prefill bursts, length mix, how fast
      TPOT grows with load), which the SLO is about. A window moves the trim only when
@@ -61,14 +62,16 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
-from rooftop_api.conditions import SLO_MET, WITHIN_BUDGET, Condition
+from rooftop_api.conditions import SLO_MET, WITHIN_BUDGET, WORKLOAD_OBSERVED, Condition
 from rooftop_api.spec import ServingTargetSpec
 from rooftop_control import calibration as cal_mod
 from rooftop_control import defaults
+from rooftop_control import traffic as traffic_mod
 from rooftop_control.calibration import Calibration, CalibrationConfig, TrimConfig
 from rooftop_control.forecast import forecast_rate, rate_trend
 from rooftop_control.readings import MetricState, Observation, Reading
 from rooftop_control.sizing import Planner, Sizing
+from rooftop_control.traffic import Traffic
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,8 @@ class ControllerConfig:
         min_replicas / max_replicas: hard replica limits.
         budget_usd_per_hour: hard spend limit for all replicas, USD/h.
         usd_per_replica_hour: price of one replica, USD/h.
-        default_prompt_tokens / default_output_tokens: mean lengths when not observed.
+        declared: the spec's prompt and output lengths: what the planner sizes with
+            until the traffic's own are measured (``traffic``).
         scale_down_window_s: a lower recommendation must hold this long, s. The
             default is the start-up (120 s) plus one metrics window (60 s): a pod
             removed in a shorter lull is back only after the rise that needs it began.
@@ -102,6 +106,10 @@ class ControllerConfig:
         cap_raise_margin: a larger cap is adopted only if the planner still picks it
             with step times this much slower (0.15 = 15 %): hysteresis, so a factor
             near a boundary does not roll the fleet back and forth.
+        cap_binds_at: a lower batch cap is adopted only once the pods' running batch
+            reaches this share of it (0.5 = half): below, the cap never binds, and the
+            rollout that sets it would restart every pod for nothing. The replicas are
+            sized for the lower cap meanwhile (``_plan``), so the batch stays there.
         calibration: smoothing and bounds of the step-time factor.
         trim: dead band, gains and bounds of the latency trim.
     """
@@ -113,8 +121,7 @@ class ControllerConfig:
     max_replicas: int
     budget_usd_per_hour: float
     usd_per_replica_hour: float
-    default_prompt_tokens: float
-    default_output_tokens: float
+    declared: Traffic
     scale_down_window_s: float = 180.0
     startup_s: float = defaults.STARTUP_S
     metrics_window_s: float = defaults.METRICS_WINDOW_S
@@ -127,6 +134,7 @@ class ControllerConfig:
     kv_usage_limit: float = 0.9
     cap_cooldown_s: float = 900.0
     cap_raise_margin: float = 0.15
+    cap_binds_at: float = 0.5
     calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
     trim: TrimConfig = field(default_factory=TrimConfig)
 
@@ -150,6 +158,12 @@ class ControllerState:
             the scrapes of one window see the same requests).
         held_cap: the batch cap the planner asks for but the controller holds back
             (``sole_pod_would_go``), else None.
+        traffic: the prompt and output lengths the planner sizes with, as measured
+            (None: not yet, the spec's are used; see ``traffic_in_use``).
+        started_s: the first decision's time, s (None: none yet). The trim waits
+            ``trim.settle_windows`` windows from it, as from a pod becoming ready: a
+            controller that has not watched a whole window cannot tell a model error
+            from a fleet that was short before it looked (a target's first traffic).
     """
 
     replicas: int
@@ -164,6 +178,13 @@ class ControllerState:
     ready_grew_s: float | None = None
     trim_at_s: float | None = None
     held_cap: int | None = None
+    traffic: Traffic | None = None
+    started_s: float | None = None
+
+
+def traffic_in_use(state: ControllerState, config: ControllerConfig) -> Traffic:
+    """The lengths the planner sizes with: the measured ones, else the spec's."""
+    return state.traffic if state.traffic is not None else config.declared
 
 
 class Cause(StrEnum):
@@ -228,8 +249,6 @@ def config_from_spec(
     spec: ServingTargetSpec, planner: Planner, usd_per_replica_hour: float, **overrides: Any
 ) -> ControllerConfig:
     """Build a config from a ServingTarget spec; ``overrides`` set the tuning fields."""
-    mean_prompt = spec.workload.prompt_tokens.mean or _hist_mean(spec.workload.prompt_tokens)
-    mean_out = spec.workload.output_tokens.mean or _hist_mean(spec.workload.output_tokens)
     return ControllerConfig(
         planner=planner,
         tpot_slo_ms=spec.slo.tpot_ms,
@@ -238,16 +257,9 @@ def config_from_spec(
         max_replicas=spec.constraints.max_replicas,
         budget_usd_per_hour=spec.budget.usd_per_hour,
         usd_per_replica_hour=usd_per_replica_hour,
-        default_prompt_tokens=mean_prompt,
-        default_output_tokens=mean_out,
-        **overrides,
+        declared=traffic_mod.declared(spec.workload),
+        **{"trim": TrimConfig.for_percentile(spec.slo.tpot_percentile.quantile), **overrides},
     )
-
-
-def _hist_mean(lengths: object) -> float:
-    hist = getattr(lengths, "histogram", None) or []
-    total = sum(b.weight for b in hist)
-    return sum(b.tokens * b.weight for b in hist) / total if total else 1.0
 
 
 # ---------------------------------------------------------------- the decision
@@ -268,7 +280,10 @@ def decide(
     seen = state.ready_seen
     grew_s = now_s if seen is not None and obs.ready_replicas > seen else state.ready_grew_s
     fresh = grew_s is None or now_s - grew_s >= config.metrics_window_s
-    cal = calibrate(state.calibration, obs, config)
+    # Every sizing below plans with the lengths this window leaves (``traffic``).
+    observed = traffic_mod.update(traffic_in_use(state, config), obs)
+    state = replace(state, traffic=observed)
+    cal = calibrate(state, obs, config)
     scale = cal.factor
     rates = _remember_rate(state.rates, obs.requests_per_second, now_s, config.trend_window_s)
     sizing, plan_why = _plan(obs, scale, state, rates, config)
@@ -286,8 +301,9 @@ def decide(
     )
     lower, upper = replica_limits(config)
     limited = clamp_replicas(replicas, lower, upper)
-    # a new cap rolls pods: only in a steady fleet, never on top of a scale-up
-    steady = not bad and limited == state.replicas and obs.pending_replicas == 0
+    # a new cap rolls pods: only in a steady fleet, never on top of a scale-up, nor on a
+    # window that still describes the fleet before its last pod became ready
+    steady = not bad and fresh and limited == state.replicas and obs.pending_replicas == 0
     cap, cap_why, cap_at = _choose_cap(state, obs, sizing, cal, scale, now_s, steady, config)
     rollout = None
     if cap != state.max_num_seqs:
@@ -317,6 +333,8 @@ def decide(
         ready_grew_s=grew_s,
         trim_at_s=trim_at,
         held_cap=held,
+        traffic=state.traffic,
+        started_s=now_s if state.started_s is None else state.started_s,
     )
     return Decision(
         replicas=limited,
@@ -325,6 +343,7 @@ def decide(
         conditions=(
             slo_condition(obs, max(wanted, replicas), upper, config),
             budget_condition(limited, max(wanted, replicas), config),
+            workload_condition(state.traffic, config),
         ),
         state=new_state,
         metrics_state=obs.state(),
@@ -350,7 +369,7 @@ def initial_state(replicas: int, max_num_seqs: int, factor: float = 1.0) -> Cont
     return ControllerState(replicas, max_num_seqs, Calibration(factor=factor))
 
 
-def calibrate(cal: Calibration, obs: Observation, config: ControllerConfig) -> Calibration:
+def calibrate(state: ControllerState, obs: Observation, config: ControllerConfig) -> Calibration:
     """Update the factor from the window's mean step time (OK readings only).
 
     The batch it is priced at is the window's mean decode batch per iteration
@@ -359,6 +378,7 @@ def calibrate(cal: Calibration, obs: Observation, config: ControllerConfig) -> C
     become ready the batch drops at once while the window's steps were still taken at
     the larger one, and the factor would read that as a slower engine.
     """
+    cal = state.calibration
     if not obs.step_ms.ok or obs.ready_replicas <= 0:
         return cal
     if obs.step_batch.ok:
@@ -369,8 +389,9 @@ def calibrate(cal: Calibration, obs: Observation, config: ControllerConfig) -> C
         return cal
     if batch < config.calibration.min_batch:
         return cal
-    isl = obs.prompt_tokens.value if obs.prompt_tokens.ok else config.default_prompt_tokens
-    osl = obs.output_tokens.value if obs.output_tokens.ok else config.default_output_tokens
+    lengths = traffic_in_use(state, config)
+    isl = obs.prompt_tokens.value if obs.prompt_tokens.ok else lengths.prompt.mean
+    osl = obs.output_tokens.value if obs.output_tokens.ok else lengths.output.mean
     predicted = config.planner.step_ms(batch, isl, osl)
     return cal_mod.update(cal, obs.step_ms.value, predicted, config.calibration)
 
@@ -386,9 +407,11 @@ def _retrim(
     """(trim, when it last moved): at most one move per metrics window (the scrapes
     of one window see the same requests), and none until ``trim.settle_windows``
     windows after a pod became ready (a request finishing in the window may have
-    started a window earlier, on the smaller fleet)."""
+    started a window earlier, on the smaller fleet) or after the controller started
+    (``ControllerState.started_s``)."""
     settle_s = config.trim.settle_windows * config.metrics_window_s
-    settled = grew_s is None or now_s - grew_s >= settle_s
+    since = max((t for t in (grew_s, state.started_s) if t is not None), default=None)
+    settled = since is not None and now_s - since >= settle_s
     last = state.trim_at_s
     if not settled or (last is not None and now_s - last < config.metrics_window_s):
         return state.trim, last
@@ -430,9 +453,9 @@ def trim_after_window(
     if new > state.trim:
         if ready >= replica_limits(config)[1]:
             return state.trim
-        needed = config.planner.size(rate, scale, cap)
+        needed = config.planner.size(rate, scale, cap, state.traffic)
         return new if needed.feasible and needed.replicas <= ready else state.trim
-    needed = config.planner.size(rate * (1 + config.trim.tight), scale, cap)
+    needed = config.planner.size(rate * (1 + config.trim.tight), scale, cap, state.traffic)
     return new if needed.feasible and needed.replicas > ready else state.trim
 
 
@@ -527,12 +550,12 @@ def _plan(
         return None, ""
     trim = state.trim
     rate = _planned_rate(state, rates, config)
-    sizing = config.planner.size(rate, scale)
+    sizing = config.planner.size(rate, scale, traffic=state.traffic)
     if not sizing.feasible:
         why = f"no batch size meets the TPOT SLO at step-time scale {scale:.2f}"
         return sizing, why
     cap = state.max_num_seqs
-    running = config.planner.size(rate, scale, cap)
+    running = config.planner.size(rate, scale, cap, state.traffic)
     at = ""
     if running.feasible and running.max_num_seqs == cap != sizing.max_num_seqs:
         sizing = replace(
@@ -579,7 +602,7 @@ def _rollout_replicas(
     of OK metrics: at start the readings cannot yet show a peak they missed.
     """
     rate = _planned_rate(state, rates, config)
-    at_cap = config.planner.size(rate, scale, cap)
+    at_cap = config.planner.size(rate, scale, cap, state.traffic)
     if not at_cap.feasible or at_cap.max_num_seqs != cap:
         return None
     planned = at_cap.replicas
@@ -757,10 +780,14 @@ def _choose_cap(
         return keep
     cur, new = state.max_num_seqs, sizing.max_num_seqs
     if new < cur:
+        if _pods_batch(obs) < config.cap_binds_at * new:
+            return keep  # the lower cap would not bind: a rollout would buy nothing
         why = f"batch cap {cur} misses TPOT at step-time scale {scale:.2f}"
     elif new > cur:
         rate = obs.requests_per_second.value
-        slower = config.planner.size(rate, scale * (1 + config.cap_raise_margin))
+        slower = config.planner.size(
+            rate, scale * (1 + config.cap_raise_margin), traffic=state.traffic
+        )
         if not (slower.feasible and slower.max_num_seqs > cur):
             return keep
         new = slower.max_num_seqs
@@ -768,6 +795,16 @@ def _choose_cap(
     else:
         return keep
     return new, f"max_num_seqs {cur} -> {new}: {why}", now_s
+
+
+def _pods_batch(obs: Observation) -> float:
+    """The running batch of one pod's steps: the window's decode tokens per step, else
+    the running requests per ready pod now (0 when neither is known)."""
+    if obs.step_batch.ok:
+        return obs.step_batch.value
+    if obs.running.ok and obs.ready_replicas > 0:
+        return obs.running.value / obs.ready_replicas
+    return 0.0
 
 
 def _reason(
@@ -843,6 +880,33 @@ def budget_condition(replicas: int, needed: int, config: ControllerConfig) -> Co
         msg += f"; minReplicas {config.min_replicas} is not affordable"
         return Condition(type=WITHIN_BUDGET, status="True", reason="CappedAtBudget", message=msg)
     return Condition(type=WITHIN_BUDGET, status="True", reason="WithinBudget", message=msg)
+
+
+def workload_condition(traffic: Traffic | None, config: ControllerConfig) -> Condition:
+    """WorkloadObserved: whether the loop plans with the served lengths (True) or still
+    with spec.workload (Unknown), and where the served ones differ from the spec's."""
+    if traffic is None or not traffic.observed:
+        why = (
+            f"the planner uses spec.workload until {traffic_mod.MIN_REQUESTS} requests "
+            f"finished within {defaults.SERVED_RANGE}"
+        )
+        return Condition(
+            type=WORKLOAD_OBSERVED, status="Unknown", reason="TooFewRequests", message=why
+        )
+    seen = (
+        f"served over {defaults.SERVED_RANGE}: prompts {traffic.prompt.mean:,.0f} tokens mean, "
+        f"outputs {traffic.output.mean:,.0f}"
+    )
+    differences = traffic_mod.differences(traffic, config.declared)
+    if not differences:
+        message = f"{seen}; within {traffic_mod.DIFFERS_BY:.0%} of spec.workload"
+        return Condition(
+            type=WORKLOAD_OBSERVED, status="True", reason="AsDeclared", message=message
+        )
+    message = f"the loop plans with the served lengths ({seen}); " + "; ".join(differences)
+    return Condition(
+        type=WORKLOAD_OBSERVED, status="True", reason="DiffersFromSpec", message=message
+    )
 
 
 def _budget_binds(config: ControllerConfig) -> bool:

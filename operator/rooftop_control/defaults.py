@@ -23,6 +23,10 @@ TICK_S: Final = 15.0
 # in seconds for the controller's own waits.
 METRICS_WINDOW: Final = "1m"
 METRICS_WINDOW_S: Final = parse_duration_s(METRICS_WINDOW)
+# The range the served request lengths are read over: the lengths a target serves are
+# a property of its users, and one minute's p90 swings with a burst of long prompts.
+SERVED_RANGE: Final = "15m"
+SERVED_RANGE_S: Final = parse_duration_s(SERVED_RANGE)
 # Readings whose newest sample is older than this are stale (never acted on), s.
 STALE_AFTER_S: Final = 60.0
 # A rollout starts at most this fraction of the replicas as extra pods (Deployment

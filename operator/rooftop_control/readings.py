@@ -17,6 +17,8 @@ from typing import Final
 from rooftop_control.signals import (
     ITERATION_TOKENS_HISTOGRAM,
     ITL_HISTOGRAM,
+    OUTPUT_TOKENS_HISTOGRAM,
+    PROMPT_TOKENS_HISTOGRAM,
     REQUEST_TPOT_HISTOGRAM,
     RUNNING_GAUGE,
     SUCCESS_COUNTER,
@@ -29,6 +31,7 @@ from rooftop_control.signals import (
     Quantile,
     Rate,
     Ratio,
+    Served,
     declared,
     query_names,
     signal,
@@ -91,6 +94,13 @@ class Observation:
         tpot_attainment: share 0..1 of the window's requests whose TPOT met the bound
             (a histogram bucket at the bound over the count).
         prompt_tokens / output_tokens: mean lengths of requests in the window, tokens.
+        served_requests: requests finished over ``defaults.SERVED_RANGE`` (15 min),
+            which the ``served_*`` lengths describe.
+        served_prompt_tokens / served_output_tokens: mean lengths over that range,
+            tokens: the workload the loop plans for (``traffic``).
+        served_prompt_tokens_p10 ... _p99, served_output_tokens_p10 ... _p99: their
+            quantiles over it (``traffic.QUANTILES``), tokens, interpolated in vLLM's
+            1-2-5 buckets.
         ready_replicas: pods ready to serve (from the Deployment, always known).
         pending_replicas: pods created but not ready yet.
         outdated_replicas: pods still on the previous pod template, which a rollout
@@ -187,7 +197,7 @@ class Observation:
     prompt_tokens: Reading = signal(
         Reading(),
         query="prompt_tokens",
-        promql=Ratio("vllm:request_prompt_tokens_sum", "vllm:request_prompt_tokens_count"),
+        promql=Ratio(f"{PROMPT_TOKENS_HISTOGRAM}_sum", f"{PROMPT_TOKENS_HISTOGRAM}_count"),
         scale=1.0,
         unit="tokens",
         simulated="mean prompt length of the window's finished requests",
@@ -195,14 +205,122 @@ class Observation:
     output_tokens: Reading = signal(
         Reading(),
         query="output_tokens",
-        promql=Ratio("vllm:request_generation_tokens_sum", "vllm:request_generation_tokens_count"),
+        promql=Ratio(f"{OUTPUT_TOKENS_HISTOGRAM}_sum", f"{OUTPUT_TOKENS_HISTOGRAM}_count"),
         scale=1.0,
         unit="tokens",
         simulated="mean output length of the window's finished requests",
     )
+    served_requests: Reading = signal(
+        Reading(),
+        query="served_requests",
+        promql=Served(PROMPT_TOKENS_HISTOGRAM, "count"),
+        scale=1.0,
+        unit="requests",
+        simulated="requests finished over the served range",
+    )
+    served_prompt_tokens: Reading = signal(
+        Reading(),
+        query="served_prompt_tokens",
+        promql=Served(PROMPT_TOKENS_HISTOGRAM, "mean"),
+        scale=1.0,
+        unit="tokens",
+        simulated="mean prompt length over the served range",
+    )
+    served_prompt_tokens_p10: Reading = signal(
+        Reading(),
+        query="served_prompt_tokens_p10",
+        promql=Served(PROMPT_TOKENS_HISTOGRAM, 0.1),
+        scale=1.0,
+        unit="tokens",
+        simulated="p10 prompt length over the served range",
+    )
+    served_prompt_tokens_p50: Reading = signal(
+        Reading(),
+        query="served_prompt_tokens_p50",
+        promql=Served(PROMPT_TOKENS_HISTOGRAM, 0.5),
+        scale=1.0,
+        unit="tokens",
+        simulated="p50 prompt length over the served range",
+    )
+    served_prompt_tokens_p90: Reading = signal(
+        Reading(),
+        query="served_prompt_tokens_p90",
+        promql=Served(PROMPT_TOKENS_HISTOGRAM, 0.9),
+        scale=1.0,
+        unit="tokens",
+        simulated="p90 prompt length over the served range",
+    )
+    served_prompt_tokens_p99: Reading = signal(
+        Reading(),
+        query="served_prompt_tokens_p99",
+        promql=Served(PROMPT_TOKENS_HISTOGRAM, 0.99),
+        scale=1.0,
+        unit="tokens",
+        simulated="p99 prompt length over the served range",
+    )
+    served_output_tokens: Reading = signal(
+        Reading(),
+        query="served_output_tokens",
+        promql=Served(OUTPUT_TOKENS_HISTOGRAM, "mean"),
+        scale=1.0,
+        unit="tokens",
+        simulated="mean output length over the served range",
+    )
+    served_output_tokens_p10: Reading = signal(
+        Reading(),
+        query="served_output_tokens_p10",
+        promql=Served(OUTPUT_TOKENS_HISTOGRAM, 0.1),
+        scale=1.0,
+        unit="tokens",
+        simulated="p10 output length over the served range",
+    )
+    served_output_tokens_p50: Reading = signal(
+        Reading(),
+        query="served_output_tokens_p50",
+        promql=Served(OUTPUT_TOKENS_HISTOGRAM, 0.5),
+        scale=1.0,
+        unit="tokens",
+        simulated="p50 output length over the served range",
+    )
+    served_output_tokens_p90: Reading = signal(
+        Reading(),
+        query="served_output_tokens_p90",
+        promql=Served(OUTPUT_TOKENS_HISTOGRAM, 0.9),
+        scale=1.0,
+        unit="tokens",
+        simulated="p90 output length over the served range",
+    )
+    served_output_tokens_p99: Reading = signal(
+        Reading(),
+        query="served_output_tokens_p99",
+        promql=Served(OUTPUT_TOKENS_HISTOGRAM, 0.99),
+        scale=1.0,
+        unit="tokens",
+        simulated="p99 output length over the served range",
+    )
     ready_replicas: int = 0
     pending_replicas: int = 0
     outdated_replicas: int = 0
+
+    def served_prompt(self) -> tuple[Reading, ...]:
+        """The served prompt lengths: mean, p10, p50, p90, p99."""
+        return (
+            self.served_prompt_tokens,
+            self.served_prompt_tokens_p10,
+            self.served_prompt_tokens_p50,
+            self.served_prompt_tokens_p90,
+            self.served_prompt_tokens_p99,
+        )
+
+    def served_output(self) -> tuple[Reading, ...]:
+        """The served output lengths: mean, p10, p50, p90, p99."""
+        return (
+            self.served_output_tokens,
+            self.served_output_tokens_p10,
+            self.served_output_tokens_p50,
+            self.served_output_tokens_p90,
+            self.served_output_tokens_p99,
+        )
 
     def gating(self) -> list[tuple[str, Reading]]:
         """The readings that must be OK before scaling down, by name.

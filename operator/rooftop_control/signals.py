@@ -35,6 +35,9 @@ ITERATION_TOKENS_HISTOGRAM: Final = "vllm:iteration_tokens_total"
 RUNNING_GAUGE: Final = "vllm:num_requests_running"
 WAITING_GAUGE: Final = "vllm:num_requests_waiting"
 SUCCESS_COUNTER: Final = "vllm:request_success_total"
+# Per-request prompt and output lengths, tokens, observed when a request finishes.
+PROMPT_TOKENS_HISTOGRAM: Final = "vllm:request_prompt_tokens"
+OUTPUT_TOKENS_HISTOGRAM: Final = "vllm:request_generation_tokens"
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,16 @@ class Quantile:
 
     histogram: str
     percentile_of: Literal["tpot", "ttft"]
+
+
+@dataclass(frozen=True)
+class Served:
+    """What a histogram says over the long ``SERVED_RANGE`` rather than the window:
+    its mean (``of="mean"``), a quantile (0..1) or the count of its observations.
+    For what describes the users (request lengths), not the last minute's load."""
+
+    histogram: str
+    of: Literal["mean", "count"] | float
 
 
 @dataclass(frozen=True)
@@ -85,7 +98,7 @@ class Attainment:
     histogram: str
 
 
-Query = Quantile | Ratio | Gauge | Rate | Arrivals | Attainment
+Query = Quantile | Served | Ratio | Gauge | Rate | Arrivals | Attainment
 
 
 @dataclass(frozen=True)

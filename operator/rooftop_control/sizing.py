@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rooftop_api.spec import KvDtype, ServingTargetSpec, WeightDtype
+from rooftop_control.traffic import Traffic
 from rooftop_planner.batching import predict_continuous
 from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog, load_catalog
 from rooftop_planner.efficiency import load_efficiency
@@ -22,9 +23,15 @@ from rooftop_planner.perf import EngineShape
 from rooftop_planner.plan import Plan
 from rooftop_planner.search import plan_target, resolve_model
 
-# Sizings one target keeps (rate on a 1 % grid x factor to 0.01): enough for hours of
-# a daily swing at one factor, bounded so a long-lived operator's memory stays flat.
+# Sizings one target keeps (rate on a 1 % grid x factor to 0.01 x lengths on a 5 %
+# grid): enough for hours of a daily swing at one factor, bounded so a long-lived
+# operator's memory stays flat.
 SIZING_CACHE_ENTRIES = 512
+# The relative grid observed lengths are planned on: finer than their window-to-window
+# noise would only miss the cache.
+LENGTH_GRID = 0.05
+# A cached sizing's key: rate (req/s, 1 % grid), factor, observed lengths (None: declared)
+_Key = tuple[float, float, Traffic | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,13 +59,19 @@ class Planner(Protocol):
     """The planner, as the controller needs it (``PlanTargetPlanner`` is the real one)."""
 
     def size(
-        self, requests_per_second: float, step_time_scale: float, max_num_seqs: int | None = None
+        self,
+        requests_per_second: float,
+        step_time_scale: float,
+        max_num_seqs: int | None = None,
+        traffic: Traffic | None = None,
     ) -> Sizing:
         """Replicas and batch cap for a rate (req/s) with step times scaled by a factor.
 
         Without ``max_num_seqs``: the cap that gives a replica the most capacity. With
         it: the replicas that cap needs (the cap the pods run), or, where that cap
-        cannot keep TPOT within the SLO at this factor, the best cap's sizing."""
+        cannot keep TPOT within the SLO at this factor, the best cap's sizing.
+        ``traffic``: the lengths to plan with once observed (None or declared: the
+        spec's workload)."""
         ...
 
     def step_ms(self, batch: float, prompt_tokens: float, output_tokens: float) -> float:
@@ -92,17 +105,22 @@ class PlanTargetPlanner:
             kv_dtype=plan.kv_dtype,
             efficiency=eff,
         )
-        self._cache: OrderedDict[tuple[float, float], tuple[Sizing, ...]] = OrderedDict()
+        self._cache: OrderedDict[_Key, tuple[Sizing, ...]] = OrderedDict()
         # Plan once now, so a spec the planner rejects (say, an edit that added a price
         # for an unknown GPU) raises here, where the caller expects it, not mid-decision.
         self.size(spec.workload.requests_per_second, 1.0)
 
     def size(
-        self, requests_per_second: float, step_time_scale: float, max_num_seqs: int | None = None
+        self,
+        requests_per_second: float,
+        step_time_scale: float,
+        max_num_seqs: int | None = None,
+        traffic: Traffic | None = None,
     ) -> Sizing:
         """Replicas and batch cap at a rate (req/s) and factor (see ``Planner.size``);
-        every cap's sizing is cached on a 1 % grid of rates."""
-        key = (quantize_rate(requests_per_second), round(step_time_scale, 2))
+        every cap's sizing is cached on a 1 % grid of rates and a 5 % grid of lengths."""
+        lengths = traffic.rounded(LENGTH_GRID) if traffic and traffic.observed else None
+        key = (quantize_rate(requests_per_second), round(step_time_scale, 2), lengths)
         if key in self._cache:
             self._cache.move_to_end(key)
             options = self._cache[key]
@@ -120,11 +138,16 @@ class PlanTargetPlanner:
         # replica, and the tie-break would make the cap flap with the load.
         return max(options, key=lambda o: (o.capacity_rps or 0.0, -o.max_num_seqs))
 
-    def _options(self, rate: float, factor: float) -> tuple[Sizing, ...]:
-        """One sizing per batch cap that keeps TPOT within the SLO (none: infeasible)."""
+    def _options(self, rate: float, factor: float, traffic: Traffic | None) -> tuple[Sizing, ...]:
+        """One sizing per batch cap that keeps TPOT within the SLO (none: infeasible),
+        with the observed lengths where given, else the spec's."""
+        spec = self.spec
+        if traffic is not None:
+            workload = traffic.workload(spec.workload.requests_per_second)
+            spec = spec.model_copy(update={"workload": workload})
         # The shape is pinned and already runs: its accelerator family had an image.
         res = plan_target(
-            self.spec,
+            spec,
             catalog=self.catalog,
             step_time_scale=factor,
             requests_per_second=rate,

@@ -49,6 +49,7 @@ from rooftop_control import control, signals
 from rooftop_control.calibration import CalibrationConfig, TrimConfig, clamp
 from rooftop_control.readings import SIGNALS, MetricState, Observation, Reading
 from rooftop_control.sizing import PlanTargetPlanner
+from rooftop_control.traffic import Lengths, Traffic
 from rooftop_operator import children, metrics_client, readiness, reconcile
 from rooftop_operator.builders import UnsupportedPlan, deployment_name
 from rooftop_operator.kube import KubeError
@@ -144,6 +145,7 @@ def observed_status(d: control.Decision, obs: Observation, now: str) -> Observed
     return ObservedStatus.model_validate(
         {
             **shown,
+            "workload": served_workload(d.state.traffic),
             "calibrationFactor": round(d.calibration_factor, 4),
             "calibrationSamples": d.state.calibration.samples,
             "latencyTrim": round(d.state.trim, 4),
@@ -151,6 +153,20 @@ def observed_status(d: control.Decision, obs: Observation, now: str) -> Observed
             "time": now,
         }
     )
+
+
+def served_workload(traffic: Traffic | None) -> dict[str, Any] | None:
+    """``status.observed.workload``: the served lengths the loop plans with, in whole
+    tokens, None before any (``observed_changed`` weighs each figure against its noise)."""
+    if traffic is None or not traffic.observed:
+        return None
+
+    def lengths(of: Lengths) -> dict[str, float]:
+        _, p50, p90, p99 = of.quantiles
+        figures = {"mean": of.mean, "p50": p50, "p90": p90, "p99": p99}
+        return {k: float(round(v)) for k, v in figures.items()}
+
+    return {"promptTokens": lengths(traffic.prompt), "outputTokens": lengths(traffic.output)}
 
 
 # How far an observed figure must move before status is written again: window-to-window
@@ -179,7 +195,10 @@ def _figures_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     keys = (set(old) | set(new)) - set(OBSERVED_BOOKKEEPING)
     for key in keys:
         before, after = old.get(key), new.get(key)
-        if isinstance(before, int | float) and isinstance(after, int | float):
+        if isinstance(before, Mapping) and isinstance(after, Mapping):
+            if _figures_changed(before, after):  # e.g. workload.promptTokens.p90
+                return True
+        elif isinstance(before, int | float) and isinstance(after, int | float):
             noise = max(OBSERVED_NOISE_RATIO * abs(before), OBSERVED_NOISE_FLOOR.get(key, 0.0))
             if abs(after - before) > noise:
                 return True

@@ -141,14 +141,27 @@ class _Promql:
     def agg(self, fn: str, expr: str) -> str:
         return f"{fn} by ({', '.join(GROUP_LABELS)}) ({expr})"
 
-    def rate(self, counter: str) -> str:
-        return self.agg("sum", f"rate({counter}{self.series}[{self.window}])")
+    def rate(self, counter: str, over: str | None = None) -> str:
+        return self.agg("sum", f"rate({counter}{self.series}[{over or self.window}])")
+
+    def served(self, histogram: str, of: str | float) -> str:
+        """A histogram over ``defaults.SERVED_RANGE``: its mean, count or a quantile."""
+        over = defaults.SERVED_RANGE
+        if of == "count":
+            return self.agg("sum", f"increase({histogram}_count{self.series}[{over}])")
+        if of == "mean":
+            return (
+                f"{self.rate(f'{histogram}_sum', over)} / {self.rate(f'{histogram}_count', over)}"
+            )
+        return self.quantile(histogram, float(of), over)
 
     def render(self, query: signals.Query) -> str | None:
         """The expression; None for an attainment with no bucket at the bound."""
         match query:
             case signals.Quantile(histogram, percentile_of):
                 return self.quantile(histogram, self.quantiles[percentile_of])
+            case signals.Served(histogram, of):
+                return self.served(histogram, of)
             case signals.Ratio(numerator, denominator):
                 return f"{self.rate(numerator)} / {self.rate(denominator)}"
             case signals.Gauge(series, aggregate):
@@ -165,13 +178,13 @@ class _Promql:
                 return self.attainment(histogram)
         raise TypeError(f"no PromQL for {query!r}")
 
-    def quantile(self, histogram: str, q: float) -> str:
+    def quantile(self, histogram: str, q: float, over: str | None = None) -> str:
         if not 0 < q < 1:
             raise ValueError(f"quantile must be in (0, 1), got {q}")
         labels = ", ".join(("le", *GROUP_LABELS))
         return (
             f"histogram_quantile({q}, sum by ({labels}) "
-            f"(rate({histogram}_bucket{self.series}[{self.window}])))"
+            f"(rate({histogram}_bucket{self.series}[{over or self.window}])))"
         )
 
     def attainment(self, histogram: str) -> str | None:

@@ -404,7 +404,7 @@ class Cluster:
             self.first[j] = req.first_token_s
             self.window.ttft.append((req.first_token_s, req.first_token_s - req.arrival_s))
         assert req.finished_s is not None
-        self.window.finished.append((req.finished_s, self.tpot[j], req.prompt_tokens, req.out))
+        self.window.add_finished(req.finished_s, self.tpot[j], req.prompt_tokens, req.out)
 
     def _ready(self, pod: Pod, now: float) -> None:
         if pod.state == _PENDING:

@@ -102,6 +102,14 @@ class SimScenario:
     def usd_per_replica_hour(self) -> float:
         return self.plan.usd_per_replica_hour
 
+    def oracle_config(self) -> OracleConfig:
+        """The hindsight baselines' shares: the SLO's own percentiles, what the target
+        asks for (the cheapest schedule that keeps exactly that is the cost bound)."""
+        slo = self.spec.slo
+        return OracleConfig(
+            tpot_share=slo.tpot_percentile.quantile, ttft_share=slo.ttft_percentile.quantile
+        )
+
     def limits(self) -> tuple[int, int]:
         """(min, max) replicas allowed by the target's constraints and budget."""
         cfg = control.config_from_spec(self.spec, self.planner, self.usd_per_replica_hour)
@@ -258,8 +266,9 @@ def make_policy(
         n = control.clamp_replicas(size.replicas, lower, upper)
         if name == "static-peak":
             return FixedPolicy(n, size.max_num_seqs), [f"sized for peak {peak:.2f} req/s: {n}"]
+        shares = oracle or scn.oracle_config()
         fixed, met = static_fit(
-            scn.workload, scn.sim, scn.slo, size.max_num_seqs, n, lower, upper, oracle
+            scn.workload, scn.sim, scn.slo, size.max_num_seqs, n, lower, upper, shares
         )
         how = "fewest" if met else "none within the limits meet the SLO; the most"
         return fixed, [f"{how} fixed replicas meeting the SLO on this trace: {fixed.replicas}"]
@@ -267,7 +276,7 @@ def make_policy(
         return QueueThresholdPolicy(start, first.max_num_seqs, lower, upper), []
     if name in ORACLES:
         startup = scn.sim.startup_s if name == "oracle" else 0.0
-        policy, notes = _oracle(scn, lower, upper, oracle or OracleConfig(), startup)
+        policy, notes = _oracle(scn, lower, upper, oracle or scn.oracle_config(), startup)
         return replace(policy, name=name), notes
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rooftop_control.defaults import SERVED_RANGE_S
 from rooftop_control.readings import MetricState, Observation, Reading
 
 
@@ -49,12 +50,20 @@ class MetricsWindow:
         self.ttft_q = ttft_quantile
         # (time s, value) in roughly increasing time; trimmed at each scrape
         self.finished: deque[tuple[float, float, int, int]] = deque()  # t, tpot s, isl, osl
+        # (t, isl, osl) of requests finished over the longer served range
+        self.served: deque[tuple[float, int, int]] = deque()
         self.ttft: deque[tuple[float, float]] = deque()
         # t, itl sum s, decode tokens, iterations
         self.intervals: deque[tuple[float, float, int, int]] = deque()
         self.itl_sum = 0.0
         self.itl_tokens = 0
         self.iterations = 0
+
+    def add_finished(self, t_s: float, tpot_s: float, prompt: int, output: int) -> None:
+        """A request finished at ``t_s`` with this TPOT (s; NaN for one output token)
+        and these prompt and output lengths (tokens)."""
+        self.finished.append((t_s, tpot_s, prompt, output))
+        self.served.append((t_s, prompt, output))
 
     def add_step(self, duration_s: float, decode_tokens: int) -> None:
         """One engine iteration (vLLM's ``iteration_tokens_total`` count, prefill-only
@@ -80,6 +89,8 @@ class MetricsWindow:
         for q in (self.finished, self.ttft, self.intervals):
             while q and q[0][0] <= start:
                 q.popleft()
+        while self.served and self.served[0][0] <= now_s - SERVED_RANGE_S:
+            self.served.popleft()
         if outage:
             return Observation(
                 ready_replicas=gauges.ready,
@@ -107,10 +118,22 @@ class MetricsWindow:
             tpot_attainment=_share([t <= self.tpot_slo_s for t in tpots]),
             prompt_tokens=_mean([f[2] for f in fin]),
             output_tokens=_mean([f[3] for f in fin]),
+            **self._served(now_s),
             ready_replicas=gauges.ready,
             pending_replicas=gauges.pending,
             outdated_replicas=gauges.outdated,
         )
+
+    def _served(self, now_s: float) -> dict[str, Reading]:
+        """The ``served_*`` readings: lengths over the served range."""
+        prompts = [isl for t, isl, _ in self.served if t <= now_s]
+        outputs = [osl for t, _, osl in self.served if t <= now_s]
+        readings = {"served_requests": _ok(len(prompts))}
+        for name, values in (("prompt", prompts), ("output", outputs)):
+            readings[f"served_{name}_tokens"] = _mean(values)
+            for q in (10, 50, 90, 99):
+                readings[f"served_{name}_tokens_p{q}"] = _quantile(values, q / 100)
+        return readings
 
 
 def _ok(value: float) -> Reading:
@@ -122,6 +145,12 @@ def _quantile_ms(samples: list[float], q: float) -> Reading:
     if not samples:
         return Reading(math.nan, MetricState.NAN)
     return _ok(1e3 * float(np.quantile(samples, q)))
+
+
+def _quantile(values: list[int], q: float) -> Reading:
+    if not values:
+        return Reading(math.nan, MetricState.NAN)
+    return _ok(float(np.quantile(values, q)))
 
 
 def _share(flags: list[bool]) -> Reading:

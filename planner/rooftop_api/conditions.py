@@ -22,8 +22,18 @@ READY: Final = "Ready"
 SLO_MET: Final = "SLOMet"
 WITHIN_BUDGET: Final = "WithinBudget"
 MODEL_CACHED: Final = "ModelCached"
+WORKLOAD_OBSERVED: Final = "WorkloadObserved"
 # Display order in `kubectl describe`; unknown types (from other writers) go last.
-ORDER: Final = (PLANNED, FEASIBLE, DEPLOYED, READY, SLO_MET, WITHIN_BUDGET, MODEL_CACHED)
+ORDER: Final = (
+    PLANNED,
+    FEASIBLE,
+    DEPLOYED,
+    READY,
+    SLO_MET,
+    WITHIN_BUDGET,
+    WORKLOAD_OBSERVED,
+    MODEL_CACHED,
+)
 
 Status = Literal["True", "False", "Unknown"]
 

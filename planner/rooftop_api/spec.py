@@ -568,6 +568,22 @@ class PlanStatus(_Model):
     summary: str | None = None
 
 
+class ObservedLengths(_Model):
+    """A served length distribution, tokens, to two significant figures."""
+
+    mean: float = Field(description="Mean tokens.")
+    p50: float = Field(description="Median tokens.")
+    p90: float = Field(description="p90 tokens.")
+    p99: float = Field(description="p99 tokens.")
+
+
+class ObservedWorkload(_Model):
+    """The lengths the loop plans with: those served over the last 15 minutes."""
+
+    prompt_tokens: ObservedLengths = Field(description="Prompt (input) lengths served.")
+    output_tokens: ObservedLengths = Field(description="Output lengths served.")
+
+
 class ObservedStatus(_Model):
     """What the feedback loop measured (Prometheus)."""
 
@@ -589,6 +605,11 @@ class ObservedStatus(_Model):
         description="The loop's latency trim: the multiplier on the rate the planner sizes "
         "for, learned from the share of requests within the TPOT bound; an operator "
         "restart resumes from it.",
+    )
+    workload: ObservedWorkload | None = Field(
+        default=None,
+        description="The served prompt and output lengths the loop plans with (absent "
+        "until 100 requests finished within 15 minutes: spec.workload is used until then).",
     )
     metrics_state: str | None = Field(default=None, description="ok, missing, stale or nan.")
     time: str | None = Field(

@@ -1,8 +1,9 @@
 """The controller's decisions: one table row per rule, each with why it must hold.
 
 A fake planner keeps these fast and exact: one replica serves 2 req/s at factor 1.0
-(so ``replicas = ceil(rate * factor / 2)``), the batch cap is ``64 / factor``, and the
-predicted step time is always 20 ms (so ``factor = observed step ms / 20``).
+of the declared 200-token answers (so ``replicas = ceil(rate * factor / 2)``, and
+twice that for 400-token answers), the batch cap is ``64 / factor``, and the predicted
+step time is always 20 ms (so ``factor = observed step ms / 20``).
 """
 
 from __future__ import annotations
@@ -26,16 +27,29 @@ from rooftop_control.control import (
 from rooftop_control.forecast import forecast_rate
 from rooftop_control.readings import MetricState, Observation, Reading
 from rooftop_control.sizing import Sizing
+from rooftop_control.traffic import Lengths, Traffic
 
 NOW = 10_000.0
 WINDOW = 180.0  # ControllerConfig's default scale_down_window_s
 
 
+# mean, then p10, p50, p90 and p99 (traffic.QUANTILES), tokens
+DECLARED = Traffic(
+    prompt=Lengths(1000.0, (300.0, 800.0, 2000.0, 4000.0)),
+    output=Lengths(200.0, (50.0, 160.0, 400.0, 800.0)),
+)
+
+
 class FakePlanner:
     def size(
-        self, requests_per_second: float, step_time_scale: float, max_num_seqs: int | None = None
+        self,
+        requests_per_second: float,
+        step_time_scale: float,
+        max_num_seqs: int | None = None,
+        traffic: Traffic | None = None,
     ) -> Sizing:
-        n = math.ceil(requests_per_second * step_time_scale / 2.0 - 1e-9)
+        answers = (traffic or DECLARED).output.mean / DECLARED.output.mean
+        n = math.ceil(requests_per_second * step_time_scale * answers / 2.0 - 1e-9)
         return Sizing(n, int(64 / step_time_scale), 1.0)
 
     def step_ms(self, batch: float, prompt_tokens: float, output_tokens: float) -> float:
@@ -51,8 +65,7 @@ def config(**kw: object) -> ControllerConfig:
         max_replicas=16,
         budget_usd_per_hour=100.0,
         usd_per_replica_hour=1.0,
-        default_prompt_tokens=1000.0,
-        default_output_tokens=200.0,
+        declared=DECLARED,
         headroom=0.0,  # exact arithmetic in the table; headroom has its own test
     )
     return replace(base, **kw)  # type: ignore[arg-type]
@@ -91,7 +104,13 @@ def with_reading(obs: Observation, name: str, reading: Reading) -> Observation:
 def settled(replicas: int, low: int, held_s: float, cap: int = 64) -> ControllerState:
     """A controller that has recommended ``low`` for ``held_s`` seconds of OK data."""
     history = tuple((NOW - t, low) for t in range(int(held_s), 0, -15))
-    return ControllerState(replicas, cap, Calibration(1.0, 10), history, NOW - held_s)
+    state = ControllerState(replicas, cap, Calibration(1.0, 10), history, NOW - held_s)
+    return replace(state, started_s=NOW - held_s)
+
+
+def watching(replicas: int, cap: int) -> ControllerState:
+    """A fresh controller that has watched ``replicas`` ready pods for ten minutes."""
+    return replace(initial_state(replicas, cap), ready_seen=replicas, started_s=NOW - 600.0)
 
 
 @dataclass(frozen=True)
@@ -406,11 +425,13 @@ def test_batch_cap_follows_a_settled_factor_with_cooldown() -> None:
     cfg = config()
     settle = cfg.calibration.settled_samples
     state = initial_state(3, 64)  # 3 replicas: what factor 1.3 needs, so the fleet is steady
+    full = ok(60.0)  # the pods run full batches: a lower cap binds
     for i in range(settle - 1):  # not settled yet: the cap waits for evidence
-        state = decide(state, observe(step_ms=ok(26.0), ready=3), NOW + 15 * i, cfg).state
+        slow = observe(step_ms=ok(26.0), ready=3, step_batch=full)
+        state = decide(state, slow, NOW + 15 * i, cfg).state
         assert state.max_num_seqs == 64
     t = NOW + 15 * settle
-    d = decide(state, observe(step_ms=ok(26.0), ready=3), t, cfg)
+    d = decide(state, observe(step_ms=ok(26.0), ready=3, step_batch=full), t, cfg)
     assert d.max_num_seqs == int(64 / 1.3)  # 64 seqs would miss TPOT at factor 1.3
     assert "max_num_seqs 64 -> 49" in d.reason
     # the engine turns out fast; but a cap change restarts pods: wait for the cooldown
@@ -429,6 +450,42 @@ def test_no_cap_change_while_scaling() -> None:
     state = replace(initial_state(2, 64), calibration=Calibration(1.3, 50))
     d = decide(state, observe(rate=8.0, step_ms=ok(26.0)), NOW, cfg)
     assert d.replicas > 2 and d.max_num_seqs == 64
+
+
+def test_a_lower_cap_that_would_not_bind_rolls_nothing() -> None:
+    """Factor 1.3 makes cap 64 miss TPOT at a full batch, but the pods run 10 requests:
+    a cap of 49 would change no step, and its rollout would restart every pod. It waits
+    until the batch reaches half of it (the replicas are sized for it meanwhile)."""
+    cfg = config()
+    state = replace(initial_state(3, 64), calibration=Calibration(1.3, 50))
+    light = decide(state, observe(step_ms=ok(26.0), ready=3, step_batch=ok(10.0)), NOW, cfg)
+    assert light.max_num_seqs == 64
+    busy = decide(state, observe(step_ms=ok(26.0), ready=3, step_batch=ok(25.0)), NOW, cfg)
+    assert busy.max_num_seqs == 49
+
+
+def test_no_cap_change_on_a_window_of_the_fleet_before_a_pod_became_ready() -> None:
+    """The window's batch and TPOT still describe the smaller fleet; a rollout decided
+    on them would restart pods on stale evidence."""
+    cfg = config()
+    state = replace(initial_state(3, 64), calibration=Calibration(1.3, 50), ready_seen=2)
+    grown = decide(state, observe(step_ms=ok(26.0), ready=3, step_batch=ok(60.0)), NOW, cfg)
+    assert grown.max_num_seqs == 64
+    later = decide(grown.state, observe(step_ms=ok(26.0), ready=3, step_batch=ok(60.0)),
+                   NOW + cfg.metrics_window_s, cfg)  # fmt: skip
+    assert later.max_num_seqs == 49
+
+
+def test_a_fresh_controller_leaves_the_trim_for_two_windows() -> None:
+    """Its first windows may hold a fleet that was short before it looked (a target's
+    first traffic arriving on the prior's size): misses then are no model error."""
+    cfg = config()
+    missed = observe(rate=3.0, tpot=30.0, tpot_attainment=ok(0.99))  # 2 pods suffice
+    state = replace(initial_state(2, 64), ready_seen=2)
+    for k in range(8):  # the decisions of its first two minutes at 15 s
+        state = decide(state, missed, NOW + 15 * k, cfg).state
+    assert state.trim == 1.0
+    assert decide(state, missed, NOW + 120, cfg).state.trim == pytest.approx(1.1)
 
 
 def test_latency_ignored_right_after_pods_became_ready() -> None:
@@ -460,7 +517,7 @@ def test_latency_trim(
     rate: float, attained: float, tpot: float, kw: dict[str, object], expected: float, why: str
 ) -> None:
     # 2 ready pods, SLO 40 ms; the fake planner needs ceil(rate * trim / 2) pods
-    state = replace(initial_state(2, 64), ready_seen=2)
+    state = watching(2, 64)
     obs = observe(rate=rate, tpot=tpot, tpot_attainment=ok(attained), **kw)
     assert decide(state, obs, NOW, config()).state.trim == pytest.approx(expected), why
 
@@ -468,7 +525,7 @@ def test_latency_trim(
 def test_misses_at_the_replica_ceiling_do_not_raise_the_trim() -> None:
     """At maxReplicas (or the budget) a higher trim adds no pod; it would only hold the
     fleet at the ceiling after the peak that filled it."""
-    state = replace(initial_state(2, 64), ready_seen=2)
+    state = watching(2, 64)
     missed = observe(rate=4.0, tpot=30.0, tpot_attainment=ok(0.99))  # 2 pods suffice
     assert decide(state, missed, NOW, config()).state.trim == pytest.approx(1.1)
     assert decide(state, missed, NOW, config(max_replicas=2)).state.trim == 1.0
@@ -479,7 +536,7 @@ def test_misses_at_the_replica_ceiling_do_not_raise_the_trim() -> None:
 def test_trim_judges_each_window_once_and_waits_for_new_pods() -> None:
     cfg = config()
     missed = observe(rate=3.0, tpot=30.0, tpot_attainment=ok(0.99))  # 2 pods suffice
-    moved = decide(replace(initial_state(2, 64), ready_seen=2), missed, NOW, cfg).state
+    moved = decide(watching(2, 64), missed, NOW, cfg).state
     assert moved.trim == pytest.approx(1.1)
     # the next scrapes see mostly the same requests: no second step within the window
     assert decide(moved, missed, NOW + 15, cfg).state.trim == pytest.approx(1.1)
@@ -495,7 +552,7 @@ def test_trim_judges_each_window_once_and_waits_for_new_pods() -> None:
 
 def test_trim_settle_windows_sets_how_long_new_pods_are_waited_for() -> None:
     quick = config(trim=TrimConfig(settle_windows=1.0))
-    grown = replace(initial_state(2, 64), ready_seen=2)
+    grown = watching(2, 64)
     three = observe(rate=3.0, ready=3, tpot=30.0, tpot_attainment=ok(0.99))
     state = decide(grown, three, NOW, quick).state  # the third pod is ready now
     assert decide(state, three, NOW + 45, quick).state.trim == 1.0
@@ -510,7 +567,11 @@ class CapAwarePlanner(FakePlanner):
     replica held at a smaller cap serves proportionally less (cap 32: 1 req/s)."""
 
     def size(
-        self, requests_per_second: float, step_time_scale: float, max_num_seqs: int | None = None
+        self,
+        requests_per_second: float,
+        step_time_scale: float,
+        max_num_seqs: int | None = None,
+        traffic: Traffic | None = None,
     ) -> Sizing:
         best = int(64 / step_time_scale)
         cap = max_num_seqs if max_num_seqs is not None and max_num_seqs <= best else best
@@ -535,9 +596,9 @@ def test_trim_judges_the_planner_at_the_cap_the_pods_run() -> None:
     called 2 enough, so the same misses raise it."""
     cfg = config(planner=CapAwarePlanner())
     missed = observe(rate=4.0, tpot=30.0, tpot_attainment=ok(0.99))
-    at_32 = replace(initial_state(2, 32), ready_seen=2)
+    at_32 = watching(2, 32)
     assert decide(at_32, missed, NOW, cfg).state.trim == 1.0
-    at_64 = replace(initial_state(2, 64), ready_seen=2)
+    at_64 = watching(2, 64)
     assert decide(at_64, missed, NOW, cfg).state.trim == pytest.approx(1.1)
 
 
@@ -643,19 +704,20 @@ def test_no_cap_change_that_would_stop_the_only_pod() -> None:
     # first, so a new cap would mean minutes with nothing serving. Hold and say why.
     cfg = config(budget_usd_per_hour=1.0)
     state = replace(initial_state(1, 64), calibration=Calibration(1.3, 50))
-    d = decide(state, observe(rate=1.0, step_ms=ok(26.0), ready=1), NOW, cfg)
+    slow = observe(rate=1.0, step_ms=ok(26.0), ready=1, step_batch=ok(60.0))  # full batches
+    d = decide(state, slow, NOW, cfg)
     assert d.replicas == 1 and d.max_num_seqs == 64
     assert "max_num_seqs held at 64, not 49" in d.reason
     assert "no room under maxReplicas and the budget" in d.reason
     assert d.cap_hold_began and d.state.held_cap == 49
-    again = decide(d.state, observe(rate=1.0, step_ms=ok(26.0), ready=1), NOW + 15, cfg)
+    again = decide(d.state, slow, NOW + 15, cfg)
     assert again.max_num_seqs == 64 and not again.cap_hold_began  # one event, not one a tick
     # with room for a surge pod the same evidence does change the cap
-    roomy = decide(state, observe(rate=1.0, step_ms=ok(26.0), ready=1), NOW, config())
+    roomy = decide(state, slow, NOW, config())
     assert roomy.max_num_seqs == 49
     # and with two pods one keeps serving while the other is replaced
-    two = decide(replace(state, replicas=2), observe(rate=3.0, step_ms=ok(26.0), ready=2),
-                 NOW, config(budget_usd_per_hour=2.0))  # fmt: skip
+    busy = replace(slow, requests_per_second=ok(3.0), ready_replicas=2)
+    two = decide(replace(state, replicas=2), busy, NOW, config(budget_usd_per_hour=2.0))
     assert two.replicas == 2 and two.max_num_seqs == 49
 
 

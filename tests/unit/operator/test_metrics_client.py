@@ -101,6 +101,22 @@ def test_every_query_groups_by_target_and_the_tpot_slo_reads_per_request_tpot() 
         fleet_queries("two minutes", 0.9, 0.9, 100.0)
 
 
+def test_the_served_lengths_are_read_over_fifteen_minutes_whatever_the_window() -> None:
+    """Lengths describe the users, not the last minute: one minute's p90 of a chat trace
+    swings threefold with a burst of long prompts."""
+    served = {k: v for k, v in fleet_queries("1m", 0.9, 0.9, 100.0).items() if "served" in k}
+    assert served["served_requests"] == (
+        "sum by (namespace, servingtarget) "
+        '(increase(vllm:request_prompt_tokens_count{servingtarget!=""}[15m]))'
+    )
+    assert served["served_output_tokens_p99"] == (
+        "histogram_quantile(0.99, sum by (le, namespace, servingtarget) "
+        '(rate(vllm:request_generation_tokens_bucket{servingtarget!=""}[15m])))'
+    )
+    assert "vllm:request_prompt_tokens_sum" in served["served_prompt_tokens"]
+    assert len(served) == 11 and all("[15m]" in e and "[1m]" not in e for e in served.values())
+
+
 def queries(window: str = "1m") -> dict[str, str]:
     return fleet_queries(window, 0.9, 0.9, 100.0)
 

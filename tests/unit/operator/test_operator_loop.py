@@ -17,6 +17,7 @@ from rooftop_api.spec import ServingTargetStatus
 from rooftop_control import control
 from rooftop_control.calibration import CalibrationConfig, TrimConfig
 from rooftop_control.readings import MetricState, Observation, Reading
+from rooftop_control.traffic import Lengths, Traffic
 from rooftop_operator import loop
 from rooftop_operator.metrics_client import TargetMetrics
 from rooftop_operator.specs import TargetRef, parse_spec
@@ -112,6 +113,33 @@ def test_status_update_is_json_clean() -> None:
     assert out["plan"]["replicas"] == 3 and out["plan"]["usdPerHour"] == pytest.approx(19.2)
     assert "tpotMs" not in out["observed"]  # missing stays missing, not 0
     assert {c["type"] for c in out["conditions"]} == {"SLOMet", "WithinBudget"}
+
+
+def test_status_shows_the_served_workload_and_rewrites_it_only_when_it_moves() -> None:
+    """``status.observed.workload``: what the loop plans with; a 15-minute figure's drift
+    within its noise (5 %) does not rewrite status every tick."""
+    served = Traffic(
+        prompt=Lengths(1146.6, (240.0, 884.0, 2221.0, 4051.0)),
+        output=Lengths(260.3, (47.0, 211.0, 432.0, 1012.0)),
+        observed=True,
+    )
+    d = _decision(replicas=2)
+    d = replace(d, state=replace(d.state, traffic=served))
+    out = loop.observed_status(d, Observation(), "t").model_dump(by_alias=True)
+    assert out["workload"] == {
+        "promptTokens": {"mean": 1147.0, "p50": 884.0, "p90": 2221.0, "p99": 4051.0},
+        "outputTokens": {"mean": 260.0, "p50": 211.0, "p90": 432.0, "p99": 1012.0},
+    }
+    before = loop.observed_status(d, Observation(), "t")
+
+    def with_prompt_p90(p90: float) -> Any:
+        prompt = Lengths(1151.0, (241.0, 880.0, p90, 4060.0))
+        moved = replace(d, state=replace(d.state, traffic=replace(served, prompt=prompt)))
+        return loop.observed_status(moved, Observation(), "t2")
+
+    assert not loop.observed_changed(before, with_prompt_p90(2300.0))  # within 5 %
+    assert loop.observed_changed(before, with_prompt_p90(2500.0))
+    assert loop.observed_status(_decision(2), Observation(), "t").workload is None
 
 
 def _decision(replicas: int) -> control.Decision:

@@ -17,7 +17,7 @@ PACKAGES = ("rooftop_operator", "rooftop_control")
 CODE = {p.name: p.read_text() for pkg in PACKAGES for p in (ROOT / "operator" / pkg).glob("*.py")}
 TYPES = {name: getattr(cnd, name) for name in ("PLANNED", "FEASIBLE", "DEPLOYED", "READY",
                                                "SLO_MET", "WITHIN_BUDGET",
-                                               "MODEL_CACHED")}  # fmt: skip
+                                               "WORKLOAD_OBSERVED", "MODEL_CACHED")}  # fmt: skip
 
 
 def documented() -> set[tuple[str, str]]:

@@ -1,0 +1,199 @@
+"""The workload the loop plans for: the declared one until enough requests were
+seen, then the observed one.
+
+Declared workloads are copied from a spreadsheet and are wrong: a chat target declared
+at 512/128 mean prompt/output tokens that serves 1,147/260 needs twice the replicas
+the declared lengths ask for, and sized with them the loop scales down under load. So
+the lengths the planner sizes with are the traffic's own, read from vLLM's length
+histograms (``vllm:request_prompt_tokens``, ``vllm:request_generation_tokens``): the
+mean and the quantiles ``QUANTILES``, from which the planner gets a histogram.
+
+Why quantiles and not the mean and p90 a spec gives: a log-normal through a mean and
+a p90 is ill-conditioned where real length distributions sit. Its p90 / mean ratio
+is at most e^(z90²/2) ≈ 2.27, and near it the fitted width jumps (ratio 2.0: σ 0.78;
+2.27: σ 1.28). Azure's conversation answers have a ratio of 2.0; one 15-minute stretch
+of them read 2.27, the fit's p1 answer fell from 40 to 4 tokens, and the planner's
+TPOT tail (short answers carry their neighbours' prefill stalls) asked for twice the
+replicas. Between quantiles the shape is read off the data instead: the length is
+log-linear in the normal score between knots (exact for a log-normal), the tails
+extend the nearest segment, and the histogram is scaled to the observed mean, which
+Prometheus knows exactly (the quantiles are interpolated in vLLM's 1-2-5 buckets).
+
+The lengths are read over ``defaults.SERVED_RANGE`` (15 minutes), not the 60 s
+window: they are a property of a target's users, stable for hours, while one
+minute's p90 swings with a burst of long prompts (1,300 to 4,100 tokens between
+minutes of the bundled Azure conversation trace, whose whole-hour p90 is 2,700).
+Planned with each window's figures, the fleet chased those swings with batch-cap
+rollouts that restart every pod; an average of the windows' p90s is no p90 of the
+traffic either (it fell short of it, and the fleet with it). Prometheus answers the
+range directly, so a restarted operator has the figures at once. They are used once
+the range holds ``MIN_REQUESTS`` finished requests; until then, and while the
+metrics are missing, the last figures stay, and before any the declared workload:
+the prior a target plans with before it serves.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+
+from rooftop_api.spec import HistogramBin, TokenLengths, Workload
+from rooftop_control.readings import Observation, Reading
+from rooftop_planner.workload import from_spec
+
+# The quantiles the loop reads of each length distribution (readings.served_*).
+QUANTILES = (0.1, 0.5, 0.9, 0.99)
+# The histogram the planner gets: equal 5 % bins to the p90, then finer toward the
+# top, where prefill stalls and KV come from (bin edges as quantiles).
+BIN_EDGES = (*(k / 20 for k in range(19)), 0.95, 0.99, 1.0)
+_UNIT = NormalDist()
+
+# Finished requests the served range needs before its lengths count: the p90 of 100
+# log-normal lengths (sigma 1) is within about 20 % of the true one.
+MIN_REQUESTS = 100
+# Relative gap beyond which the observed lengths count as different from the spec's
+# (a window's mean of a few hundred log-normal lengths moves about 10 %).
+DIFFERS_BY = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class Lengths:
+    """One token-length distribution: its mean and its ``QUANTILES``, tokens."""
+
+    mean: float
+    quantiles: tuple[float, ...]
+
+    @property
+    def p90(self) -> float:
+        return self.quantiles[QUANTILES.index(0.9)]
+
+    def spec(self) -> TokenLengths:
+        """As a spec's ``TokenLengths``: a histogram with a bin per ``BIN_EDGES``
+        stratum at its middle quantile, scaled to the mean."""
+        middles = [(a + b) / 2 for a, b in zip(BIN_EDGES[:-1], BIN_EDGES[1:], strict=True)]
+        weights = [b - a for a, b in zip(BIN_EDGES[:-1], BIN_EDGES[1:], strict=True)]
+        tokens = [self.quantile(m) for m in middles]
+        scale = self.mean / sum(t * w for t, w in zip(tokens, weights, strict=True))
+        bins = [
+            HistogramBin(tokens=max(1, round(t * scale)), weight=w)
+            for t, w in zip(tokens, weights, strict=True)
+        ]
+        return TokenLengths(histogram=bins)
+
+    def quantile(self, q: float) -> float:
+        """The q-quantile (0 < q < 1), tokens: log-linear in the normal score between
+        the knots, the end segments extended beyond them."""
+        z = [_UNIT.inv_cdf(k) for k in QUANTILES]
+        logs = [math.log(max(v, 1.0)) for v in self.quantiles]
+        at = _UNIT.inv_cdf(q)
+        i = min(max(sum(at > zk for zk in z) - 1, 0), len(z) - 2)
+        slope = (logs[i + 1] - logs[i]) / (z[i + 1] - z[i])
+        return math.exp(logs[i] + slope * (at - z[i]))
+
+    def rounded(self, grid: float) -> Lengths:
+        """Each figure rounded on a relative grid (0.05: 5 % steps), so sizings cached
+        by lengths are found again while the lengths move within their noise."""
+        return Lengths(
+            mean=_on_grid(self.mean, grid),
+            quantiles=tuple(_on_grid(v, grid) for v in self.quantiles),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Traffic:
+    """Prompt and output lengths the planner sizes with.
+
+    Attributes:
+        prompt / output: the length distributions, tokens.
+        observed: True once measured traffic replaced the declared prior.
+    """
+
+    prompt: Lengths
+    output: Lengths
+    observed: bool = False
+
+    def workload(self, requests_per_second: float) -> Workload:
+        """A spec workload at this rate with these lengths."""
+        return Workload(
+            requests_per_second=requests_per_second,
+            prompt_tokens=self.prompt.spec(),
+            output_tokens=self.output.spec(),
+        )
+
+    def rounded(self, grid: float) -> Traffic:
+        """The lengths on a relative grid (see ``Lengths.rounded``)."""
+        return Traffic(self.prompt.rounded(grid), self.output.rounded(grid), self.observed)
+
+
+def declared(workload: Workload) -> Traffic:
+    """The spec's workload as the prior (a histogram's mean and p90)."""
+    return Traffic(prompt=_lengths(workload.prompt_tokens), output=_lengths(workload.output_tokens))
+
+
+def _lengths(tokens: TokenLengths) -> Lengths:
+    dist = from_spec(tokens)
+    return Lengths(mean=dist.mean, quantiles=tuple(dist.quantile(q) for q in QUANTILES))
+
+
+def served_traffic(obs: Observation) -> Traffic | None:
+    """The lengths over the served range, or None when it holds too few finished
+    requests (or a length reading has no figure)."""
+    prompt, output = obs.served_prompt(), obs.served_output()
+    readings = (*prompt, *output)
+    if not all(_usable(r) for r in readings) or not obs.served_requests.ok:
+        return None
+    if obs.served_requests.value < MIN_REQUESTS:
+        return None
+    return Traffic(prompt=_from_readings(prompt), output=_from_readings(output), observed=True)
+
+
+def _from_readings(readings: tuple[Reading, ...]) -> Lengths:
+    """(mean, *QUANTILES) readings as lengths; quantiles made non-decreasing (an
+    interpolated histogram quantile can dip below the one before it)."""
+    mean, *knots = (r.value for r in readings)
+    rising = [max(knots[: i + 1]) for i in range(len(knots))]
+    return Lengths(mean=mean, quantiles=tuple(rising))
+
+
+def _usable(reading: Reading) -> bool:
+    return reading.ok and math.isfinite(reading.value) and reading.value >= 1.0
+
+
+def update(current: Traffic, obs: Observation) -> Traffic:
+    """The lengths to plan with after this observation: the served ones where there
+    are enough, else ``current`` (the last served figures, or the declared prior)."""
+    return served_traffic(obs) or current
+
+
+def differences(observed: Traffic, prior: Traffic) -> list[str]:
+    """Where the observed lengths differ from the spec's beyond their noise, each as
+    the spec field, the two figures and the figure to write there."""
+    fields = (
+        ("promptTokens.mean", observed.prompt.mean, prior.prompt.mean),
+        ("promptTokens.p90", observed.prompt.p90, prior.prompt.p90),
+        ("outputTokens.mean", observed.output.mean, prior.output.mean),
+        ("outputTokens.p90", observed.output.p90, prior.output.p90),
+    )
+    return [
+        f"spec.workload.{name} is {spec_value:,.0f} but the traffic's is {seen:,.0f}: "
+        f"set it to about {significant(seen):,}"
+        for name, seen, spec_value in fields
+        if abs(math.log(seen / spec_value)) > math.log1p(DIFFERS_BY)
+    ]
+
+
+def significant(value: float) -> int:
+    """Two significant figures: what a user would write in a spec."""
+    if value < 10:
+        return max(1, round(value))
+    digits = int(math.floor(math.log10(value))) - 1
+    return int(round(value, -digits))
+
+
+def _on_grid(value: float, grid: float) -> float:
+    """``value`` rounded to the nearest point of the grid (1 + grid)^k, k integer."""
+    if value <= 1.0:
+        return 1.0
+    step = math.log1p(grid)
+    return round(math.exp(round(math.log(value) / step) * step), 3)

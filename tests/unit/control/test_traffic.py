@@ -1,0 +1,112 @@
+"""The workload the loop plans for (``traffic``): the declared prior until the served
+lengths are known, then those, as a histogram the planner reads like a spec's."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from statistics import NormalDist
+
+import pytest
+
+from rooftop_api.spec import ServingTargetSpec, TokenLengths
+from rooftop_control import traffic
+from rooftop_control.readings import MetricState, Observation, Reading
+from rooftop_control.traffic import Lengths, Traffic
+from rooftop_planner.workload import from_spec
+
+Z = NormalDist()
+
+
+def ok(value: float) -> Reading:
+    return Reading(value, MetricState.OK)
+
+
+def lognormal(median: float, sigma: float) -> Lengths:
+    """Exact mean and quantiles of a log-normal, tokens."""
+    knots = tuple(median * math.exp(sigma * Z.inv_cdf(q)) for q in traffic.QUANTILES)
+    return Lengths(mean=median * math.exp(sigma**2 / 2), quantiles=knots)
+
+
+def served(requests: float, prompt: Lengths, output: Lengths) -> Observation:
+    figures = {"served_requests": ok(requests)}
+    for name, lengths in (("prompt", prompt), ("output", output)):
+        figures[f"served_{name}_tokens"] = ok(lengths.mean)
+        for q, value in zip((10, 50, 90, 99), lengths.quantiles, strict=True):
+            figures[f"served_{name}_tokens_p{q}"] = ok(value)
+    return Observation(**figures)  # type: ignore[arg-type]
+
+
+PROMPT, OUTPUT = lognormal(800.0, 0.9), lognormal(180.0, 0.7)
+PRIOR = Traffic(prompt=lognormal(400.0, 0.5), output=lognormal(100.0, 0.5))
+
+
+def test_too_few_requests_keep_what_the_loop_had() -> None:
+    thin = served(traffic.MIN_REQUESTS - 1, PROMPT, OUTPUT)
+    assert traffic.update(PRIOR, thin) is PRIOR
+    enough = traffic.update(PRIOR, served(traffic.MIN_REQUESTS, PROMPT, OUTPUT))
+    assert enough.observed and enough.prompt == PROMPT and enough.output == OUTPUT
+
+
+def test_missing_lengths_keep_the_last_served_figures() -> None:
+    seen = traffic.update(PRIOR, served(500, PROMPT, OUTPUT))
+    gap = replace(served(500, PROMPT, OUTPUT), served_output_tokens_p99=Reading())
+    assert traffic.update(seen, gap) is seen
+    assert traffic.update(seen, Observation()) is seen
+
+
+def test_quantiles_that_interpolation_made_fall_are_made_non_decreasing() -> None:
+    dipped = replace(served(500, PROMPT, OUTPUT), served_prompt_tokens_p90=ok(1.0))
+    knots = traffic.update(PRIOR, dipped).prompt.quantiles
+    assert list(knots) == sorted(knots)
+
+
+@pytest.mark.parametrize("q", [0.02, 0.25, 0.75, 0.95, 0.999])
+def test_between_and_beyond_the_knots_a_lognormal_is_exact(q: float) -> None:
+    median, sigma = 800.0, 0.9
+    assert PROMPT.quantile(q) == pytest.approx(median * math.exp(sigma * Z.inv_cdf(q)))
+
+
+def test_the_planners_histogram_keeps_the_mean_and_the_tail() -> None:
+    dist = from_spec(PROMPT.spec())
+    assert dist.mean == pytest.approx(PROMPT.mean, rel=0.01)
+    assert dist.quantile(0.9) == pytest.approx(PROMPT.p90, rel=0.1)
+    assert dist.quantile(0.995) == pytest.approx(PROMPT.quantile(0.995), rel=0.03)
+
+
+def test_a_spec_given_as_mean_only_is_every_request_that_long() -> None:
+    prior = traffic.declared(
+        ServingTargetSpec.model_validate(
+            {
+                "model": "llama-3.1-8b",
+                "slo": {"tpotMs": 50},
+                "workload": {"requestsPerSecond": 1, "promptTokens": {"mean": 512},
+                             "outputTokens": {"mean": 128, "p90": 256}},
+                "budget": {"usdPerHour": 10},
+            }
+        ).workload
+    )  # fmt: skip
+    assert prior.prompt.quantiles == (512.0,) * 4 and not prior.observed
+    assert prior.output.mean == 128.0 and prior.output.p90 == pytest.approx(256.0)
+
+
+def test_differences_name_the_field_and_the_figure_to_write() -> None:
+    seen = Traffic(prompt=PROMPT, output=OUTPUT, observed=True)
+    lines = traffic.differences(seen, PRIOR)
+    assert any(
+        line.startswith("spec.workload.promptTokens.mean is 453 but the traffic's is 1,199")
+        and line.endswith("set it to about 1,200")
+        for line in lines
+    ), lines
+    assert traffic.differences(seen, replace(seen, observed=False)) == []
+
+
+def test_lengths_round_onto_a_grid_for_the_sizing_cache() -> None:
+    grid = PROMPT.rounded(0.05)
+    assert grid.rounded(0.05) == grid
+    pairs = [(grid.mean, PROMPT.mean), *zip(grid.quantiles, PROMPT.quantiles, strict=True)]
+    assert all(abs(math.log(a / b)) <= math.log(1.05) / 2 + 1e-9 for a, b in pairs)
+
+
+def test_token_lengths_accept_the_histogram() -> None:
+    assert isinstance(OUTPUT.spec(), TokenLengths) and OUTPUT.spec().histogram
