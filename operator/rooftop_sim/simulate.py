@@ -355,7 +355,23 @@ def run(
     res.notes.extend(notes)
     if isinstance(policy, RooftopPolicy):
         res.notes.append(controller_note(policy))
-    return res, summary(res, scn.slo, scn.sim.reality_factor)
+    out = summary(res, scn.slo, scn.sim.reality_factor)
+    out["plan_usd_per_hour"] = round(scn.plan.usd_per_hour, 4)
+    res.notes.append(spend_note(scn.plan, out))
+    return res, out
+
+
+def spend_note(plan: Plan, summary: Mapping[str, Any]) -> str:
+    """The plan's price (replicas for the declared workload) against what this run
+    spent per hour of trace: where the two differ, the declared workload, the planner's
+    model or the policy is off, and a user sizing a budget from the plan should know."""
+    hours = max(float(summary["horizon_s"]), 1e-9) / 3600.0
+    spent = float(summary["usd"]) / hours
+    ratio = spent / plan.usd_per_hour if plan.usd_per_hour > 0 else math.inf
+    return (
+        f"the plan costs ${plan.usd_per_hour:.2f}/h ({plan.replicas} replica(s) for "
+        f"spec.workload); this run spent ${spent:.2f}/h, {ratio:.2f}x the plan"
+    )
 
 
 def controller_note(policy: RooftopPolicy) -> str:

@@ -118,3 +118,16 @@ def test_the_tail_weighs_the_shortest_answers() -> None:
     points = tail.output_points(lambda q: 1000.0 * q)
     assert points[0] == pytest.approx(10.0) and tail.OUTPUT_WEIGHTS[0] == pytest.approx(0.02)
     assert tail.OUTPUT_WEIGHTS.sum() == pytest.approx(1.0)
+
+
+def test_simulate_reports_the_plans_price_against_what_the_run_spent(
+    scn: simulate.SimScenario,
+) -> None:
+    """The example's plan prices one replica for the declared 512/128 tokens; the loop
+    serving the trace's 1,150/260 spends more, and the report says how much."""
+    _, summary = simulate.run(scn, "rooftop")
+    assert summary["plan_usd_per_hour"] == pytest.approx(scn.plan.usd_per_hour, abs=1e-3)
+    spent = summary["usd"] / (summary["horizon_s"] / 3600.0)
+    (note,) = [n for n in summary["notes"] if n.startswith("the plan costs")]
+    assert f"this run spent ${spent:.2f}/h, {spent / scn.plan.usd_per_hour:.2f}x the plan" in note
+    assert spent > scn.plan.usd_per_hour
