@@ -24,6 +24,7 @@ build and import take a few minutes); otherwise the tests skip with a hint.
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import os
@@ -399,6 +400,9 @@ def test_a_kept_alive_client_loses_nothing_when_the_pod_stops(engine: Engine) ->
     second_started = time.monotonic()
     client.join(SHUTDOWN_TIMEOUT_S + 30)
     wait_until(lambda: "sigterm" in seen, 30, "vLLM's SIGTERM")
+    # vLLM logs the shutdown mode a moment after the trigger (its shutdown task)
+    with contextlib.suppress(TimeoutError):
+        wait_until(lambda: any("mode=" in line for line in lines), 30, "vLLM's shutdown mode")
     logs.terminate()
     follower.join(10)
     text = "".join(lines)
