@@ -16,7 +16,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "benchmarks.md").read_text()
-REALITIES = ("0.7", "1", "1.3")
 STATIC_FIT_TARGET = 0.7  # x static-fit, mean over seeds (the third target)
 
 Rows = list[list[str]]
@@ -67,7 +66,9 @@ def test_the_goal_table_quotes_the_recorded_runs_and_marks_them(
     attainment = goal_row("≥ 99 % of requests within TPOT")
     cost = goal_row("≤ 1.15x `oracle`")
     static = goal_row("≤ 0.7x `static-fit`")
-    for i, reality in enumerate(REALITIES):
+    # the goal table has a column per reality factor the recorded run covers, in order
+    realities = list(dict.fromkeys(r[1] for r in recorded))
+    for i, reality in enumerate(realities):
         seeds = seeds_row(recorded, reality)
         worst, ratio = share(seeds[3]), float(seeds[6])
         fit_ratio = float(seeds[8])
@@ -86,14 +87,15 @@ def test_the_readme_summary_quotes_the_recorded_runs(
     recorded: Rows, targets: tuple[float, float]
 ) -> None:
     readme = " ".join((ROOT / "README.md").read_text().split())
-    fast, planned = seeds_row(recorded, "0.7"), seeds_row(recorded, "1")
+    planned = seeds_row(recorded, "1")
     oracle = policy_row(recorded, "1", "oracle")
     tpot_target, oracle_target = targets
     quoted = [
-        f"keeps {fast[3].rstrip('%')} % of requests",
-        f"at {float(fast[6]):.2f}x the cost of a hindsight schedule",
-        f"{planned[3].rstrip('%')} % at {float(planned[6]):.2f}x",
-        f"the schedule keeps {oracle[3].rstrip('%')} %",
+        f"keeps {planned[3].rstrip('%')} % of requests",
+        f"{planned[4].rstrip('%')} % on average",
+        f"at {float(planned[6]):.2f}x the cost of a hindsight schedule that keeps "
+        f"{oracle[3].rstrip('%')} %",
+        f"{float(planned[8]):.2f}x the cheapest fixed fleet",
         f"its goals are {tpot_target:.0%}".replace("%", " %") + f" at {oracle_target}x",
     ]
     stale = [q for q in quoted if q not in readme]
