@@ -62,7 +62,8 @@ NAME = "tiny-chat"
 SERVED = "tiny-llama"
 CLAIM = "models"
 PROMPT_TOKENS, OUTPUT_TOKENS = 64, 32
-LOAD_RPS, LOAD_S = 2.0, 45.0
+# 150 requests: more than the 100 the loop needs before it plans with the served lengths
+LOAD_RPS, LOAD_S = 2.0, 75.0
 WINDOW_S = 20.0
 LOOP_ENV = {
     "ROOFTOP_LOOP_INTERVAL_S": "2",
@@ -210,8 +211,16 @@ def loaded(world: World, url: str) -> dict[str, Any]:
             load.kill()
     if load.returncode != 0:
         raise PhaseFailed(f"rooftop load exited {load.returncode}\n{err[-2000:]}")
+    served = wait(world, "status.observed.workload", lambda: _served_workload(world), 30)
     return {"observed": observed, "conditions": world.conditions(),
-            "report": json.loads(out), "queries": panels}  # fmt: skip
+            "report": json.loads(out), "queries": panels, "served": served}  # fmt: skip
+
+
+def _served_workload(world: World) -> dict[str, Any] | None:
+    """The served lengths and the WorkloadObserved condition, once the loop plans with them."""
+    workload = world.target().get("status", {}).get("observed", {}).get("workload")
+    condition = world.conditions().get("WorkloadObserved", {})
+    return {"workload": workload, "condition": condition} if workload else None
 
 
 def _observed(world: World) -> dict[str, Any] | None:
@@ -425,6 +434,18 @@ def test_status_observed_reads_the_real_engines_latency(run: Run) -> None:
     # bucket (10 ms) or beyond: never far below what the client measured.
     assert observed["tpotMs"] >= min(client_tpot["p50"] * 1e3, 10.0) / 2, (observed, client_tpot)
     assert phase["conditions"]["SLOMet"]["status"] == "True", phase["conditions"]["SLOMet"]
+
+
+def test_the_loop_plans_with_the_lengths_the_real_engine_served(run: Run) -> None:
+    """vLLM's own length histograms, through Prometheus over 15 minutes: every request
+    had 64 prompt and 32 output tokens, which the means give exactly (sum over count);
+    the quantiles are interpolated within vLLM's 1-2-5 buckets (64 lies in 50-100)."""
+    served = run.need("loaded")["served"]
+    prompt, output = served["workload"]["promptTokens"], served["workload"]["outputTokens"]
+    assert prompt["mean"] == PROMPT_TOKENS and output["mean"] == OUTPUT_TOKENS, served
+    assert 50 <= prompt["p50"] <= 100 and 20 <= output["p50"] <= 50, served
+    # as declared: the buckets' reach is no difference to report
+    assert served["condition"]["reason"] == "AsDeclared", served["condition"]
 
 
 def test_every_dashboard_query_returns_series_from_the_real_engine(run: Run) -> None:

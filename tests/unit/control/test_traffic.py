@@ -110,3 +110,18 @@ def test_lengths_round_onto_a_grid_for_the_sizing_cache() -> None:
 
 def test_token_lengths_accept_the_histogram() -> None:
     assert isinstance(OUTPUT.spec(), TokenLengths) and OUTPUT.spec().histogram
+
+
+def test_a_p90_within_a_histogram_buckets_reach_is_no_difference() -> None:
+    """Every request 64 tokens long: vLLM's buckets 50-100 make the served p90 95."""
+    spec = Traffic(prompt=Lengths(64.0, (64.0,) * 4), output=Lengths(32.0, (32.0,) * 4))
+    seen = Traffic(
+        prompt=Lengths(64.0, (55.0, 75.0, 95.0, 99.5)),
+        output=Lengths(32.0, (23.0, 35.0, 47.0, 49.7)),
+        observed=True,
+    )
+    assert traffic.differences(seen, spec) == []
+    far = replace(seen, prompt=Lengths(64.0, (55.0, 75.0, 400.0, 900.0)))
+    assert [d.split(" is ")[0] for d in traffic.differences(far, spec)] == [
+        "spec.workload.promptTokens.p90"
+    ]
