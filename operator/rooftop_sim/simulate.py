@@ -122,7 +122,7 @@ MAX_TRACE_SPAN_S = 7 * 86400.0
 
 
 def workload_from_trace(path: str, diurnal: bool = False) -> RequestStream:
-    """Read an Azure-format trace (``traces.load_trace``); optionally day-shaped."""
+    """Read an Azure or Mooncake trace (``traces.load_trace``); optionally day-shaped."""
     from rooftop_sim.traces import TraceError, TraceWarning, diurnal_warp, load_trace
 
     try:
@@ -395,7 +395,9 @@ def register(subparsers: Any) -> None:
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
     p.add_argument("target", help="ServingTarget manifest (YAML)")
-    p.add_argument("--trace", required=True, help="Azure-format trace CSV")
+    p.add_argument(
+        "--trace", required=True, help="Azure-format trace CSV, or a Mooncake trace (.jsonl)"
+    )
     p.add_argument("--policy", default="rooftop", choices=(*POLICIES, "all"))
     p.add_argument(
         "--reality-factor",

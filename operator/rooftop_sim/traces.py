@@ -1,6 +1,13 @@
-"""Request traces in the Azure LLM inference trace format, and a diurnal time warp.
+"""Request traces in the Azure LLM inference trace format or Mooncake's, and a diurnal
+time warp.
 
-Format (Azure/AzurePublicDataset, 2023): a CSV with a header naming at least
+Mooncake's format (kvcache-ai/Mooncake, FAST'25 traces; a ``.jsonl`` file): one JSON
+object per line with ``timestamp`` (milliseconds), ``input_length`` and
+``output_length`` (tokens); its ``hash_ids`` (the prompt's 512-token blocks) are not
+read: the simulated engine has no prefix cache yet. The same rules as below apply (a
+line that is not such an object is an error naming the line and the key).
+
+Azure's format (Azure/AzurePublicDataset, 2023): a CSV with a header naming at least
 ``TIMESTAMP,ContextTokens,GeneratedTokens``. TIMESTAMP is an ISO date-time
 (``2023-11-16 18:17:03.9799600``; digits beyond microseconds are dropped) or a plain
 number of seconds. Token counts are non-negative integers; rows with 0 generated tokens
@@ -16,6 +23,7 @@ raises ``TraceError`` naming the file, the line (1-based, header = line 1) and t
 from __future__ import annotations
 
 import csv
+import json
 import math
 import warnings
 from dataclasses import dataclass
@@ -115,8 +123,13 @@ def _parse_count(text: str, where: str) -> int:
     return int(value)
 
 
+# Mooncake's JSON keys: arrival in milliseconds, prompt and output lengths in tokens
+MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
+
+
 def load_trace(path: str | Path, max_rows: int | None = None) -> Trace:
-    """Read an Azure-format trace CSV (see the module docstring for the rules)."""
+    """Read an Azure-format trace CSV, or a Mooncake ``.jsonl`` trace (see the module
+    docstring for the rules)."""
     path = Path(path)
     try:
         fh = path.open(newline="", encoding="utf-8-sig")  # -sig: spreadsheets add a BOM
@@ -124,6 +137,8 @@ def load_trace(path: str | Path, max_rows: int | None = None) -> Trace:
         raise TraceError(f"{path}: cannot open: {err.strerror}") from err
     try:
         with fh:
+            if path.suffix == ".jsonl":
+                return _read_json_lines(path, fh, max_rows)
             return _read_rows(path, fh, max_rows)
     except UnicodeDecodeError as err:
         raise TraceError(
@@ -157,12 +172,50 @@ def _read_rows(path: Path, fh: IO[str], max_rows: int | None) -> Trace:
     return _build(str(path), np.array(times), np.array(prompts), np.array(outputs))
 
 
-def _build(source: str, t: FloatArray, p: IntArray, o: IntArray) -> Trace:
-    """Sort by time (warning when needed) and re-base arrivals to the first request."""
+def _read_json_lines(path: Path, fh: IO[str], max_rows: int | None) -> Trace:
+    times: list[float] = []
+    prompts: list[int] = []
+    outputs: list[int] = []
+    for line, text in enumerate(fh, start=1):
+        if max_rows is not None and len(times) >= max_rows:
+            break
+        if not text.strip():
+            continue
+        row = _json_object(text, f"{path}:{line}")
+        where = {k: f"{path}:{line}: key {k}" for k in MOONCAKE_KEYS}
+        times.append(_parse_count(str(row["timestamp"]), where["timestamp"]) / 1e3)
+        prompts.append(_parse_count(str(row["input_length"]), where["input_length"]))
+        outputs.append(_parse_count(str(row["output_length"]), where["output_length"]))
+    if not times:
+        raise TraceError(f"{path}: no requests (expected one JSON object per line)")
+    return _build(str(path), np.array(times), np.array(prompts), np.array(outputs), 1)
+
+
+def _json_object(text: str, where: str) -> dict[str, object]:
+    """One line as a JSON object holding ``MOONCAKE_KEYS``."""
+    try:
+        row = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise TraceError(f"{where}: not JSON ({err.msg}); expected one object per line") from None
+    if not isinstance(row, dict):
+        raise TraceError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    missing = [k for k in MOONCAKE_KEYS if k not in row]
+    if missing:
+        raise TraceError(
+            f"{where}: missing key(s) {', '.join(missing)}; a Mooncake trace line has "
+            f"{', '.join(MOONCAKE_KEYS)} (and hash_ids)"
+        )
+    return row
+
+
+def _build(source: str, t: FloatArray, p: IntArray, o: IntArray, first_line: int = 2) -> Trace:
+    """Sort by time (warning when needed) and re-base arrivals to the first request
+    (``first_line``: the file's line of the first request, for the warning)."""
     back = np.flatnonzero(np.diff(t) < 0)
     if len(back):
         warnings.warn(
-            f"{source}: {len(back)} timestamp(s) out of order (first at line {back[0] + 3}); "
+            f"{source}: {len(back)} timestamp(s) out of order (first at line "
+            f"{back[0] + 1 + first_line}); "
             "rows sorted by time",
             TraceWarning,
             stacklevel=4,  # load_trace's caller

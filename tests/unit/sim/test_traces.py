@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -112,3 +113,58 @@ def test_diurnal_warp_follows_curve_and_preserves_count() -> None:
     counts, _ = np.histogram(warped, bins=10, range=(steady[0], steady[-1]))
     # busiest tenth (middle) vs quietest (an edge) near the 4:1 peak-to-trough ratio
     assert 2.5 < counts[4:6].max() / min(counts[0], counts[-1]) < 4.5
+
+
+# ---- Mooncake's JSON-lines format
+
+
+def write_jsonl(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "t.jsonl"
+    p.write_text(text)
+    return p
+
+
+MOONCAKE = (
+    '{"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1]}\n'
+    '{"timestamp": 1500, "input_length": 700, "output_length": 49, "hash_ids": [0, 14]}\n'
+    "\n"
+    '{"timestamp": 4000, "input_length": 12, "output_length": 0, "hash_ids": [2]}\n'
+)
+
+
+def test_a_mooncake_trace_reads_milliseconds_and_lengths(tmp_path: Path) -> None:
+    trace = load_trace(write_jsonl(tmp_path, MOONCAKE))
+    assert trace.arrival_s.tolist() == [0.0, 1.5, 4.0]
+    assert trace.prompt_tokens.tolist() == [6758, 700, 12]
+    assert trace.output_tokens.tolist() == [500, 49, 0]
+
+
+@pytest.mark.parametrize(
+    ("line", "needle"),
+    [
+        ("{not json", ":2: not JSON"),
+        ("[1, 2, 3]", ":2: expected a JSON object, got list"),
+        ('{"timestamp": 5, "input_length": 10}', ":2: missing key(s) output_length"),
+        ('{"timestamp": 5, "input_length": -1, "output_length": 3}', ":2: key input_length"),
+        ('{"timestamp": 2.5, "input_length": 1, "output_length": 3}', ":2: key timestamp"),
+    ],
+)
+def test_a_bad_mooncake_line_is_named_with_the_key(tmp_path: Path, line: str, needle: str) -> None:
+    good = '{"timestamp": 0, "input_length": 5, "output_length": 3}\n'
+    with pytest.raises(TraceError, match=re.escape(needle)):
+        load_trace(write_jsonl(tmp_path, good + line + "\n"))
+
+
+def test_an_empty_mooncake_trace_says_what_a_line_holds(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="one JSON object per line"):
+        load_trace(write_jsonl(tmp_path, "\n\n"))
+
+
+def test_mooncake_lines_out_of_order_name_their_own_line(tmp_path: Path) -> None:
+    text = (
+        '{"timestamp": 2000, "input_length": 5, "output_length": 3}\n'
+        '{"timestamp": 1000, "input_length": 5, "output_length": 3}\n'
+    )
+    with pytest.warns(TraceWarning, match="first at line 2"):
+        trace = load_trace(write_jsonl(tmp_path, text))
+    assert trace.arrival_s.tolist() == [0.0, 1.0]
