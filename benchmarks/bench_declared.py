@@ -74,13 +74,16 @@ def run_job(job: Job) -> dict[str, Any]:
     case, scale, seed = job
     _, trace, diurnal, _ = CASES[case]
     spec = declared_spec(case, scale)
-    scn = simulate.scenario(spec, simulate.workload_from_trace(str(trace), diurnal), seed=seed)
+    row: dict[str, Any] = {"case": case, "scale": scale, "seed": seed}
+    try:
+        workload = simulate.workload_from_trace(str(trace), diurnal)
+        scn = simulate.scenario(spec, workload, seed=seed)
+    except simulate.InputError as err:  # no plan for these declared lengths: not deployed
+        return {**row, "infeasible": str(err).splitlines()[2].strip(" -")}
     res, loop = simulate.run(scn, "rooftop")
     _, oracle = simulate.run(scn, "oracle")
     return {
-        "case": case,
-        "scale": scale,
-        "seed": seed,
+        **row,
         "percentile": spec.slo.tpot_percentile.quantile,
         "shape": f"{scn.plan.tp}x {scn.plan.gpu}",
         "attainment": loop["slo_attainment_tpot"],
@@ -110,6 +113,10 @@ def table(rows: list[dict[str, Any]], command: str) -> str:
     keys = sorted({(r["case"], r["scale"]) for r in rows}, key=lambda k: (k[0], k[1]))
     for case, scale in keys:
         runs = [r for r in rows if (r["case"], r["scale"]) == (case, scale)]
+        if any("infeasible" in r for r in runs):
+            why = runs[0].get("infeasible", "no plan")
+            lines.append(f"| {case} | x{scale:g} | none: {why} | {len(runs)} | | | | |")
+            continue
         ratios = [r["cost_ratio"] for r in runs]
         mark = "" if min(r["after_window"] for r in runs) >= runs[0]["percentile"] else " (under)"
         lines.append(
