@@ -128,16 +128,6 @@ def table(rows: list[dict[str, Any]], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def splice(doc: Path, text: str) -> None:
-    """Replace what lies between this table's markers in ``doc`` with ``text``."""
-    body = doc.read_text()
-    if START not in body or END not in body:
-        raise SystemExit(f"{doc}: markers {START} / {END} not found; add them first")
-    head, rest = body.split(START, 1)
-    _, tail = rest.split(END, 1)
-    doc.write_text(f"{head}{START}\n{text}{END}{tail}")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--scales", default="0.5,1,2")
@@ -156,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(text)
     Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1))
     if args.write_docs:
-        splice(ROOT / "docs" / "benchmarks.md", text)
+        bench_simulate.splice(ROOT / "docs" / "benchmarks.md", text, START, END)
     print(text)
     return 0
 

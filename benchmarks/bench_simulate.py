@@ -252,14 +252,15 @@ def _ratio(row: dict[str, Any], base: dict[str, Any] | None) -> str:
     return f"{row['usd'] / base['usd']:.2f}{mark}"
 
 
-def splice(doc: Path, text: str) -> None:
-    """Replace what lies between the markers in ``doc`` with ``text``."""
+def splice(doc: Path, text: str, start: str = START, end: str = END) -> None:
+    """Replace what lies between the markers in ``doc`` with ``text`` (this table's
+    markers by default; the other benchmarks' tables pass theirs)."""
     body = doc.read_text()
-    if START not in body or END not in body:
-        raise SystemExit(f"{doc}: markers {START} / {END} not found; add them first")
-    head, rest = body.split(START, 1)
-    _, tail = rest.split(END, 1)
-    doc.write_text(f"{head}{START}\n{text}{END}{tail}")
+    if start not in body or end not in body:
+        raise SystemExit(f"{doc}: markers {start} / {end} not found; add them first")
+    head, rest = body.split(start, 1)
+    _, tail = rest.split(end, 1)
+    doc.write_text(f"{head}{start}\n{text}{end}{tail}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -142,16 +142,6 @@ def _policy_line(runs: list[dict[str, Any]], shape: str, reality: float, policy:
     )
 
 
-def splice(doc: Path, text: str) -> None:
-    """Replace what lies between this table's markers in ``doc`` with ``text``."""
-    body = doc.read_text()
-    if START not in body or END not in body:
-        raise SystemExit(f"{doc}: markers {START} / {END} not found; add them first")
-    head, rest = body.split(START, 1)
-    _, tail = rest.split(END, 1)
-    doc.write_text(f"{head}{START}\n{text}{END}{tail}")
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0,1")
@@ -170,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(text)
     Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1))
     if args.write_docs:
-        splice(ROOT / "docs" / "benchmarks.md", text)
+        bench_simulate.splice(ROOT / "docs" / "benchmarks.md", text, START, END)
     print(text)
     return 0
 
