@@ -390,8 +390,10 @@ def apply_children(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: P
 
 def waiting_for_nodes(status: Mapping[str, Any]) -> bool:
     """Whether the last plan found that only GPU nodes the cluster lacks could serve the
-    target (Feasible=False, reason NodesUnavailable)."""
-    feasible = cnd.find(ServingTargetStatus.read(status).conditions, cnd.FEASIBLE)
+    target (Feasible=False, reason NodesUnavailable). kopf asks it on every watch event
+    of every target, so it validates the conditions alone, not the plan and figures."""
+    conditions = ServingTargetStatus.read({"conditions": status.get("conditions")}).conditions
+    feasible = cnd.find(conditions, cnd.FEASIBLE)
     return feasible is not None and (feasible.status, feasible.reason) == (
         "False",
         "NodesUnavailable",
