@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Final
+from typing import Final, Literal
 
 from rooftop_control.signals import (
     ITERATION_TOKENS_HISTOGRAM,
@@ -21,6 +21,7 @@ from rooftop_control.signals import (
     PROMPT_TOKENS_HISTOGRAM,
     REQUEST_TPOT_HISTOGRAM,
     RUNNING_GAUGE,
+    SERVED_QUANTILES,
     SUCCESS_COUNTER,
     TTFT_HISTOGRAM,
     WAITING_GAUGE,
@@ -74,6 +75,28 @@ class Reading:
         return self.state is MetricState.OK
 
 
+def served_name(length: str, of: str | float) -> str:
+    """A served-length reading's field (and query) name: ``served_prompt_tokens`` for
+    the mean, ``served_prompt_tokens_p90`` for the 0.9 quantile."""
+    base = f"served_{length}_tokens"
+    return base if of == "mean" else f"{base}_p{round(float(of) * 100)}"
+
+
+def _served(length: Literal["prompt", "output"], of: Literal["mean"] | float) -> Reading:
+    """The row of one served-length reading (the 15-minute prompt or output lengths):
+    every such row differs only in the length and what of it is read."""
+    histogram = PROMPT_TOKENS_HISTOGRAM if length == "prompt" else OUTPUT_TOKENS_HISTOGRAM
+    figure = "mean" if of == "mean" else f"p{round(of * 100)}"
+    return signal(
+        Reading(),
+        query=served_name(length, of),
+        promql=Served(histogram, of),
+        scale=1.0,
+        unit="tokens",
+        simulated=f"{figure} {length} length over the served range",
+    )
+
+
 @dataclass(frozen=True)
 class Observation:
     """What the metrics said over the last window (all replicas of one target).
@@ -99,7 +122,7 @@ class Observation:
         served_prompt_tokens / served_output_tokens: mean lengths over that range,
             tokens: the workload the loop plans for (``traffic``).
         served_prompt_tokens_p10 ... _p99, served_output_tokens_p10 ... _p99: their
-            quantiles over it (``traffic.QUANTILES``), tokens, interpolated in vLLM's
+            quantiles over it (``signals.SERVED_QUANTILES``), tokens, interpolated in vLLM's
             1-2-5 buckets.
         ready_replicas: pods ready to serve (from the Deployment, always known).
         pending_replicas: pods created but not ready yet.
@@ -218,109 +241,31 @@ class Observation:
         unit="requests",
         simulated="requests finished over the served range",
     )
-    served_prompt_tokens: Reading = signal(
-        Reading(),
-        query="served_prompt_tokens",
-        promql=Served(PROMPT_TOKENS_HISTOGRAM, "mean"),
-        scale=1.0,
-        unit="tokens",
-        simulated="mean prompt length over the served range",
-    )
-    served_prompt_tokens_p10: Reading = signal(
-        Reading(),
-        query="served_prompt_tokens_p10",
-        promql=Served(PROMPT_TOKENS_HISTOGRAM, 0.1),
-        scale=1.0,
-        unit="tokens",
-        simulated="p10 prompt length over the served range",
-    )
-    served_prompt_tokens_p50: Reading = signal(
-        Reading(),
-        query="served_prompt_tokens_p50",
-        promql=Served(PROMPT_TOKENS_HISTOGRAM, 0.5),
-        scale=1.0,
-        unit="tokens",
-        simulated="p50 prompt length over the served range",
-    )
-    served_prompt_tokens_p90: Reading = signal(
-        Reading(),
-        query="served_prompt_tokens_p90",
-        promql=Served(PROMPT_TOKENS_HISTOGRAM, 0.9),
-        scale=1.0,
-        unit="tokens",
-        simulated="p90 prompt length over the served range",
-    )
-    served_prompt_tokens_p99: Reading = signal(
-        Reading(),
-        query="served_prompt_tokens_p99",
-        promql=Served(PROMPT_TOKENS_HISTOGRAM, 0.99),
-        scale=1.0,
-        unit="tokens",
-        simulated="p99 prompt length over the served range",
-    )
-    served_output_tokens: Reading = signal(
-        Reading(),
-        query="served_output_tokens",
-        promql=Served(OUTPUT_TOKENS_HISTOGRAM, "mean"),
-        scale=1.0,
-        unit="tokens",
-        simulated="mean output length over the served range",
-    )
-    served_output_tokens_p10: Reading = signal(
-        Reading(),
-        query="served_output_tokens_p10",
-        promql=Served(OUTPUT_TOKENS_HISTOGRAM, 0.1),
-        scale=1.0,
-        unit="tokens",
-        simulated="p10 output length over the served range",
-    )
-    served_output_tokens_p50: Reading = signal(
-        Reading(),
-        query="served_output_tokens_p50",
-        promql=Served(OUTPUT_TOKENS_HISTOGRAM, 0.5),
-        scale=1.0,
-        unit="tokens",
-        simulated="p50 output length over the served range",
-    )
-    served_output_tokens_p90: Reading = signal(
-        Reading(),
-        query="served_output_tokens_p90",
-        promql=Served(OUTPUT_TOKENS_HISTOGRAM, 0.9),
-        scale=1.0,
-        unit="tokens",
-        simulated="p90 output length over the served range",
-    )
-    served_output_tokens_p99: Reading = signal(
-        Reading(),
-        query="served_output_tokens_p99",
-        promql=Served(OUTPUT_TOKENS_HISTOGRAM, 0.99),
-        scale=1.0,
-        unit="tokens",
-        simulated="p99 output length over the served range",
-    )
+    served_prompt_tokens: Reading = _served("prompt", "mean")
+    served_prompt_tokens_p10: Reading = _served("prompt", 0.1)
+    served_prompt_tokens_p50: Reading = _served("prompt", 0.5)
+    served_prompt_tokens_p90: Reading = _served("prompt", 0.9)
+    served_prompt_tokens_p99: Reading = _served("prompt", 0.99)
+    served_output_tokens: Reading = _served("output", "mean")
+    served_output_tokens_p10: Reading = _served("output", 0.1)
+    served_output_tokens_p50: Reading = _served("output", 0.5)
+    served_output_tokens_p90: Reading = _served("output", 0.9)
+    served_output_tokens_p99: Reading = _served("output", 0.99)
     ready_replicas: int = 0
     pending_replicas: int = 0
     outdated_replicas: int = 0
 
     def served_prompt(self) -> tuple[Reading, ...]:
-        """The served prompt lengths: mean, p10, p50, p90, p99."""
-        return (
-            self.served_prompt_tokens,
-            self.served_prompt_tokens_p10,
-            self.served_prompt_tokens_p50,
-            self.served_prompt_tokens_p90,
-            self.served_prompt_tokens_p99,
-        )
+        """The served prompt lengths: mean, then ``SERVED_QUANTILES``."""
+        return self._served_lengths("prompt")
 
     def served_output(self) -> tuple[Reading, ...]:
-        """The served output lengths: mean, p10, p50, p90, p99."""
-        return (
-            self.served_output_tokens,
-            self.served_output_tokens_p10,
-            self.served_output_tokens_p50,
-            self.served_output_tokens_p90,
-            self.served_output_tokens_p99,
-        )
+        """The served output lengths: mean, then ``SERVED_QUANTILES``."""
+        return self._served_lengths("output")
+
+    def _served_lengths(self, length: str) -> tuple[Reading, ...]:
+        names = [served_name(length, q) for q in ("mean", *SERVED_QUANTILES)]
+        return tuple(getattr(self, name) for name in names)
 
     def gating(self) -> list[tuple[str, Reading]]:
         """The readings that must be OK before scaling down, by name.

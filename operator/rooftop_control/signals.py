@@ -38,6 +38,8 @@ SUCCESS_COUNTER: Final = "vllm:request_success_total"
 # Per-request prompt and output lengths, tokens, observed when a request finishes.
 PROMPT_TOKENS_HISTOGRAM: Final = "vllm:request_prompt_tokens"
 OUTPUT_TOKENS_HISTOGRAM: Final = "vllm:request_generation_tokens"
+# The quantiles of each served length distribution the loop reads (``Served``).
+SERVED_QUANTILES: Final = (0.1, 0.5, 0.9, 0.99)
 
 
 @dataclass(frozen=True)

@@ -40,10 +40,11 @@ from statistics import NormalDist
 
 from rooftop_api.spec import HistogramBin, TokenLengths, Workload
 from rooftop_control.readings import Observation, Reading
+from rooftop_control.signals import SERVED_QUANTILES
 from rooftop_planner.workload import from_spec
 
 # The quantiles the loop reads of each length distribution (readings.served_*).
-QUANTILES = (0.1, 0.5, 0.9, 0.99)
+QUANTILES = SERVED_QUANTILES
 # The histogram the planner gets: equal 5 % bins to the p90, then finer toward the
 # top, where prefill stalls and KV come from (bin edges as quantiles).
 BIN_EDGES = (*(k / 20 for k in range(19)), 0.95, 0.99, 1.0)

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from rooftop_control.defaults import SERVED_RANGE_S
-from rooftop_control.readings import MetricState, Observation, Reading
+from rooftop_control.readings import MetricState, Observation, Reading, served_name
+from rooftop_control.signals import SERVED_QUANTILES
 
 
 @dataclass(frozen=True)
@@ -129,10 +130,10 @@ class MetricsWindow:
         prompts = [isl for t, isl, _ in self.served if t <= now_s]
         outputs = [osl for t, _, osl in self.served if t <= now_s]
         readings = {"served_requests": _ok(len(prompts))}
-        for name, values in (("prompt", prompts), ("output", outputs)):
-            readings[f"served_{name}_tokens"] = _mean(values)
-            for q in (10, 50, 90, 99):
-                readings[f"served_{name}_tokens_p{q}"] = _quantile(values, q / 100)
+        for length, values in (("prompt", prompts), ("output", outputs)):
+            readings[served_name(length, "mean")] = _mean(values)
+            knots = zip(SERVED_QUANTILES, _quantiles(values, SERVED_QUANTILES), strict=True)
+            readings |= {served_name(length, q): knot for q, knot in knots}
         return readings
 
 
@@ -147,10 +148,12 @@ def _quantile_ms(samples: list[float], q: float) -> Reading:
     return _ok(1e3 * float(np.quantile(samples, q)))
 
 
-def _quantile(values: list[int], q: float) -> Reading:
+def _quantiles(values: list[int], qs: tuple[float, ...]) -> list[Reading]:
+    """Exact quantiles of ``values``, one sort for all (the served range holds thousands
+    of requests); NaN readings when there are none."""
     if not values:
-        return Reading(math.nan, MetricState.NAN)
-    return _ok(float(np.quantile(values, q)))
+        return [Reading(math.nan, MetricState.NAN) for _ in qs]
+    return [_ok(float(v)) for v in np.quantile(values, qs)]
 
 
 def _share(flags: list[bool]) -> Reading:
