@@ -21,7 +21,6 @@ on the declared plan alone.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -143,11 +142,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = list(pool.map(run_job, jobs))
     command = "python benchmarks/bench_declared.py " + " ".join(argv or sys.argv[1:])
     text = table(rows, command.strip())
-    Path(args.out).write_text(text)
-    Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1))
-    if args.write_docs:
-        bench_simulate.splice(ROOT / "docs" / "benchmarks.md", text, START, END)
-    print(text)
+    bench_simulate.publish(text, rows, args.out, (START, END), args.write_docs)
     return 0
 
 

@@ -47,6 +47,7 @@ terminal, stderr gets a line as each (case, seed) job ends.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -261,6 +262,18 @@ def splice(doc: Path, text: str, start: str = START, end: str = END) -> None:
     head, rest = body.split(start, 1)
     _, tail = rest.split(end, 1)
     doc.write_text(f"{head}{start}\n{text}{end}{tail}")
+
+
+def publish(
+    text: str, rows: list[dict[str, Any]], out: str, markers: tuple[str, str], to_docs: bool
+) -> None:
+    """A table benchmark's output: ``text`` to ``out``, its rows beside it as JSON, into
+    docs/benchmarks.md between ``markers`` when ``to_docs``, and to stdout."""
+    Path(out).write_text(text)
+    Path(out).with_suffix(".json").write_text(json.dumps(rows, indent=1))
+    if to_docs:
+        splice(ROOT / "docs" / "benchmarks.md", text, *markers)
+    print(text)
 
 
 def main(argv: list[str] | None = None) -> int:

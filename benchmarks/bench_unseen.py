@@ -16,7 +16,6 @@ policy runs on the same noise seed; ratios divide by that seed's baselines.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
@@ -157,11 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [row for rows in pool.map(run_job, jobs) for row in rows]
     command = "python benchmarks/bench_unseen.py " + " ".join(argv or sys.argv[1:])
     text = table(rows, command.strip())
-    Path(args.out).write_text(text)
-    Path(args.out).with_suffix(".json").write_text(json.dumps(rows, indent=1))
-    if args.write_docs:
-        bench_simulate.splice(ROOT / "docs" / "benchmarks.md", text, START, END)
-    print(text)
+    bench_simulate.publish(text, rows, args.out, (START, END), args.write_docs)
     return 0
 
 
