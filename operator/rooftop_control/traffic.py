@@ -49,6 +49,8 @@ QUANTILES = SERVED_QUANTILES
 # top, where prefill stalls and KV come from (bin edges as quantiles).
 BIN_EDGES = (*(k / 20 for k in range(19)), 0.95, 0.99, 1.0)
 _UNIT = NormalDist()
+# The knots' normal scores, where the log-length is interpolated between them.
+_KNOT_Z = tuple(_UNIT.inv_cdf(q) for q in QUANTILES)
 
 # Finished requests the served range needs before its lengths count: the p90 of 100
 # log-normal lengths (sigma 1) is within about 20 % of the true one.
@@ -90,7 +92,7 @@ class Lengths:
     def quantile(self, q: float) -> float:
         """The q-quantile (0 < q < 1), tokens: log-linear in the normal score between
         the knots, the end segments extended beyond them."""
-        z = [_UNIT.inv_cdf(k) for k in QUANTILES]
+        z = _KNOT_Z
         logs = [math.log(max(v, 1.0)) for v in self.quantiles]
         at = _UNIT.inv_cdf(q)
         i = min(max(sum(at > zk for zk in z) - 1, 0), len(z) - 2)
@@ -133,7 +135,7 @@ class Traffic:
 
 
 def declared(workload: Workload) -> Traffic:
-    """The spec's workload as the prior (a histogram's mean and p90)."""
+    """The spec's workload as the prior: each length's mean and ``QUANTILES``."""
     return Traffic(prompt=_lengths(workload.prompt_tokens), output=_lengths(workload.output_tokens))
 
 
