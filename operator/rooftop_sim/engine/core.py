@@ -18,6 +18,17 @@ Scheduling (as vLLM V1 with chunked prefill, FCFS policy):
   blocks remain, and no preemption happened in this step.
 Token accounting: a request has ``prompt + out`` known tokens; ``computed`` of them have KV.
 A step that brings ``computed`` up to ``prompt + out`` samples one new token (``out += 1``).
+
+Prefix caching (vLLM's automatic prefix caching, on by default as in V1; the block rules
+are ``prefix_cache.PrefixCache``'s): a request carries the hashes of its prompt's full
+blocks (``Request.block_hashes``). When it is admitted with nothing computed, the longest
+run of its leading blocks found in the cache counts as computed, capped so that at least
+one token is computed (vLLM recomputes the last token for its logits, a whole block when
+the prompt fills its blocks exactly). Those tokens are not prefilled but are attended by
+the ones that are. Admissions count vLLM's ``prefix_cache_queries`` (the request's tokens)
+and ``prefix_cache_hits`` (its cached tokens); a preempted request's look-up on
+re-admission is not counted, as vLLM keeps those apart (``PrefixCacheStats.preempted_*``).
+Output blocks are never cached: their tokens are not known to the simulator.
 """
 
 from __future__ import annotations
@@ -26,6 +37,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from rooftop_sim.engine.prefix_cache import PrefixCache
 
 
 class StepTimer(Protocol):
@@ -49,6 +62,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192  # vLLM V1's default for online serving
     max_model_len: int = 8192
     block_size: int = 16
+    enable_prefix_caching: bool = True  # vLLM's --enable-prefix-caching, on in V1
 
     @property
     def num_blocks(self) -> int:
@@ -58,15 +72,26 @@ class EngineConfig:
 
 @dataclass(eq=False)
 class Request:
-    """One request and its lifecycle timestamps (seconds, driver's clock; None = not yet)."""
+    """One request and its lifecycle timestamps (seconds, driver's clock; None = not yet).
+
+    ``block_hashes``: one per full ``block_size``-token block of the prompt, each naming
+    the whole prefix through its block (chained); empty: the prompt is never found in the
+    prefix cache (it is still looked up). ``cached_tokens``: prompt tokens found there at
+    its first admission (vLLM's ``num_cached_tokens``); None until then, and always None
+    when prefix caching is off.
+    """
 
     request_id: str
     prompt_tokens: int
     max_tokens: int
     arrival_s: float
+    block_hashes: tuple[int, ...] = ()
+    cached_tokens: int | None = None
     out: int = 0  # output tokens sampled so far
     computed: int = 0  # tokens whose KV is in the cache
-    blocks: int = 0  # KV blocks held
+    blocks: int = 0  # KV blocks held, shared cached ones included
+    held: list[int] = field(default_factory=list, repr=False)  # cached hashes it holds
+    hashed: int = 0  # leading block_hashes already found or cached for this admission
     num_preemptions: int = 0
     scheduled_s: float | None = None  # first admitted (end of queueing)
     first_token_s: float | None = None
@@ -124,6 +149,8 @@ class StepResult:
     preempted: list[Request] = field(default_factory=list)
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    prefix_queries: int = 0  # tokens looked up in the prefix cache by this step's admissions
+    prefix_hits: int = 0  # of which found there
 
     @property
     def end_s(self) -> float:
@@ -143,6 +170,8 @@ class Counters:
     prompt_tokens: int = 0
     generation_tokens: int = 0
     preemptions: int = 0
+    prefix_queries: int = 0  # tokens looked up in the prefix cache (vLLM's queries)
+    prefix_hits: int = 0  # tokens found there (vLLM's hits)
     finished: dict[str, int] = field(default_factory=dict)  # finished_reason -> count
     steps: int = 0
     busy_s: float = 0.0
@@ -179,7 +208,7 @@ class EngineCore:
         self.timer = timer
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
-        self.free_blocks = config.num_blocks
+        self.cache = PrefixCache(config.num_blocks, config.enable_prefix_caching)
         self.counters = Counters()
         self._ids: dict[str, Request] = {}
 
@@ -193,6 +222,11 @@ class EngineCore:
     def num_waiting(self) -> int:
         """Requests queued, including preempted ones (vllm:num_requests_waiting)."""
         return len(self.waiting)
+
+    @property
+    def free_blocks(self) -> int:
+        """KV blocks no request holds, cached ones included (vLLM's free queue)."""
+        return self.cache.free_blocks
 
     @property
     def kv_usage(self) -> float:
@@ -234,12 +268,16 @@ class EngineCore:
         return req
 
     def _finish(self, req: Request, now: float, reason: str) -> None:
-        self.free_blocks += req.blocks
-        req.blocks = 0
+        self._release(req)
         req.finished_s = now
         req.finished_reason = reason
         self._ids.pop(req.request_id, None)
         self.counters.finished[reason] = self.counters.finished.get(reason, 0) + 1
+
+    def _release(self, req: Request) -> None:
+        """Free the request's blocks; its cached ones stay findable until evicted."""
+        self.cache.free(req.held, req.blocks - len(req.held))
+        req.blocks, req.held, req.hashed = 0, [], 0
 
     # ---- one iteration -----------------------------------------------------------
     def step(self, now: float) -> StepResult | None:
@@ -276,8 +314,9 @@ class EngineCore:
             need = self._blocks_needed(req, n)
             if not self._make_room(req, need, res):
                 break  # it preempted itself: every request after it is gone too
-            self.free_blocks -= need
+            self.cache.allocate(need)
             req.blocks += need
+            self._cache_full_blocks(req, n)
             batch.add(req, n)
             budget -= n
             i += 1
@@ -293,9 +332,9 @@ class EngineCore:
         return True
 
     def _preempt(self, req: Request, res: StepResult) -> None:
-        """Recompute-style preemption: drop its KV, requeue it at the head."""
-        self.free_blocks += req.blocks
-        req.blocks = 0
+        """Recompute-style preemption: drop its KV (its cached blocks stay findable),
+        requeue it at the head."""
+        self._release(req)
         req.computed = 0
         req.num_preemptions += 1
         self.counters.preemptions += 1
@@ -304,21 +343,54 @@ class EngineCore:
 
     def _schedule_waiting(self, batch: _Batch, budget: int, res: StepResult, now: float) -> None:
         """Admit queued requests FCFS while seats, token budget and KV blocks last."""
+        size, cache = self.config.block_size, self.cache
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            req = self.waiting[0]
-            n = min(req.known - req.computed, budget)
-            need = self._blocks_needed(req, n)
-            if need > self.free_blocks:
+            req = self.waiting[0]  # nothing computed: new, or preempted (recompute)
+            hit = cache.longest_hit(req.block_hashes, (req.known - 1) // size)
+            n = min(req.known - hit * size, budget)
+            need = math.ceil((hit * size + n) / size) - hit
+            # cached blocks nobody holds leave the free queue as new ones would
+            if need + cache.free_among(req.block_hashes, hit) > cache.free_blocks:
                 break
             self.waiting.popleft()
-            self.free_blocks -= need
-            req.blocks += need
+            cache.touch(req.block_hashes, hit)
+            cache.allocate(need)
+            req.held, req.hashed = list(req.block_hashes[:hit]), hit
+            req.blocks, req.computed = hit + need, hit * size
+            self._count_lookup(req, res)
+            self._cache_full_blocks(req, n)
             self.running.append(req)
             batch.add(req, n)
             budget -= n
             if req.scheduled_s is None:
                 req.scheduled_s = now
                 res.admitted.append(req)
+
+    def _count_lookup(self, req: Request, res: StepResult) -> None:
+        """vLLM's prefix-cache stats of an admission: its tokens looked up and those
+        found (``computed``), counted for requests never preempted only."""
+        if not self.cache.enabled:
+            return
+        if req.cached_tokens is None:
+            req.cached_tokens = req.computed
+        if req.num_preemptions == 0:
+            res.prefix_queries += req.known
+            res.prefix_hits += req.computed
+            self.counters.prefix_queries += req.known
+            self.counters.prefix_hits += req.computed
+
+    def _cache_full_blocks(self, req: Request, n: int) -> None:
+        """Cache the prompt blocks that ``n`` more tokens fill (vLLM caches them when it
+        schedules those tokens, so a request admitted later in the step finds them)."""
+        hashes = req.block_hashes
+        full = min(len(hashes), (req.computed + n) // self.config.block_size)
+        if full <= req.hashed:
+            return
+        register, held = self.cache.register, req.held
+        for k in range(req.hashed, full):
+            if register(hashes[k]):
+                held.append(hashes[k])
+        req.hashed = full
 
     def _complete(self, batch: _Batch, res: StepResult) -> None:
         """Apply the iteration: advance KV, sample tokens, retire finished requests."""

@@ -1,0 +1,114 @@
+"""vLLM V1's automatic prefix caching, as block bookkeeping (``v1/core/block_pool.py``).
+
+The KV cache is ``num_blocks`` blocks of ``block_size`` tokens. A full block of a prompt
+has a hash that identifies the whole prefix through it (chained: equal hashes mean equal
+prefixes), so a request that starts with a cached prefix reuses those blocks instead of
+prefilling them. The rules, as vLLM applies them:
+
+- a block is cached once it is full and scheduled (vLLM hashes it when it allocates the
+  slots for the tokens that fill it); a hash already cached keeps its first block, and
+  the later copy stays private to its request (vLLM keeps both; a lookup finds one);
+- a request's cache hit is the longest run of leading block hashes found in the cache;
+- blocks in use are reference-counted: two running requests sharing a prefix hold those
+  blocks once;
+- a freed block goes to the free queue. Blocks without a hash (never cacheable: a
+  request's partial last block, its output, or a duplicate) are reused first; cached ones
+  stay findable, queued least recently freed first, and are evicted in that order when a
+  new block is needed. A request frees its blocks last to first, so a prefix's tail is
+  evicted before its head;
+- free blocks, cached or not, are what ``kv_cache_usage`` counts as free.
+
+Only counts and hashes are kept (no block ids): an admission costs one dict look-up per
+block of its prompt, and nothing is done per token.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+
+class PrefixCache:
+    """Free blocks and the cached block hashes of one engine's KV cache.
+
+    Args:
+        num_blocks: KV blocks in the cache.
+        enabled: cache full blocks (vLLM's ``--enable-prefix-caching``); when False
+            every block is private and nothing is ever found.
+    """
+
+    def __init__(self, num_blocks: int, enabled: bool = True) -> None:
+        self.num_blocks = num_blocks
+        self.enabled = enabled
+        self.free_uncached = num_blocks  # free blocks holding nothing findable
+        # hash -> requests holding that block (0: free, waiting in the LRU queue below)
+        self._refs: dict[int, int] = {}
+        # free cached blocks, least recently freed first (the eviction order)
+        self._lru: OrderedDict[int, None] = OrderedDict()
+
+    @property
+    def free_blocks(self) -> int:
+        """Blocks not held by any request, cached ones included (vLLM's free queue)."""
+        return self.free_uncached + len(self._lru)
+
+    @property
+    def cached_blocks(self) -> int:
+        """Blocks whose hash can be found, held or free."""
+        return len(self._refs)
+
+    def longest_hit(self, hashes: Sequence[int], max_blocks: int) -> int:
+        """Leading blocks of ``hashes`` (at most ``max_blocks``) found in the cache."""
+        if not self.enabled:
+            return 0
+        refs = self._refs
+        n = min(len(hashes), max_blocks)
+        k = 0
+        while k < n and hashes[k] in refs:
+            k += 1
+        return k
+
+    def free_among(self, hashes: Sequence[int], count: int) -> int:
+        """How many of the first ``count`` hashes (all cached) are free blocks: taking
+        them out of the free queue costs as much as allocating new ones."""
+        refs = self._refs
+        return sum(1 for k in range(count) if refs[hashes[k]] == 0)
+
+    def touch(self, hashes: Sequence[int], count: int) -> None:
+        """Hold the first ``count`` hashes' cached blocks for one more request."""
+        refs, lru = self._refs, self._lru
+        for k in range(count):
+            h = hashes[k]
+            if refs[h] == 0:
+                del lru[h]
+            refs[h] += 1
+
+    def allocate(self, count: int) -> None:
+        """Take ``count`` free blocks: uncached ones first, then the least recently
+        freed cached ones, whose hashes are forgotten (evicted). The caller checked
+        that ``count <= free_blocks``."""
+        take = min(count, self.free_uncached)
+        self.free_uncached -= take
+        refs, lru = self._refs, self._lru
+        for _ in range(count - take):
+            h, _ = lru.popitem(last=False)
+            del refs[h]
+
+    def register(self, h: int) -> bool:
+        """A block a request holds became full: cache it under ``h``. False when it
+        stays private (caching off, or ``h`` is already cached by another block)."""
+        if not self.enabled or h in self._refs:
+            return False
+        self._refs[h] = 1
+        return True
+
+    def free(self, held: Sequence[int], private: int) -> None:
+        """A request lets go of its blocks: ``held``, the cached ones in prompt order,
+        and ``private`` blocks nobody can find. Cached blocks nobody else holds join
+        the eviction queue last block first."""
+        self.free_uncached += private
+        refs, lru = self._refs, self._lru
+        for h in reversed(held):
+            left = refs[h] - 1
+            refs[h] = left
+            if left == 0:
+                lru[h] = None
