@@ -5,7 +5,9 @@ Arrivals are open-loop (they do not wait for responses): Gamma-distributed gaps 
 or the timestamps and lengths of an Azure-format ``--trace`` (see ``traces.py``).
 Each request streams ``/v1/completions`` with the prompt as a list of token ids (so its
 length is exact on vLLM and engine-sim alike), ``max_tokens`` = output length and
-``ignore_eos`` so a real model does not stop early.
+``ignore_eos`` so a real model does not stop early. Each prompt begins with two ids no
+other request of the process has there, so no two share a block of the prefix cache
+(which vLLM V1 and engine-sim keep by default): every prompt token is prefilled.
 
 Client-side measures per request: TTFT (send to first content chunk), TPOT ((last chunk
 - first chunk) / (output tokens - 1), tokens from the usage chunk when the server sends
@@ -18,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import math
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -207,6 +211,18 @@ def schedule(spec: LoadSpec) -> list[tuple[float, int, int]]:
     return out
 
 
+# numbers the prompts; from a random start, so that two processes rarely share one
+_PROMPT_SERIAL = itertools.count(random.randrange(1 << 28))
+
+
+def prompt_ids(length: int) -> list[int]:
+    """``length`` token ids (1000 to 20999, in every vocabulary), the first two unique
+    to this prompt: no request finds another's prefix in the engine's cache."""
+    serial = next(_PROMPT_SERIAL)
+    head = [1000 + serial % 20000, 1000 + serial // 20000 % 20000]
+    return (head + [1000 + i % 20000 for i in range(2, length)])[:length]
+
+
 async def send_request(
     session: aiohttp.ClientSession, spec: LoadSpec, prompt: int, output: int, t0: float
 ) -> RequestResult:
@@ -214,7 +230,7 @@ async def send_request(
     res = RequestResult(sent_s=time.monotonic() - t0, prompt_tokens=prompt)
     body = {
         "model": spec.model,
-        "prompt": [1000 + i % 20000 for i in range(prompt)],
+        "prompt": prompt_ids(prompt),
         "max_tokens": output,
         "ignore_eos": True,
         "stream": True,

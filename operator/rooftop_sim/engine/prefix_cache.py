@@ -112,3 +112,15 @@ class PrefixCache:
             refs[h] = left
             if left == 0:
                 lru[h] = None
+
+
+def chain_hashes(token_ids: Sequence[int], block_size: int) -> tuple[int, ...]:
+    """Hashes of the full ``block_size``-token blocks of ``token_ids``, each of its
+    parent's hash and its own tokens (vLLM's ``hash_block_tokens``), so equal hashes
+    mean equal prefixes. Python's hash of a tuple of ints is the same in every process."""
+    out: list[int] = []
+    parent = 0
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = hash((parent, tuple(token_ids[start : start + block_size])))
+        out.append(parent)
+    return tuple(out)

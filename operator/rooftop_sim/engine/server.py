@@ -11,6 +11,12 @@ Prompt length, explicitly:
   (vLLM accepts token-id prompts too, so ``rooftop load`` sends those for exact lengths);
 - a text prompt: ``ceil(1.3 * whitespace-separated words)``, at least 1;
 - /v1/chat/completions: the same per message content, plus 4 tokens of chat template each.
+Prefix caching (on, as in vLLM V1; ``--no-enable-prefix-caching`` turns it off): the
+engine caches the prompt's full blocks by chained hashes of their token ids, so a prompt
+that repeats an earlier one's beginning finds it. Token-id prompts hash their ids; a text
+stands for as many pseudo-token ids as it counts tokens, token k being the word k / 1.3
+(so a text that extends another begins with the same ids); a chat message adds 4 ids of
+its role before its content.
 Output length is exactly ``max_tokens`` (default 16; ``max_completion_tokens`` for chat
 also works): the simulated model never stops early, so finish_reason is always "length".
 
@@ -29,7 +35,8 @@ import math
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+import zlib
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +48,7 @@ from rooftop_planner.catalog import ModelSpec
 from rooftop_planner.parallelism import TP_DEGREES, tp_problem
 from rooftop_planner.scenarios import normalize_dtype
 from rooftop_sim.engine.core import EngineConfig, EngineCore, Request, StepResult
+from rooftop_sim.engine.prefix_cache import chain_hashes
 from rooftop_sim.engine.truth import TruthModel
 from rooftop_sim.engine.vllm_metrics import VllmMetrics
 from rooftop_sim.errors import SimError
@@ -71,6 +79,7 @@ class EngineSimConfig:
     noise: float = 0.0
     seed: int = 0
     time_scale: float = 1.0
+    enable_prefix_caching: bool = True
 
     @property
     def served_name(self) -> str:
@@ -149,7 +158,13 @@ class EngineSim:
         check_tp(self.truth.dep.model, cfg.tp)
         kv = cfg.kv_capacity_tokens or self.truth.kv_capacity_tokens(cfg.gpu_memory_utilization)
         _check_kv(kv, cfg)
-        ecfg = EngineConfig(kv, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_model_len)
+        ecfg = EngineConfig(
+            kv,
+            cfg.max_num_seqs,
+            cfg.max_num_batched_tokens,
+            cfg.max_model_len,
+            enable_prefix_caching=cfg.enable_prefix_caching,
+        )
         self.engine = EngineCore(ecfg, self.truth)
         self.metrics = VllmMetrics(cfg.served_name, cfg.max_model_len, self._cache_info(ecfg))
         self.metrics.set_gauges(self.engine)
@@ -162,7 +177,7 @@ class EngineSim:
         return {
             "block_size": str(ecfg.block_size),
             "cache_dtype": self.cfg.kv_dtype,
-            "enable_prefix_caching": "False",
+            "enable_prefix_caching": str(ecfg.enable_prefix_caching),
             "gpu_memory_utilization": str(self.cfg.gpu_memory_utilization),
             "num_cpu_blocks": "None",
             "num_gpu_blocks": str(ecfg.num_blocks),
@@ -173,14 +188,17 @@ class EngineSim:
         return (time.monotonic() - self._t0) * self.cfg.time_scale
 
     def submit(
-        self, prompt_tokens: int, max_tokens: int
+        self, prompt: Sequence[int], max_tokens: int
     ) -> tuple[Request, asyncio.Queue[int | None]]:
-        """Queue a request; the queue yields output token indices, then None when done."""
+        """Queue a request of these prompt token ids; the queue yields output token
+        indices, then None when done."""
         now = self.sim_now()
         if self._busy_until is not None:
             # in the engine's clock it arrived no later than the iteration now running ends
             now = min(now, self._busy_until)
-        req = Request(uuid.uuid4().hex, prompt_tokens, max_tokens, now)
+        ecfg = self.engine.config
+        hashes = chain_hashes(prompt, ecfg.block_size) if ecfg.enable_prefix_caching else ()
+        req = Request(uuid.uuid4().hex, len(prompt), max_tokens, now, block_hashes=hashes)
         try:
             self.engine.add_request(req)
         except ValueError as err:
@@ -243,6 +261,8 @@ class EngineSim:
             "fit_source": self.truth.fit_source,
             "preemptions": e.counters.preemptions,
             "prompt_tokens": e.counters.prompt_tokens,
+            "prefix_cache_queries": e.counters.prefix_queries,
+            "prefix_cache_hits": e.counters.prefix_hits,
             "generation_tokens": e.counters.generation_tokens,
             "finished": dict(e.counters.finished),
             "steps": e.counters.steps,
@@ -263,32 +283,42 @@ def _token_text(index: int) -> str:
     return _WORDS[index % len(_WORDS)]
 
 
-def completion_prompt_tokens(body: dict[str, Any]) -> int:
-    """Prompt length of a /v1/completions body (see the module docstring)."""
+def text_token_ids(text: str) -> list[int]:
+    """``count_text_tokens(text)`` pseudo-token ids: token k is word k / 1.3 (its CRC-32),
+    so a text that extends another begins with the same ids."""
+    words = [zlib.crc32(w.encode()) for w in text.split()] or [0]
+    last = len(words) - 1
+    return [words[min(int(k / TOKENS_PER_WORD), last)] for k in range(count_text_tokens(text))]
+
+
+def completion_prompt_ids(body: dict[str, Any]) -> list[int]:
+    """Prompt token ids of a /v1/completions body (see the module docstring)."""
     prompt = body.get("prompt")
     if isinstance(prompt, str):
-        return count_text_tokens(prompt)
+        return text_token_ids(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
-        return len(prompt)
+        return prompt
     if isinstance(prompt, list) and len(prompt) == 1:
-        return completion_prompt_tokens({"prompt": prompt[0]})
+        return completion_prompt_ids({"prompt": prompt[0]})
     raise BadRequest("'prompt' must be a string or a list of token ids (one prompt)")
 
 
-def chat_prompt_tokens(body: dict[str, Any]) -> int:
-    """Prompt length of a /v1/chat/completions body: content tokens + 4 per message."""
+def chat_prompt_ids(body: dict[str, Any]) -> list[int]:
+    """Prompt token ids of a /v1/chat/completions body: per message, 4 ids of its role
+    (the chat template's markers), then its content's."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list")
-    total = 0
+    ids: list[int] = []
     for msg in messages:
         content = msg.get("content") if isinstance(msg, dict) else None
         if isinstance(content, list):  # content parts: count the text ones
             content = " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
         if not isinstance(content, str):
             raise BadRequest("each message needs a string 'content'")
-        total += count_text_tokens(content) + CHAT_TOKENS_PER_MESSAGE
-    return total
+        role = zlib.crc32(str(msg.get("role", "")).encode())
+        ids += [role] * CHAT_TOKENS_PER_MESSAGE + text_token_ids(content)
+    return ids
 
 
 def max_tokens_of(body: dict[str, Any]) -> int:
@@ -412,7 +442,7 @@ async def _generate(request: web.Request, chat: bool) -> web.StreamResponse:
 async def _serve(request: web.Request, sim: EngineSim, chat: bool) -> web.StreamResponse:
     try:
         body = await _read_body(request, sim)
-        prompt = chat_prompt_tokens(body) if chat else completion_prompt_tokens(body)
+        prompt = chat_prompt_ids(body) if chat else completion_prompt_ids(body)
         req, queue = sim.submit(prompt, max_tokens_of(body))
     except BadRequest as err:
         return _error(str(err), err.status)
@@ -575,6 +605,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0,
         help="seconds to finish in-flight requests after SIGTERM, refusing new ones "
         "(vLLM's flag; 0 aborts them, as vLLM does)",
+    )
+    p.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=d.enable_prefix_caching,
+        help="cache prompt prefixes by block, as vLLM V1 does (default: on)",
     )
     p.add_argument(
         "--time-scale",

@@ -136,9 +136,8 @@ class VllmMetrics:
         self.generation_tokens = self._counter(
             "vllm:generation_tokens", "Number of generation tokens processed."
         )
-        # vLLM counts prefix-cache lookups in prompt tokens. The simulator models no
-        # prefix cache (every prompt is prefilled in full), so hits stay 0: the series
-        # exist, as in vLLM, and a hit-rate panel reads 0 instead of "no data".
+        # vLLM counts prefix-cache look-ups in tokens, once per admission of a request
+        # never preempted (PrefixCacheStats), as the engine's counters do
         self.prefix_cache_queries = self._counter(
             "vllm:prefix_cache_queries",
             "Prefix cache queries, in terms of number of queried tokens.",
@@ -237,6 +236,9 @@ class VllmMetrics:
     def on_step(self, res: StepResult) -> None:
         """Per-iteration observations: tokens, TTFT, inter-token gaps, preemptions."""
         self.iteration_tokens.observe(res.num_tokens)
+        if res.prefix_queries:
+            self.prefix_cache_queries.inc(res.prefix_queries)
+            self.prefix_cache_hits.inc(res.prefix_hits)
         if res.preempted:
             self.preemptions.inc(len(res.preempted))
         self.generation_tokens.inc(len(res.tokens))
@@ -245,7 +247,6 @@ class VllmMetrics:
                 ttft = ev.request.ttft_s
                 self.ttft.observe(ttft if ttft is not None else 0.0)
                 self.prompt_tokens.inc(ev.request.prompt_tokens)
-                self.prefix_cache_queries.inc(ev.request.prompt_tokens)
             else:
                 self.itl.observe(ev.itl_s)
 

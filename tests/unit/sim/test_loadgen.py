@@ -11,6 +11,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from rooftop_sim import loadgen
+from rooftop_sim.engine.prefix_cache import chain_hashes
 from rooftop_sim.engine.server import EngineSimConfig, build_app
 from rooftop_sim.loadgen import LoadSpec, run_load, schedule
 from rooftop_sim.traces import Trace
@@ -143,3 +144,11 @@ def test_cli_rejects_bad_trace(capsys: pytest.CaptureFixture[str]) -> None:
 
     assert main(["load", "--model", "m", "--trace", "/nonexistent.csv", "--quiet"]) == 2
     assert "cannot open" in capsys.readouterr().err
+
+
+def test_no_two_prompts_share_a_prefix_cache_block() -> None:
+    """vLLM and engine-sim cache prefixes by default: prompts of one length that began
+    alike would be prefilled once, and the load would not be the lengths it says."""
+    prompts = [loadgen.prompt_ids(300) for _ in range(1000)]
+    assert all(len(p) == 300 for p in prompts) and len(loadgen.prompt_ids(1)) == 1
+    assert len({chain_hashes(p, 16)[0] for p in prompts}) == 1000
