@@ -3,9 +3,15 @@ time warp.
 
 Mooncake's format (kvcache-ai/Mooncake, FAST'25 traces; a ``.jsonl`` file): one JSON
 object per line with ``timestamp`` (milliseconds), ``input_length`` and
-``output_length`` (tokens); its ``hash_ids`` (the prompt's 512-token blocks) are not
-read: the simulated engine has no prefix cache yet. The same rules as below apply (a
-line that is not such an object is an error naming the line and the key).
+``output_length`` (tokens), and ``hash_ids``: one id per 512-token block of the prompt,
+the last one partial, each naming the whole prefix through its block (ids are chained:
+a later turn of a conversation repeats its earlier turns' ids). A line without
+``hash_ids`` has no blocks (it never shares a prefix). The session of a request is the
+first block id after the part every request of the file shares (in Mooncake's
+conversation trace, block 0 is common to all and block 1 names the conversation); a
+request with no such block is a session of its own. ``PrefixBlocks.engine_hashes`` turns
+a request's ids into the simulated engine's block hashes. The same rules as below apply
+(a line that is not such an object is an error naming the line and the key).
 
 Azure's format (Azure/AzurePublicDataset, 2023): a CSV with a header naming at least
 ``TIMESTAMP,ContextTokens,GeneratedTokens``. TIMESTAMP is an ISO date-time
@@ -26,7 +32,8 @@ import csv
 import json
 import math
 import warnings
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 from typing import IO
@@ -50,14 +57,91 @@ class TraceWarning(UserWarning):
     """A trace file was usable after a fix-up (rows re-sorted by time)."""
 
 
+# Tokens per block of Mooncake's hash_ids
+MOONCAKE_BLOCK_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class PrefixBlocks:
+    """The prompts' blocks as a trace names them, ``block_tokens`` tokens each: request
+    i's block ids are ``ids[starts[i]:starts[i + 1]]``, each naming the whole prefix
+    through its block (ragged rows in two flat arrays: a trace holds millions of ids)."""
+
+    ids: IntArray
+    starts: IntArray  # one more than there are requests
+    block_tokens: int = MOONCAKE_BLOCK_TOKENS
+
+    @classmethod
+    def from_lists(cls, rows: Sequence[Sequence[int]], block_tokens: int) -> PrefixBlocks:
+        """From one list of block ids per request."""
+        starts = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum([len(r) for r in rows], out=starts[1:])
+        flat = [h for r in rows for h in r]
+        return cls(np.array(flat, dtype=np.int64), starts, block_tokens)
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def of(self, i: int) -> IntArray:
+        """Request ``i``'s block ids."""
+        return self.ids[self.starts[i] : self.starts[i + 1]]
+
+    def take(self, index: npt.NDArray[np.int64] | npt.NDArray[np.bool_]) -> PrefixBlocks:
+        """The rows ``index`` selects (a mask or positions, in that order)."""
+        rows = np.flatnonzero(index) if index.dtype == np.bool_ else np.asarray(index)
+        lengths = (self.starts[1:] - self.starts[:-1])[rows]
+        starts = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=starts[1:])
+        shift = np.repeat(self.starts[rows] - starts[:-1], lengths)
+        return PrefixBlocks(self.ids[np.arange(starts[-1]) + shift], starts, self.block_tokens)
+
+    def engine_hashes(self, i: int, prompt_tokens: int, block_size: int) -> tuple[int, ...]:
+        """Request ``i``'s prompt as the engine's chained block hashes, one per full
+        ``block_size``-token block of its ``prompt_tokens`` that its ids cover.
+
+        Engine block k ends at token e = (k + 1) * block_size - 1, inside trace block
+        j = e // block_tokens, whose id h already names the prefix through block j:
+        (h, e mod block_tokens) names the prefix through engine block k, encoded as
+        h * block_tokens + e mod block_tokens (distinct per pair). A trace block cut by
+        the prompt's end yields only the engine blocks the prompt fills.
+        """
+        ids = self.of(i)
+        blocks = min(prompt_tokens, len(ids) * self.block_tokens) // block_size
+        if blocks <= 0:
+            return ()
+        end = np.arange(1, blocks + 1, dtype=np.int64) * block_size - 1
+        hashes = ids[end // self.block_tokens] * self.block_tokens + end % self.block_tokens
+        return tuple(hashes.tolist())
+
+
+def session_keys(rows: Sequence[Sequence[int]]) -> IntArray:
+    """Each request's session: its first block id after the ids every request starts
+    with; -1 - i for a request i with none (a session of its own)."""
+    common = list(rows[0]) if rows else []
+    for row in rows:
+        n = 0
+        while n < len(common) and n < len(row) and row[n] == common[n]:
+            n += 1
+        del common[n:]
+    shared = len(common)
+    return np.array(
+        [row[shared] if len(row) > shared else -1 - i for i, row in enumerate(rows)],
+        dtype=np.int64,
+    )
+
+
 @dataclass(frozen=True)
 class Trace:
-    """Arrival offsets (s, from the first request, ascending) and token lengths."""
+    """Arrival offsets (s, from the first request, ascending) and token lengths; for a
+    trace that names its prompts' blocks (Mooncake), those and each request's session
+    key (``session_keys``), else None."""
 
     source: str
     arrival_s: FloatArray
     prompt_tokens: IntArray
     output_tokens: IntArray
+    prefix: PrefixBlocks | None = None
+    session: IntArray | None = None
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -76,13 +160,24 @@ class Trace:
         """Same requests, arrivals compressed ``factor`` times (2.0: twice the rate)."""
         if not factor > 0:
             raise ValueError(f"speedup must be > 0, got {factor}")
-        return Trace(self.source, self.arrival_s / factor, self.prompt_tokens, self.output_tokens)
+        return replace(self, arrival_s=self.arrival_s / factor)
 
     def window(self, start_s: float, end_s: float) -> Trace:
         """Requests arriving in [start_s, end_s), re-based to start at 0."""
         m = (self.arrival_s >= start_s) & (self.arrival_s < end_s)
+        return self.take(m, self.arrival_s[m] - start_s)
+
+    def take(
+        self, index: npt.NDArray[np.int64] | npt.NDArray[np.bool_], arrival_s: FloatArray
+    ) -> Trace:
+        """The requests ``index`` selects (mask or positions), arriving at ``arrival_s``."""
         return Trace(
-            self.source, self.arrival_s[m] - start_s, self.prompt_tokens[m], self.output_tokens[m]
+            self.source,
+            arrival_s,
+            self.prompt_tokens[index],
+            self.output_tokens[index],
+            None if self.prefix is None else self.prefix.take(index),
+            None if self.session is None else self.session[index],
         )
 
     def requests(self) -> list[tuple[float, int, int]]:
@@ -176,6 +271,8 @@ def _read_json_lines(path: Path, fh: IO[str], max_rows: int | None) -> Trace:
     times: list[float] = []
     prompts: list[int] = []
     outputs: list[int] = []
+    blocks: list[list[int]] = []
+    named = False  # some line has hash_ids
     for line, text in enumerate(fh, start=1):
         if max_rows is not None and len(times) >= max_rows:
             break
@@ -186,9 +283,25 @@ def _read_json_lines(path: Path, fh: IO[str], max_rows: int | None) -> Trace:
         times.append(_parse_count(str(row["timestamp"]), where["timestamp"]) / 1e3)
         prompts.append(_parse_count(str(row["input_length"]), where["input_length"]))
         outputs.append(_parse_count(str(row["output_length"]), where["output_length"]))
+        named = named or "hash_ids" in row
+        blocks.append(_block_ids(row.get("hash_ids", []), f"{path}:{line}: key hash_ids"))
     if not times:
         raise TraceError(f"{path}: no requests (expected one JSON object per line)")
-    return _build(str(path), np.array(times), np.array(prompts), np.array(outputs), 1)
+    prefix = PrefixBlocks.from_lists(blocks, MOONCAKE_BLOCK_TOKENS) if named else None
+    session = session_keys(blocks) if named else None
+    return _build(
+        str(path), np.array(times), np.array(prompts), np.array(outputs), 1, prefix, session
+    )
+
+
+def _block_ids(value: object, where: str) -> list[int]:
+    """A line's ``hash_ids``: a list of non-negative integers."""
+    if not isinstance(value, list):
+        raise TraceError(f"{where}: must be a list of block ids, got {value!r:.60}")
+    for k, h in enumerate(value):
+        if not isinstance(h, int) or isinstance(h, bool) or h < 0:
+            raise TraceError(f"{where}: item {k} must be a non-negative integer, got {h!r:.40}")
+    return value
 
 
 def _json_object(text: str, where: str) -> dict[str, object]:
@@ -208,7 +321,15 @@ def _json_object(text: str, where: str) -> dict[str, object]:
     return row
 
 
-def _build(source: str, t: FloatArray, p: IntArray, o: IntArray, first_line: int = 2) -> Trace:
+def _build(
+    source: str,
+    t: FloatArray,
+    p: IntArray,
+    o: IntArray,
+    first_line: int = 2,
+    prefix: PrefixBlocks | None = None,
+    session: IntArray | None = None,
+) -> Trace:
     """Sort by time (warning when needed) and re-base arrivals to the first request
     (``first_line``: the file's line of the first request, for the warning)."""
     back = np.flatnonzero(np.diff(t) < 0)
@@ -222,7 +343,16 @@ def _build(source: str, t: FloatArray, p: IntArray, o: IntArray, first_line: int
         )
         order = np.argsort(t, kind="stable")
         t, p, o = t[order], p[order], o[order]
-    return Trace(source, (t - t[0]).astype(np.float64), p.astype(np.int64), o.astype(np.int64))
+        prefix = None if prefix is None else prefix.take(order)
+        session = None if session is None else session[order]
+    return Trace(
+        source,
+        (t - t[0]).astype(np.float64),
+        p.astype(np.int64),
+        o.astype(np.int64),
+        prefix,
+        session,
+    )
 
 
 # --------------------------------------------------------------------------------------

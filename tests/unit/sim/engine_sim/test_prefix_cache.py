@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tests.unit.sim.engine_sim.test_core import drive
+
 from rooftop_sim.engine.core import EngineConfig, EngineCore, Request
 from rooftop_sim.engine.truth import TruthModel
-
-from .test_core import drive
 
 TRUTH = TruthModel.for_deployment("llama-3.1-8b", "h100-sxm", 1, "bf16", "auto")
 
