@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 
-from rooftop_operator import builders
+from rooftop_operator import builders, engine_drain
 from tests.cluster.controlplane import free_port
 from tests.cluster.handle import wait_until
 from tests.cluster.keepalive import KeptAliveClient, Stream, read_stream
@@ -47,6 +47,11 @@ NEXT = 200
 SLOW = {"logprobs": 20}  # vLLM's most by default: each step also ranks 20 tokens
 SHUTDOWN_TIMEOUT_S = 60
 MIN_WAIT_S = 1.0  # the preStop's least wait (endpoint removal); 10 s in a pod
+# The server's idle keep-alive timeout, s (vLLM's default is 5). The idle connection
+# waits for the preStop script to start and the drain to begin, which took over 5 s on
+# a loaded CI machine: uvicorn closed it first (HTTP's own race, engine_drain's doc), a
+# broken pipe the drain cannot prevent. Longer than that wait, shorter than the test.
+KEEPALIVE_S = 120
 
 
 def engine(vllm_py: Path, model: Path, work: Path, drain: bool) -> VllmProcess:
@@ -57,7 +62,8 @@ def engine(vllm_py: Path, model: Path, work: Path, drain: bool) -> VllmProcess:
             "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]  # fmt: skip
     env = {"PATH": f"{vllm_py.parent}:/usr/bin:/bin", "HOME": str(work),
            "HF_HOME": str(work / "hf"), "HF_HUB_OFFLINE": "1",
-           "VLLM_CPU_KVCACHE_SPACE": "1"}  # fmt: skip
+           "VLLM_CPU_KVCACHE_SPACE": "1",
+           engine_drain.KEEPALIVE_ENV: str(KEEPALIVE_S)}  # fmt: skip
     if drain:  # as the pod gets it: the ConfigMap's file on PYTHONPATH
         module_dir = work / "drain"
         module_dir.mkdir()
