@@ -140,12 +140,57 @@ class TokenLengths(_Model):
         return self
 
 
+class Router(StrEnum):
+    """What spreads requests over the engine replicas."""
+
+    SERVICE = "Service"  # the target's Kubernetes Service (kube-proxy: a random pod)
+    PREFIX_AWARE = "PrefixAware"  # a router that sends a prompt where its prefix is cached
+
+
+class PrefixReuse(_Model):
+    """What prompts repeat, so vLLM's prefix cache skips their prefill."""
+
+    shared_tokens: int = Field(
+        default=0,
+        ge=0,
+        le=10_000_000,
+        description="Tokens every prompt starts with (system prompt, tool schemas); "
+        "cached on every replica after its first request.",
+    )
+    session_share: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Share 0..1 of each prompt's other tokens that repeat an earlier "
+        "request of the same session or document (chat history, an agent's trajectory); "
+        "a hit only on the replica that served that request.",
+    )
+    router: Router = Field(
+        default=Router.SERVICE,
+        description="Service: the target's Service spreads requests (a session's earlier "
+        "request is on the same replica about 1 time in R). PrefixAware: a prefix-aware "
+        "router in front keeps each session where its prefix is cached.",
+    )
+    client_ip_sessions: bool = Field(
+        default=False,
+        alias="clientIPSessions",  # as Kubernetes spells ClientIP
+        description="Each session's requests reach the Service from one client IP (no "
+        "gateway in between): the planner may then set sessionAffinity: ClientIP, which "
+        "keeps a session on one replica, where it pays.",
+    )
+
+
 class Workload(_Model):
     """Expected traffic: arrival rate and prompt/output lengths."""
 
     requests_per_second: float = Field(ge=0, le=1_000_000, description="Mean arrival rate.")
     prompt_tokens: TokenLengths = Field(description="Prompt (input) length distribution.")
     output_tokens: TokenLengths = Field(description="Output length distribution.")
+    prefix: PrefixReuse | None = Field(
+        default=None,
+        description="What prompts repeat, for vLLM's prefix cache (absent: the planner "
+        "prices every prompt token's prefill).",
+    )
 
 
 class Budget(_Model):
@@ -546,6 +591,11 @@ class PredictedLatency(_Model):
     tpot_ms: float | None = None
     ttft_ms: float | None = None
     output_tok_s: float | None = None
+    prefix_hit_ratio: float | None = Field(
+        default=None,
+        description="Predicted share 0..1 of prompt tokens found in vLLM's prefix cache "
+        "(absent: no prefix reuse stated or observed).",
+    )
 
 
 class PlanStatus(_Model):
@@ -563,6 +613,11 @@ class PlanStatus(_Model):
         description="The share of GPU memory vLLM may use (--gpu-memory-utilization).",
     )
     checkpoint: str | None = Field(default=None, description="The weights vLLM loads.")
+    session_affinity: Literal["ClientIP"] | None = Field(
+        default=None,
+        description="The Service's sessionAffinity, where the planner chose it: it keeps "
+        "each session on one replica, whose prefix cache holds its history.",
+    )
     predicted: PredictedLatency = Field(default_factory=PredictedLatency)
     usd_per_hour: float
     summary: str | None = None
@@ -593,6 +648,11 @@ class ObservedStatus(_Model):
     running: float | None = None
     waiting: float | None = None
     kv_cache_usage_ratio: float | None = None
+    prefix_cache_hit_ratio: float | None = Field(
+        default=None,
+        description="Share 0..1 of prompt tokens vLLM found in its prefix cache over the "
+        "last 15 minutes (their prefill was skipped); the loop plans with it.",
+    )
     calibration_factor: float | None = None
     calibration_samples: int | None = Field(
         default=None,

@@ -19,12 +19,14 @@ MAX_ALTERNATIVES = 5
 BUDGET_TOLERANCE_USD_PER_HOUR = 1e-9  # float noise in a sum of prices is not overspending
 
 
-def rank(plan: Plan) -> tuple[float, int, float, int]:
+def rank(plan: Plan) -> tuple[float, int, bool, float, int]:
     """Cheapest first; ties go to the plan that keeps more of the model's 16-bit outputs
-    (quantized weights or KV only where they save money), then lower latency, then fewer
-    GPUs."""
+    (quantized weights or KV only where they save money), then to no session affinity
+    (it pins sessions, so replicas' loads follow the sessions' sizes, only where it saves
+    money), then lower latency, then fewer GPUs."""
     quantized = sum(d not in explain.SIXTEEN_BIT for d in (plan.weight_dtype, plan.kv_dtype))
-    return (round(plan.usd_per_hour, 6), quantized, plan.tpot_ms, plan.replicas * plan.tp)
+    pinned = bool(plan.session_affinity)
+    return (round(plan.usd_per_hour, 6), quantized, pinned, plan.tpot_ms, plan.replicas * plan.tp)
 
 
 def pareto_frontier(plans: list[Plan]) -> list[Plan]:
@@ -73,7 +75,8 @@ def choose(spec: ServingTargetSpec, plans: list[Plan], rejections: list[Rejectio
     )
     if affordable:
         (chosen, _), *others = fold_kv(best_per_shape(affordable))
-        result.plan = replace(chosen, summary=explain.chosen(chosen, spec))
+        unpinned = _cheapest_unpinned(chosen, affordable)
+        result.plan = replace(chosen, summary=explain.chosen(chosen, spec, unpinned))
         result.alternatives = [
             replace(p, summary=explain.lost_to(p, chosen, kvs))
             for p, kvs in others[:MAX_ALTERNATIVES]
@@ -85,6 +88,14 @@ def choose(spec: ServingTargetSpec, plans: list[Plan], rejections: list[Rejectio
         ]
     result.reasons = explain.reasons(result, spec)
     return result
+
+
+def _cheapest_unpinned(chosen: Plan, plans: list[Plan]) -> Plan | None:
+    """For a plan with session affinity: the cheapest plan without, which it beat (its
+    price is what the affinity saves); None otherwise."""
+    if not chosen.session_affinity:
+        return None
+    return min((p for p in plans if not p.session_affinity), key=rank, default=None)
 
 
 def _over_budget(plan: Plan, budget: float) -> Rejection:

@@ -43,8 +43,10 @@ def changes_outputs(plan: Plan) -> str:
     return " and ".join(parts)
 
 
-def chosen(plan: Plan, spec: ServingTargetSpec) -> str:
-    """The chosen plan's one-line summary: shape, predictions against the SLO, cost."""
+def chosen(plan: Plan, spec: ServingTargetSpec, unpinned: Plan | None = None) -> str:
+    """The chosen plan's one-line summary: shape, predictions against the SLO, cost, and
+    what the prefix cache saves (``unpinned``: the best plan without the chosen one's
+    session affinity)."""
     slo = spec.slo
     return (
         f"{describe(plan)}: predicted {slo.tpot_percentile.value} TPOT {plan.tpot_ms:.1f} ms "
@@ -53,7 +55,26 @@ def chosen(plan: Plan, spec: ServingTargetSpec) -> str:
         + f", ${plan.usd_per_hour:.2f}/h of ${spec.budget.usd_per_hour:g}/h budget"
         + f"; max-model-len {plan.max_model_len} ({plan.context_note})"
         + _quantized_note(plan)
+        + prefix_note(plan, unpinned)
     )
+
+
+def prefix_note(plan: Plan, unpinned: Plan | None = None) -> str:
+    """What the prefix cache is predicted to hold, and why the Service pins sessions."""
+    if plan.prefix_hit_ratio <= 0.0:
+        return ""
+    note = f"; prefix cache: {plan.prefix_hit_ratio:.0%} of prompt tokens predicted hits"
+    if plan.session_affinity:
+        note += (
+            f"; sessionAffinity: {plan.session_affinity} keeps each session on the replica "
+            "that holds its history"
+        )
+        if unpinned is not None:
+            note += (
+                f" (spread at random: {unpinned.prefix_hit_ratio:.0%} hits, "
+                f"{describe(unpinned)} at ${unpinned.usd_per_hour:.2f}/h)"
+            )
+    return note
 
 
 def _quantized_note(plan: Plan) -> str:

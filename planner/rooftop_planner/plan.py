@@ -42,12 +42,15 @@ SHAPE_FIELDS: Final = (
     "max_model_len",
     "gpu_memory_utilization",
     "checkpoint",
+    # the Service's: a pod stays as it was, but the hit rate, hence the curve, changes
+    "session_affinity",
 )
 SCALE_FIELDS: Final = ("replicas", "max_num_seqs")
 # The plan fields vLLM takes as they are, and the ``vllm serve`` flag of each (a field that
 # is 0 is left to vLLM). The other engine fields are translated where the engine is built
 # (``rooftop_operator.builders``: the GPU a node selector, the dtypes and the checkpoint
-# ``--dtype``, ``--quantization``, ``--kv-cache-dtype`` and the model), and
+# ``--dtype``, ``--quantization``, ``--kv-cache-dtype`` and the model; the session
+# affinity the Service's), and
 # ``ENGINE_FIELDS_TRANSLATED`` says so; tests/unit/planner/test_plan_status.py holds every
 # shape and scale field to one of the two.
 VLLM_FLAGS: Final = {
@@ -56,8 +59,16 @@ VLLM_FLAGS: Final = {
     "max_model_len": "--max-model-len",
     "gpu_memory_utilization": "--gpu-memory-utilization",
 }
-ENGINE_FIELDS_TRANSLATED: Final = ("gpu", "weight_dtype", "kv_dtype", "checkpoint", "replicas")
+ENGINE_FIELDS_TRANSLATED: Final = (
+    "gpu",
+    "weight_dtype",
+    "kv_dtype",
+    "checkpoint",
+    "replicas",
+    "session_affinity",  # the Service's sessionAffinity
+)
 OUTCOME_FIELDS: Final = (
+    "prefix_hit_ratio",
     "tpot_ms",
     "ttft_ms",
     "output_tok_s",
@@ -98,6 +109,8 @@ class Plan:
     checkpoint: str = ""
     weights_note: str = ""
     context_note: str = ""
+    session_affinity: str = ""  # the Service's sessionAffinity: "ClientIP", or "" for none
+    prefix_hit_ratio: float = 0.0  # predicted share of prompt tokens the prefix cache holds
 
     @property
     def key(self) -> tuple[str, int, str, str]:
@@ -144,10 +157,12 @@ class Plan:
             "checkpoint": self.checkpoint,
             "weights_note": self.weights_note,
             "gpu_memory_utilization": self.gpu_memory_utilization,
+            "session_affinity": self.session_affinity,
             "predicted": {
                 "tpot_ms": round(self.tpot_ms, 2),
                 "ttft_ms": round(self.ttft_ms, 1),
                 "output_tok_s": round(self.output_tok_s, 1),
+                "prefix_hit_ratio": round(self.prefix_hit_ratio, 3),
             },
             "usd_per_hour": round(self.usd_per_hour, 3),
             "capacity_rps": round(self.capacity_rps, 3),
@@ -166,11 +181,13 @@ class Plan:
             max_model_len=self.max_model_len,
             gpu_memory_utilization=self.gpu_memory_utilization,
             checkpoint=self.checkpoint or None,
+            session_affinity=self.session_affinity or None,
             usd_per_hour=round(self.usd_per_hour, 3),
             predicted=PredictedLatency(
                 tpot_ms=round(self.tpot_ms, 2),
                 ttft_ms=round(self.ttft_ms, 1),
                 output_tok_s=round(self.output_tok_s, 1),
+                prefix_hit_ratio=round(self.prefix_hit_ratio, 3) or None,
             ),
             summary=self.summary,
         )
@@ -210,4 +227,6 @@ class Plan:
             usd_per_hour=stored.usd_per_hour,
             summary=stored.summary or "",
             checkpoint=stored.checkpoint or "",
+            session_affinity=stored.session_affinity or "",
+            prefix_hit_ratio=stored.predicted.prefix_hit_ratio or 0.0,
         )

@@ -44,6 +44,7 @@ from rooftop_planner.kernels import FloatArray
 from rooftop_planner.parallelism import TP_DEGREES, tp_problem
 from rooftop_planner.perf import EngineShape
 from rooftop_planner.plan import Plan
+from rooftop_planner.prefix import PrefixModel
 from rooftop_planner.result import Rejection, SearchResult
 from rooftop_planner.weights import Weights, kv_problem, resolve_weights
 from rooftop_planner.workload import LengthDistribution, from_spec
@@ -92,6 +93,7 @@ class _Targets:
     prompts: tuple[float, ...]
     prompt_weights: tuple[float, ...]
     outputs: tuple[float, ...]
+    prefix: PrefixModel = PrefixModel()
 
 
 # Prompt lengths whose prefills other requests' decode steps carry: the mean length of
@@ -130,26 +132,32 @@ def _batch_grid(limits: FloatArray) -> FloatArray:
     return out
 
 
-def _steps(deps: list[EngineShape], limits: FloatArray, t: _Targets) -> _Steps:
+def _steps(deps: list[EngineShape], limits: FloatArray, t: _Targets, same: float) -> _Steps:
     """Step times of every candidate on its batch grid, in one array call.
 
     The serving model is ``batching.mean_step_s``: B / (osl + 1.5) admissions ride in
     each step, each adding E[Δ] (averaged over the prompt strata), so
-    t̄ = t_d + B / (osl + 1.5) · E[Δ] and λ = B / ((osl + 1.5) · t̄). A prompt
-    longer than the token budget rides in ceil(isl / budget) steps, one chunk each,
-    attending ≈ chunk · isl/2 pairs. Columns: the decode step, one step carrying each
-    prompt stratum's chunk, and one at the percentile batch carrying the TTFT prompt's.
+    t̄ = t_d + B / (osl + 1.5) · E[Δ] and λ = B / ((osl + 1.5) · t̄). Of a prompt of
+    p tokens the prefix cache holds c (``prefix``, with ``same`` the chance a session's
+    earlier request ran on this replica), so n = p − c tokens are prefilled: in
+    ceil(n / budget) steps, one chunk each, every new token attending to the c cached
+    ones and half the new ones (≈ chunk · (c + n/2) pairs). Columns: the decode step, one
+    step carrying each prompt stratum's chunk, and one at the percentile batch carrying
+    the TTFT prompt's.
     """
     batches = _batch_grid(limits)
     batch_q = batches + t.z_tpot * np.sqrt(batches)
     lengths = (*t.prompts, t.isl_q)
-    chunks = [max(math.ceil(p / perf.DEFAULT_MAX_NUM_BATCHED_TOKENS), 1) for p in lengths]
+    cached = [t.prefix.cached_tokens(p, same) for p in lengths]
+    new = [p - c for p, c in zip(lengths, cached, strict=True)]
+    chunks = [max(math.ceil(n / perf.DEFAULT_MAX_NUM_BATCHED_TOKENS), 1) for n in new]
     variants = len(t.prompts) + 2
     seqs = np.concatenate([batches] * (variants - 1) + [batch_q], axis=1)
     ctx = seqs * (t.isl_mean + t.osl_mean / 2.0)
-    per_length = np.array([0.0] + [p / c for p, c in zip(lengths, chunks, strict=True)])
+    per_length = np.array([0.0] + [n / k for n, k in zip(new, chunks, strict=True)])
     chunk = np.broadcast_to(np.repeat(per_length, GRID_POINTS), seqs.shape)
-    attended = chunk * np.repeat(np.array([0.0] + [p / 2.0 for p in lengths]), GRID_POINTS)
+    context = [c + n / 2.0 for c, n in zip(cached, new, strict=True)]
+    attended = chunk * np.repeat(np.array([0.0, *context]), GRID_POINTS)
     steps = perf.forward_times_s(deps, seqs, ctx, chunk, attended)
     steps = steps.reshape(len(deps), variants, GRID_POINTS)
     decode = steps[:, 0]
@@ -258,6 +266,28 @@ class _Curve:
                 b0, b1 = self.batches[i - 1], self.batches[i]
                 return b0 + frac * (b1 - b0)
         return self.batches[-1]
+
+
+@dataclass(frozen=True)
+class _Curves:
+    """A candidate's curves where a session's earlier request always ran on the same
+    replica (``same``) and where it never did (``apart``; None when the hit rate does not
+    depend on that). Cached tokens are linear in that chance P (``prefix``), so the curve
+    at P blends the two: exact at both ends, linear in between."""
+
+    same: _Curve
+    apart: _Curve | None = None
+
+    def at(self, p_same: float) -> _Curve:
+        if self.apart is None or p_same >= 1.0:
+            return self.same
+
+        def blend(a: tuple[float, ...], b: tuple[float, ...]) -> tuple[float, ...]:
+            return tuple(p_same * x + (1.0 - p_same) * y for x, y in zip(a, b, strict=True))
+
+        s, a = self.same, self.apart
+        return _Curve(s.batches, blend(s.tpot_s, a.tpot_s), blend(s.ttft_s, a.ttft_s),
+                      blend(s.rate, a.rate))  # fmt: skip
 
 
 def _interp(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
@@ -392,22 +422,32 @@ def _prepare(ctx: _Context, gpu: GpuSpec, wd: str, kv: str, tp: int) -> _Pending
         weight_gb = perf.weight_bytes_per_gpu(dep) / 1e9
         return reject("does not fit", f"{weight_gb:.1f} GB of weights per GPU leave {context}")
     t = ctx.targets
-    kv_batch = kv_tokens / (t.isl_mean + t.osl_mean / 2.0)
+    shared = t.prefix.shared_kv_tokens(t.isl_mean)  # held once for every running request
+    kv_batch = max(kv_tokens - shared, 0.0) / (t.isl_mean - shared + t.osl_mean / 2.0)
     limit = _mean_batch_for_cap(min(kv_batch, BATCH_CAPS[-1]), t.z_tpot)
     return _Pending(_Shape(dep, weights, *context), kv_batch, limit)
 
 
-def _curves(pending: list[_Pending], t: _Targets) -> list[_Curve]:
-    """Each pending candidate's operating-point curve, all evaluated in one array pass."""
+def _curves(pending: list[_Pending], t: _Targets) -> list[_Curves]:
+    """Each pending candidate's operating-point curves, all evaluated in one array pass
+    per end of the same-replica chance (one when hits do not depend on it)."""
     if not pending:
         return []
-    steps = _steps([p.shape.dep for p in pending], np.array([p.batch_limit for p in pending]), t)
-    tpot, ttft, rate = _operating_points(steps, t)
-    return [_Curve.of(*cols) for cols in zip(steps.batches, tpot, ttft, rate, strict=True)]
+    deps = [p.shape.dep for p in pending]
+    limits = np.array([p.batch_limit for p in pending])
+
+    def at(same: float) -> list[_Curve]:
+        steps = _steps(deps, limits, t, same)
+        tpot, ttft, rate = _operating_points(steps, t)
+        return [_Curve.of(*cols) for cols in zip(steps.batches, tpot, ttft, rate, strict=True)]
+
+    if not t.prefix.depends_on_replicas:
+        return [_Curves(curve) for curve in at(1.0)]
+    return [_Curves(s, a) for s, a in zip(at(1.0), at(0.0), strict=True)]
 
 
 def _judge(
-    ctx: _Context, pending: _Pending, curve: _Curve, out: list[Plan], rejections: list[Rejection]
+    ctx: _Context, pending: _Pending, curves: _Curves, out: list[Plan], rejections: list[Rejection]
 ) -> None:
     """Plans for each batch cap of a candidate whose curve is known, or why none."""
     dep, t = pending.shape.dep, ctx.targets
@@ -424,60 +464,102 @@ def _judge(
             )
         )
 
-    best_batch = curve.largest_batch_meeting(t)
-    if best_batch <= 0:
-        if curve.tpot_s[0] > t.tpot_s:
-            return reject("TPOT over SLO", f"{curve.tpot_s[0] * 1e3:.1f} ms even at batch 1")
-        return reject("TTFT over SLO", f"{curve.ttft_s[0] * 1e3:.0f} ms even at batch 1")
-    _add_caps(ctx, pending.shape, curve, best_batch, pending.kv_batch, out, reject)
+    best = curves.same  # the most hits any plan of this candidate gets
+    if best.largest_batch_meeting(t) <= 0:
+        if best.tpot_s[0] > t.tpot_s:
+            return reject("TPOT over SLO", f"{best.tpot_s[0] * 1e3:.1f} ms even at batch 1")
+        return reject("TTFT over SLO", f"{best.ttft_s[0] * 1e3:.0f} ms even at batch 1")
+    for affinity in t.prefix.affinity_options():
+        _add_caps(ctx, pending.shape, curves, affinity, pending.kv_batch, out, reject)
+
+
+@dataclass(frozen=True)
+class _Sized:
+    """One batch cap's replicas and the curve and operating batch at that count."""
+
+    replicas: int
+    curve: _Curve
+    batch: float
+    capacity: float  # requests/s per replica
+
+
+# Rounds of replicas → hit rate → capacity → replicas; the count only grows, and the hit
+# rate's 1/R settles within a few.
+MAX_SIZING_ROUNDS = 12
+
+
+def _size(ctx: _Context, curves: _Curves, affinity: bool, cap: int) -> _Sized | int:
+    """Replicas for ``cap``: the fewest R with R ≥ rate · headroom / λ*(R), where λ*
+    falls with R when session hits need the same replica (P = 1/R). Where the SLO
+    cannot be met at the count the rate needs (too few hits left), that count."""
+    t, c = ctx.targets, ctx.spec.constraints
+    rate = ctx.workload.requests_per_second * HEADROOM
+    replicas = max(c.min_replicas, 1)
+    for _ in range(MAX_SIZING_ROUNDS):
+        curve = curves.at(t.prefix.same_replica(replicas, affinity))
+        batch = min(curve.largest_batch_meeting(t), _mean_batch_for_cap(cap, t.z_tpot))
+        if batch < 1.0:
+            return replicas
+        capacity = curve.rate_at(batch)
+        need = max(c.min_replicas, math.ceil(rate / capacity) if rate > 0 else 1, 1)
+        if need <= replicas or not t.prefix.depends_on_replicas or affinity:
+            return _Sized(max(need, replicas), curve, batch, capacity)
+        replicas = need
+    return _Sized(replicas, curve, batch, capacity)
 
 
 def _add_caps(
     ctx: _Context,
     shape: _Shape,
-    curve: _Curve,
-    best_batch: float,
+    curves: _Curves,
+    affinity: bool,
     kv_batch: float,
     out: list[Plan],
     reject: Any,
 ) -> None:
     """One plan per batch cap: the cap bounds the percentile batch, hence the capacity."""
-    t, c, dep = ctx.targets, ctx.spec.constraints, shape.dep
-    rate = ctx.workload.requests_per_second * HEADROOM
+    c, dep = ctx.spec.constraints, shape.dep
     price = ctx.prices.get(dep.gpu.id, dep.gpu.usd_per_gpu_hour)
-    seen_batches: set[float] = set()
+    seen: set[tuple[int, float]] = set()
     for cap in BATCH_CAPS:
         if cap > max(kv_batch, BATCH_CAPS[0]):
             break
-        batch = min(best_batch, _mean_batch_for_cap(cap, t.z_tpot))
-        if batch < 1.0 or batch in seen_batches:
+        sized = _size(ctx, curves, affinity, cap)
+        if isinstance(sized, int):
+            reject("SLO over at scale", _fewer_hits(ctx, sized, cap))
+            break
+        if (sized.replicas, sized.batch) in seen:
             continue
-        seen_batches.add(batch)
-        capacity = curve.rate_at(batch)
-        replicas = max(c.min_replicas, math.ceil(rate / capacity) if rate > 0 else 1, 1)
-        if replicas > c.max_replicas:
+        seen.add((sized.replicas, sized.batch))
+        if sized.replicas > c.max_replicas:
             reject(
                 "too many replicas",
-                f"max-num-seqs {cap} needs {replicas} replicas > maxReplicas {c.max_replicas}",
+                f"max-num-seqs {cap} needs {sized.replicas} replicas > maxReplicas "
+                f"{c.max_replicas}",
             )
             continue
-        out.append(_make_plan(ctx, shape, curve, cap, replicas, capacity, price))
+        out.append(_make_plan(ctx, shape, sized, cap, affinity, price))
+
+
+def _fewer_hits(ctx: _Context, replicas: int, cap: int) -> str:
+    """Why a cap meets the SLO on one replica but not on the count the rate needs."""
+    t = ctx.targets
+    hits = t.prefix.hit_ratio(t.prompts, t.prompt_weights, 1.0 / replicas)
+    return (
+        f"on the {replicas} replicas the rate needs, prefix-cache hits fall to {hits:.0%} "
+        f"and the SLO is missed at max-num-seqs {cap}"
+    )
 
 
 def _make_plan(
-    ctx: _Context,
-    shape: _Shape,
-    curve: _Curve,
-    cap: int,
-    replicas: int,
-    capacity: float,
-    price: float,
+    ctx: _Context, shape: _Shape, sized: _Sized, cap: int, affinity: bool, price: float
 ) -> Plan:
-    """Predict the operating point at the real rate split over ``replicas``."""
-    t, dep = ctx.targets, shape.dep
+    """Predict the operating point at the real rate split over the sized replicas."""
+    t, dep, replicas, curve = ctx.targets, shape.dep, sized.replicas, sized.curve
     per_replica = ctx.workload.requests_per_second / replicas
     batch = min(curve.batch_at_rate(per_replica), float(cap))
     tpot_q, ttft_q, rate = curve.at(batch)
+    same = t.prefix.same_replica(replicas, affinity)
     return Plan(
         gpu=dep.gpu.id,
         tp=dep.tp,
@@ -494,7 +576,9 @@ def _make_plan(
         ttft_ms=ttft_q * 1e3,
         output_tok_s=min(rate, per_replica) * replicas * t.osl_mean,
         usd_per_hour=replicas * dep.tp * price,
-        capacity_rps=capacity * replicas,
+        capacity_rps=sized.capacity * replicas,
+        session_affinity="ClientIP" if affinity else "",
+        prefix_hit_ratio=t.prefix.hit_ratio(t.prompts, t.prompt_weights, same),
     )
 
 
@@ -535,6 +619,7 @@ def _context(
         prompts=workload.prompt.stratum_means(PROMPT_STRATA),
         prompt_weights=tuple(np.diff(PROMPT_STRATA).tolist()),
         outputs=tuple(float(v) for v in tail.output_points(workload.output.quantile)),
+        prefix=PrefixModel.from_spec(spec.workload.prefix),
     )
     return _Context(
         spec=spec,

@@ -175,4 +175,5 @@ def test_json_shape() -> None:
         "predicted",
         "usd_per_hour",
     }
-    assert set(data["plan"]["predicted"]) == {"tpot_ms", "ttft_ms", "output_tok_s"}
+    predicted = {"tpot_ms", "ttft_ms", "output_tok_s", "prefix_hit_ratio"}
+    assert set(data["plan"]["predicted"]) == predicted
