@@ -572,19 +572,34 @@ def build_deployment(inp: EngineInputs) -> dict[str, Any]:
     }
 
 
-def build_service(ref: TargetRef) -> dict[str, Any]:
-    """ClusterIP Service ``NAME``: the OpenAI-compatible endpoint on port 8000."""
+# How long kube-proxy keeps a client IP on its pod after its last connection, s: longer
+# than a chat's pause between turns, shorter than Kubernetes' default of three hours, so
+# a replica added by the loop gets returning clients within the hour.
+AFFINITY_TIMEOUT_S: Final = 3600
+
+
+def build_service(ref: TargetRef, session_affinity: str = "") -> dict[str, Any]:
+    """ClusterIP Service ``NAME``: the OpenAI-compatible endpoint on port 8000.
+
+    ``session_affinity`` "ClientIP" (the plan's choice, where each session has its own
+    client IP) keeps a client's connections on one pod, whose prefix cache holds its
+    session's history; "" leaves it out, and server-side apply then removes any earlier.
+    """
+    spec: dict[str, Any] = {
+        "type": "ClusterIP",
+        "selector": selector_labels(ref.name),
+        "ports": [
+            {"name": PORT_NAME, "port": ENGINE_PORT, "targetPort": PORT_NAME, "protocol": "TCP"}
+        ],
+    }
+    if session_affinity:
+        spec["sessionAffinity"] = session_affinity
+        spec["sessionAffinityConfig"] = {"clientIP": {"timeoutSeconds": AFFINITY_TIMEOUT_S}}
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _metadata(ref, service_name(ref.name)),
-        "spec": {
-            "type": "ClusterIP",
-            "selector": selector_labels(ref.name),
-            "ports": [
-                {"name": PORT_NAME, "port": ENGINE_PORT, "targetPort": PORT_NAME, "protocol": "TCP"}
-            ],
-        },
+        "spec": spec,
     }
 
 

@@ -129,7 +129,7 @@ def desired(inp: builders.EngineInputs) -> list[Obj]:
     objects = [] if inp.spec.mode is Mode.SIMULATED else [builders.build_config_map(inp.ref)]
     objects += [
         builders.build_deployment(inp),
-        builders.build_service(inp.ref),
+        builders.build_service(inp.ref, inp.plan.session_affinity),
         builders.build_pod_disruption_budget(inp.ref),
     ]
     if inp.pod_monitor:

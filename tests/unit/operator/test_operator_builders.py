@@ -337,6 +337,18 @@ def test_service_selects_exactly_the_deployment_pods(catalog: Catalog) -> None:
     ]
 
 
+def test_the_plans_session_affinity_pins_clients_and_none_leaves_it_out() -> None:
+    """Server-side apply removes a field the manager stops sending, so a plan without
+    affinity must omit both fields (an explicit "None" with a leftover config is refused)."""
+    pinned = builders.build_service(REF, "ClientIP")["spec"]
+    assert pinned["sessionAffinity"] == "ClientIP"
+    assert pinned["sessionAffinityConfig"] == {
+        "clientIP": {"timeoutSeconds": builders.AFFINITY_TIMEOUT_S}
+    }
+    spread = builders.build_service(REF, "")["spec"]
+    assert "sessionAffinity" not in spread and "sessionAffinityConfig" not in spread
+
+
 def test_disruption_budget_covers_exactly_the_deployment_pods(catalog: Catalog) -> None:
     deployment = builders.build_deployment(inputs(catalog))
     pdb = builders.build_pod_disruption_budget(REF)
