@@ -18,6 +18,8 @@ from rooftop_control.signals import (
     ITERATION_TOKENS_HISTOGRAM,
     ITL_HISTOGRAM,
     OUTPUT_TOKENS_HISTOGRAM,
+    PREFIX_HITS_COUNTER,
+    PREFIX_QUERIES_COUNTER,
     PROMPT_TOKENS_HISTOGRAM,
     REQUEST_TPOT_HISTOGRAM,
     RUNNING_GAUGE,
@@ -124,6 +126,9 @@ class Observation:
         served_prompt_tokens_p10 ... _p99, served_output_tokens_p10 ... _p99: their
             quantiles over it (``signals.SERVED_QUANTILES``), tokens, interpolated in vLLM's
             1-2-5 buckets.
+        served_prefix_hit_ratio: share 0..1 of the prompt tokens vLLM found in its prefix
+            cache over that range (``vllm:prefix_cache_hits`` over ``_queries``): the
+            prefill the cache saved, which the loop plans with (``traffic``).
         ready_replicas: pods ready to serve (from the Deployment, always known).
         pending_replicas: pods created but not ready yet.
         outdated_replicas: pods still on the previous pod template, which a rollout
@@ -251,6 +256,17 @@ class Observation:
     served_output_tokens_p50: Reading = _served("output", 0.5)
     served_output_tokens_p90: Reading = _served("output", 0.9)
     served_output_tokens_p99: Reading = _served("output", 0.99)
+    served_prefix_hit_ratio: Reading = signal(
+        Reading(),
+        query="served_prefix_hit_ratio",
+        promql=Ratio(PREFIX_HITS_COUNTER, PREFIX_QUERIES_COUNTER, served=True),
+        scale=1.0,
+        unit="ratio",
+        status_key="prefixCacheHitRatio",
+        simulated="prompt tokens found in the prefix cache over those looked up, over the "
+        "served range",
+        status_noise_floor=0.02,
+    )
     ready_replicas: int = 0
     pending_replicas: int = 0
     outdated_replicas: int = 0

@@ -38,6 +38,9 @@ SUCCESS_COUNTER: Final = "vllm:request_success_total"
 # Per-request prompt and output lengths, tokens, observed when a request finishes.
 PROMPT_TOKENS_HISTOGRAM: Final = "vllm:request_prompt_tokens"
 OUTPUT_TOKENS_HISTOGRAM: Final = "vllm:request_generation_tokens"
+# Prompt tokens looked up in, and found in, vLLM's prefix cache (counters, tokens).
+PREFIX_QUERIES_COUNTER: Final = "vllm:prefix_cache_queries_total"
+PREFIX_HITS_COUNTER: Final = "vllm:prefix_cache_hits_total"
 # The quantiles of each served length distribution the loop reads (``Served``).
 SERVED_QUANTILES: Final = (0.1, 0.5, 0.9, 0.99)
 
@@ -62,10 +65,13 @@ class Served:
 
 @dataclass(frozen=True)
 class Ratio:
-    """sum(rate(numerator)) / sum(rate(denominator)) over the window: a mean."""
+    """sum(rate(numerator)) / sum(rate(denominator)) over the window: a mean. Over
+    ``SERVED_RANGE`` instead when ``served``: a share of what the users send (the prefix
+    cache's hit ratio), not of the last minute's load."""
 
     numerator: str
     denominator: str
+    served: bool = False
 
 
 @dataclass(frozen=True)

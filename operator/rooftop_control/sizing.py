@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rooftop_api.spec import KvDtype, ServingTargetSpec, WeightDtype
-from rooftop_control.traffic import Traffic
+from rooftop_control.traffic import Traffic, fitted_prefix
 from rooftop_planner.batching import predict_continuous
 from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog, load_catalog
 from rooftop_planner.efficiency import load_efficiency
@@ -143,7 +143,9 @@ class PlanTargetPlanner:
         with the observed lengths where given, else the spec's."""
         spec = self.spec
         if traffic is not None:
-            workload = traffic.workload(spec.workload.requests_per_second)
+            affinity = bool(self.plan.session_affinity)
+            prefix = fitted_prefix(spec.workload.prefix, traffic, affinity)
+            workload = traffic.workload(spec.workload.requests_per_second, prefix)
             spec = spec.model_copy(update={"workload": workload})
         # The shape is pinned and already runs: its accelerator family had an image.
         res = plan_target(
@@ -153,7 +155,9 @@ class PlanTargetPlanner:
             requests_per_second=rate,
             engine_families=ACCELERATOR_FAMILIES,
         )
-        return tuple(_sizing(p) for p in res.candidates if p.tp == self.plan.tp)
+        # the running shape and routing: the Service's affinity is the plan's
+        running = (self.plan.tp, self.plan.session_affinity)
+        return tuple(_sizing(p) for p in res.candidates if (p.tp, p.session_affinity) == running)
 
     def _price(self) -> float:
         return self.plan.usd_per_replica_hour

@@ -30,6 +30,14 @@ range directly, so a restarted operator has the figures at once. They are used o
 the range holds ``MIN_REQUESTS`` finished requests; until then, and while the
 metrics are missing, the last figures stay, and before any the declared workload:
 the prior a target plans with before it serves.
+
+The prefix cache's hit ratio over the same range (``vllm:prefix_cache_hits`` over
+``_queries``) goes with them: it says how much prefill the cache saves, and it depends on
+the plan (a session's history hits only on the replica that served it). The planner's
+prefix model (``rooftop_planner.prefix``) is fitted to it at the replicas it was seen on
+(``fitted_prefix``): the stated shared tokens kept, the session share solved from the
+rest; with no ``spec.workload.prefix`` every hit counts as session reuse, the reading
+that predicts the fewest hits on more replicas.
 """
 
 from __future__ import annotations
@@ -38,9 +46,11 @@ import math
 from dataclasses import dataclass
 from statistics import NormalDist
 
-from rooftop_api.spec import HistogramBin, TokenLengths, Workload
+from rooftop_api.spec import HistogramBin, PrefixReuse, Router, TokenLengths, Workload
 from rooftop_control.readings import Observation, Reading
 from rooftop_control.signals import SERVED_QUANTILES
+from rooftop_planner.prefix import PrefixModel
+from rooftop_planner.search import PROMPT_STRATA
 from rooftop_planner.workload import from_spec
 
 # The quantiles the loop reads of each length distribution (readings.served_*).
@@ -63,6 +73,9 @@ DIFFERS_BY = 0.25
 # 2.5x: every request of 64 tokens reads as a p90 of 95. Only a p90 further from the
 # spec's than a bucket is news.
 P90_DIFFERS_BY = 1.5
+# The hit ratio's grid (absolute): sizings are cached by it, and a few hundred requests'
+# ratio moves by about this much.
+HIT_GRID = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,29 +122,43 @@ class Lengths:
 
 
 @dataclass(frozen=True, slots=True)
+class PrefixHits:
+    """The prefix cache's hit ratio over the served range (0..1, on ``HIT_GRID``) and
+    the ready replicas it was read on."""
+
+    ratio: float
+    replicas: int
+
+
+@dataclass(frozen=True, slots=True)
 class Traffic:
     """Prompt and output lengths the planner sizes with.
 
     Attributes:
         prompt / output: the length distributions, tokens.
         observed: True once measured traffic replaced the declared prior.
+        hits: the prefix cache's observed hits (None: not read yet).
     """
 
     prompt: Lengths
     output: Lengths
     observed: bool = False
+    hits: PrefixHits | None = None
 
-    def workload(self, requests_per_second: float) -> Workload:
-        """A spec workload at this rate with these lengths."""
+    def workload(self, requests_per_second: float, prefix: PrefixReuse | None = None) -> Workload:
+        """A spec workload at this rate with these lengths and prompt reuse."""
         return Workload(
             requests_per_second=requests_per_second,
             prompt_tokens=self.prompt.spec(),
             output_tokens=self.output.spec(),
+            prefix=prefix,
         )
 
     def rounded(self, grid: float) -> Traffic:
         """The lengths on a relative grid (see ``Lengths.rounded``)."""
-        return Traffic(self.prompt.rounded(grid), self.output.rounded(grid), self.observed)
+        return Traffic(
+            self.prompt.rounded(grid), self.output.rounded(grid), self.observed, self.hits
+        )
 
 
 def declared(workload: Workload) -> Traffic:
@@ -153,7 +180,44 @@ def served_traffic(obs: Observation) -> Traffic | None:
         return None
     if obs.served_requests.value < MIN_REQUESTS:
         return None
-    return Traffic(prompt=_from_readings(prompt), output=_from_readings(output), observed=True)
+    return Traffic(
+        prompt=_from_readings(prompt),
+        output=_from_readings(output),
+        observed=True,
+        hits=_hits(obs),
+    )
+
+
+def _hits(obs: Observation) -> PrefixHits | None:
+    """The served range's hit ratio on ``HIT_GRID`` and the replicas it was read on."""
+    ratio = obs.served_prefix_hit_ratio
+    if not ratio.ok or not 0.0 <= ratio.value <= 1.0 or obs.ready_replicas < 1:
+        return None
+    return PrefixHits(round(ratio.value / HIT_GRID) * HIT_GRID, obs.ready_replicas)
+
+
+def fitted_prefix(
+    stated: PrefixReuse | None, traffic: Traffic, affinity: bool
+) -> PrefixReuse | None:
+    """The prompt reuse to plan with: the stated one, fitted to the observed hit ratio at
+    the replicas it was read on (module doc); ``affinity``: the Service pins sessions."""
+    hits = traffic.hits
+    if hits is None or (stated is None and hits.ratio <= 0.0):
+        return stated
+    base = stated or PrefixReuse(router=Router.SERVICE)
+    model = PrefixModel.from_spec(base)
+    if stated is None:  # unstated: all of it session reuse (see the module doc)
+        model = PrefixModel(session_share=1.0, client_ip_sessions=False)
+    dist = from_spec(traffic.prompt.spec())
+    strata = dist.stratum_means(PROMPT_STRATA)
+    weights = tuple(b - a for a, b in zip(PROMPT_STRATA[:-1], PROMPT_STRATA[1:], strict=True))
+    fit = model.fitted(hits.ratio, strata, weights, model.same_replica(hits.replicas, affinity))
+    return base.model_copy(
+        update={
+            "shared_tokens": int(fit.shared_tokens),
+            "session_share": round(fit.session_share, 3),
+        }
+    )
 
 
 def _from_readings(readings: tuple[Reading, ...]) -> Lengths:

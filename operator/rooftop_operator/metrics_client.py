@@ -162,8 +162,9 @@ class _Promql:
                 return self.quantile(histogram, self.quantiles[percentile_of])
             case signals.Served(histogram, of):
                 return self.served(histogram, of)
-            case signals.Ratio(numerator, denominator):
-                return f"{self.rate(numerator)} / {self.rate(denominator)}"
+            case signals.Ratio(numerator, denominator, served):
+                over = defaults.SERVED_RANGE if served else None
+                return f"{self.rate(numerator, over)} / {self.rate(denominator, over)}"
             case signals.Gauge(series, aggregate):
                 return self.agg(aggregate, f"{series}{self.series}")
             case signals.Rate(counter):

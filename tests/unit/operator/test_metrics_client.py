@@ -114,7 +114,13 @@ def test_the_served_lengths_are_read_over_fifteen_minutes_whatever_the_window() 
         '(rate(vllm:request_generation_tokens_bucket{servingtarget!=""}[15m])))'
     )
     assert "vllm:request_prompt_tokens_sum" in served["served_prompt_tokens"]
-    assert len(served) == 11 and all("[15m]" in e and "[1m]" not in e for e in served.values())
+    assert served["served_prefix_hit_ratio"] == (
+        "sum by (namespace, servingtarget) "
+        '(rate(vllm:prefix_cache_hits_total{servingtarget!=""}[15m])) / '
+        "sum by (namespace, servingtarget) "
+        '(rate(vllm:prefix_cache_queries_total{servingtarget!=""}[15m]))'
+    )
+    assert len(served) == 12 and all("[15m]" in e and "[1m]" not in e for e in served.values())
 
 
 def queries(window: str = "1m") -> dict[str, str]:
