@@ -897,6 +897,8 @@ def workload_condition(traffic: Traffic | None, config: ControllerConfig) -> Con
         f"served over {defaults.SERVED_RANGE}: prompts {traffic.prompt.mean:,.0f} tokens mean, "
         f"outputs {traffic.output.mean:,.0f}"
     )
+    if traffic.hits is not None:
+        seen += f", {traffic.hits.ratio:.0%} of prompt tokens prefix-cache hits"
     differences = traffic_mod.differences(traffic, config.declared)
     if not differences:
         message = f"{seen}; within {traffic_mod.DIFFERS_BY:.0%} of spec.workload"

@@ -43,7 +43,7 @@ that predicts the fewest hits on more replicas.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 from rooftop_api.spec import HistogramBin, PrefixReuse, Router, TokenLengths, Workload
@@ -76,6 +76,8 @@ P90_DIFFERS_BY = 1.5
 # The hit ratio's grid (absolute): sizings are cached by it, and a few hundred requests'
 # ratio moves by about this much.
 HIT_GRID = 0.02
+# Hit ratios further apart than this (absolute) are news in WorkloadObserved.
+HITS_DIFFER_BY = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,12 +140,14 @@ class Traffic:
         prompt / output: the length distributions, tokens.
         observed: True once measured traffic replaced the declared prior.
         hits: the prefix cache's observed hits (None: not read yet).
+        stated: the prompt reuse ``spec.workload.prefix`` states (the declared prior's).
     """
 
     prompt: Lengths
     output: Lengths
     observed: bool = False
     hits: PrefixHits | None = None
+    stated: PrefixReuse | None = None
 
     def workload(self, requests_per_second: float, prefix: PrefixReuse | None = None) -> Workload:
         """A spec workload at this rate with these lengths and prompt reuse."""
@@ -156,14 +160,17 @@ class Traffic:
 
     def rounded(self, grid: float) -> Traffic:
         """The lengths on a relative grid (see ``Lengths.rounded``)."""
-        return Traffic(
-            self.prompt.rounded(grid), self.output.rounded(grid), self.observed, self.hits
-        )
+        return replace(self, prompt=self.prompt.rounded(grid), output=self.output.rounded(grid))
 
 
 def declared(workload: Workload) -> Traffic:
-    """The spec's workload as the prior: each length's mean and ``QUANTILES``."""
-    return Traffic(prompt=_lengths(workload.prompt_tokens), output=_lengths(workload.output_tokens))
+    """The spec's workload as the prior: each length's mean and ``QUANTILES``, and the
+    prompt reuse it states."""
+    return Traffic(
+        prompt=_lengths(workload.prompt_tokens),
+        output=_lengths(workload.output_tokens),
+        stated=workload.prefix,
+    )
 
 
 def _lengths(tokens: TokenLengths) -> Lengths:
@@ -247,11 +254,41 @@ def differences(observed: Traffic, prior: Traffic) -> list[str]:
         ("outputTokens.mean", observed.output.mean, prior.output.mean, DIFFERS_BY),
         ("outputTokens.p90", observed.output.p90, prior.output.p90, P90_DIFFERS_BY),
     )
-    return [
+    lengths = [
         f"spec.workload.{name} is {spec_value:,.0f} but the traffic's is {seen:,.0f}: "
         f"set it to about {significant(seen):,}"
         for name, seen, spec_value, by in fields
         if abs(math.log(seen / spec_value)) > math.log1p(by)
+    ]
+    return lengths + _hit_difference(observed, prior.stated)
+
+
+def _hit_difference(observed: Traffic, stated: PrefixReuse | None) -> list[str]:
+    """Where vLLM's prefix-cache hits differ from what ``stated`` predicts on the replicas
+    they were read on by more than ``HITS_DIFFER_BY``, in words with the field to set."""
+    hits = observed.hits
+    if hits is None:
+        return []
+    if stated is None:
+        if hits.ratio < HITS_DIFFER_BY:
+            return []
+        return [
+            f"vLLM's prefix cache hits {hits.ratio:.0%} of prompt tokens, which "
+            "spec.workload.prefix does not state: set sharedTokens (a system prompt every "
+            "request starts with) or sessionShare (a conversation's history) so the first "
+            "plan counts them"
+        ]
+    model = PrefixModel.from_spec(stated)
+    strata = from_spec(observed.prompt.spec()).stratum_means(PROMPT_STRATA)
+    weights = tuple(b - a for a, b in zip(PROMPT_STRATA[:-1], PROMPT_STRATA[1:], strict=True))
+    # the affinity is unknown here; random spreading is what a stated prefix alone implies
+    predicted = model.hit_ratio(strata, weights, model.same_replica(hits.replicas, False))
+    if abs(predicted - hits.ratio) < HITS_DIFFER_BY:
+        return []
+    return [
+        f"spec.workload.prefix predicts {predicted:.0%} prefix-cache hits on {hits.replicas} "
+        f"replica(s) but vLLM's cache hits {hits.ratio:.0%}: the loop plans with the "
+        "observed hits; correct sharedTokens or sessionShare"
     ]
 
 

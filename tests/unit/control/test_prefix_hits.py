@@ -114,3 +114,20 @@ def test_the_loop_sizes_with_the_services_affinity_as_deployed() -> None:
         PlanTargetPlanner(target, spread).size(rate, 1.0).replicas
         > PlanTargetPlanner(target, pinned).size(rate, 1.0).replicas
     )
+
+
+def test_hits_the_spec_does_not_state_are_named_with_the_fields_to_set() -> None:
+    prior = traffic.declared(spec().workload)
+    seen = Traffic(PROMPT, OUTPUT, observed=True, hits=PrefixHits(0.34, 2))
+    (line,) = [d for d in traffic.differences(seen, prior) if "prefix" in d]
+    assert "hits 34% of prompt tokens" in line and "sessionShare" in line
+    quiet = replace(seen, hits=PrefixHits(0.04, 2))
+    assert not [d for d in traffic.differences(quiet, prior) if "prefix" in d]
+
+
+def test_stated_reuse_the_cache_does_not_bear_out_is_named() -> None:
+    """A stated 6,000-token system prompt predicts most of a 9k prompt hits; 5 % did."""
+    prior = traffic.declared(spec({"sharedTokens": 6000}).workload)
+    seen = Traffic(PROMPT, OUTPUT, observed=True, hits=PrefixHits(0.05, 3))
+    (line,) = [d for d in traffic.differences(seen, prior) if "prefix" in d]
+    assert "but vLLM's cache hits 5%" in line and "sharedTokens" in line
