@@ -22,7 +22,7 @@ older turn of the same session would hit part of the history too: 1/R is a lower
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from rooftop_api.spec import PrefixReuse, Router
@@ -99,23 +99,20 @@ class PrefixModel:
         for all of them (running requests reference the same cached blocks)."""
         return min(self.shared_tokens // BLOCK_TOKENS * BLOCK_TOKENS, mean_prompt)
 
-    def fitted(self, observed: float, prompts: tuple[float, ...], weights: tuple[float, ...],
-               same: float) -> PrefixModel:  # fmt: skip
+    def fitted(
+        self, observed: float, prompts: tuple[float, ...], weights: tuple[float, ...], same: float
+    ) -> PrefixModel:
         """The model whose hit ratio at ``same`` is ``observed`` (0..1): the stated shared
         tokens kept and the session share solved from the rest,
         f = (h · Σwp − Σw min(S,p)) / (P · Σw max(p − S, 0)), clipped to 0..1; where the
         shared tokens alone hit more than was observed, fewer shared tokens."""
-        total = sum(w * p for p, w in zip(prompts, weights, strict=True))
-        shared_only = PrefixModel(self.shared_tokens, 0.0, self.prefix_aware,
-                                  self.client_ip_sessions)  # fmt: skip
-        from_shared = sum(w * shared_only.cached_tokens(p, same)
-                          for p, w in zip(prompts, weights, strict=True))  # fmt: skip
-        rest = sum(
-            w * max(p - self.shared_tokens, 0.0) for p, w in zip(prompts, weights, strict=True)
-        )
-        wanted = observed * total
+        pairs = list(zip(prompts, weights, strict=True))
+        shared_only = replace(self, session_share=0.0)
+        from_shared = sum(w * shared_only.cached_tokens(p, same) for p, w in pairs)
+        rest = sum(w * max(p - self.shared_tokens, 0.0) for p, w in pairs)
+        wanted = observed * sum(w * p for p, w in pairs)
         if wanted < from_shared or rest <= 0.0 or same <= 0.0:
             kept = min(self.shared_tokens, wanted / max(sum(weights), 1e-12))
-            return PrefixModel(kept, 0.0, self.prefix_aware, self.client_ip_sessions)
+            return replace(self, shared_tokens=kept, session_share=0.0)
         share = min(max((wanted - from_shared) / (same * rest), 0.0), 1.0)
-        return PrefixModel(self.shared_tokens, share, self.prefix_aware, self.client_ip_sessions)
+        return replace(self, session_share=share)

@@ -286,8 +286,9 @@ class _Curves:
             return tuple(p_same * x + (1.0 - p_same) * y for x, y in zip(a, b, strict=True))
 
         s, a = self.same, self.apart
-        return _Curve(s.batches, blend(s.tpot_s, a.tpot_s), blend(s.ttft_s, a.ttft_s),
-                      blend(s.rate, a.rate))  # fmt: skip
+        return _Curve(
+            s.batches, blend(s.tpot_s, a.tpot_s), blend(s.ttft_s, a.ttft_s), blend(s.rate, a.rate)
+        )
 
 
 def _interp(x: float, xs: tuple[float, ...], ys: tuple[float, ...]) -> float:
