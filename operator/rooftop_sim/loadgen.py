@@ -5,9 +5,15 @@ Arrivals are open-loop (they do not wait for responses): Gamma-distributed gaps 
 or the timestamps and lengths of an Azure-format ``--trace`` (see ``traces.py``).
 Each request streams ``/v1/completions`` with the prompt as a list of token ids (so its
 length is exact on vLLM and engine-sim alike), ``max_tokens`` = output length and
-``ignore_eos`` so a real model does not stop early. Each prompt begins with two ids no
-other request of the process has there, so no two share a block of the prefix cache
-(which vLLM V1 and engine-sim keep by default): every prompt token is prefilled.
+``ignore_eos`` so a real model does not stop early.
+
+What prompts share decides what the engine's prefix cache (on by default in vLLM V1 and
+engine-sim) saves. By default nothing: after ``--shared-prefix-tokens`` ids every
+request has in common (a system prompt; none by default), each prompt has two ids no
+other request of the process has there, so no later block is shared. A Mooncake trace
+(``.jsonl``) names its prompts' 512-token blocks (``hash_ids``): each block id becomes
+512 ids of its own, so prompts share exactly the blocks the trace says they share (a
+conversation's later turn repeats its earlier turns).
 
 Client-side measures per request: TTFT (send to first content chunk), TPOT ((last chunk
 - first chunk) / (output tokens - 1), tokens from the usage chunk when the server sends
@@ -26,7 +32,7 @@ import math
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
@@ -55,6 +61,7 @@ class LoadSpec:
     trace_speedup: float = 1.0
     prompt_tokens: int = 512
     output_tokens: int = 128
+    shared_prefix_tokens: int = 0  # ids every prompt starts with (a system prompt)
     duration_s: float = 60.0
     max_requests: int | None = None
     drain_timeout_s: float = 30.0
@@ -162,6 +169,7 @@ def check_spec(spec: LoadSpec) -> None:
         ("--drain-timeout", spec.drain_timeout_s, 0.0, False),
         ("--prompt-tokens", spec.prompt_tokens, 1, False),
         ("--output-tokens", spec.output_tokens, 1, False),
+        ("--shared-prefix-tokens", spec.shared_prefix_tokens, 0, False),
         ("--max-requests", spec.max_requests if spec.max_requests is not None else 1, 1, False),
         ("--seed", spec.seed, 0, False),
     )
@@ -215,22 +223,48 @@ def schedule(spec: LoadSpec) -> list[tuple[float, int, int]]:
 _PROMPT_SERIAL = itertools.count(random.randrange(1 << 28))
 
 
-def prompt_ids(length: int) -> list[int]:
-    """``length`` token ids (1000 to 20999, in every vocabulary), the first two unique
-    to this prompt: no request finds another's prefix in the engine's cache."""
+def prompt_ids(length: int, shared: int = 0) -> list[int]:
+    """``length`` token ids (1000 to 20999, in every vocabulary): the ``shared`` ids every
+    prompt starts with, then two unique to this prompt, so no request finds more of
+    another's prefix than the shared ids in the engine's cache."""
     serial = next(_PROMPT_SERIAL)
+    common = [20999 - i % 20000 for i in range(min(shared, length))]
     head = [1000 + serial % 20000, 1000 + serial // 20000 % 20000]
-    return (head + [1000 + i % 20000 for i in range(2, length)])[:length]
+    rest = [1000 + i % 20000 for i in range(len(common) + 2, length)]
+    return (common + head + rest)[:length]
+
+
+def block_prompt_ids(blocks: Sequence[int], block_tokens: int, length: int) -> list[int]:
+    """``length`` ids for a prompt whose first blocks a trace names (``blocks``, each id
+    naming the prefix through its block of ``block_tokens``): a block id gives the same
+    ids wherever it appears, so two prompts share exactly their common blocks; beyond the
+    named blocks, ids unique to this prompt."""
+    ids = [1000 + (block * 7919 + k) % 20000 for block in blocks for k in range(block_tokens)]
+    return (ids + prompt_ids(max(length - len(ids), 0)))[:length]
+
+
+def request_ids(spec: LoadSpec, index: int, length: int) -> list[int]:
+    """The ids of the ``index``-th scheduled request's prompt (module doc)."""
+    prefix = None if spec.trace is None else spec.trace.prefix
+    if prefix is not None:
+        return block_prompt_ids(prefix.of(index).tolist(), prefix.block_tokens, length)
+    return prompt_ids(length, spec.shared_prefix_tokens)
 
 
 async def send_request(
-    session: aiohttp.ClientSession, spec: LoadSpec, prompt: int, output: int, t0: float
+    session: aiohttp.ClientSession,
+    spec: LoadSpec,
+    prompt: int,
+    output: int,
+    t0: float,
+    ids: list[int] | None = None,
 ) -> RequestResult:
-    """Send one streaming completion and time it; errors are captured, not raised."""
+    """Send one streaming completion and time it; errors are captured, not raised.
+    ``ids``: the prompt's token ids (default: ``prompt_ids``, with the spec's shared ones)."""
     res = RequestResult(sent_s=time.monotonic() - t0, prompt_tokens=prompt)
     body = {
         "model": spec.model,
-        "prompt": prompt_ids(prompt),
+        "prompt": prompt_ids(prompt, spec.shared_prefix_tokens) if ids is None else ids,
         "max_tokens": output,
         "ignore_eos": True,
         "stream": True,
@@ -344,11 +378,13 @@ async def run_load(spec: LoadSpec, progress: ProgressFn | None = None) -> LoadRe
     async with aiohttp.ClientSession(connector=connector()) as session:
         ticker = asyncio.create_task(_tick(run, progress))
         try:
-            for offset, prompt, output in plan:
+            for index, (offset, prompt, output) in enumerate(plan):
                 delay = run.t0 + offset - time.monotonic()
                 if delay > 0:
                     await asyncio.sleep(delay)
-                task = asyncio.create_task(send_request(session, spec, prompt, output, run.t0))
+                ids = request_ids(spec, index, prompt)
+                sent = send_request(session, spec, prompt, output, run.t0, ids)
+                task = asyncio.create_task(sent)
                 run.inflight[task] = RequestResult(sent_s=offset, prompt_tokens=prompt)
                 task.add_done_callback(run.done)
             await _drain(run, spec.drain_timeout_s)
@@ -410,11 +446,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", required=True, help="served model name")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--rate", type=float, help="requests per second")
-    src.add_argument("--trace", help="Azure-format trace CSV to replay")
+    src.add_argument(
+        "--trace", help="trace to replay: Azure-format CSV, or Mooncake .jsonl (shared blocks)"
+    )
     p.add_argument("--burstiness", type=float, default=1.0, help="CV of gaps (1 = Poisson)")
     p.add_argument("--trace-speedup", type=float, default=1.0, help="replay N times faster")
     p.add_argument("--prompt-tokens", type=int, default=512)
     p.add_argument("--output-tokens", type=int, default=128)
+    p.add_argument(
+        "--shared-prefix-tokens",
+        type=int,
+        default=0,
+        help="tokens every prompt starts with (a system prompt: prefix-cache hits)",
+    )
     p.add_argument("--duration", type=float, default=60.0, help="seconds of sending")
     p.add_argument("--max-requests", type=int, default=None)
     p.add_argument(
@@ -442,6 +486,7 @@ def main(args: argparse.Namespace) -> int:
             trace_speedup=args.trace_speedup,
             prompt_tokens=args.prompt_tokens,
             output_tokens=args.output_tokens,
+            shared_prefix_tokens=args.shared_prefix_tokens,
             duration_s=args.duration,
             max_requests=args.max_requests,
             drain_timeout_s=args.drain_timeout,
