@@ -2,8 +2,17 @@
 
 Events, in time order (ties: engine steps, then arrivals, then scrapes):
 
-- arrival: the balancer sends the request to the ready pod with the fewest outstanding
-  requests (running + waiting), as a least-outstanding-requests gateway does;
+- arrival: the balancer sends the request to a ready pod (never a draining one) as
+  ``ClusterConfig.routing`` says: the one with the fewest outstanding requests (running
+  + waiting), as a least-outstanding-requests gateway does (the default); one at random,
+  as a Kubernetes Service's kube-proxy picks an endpoint per connection (one connection
+  per request); the pod its session went to first, as a Service with
+  ``sessionAffinity: ClientIP`` does when each session is one client, re-pinned at random
+  when that pod leaves; or the pod whose prefix cache holds the longest prefix of its
+  prompt, ties to the fewest outstanding, where that is more than half the prompt, else
+  the fewest outstanding (a prefix-aware router, ``CACHE_THRESHOLD``). A trace that names its
+  prompts' blocks (Mooncake) gives each request the engine's block hashes, so its pod's
+  prefix cache finds what the pod served before;
 - step end: the pod's engine starts its next iteration at once (an engine loop never
   sleeps while it has work). ``core.EngineCore.step`` advances request state immediately
   and stamps token times with the iteration's end, so there are no per-token events:
@@ -24,6 +33,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -37,6 +47,7 @@ from rooftop_control import defaults
 from rooftop_control.readings import Observation
 from rooftop_sim.engine.core import EngineConfig, EngineCore, Request
 from rooftop_sim.engine.truth import TruthModel
+from rooftop_sim.traces import PrefixBlocks
 from rooftop_sim.window import Gauges, MetricsWindow
 
 FloatArray = npt.NDArray[np.float64]
@@ -45,15 +56,23 @@ IntArray = npt.NDArray[np.int64]
 _STEP, _READY = 0, 1
 _PENDING, _SERVING, _DRAINING, _GONE = "pending", "ready", "draining", "gone"
 
+# How the balancer picks a pod for a request (see the module docstring)
+ROUTINGS = ("least-outstanding", "random", "session", "prefix-aware")
+BLOCK_SIZE = 16  # tokens per KV block: vLLM's default on GPUs
+
 
 @dataclass(frozen=True)
 class RequestStream:
-    """Requests to replay: arrival times (s from 0, sorted) and token counts."""
+    """Requests to replay: arrival times (s from 0, sorted) and token counts; optionally
+    each prompt's blocks and each request's session key, from the trace (None: the
+    prompts share nothing, and every request is a session of its own)."""
 
     arrival_s: FloatArray
     prompt_tokens: IntArray
     output_tokens: IntArray
     name: str = "trace"
+    prefix: PrefixBlocks | None = None
+    session: IntArray | None = None
 
     @property
     def horizon_s(self) -> float:
@@ -74,6 +93,7 @@ class Replica:
     gpu_memory_utilization: float = 0.9
     max_model_len: int = 8192
     max_num_batched_tokens: int = 8192
+    enable_prefix_caching: bool = True  # vLLM V1's default
 
 
 @dataclass(frozen=True)
@@ -94,6 +114,7 @@ class ClusterConfig:
         surge: rolling-update surge, fraction of replicas (Deployment maxSurge).
         max_pods: never more billed pods (starting, serving, draining) than this
             (the budget's limit); a rollout then replaces pods one at a time.
+        routing: how a request finds its pod, one of ``ROUTINGS`` (module docstring).
     """
 
     replica: Replica
@@ -109,6 +130,11 @@ class ClusterConfig:
     outages: tuple[tuple[float, float], ...] = ()
     surge: float = defaults.ROLLOUT_SURGE
     max_pods: int | None = None
+    routing: str = "least-outstanding"
+
+    def __post_init__(self) -> None:
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"routing {self.routing!r}: choose from {', '.join(ROUTINGS)}")
 
 
 class Policy(Protocol):
@@ -173,6 +199,9 @@ class SimResult:
     notes: list[str] = field(default_factory=list)
     # why requests were refused -> how many (``rejected`` is their sum)
     rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    # prompt tokens looked up in the pods' prefix caches, and found there (vLLM's counts)
+    prefix_queries: int = 0
+    prefix_hits: int = 0
 
 
 class Cluster:
@@ -188,6 +217,7 @@ class Cluster:
         self.first = np.full(n, math.nan)
         self.fin = np.full(n, math.nan)
         self.tpot = np.full(n, math.nan)
+        self.routed = np.full(n, -1, dtype=np.int64)  # the pod each request went to
         self.rejected = 0
         self.rejections: Counter[str] = Counter()
         self.pods: list[Pod] = []
@@ -200,6 +230,8 @@ class Cluster:
             config.window_s, config.tpot_quantile, config.ttft_quantile, config.tpot_slo_ms
         )
         self.kv_tokens = _kv_tokens(config)
+        self.rng = random.Random(config.seed)  # the balancer's picks
+        self.pins: dict[int, Pod] = {}  # session key -> its pod
 
     # ---- pods -------------------------------------------------------------------
     def _new_pod(self, now: float, ready: bool) -> Pod:
@@ -214,7 +246,14 @@ class Cluster:
             self.cfg.noise,
             self.cfg.seed + i,
         )
-        ecfg = EngineConfig(self.kv_tokens, self.cap, r.max_num_batched_tokens, r.max_model_len)
+        ecfg = EngineConfig(
+            self.kv_tokens,
+            self.cap,
+            r.max_num_batched_tokens,
+            r.max_model_len,
+            BLOCK_SIZE,
+            r.enable_prefix_caching,
+        )
         pod = Pod(i, EngineCore(ecfg, truth), self.cap, now)
         self.pods.append(pod)
         if ready or self.startup_s <= 0:
@@ -306,6 +345,8 @@ class Cluster:
             timeline=timeline,
             wall_s=time.perf_counter() - started,
             rejected_by_reason=dict(self.rejections),
+            prefix_queries=sum(p.engine.counters.prefix_queries for p in self.pods),
+            prefix_hits=sum(p.engine.counters.prefix_hits for p in self.pods),
         )
 
     def _reject(self, reason: str) -> None:
@@ -350,14 +391,10 @@ class Cluster:
         return timeline
 
     def _arrive(self, i: int, now: float) -> None:
-        best: Pod | None = None
-        best_load = 1 << 60
-        for pod in self.serving:
-            eng = pod.engine
-            load = len(eng.running) + len(eng.waiting)
-            if load < best_load:
-                best, best_load = pod, load
-        req = Request(str(i), int(self.w.prompt_tokens[i]), int(self.w.output_tokens[i]), now)
+        prompt = int(self.w.prompt_tokens[i])
+        hashes = () if self.w.prefix is None else self.w.prefix.engine_hashes(i, prompt, BLOCK_SIZE)
+        req = Request(str(i), prompt, int(self.w.output_tokens[i]), now, block_hashes=hashes)
+        best = self._route(i, req)
         if best is None:
             self._reject("no engine pod was ready (the Service answers 503)")
             return
@@ -366,8 +403,41 @@ class Cluster:
         except ValueError:
             self._reject(self._too_long(req))
             return
+        self.routed[i] = best.index
         if not best.busy:
             self._step(best, now)
+
+    def _route(self, i: int, req: Request) -> Pod | None:
+        """The ready pod request ``i`` goes to (None when none is ready)."""
+        pods = self.serving
+        if not pods:
+            return None
+        routing = self.cfg.routing
+        if routing == "random":
+            return self.rng.choice(pods)
+        if routing == "session":
+            return self._session_pod(i, pods)
+        if routing == "prefix-aware" and (pod := _best_prefix(pods, req)) is not None:
+            return pod
+        best, best_load = pods[0], 1 << 60
+        for pod in pods:  # least outstanding, inlined: one call per request
+            eng = pod.engine
+            load = len(eng.running) + len(eng.waiting)
+            if load < best_load:
+                best, best_load = pod, load
+        return best
+
+    def _session_pod(self, i: int, pods: list[Pod]) -> Pod:
+        """The pod request ``i``'s session is pinned to while it serves; a new session,
+        or one whose pod left, is pinned to a ready pod at random (kube-proxy's
+        ClientIP affinity). Without session keys every request is a session of its own."""
+        if self.w.session is None:
+            return self.rng.choice(pods)
+        key = int(self.w.session[i])
+        pod = self.pins.get(key)
+        if pod is None or pod.state != _SERVING:
+            pod = self.pins[key] = self.rng.choice(pods)
+        return pod
 
     def _step(self, pod: Pod, now: float) -> None:
         """Start the pod's next iteration at ``now`` (or idle / delete it)."""
@@ -404,7 +474,15 @@ class Cluster:
             self.first[j] = req.first_token_s
             self.window.ttft.append((req.first_token_s, req.first_token_s - req.arrival_s))
         assert req.finished_s is not None
-        self.window.add_finished(req.finished_s, self.tpot[j], req.prompt_tokens, req.out)
+        cached = req.cached_tokens  # None: never looked up (the cache is off)
+        self.window.add_finished(
+            req.finished_s,
+            self.tpot[j],
+            req.prompt_tokens,
+            req.out,
+            0 if cached is None else req.prompt_tokens,
+            cached or 0,
+        )
 
     def _ready(self, pod: Pod, now: float) -> None:
         if pod.state == _PENDING:
@@ -459,6 +537,23 @@ class Cluster:
             pending=pending,
             outdated=outdated,
         )
+
+
+# A prefix-aware router follows the cache only where it holds more than this share of
+# the prompt (SGLang's router: --cache-threshold 0.5), and balances load otherwise: a
+# prefix every prompt shares (a system prompt) would send every request to one pod.
+CACHE_THRESHOLD = 0.5
+
+
+def _best_prefix(pods: list[Pod], req: Request) -> Pod | None:
+    """The pod caching the longest prefix of ``req``'s prompt, ties to the fewest
+    outstanding; None when no pod holds more than ``CACHE_THRESHOLD`` of it."""
+    hashes, n = req.block_hashes, len(req.block_hashes)
+    if not n:
+        return None
+    pod = max(pods, key=lambda p: (p.engine.cache.longest_hit(hashes, n)[0], -_load(p)))
+    found = pod.engine.cache.longest_hit(hashes, n)[0] * pod.engine.config.block_size
+    return pod if found > CACHE_THRESHOLD * req.prompt_tokens else None
 
 
 def _load(pod: Pod) -> int:

@@ -138,6 +138,10 @@ def summary(res: SimResult, slo: Slo, reality_factor: float) -> dict[str, Any]:
         "horizon_s": round(res.workload.horizon_s, 1),
         "mean_replicas": round(res.pod_seconds / max(res.workload.horizon_s, 1e-9), 3),
         "replica_hours": round(res.pod_seconds / 3600.0, 4),
+        # prompt tokens found in the pods' prefix caches over those looked up
+        "prefix_hit_ratio": (
+            round(res.prefix_hits / res.prefix_queries, 5) if res.prefix_queries else None
+        ),
         "replica_timeline": replica_changes(res),
         "tpot_misses_by_output_tokens": tpot_misses_by_output(res, slo),
         "wall_s": round(res.wall_s, 2),
@@ -165,6 +169,8 @@ def text(s: dict[str, Any], slo: Slo) -> str:
         f"(mean {s['mean_replicas']:.2f} replicas); rejected {s['rejected']}",
         f"  replicas (minute:count): {timeline}{more}",
     ]
+    if s["prefix_hit_ratio"]:
+        lines.append(f"  prefix cache: {s['prefix_hit_ratio']:.1%} of prompt tokens found")
     bands = [b for b in s["tpot_misses_by_output_tokens"] if b["tpot_misses"]]
     if bands:
         lines.append(

@@ -2,7 +2,8 @@
 
     rooftop simulate TARGET.yaml --trace CSV [--policy rooftop|static-peak|queue-threshold
         |oracle|oracle-instant|static-fit|all] [--reality-factor F] [--startup-s S]
-        [--scrape-s 15] [--diurnal] [-o text|table|wide|json|yaml] [--plot FILE.png]
+        [--scrape-s 15] [--diurnal] [--routing least-outstanding|random|session
+        |prefix-aware] [-o text|table|wide|json|yaml] [--plot FILE.png]
 
 ``--policy all`` ends with a table comparing the policies (SLO attainment, mean $/h,
 cost against the oracle, replica-hours). On a terminal, stderr shows which policy runs
@@ -12,7 +13,10 @@ The planner picks the deployment shape (GPU, TP, dtypes) for the target once; ev
 policy then runs that shape, so they differ only in how many replicas (and which batch
 cap) they run when. Each replica is an ``engine_sim.core`` engine timed by the truth
 model times ``--reality-factor`` (the planner does not know it: that is what online
-calibration is for). Simulated time, so an hour of trace takes seconds.
+calibration is for). Simulated time, so an hour of trace takes seconds. Each engine
+caches prompt prefixes as vLLM does; a Mooncake trace names its prompts' blocks, and
+``--routing`` says how requests find their pod (``cluster.ROUTINGS``), which decides how
+often a prompt meets its conversation's earlier turns in its pod's cache.
 
 Exit codes: 0 ok, 2 unusable input (target, trace, or no feasible plan).
 """
@@ -47,7 +51,15 @@ from rooftop_control.calibration import Calibration
 from rooftop_planner.batching import mean_step_s
 from rooftop_planner.plan import Plan
 from rooftop_planner.progress import Progress
-from rooftop_sim.cluster import Cluster, ClusterConfig, Policy, Replica, RequestStream, SimResult
+from rooftop_sim.cluster import (
+    ROUTINGS,
+    Cluster,
+    ClusterConfig,
+    Policy,
+    Replica,
+    RequestStream,
+    SimResult,
+)
 from rooftop_sim.errors import SimError
 from rooftop_sim.flags import Rule, check_ranges
 from rooftop_sim.oracle import OracleConfig, oracle_policy, static_fit
@@ -149,6 +161,8 @@ def workload_from_trace(path: str, diurnal: bool = False) -> RequestStream:
         np.maximum(trace.prompt_tokens, 1),
         np.maximum(trace.output_tokens, 1),  # a 0-token answer still takes a step
         name,
+        trace.prefix,
+        trace.session,
     )
 
 
@@ -431,6 +445,14 @@ def register(subparsers: Any) -> None:
         help="time-warp the trace into a day shape (3x peak/trough)",
     )
     p.add_argument(
+        "--routing",
+        default=ROUTINGS[0],
+        choices=ROUTINGS,
+        help="how requests find a pod: least-outstanding (a gateway; default), random (a "
+        "Service), session (a Service with ClientIP affinity, one client per session) or "
+        "prefix-aware (the pod caching the longest prefix of the prompt)",
+    )
+    p.add_argument(
         "--outage",
         action="append",
         default=[],
@@ -495,6 +517,7 @@ def main(args: argparse.Namespace) -> int:
             scrape_s=args.scrape_s,
             window_s=args.window_s,
             outages=_outages(args.outage),
+            routing=args.routing,
         )
     except InputError as err:
         print(f"rooftop simulate: {err}", file=sys.stderr)

@@ -51,8 +51,9 @@ class MetricsWindow:
         self.ttft_q = ttft_quantile
         # (time s, value) in roughly increasing time; trimmed at each scrape
         self.finished: deque[tuple[float, float, int, int]] = deque()  # t, tpot s, isl, osl
-        # (t, isl, osl) of requests finished over the longer served range
-        self.served: deque[tuple[float, int, int]] = deque()
+        # (t, isl, osl, prompt tokens looked up in the prefix cache, found there) of
+        # requests finished over the longer served range
+        self.served: deque[tuple[float, int, int, int, int]] = deque()
         self.ttft: deque[tuple[float, float]] = deque()
         # t, itl sum s, decode tokens, iterations
         self.intervals: deque[tuple[float, float, int, int]] = deque()
@@ -60,11 +61,22 @@ class MetricsWindow:
         self.itl_tokens = 0
         self.iterations = 0
 
-    def add_finished(self, t_s: float, tpot_s: float, prompt: int, output: int) -> None:
+    def add_finished(
+        self,
+        t_s: float,
+        tpot_s: float,
+        prompt: int,
+        output: int,
+        queried: int | None = None,
+        cached: int = 0,
+    ) -> None:
         """A request finished at ``t_s`` with this TPOT (s; NaN for one output token)
-        and these prompt and output lengths (tokens)."""
+        and these prompt and output lengths (tokens); ``queried`` tokens were looked up
+        in the prefix cache (vLLM's ``prefix_cache_queries``; None: the whole prompt, as
+        an engine with the cache on does; 0 with it off) and ``cached`` found there."""
         self.finished.append((t_s, tpot_s, prompt, output))
-        self.served.append((t_s, prompt, output))
+        looked_up = prompt if queried is None else queried
+        self.served.append((t_s, prompt, output, looked_up, cached))
 
     def add_step(self, duration_s: float, decode_tokens: int) -> None:
         """One engine iteration (vLLM's ``iteration_tokens_total`` count, prefill-only
@@ -126,10 +138,21 @@ class MetricsWindow:
         )
 
     def _served(self, now_s: float) -> dict[str, Reading]:
-        """The ``served_*`` readings: lengths over the served range."""
-        prompts = [isl for t, isl, _ in self.served if t <= now_s]
-        outputs = [osl for t, _, osl in self.served if t <= now_s]
-        readings = {"served_requests": _ok(len(prompts))}
+        """The ``served_*`` readings: lengths and the prefix-cache hit ratio over the
+        served range."""
+        served = [f for f in self.served if f[0] <= now_s]
+        prompts = [f[1] for f in served]
+        outputs = [f[2] for f in served]
+        queried = sum(f[3] for f in served)
+        readings = {
+            "served_requests": _ok(len(prompts)),
+            # hits over queries of the range; 0 / 0 is NaN, as in Prometheus
+            "served_prefix_hit_ratio": (
+                _ok(sum(f[4] for f in served) / queried)
+                if queried
+                else Reading(math.nan, MetricState.NAN)
+            ),
+        }
         for length, values in (("prompt", prompts), ("output", outputs)):
             readings[served_name(length, "mean")] = _mean(values)
             knots = zip(SERVED_QUANTILES, _quantiles(values, SERVED_QUANTILES), strict=True)

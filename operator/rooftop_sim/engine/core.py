@@ -312,11 +312,13 @@ class EngineCore:
             req = self.running[i]
             n = min(req.known - req.computed, budget)
             need = self._blocks_needed(req, n)
-            if not self._make_room(req, need, res):
-                break  # it preempted itself: every request after it is gone too
-            self.cache.allocate(need)
-            req.blocks += need
-            self._cache_full_blocks(req, n)
+            if need:  # most decode steps fill a block they hold already
+                if not self._make_room(req, need, res):
+                    break  # it preempted itself: every request after it is gone too
+                self.cache.allocate(need)
+                req.blocks += need
+            if req.hashed < len(req.block_hashes):
+                self._cache_full_blocks(req, n)
             batch.add(req, n)
             budget -= n
             i += 1
@@ -346,11 +348,11 @@ class EngineCore:
         size, cache = self.config.block_size, self.cache
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]  # nothing computed: new, or preempted (recompute)
-            hit = cache.longest_hit(req.block_hashes, (req.known - 1) // size)
+            hit, idle = cache.longest_hit(req.block_hashes, (req.known - 1) // size)
             n = min(req.known - hit * size, budget)
             need = math.ceil((hit * size + n) / size) - hit
             # cached blocks nobody holds leave the free queue as new ones would
-            if need + cache.free_among(req.block_hashes, hit) > cache.free_blocks:
+            if need + idle > cache.free_blocks:
                 break
             self.waiting.popleft()
             cache.touch(req.block_hashes, hit)
@@ -386,10 +388,7 @@ class EngineCore:
         full = min(len(hashes), (req.computed + n) // self.config.block_size)
         if full <= req.hashed:
             return
-        register, held = self.cache.register, req.held
-        for k in range(req.hashed, full):
-            if register(hashes[k]):
-                held.append(hashes[k])
+        req.held += self.cache.register(hashes[req.hashed : full])
         req.hashed = full
 
     def _complete(self, batch: _Batch, res: StepResult) -> None:

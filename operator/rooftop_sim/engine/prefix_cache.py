@@ -56,22 +56,21 @@ class PrefixCache:
         """Blocks whose hash can be found, held or free."""
         return len(self._refs)
 
-    def longest_hit(self, hashes: Sequence[int], max_blocks: int) -> int:
-        """Leading blocks of ``hashes`` (at most ``max_blocks``) found in the cache."""
+    def longest_hit(self, hashes: Sequence[int], max_blocks: int) -> tuple[int, int]:
+        """(leading blocks of ``hashes`` found in the cache, at most ``max_blocks``; how
+        many of those are free: taking them out of the free queue costs as much as
+        allocating new ones)."""
         if not self.enabled:
-            return 0
+            return 0, 0
         refs = self._refs
-        n = min(len(hashes), max_blocks)
-        k = 0
-        while k < n and hashes[k] in refs:
-            k += 1
-        return k
-
-    def free_among(self, hashes: Sequence[int], count: int) -> int:
-        """How many of the first ``count`` hashes (all cached) are free blocks: taking
-        them out of the free queue costs as much as allocating new ones."""
-        refs = self._refs
-        return sum(1 for k in range(count) if refs[hashes[k]] == 0)
+        found = free = 0
+        for h in hashes[:max_blocks]:
+            held = refs.get(h)
+            if held is None:
+                break
+            found += 1
+            free += not held
+        return found, free
 
     def touch(self, hashes: Sequence[int], count: int) -> None:
         """Hold the first ``count`` hashes' cached blocks for one more request."""
@@ -93,13 +92,16 @@ class PrefixCache:
             h, _ = lru.popitem(last=False)
             del refs[h]
 
-    def register(self, h: int) -> bool:
-        """A block a request holds became full: cache it under ``h``. False when it
-        stays private (caching off, or ``h`` is already cached by another block)."""
-        if not self.enabled or h in self._refs:
-            return False
-        self._refs[h] = 1
-        return True
+    def register(self, hashes: Sequence[int]) -> list[int]:
+        """Blocks a request holds became full: cache them under ``hashes``. Returns
+        those cached; the others stay private (caching off, or a hash already cached
+        by another block)."""
+        if not self.enabled:
+            return []
+        refs = self._refs
+        new = [h for h in hashes if h not in refs]
+        refs.update(dict.fromkeys(new, 1))
+        return new
 
     def free(self, held: Sequence[int], private: int) -> None:
         """A request lets go of its blocks: ``held``, the cached ones in prompt order,

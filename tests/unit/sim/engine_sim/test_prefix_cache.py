@@ -108,7 +108,7 @@ def test_a_full_cache_evicts_the_least_recently_used_block_first() -> None:
     for t, i in enumerate((1, 2, 3, 1)):
         run_alone(eng, Request(f"p{i}-{t}", 33, 1, float(t), block_hashes=p[i]))
     run_alone(eng, Request("p4", 65, 1, 5.0, block_hashes=hashes(4, 4)))
-    found = {i: eng.cache.longest_hit(p[i], 2) for i in (1, 2, 3)}
+    found = {i: eng.cache.longest_hit(p[i], 2)[0] for i in (1, 2, 3)}
     assert found == {1: 2, 2: 0, 3: 1}
     missed = run_alone(eng, Request("p2-again", 33, 1, 6.0, block_hashes=p[2]))
     assert missed.cached_tokens == 0
