@@ -221,25 +221,36 @@ def schedule(spec: LoadSpec) -> list[tuple[float, int, int]]:
 
 # numbers the prompts; from a random start, so that two processes rarely share one
 _PROMPT_SERIAL = itertools.count(random.randrange(1 << 28))
+# Prompt token ids lie in [FIRST_ID, FIRST_ID + ID_SPAN): every real vocabulary has them,
+# and so does the tests' tiny model (4,096 ids, tests/engine/tiny_model.py). An id
+# beyond a model's vocabulary is an error, and vLLM then streams no token at all.
+FIRST_ID: Final = 1000
+ID_SPAN: Final = 2000
 
 
 def prompt_ids(length: int, shared: int = 0) -> list[int]:
-    """``length`` token ids (1000 to 20999, in every vocabulary): the ``shared`` ids every
-    prompt starts with, then two unique to this prompt, so no request finds more of
-    another's prefix than the shared ids in the engine's cache."""
+    """``length`` token ids (module doc's range): the ``shared`` ids every prompt starts
+    with, then two unique to this prompt (ID_SPAN² = 4 million prompts before a repeat),
+    so no request finds more of another's prefix than the shared ids in the cache."""
     serial = next(_PROMPT_SERIAL)
-    common = [20999 - i % 20000 for i in range(min(shared, length))]
-    head = [1000 + serial % 20000, 1000 + serial // 20000 % 20000]
-    rest = [1000 + i % 20000 for i in range(len(common) + 2, length)]
+    common = [FIRST_ID + ID_SPAN - 1 - i % ID_SPAN for i in range(min(shared, length))]
+    head = [FIRST_ID + serial % ID_SPAN, FIRST_ID + serial // ID_SPAN % ID_SPAN]
+    rest = [FIRST_ID + i % ID_SPAN for i in range(len(common) + 2, length)]
     return (common + head + rest)[:length]
 
 
 def block_prompt_ids(blocks: Sequence[int], block_tokens: int, length: int) -> list[int]:
     """``length`` ids for a prompt whose first blocks a trace names (``blocks``, each id
     naming the prefix through its block of ``block_tokens``): a block id gives the same
-    ids wherever it appears, so two prompts share exactly their common blocks; beyond the
-    named blocks, ids unique to this prompt."""
-    ids = [1000 + (block * 7919 + k) % 20000 for block in blocks for k in range(block_tokens)]
+    ids wherever it appears (drawn from a generator seeded with it, so two blocks' ids
+    coincide only by chance, once in ID_SPAN^block_tokens), so two prompts share exactly
+    their common blocks; beyond the named blocks, ids unique to this prompt."""
+    named = min(len(blocks), -(-length // block_tokens))
+    ids = [
+        int(i)
+        for block in blocks[:named]
+        for i in np.random.default_rng(block).integers(FIRST_ID, FIRST_ID + ID_SPAN, block_tokens)
+    ]
     return (ids + prompt_ids(max(length - len(ids), 0)))[:length]
 
 

@@ -86,3 +86,11 @@ async def test_a_mooncake_trace_replays_its_shared_blocks(
     counts = await _counters(server)
     # turn 2 finds its first 600 tokens' full blocks (37 x 16 = 592); request 3 block 0
     assert counts["vllm:prefix_cache_hits_total"] == 592 + 512
+
+
+def test_every_id_is_in_the_tiny_models_vocabulary() -> None:
+    """An id beyond a model's vocabulary is an error, and vLLM then streams no token: the
+    real-vLLM e2e's tiny model has 4,096 ids (tests/engine/tiny_model.py)."""
+    prompts = [loadgen.prompt_ids(2048, shared=100) for _ in range(50)]
+    prompts += [loadgen.block_prompt_ids([0, 7, 123_456_789], 512, 2048)]
+    assert all(1000 <= i < 4096 for p in prompts for i in p)
