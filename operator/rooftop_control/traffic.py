@@ -219,10 +219,13 @@ def fitted_prefix(
     strata = dist.stratum_means(PROMPT_STRATA)
     weights = tuple(b - a for a, b in zip(PROMPT_STRATA[:-1], PROMPT_STRATA[1:], strict=True))
     fit = model.fitted(hits.ratio, strata, weights, model.same_replica(hits.replicas, affinity))
+    # the observed hits already count the sessions the cache evicted: the fitted share is
+    # what survives, so the eviction model (the gap) is not applied to it again
     return base.model_copy(
         update={
             "shared_tokens": int(fit.shared_tokens),
             "session_share": round(fit.session_share, 3),
+            "session_gap_seconds": None,
         }
     )
 

@@ -165,6 +165,14 @@ class PrefixReuse(_Model):
         "request of the same session or document (chat history, an agent's trajectory); "
         "a hit only on the replica that served that request.",
     )
+    session_gap_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        le=86_400,
+        description="Mean seconds between a session's consecutive requests (a user's "
+        "think time): the KV cache must keep the session's blocks that long, while other "
+        "requests write theirs, for its history to hit. Unset: assumed kept.",
+    )
     router: Router = Field(
         default=Router.SERVICE,
         description="Service: the target's Service spreads requests (a session's earlier "

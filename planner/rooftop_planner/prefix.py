@@ -22,6 +22,7 @@ older turn of the same session would hit part of the history too: 1/R is a lower
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -40,6 +41,7 @@ class PrefixModel:
     session_share: float = 0.0
     prefix_aware: bool = False
     client_ip_sessions: bool = False
+    session_gap_s: float = 0.0  # mean time between a session's requests; 0: always cached
 
     @classmethod
     def from_spec(cls, prefix: PrefixReuse | None) -> PrefixModel:
@@ -51,6 +53,7 @@ class PrefixModel:
             session_share=prefix.session_share,
             prefix_aware=prefix.router is Router.PREFIX_AWARE,
             client_ip_sessions=prefix.client_ip_sessions,
+            session_gap_s=prefix.session_gap_seconds or 0.0,
         )
 
     @property
@@ -63,6 +66,12 @@ class PrefixModel:
         """True when the hit rate falls as replicas are added (session reuse spread by the
         Service at random)."""
         return self.session_share > 0.0 and not self.prefix_aware
+
+    @property
+    def session_hits_vary(self) -> bool:
+        """True when a session's history may miss: spread over replicas, or evicted
+        before the session's next request."""
+        return self.depends_on_replicas or (self.session_share > 0.0 and self.session_gap_s > 0)
 
     def affinity_options(self) -> tuple[bool, ...]:
         """Whether the Service may pin sessions (``sessionAffinity: ClientIP``): only for
@@ -78,6 +87,23 @@ class PrefixModel:
         if affinity or self.prefix_aware:
             return 1.0
         return 1.0 / max(replicas, 1)
+
+    def kept(self, free_kv_tokens: float, written_tokens_per_s: float) -> float:
+        """K: the chance a session's blocks are still cached at its next request. The
+        cache evicts least-recently-used free blocks, so a block survives a gap g while
+        the replica writes fewer than the free cache's C tokens meanwhile (g · w < C);
+        with gaps exponential of mean ḡ, K = P(g < C / w) = 1 − exp(−C / (w · ḡ))."""
+        if self.session_gap_s <= 0.0 or written_tokens_per_s <= 0.0:
+            return 1.0
+        return -math.expm1(-free_kv_tokens / (written_tokens_per_s * self.session_gap_s))
+
+    def session_hit_chance(
+        self, replicas: int, affinity: bool, free_kv_tokens: float, written_tokens_per_s: float
+    ) -> float:
+        """P · K: a session's earlier request ran on this replica and its blocks are still
+        cached there (``same_replica`` and ``kept``)."""
+        same = self.same_replica(replicas, affinity)
+        return same * self.kept(free_kv_tokens, written_tokens_per_s)
 
     def cached_tokens(self, prompt: float, same: float) -> float:
         """c(p) = min(S, p) + f · max(p − S, 0) · P, tokens; S in whole blocks, and never

@@ -395,6 +395,7 @@ class _Pending:
     shape: _Shape
     kv_batch: float
     batch_limit: float  # the largest mean batch its curve covers
+    kv_tokens: float = 0.0  # one replica's KV cache, tokens
 
 
 def _prepare(ctx: _Context, gpu: GpuSpec, wd: str, kv: str, tp: int) -> _Pending | Rejection:
@@ -426,7 +427,7 @@ def _prepare(ctx: _Context, gpu: GpuSpec, wd: str, kv: str, tp: int) -> _Pending
     shared = t.prefix.shared_kv_tokens(t.isl_mean)  # held once for every running request
     kv_batch = max(kv_tokens - shared, 0.0) / (t.isl_mean - shared + t.osl_mean / 2.0)
     limit = _mean_batch_for_cap(min(kv_batch, BATCH_CAPS[-1]), t.z_tpot)
-    return _Pending(_Shape(dep, weights, *context), kv_batch, limit)
+    return _Pending(_Shape(dep, weights, *context), kv_batch, limit, kv_tokens)
 
 
 def _curves(pending: list[_Pending], t: _Targets) -> list[_Curves]:
@@ -442,7 +443,7 @@ def _curves(pending: list[_Pending], t: _Targets) -> list[_Curves]:
         tpot, ttft, rate = _operating_points(steps, t)
         return [_Curve.of(*cols) for cols in zip(steps.batches, tpot, ttft, rate, strict=True)]
 
-    if not t.prefix.depends_on_replicas:
+    if not t.prefix.session_hits_vary:
         return [_Curves(curve) for curve in at(1.0)]
     return [_Curves(s, a) for s, a in zip(at(1.0), at(0.0), strict=True)]
 
@@ -471,7 +472,7 @@ def _judge(
             return reject("TPOT over SLO", f"{best.tpot_s[0] * 1e3:.1f} ms even at batch 1")
         return reject("TTFT over SLO", f"{best.ttft_s[0] * 1e3:.0f} ms even at batch 1")
     for affinity in t.prefix.affinity_options():
-        _add_caps(ctx, pending.shape, curves, affinity, pending.kv_batch, out, reject)
+        _add_caps(ctx, pending, curves, affinity, out, reject)
 
 
 @dataclass(frozen=True)
@@ -482,6 +483,7 @@ class _Sized:
     curve: _Curve
     batch: float
     capacity: float  # requests/s per replica
+    hit_chance: float  # a session's earlier request is cached on this replica (prefix)
 
 
 # Rounds of replicas → hit rate → capacity → replicas; the count only grows, and the hit
@@ -489,43 +491,62 @@ class _Sized:
 MAX_SIZING_ROUNDS = 12
 
 
-def _size(ctx: _Context, curves: _Curves, affinity: bool, cap: int) -> _Sized | int:
+def _hit_chance(ctx: _Context, pending: _Pending, replicas: int, affinity: bool) -> float:
+    """The chance a session's earlier request is cached on the replica a request goes to
+    (``prefix.PrefixModel.session_hit_chance``): the cache's room is what the batch the
+    cap allows leaves free, and each replica writes the KV of its share of the requests
+    (tokens/s = rate / R · (isl − shared + osl); cached session tokens counted as
+    written, which errs toward evicting)."""
+    t = ctx.targets
+    shared = t.prefix.shared_kv_tokens(t.isl_mean)
+    per_request = t.isl_mean - shared + t.osl_mean
+    held = min(pending.kv_batch, pending.batch_limit) * (t.isl_mean - shared + t.osl_mean / 2.0)
+    free = max(pending.kv_tokens - shared - held, 0.0)
+    written = ctx.workload.requests_per_second / replicas * per_request
+    return t.prefix.session_hit_chance(replicas, affinity, free, written)
+
+
+def _size(
+    ctx: _Context, pending: _Pending, curves: _Curves, affinity: bool, cap: int
+) -> _Sized | int:
     """Replicas for ``cap``: the fewest R with R ≥ rate · headroom / λ*(R), where λ*
-    falls with R when session hits need the same replica (P = 1/R). Where the SLO
-    cannot be met at the count the rate needs (too few hits left), that count."""
+    depends on R when session hits need the same replica (P = 1/R) and a cache that
+    still holds the session (``_hit_chance``). Where the SLO cannot be met at the count
+    the rate needs (too few hits left), that count."""
     t, c = ctx.targets, ctx.spec.constraints
     rate = ctx.workload.requests_per_second * HEADROOM
     replicas = max(c.min_replicas, 1)
     for _ in range(MAX_SIZING_ROUNDS):
-        curve = curves.at(t.prefix.same_replica(replicas, affinity))
+        chance = _hit_chance(ctx, pending, replicas, affinity)
+        curve = curves.at(chance)
         batch = min(curve.largest_batch_meeting(t), _mean_batch_for_cap(cap, t.z_tpot))
         if batch < 1.0:
             return replicas
         capacity = curve.rate_at(batch)
         need = max(c.min_replicas, math.ceil(rate / capacity) if rate > 0 else 1, 1)
-        if need <= replicas or not t.prefix.depends_on_replicas or affinity:
-            return _Sized(max(need, replicas), curve, batch, capacity)
+        if need <= replicas or not t.prefix.session_share:
+            return _Sized(max(need, replicas), curve, batch, capacity, chance)
         replicas = need
-    return _Sized(replicas, curve, batch, capacity)
+    return _Sized(replicas, curve, batch, capacity, chance)
 
 
 def _add_caps(
     ctx: _Context,
-    shape: _Shape,
+    pending: _Pending,
     curves: _Curves,
     affinity: bool,
-    kv_batch: float,
     out: list[Plan],
     reject: Any,
 ) -> None:
     """One plan per batch cap: the cap bounds the percentile batch, hence the capacity."""
-    c, dep = ctx.spec.constraints, shape.dep
+    c, shape, kv_batch = ctx.spec.constraints, pending.shape, pending.kv_batch
+    dep = shape.dep
     price = ctx.prices.get(dep.gpu.id, dep.gpu.usd_per_gpu_hour)
     seen: set[tuple[int, float]] = set()
     for cap in BATCH_CAPS:
         if cap > max(kv_batch, BATCH_CAPS[0]):
             break
-        sized = _size(ctx, curves, affinity, cap)
+        sized = _size(ctx, pending, curves, affinity, cap)
         if isinstance(sized, int):
             reject("SLO over at scale", _fewer_hits(ctx, sized, cap))
             break
@@ -560,7 +581,6 @@ def _make_plan(
     per_replica = ctx.workload.requests_per_second / replicas
     batch = min(curve.batch_at_rate(per_replica), float(cap))
     tpot_q, ttft_q, rate = curve.at(batch)
-    same = t.prefix.same_replica(replicas, affinity)
     return Plan(
         gpu=dep.gpu.id,
         tp=dep.tp,
@@ -579,7 +599,7 @@ def _make_plan(
         usd_per_hour=replicas * dep.tp * price,
         capacity_rps=sized.capacity * replicas,
         session_affinity="ClientIP" if affinity else "",
-        prefix_hit_ratio=t.prefix.hit_ratio(t.prompts, t.prompt_weights, same),
+        prefix_hit_ratio=t.prefix.hit_ratio(t.prompts, t.prompt_weights, sized.hit_chance),
     )
 
 

@@ -3,6 +3,7 @@ history is cached depends on how many replicas there are and how the Service rou
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -152,3 +153,21 @@ def test_fewer_hits_than_the_stated_shared_prefix_lowers_it() -> None:
 def test_a_bad_prefix_names_the_field(field: str, value: object, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         spec({field: value})
+
+
+def test_a_session_evicted_before_its_next_request_does_not_hit() -> None:
+    """The cache keeps a session's blocks only while the replica writes fewer tokens than
+    its free cache holds: K = 1 − exp(−C / (w·ḡ)); a longer think time, fewer hits."""
+    model = PrefixModel(session_share=0.6, session_gap_s=100.0)
+    assert model.kept(free_kv_tokens=400_000, written_tokens_per_s=40_000) == pytest.approx(
+        1 - math.exp(-0.1)
+    )
+    quick = chosen(spec({"sessionShare": 0.6, "router": "PrefixAware", "sessionGapSeconds": 1}))
+    slow = chosen(spec({"sessionShare": 0.6, "router": "PrefixAware", "sessionGapSeconds": 600}))
+    assert quick.prefix_hit_ratio > 0.5 > 0.2 > slow.prefix_hit_ratio
+    assert slow.usd_per_hour > quick.usd_per_hour
+
+
+def test_unstated_gaps_keep_every_session_cached() -> None:
+    model = PrefixModel(session_share=0.6)
+    assert model.kept(free_kv_tokens=1.0, written_tokens_per_s=1e9) == 1.0
