@@ -491,18 +491,21 @@ class _Sized:
 MAX_SIZING_ROUNDS = 12
 
 
-def _hit_chance(ctx: _Context, pending: _Pending, replicas: int, affinity: bool) -> float:
+def _hit_chance(
+    ctx: _Context, pending: _Pending, curves: _Curves, replicas: int, affinity: bool
+) -> float:
     """The chance a session's earlier request is cached on the replica a request goes to
-    (``prefix.PrefixModel.session_hit_chance``): the cache's room is what the batch the
-    cap allows leaves free, and each replica writes the KV of its share of the requests
-    (tokens/s = rate / R · (isl − shared + osl); cached session tokens counted as
-    written, which errs toward evicting)."""
+    (``prefix.PrefixModel.session_hit_chance``): the cache's room is what the running
+    batch at the replica's share of the rate leaves free, and each replica writes the KV
+    of its share of the requests (tokens/s = rate / R · (isl − shared + osl); cached
+    session tokens counted as written, which errs toward evicting)."""
     t = ctx.targets
+    per_replica = ctx.workload.requests_per_second / replicas
     shared = t.prefix.shared_kv_tokens(t.isl_mean)
     per_request = t.isl_mean - shared + t.osl_mean
-    held = min(pending.kv_batch, pending.batch_limit) * (t.isl_mean - shared + t.osl_mean / 2.0)
+    held = curves.same.batch_at_rate(per_replica) * (t.isl_mean - shared + t.osl_mean / 2.0)
     free = max(pending.kv_tokens - shared - held, 0.0)
-    written = ctx.workload.requests_per_second / replicas * per_request
+    written = per_replica * per_request
     return t.prefix.session_hit_chance(replicas, affinity, free, written)
 
 
@@ -517,7 +520,7 @@ def _size(
     rate = ctx.workload.requests_per_second * HEADROOM
     replicas = max(c.min_replicas, 1)
     for _ in range(MAX_SIZING_ROUNDS):
-        chance = _hit_chance(ctx, pending, replicas, affinity)
+        chance = _hit_chance(ctx, pending, curves, replicas, affinity)
         curve = curves.at(chance)
         batch = min(curve.largest_batch_meeting(t), _mean_batch_for_cap(cap, t.z_tpot))
         if batch < 1.0:
