@@ -50,8 +50,10 @@ MIN_WAIT_S = 1.0  # the preStop's least wait (endpoint removal); 10 s in a pod
 # The server's idle keep-alive timeout, s (vLLM's default is 5). The idle connection
 # waits for the preStop script to start and the drain to begin, which took over 5 s on
 # a loaded CI machine: uvicorn closed it first (HTTP's own race, engine_drain's doc), a
-# broken pipe the drain cannot prevent. Longer than that wait, shorter than the test.
-KEEPALIVE_S = 120
+# broken pipe the drain cannot prevent. Well under the preStop's 60 s too: the drain
+# counts a connection idle until this timeout ends it (ASGI says nothing when an idle
+# client closes, as the warm-up's urllib does), and at 120 s the preStop gave up first.
+KEEPALIVE_S = 30
 
 
 def engine(vllm_py: Path, model: Path, work: Path, drain: bool) -> VllmProcess:
