@@ -50,7 +50,7 @@ from rooftop_api.spec import HistogramBin, PrefixReuse, Router, TokenLengths, Wo
 from rooftop_control.readings import Observation, Reading
 from rooftop_control.signals import SERVED_QUANTILES
 from rooftop_planner.prefix import PrefixModel
-from rooftop_planner.search import PROMPT_STRATA
+from rooftop_planner.search import prompt_strata
 from rooftop_planner.workload import from_spec
 
 # The quantiles the loop reads of each length distribution (readings.served_*).
@@ -215,9 +215,7 @@ def fitted_prefix(
     model = PrefixModel.from_spec(base)
     if stated is None:  # unstated: all of it session reuse (see the module doc)
         model = PrefixModel(session_share=1.0, client_ip_sessions=False)
-    dist = from_spec(traffic.prompt.spec())
-    strata = dist.stratum_means(PROMPT_STRATA)
-    weights = tuple(b - a for a, b in zip(PROMPT_STRATA[:-1], PROMPT_STRATA[1:], strict=True))
+    strata, weights = prompt_strata(from_spec(traffic.prompt.spec()))
     fit = model.fitted(hits.ratio, strata, weights, model.same_replica(hits.replicas, affinity))
     # the observed hits already count the sessions the cache evicted: the fitted share is
     # what survives, so the eviction model (the gap) is not applied to it again
@@ -282,8 +280,7 @@ def _hit_difference(observed: Traffic, stated: PrefixReuse | None) -> list[str]:
             "plan counts them"
         ]
     model = PrefixModel.from_spec(stated)
-    strata = from_spec(observed.prompt.spec()).stratum_means(PROMPT_STRATA)
-    weights = tuple(b - a for a, b in zip(PROMPT_STRATA[:-1], PROMPT_STRATA[1:], strict=True))
+    strata, weights = prompt_strata(from_spec(observed.prompt.spec()))
     # the affinity is unknown here; random spreading is what a stated prefix alone implies
     predicted = model.hit_ratio(strata, weights, model.same_replica(hits.replicas, False))
     if abs(predicted - hits.ratio) < HITS_DIFFER_BY:

@@ -103,6 +103,11 @@ class _Targets:
 PROMPT_STRATA = (0.0, 0.5, 0.8, 0.95, 1.0)
 
 
+def prompt_strata(prompt: LengthDistribution) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The mean prompt length of each ``PROMPT_STRATA`` stratum, tokens, and its weight."""
+    return prompt.stratum_means(PROMPT_STRATA), tuple(np.diff(PROMPT_STRATA).tolist())
+
+
 GRID_POINTS = 16  # mean batches per candidate's curve, geometric from 1 to its limit
 
 
@@ -632,6 +637,7 @@ def _context(
         output=from_spec(spec.workload.output_tokens),
     )
     q = spec.slo.tpot_percentile.quantile
+    prompts, prompt_weights = prompt_strata(workload.prompt)
     targets = _Targets(
         tpot_s=spec.slo.tpot_ms / 1e3,
         ttft_s=spec.slo.ttft_ms / 1e3 if spec.slo.ttft_ms else None,
@@ -640,8 +646,8 @@ def _context(
         isl_mean=workload.prompt.mean,
         osl_mean=workload.output.mean,
         isl_q=workload.prompt.quantile(spec.slo.ttft_percentile.quantile),
-        prompts=workload.prompt.stratum_means(PROMPT_STRATA),
-        prompt_weights=tuple(np.diff(PROMPT_STRATA).tolist()),
+        prompts=prompts,
+        prompt_weights=prompt_weights,
         outputs=tuple(float(v) for v in tail.output_points(workload.output.quantile)),
         prefix=PrefixModel.from_spec(spec.workload.prefix),
     )
