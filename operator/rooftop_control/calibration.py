@@ -21,11 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-# The share of a percentile's allowed misses the loop keeps in hand: a p90 target aims
-# at 95 % of requests within the TPOT bound, a p99 one at 99.5 %. One window's share
-# scatters by a few points around the fleet's; aimed at the percentile itself, half the
-# windows would miss it.
-AIM_MARGIN = 0.5
+from rooftop_api.spec import aimed_share
 
 
 @dataclass(frozen=True)
@@ -172,10 +168,11 @@ class TrimConfig:
 
     @classmethod
     def for_percentile(cls, quantile: float) -> TrimConfig:
-        """The trim that aims at a TPOT percentile (0.9 for p90) with ``AIM_MARGIN``:
-        ``target = q + AIM_MARGIN (1 - q)``, ``slack`` four fifths of the way from
-        there to 1 (p99: 0.995 and 0.999; p90: 0.95 and 0.99)."""
-        target = aim(quantile)
+        """The trim that aims at a TPOT percentile (0.9 for p90) with the margin the
+        planner sizes for (``rooftop_api.spec.aimed_share``): ``target = q + ½ (1 − q)``,
+        ``slack`` four fifths of the way from there to 1 (p99: 0.995 and 0.999; p90:
+        0.95 and 0.99)."""
+        target = aimed_share(quantile)
         return cls(target=target, slack=target + 0.8 * (1.0 - target))
 
     def __post_init__(self) -> None:
@@ -187,12 +184,6 @@ class TrimConfig:
             raise ValueError(f"need 0 < lower <= 1 <= upper, got {self.lower}, {self.upper}")
         if self.settle_windows < 0:
             raise ValueError(f"settle_windows must be >= 0, got {self.settle_windows}")
-
-
-def aim(quantile: float) -> float:
-    """The share of requests within the TPOT bound the loop aims at for a percentile
-    (0..1): the percentile plus ``AIM_MARGIN`` of its allowed misses."""
-    return quantile + AIM_MARGIN * (1.0 - quantile)
 
 
 def update_trim(

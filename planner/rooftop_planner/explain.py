@@ -145,7 +145,7 @@ def reasons(result: SearchResult, spec: ServingTargetSpec) -> list[str]:
     counts = Counter(r.category for r in rejections)
     lines = [f"{n} candidate(s) rejected: {cat}" for cat, n in counts.most_common()]
     if result.feasible:
-        return lines
+        return [aim_note(spec), *lines]
     if result.alternatives:
         lines.insert(
             0,
@@ -156,6 +156,16 @@ def reasons(result: SearchResult, spec: ServingTargetSpec) -> list[str]:
         lines.insert(0, _no_plan(rejections, spec))
         lines.extend(_nearest_misses(rejections))
     return lines
+
+
+def aim_note(spec: ServingTargetSpec) -> str:
+    """What share of requests replicas are sized for, and why the price includes it."""
+    percentile = spec.slo.tpot_percentile
+    return (
+        f"sized for {percentile.aim * 100:g} % of requests within the TPOT bound: the "
+        f"{percentile.value} SLO plus half its allowed misses, which the operator's loop "
+        "aims at too, so the price is what it is expected to spend on spec.workload"
+    )
 
 
 LATENCY_MISSES = ("TPOT over SLO", "TTFT over SLO")

@@ -14,7 +14,10 @@ Serving model at a per-replica Poisson arrival rate λ (requests/s):
   percentile TTFT         TTFT_q = prefill steps of the q-quantile prompt + ½ step
 The largest B whose TPOT_q and TTFT_q meet the SLO and whose B_q stays under the batch
 cap and the KV capacity gives the replica's capacity λ* = B / (TTFT + osl · TPOT);
-replicas = ceil(rate · headroom / λ*).
+replicas = ceil(rate · headroom / λ*). The TPOT quantile q sized for is the loop's aim,
+the SLO's percentile plus half its allowed misses (p90 → 0.95, ``aimed_share``), so a
+plan costs what the loop is expected to spend; plans report TPOT at the SLO's own
+percentile.
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ class ResolvedWorkload:
 class _Targets:
     tpot_s: float
     ttft_s: float | None
-    tpot_q: float
+    tpot_q: float  # the share sized for: the SLO's percentile plus the loop's margin
+    report_q: float  # the SLO's own percentile, which plans report TPOT at
     z_tpot: float
     isl_mean: float
     osl_mean: float
@@ -182,26 +186,34 @@ def _steps(deps: list[EngineShape], limits: FloatArray, t: _Targets, same: float
     )
 
 
-def _operating_points(steps: _Steps, t: _Targets) -> tuple[FloatArray, FloatArray, FloatArray]:
-    """(TPOT_q over requests, TTFT_q, λ) at every candidate's grid point (D × G arrays).
+def _operating_points(
+    steps: _Steps, t: _Targets
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    """(TPOT at the aimed share, TPOT at the SLO's percentile, TTFT_q, λ) at every
+    candidate's grid point (D × G arrays).
 
-    The percentile over requests is ``tail``'s, for all candidates in one array call.
+    The quantiles over requests are ``tail``'s, for all candidates in one array call each.
     """
     flat = {name: getattr(steps, name).ravel() for name in _Steps.__dataclass_fields__}
-    tpot_q = tail.tpot_quantile(
-        t.tpot_q,
-        flat["decode"],
-        flat["slope"],
-        flat["batches"],
-        flat["rate"],
-        flat["step"],
-        flat["extra_mean"],
-        flat["extra_sq"],
-        np.array(t.outputs),
-        t.osl_mean,
-        tail.OUTPUT_WEIGHTS,
-    ).reshape(steps.batches.shape)
-    return tpot_q, steps.prefill + tpot_q / 2.0, steps.rate
+
+    def tpot_at(q: float) -> FloatArray:
+        out: FloatArray = tail.tpot_quantile(
+            q,
+            flat["decode"],
+            flat["slope"],
+            flat["batches"],
+            flat["rate"],
+            flat["step"],
+            flat["extra_mean"],
+            flat["extra_sq"],
+            np.array(t.outputs),
+            t.osl_mean,
+            tail.OUTPUT_WEIGHTS,
+        ).reshape(steps.batches.shape)
+        return out
+
+    aimed, reported = tpot_at(t.tpot_q), tpot_at(t.report_q)
+    return aimed, reported, steps.prefill + reported / 2.0, steps.rate
 
 
 def _slope(values: FloatArray, xs: FloatArray) -> FloatArray:
@@ -216,24 +228,26 @@ def _slope(values: FloatArray, xs: FloatArray) -> FloatArray:
 class _Curve:
     """Operating points of one deployment on a geometric grid of mean batch sizes.
 
-    TPOT_q, TTFT_q and λ all rise with the batch, so the SLO limit and the batch that
+    TPOT, TTFT_q and λ all rise with the batch, so the SLO limit and the batch that
     serves a rate are found by interpolating between grid points instead of re-solving
-    the step model (a full search stays well under 100 ms).
+    the step model (a full search stays well under 100 ms). ``tpot_s`` is at the aimed
+    share (what sizing checks), ``reported_s`` at the SLO's percentile (what a plan says).
     """
 
     batches: tuple[float, ...]
     tpot_s: tuple[float, ...]
+    reported_s: tuple[float, ...]
     ttft_s: tuple[float, ...]
     rate: tuple[float, ...]
 
     @classmethod
-    def of(
-        cls, batches: FloatArray, tpot: FloatArray, ttft: FloatArray, rate: FloatArray
-    ) -> _Curve:
-        return cls(*(tuple(col.tolist()) for col in (batches, tpot, ttft, rate)))
+    def of(cls, *columns: FloatArray) -> _Curve:
+        """From (batches, aimed TPOT, reported TPOT, TTFT, rate) arrays."""
+        return cls(*(tuple(col.tolist()) for col in columns))
 
     def largest_batch_meeting(self, t: _Targets) -> float:
-        """Largest grid-interpolated batch whose TPOT_q and TTFT_q meet the SLO, or 0."""
+        """Largest grid-interpolated batch whose aimed-share TPOT and TTFT_q meet the
+        SLO, or 0."""
 
         def slack(i: int) -> float:
             over = self.tpot_s[i] / t.tpot_s
@@ -252,9 +266,10 @@ class _Curve:
         return _interp(batch, self.batches, self.rate)
 
     def at(self, batch: float) -> tuple[float, float, float]:
-        """(TPOT_q, TTFT_q, λ) interpolated at a mean batch inside the grid."""
+        """(TPOT at the SLO's percentile, TTFT_q, λ) interpolated at a mean batch inside
+        the grid."""
         return (
-            _interp(batch, self.batches, self.tpot_s),
+            _interp(batch, self.batches, self.reported_s),
             _interp(batch, self.batches, self.ttft_s),
             self.rate_at(batch),
         )
@@ -292,7 +307,11 @@ class _Curves:
 
         s, a = self.same, self.apart
         return _Curve(
-            s.batches, blend(s.tpot_s, a.tpot_s), blend(s.ttft_s, a.ttft_s), blend(s.rate, a.rate)
+            s.batches,
+            blend(s.tpot_s, a.tpot_s),
+            blend(s.reported_s, a.reported_s),
+            blend(s.ttft_s, a.ttft_s),
+            blend(s.rate, a.rate),
         )
 
 
@@ -445,8 +464,8 @@ def _curves(pending: list[_Pending], t: _Targets) -> list[_Curves]:
 
     def at(same: float) -> list[_Curve]:
         steps = _steps(deps, limits, t, same)
-        tpot, ttft, rate = _operating_points(steps, t)
-        return [_Curve.of(*cols) for cols in zip(steps.batches, tpot, ttft, rate, strict=True)]
+        columns = (steps.batches, *_operating_points(steps, t))
+        return [_Curve.of(*cols) for cols in zip(*columns, strict=True)]
 
     if not t.prefix.session_hits_vary:
         return [_Curves(curve) for curve in at(1.0)]
@@ -474,7 +493,10 @@ def _judge(
     best = curves.same  # the most hits any plan of this candidate gets
     if best.largest_batch_meeting(t) <= 0:
         if best.tpot_s[0] > t.tpot_s:
-            return reject("TPOT over SLO", f"{best.tpot_s[0] * 1e3:.1f} ms even at batch 1")
+            share = f"{t.tpot_q * 100:g} % of requests"
+            return reject(
+                "TPOT over SLO", f"{best.tpot_s[0] * 1e3:.1f} ms for {share} even at batch 1"
+            )
         return reject("TTFT over SLO", f"{best.ttft_s[0] * 1e3:.0f} ms even at batch 1")
     for affinity in t.prefix.affinity_options():
         _add_caps(ctx, pending, curves, affinity, out, reject)
@@ -636,13 +658,14 @@ def _context(
         prompt=from_spec(spec.workload.prompt_tokens),
         output=from_spec(spec.workload.output_tokens),
     )
-    q = spec.slo.tpot_percentile.quantile
+    q = spec.slo.tpot_percentile.aim
     prompts, prompt_weights = prompt_strata(workload.prompt)
     targets = _Targets(
         tpot_s=spec.slo.tpot_ms / 1e3,
         ttft_s=spec.slo.ttft_ms / 1e3 if spec.slo.ttft_ms else None,
         tpot_q=q,
-        z_tpot=max(NormalDist().inv_cdf(q), 0.0),
+        report_q=spec.slo.tpot_percentile.quantile,
+        z_tpot=max(NormalDist().inv_cdf(spec.slo.tpot_percentile.quantile), 0.0),
         isl_mean=workload.prompt.mean,
         osl_mean=workload.output.mean,
         isl_q=workload.prompt.quantile(spec.slo.ttft_percentile.quantile),

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from rooftop_api.spec import aimed_share
 from rooftop_control import control, traffic
-from rooftop_control.calibration import TrimConfig, aim
+from rooftop_control.calibration import TrimConfig
 from rooftop_control.readings import MetricState, Observation, Reading
 from rooftop_control.traffic import Lengths, Traffic
 from rooftop_planner import tail
@@ -100,7 +101,7 @@ def test_decide_sizes_with_the_served_lengths_once_enough_requests_finished(
 
 @pytest.mark.parametrize(("percentile", "target"), [(0.5, 0.75), (0.9, 0.95), (0.99, 0.995)])
 def test_the_loops_aim_follows_the_targets_percentile(percentile: float, target: float) -> None:
-    assert aim(percentile) == pytest.approx(target)
+    assert aimed_share(percentile) == pytest.approx(target)
     trim = TrimConfig.for_percentile(percentile)
     assert trim.target == pytest.approx(target) and target < trim.slack < 1.0
 
