@@ -9,8 +9,8 @@ The rows go beside ``--out`` as JSON too.
 
 Two cases, each declaring its trace's own lengths at scale 1: ``bench_simulate``'s
 70B target on the day-shaped Azure conversation hour (p99 TPOT), and the bundled
-8B chat example on the 10-minute Azure excerpt (p90 TPOT; the example itself
-declares 512/128, this benchmark declares the excerpt's 1,150/260 and scales that).
+8B chat example on the 10-minute Azure excerpt (p90 TPOT; the excerpt's 1,150/260
+mean lengths, which the example declares too, scaled).
 The plan (GPU type, TP, dtypes) is the planner's for the declared workload, so a
 scale may change the shape every policy runs; each run is compared with the hindsight
 oracle on its own shape and seed. "After the first window" counts the requests that

@@ -814,7 +814,14 @@ def l4_node(name: str, gpus: int) -> dict[str, Any]:
             "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}}}  # fmt: skip
 
 
-SIM_CHAT = yaml.safe_load((EXAMPLES / "simulated-chat.yaml").read_text())["spec"]
+# The example with a short chat's workload and budget pinned (plans that shard over a
+# few L4s), so the example's own may follow its trace.
+SIM_CHAT = {
+    **yaml.safe_load((EXAMPLES / "simulated-chat.yaml").read_text())["spec"],
+    "workload": {"requestsPerSecond": 4, "promptTokens": {"mean": 512, "p90": 1024},
+                 "outputTokens": {"mean": 128, "p90": 256}},
+    "budget": {"usdPerHour": 10},
+}  # fmt: skip
 # fp8 weights allowed: the plan then fits a 2-GPU L4 node (bf16 alone needs four L4s)
 # mode vllm: a simulated engine runs on any node, so the inventory does not bound it
 L4_ONLY = {**SIM_CHAT, "mode": "vllm",

@@ -24,6 +24,25 @@ from rooftop_planner.inventory import (
 from rooftop_planner.search import plan_target
 
 EXAMPLE = Path(__file__).parents[3] / "examples" / "simulated-chat.yaml"
+# The inventory tests need plans that shard over a few L4s: the example with a short
+# chat's workload and budget pinned, so the example's own may follow its trace.
+SHORT_CHAT = {
+    "requestsPerSecond": 4,
+    "promptTokens": {"mean": 512, "p90": 1024},
+    "outputTokens": {"mean": 128, "p90": 256},
+}
+
+
+def short_chat_doc() -> dict[str, Any]:
+    """The example's manifest with ``SHORT_CHAT`` as its workload and a $10/h budget."""
+    doc = load_target(EXAMPLE).model_dump(by_alias=True, exclude_none=True)
+    doc["spec"]["workload"] = dict(SHORT_CHAT)
+    doc["spec"]["budget"] = {"usdPerHour": 10}
+    return doc
+
+
+def short_chat() -> ServingTargetSpec:
+    return ServingTargetSpec.model_validate(short_chat_doc()["spec"])
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +116,7 @@ def test_problem_names_the_label_and_the_node_size(catalog: Catalog) -> None:
 def l4_or_h100() -> ServingTargetSpec:
     """The example on L4 or H100 with a 30 ms TPOT bound: its cheapest plan shards over
     several L4s (four L4s cost less than one H100)."""
-    spec = load_target(EXAMPLE).spec
+    spec = short_chat()
     gpus = {"gpu_types": ["l4", "h100-sxm"]}
     slo = spec.slo.model_copy(update={"tpot_ms": 30.0})
     constraints = spec.constraints.model_copy(update=gpus)
@@ -131,7 +150,7 @@ def test_no_node_big_enough_says_what_nodes_would_work(catalog: Catalog) -> None
 
 
 def test_a_target_no_gpu_can_meet_is_not_waiting_for_nodes(catalog: Catalog) -> None:
-    spec = load_target(EXAMPLE).spec
+    spec = short_chat()
     spec = spec.model_copy(update={"slo": spec.slo.model_copy(update={"tpot_ms": 0.5})})
     result = plan_target(spec, catalog=catalog, gpu_inventory=GpuInventory({"l4": 1}))
     assert not result.feasible and result.beyond_inventory is None
@@ -210,7 +229,7 @@ def test_tolerations_match_as_kubernetes_does(toleration: dict, tolerated: bool)
 def test_a_plan_needing_tainted_nodes_says_which_toleration_is_missing(
     catalog: Catalog,
 ) -> None:
-    spec = load_target(EXAMPLE).spec
+    spec = short_chat()
     spec = spec.model_copy(
         update={"constraints": spec.constraints.model_copy(update={"gpu_types": ["l4"]})}
     )
@@ -258,13 +277,15 @@ def test_bad_node_files_say_how_to_write_one(
 
 def test_plan_cli_takes_nodes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     path = write(tmp_path, json.dumps({"kind": "List", "items": [node("a", "NVIDIA-L4", "1")]}))
-    assert main(["plan", str(EXAMPLE), "--nodes", str(path)]) == 1
+    example = tmp_path / "target.json"
+    example.write_text(json.dumps(short_chat_doc()))
+    assert main(["plan", str(example), "--nodes", str(path)]) == 1
     out = capsys.readouterr().out
-    best = plan_target(load_target(EXAMPLE).spec).plan
+    best = plan_target(short_chat()).plan
     assert best is not None
     assert f"GPU nodes ({path}): l4 x1/node" in out
     assert f"with nodes of {best.tp} {best.gpu} GPU(s)" in out
-    assert main(["plan", str(EXAMPLE), "--nodes", str(tmp_path / "absent.json")]) == 2
+    assert main(["plan", str(example), "--nodes", str(tmp_path / "absent.json")]) == 2
     assert "absent.json" in capsys.readouterr().err
 
 
@@ -273,7 +294,7 @@ def test_plan_cli_reads_the_targets_tolerations(
 ) -> None:
     tainted = node("a", "NVIDIA-L4", "2", taints=("dedicated=llm:NoSchedule",))
     path = write(tmp_path, json.dumps({"kind": "List", "items": [tainted]}))
-    doc = load_target(EXAMPLE).model_dump(by_alias=True, exclude_none=True)
+    doc = short_chat_doc()
     doc["spec"]["constraints"]["gpuTypes"] = ["l4"]
     doc["spec"]["constraints"]["weightDtypes"] = ["bf16", "fp8"]  # fp8 fits a 2-L4 node
     target = tmp_path / "target.json"
