@@ -59,6 +59,7 @@ for _path in (ROOT, ROOT / "planner", ROOT / "operator"):
     if str(_path) not in sys.path:
         sys.path.insert(0, str(_path))
 
+import live_engines  # noqa: E402  (a sibling script, not a package)
 from tests.cluster.controlplane import ControlPlane, default_bin_dir  # noqa: E402
 from tests.cluster.handle import ClusterHandle, wait_until  # noqa: E402
 from tests.cluster.nodes import GpuType, gpu_node  # noqa: E402
@@ -282,6 +283,9 @@ class Result:
     apply_s: float
     steady_s: float
     loop_interval_s: float
+    live: bool = False  # --live: every engine pod exported vLLM's metrics
+    observed_targets: int = 0  # targets whose status showed observed figures at the end
+    replica_counts: dict[str, int] = field(default_factory=dict)  # replicas -> targets
     burst_cpu_s: dict[str, float] = field(default_factory=dict)
     burst_requests: dict[str, int] = field(default_factory=dict)
     steady_requests: dict[str, int] = field(default_factory=dict)
@@ -297,7 +301,7 @@ def table(results: Sequence[Result]) -> str:
     head = ["targets", "all Deployed", "all Ready", "per target p50 / p95 / p99",
             "reconciled twice", "operator RSS", "operator CPU, steady",
             "API reads/s, steady", "API writes in steady window",
-            "PromQL queries per tick"]  # fmt: skip
+            "PromQL queries per tick", "engine metrics"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|---" * len(head) + "|"]
     for r in results:
         cells = [
@@ -306,6 +310,7 @@ def table(results: Sequence[Result]) -> str:
             _twice(r), f"{r.rss_mib:.0f} MiB",
             f"{r.cpu_pct:.1f} %", f"{r.reads_per_s:.2f}", str(r.steady_writes),
             f"{r.promql_per_tick:.1f}",
+            f"live, {r.observed_targets} targets observed" if r.live else "none",
         ]  # fmt: skip
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", *(_apply_line(r) for r in results)]
@@ -342,6 +347,7 @@ class Bench:
     api: Any = None
     prometheus: PrometheusServer | None = None
     operator: Operator | None = None
+    live: live_engines.LiveEngines | None = None
 
     @property
     def audit_log(self) -> Path:
@@ -412,6 +418,40 @@ def start_prometheus(b: Bench) -> None:
     b.prometheus = PrometheusServer(b.work / "prometheus")
     b.stack.callback(b.prometheus.stop)
     b.prometheus.start()
+
+
+def start_live_engines(b: Bench, tick_s: float) -> None:
+    """Every engine pod's vLLM metrics from one exporter, scraped by the Prometheus the
+    operator reads (``live_engines``)."""
+    from kubernetes import client
+
+    assert b.prometheus is not None
+    core = client.CoreV1Api(b.api)
+
+    def pods() -> list[Obj]:
+        from rooftop_operator.builders import APP_NAME
+
+        listed = core.list_pod_for_all_namespaces(
+            label_selector=f"app.kubernetes.io/name={APP_NAME}"
+        )
+        return [{"metadata": {"namespace": p.metadata.namespace, "name": p.metadata.name,
+                              "labels": p.metadata.labels}} for p in listed.items]  # fmt: skip
+
+    b.live = live_engines.LiveEngines(pods, b.prometheus.set_targets, tick_s).start()
+    b.stack.callback(b.live.stop)
+
+
+def live_outcome(b: Bench) -> tuple[int, dict[str, int]]:
+    """Targets whose status carries observed figures (the loop read their series), and
+    how many targets run each replica count."""
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(b.api)
+    statuses = [t.get("status") or {} for t in custom.list_cluster_custom_object(
+        GROUP, VERSION, PLURAL)["items"]]  # fmt: skip
+    observed = sum(1 for st in statuses if (st.get("observed") or {}).get("tpotMs") is not None)
+    counts = Counter(str(st.get("replicas")) for st in statuses)
+    return observed, dict(sorted(counts.items()))
 
 
 def start_operator(b: Bench, interval_s: float, verbose: bool) -> None:
@@ -684,15 +724,27 @@ def run_one(n: int, args: argparse.Namespace, work: Path) -> Result:
                  f"{time.monotonic() - t:.0f} s; applying {n} targets")  # fmt: skip
         result = burst(b, n, args.timeout_s)
         progress(f"N={n}: all Ready; CPU s used meanwhile: {_cpu_text(result.cpu_s)}")
-        progress(f"N={n}: waiting one loop interval, then {args.steady_s:g} s steady")
-        time.sleep(args.loop_interval_s)
+        if args.live:
+            start_live_engines(b, args.loop_interval_s)
+            assert b.live is not None
+            progress(f"N={n}: live metrics for {len(b.live.pods)} engine pods; "
+                     f"{args.live_warmup_s:g} s for the loop to read them, then "
+                     f"{args.steady_s:g} s steady")  # fmt: skip
+            time.sleep(args.live_warmup_s)
+        else:
+            progress(f"N={n}: waiting one loop interval, then {args.steady_s:g} s steady")
+            time.sleep(args.loop_interval_s)
         before = sample(b)
         time.sleep(args.steady_s)
         after, rss = sample(b), operator_rss_mib(b)
         time.sleep(2)  # the audit log answers last: let the window's requests land
         assert b.operator is not None
         passes = creation_passes(b.operator.log_path.read_text(errors="replace"))
-        return summarize(n, args, result, (before, after), rss, read_audit(b.audit_log), passes)
+        out = summarize(n, args, result, (before, after), rss, read_audit(b.audit_log), passes)
+        if not args.live:
+            return out
+        observed, replicas = live_outcome(b)
+        return replace(out, live=True, observed_targets=observed, replica_counts=replicas)
     raise AssertionError("unreachable")  # ExitStack may swallow exceptions for mypy
 
 
@@ -763,6 +815,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--keep", action="store_true", help="keep the logs in the work directory")
     ap.add_argument("--verbose", action="store_true", help="run the operator with --verbose")
     ap.add_argument("--quick", action="store_true", help="--targets 20 --steady-s 30")
+    ap.add_argument("--live", action="store_true",
+                    help="every engine pod exports vLLM's metric families (one exporter, "
+                         "benchmarks/live_engines.py), so the loop decides on data")  # fmt: skip
+    ap.add_argument("--live-warmup-s", type=float, default=240.0,
+                    help="with --live: from the first scrape to the steady window, s")  # fmt: skip
     ap.add_argument("--baseline", action="store_true",
                     help="first time the same N with no operator: the apply, the "
                          "children it would make, every engine ready")  # fmt: skip

@@ -173,7 +173,9 @@ def test_table_has_one_row_per_n(bench: ModuleType) -> None:
     lines = bench.table([result]).splitlines()
     assert lines[0].startswith("| targets | all Deployed | all Ready | per target p50")
     assert lines[2] == ("| 100 | 12.3 s | 20.0 s | 1.00 / 2.50 / 3.25 s | 2 of 100 | 150 MiB "
-                        "| 3.2 % | 6.67 | 0 | 12.0 |")  # fmt: skip
+                        "| 3.2 % | 6.67 | 0 | 12.0 | none |")  # fmt: skip
+    result.live, result.observed_targets = True, 98
+    assert "| 12.0 | live, 98 targets observed |" in bench.table([result])
     result.handled_twice = 7
     assert "| 2 of 100 (creation handled twice: 7) |" in bench.table([result])
     assert lines[-1] == "N=100: the apply took 1.0 s"

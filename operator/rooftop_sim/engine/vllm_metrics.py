@@ -250,9 +250,13 @@ class VllmMetrics:
             else:
                 self.itl.observe(ev.itl_s)
 
+    def count_finished(self, reason: str) -> None:
+        """One more request finished for ``reason`` (stop, length, abort...)."""
+        self._success.labels(*self._lv, reason).inc()
+
     def on_finish(self, req: Request) -> None:
         """Per-request observations, made when it finishes (as vLLM does)."""
-        self._success.labels(*self._lv, req.finished_reason or "abort").inc()
+        self.count_finished(req.finished_reason or "abort")
         if req.finished_s is None:
             return
         self.e2e.observe(req.finished_s - req.arrival_s)
