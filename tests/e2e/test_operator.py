@@ -619,8 +619,11 @@ def test_gpu_inventory_plans_for_the_nodes_there_are(env: Env, tmp_path: Path) -
     doc["spec"]["mode"] = "vllm"  # a simulated engine needs no GPU node (kwok runs neither)
     doc["spec"]["constraints"]["gpuTypes"] = ["a10g"]
     doc["spec"]["slo"]["tpotMs"] = 20  # one A10G per pod cannot meet this; TP > 1 can
-    tp = expected_plan(doc, env.catalog).tp
-    assert tp > 1
+    # one replica's traffic, so the one big node that joins below holds the whole plan
+    doc["spec"]["workload"]["requestsPerSecond"] = 1
+    expected = expected_plan(doc, env.catalog)
+    tp = expected.tp
+    assert tp > 1 and expected.replicas == 1
     # CPU and memory for a vLLM pod of several GPUs (2 CPUs and 16 GiB per GPU)
     a10g = GpuType(f"e2e-a10g-{uuid.uuid4().hex[:4]}", "NVIDIA-A10G", 1, 23028, "ampere",
                    (8, 6), "g5.12xlarge", "48", "192Gi")  # fmt: skip
