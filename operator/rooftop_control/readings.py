@@ -144,6 +144,7 @@ class Observation:
         scale=1e3,
         unit="ms",
         status_key="tpotMs",
+        status_noise_count="window_requests",
         simulated="the SLO quantile of the window's finished requests' TPOT",
     )
     ttft_ms: Reading = signal(
@@ -153,6 +154,7 @@ class Observation:
         scale=1e3,
         unit="ms",
         status_key="ttftMs",
+        status_noise_count="window_requests",
         simulated="the SLO quantile of the window's first tokens' TTFT",
     )
     requests_per_second: Reading = signal(
@@ -162,6 +164,7 @@ class Observation:
         scale=1.0,
         unit="req/s",
         status_key="requestsPerSecond",
+        status_noise_count="window_requests",
         simulated="the arrival rate over the window",
         # completions + deriv(in the engines): a draining queue dips it below zero
         at_least=0.0,
@@ -175,6 +178,7 @@ class Observation:
         scale=1.0,
         unit="requests",
         status_key="running",
+        status_noise_count="itself",
         simulated="running requests summed over ready replicas",
         status_noise_floor=1.0,
     )
@@ -185,6 +189,7 @@ class Observation:
         scale=1.0,
         unit="requests",
         status_key="waiting",
+        status_noise_count="itself",
         simulated="queued requests summed over ready replicas",
         status_noise_floor=1.0,
     )
@@ -195,6 +200,7 @@ class Observation:
         scale=1.0,
         unit="ratio",
         status_key="kvCacheUsageRatio",
+        status_noise_count="running",
         simulated="the fullest replica's KV-cache usage",
         status_noise_floor=0.02,
     )

@@ -117,6 +117,12 @@ class Fallback:
     promql: Query
 
 
+# What a figure's sampling noise scales with: the requests the window saw (a percentile
+# or a rate of them: ``requestsPerSecond`` x the window), the requests running (what the
+# KV cache holds), or the figure itself (a count of requests, such as ``running``).
+NoiseCount = Literal["window_requests", "running", "itself"]
+
+
 @dataclass(frozen=True)
 class Signal:
     """One reading of the loop.
@@ -130,6 +136,9 @@ class Signal:
         status_key: its key in ``status.observed`` (None: not shown there).
         status_noise_floor: the least absolute change that rewrites ``status.observed``
             (besides a relative 5 %), in ``unit``; keeps near-zero figures quiet.
+        status_noise_count: the count of events whose sampling noise the figure carries
+            (``NoiseCount``; None: only the 5 % and the floor), so a window of few
+            requests does not rewrite status on every tick.
         at_least: the lowest figure that means something; below it reads as this
             (None: any figure).
         fallback: asked beside it, read when it has no figure (None: none).
@@ -143,6 +152,7 @@ class Signal:
     simulated: str
     status_key: str | None = None
     status_noise_floor: float = 0.0
+    status_noise_count: NoiseCount | None = None
     at_least: float | None = None
     fallback: Fallback | None = None
     field: str = ""
@@ -162,6 +172,7 @@ def signal(
     simulated: str,
     status_key: str | None = None,
     status_noise_floor: float = 0.0,
+    status_noise_count: NoiseCount | None = None,
     at_least: float | None = None,
     fallback: Fallback | None = None,
 ) -> T:
@@ -176,6 +187,7 @@ def signal(
         simulated=simulated,
         status_key=status_key,
         status_noise_floor=status_noise_floor,
+        status_noise_count=status_noise_count,
         at_least=at_least,
         fallback=fallback,
     )

@@ -171,16 +171,23 @@ def served_workload(traffic: Traffic | None) -> dict[str, Any] | None:
 
 # How far an observed figure must move before status is written again: window-to-window
 # noise is not news, and a write per target per tick is what limits how many targets one
-# operator can run. Relative, with an absolute floor for figures near zero.
+# operator can run. Relative, with an absolute floor for figures near zero, and wider for
+# a figure drawn from few events (``_sampling_noise``).
 OBSERVED_NOISE_RATIO = 0.05
 OBSERVED_NOISE_FLOOR = {s.status_key: s.status_noise_floor for s in SIGNALS if s.status_key}
+OBSERVED_NOISE_COUNT = {s.status_key: s.status_noise_count for s in SIGNALS if s.status_key}
+# How many standard deviations of the difference between two windows count as noise:
+# two keeps a steady target's status still on about 95 % of ticks.
+OBSERVED_NOISE_Z = 2.0
 # Kept up to date only alongside a visible change: the sample count grows every tick.
 OBSERVED_BOOKKEEPING = ("calibrationSamples", "time")
 
 
-def observed_changed(old: ObservedStatus | None, new: ObservedStatus) -> bool:
-    """Whether ``new`` says something ``old`` does not, beyond each figure's noise."""
-    return _figures_changed(_figures(old), _figures(new))
+def observed_changed(old: ObservedStatus | None, new: ObservedStatus, window_s: float) -> bool:
+    """Whether ``new`` says something ``old`` does not, beyond each figure's noise;
+    ``window_s``: the metrics window the figures are read over, s."""
+    before = _figures(old)
+    return _figures_changed(before, _figures(new), _counts(before, window_s))
 
 
 def _figures(observed: ObservedStatus | None) -> dict[str, Any]:
@@ -191,15 +198,48 @@ def _figures(observed: ObservedStatus | None) -> dict[str, Any]:
     return figures
 
 
-def _figures_changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+def _counts(figures: Mapping[str, Any], window_s: float) -> dict[str, float]:
+    """The event counts behind the stored figures (``signals.NoiseCount``): requests
+    in the window (rate x window), requests running; absent when not shown."""
+    counts = {}
+    if isinstance(rate := figures.get("requestsPerSecond"), int | float):
+        counts["window_requests"] = rate * window_s
+    if isinstance(running := figures.get("running"), int | float):
+        counts["running"] = running
+    return counts
+
+
+def _sampling_noise(key: str, before: float, counts: Mapping[str, float]) -> float:
+    """How far ``before`` moves by chance alone, in its unit.
+
+    A figure drawn from n independent events (a rate or a percentile of the window's
+    n requests; a count of n requests running) has a relative standard deviation of
+    about 1/√n (Poisson), so two windows differ by about √(2/n) of it; noise is
+    ``OBSERVED_NOISE_Z`` of those: z·√(2/n)·|before|. A figure with no count, or a count
+    not shown (yet), gets none.
+    """
+    kind = OBSERVED_NOISE_COUNT.get(key)
+    n = abs(before) if kind == "itself" else counts.get(kind or "", 0.0)
+    if n <= 0.0:
+        return 0.0
+    return OBSERVED_NOISE_Z * math.sqrt(2.0 / n) * abs(before)
+
+
+def _figures_changed(
+    old: Mapping[str, Any], new: Mapping[str, Any], counts: Mapping[str, float]
+) -> bool:
     keys = (set(old) | set(new)) - set(OBSERVED_BOOKKEEPING)
     for key in keys:
         before, after = old.get(key), new.get(key)
         if isinstance(before, Mapping) and isinstance(after, Mapping):
-            if _figures_changed(before, after):  # e.g. workload.promptTokens.p90
+            if _figures_changed(before, after, {}):  # e.g. workload.promptTokens.p90
                 return True
         elif isinstance(before, int | float) and isinstance(after, int | float):
-            noise = max(OBSERVED_NOISE_RATIO * abs(before), OBSERVED_NOISE_FLOOR.get(key, 0.0))
+            noise = max(
+                OBSERVED_NOISE_RATIO * abs(before),
+                OBSERVED_NOISE_FLOOR.get(key, 0.0),
+                _sampling_noise(key, before, counts),
+            )
             if abs(after - before) > noise:
                 return True
         elif before != after:  # appeared, vanished, or a state such as metricsState
@@ -213,14 +253,16 @@ def status_update(
     obs: Observation,
     plan: Plan,
     now: str,
+    window_s: float,
 ) -> ServingTargetStatus:
     """The new status: observed, plan (replicas, cap, cost) and the two conditions.
 
     ``observed`` keeps its previous figures (and time) unless one moved beyond its
-    noise, so a quiet tick leaves status exactly as it was and nothing is written.
+    noise (``observed_changed``, figures read over ``window_s``), so a quiet tick leaves
+    status exactly as it was and nothing is written.
     """
     new = observed_status(d, obs, now)
-    quiet = not observed_changed(status.observed, new)
+    quiet = not observed_changed(status.observed, new, window_s)
     update: dict[str, Any] = {"observed": status.observed if quiet else new}
     if status.plan is not None:
         cost = round(d.replicas * plan.usd_per_replica_hour, 3)
@@ -416,13 +458,14 @@ def _apply(
         rt.metrics.record_decision(ref.namespace, ref.name, *decision_labels(d))
     elif d.cap_hold_began:
         rt.emit(body, "Normal", "BatchCapHeld", d.reason)
-    now = rt.now()
+    now, window_s = rt.now(), rt.config.loop.window_s
     seen = ServingTargetStatus.read(body.get("status"))
-    if status_update(seen, d, obs, plan, now) == seen:
+    if status_update(seen, d, obs, plan, now, window_s) == seen:
         return  # nothing a user would see changed: no read, no write
 
     def mutate(stored: dict[str, Any]) -> dict[str, Any]:
-        return status_update(ServingTargetStatus.read(stored), d, obs, plan, now).stored()
+        fresh = ServingTargetStatus.read(stored)
+        return status_update(fresh, d, obs, plan, now, window_s).stored()
 
     rt.kube.update_status(ref.namespace, ref.name, mutate, seen=body)
 
@@ -437,7 +480,12 @@ def _writes(
     """Whether this decision writes anything (a Deployment, an event, status). Most ticks
     do not, and skip the thread hop ``_apply`` takes (at 1,000 targets the hop alone
     was a third of a tick's CPU)."""
-    return d.changed or d.cap_hold_began or status_update(seen, d, obs, plan, rt.now()) != seen
+    window_s = rt.config.loop.window_s
+    return (
+        d.changed
+        or d.cap_hold_began
+        or status_update(seen, d, obs, plan, rt.now(), window_s) != seen
+    )
 
 
 # Decisions in flight at once within a tick: most take no API call and finish at once;

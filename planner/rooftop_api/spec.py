@@ -703,8 +703,9 @@ class ObservedStatus(_Model):
     time: str | None = Field(
         default=None,
         description="When these figures were written: the loop rewrites them only when one "
-        "moves beyond its noise (5 %), the metrics state changes or a condition does, so "
-        "a steady target's status stays still.",
+        "moves beyond its noise (5 %, or more for a figure drawn from few requests: about "
+        "2·√(2/n) of it for n requests in the window), the metrics state changes or a "
+        "condition does, so a steady target's status stays still.",
     )
 
 

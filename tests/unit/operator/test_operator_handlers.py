@@ -702,8 +702,9 @@ def test_a_held_batch_cap_is_an_event_once(rt: Runtime, kube: FakeKube, events: 
     assert kube.applied == []  # nothing changed, nothing written to the Deployment
 
 
-def _steady(tpot_ms: float) -> tuple[control.Decision, Observation]:
-    """A decision that changes nothing, with SLOMet's message carrying the figure."""
+def _steady(tpot_ms: float, rate: float | None = None) -> tuple[control.Decision, Observation]:
+    """A decision that changes nothing, with SLOMet's message carrying the figure, over
+    a window that saw ``rate`` requests/s (None: no rate read)."""
     conds = (
         Condition("SLOMet", "True", "SLOMet", f"observed TPOT {tpot_ms:.1f} ms <= SLO 50 ms"),
         Condition("WithinBudget", "True", "WithinBudget", "1 replica, $0.80/h"),
@@ -712,7 +713,8 @@ def _steady(tpot_ms: float) -> tuple[control.Decision, Observation]:
     d = control.Decision(1, 64, "hold 1", conds, state, MetricState.OK, 1, 1, 64,
                          cause=control.Cause.LOAD_CHANGE)  # fmt: skip
     ok = MetricState.OK
-    return d, Observation(tpot_ms=Reading(tpot_ms, ok), ready_replicas=1)
+    seen = Reading() if rate is None else Reading(rate, ok)
+    return d, Observation(tpot_ms=Reading(tpot_ms, ok), requests_per_second=seen, ready_replicas=1)
 
 
 def test_a_quiet_tick_writes_nothing(rt: Runtime, kube: FakeKube) -> None:
@@ -735,6 +737,29 @@ def test_a_quiet_tick_writes_nothing(rt: Runtime, kube: FakeKube) -> None:
     assert slo is not None and "36.0 ms" in slo["message"]
 
 
+def test_a_window_of_few_requests_moves_within_its_noise(rt: Runtime, kube: FakeKube) -> None:
+    """A percentile of a window's few requests wanders by about 1/√n of itself from one
+    window to the next: at 1 request/s over the loop's window it may move 20 % without
+    a write; at 100 requests/s the same move is news."""
+    assert rt.config.loop.window_s == 60.0
+    body = created(kube)
+    plan = make_plan(gpu="l4", replicas=1, usd_per_hour=0.8)
+    ref, spec = TargetRef.from_body(body), parse_spec(SPEC)
+    loop._apply(rt, body, ref, spec, plan, *_steady(30.0, rate=1.0))
+    loop._apply(rt, latest(kube), ref, spec, plan, *_steady(36.0, rate=1.0))
+    assert kube.status_writes == 1
+    loop._apply(rt, latest(kube), ref, spec, plan, *_steady(30.0, rate=100.0))  # rate moved
+    assert kube.status_writes == 2
+    loop._apply(rt, latest(kube), ref, spec, plan, *_steady(36.0, rate=100.0))
+    assert kube.status_writes == 3
+    assert latest(kube)["status"]["observed"]["tpotMs"] == 36.0
+
+
+def _at(rate: float, **figures: float) -> dict[str, float]:
+    """``status.observed`` figures read over a window that saw ``rate`` requests/s."""
+    return {"requestsPerSecond": rate, **figures}
+
+
 @pytest.mark.parametrize(
     ("old", "new", "changed"),
     [
@@ -745,13 +770,28 @@ def test_a_quiet_tick_writes_nothing(rt: Runtime, kube: FakeKube) -> None:
         ({"tpotMs": 30.0}, {}, True),  # vanished: metrics went missing
         ({"metricsState": "ok"}, {"metricsState": "stale"}, True),
         ({"calibrationSamples": 3}, {"calibrationSamples": 4}, False),  # bookkeeping
+        # a percentile of 60 requests (1 req/s over 60 s) wanders by 2·√(2/60) ≈ 37 %
+        (_at(1.0, tpotMs=30.0), _at(1.0, tpotMs=36.0), False),
+        (_at(1.0, tpotMs=30.0), _at(1.0, tpotMs=42.0), True),
+        # of 6,000 requests only by 3.7 %: the 5 % decides
+        (_at(100.0, tpotMs=30.0), _at(100.0, tpotMs=32.0), True),
+        ({"requestsPerSecond": 1.0}, {"requestsPerSecond": 1.3}, False),
+        ({"requestsPerSecond": 100.0}, {"requestsPerSecond": 110.0}, True),
+        # a count of requests: Poisson, 2·√(2·30) ≈ 15.5 running
+        ({"running": 30.0}, {"running": 44.0}, False),
+        ({"running": 30.0}, {"running": 47.0}, True),
+        # the KV cache holds what the running requests hold: 2·√(2/8) = 100 % at 8
+        ({"kvCacheUsageRatio": 0.3, "running": 8.0},
+         {"kvCacheUsageRatio": 0.5, "running": 8.0}, False),
+        ({"kvCacheUsageRatio": 0.3, "running": 800.0},
+         {"kvCacheUsageRatio": 0.35, "running": 800.0}, True),
     ],
-)
+)  # fmt: skip
 def test_observed_figures_change_beyond_their_noise(
     old: dict[str, Any], new: dict[str, Any], changed: bool
 ) -> None:
     typed = ObservedStatus.model_validate
-    assert loop.observed_changed(typed(old), typed(new)) is changed
+    assert loop.observed_changed(typed(old), typed(new), window_s=60.0) is changed
 
 
 async def test_the_loop_holds_when_an_edit_no_longer_plans(rt: Runtime, kube: FakeKube) -> None:

@@ -108,7 +108,7 @@ def test_status_update_is_json_clean() -> None:
     status = ServingTargetStatus(plan=plan.to_status())
     obs = Observation(tpot_ms=Reading(), ready_replicas=2)
     d = _decision(replicas=3)
-    out = loop.status_update(status, d, obs, plan, "2026-01-01T00:00:00Z").stored()
+    out = loop.status_update(status, d, obs, plan, "2026-01-01T00:00:00Z", 60.0).stored()
     json.dumps(out, allow_nan=False)
     assert out["plan"]["replicas"] == 3 and out["plan"]["usdPerHour"] == pytest.approx(19.2)
     assert "tpotMs" not in out["observed"]  # missing stays missing, not 0
@@ -137,8 +137,8 @@ def test_status_shows_the_served_workload_and_rewrites_it_only_when_it_moves() -
         moved = replace(d, state=replace(d.state, traffic=replace(served, prompt=prompt)))
         return loop.observed_status(moved, Observation(), "t2")
 
-    assert not loop.observed_changed(before, with_prompt_p90(2300.0))  # within 5 %
-    assert loop.observed_changed(before, with_prompt_p90(2500.0))
+    assert not loop.observed_changed(before, with_prompt_p90(2300.0), 60.0)  # within 5 %
+    assert loop.observed_changed(before, with_prompt_p90(2500.0), 60.0)
     assert loop.observed_status(_decision(2), Observation(), "t").workload is None
 
 
@@ -217,7 +217,7 @@ def test_an_operator_restart_resumes_what_the_loop_learned() -> None:
     calibration = replace(learned.state.calibration, factor=1.2, samples=40)
     learned = replace(learned, state=replace(learned.state, trim=1.6, calibration=calibration))
     empty = ServingTargetStatus()
-    status = loop.status_update(empty, learned, Observation(), plan, "2026-01-01T00:00Z")
+    status = loop.status_update(empty, learned, Observation(), plan, "2026-01-01T00:00Z", 60.0)
     stored = ServingTargetStatus.read(status.stored())  # as a restarted operator reads it
     assert stored.observed is not None and stored.observed.latency_trim == 1.6
     restarted = loop._memory({}, ref, spec, plan, stored, 3, load_catalog())
