@@ -415,7 +415,10 @@ def install(b: Bench) -> None:
 
 
 def start_prometheus(b: Bench) -> None:
-    b.prometheus = PrometheusServer(b.work / "prometheus")
+    """Prometheus scraping each engine pod as often as the operator's PodMonitor asks."""
+    from rooftop_operator.builders import SCRAPE_INTERVAL
+
+    b.prometheus = PrometheusServer(b.work / "prometheus", scrape_interval=SCRAPE_INTERVAL)
     b.stack.callback(b.prometheus.stop)
     b.prometheus.start()
 

@@ -78,30 +78,31 @@ class PodEngine:
         self.profile = Profile.of(target)
         self.metrics = VllmMetrics("llama-3.1-8b", MAX_MODEL_LEN, CACHE_INFO)
         self.rng = random.Random(seed)
-        self.lock = threading.Lock()
+        # The exposition, rendered once per tick by the tick thread: a scrape only sends
+        # bytes, so a thousand pods' scrapes do not queue behind the renderer.
+        self.body = generate_latest(self.metrics.registry)
 
     def serve(self, dt_s: float, pods: int) -> None:
         """Finish a Poisson number of requests: this pod's share of the target's rate."""
         p, rng, m = self.profile, self.rng, self.metrics
         mean = p.rate / max(pods, 1) * dt_s
         running = p.rate / max(pods, 1) * (p.ttft_s + p.output * p.tpot_s)  # Little's law
-        with self.lock:
-            for _ in range(_poisson(rng, mean)):
-                prompt = max(1, round(rng.expovariate(1.0 / p.prompt)))
-                output = max(1, round(rng.expovariate(1.0 / p.output)))
-                tpot = rng.lognormvariate(0.0, 0.2) * p.tpot_s * (1.0 + running / BATCH_SLOWDOWN)
-                ttft = rng.lognormvariate(0.0, 0.3) * p.ttft_s
-                _finish(m, prompt, output, tpot, ttft, p.hit_ratio)
-                # steps: GAPS inter-token gaps per request, each step decodes `running`
-                if rng.random() < GAPS / max(running, 1.0):
-                    m.iteration_tokens.observe(max(1, round(running)))
-            m.running.set(running)
-            m.waiting.set(0)
-            m.kv_usage.set(min(running * (p.prompt + p.output) / 480_000.0, 1.0))
+        for _ in range(_poisson(rng, mean)):
+            prompt = max(1, round(rng.expovariate(1.0 / p.prompt)))
+            output = max(1, round(rng.expovariate(1.0 / p.output)))
+            tpot = rng.lognormvariate(0.0, 0.2) * p.tpot_s * (1.0 + running / BATCH_SLOWDOWN)
+            ttft = rng.lognormvariate(0.0, 0.3) * p.ttft_s
+            _finish(m, prompt, output, tpot, ttft, p.hit_ratio)
+            # steps: GAPS inter-token gaps per request, each step decodes `running`
+            if rng.random() < GAPS / max(running, 1.0):
+                m.iteration_tokens.observe(max(1, round(running)))
+        m.running.set(running)
+        m.waiting.set(0)
+        m.kv_usage.set(min(running * (p.prompt + p.output) / 480_000.0, 1.0))
+        self.body = generate_latest(m.registry)  # one reference swap: scrapes see whole
 
     def exposition(self) -> bytes:
-        with self.lock:
-            return generate_latest(self.metrics.registry)
+        return self.body
 
 
 def _finish(

@@ -48,6 +48,9 @@ MANAGED_BY: Final = "rooftop"
 CACHE_PATH: Final = engine_security.MODEL_CACHE_PATH
 HEALTH_PATH: Final = "/health"
 METRICS_PATH: Final = "/metrics"
+# How often each engine PodMonitor has Prometheus scrape a pod: the loop's window (one
+# minute by default) holds four samples, enough for rate() and deriv().
+SCRAPE_INTERVAL: Final = "15s"
 # Share of replicas a rollout may start on top of the fleet (Kubernetes' own default
 # maxSurge), shared with the simulated cluster.
 ROLLOUT_SURGE: Final = defaults.ROLLOUT_SURGE
@@ -671,7 +674,7 @@ def build_pod_monitor(
                 {
                     "port": PORT_NAME,
                     "path": METRICS_PATH,
-                    "interval": "15s",
+                    "interval": SCRAPE_INTERVAL,
                     "relabelings": relabel,
                     "metricRelabelings": VLLM_NAME_FIX,
                 }
