@@ -35,9 +35,10 @@ MAX_MODEL_LEN = 131_072
 CACHE_INFO = {"block_size": "16", "cache_dtype": "auto", "num_gpu_blocks": "30000"}
 
 PodKey = tuple[str, str]  # (namespace, pod)
-# Inter-token gaps observed per request: a fixed sample, with steps observed at one per
-# ``running / GAPS`` requests, so gaps per step (the loop's decode batch) is the running
-# batch as in vLLM.
+# Inter-token gaps observed per request: a fixed sample, with one step observed per
+# ``running / GAPS`` requests (counted, not drawn: vLLM observes every step, so its
+# gaps per step, the loop's decode batch, carry no sampling noise), so gaps per step
+# is the running batch as in vLLM.
 GAPS = 4
 # A step slows with the batch it decodes (t = t₀ · (1 + B / BATCH_SLOWDOWN)), so a pod's
 # TPOT falls when its target gets another pod, as an engine's would.
@@ -78,6 +79,7 @@ class PodEngine:
         self.profile = Profile.of(target)
         self.metrics = VllmMetrics("llama-3.1-8b", MAX_MODEL_LEN, CACHE_INFO)
         self.rng = random.Random(seed)
+        self.steps_owed = 0.0  # steps observed per request: GAPS / running, carried over
         # The exposition, rendered once per tick by the tick thread: a scrape only sends
         # bytes, so a thousand pods' scrapes do not queue behind the renderer.
         self.body = generate_latest(self.metrics.registry)
@@ -94,8 +96,10 @@ class PodEngine:
             ttft = rng.lognormvariate(0.0, 0.3) * p.ttft_s
             _finish(m, prompt, output, tpot, ttft, p.hit_ratio)
             # steps: GAPS inter-token gaps per request, each step decodes `running`
-            if rng.random() < GAPS / max(running, 1.0):
+            self.steps_owed += GAPS / max(running, 1.0)
+            while self.steps_owed >= 1.0:
                 m.iteration_tokens.observe(max(1, round(running)))
+                self.steps_owed -= 1.0
         m.running.set(running)
         m.waiting.set(0)
         m.kv_usage.set(min(running * (p.prompt + p.output) / 480_000.0, 1.0))

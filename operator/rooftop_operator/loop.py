@@ -32,7 +32,7 @@ import copy
 import logging
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -273,6 +273,27 @@ def status_update(
     return status.model_copy(update=update)
 
 
+def status_changes(old: ServingTargetStatus, new: ServingTargetStatus) -> list[str]:
+    """The fields a status write changes, as dotted paths (``observed.tpotMs``,
+    ``conditions.SLOMet.message``), for the debug log: what made a tick write."""
+    before, after = _flat(old.stored()), _flat(new.stored())
+    return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+
+
+def _flat(value: Any, path: str = "") -> dict[str, Any]:
+    """Leaves of a stored status by dotted path; conditions keyed by their type."""
+    if isinstance(value, Mapping):
+        items: Iterable[tuple[str, Any]] = value.items()
+    elif isinstance(value, list) and all(isinstance(v, Mapping) and "type" in v for v in value):
+        items = ((str(v["type"]), v) for v in value)
+    else:
+        return {path: value}
+    out: dict[str, Any] = {}
+    for key, inner in items:
+        out |= _flat(inner, f"{path}.{key}" if path else str(key))
+    return out
+
+
 def _same_words(
     current: Sequence[ConditionStatus] | None, updates: Sequence[cnd.Condition]
 ) -> list[cnd.Condition]:
@@ -462,6 +483,10 @@ def _apply(
     seen = ServingTargetStatus.read(body.get("status"))
     if status_update(seen, d, obs, plan, now, window_s) == seen:
         return  # nothing a user would see changed: no read, no write
+
+    if log.isEnabledFor(logging.DEBUG):
+        changed = status_changes(seen, status_update(seen, d, obs, plan, now, window_s))
+        log.debug("status of %s/%s: %s changed", ref.namespace, ref.name, ", ".join(changed))
 
     def mutate(stored: dict[str, Any]) -> dict[str, Any]:
         fresh = ServingTargetStatus.read(stored)

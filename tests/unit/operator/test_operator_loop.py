@@ -142,6 +142,30 @@ def test_status_shows_the_served_workload_and_rewrites_it_only_when_it_moves() -
     assert loop.observed_status(_decision(2), Observation(), "t").workload is None
 
 
+def test_status_changes_names_what_a_write_changes() -> None:
+    """The debug log says which figures made a tick write status."""
+    old = ServingTargetStatus.read(
+        {
+            "observed": {"tpotMs": 30.0, "running": 4.0},
+            "conditions": [{"type": "SLOMet", "status": "True", "reason": "SLOMet",
+                            "message": "TPOT 30 ms"}],
+        }
+    )  # fmt: skip
+    new = ServingTargetStatus.read(
+        {
+            "observed": {"tpotMs": 36.0, "running": 4.0, "waiting": 1.0},
+            "conditions": [{"type": "SLOMet", "status": "True", "reason": "SLOMet",
+                            "message": "TPOT 36 ms"}],
+        }
+    )  # fmt: skip
+    assert loop.status_changes(old, new) == [
+        "conditions.SLOMet.message",
+        "observed.tpotMs",
+        "observed.waiting",
+    ]
+    assert loop.status_changes(old, old) == []
+
+
 def _decision(replicas: int) -> control.Decision:
     conds = (
         Condition(type="SLOMet", status="Unknown", reason="MetricsUnavailable"),
