@@ -481,12 +481,12 @@ def _apply(
         rt.emit(body, "Normal", "BatchCapHeld", d.reason)
     now, window_s = rt.now(), rt.config.loop.window_s
     seen = ServingTargetStatus.read(body.get("status"))
-    if status_update(seen, d, obs, plan, now, window_s) == seen:
+    updated = status_update(seen, d, obs, plan, now, window_s)
+    if updated == seen:
         return  # nothing a user would see changed: no read, no write
-
     if log.isEnabledFor(logging.DEBUG):
-        changed = status_changes(seen, status_update(seen, d, obs, plan, now, window_s))
-        log.debug("status of %s/%s: %s changed", ref.namespace, ref.name, ", ".join(changed))
+        changed = ", ".join(status_changes(seen, updated))
+        log.debug("status of %s/%s: %s changed", ref.namespace, ref.name, changed)
 
     def mutate(stored: dict[str, Any]) -> dict[str, Any]:
         fresh = ServingTargetStatus.read(stored)
