@@ -319,11 +319,15 @@ def test_slo_edit_replans_and_rolls_the_deployment(env: Env) -> None:
     replica_sets = env.listed("ReplicaSet", "rooftop.dev/servingtarget=chat-edit")
     assert len(replica_sets) == 2  # old one scaled to 0, new one serving
     assert env.target("chat-edit")["status"]["plan"]["gpu"] == after.gpu
-    events = env.cluster.kubectl(
-        "get", "events", "-n", env.namespace, "--field-selector",
-        "involvedObject.name=chat-edit,reason=PlanChanged", "-o", "name",
-    )  # fmt: skip
-    assert events.stdout.strip(), "no PlanChanged event"
+
+    def plan_changed_event() -> str:
+        # kopf posts events from a background queue: the event may follow Ready
+        return env.cluster.kubectl(
+            "get", "events", "-n", env.namespace, "--field-selector",
+            "involvedObject.name=chat-edit,reason=PlanChanged", "-o", "name",
+        ).stdout.strip()  # fmt: skip
+
+    wait_until(plan_changed_event, TIMEOUT, "a PlanChanged event")
 
 
 def test_ready_names_what_keeps_the_scheduler_from_placing_pods(env: Env) -> None:
