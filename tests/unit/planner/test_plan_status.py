@@ -35,7 +35,20 @@ PLAN = Plan(
     checkpoint="neuralmagic/Meta-Llama-3.1-70B-Instruct-FP8",
     weights_note="an FP8 checkpoint",
     context_note="capped by the KV cache",
+    session_affinity="ClientIP",
+    prefix_hit_ratio=0.125,
 )
+
+
+def test_the_plan_here_sets_every_field_away_from_its_default() -> None:
+    """Otherwise a new field that the status drops would read back as the default it was
+    given here, and the round trip below could not see the loss."""
+    at_default = {
+        f.name
+        for f in dataclasses.fields(Plan)
+        if f.default is not dataclasses.MISSING and getattr(PLAN, f.name) == f.default
+    }
+    assert at_default == set()
 
 
 def _through_status(plan: Plan) -> Plan:
