@@ -32,6 +32,7 @@ import numpy as np
 
 from rooftop_api.spec import KvDtype, ServingTargetSpec, WeightDtype
 from rooftop_planner import batching, explain, perf, tail
+from rooftop_planner.bursts import burst_rate
 from rooftop_planner.catalog import (
     Catalog,
     CatalogError,
@@ -79,6 +80,9 @@ class ResolvedWorkload:
     requests_per_second: float
     prompt: LengthDistribution
     output: LengthDistribution
+    # the rate bursts reach for the aimed share of requests (``bursts.burst_rate``) at the
+    # spec's rate and burstiness, req/s; 0 for Poisson arrivals
+    burst_rps: float = 0.0
 
 
 # ---------------------------------------------------------------- per-replica model
@@ -544,7 +548,7 @@ def _size(
     still holds the session (``_hit_chance``). Where the SLO cannot be met at the count
     the rate needs (too few hits left), that count."""
     t, c = ctx.targets, ctx.spec.constraints
-    rate = ctx.workload.requests_per_second * HEADROOM
+    rate = max(ctx.workload.requests_per_second * HEADROOM, ctx.workload.burst_rps)
     replicas = max(c.min_replicas, 1)
     for _ in range(MAX_SIZING_ROUNDS):
         chance = _hit_chance(ctx, pending, curves, replicas, affinity)
@@ -657,6 +661,11 @@ def _context(
         requests_per_second=spec.workload.requests_per_second if rps is None else rps,
         prompt=from_spec(spec.workload.prompt_tokens),
         output=from_spec(spec.workload.output_tokens),
+        burst_rps=burst_rate(
+            spec.workload.requests_per_second,
+            spec.workload.burstiness or 1.0,
+            spec.slo.tpot_percentile.aim,
+        ),
     )
     q = spec.slo.tpot_percentile.aim
     prompts, prompt_weights = prompt_strata(workload.prompt)
