@@ -453,9 +453,10 @@ def trim_after_window(
     if new > state.trim:
         if ready >= replica_limits(config)[1]:
             return state.trim
-        needed = config.planner.size(rate, scale, cap, state.traffic)
+        needed = config.planner.size(rate, scale, cap, _trimmed(state))
         return new if needed.feasible and needed.replicas <= ready else state.trim
-    needed = config.planner.size(rate * (1 + config.trim.tight), scale, cap, state.traffic)
+    tight = 1 + config.trim.tight
+    needed = config.planner.size(rate * tight, scale, cap, _trimmed(state, tight))
     return new if needed.feasible and needed.replicas > ready else state.trim
 
 
@@ -550,12 +551,12 @@ def _plan(
         return None, ""
     trim = state.trim
     rate = _planned_rate(state, rates, config)
-    sizing = config.planner.size(rate, scale, traffic=state.traffic)
+    sizing = config.planner.size(rate, scale, traffic=_trimmed(state))
     if not sizing.feasible:
         why = f"no batch size meets the TPOT SLO at step-time scale {scale:.2f}"
         return sizing, why
     cap = state.max_num_seqs
-    running = config.planner.size(rate, scale, cap, state.traffic)
+    running = config.planner.size(rate, scale, cap, _trimmed(state))
     at = ""
     if running.feasible and running.max_num_seqs == cap != sizing.max_num_seqs:
         sizing = replace(
@@ -570,6 +571,12 @@ def _plan(
         f"step-time factor {scale:.2f}"
     )
     return sizing, why
+
+
+def _trimmed(state: ControllerState, extra: float = 1.0) -> Traffic | None:
+    """The traffic the planner sizes with, its bursts' rate scaled by the latency trim
+    (times ``extra``) as the window's rate is (``Traffic.trimmed``)."""
+    return state.traffic.trimmed(state.trim * extra) if state.traffic else None
 
 
 def _planned_rate(
@@ -602,7 +609,7 @@ def _rollout_replicas(
     of OK metrics: at start the readings cannot yet show a peak they missed.
     """
     rate = _planned_rate(state, rates, config)
-    at_cap = config.planner.size(rate, scale, cap, state.traffic)
+    at_cap = config.planner.size(rate, scale, cap, _trimmed(state))
     if not at_cap.feasible or at_cap.max_num_seqs != cap:
         return None
     planned = at_cap.replicas

@@ -31,6 +31,7 @@ from rooftop_control.signals import (
     Attainment,
     Fallback,
     Gauge,
+    IntervalCounts,
     Quantile,
     Rate,
     Ratio,
@@ -39,6 +40,7 @@ from rooftop_control.signals import (
     query_names,
     signal,
 )
+from rooftop_planner.bursts import BURST_INTERVAL_S
 
 
 class MetricState(StrEnum):
@@ -129,6 +131,10 @@ class Observation:
         served_prefix_hit_ratio: share 0..1 of the prompt tokens vLLM found in its prefix
             cache over that range (``vllm:prefix_cache_hits`` over ``_queries``): the
             prefill the cache saved, which the loop plans with (``traffic``).
+        served_requests_per_second: requests finished per second over that range, the
+            mean of its 15-s counts (``rooftop_planner.bursts.BURST_INTERVAL_S``), req/s.
+        served_arrival_dispersion: those counts' variance over their mean, how bursty the
+            traffic is (1: Poisson), which the planner holds capacity for (``traffic``).
         ready_replicas: pods ready to serve (from the Deployment, always known).
         pending_replicas: pods created but not ready yet.
         outdated_replicas: pods still on the previous pod template, which a rollout
@@ -272,6 +278,23 @@ class Observation:
         simulated="prompt tokens found in the prefix cache over those looked up, over the "
         "served range",
         status_noise_floor=0.02,
+    )
+    served_requests_per_second: Reading = signal(
+        Reading(),
+        query="served_requests_per_second",
+        promql=IntervalCounts(SUCCESS_COUNTER, "mean"),
+        scale=1.0 / BURST_INTERVAL_S,
+        unit="req/s",
+        simulated="requests finished in each 15-s interval of the served range, their mean",
+    )
+    served_arrival_dispersion: Reading = signal(
+        Reading(),
+        query="served_arrival_dispersion",
+        promql=IntervalCounts(SUCCESS_COUNTER, "dispersion"),
+        scale=1.0,
+        unit="ratio",
+        simulated="requests finished in each 15-s interval of the served range, their "
+        "variance over their mean",
     )
     ready_replicas: int = 0
     pending_replicas: int = 0

@@ -106,7 +106,18 @@ class Attainment:
     histogram: str
 
 
-Query = Quantile | Served | Ratio | Gauge | Rate | Arrivals | Attainment
+@dataclass(frozen=True)
+class IntervalCounts:
+    """A counter's increase in each scrape interval (``BURST_INTERVAL_S``) over the long
+    ``SERVED_RANGE``: their mean (``of="mean"``: the served rate, per interval) or their
+    variance over their mean (``of="dispersion"``: how bursty arrivals are, 1 for
+    Poisson; ``rooftop_planner.bursts``)."""
+
+    counter: str
+    of: Literal["mean", "dispersion"]
+
+
+Query = Quantile | Served | Ratio | Gauge | Rate | Arrivals | Attainment | IntervalCounts
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,13 @@ P90_DIFFERS_BY = 1.5
 HIT_GRID = 0.02
 # Hit ratios further apart than this (absolute) are news in WorkloadObserved.
 HITS_DIFFER_BY = 0.1
+# Burstiness is news in WorkloadObserved when the served one is this many times the
+# spec's, or a fraction of it: the variance of 60 interval counts is itself uncertain by
+# about √(2/59) ≈ 18 % for Poisson counts and more for clumped ones.
+BURSTS_DIFFER_BY = 2.0
+# Below this index of dispersion on both sides, arrivals are near enough Poisson that a
+# difference changes no plan (the planner's headroom covers it).
+BURSTY = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +148,8 @@ class Traffic:
         observed: True once measured traffic replaced the declared prior.
         hits: the prefix cache's observed hits (None: not read yet).
         stated: the prompt reuse ``spec.workload.prefix`` states (the declared prior's).
+        bursts: the arrivals' burstiness over the served range (None: not read, or too
+            few requests; the declared prior's is ``spec.workload.burstiness``).
     """
 
     prompt: Lengths
@@ -148,28 +157,65 @@ class Traffic:
     observed: bool = False
     hits: PrefixHits | None = None
     stated: PrefixReuse | None = None
+    bursts: Bursts | None = None
 
     def workload(self, requests_per_second: float, prefix: PrefixReuse | None = None) -> Workload:
-        """A spec workload at this rate with these lengths and prompt reuse."""
+        """A spec workload with these lengths, prompt reuse and burstiness, at this rate,
+        or at the served one where bursts were read (the planner holds capacity for the
+        bursts of the rate they were measured at, not of one window's)."""
+        bursts = self.bursts
         return Workload(
-            requests_per_second=requests_per_second,
+            requests_per_second=bursts.requests_per_second if bursts else requests_per_second,
             prompt_tokens=self.prompt.spec(),
             output_tokens=self.output.spec(),
             prefix=prefix,
+            burstiness=bursts.dispersion if bursts else None,
         )
 
+    def trimmed(self, trim: float) -> Traffic:
+        """As planned with the loop's latency trim, which scales every rate the planner
+        sizes for: the bursts' too (their rate, hence the capacity held for them)."""
+        if self.bursts is None or trim == 1.0:
+            return self
+        bursts = Bursts(self.bursts.dispersion, self.bursts.requests_per_second * trim)
+        return replace(self, bursts=bursts)
+
     def rounded(self, grid: float) -> Traffic:
-        """The lengths on a relative grid (see ``Lengths.rounded``)."""
-        return replace(self, prompt=self.prompt.rounded(grid), output=self.output.rounded(grid))
+        """The lengths and bursts on a relative grid (see ``Lengths.rounded``)."""
+        return replace(
+            self,
+            prompt=self.prompt.rounded(grid),
+            output=self.output.rounded(grid),
+            bursts=self.bursts.rounded(grid) if self.bursts else None,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Bursts:
+    """How bursty the served requests arrive (``rooftop_planner.bursts``): the variance of
+    the requests finished per 15-s interval over their mean (1: Poisson; at least 1 as
+    planned, a smoother count is planned as Poisson) and their mean rate, req/s."""
+
+    dispersion: float
+    requests_per_second: float
+
+    def rounded(self, grid: float) -> Bursts:
+        step = math.log1p(grid)
+        rate = round(math.exp(round(math.log(self.requests_per_second) / step) * step), 6)
+        return Bursts(_on_grid(self.dispersion, grid), rate)
 
 
 def declared(workload: Workload) -> Traffic:
     """The spec's workload as the prior: each length's mean and ``QUANTILES``, and the
     prompt reuse it states."""
+    bursts = None
+    if workload.burstiness is not None:
+        bursts = Bursts(workload.burstiness, workload.requests_per_second)
     return Traffic(
         prompt=_lengths(workload.prompt_tokens),
         output=_lengths(workload.output_tokens),
         stated=workload.prefix,
+        bursts=bursts,
     )
 
 
@@ -192,7 +238,16 @@ def served_traffic(obs: Observation) -> Traffic | None:
         output=_from_readings(output),
         observed=True,
         hits=_hits(obs),
+        bursts=_bursts(obs),
     )
+
+
+def _bursts(obs: Observation) -> Bursts | None:
+    """The served range's burstiness and rate, None without both figures."""
+    dispersion, rate = obs.served_arrival_dispersion, obs.served_requests_per_second
+    if not (dispersion.ok and rate.ok) or not (rate.value > 0 and dispersion.value >= 0):
+        return None
+    return Bursts(max(dispersion.value, 1.0), rate.value)
 
 
 def _hits(obs: Observation) -> PrefixHits | None:
@@ -242,8 +297,12 @@ def _usable(reading: Reading) -> bool:
 
 def update(current: Traffic, obs: Observation) -> Traffic:
     """The lengths to plan with after this observation: the served ones where there
-    are enough, else ``current`` (the last served figures, or the declared prior)."""
-    return served_traffic(obs) or current
+    are enough, else ``current`` (the last served figures, or the declared prior); the
+    last bursts read stay while a window has none."""
+    served = served_traffic(obs)
+    if served is None:
+        return current
+    return served if served.bursts else replace(served, bursts=current.bursts)
 
 
 def differences(observed: Traffic, prior: Traffic) -> list[str]:
@@ -261,7 +320,22 @@ def differences(observed: Traffic, prior: Traffic) -> list[str]:
         for name, seen, spec_value, by in fields
         if abs(math.log(seen / spec_value)) > math.log1p(by)
     ]
-    return lengths + _hit_difference(observed, prior.stated)
+    return lengths + _hit_difference(observed, prior.stated) + _burst_difference(observed, prior)
+
+
+def _burst_difference(observed: Traffic, prior: Traffic) -> list[str]:
+    """Where the served arrivals are burstier or smoother than ``spec.workload.burstiness``
+    (unset: 1) by over ``BURSTS_DIFFER_BY`` times, and either is bursty at all."""
+    if observed.bursts is None:
+        return []
+    seen = observed.bursts.dispersion
+    stated = prior.bursts.dispersion if prior.bursts else 1.0
+    if max(seen, stated) < BURSTY or abs(math.log(seen / stated)) <= math.log(BURSTS_DIFFER_BY):
+        return []
+    return [
+        f"spec.workload.burstiness is {stated:g} but the traffic's 15-s counts vary "
+        f"{seen:.0f} times their mean: set it to about {significant(seen):,}"
+    ]
 
 
 def _hit_difference(observed: Traffic, stated: PrefixReuse | None) -> list[str]:

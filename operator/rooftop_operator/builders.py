@@ -49,7 +49,9 @@ CACHE_PATH: Final = engine_security.MODEL_CACHE_PATH
 HEALTH_PATH: Final = "/health"
 METRICS_PATH: Final = "/metrics"
 # How often each engine PodMonitor has Prometheus scrape a pod: the loop's window (one
-# minute by default) holds four samples, enough for rate() and deriv().
+# minute by default) holds four samples, enough for rate() and deriv(), and the
+# increase between two scrapes is the 15-s count burstiness is read from
+# (``rooftop_planner.bursts.BURST_INTERVAL_S``; a unit test holds the two equal).
 SCRAPE_INTERVAL: Final = "15s"
 # Share of replicas a rollout may start on top of the fleet (Kubernetes' own default
 # maxSurge), shared with the simulated cluster.

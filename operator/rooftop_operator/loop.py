@@ -47,6 +47,7 @@ from rooftop_api.spec import (
 )
 from rooftop_control import control, signals
 from rooftop_control.calibration import CalibrationConfig, TrimConfig, clamp
+from rooftop_control.defaults import SERVED_RANGE_S
 from rooftop_control.readings import SIGNALS, MetricState, Observation, Reading
 from rooftop_control.sizing import PlanTargetPlanner
 from rooftop_control.traffic import Lengths, Traffic
@@ -65,6 +66,7 @@ from rooftop_operator.loop_memory import (
 from rooftop_operator.runtime import Runtime, runtime
 from rooftop_operator.settings import LoopSettings
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec
+from rooftop_planner.bursts import BURST_INTERVAL_S
 from rooftop_planner.catalog import Catalog
 from rooftop_planner.errors import PlannerError
 from rooftop_planner.plan import Plan
@@ -157,7 +159,8 @@ def observed_status(d: control.Decision, obs: Observation, now: str) -> Observed
 
 def served_workload(traffic: Traffic | None) -> dict[str, Any] | None:
     """``status.observed.workload``: the served lengths the loop plans with, in whole
-    tokens, None before any (``observed_changed`` weighs each figure against its noise)."""
+    tokens, and the burstiness to two significant figures, None before any
+    (``observed_changed`` weighs each figure against its noise)."""
     if traffic is None or not traffic.observed:
         return None
 
@@ -166,7 +169,13 @@ def served_workload(traffic: Traffic | None) -> dict[str, Any] | None:
         figures = {"mean": of.mean, "p50": p50, "p90": p90, "p99": p99}
         return {k: float(round(v)) for k, v in figures.items()}
 
-    return {"promptTokens": lengths(traffic.prompt), "outputTokens": lengths(traffic.output)}
+    served: dict[str, Any] = {
+        "promptTokens": lengths(traffic.prompt),
+        "outputTokens": lengths(traffic.output),
+    }
+    if traffic.bursts is not None:
+        served["burstiness"] = float(f"{traffic.bursts.dispersion:.2g}")
+    return served
 
 
 # How far an observed figure must move before status is written again: window-to-window
@@ -179,6 +188,13 @@ OBSERVED_NOISE_COUNT = {s.status_key: s.status_noise_count for s in SIGNALS if s
 # How many standard deviations of the difference between two windows count as noise:
 # two keeps a steady target's status still on about 95 % of ticks.
 OBSERVED_NOISE_Z = 2.0
+# A variance over a mean of the served range's 60 interval counts moves by about
+# √(2/59) of itself between two ranges even for Poisson counts (more for clumped ones):
+# the status's burstiness is news only beyond z of that.
+SERVED_INTERVALS = SERVED_RANGE_S / BURST_INTERVAL_S
+OBSERVED_NOISE_RELATIVE = {
+    "burstiness": OBSERVED_NOISE_Z * math.sqrt(2.0 / (SERVED_INTERVALS - 1.0)),
+}
 # Kept up to date only alongside a visible change: the sample count grows every tick.
 OBSERVED_BOOKKEEPING = ("calibrationSamples", "time")
 
@@ -236,7 +252,7 @@ def _figures_changed(
                 return True
         elif isinstance(before, int | float) and isinstance(after, int | float):
             noise = max(
-                OBSERVED_NOISE_RATIO * abs(before),
+                OBSERVED_NOISE_RELATIVE.get(key, OBSERVED_NOISE_RATIO) * abs(before),
                 OBSERVED_NOISE_FLOOR.get(key, 0.0),
                 _sampling_noise(key, before, counts),
             )

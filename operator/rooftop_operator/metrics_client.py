@@ -40,6 +40,7 @@ import aiohttp
 from rooftop_control import defaults, signals
 from rooftop_control.durations import parse_duration_s
 from rooftop_control.readings import QUERY_NAMES, SIGNALS, MetricState, Reading
+from rooftop_planner.bursts import BURST_INTERVAL_S
 
 # Bounds of vLLM's TPOT histogram up to 5 s (a unit test keeps them among the simulated
 # engine's buckets, which tests/e2e/test_vllm_metrics.py checks against the real vLLM).
@@ -177,7 +178,28 @@ class _Promql:
                 return f"{self.rate(completions)} + deriv(({inside})[{self.window}:])"
             case signals.Attainment(histogram):
                 return self.attainment(histogram)
+            case signals.IntervalCounts(counter, of):
+                return self.interval_counts(counter, of)
         raise TypeError(f"no PromQL for {query!r}")
+
+    def interval_counts(self, counter: str, of: str) -> str:
+        """The counter's increase in each scrape interval (``idelta``: the last two
+        samples' difference; a reset's negative one counts as none) over
+        ``defaults.SERVED_RANGE``: their mean, or the variance of the difference between
+        consecutive counts, halved, over their mean (a count's variance without the
+        drift of the day, which the window's rate follows)."""
+        step = f"{BURST_INTERVAL_S:g}s"
+        last_two = f"{2 * BURST_INTERVAL_S:g}s"  # a range that holds two scrapes
+
+        def counts(offset: str = "") -> str:
+            selector = f"{counter}{self.series}[{last_two}]{offset}"
+            return self.agg("sum", f"clamp_min(idelta({selector}), 0)")
+
+        mean = f"avg_over_time(({counts()})[{defaults.SERVED_RANGE}:{step}])"
+        if of == "mean":
+            return mean
+        steps = f"({counts()} - {counts(f' offset {step}')})[{defaults.SERVED_RANGE}:{step}]"
+        return f"stdvar_over_time({steps}) / 2 / {mean}"
 
     def quantile(self, histogram: str, q: float, over: str | None = None) -> str:
         if not 0 < q < 1:

@@ -18,6 +18,7 @@ import numpy as np
 from rooftop_control.defaults import SERVED_RANGE_S
 from rooftop_control.readings import MetricState, Observation, Reading, served_name
 from rooftop_control.signals import SERVED_QUANTILES
+from rooftop_planner.bursts import BURST_INTERVAL_S, dispersion
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,7 @@ class MetricsWindow:
         queried = sum(f[3] for f in served)
         readings = {
             "served_requests": _ok(len(prompts)),
+            **_interval_counts([f[0] for f in served], now_s),
             # hits over queries of the range; 0 / 0 is NaN, as in Prometheus
             "served_prefix_hit_ratio": (
                 _ok(sum(f[4] for f in served) / queried)
@@ -158,6 +160,25 @@ class MetricsWindow:
             knots = zip(SERVED_QUANTILES, _quantiles(values, SERVED_QUANTILES), strict=True)
             readings |= {served_name(length, q): knot for q, knot in knots}
         return readings
+
+
+def _interval_counts(finished_s: list[float], now_s: float) -> dict[str, Reading]:
+    """The requests finished in each ``BURST_INTERVAL_S`` interval of the served range
+    (those the run has reached): their mean per second, and the variance of consecutive
+    counts' differences, halved, over their mean, as the operator's subqueries read them."""
+    start = max(now_s - SERVED_RANGE_S, 0.0)
+    intervals = int((now_s - start) // BURST_INTERVAL_S)
+    nan = Reading(math.nan, MetricState.NAN)
+    if intervals < 1:
+        return {"served_requests_per_second": nan, "served_arrival_dispersion": nan}
+    edges = now_s - BURST_INTERVAL_S * np.arange(intervals, -1, -1)
+    counts = np.histogram(finished_s, bins=edges)[0]
+    mean = float(counts.mean())
+    spread = dispersion(counts)
+    return {
+        "served_requests_per_second": _ok(mean / BURST_INTERVAL_S),
+        "served_arrival_dispersion": _ok(spread) if math.isfinite(spread) else nan,
+    }
 
 
 def _ok(value: float) -> Reading:

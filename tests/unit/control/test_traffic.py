@@ -12,7 +12,7 @@ import pytest
 from rooftop_api.spec import ServingTargetSpec, TokenLengths
 from rooftop_control import traffic
 from rooftop_control.readings import MetricState, Observation, Reading
-from rooftop_control.traffic import Lengths, Traffic
+from rooftop_control.traffic import Bursts, Lengths, Traffic
 from rooftop_planner.workload import from_spec
 
 Z = NormalDist()
@@ -125,3 +125,65 @@ def test_a_p90_within_a_histogram_buckets_reach_is_no_difference() -> None:
     assert [d.split(" is ")[0] for d in traffic.differences(far, spec)] == [
         "spec.workload.promptTokens.p90"
     ]
+
+
+def bursty(requests: float, dispersion: float, rate: float) -> Observation:
+    return replace(
+        served(requests, PROMPT, OUTPUT),
+        served_arrival_dispersion=ok(dispersion),
+        served_requests_per_second=ok(rate),
+    )
+
+
+def test_the_served_burstiness_is_planned_at_the_rate_it_was_read_at() -> None:
+    """Bursts are sized at the served range's rate, not at one window's (a burst's own
+    window would count the burst twice); arrivals smoother than Poisson plan as Poisson."""
+    seen = traffic.update(PRIOR, bursty(500, 63.0, 2.4))
+    assert seen.bursts == Bursts(63.0, 2.4)
+    workload = seen.workload(9.0)
+    assert workload.burstiness == 63.0 and workload.requests_per_second == 2.4
+    assert traffic.update(PRIOR, bursty(500, 0.7, 2.4)).bursts == Bursts(1.0, 2.4)
+
+
+def test_a_window_without_bursts_keeps_the_last_ones() -> None:
+    seen = traffic.update(PRIOR, bursty(500, 63.0, 2.4))
+    again = traffic.update(seen, served(500, PROMPT, OUTPUT))
+    assert again.bursts == Bursts(63.0, 2.4)
+    assert traffic.update(PRIOR, served(500, PROMPT, OUTPUT)).bursts is None
+
+
+def test_the_latency_trim_scales_the_bursts_rate_as_the_windows() -> None:
+    seen = traffic.update(PRIOR, bursty(500, 63.0, 2.4))
+    assert seen.trimmed(1.5).bursts == Bursts(63.0, pytest.approx(3.6))
+    assert seen.trimmed(1.0) is seen
+
+
+def test_differences_name_burstiness_only_where_either_side_is_bursty() -> None:
+    seen = traffic.update(PRIOR, bursty(500, 63.0, 2.4))
+    lines = traffic.differences(seen, PRIOR)
+    assert any(
+        line.startswith("spec.workload.burstiness is 1 but the traffic's 15-s counts vary 63")
+        and line.endswith("set it to about 63")
+        for line in lines
+    ), lines
+    declared = replace(PRIOR, bursts=Bursts(50.0, 2.4))  # within 2x: noise, not news
+    assert not any("burstiness" in line for line in traffic.differences(seen, declared))
+    near_poisson = traffic.update(PRIOR, bursty(500, 1.8, 2.4))
+    assert not any("burstiness" in line for line in traffic.differences(near_poisson, PRIOR))
+
+
+def test_a_declared_burstiness_is_the_prior() -> None:
+    spec = ServingTargetSpec.model_validate(
+        {
+            "model": "llama-3.1-8b",
+            "slo": {"tpotMs": 50},
+            "workload": {
+                "requestsPerSecond": 2.4,
+                "promptTokens": {"mean": 2048},
+                "outputTokens": {"mean": 28},
+                "burstiness": 63,
+            },
+            "budget": {"usdPerHour": 10},
+        }
+    )
+    assert traffic.declared(spec.workload).bursts == Bursts(63.0, 2.4)

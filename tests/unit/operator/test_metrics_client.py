@@ -120,7 +120,26 @@ def test_the_served_lengths_are_read_over_fifteen_minutes_whatever_the_window() 
         "sum by (namespace, servingtarget) "
         '(rate(vllm:prefix_cache_queries_total{servingtarget!=""}[15m]))'
     )
-    assert len(served) == 12 and all("[15m]" in e and "[1m]" not in e for e in served.values())
+    assert len(served) == 14
+    assert all(("[15m]" in e or "[15m:" in e) and "[1m]" not in e for e in served.values())
+
+
+def test_burstiness_is_read_from_the_counts_of_each_scrape_interval() -> None:
+    """The increase between two scrapes (15 s apart) is one interval's count. The
+    variance of consecutive counts' differences, halved, over their mean across the
+    served range is the dispersion the planner holds capacity for: 1 for Poisson
+    arrivals, and a day's drift in the rate, which the window follows, is left out."""
+    q = fleet_queries("1m", 0.9, 0.9, 100.0)
+    now = (
+        "sum by (namespace, servingtarget) "
+        '(clamp_min(idelta(vllm:request_success_total{servingtarget!=""}[30s]), 0))'
+    )
+    before = now.replace("[30s])", "[30s] offset 15s)")
+    mean = f"avg_over_time(({now})[15m:15s])"
+    assert q["served_requests_per_second"] == mean
+    assert q["served_arrival_dispersion"] == (
+        f"stdvar_over_time(({now} - {before})[15m:15s]) / 2 / {mean}"
+    )
 
 
 def queries(window: str = "1m") -> dict[str, str]:

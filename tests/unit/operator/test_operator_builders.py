@@ -10,9 +10,11 @@ from typing import Any
 import pytest
 from operator_fakes import NS, SPEC, UID, make_plan
 
+from rooftop_control.durations import parse_duration_s
 from rooftop_operator import builders
 from rooftop_operator.specs import TargetRef, parse_spec
 from rooftop_planner import perf
+from rooftop_planner.bursts import BURST_INTERVAL_S
 from rooftop_planner.catalog import Catalog
 from rooftop_planner.lifecycle import lifecycle
 from rooftop_planner.weights import Weights, resolve_weights
@@ -391,6 +393,13 @@ def test_pod_monitor_adds_namespace_and_servingtarget_labels() -> None:
     }
     assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
     assert monitor["spec"]["selector"]["matchLabels"] == builders.selector_labels("chat")
+
+
+def test_the_pod_monitor_scrapes_at_the_interval_burstiness_is_counted_over() -> None:
+    """The loop reads a scrape interval's count as the increase between two scrapes
+    (``idelta``); at another interval the planner would size bursts on the wrong scale."""
+    (endpoint,) = builders.build_pod_monitor(REF)["spec"]["podMetricsEndpoints"]
+    assert parse_duration_s(endpoint["interval"]) == BURST_INTERVAL_S
 
 
 def test_user_tolerations_are_added_to_the_gpu_one(catalog: Catalog) -> None:

@@ -17,7 +17,7 @@ from rooftop_api.spec import ServingTargetStatus
 from rooftop_control import control
 from rooftop_control.calibration import CalibrationConfig, TrimConfig
 from rooftop_control.readings import MetricState, Observation, Reading
-from rooftop_control.traffic import Lengths, Traffic
+from rooftop_control.traffic import Bursts, Lengths, Traffic
 from rooftop_operator import loop
 from rooftop_operator.metrics_client import TargetMetrics
 from rooftop_operator.specs import TargetRef, parse_spec
@@ -129,6 +129,7 @@ def test_status_shows_the_served_workload_and_rewrites_it_only_when_it_moves() -
     assert out["workload"] == {
         "promptTokens": {"mean": 1147.0, "p50": 884.0, "p90": 2221.0, "p99": 4051.0},
         "outputTokens": {"mean": 260.0, "p50": 211.0, "p90": 432.0, "p99": 1012.0},
+        "burstiness": None,
     }
     before = loop.observed_status(d, Observation(), "t")
 
@@ -140,6 +141,29 @@ def test_status_shows_the_served_workload_and_rewrites_it_only_when_it_moves() -
     assert not loop.observed_changed(before, with_prompt_p90(2300.0), 60.0)  # within 5 %
     assert loop.observed_changed(before, with_prompt_p90(2500.0), 60.0)
     assert loop.observed_status(_decision(2), Observation(), "t").workload is None
+
+
+def test_status_shows_the_served_burstiness_and_rewrites_it_beyond_its_noise() -> None:
+    """The variance of 60 interval counts moves by about √(2/59) of itself between two
+    ranges: a steady bursty target's status must not follow that, a change of burstiness
+    must show."""
+    served = Traffic(
+        prompt=Lengths(2048.0, (300.0, 1500.0, 5188.0, 9000.0)),
+        output=Lengths(28.0, (5.0, 20.0, 55.0, 200.0)),
+        observed=True,
+        bursts=Bursts(63.27, 2.4),
+    )
+    d = _decision(replicas=5)
+
+    def status(dispersion: float) -> Any:
+        bursts = Bursts(dispersion, 2.4)
+        moved = replace(d, state=replace(d.state, traffic=replace(served, bursts=bursts)))
+        return loop.observed_status(moved, Observation(), "t")
+
+    before = status(63.27)
+    assert before.workload is not None and before.workload.burstiness == 63.0
+    assert not loop.observed_changed(before, status(80.0), 60.0)  # within its noise
+    assert loop.observed_changed(before, status(120.0), 60.0)
 
 
 def test_status_changes_names_what_a_write_changes() -> None:
