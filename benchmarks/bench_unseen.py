@@ -10,7 +10,9 @@ threshold; a markdown table for docs/benchmarks.md.
 The conversation day runs ``bench_simulate``'s target (Llama-3.1-70B fp8 on 8x L4, p99
 TPOT 100 ms), the code day Llama-3.1-8B on L4 (p90 TPOT 50 ms); each declares its
 trace's own lengths (measured with numpy over the whole trace). Every
-policy runs on the same noise seed; ratios divide by that seed's baselines.
+policy runs on the same noise seed; ratios divide by that seed's baselines. Each also
+declares its day's burstiness (``spec.workload.burstiness``), measured as the operator
+measures it.
 """
 
 from __future__ import annotations
@@ -73,27 +75,38 @@ POLICIES = ("rooftop", "oracle", "static-fit", "queue-threshold")
 Job = tuple[str, float, int]  # (shape, reality factor, noise seed)
 
 
+def day(shape: str) -> Any:
+    """The shape's trace re-timed into its day."""
+    from rooftop_sim import simulate
+    from rooftop_sim.traces import diurnal_warp
+
+    trace, ratio, peak_at, _, _ = SHAPES[shape]
+    stream = simulate.workload_from_trace(str(TRACES / trace))
+    warped = diurnal_warp(stream.arrival_s, peak_to_trough=ratio, peak_at=peak_at)
+    return replace(stream, arrival_s=warped, name=f"{trace} ({shape})")
+
+
 def spec_for(shape: str) -> Any:
-    """The shape's target declaring its trace's lengths."""
+    """The shape's target declaring its trace's lengths and burstiness (the day's
+    15-s counts, as the operator reads them: ``rooftop_planner.bursts.dispersion``)."""
     from rooftop_api.manifest import parse_target
+    from rooftop_planner.bursts import BURST_INTERVAL_S, dispersion
 
     _, _, _, target, (pm, p90, om, o90) = SHAPES[shape]
     doc = yaml.safe_load(target)
     doc["spec"]["workload"]["promptTokens"] = {"mean": pm, "p90": p90}
     doc["spec"]["workload"]["outputTokens"] = {"mean": om, "p90": o90}
+    counts = np.bincount((day(shape).arrival_s // BURST_INTERVAL_S).astype(int))
+    doc["spec"]["workload"]["burstiness"] = round(max(dispersion(counts), 1.0), 1)
     return parse_target(doc, shape).spec
 
 
 def run_job(job: Job) -> list[dict[str, Any]]:
     """Every policy on one (shape, reality, seed)."""
     from rooftop_sim import simulate
-    from rooftop_sim.traces import diurnal_warp
 
     shape, reality, seed = job
-    trace, ratio, peak_at, _, _ = SHAPES[shape]
-    stream = simulate.workload_from_trace(str(TRACES / trace))
-    warped = diurnal_warp(stream.arrival_s, peak_to_trough=ratio, peak_at=peak_at)
-    stream = replace(stream, arrival_s=warped, name=f"{trace} ({shape})")
+    stream = day(shape)
     try:
         scn = simulate.scenario(spec_for(shape), stream, reality_factor=reality, seed=seed)
     except simulate.InputError as err:
