@@ -3,8 +3,9 @@
 The search sizes replicas for the mean rate λ (req/s) with a fixed headroom, and its
 TPOT tail (``tail``) already spreads the running batch as Poisson arrivals would.
 Real traffic can be far burstier: in Azure's 2023 code-completion trace the requests
-counted in 15-s intervals vary 70 times as much as their mean (Poisson: once), and
-60 % of its requests arrive in intervals running above twice the hour's mean rate. A
+counted in 15-s intervals vary about 70 times as much as their mean (Poisson: once), and
+69 % of its requests arrive in intervals running above twice the hour's mean rate
+(``benchmarks/bench_bursts.py``). A
 pod takes minutes to start, so a fleet cannot follow such swings; it has to hold the
 capacity for them.
 
@@ -21,7 +22,7 @@ arrivals are Poisson at the interval's rate, which the tail model covers.
 Every request arriving into an interval above capacity counts as missed: the queue it
 joins outlasts the interval, and while it drains every running request's steps carry
 full prefill chunks. That errs toward holding more: in the simulated engine about the
-share C/r of such requests still met their bound (``benchmarks/bench_bursts.py``).
+share C/r of such requests, or more, still met their bound.
 
 Burstiness is what the fleet cannot follow, not the day's drift, which the loop's
 window rate does follow: the operator reads D as the variance of consecutive counts'
