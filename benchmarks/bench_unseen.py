@@ -11,7 +11,7 @@ The conversation day runs ``bench_simulate``'s target (Llama-3.1-70B fp8 on 8x L
 TPOT 100 ms), the code day Llama-3.1-8B on L4 (p90 TPOT 50 ms); each declares its
 trace's own lengths (measured with numpy over the whole trace). Every
 policy runs on the same noise seed; ratios divide by that seed's baselines. Each also
-declares its day's burstiness (``spec.workload.burstiness``), measured as the operator
+declares its day's burstiness (``spec.workload.arrivalDispersion``), measured as the operator
 measures it.
 """
 
@@ -97,7 +97,7 @@ def spec_for(shape: str) -> Any:
     doc["spec"]["workload"]["promptTokens"] = {"mean": pm, "p90": p90}
     doc["spec"]["workload"]["outputTokens"] = {"mean": om, "p90": o90}
     counts = np.bincount((day(shape).arrival_s // BURST_INTERVAL_S).astype(int))
-    doc["spec"]["workload"]["burstiness"] = round(max(dispersion(counts), 1.0), 1)
+    doc["spec"]["workload"]["arrivalDispersion"] = round(max(dispersion(counts), 1.0), 1)
     return parse_target(doc, shape).spec
 
 

@@ -149,7 +149,7 @@ class Traffic:
         hits: the prefix cache's observed hits (None: not read yet).
         stated: the prompt reuse ``spec.workload.prefix`` states (the declared prior's).
         bursts: the arrivals' burstiness over the served range (None: not read, or too
-            few requests; the declared prior's is ``spec.workload.burstiness``).
+            few requests; the declared prior's is ``spec.workload.arrivalDispersion``).
     """
 
     prompt: Lengths
@@ -169,7 +169,7 @@ class Traffic:
             prompt_tokens=self.prompt.spec(),
             output_tokens=self.output.spec(),
             prefix=prefix,
-            burstiness=bursts.dispersion if bursts else None,
+            arrival_dispersion=bursts.dispersion if bursts else None,
         )
 
     def trimmed(self, trim: float) -> Traffic:
@@ -209,8 +209,8 @@ def declared(workload: Workload) -> Traffic:
     """The spec's workload as the prior: each length's mean and ``QUANTILES``, and the
     prompt reuse it states."""
     bursts = None
-    if workload.burstiness is not None:
-        bursts = Bursts(workload.burstiness, workload.requests_per_second)
+    if workload.arrival_dispersion is not None:
+        bursts = Bursts(workload.arrival_dispersion, workload.requests_per_second)
     return Traffic(
         prompt=_lengths(workload.prompt_tokens),
         output=_lengths(workload.output_tokens),
@@ -324,7 +324,7 @@ def differences(observed: Traffic, prior: Traffic) -> list[str]:
 
 
 def _burst_difference(observed: Traffic, prior: Traffic) -> list[str]:
-    """Where the served arrivals are burstier or smoother than ``spec.workload.burstiness``
+    """Where the served arrivals are burstier or smoother than ``spec.workload.arrivalDispersion``
     (unset: 1) by over ``BURSTS_DIFFER_BY`` times, and either is bursty at all."""
     if observed.bursts is None:
         return []
@@ -333,7 +333,7 @@ def _burst_difference(observed: Traffic, prior: Traffic) -> list[str]:
     if max(seen, stated) < BURSTY or abs(math.log(seen / stated)) <= math.log(BURSTS_DIFFER_BY):
         return []
     return [
-        f"spec.workload.burstiness is {stated:g} but the traffic's 15-s counts vary "
+        f"spec.workload.arrivalDispersion is {stated:g} but the traffic's 15-s counts vary "
         f"{seen:.0f} times their mean: set it to about {significant(seen):,}"
     ]
 

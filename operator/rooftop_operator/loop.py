@@ -159,7 +159,7 @@ def observed_status(d: control.Decision, obs: Observation, now: str) -> Observed
 
 def served_workload(traffic: Traffic | None) -> dict[str, Any] | None:
     """``status.observed.workload``: the served lengths the loop plans with, in whole
-    tokens, and the burstiness to two significant figures, None before any
+    tokens, and the arrival dispersion to two significant figures, None before any
     (``observed_changed`` weighs each figure against its noise)."""
     if traffic is None or not traffic.observed:
         return None
@@ -174,7 +174,7 @@ def served_workload(traffic: Traffic | None) -> dict[str, Any] | None:
         "outputTokens": lengths(traffic.output),
     }
     if traffic.bursts is not None:
-        served["burstiness"] = float(f"{traffic.bursts.dispersion:.2g}")
+        served["arrivalDispersion"] = float(f"{traffic.bursts.dispersion:.2g}")
     return served
 
 
@@ -193,7 +193,7 @@ OBSERVED_NOISE_Z = 2.0
 # the status's burstiness is news only beyond z of that.
 SERVED_INTERVALS = SERVED_RANGE_S / BURST_INTERVAL_S
 OBSERVED_NOISE_RELATIVE = {
-    "burstiness": OBSERVED_NOISE_Z * math.sqrt(2.0 / (SERVED_INTERVALS - 1.0)),
+    "arrivalDispersion": OBSERVED_NOISE_Z * math.sqrt(2.0 / (SERVED_INTERVALS - 1.0)),
 }
 # Kept up to date only alongside a visible change: the sample count grows every tick.
 OBSERVED_BOOKKEEPING = ("calibrationSamples", "time")

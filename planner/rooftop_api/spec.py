@@ -219,16 +219,17 @@ class Workload(_Model):
         description="What prompts repeat, for vLLM's prefix cache (absent: the planner "
         "prices every prompt token's prefill).",
     )
-    burstiness: float | None = Field(
+    arrival_dispersion: float | None = Field(
         default=None,
         ge=1,
         le=100_000,
         description="How bursty arrivals are: the variance of the requests counted in "
-        "15-second intervals over their mean (1: independent arrivals, the default; "
-        "code completion, where one editor fires several requests at once, reads tens). "
-        "The planner holds capacity for the 15-second rate the SLO's share of requests "
-        "arrives into; the operator measures it and condition WorkloadObserved says "
-        "when it differs.",
+        "15-second intervals over their mean (1: independent arrivals, the default; chat "
+        "traffic reads about 1.3, code completion, where one editor fires several "
+        "requests at once, tens; gamma-spaced arrivals with vllm bench serve's "
+        "--burstiness k read about 1/k). The planner holds capacity for the 15-second "
+        "rate the SLO's share of requests arrives into; the operator measures it and "
+        "condition WorkloadObserved says when it differs.",
     )
 
 
@@ -676,11 +677,11 @@ class ObservedWorkload(_Model):
 
     prompt_tokens: ObservedLengths = Field(description="Prompt (input) lengths served.")
     output_tokens: ObservedLengths = Field(description="Output lengths served.")
-    burstiness: float | None = Field(
+    arrival_dispersion: float | None = Field(
         default=None,
         description="The variance of the requests finished per 15-second interval over "
         "their mean, to two significant figures (1: independent arrivals): the "
-        "burstiness the planner holds capacity for, as spec.workload.burstiness.",
+        "burstiness the planner holds capacity for, as spec.workload.arrivalDispersion.",
     )
 
 

@@ -663,7 +663,7 @@ def _context(
         output=from_spec(spec.workload.output_tokens),
         burst_rps=burst_rate(
             spec.workload.requests_per_second,
-            spec.workload.burstiness or 1.0,
+            spec.workload.arrival_dispersion or 1.0,
             spec.slo.tpot_percentile.aim,
         ),
     )

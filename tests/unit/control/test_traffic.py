@@ -141,7 +141,7 @@ def test_the_served_burstiness_is_planned_at_the_rate_it_was_read_at() -> None:
     seen = traffic.update(PRIOR, bursty(500, 63.0, 2.4))
     assert seen.bursts == Bursts(63.0, 2.4)
     workload = seen.workload(9.0)
-    assert workload.burstiness == 63.0 and workload.requests_per_second == 2.4
+    assert workload.arrival_dispersion == 63.0 and workload.requests_per_second == 2.4
     assert traffic.update(PRIOR, bursty(500, 0.7, 2.4)).bursts == Bursts(1.0, 2.4)
 
 
@@ -162,14 +162,16 @@ def test_differences_name_burstiness_only_where_either_side_is_bursty() -> None:
     seen = traffic.update(PRIOR, bursty(500, 63.0, 2.4))
     lines = traffic.differences(seen, PRIOR)
     assert any(
-        line.startswith("spec.workload.burstiness is 1 but the traffic's 15-s counts vary 63")
+        line.startswith(
+            "spec.workload.arrivalDispersion is 1 but the traffic's 15-s counts vary 63"
+        )
         and line.endswith("set it to about 63")
         for line in lines
     ), lines
     declared = replace(PRIOR, bursts=Bursts(50.0, 2.4))  # within 2x: noise, not news
-    assert not any("burstiness" in line for line in traffic.differences(seen, declared))
+    assert not any("arrivalDispersion" in line for line in traffic.differences(seen, declared))
     near_poisson = traffic.update(PRIOR, bursty(500, 1.8, 2.4))
-    assert not any("burstiness" in line for line in traffic.differences(near_poisson, PRIOR))
+    assert not any("arrivalDispersion" in line for line in traffic.differences(near_poisson, PRIOR))
 
 
 def test_a_declared_burstiness_is_the_prior() -> None:
@@ -181,7 +183,7 @@ def test_a_declared_burstiness_is_the_prior() -> None:
                 "requestsPerSecond": 2.4,
                 "promptTokens": {"mean": 2048},
                 "outputTokens": {"mean": 28},
-                "burstiness": 63,
+                "arrivalDispersion": 63,
             },
             "budget": {"usdPerHour": 10},
         }

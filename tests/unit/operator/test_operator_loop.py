@@ -129,7 +129,7 @@ def test_status_shows_the_served_workload_and_rewrites_it_only_when_it_moves() -
     assert out["workload"] == {
         "promptTokens": {"mean": 1147.0, "p50": 884.0, "p90": 2221.0, "p99": 4051.0},
         "outputTokens": {"mean": 260.0, "p50": 211.0, "p90": 432.0, "p99": 1012.0},
-        "burstiness": None,
+        "arrivalDispersion": None,
     }
     before = loop.observed_status(d, Observation(), "t")
 
@@ -161,7 +161,7 @@ def test_status_shows_the_served_burstiness_and_rewrites_it_beyond_its_noise() -
         return loop.observed_status(moved, Observation(), "t")
 
     before = status(63.27)
-    assert before.workload is not None and before.workload.burstiness == 63.0
+    assert before.workload is not None and before.workload.arrival_dispersion == 63.0
     assert not loop.observed_changed(before, status(80.0), 60.0)  # within its noise
     assert loop.observed_changed(before, status(120.0), 60.0)
 

@@ -23,7 +23,7 @@ CODE = {
 
 
 def _spec(burstiness: float | None) -> ServingTargetSpec:
-    workload = {**CODE["workload"], "burstiness": burstiness}  # type: ignore[dict-item]
+    workload = {**CODE["workload"], "arrivalDispersion": burstiness}  # type: ignore[dict-item]
     return ServingTargetSpec.model_validate({**CODE, "workload": workload})
 
 
@@ -71,3 +71,11 @@ def test_burstiness_counts_clumps_and_not_the_days_drift() -> None:
     assert np.var(drifting) / np.mean(drifting) > 3.0  # the plain index would read drift
     assert dispersion(clumped) == pytest.approx(4.0, rel=0.05)
     assert np.isnan(dispersion([5])) and np.isnan(dispersion([0, 0, 0]))
+
+
+@pytest.mark.parametrize("shape", [1.0, 0.25, 0.1])
+def test_gamma_spaced_arrivals_read_one_over_their_shape(shape: float) -> None:
+    """What the spec's description promises a user of ``vllm bench serve --burstiness``."""
+    gaps = np.random.default_rng(0).gamma(shape, 1.0 / (5.0 * shape), 400_000)
+    counts = np.bincount((np.cumsum(gaps) // BURST_INTERVAL_S).astype(int))
+    assert dispersion(counts) == pytest.approx(1.0 / shape, rel=0.1)
