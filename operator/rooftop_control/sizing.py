@@ -30,7 +30,8 @@ SIZING_CACHE_ENTRIES = 512
 # The relative grid observed lengths are planned on: finer than their window-to-window
 # noise would only miss the cache.
 LENGTH_GRID = 0.05
-# A cached sizing's key: rate (req/s, 1 % grid), factor, observed lengths (None: declared)
+# A cached sizing's key: rate (req/s, 1 % grid), factor, observed lengths or declared
+# bursts as the loop scales them (None: the spec as written)
 _Key = tuple[float, float, Traffic | None]
 
 
@@ -119,7 +120,9 @@ class PlanTargetPlanner:
     ) -> Sizing:
         """Replicas and batch cap at a rate (req/s) and factor (see ``Planner.size``);
         every cap's sizing is cached on a 1 % grid of rates and a 5 % grid of lengths."""
-        lengths = traffic.rounded(LENGTH_GRID) if traffic and traffic.observed else None
+        lengths = None
+        if traffic is not None and (traffic.observed or traffic.bursts is not None):
+            lengths = traffic.rounded(LENGTH_GRID)
         key = (quantize_rate(requests_per_second), round(step_time_scale, 2), lengths)
         if key in self._cache:
             self._cache.move_to_end(key)
@@ -142,10 +145,20 @@ class PlanTargetPlanner:
         """One sizing per batch cap that keeps TPOT within the SLO (none: infeasible),
         with the observed lengths where given, else the spec's."""
         spec = self.spec
-        if traffic is not None:
+        if traffic is not None and traffic.observed:
             affinity = bool(self.plan.session_affinity)
             prefix = fitted_prefix(spec.workload.prefix, traffic, affinity)
             workload = traffic.workload(spec.workload.requests_per_second, prefix)
+            spec = spec.model_copy(update={"workload": workload})
+        elif traffic is not None and traffic.bursts is not None:
+            # the declared lengths as written, with the bursts as the loop scales them
+            bursts = traffic.bursts
+            workload = spec.workload.model_copy(
+                update={
+                    "requests_per_second": bursts.requests_per_second,
+                    "arrival_dispersion": bursts.dispersion,
+                }
+            )
             spec = spec.model_copy(update={"workload": workload})
         # The shape is pinned and already runs: its accelerator family had an image.
         res = plan_target(

@@ -174,10 +174,13 @@ class Traffic:
 
     def trimmed(self, trim: float) -> Traffic:
         """As planned with the loop's latency trim, which scales every rate the planner
-        sizes for: the bursts' too (their rate, hence the capacity held for them)."""
+        sizes for: the bursts' too. The arrival rate scaled by t has t times the mean
+        and t² times the variance, so D − 1 scales by t (D − 1 = variance · τ / mean)
+        and the capacity held for the bursts by t exactly."""
         if self.bursts is None or trim == 1.0:
             return self
-        bursts = Bursts(self.bursts.dispersion, self.bursts.requests_per_second * trim)
+        b = self.bursts
+        bursts = Bursts(1.0 + trim * (b.dispersion - 1.0), b.requests_per_second * trim)
         return replace(self, bursts=bursts)
 
     def rounded(self, grid: float) -> Traffic:

@@ -13,6 +13,7 @@ from rooftop_api.spec import ServingTargetSpec, TokenLengths
 from rooftop_control import traffic
 from rooftop_control.readings import MetricState, Observation, Reading
 from rooftop_control.traffic import Bursts, Lengths, Traffic
+from rooftop_planner.bursts import burst_rate
 from rooftop_planner.workload import from_spec
 
 Z = NormalDist()
@@ -154,7 +155,11 @@ def test_a_window_without_bursts_keeps_the_last_ones() -> None:
 
 def test_the_latency_trim_scales_the_bursts_rate_as_the_windows() -> None:
     seen = traffic.update(PRIOR, bursty(500, 63.0, 2.4))
-    assert seen.trimmed(1.5).bursts == Bursts(63.0, pytest.approx(3.6))
+    trimmed = seen.trimmed(1.5).bursts
+    assert trimmed == Bursts(pytest.approx(94.0), pytest.approx(3.6))
+    assert burst_rate(trimmed.requests_per_second, trimmed.dispersion, 0.95) == pytest.approx(
+        1.5 * burst_rate(2.4, 63.0, 0.95)
+    )
     assert seen.trimmed(1.0) is seen
 
 
