@@ -44,6 +44,10 @@ from statistics import NormalDist
 import numpy as np
 import numpy.typing as npt
 
+# Replicas are sized for at least this much more than the mean rate: swings of
+# Poisson-like traffic beyond the tail model's own, and a rate that rises between two
+# re-plans. A stated or observed burstiness holds more where it needs more.
+HEADROOM = 1.2
 # The interval dispersion is counted over, s: the scrape and decision interval, the
 # finest rate the operator observes (a rate that swings faster averages out within a
 # request's own time in the engine, where the tail model's Poisson spread covers it).

@@ -6,6 +6,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from rooftop_api.spec import ServingTargetSpec
+from rooftop_planner.bursts import HEADROOM, burst_rate
 
 if TYPE_CHECKING:  # types only: results are built by ``choice``, which imports this module
     from rooftop_planner.perf import StepBreakdown
@@ -145,7 +146,7 @@ def reasons(result: SearchResult, spec: ServingTargetSpec) -> list[str]:
     counts = Counter(r.category for r in rejections)
     lines = [f"{n} candidate(s) rejected: {cat}" for cat, n in counts.most_common()]
     if result.feasible:
-        return [aim_note(spec), *lines]
+        return [aim_note(spec), *burst_note(spec), *lines]
     if result.alternatives:
         lines.insert(
             0,
@@ -166,6 +167,20 @@ def aim_note(spec: ServingTargetSpec) -> str:
         f"{percentile.value} SLO plus half its allowed misses, which the operator's loop "
         "aims at too, so the price is what it is expected to spend on spec.workload"
     )
+
+
+def burst_note(spec: ServingTargetSpec) -> list[str]:
+    """The capacity held for bursts, where it is more than the mean rate's headroom."""
+    workload, aim = spec.workload, spec.slo.tpot_percentile.aim
+    rate = workload.requests_per_second
+    held = burst_rate(rate, workload.arrival_dispersion or 1.0, aim)
+    if held <= rate * HEADROOM:
+        return []
+    return [
+        f"holds capacity for {held:.3g} req/s, the 15-s rate {aim * 100:g} % of requests "
+        f"arrive into at arrivalDispersion {workload.arrival_dispersion:g} (the mean "
+        f"{rate:g} req/s with its headroom: {rate * HEADROOM:.3g})"
+    ]
 
 
 LATENCY_MISSES = ("TPOT over SLO", "TTFT over SLO")

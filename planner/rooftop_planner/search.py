@@ -32,7 +32,7 @@ import numpy as np
 
 from rooftop_api.spec import KvDtype, ServingTargetSpec, WeightDtype
 from rooftop_planner import batching, explain, perf, tail
-from rooftop_planner.bursts import burst_rate
+from rooftop_planner.bursts import HEADROOM, burst_rate
 from rooftop_planner.catalog import (
     Catalog,
     CatalogError,
@@ -53,7 +53,6 @@ from rooftop_planner.result import Rejection, SearchResult
 from rooftop_planner.weights import Weights, kv_problem, resolve_weights
 from rooftop_planner.workload import LengthDistribution, from_spec
 
-HEADROOM = 1.2  # plan for 20% more traffic than expected, so bursts do not breach the SLO
 BATCH_CAPS = (8, 16, 32, 64, 128, 256, 512)
 # Without constraints.weightDtypes only the model's own 16-bit weights: quantized weights
 # change the outputs, so they are planned only where the target lists them. An fp8 KV

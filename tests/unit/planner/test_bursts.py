@@ -79,3 +79,11 @@ def test_gamma_spaced_arrivals_read_one_over_their_shape(shape: float) -> None:
     gaps = np.random.default_rng(0).gamma(shape, 1.0 / (5.0 * shape), 400_000)
     counts = np.bincount((np.cumsum(gaps) // BURST_INTERVAL_S).astype(int))
     assert dispersion(counts) == pytest.approx(1.0 / shape, rel=0.1)
+
+
+def test_the_plan_says_what_it_holds_for_bursts() -> None:
+    bursty = plan_target(_spec(63.0))
+    (line,) = [r for r in bursty.reasons if r.startswith("holds capacity for")]
+    held = burst_rate(2.4, 63.0, 0.95)
+    assert f"{held:.3g} req/s" in line and "arrivalDispersion 63" in line and "2.88" in line
+    assert not any(r.startswith("holds") for r in plan_target(_spec(None)).reasons)
