@@ -148,14 +148,14 @@ class PlanTargetPlanner:
         if traffic is not None and traffic.observed:
             affinity = bool(self.plan.session_affinity)
             prefix = fitted_prefix(spec.workload.prefix, traffic, affinity)
-            workload = traffic.workload(spec.workload.requests_per_second, prefix)
+            workload = traffic.workload(rate, prefix)
             spec = spec.model_copy(update={"workload": workload})
         elif traffic is not None and traffic.bursts is not None:
             # the declared lengths as written, with the bursts as the loop scales them
             bursts = traffic.bursts
             workload = spec.workload.model_copy(
                 update={
-                    "requests_per_second": bursts.requests_per_second,
+                    "requests_per_second": bursts.reference(rate),
                     "arrival_dispersion": bursts.dispersion,
                 }
             )

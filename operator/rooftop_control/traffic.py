@@ -47,6 +47,7 @@ from dataclasses import dataclass, replace
 from statistics import NormalDist
 
 from rooftop_api.spec import HistogramBin, PrefixReuse, Router, TokenLengths, Workload
+from rooftop_control.defaults import METRICS_WINDOW_S
 from rooftop_control.readings import Observation, Reading
 from rooftop_control.signals import SERVED_QUANTILES
 from rooftop_planner.prefix import PrefixModel
@@ -82,6 +83,10 @@ HITS_DIFFER_BY = 0.1
 # spec's, or a fraction of it: the variance of 60 interval counts is itself uncertain by
 # about √(2/59) ≈ 18 % for Poisson counts and more for clumped ones.
 BURSTS_DIFFER_BY = 2.0
+# How many standard deviations of a window's rate below the served range's mean say the
+# rate is falling, not between two bursts (two: a steady rate's window crosses it on
+# about 2 % of ticks).
+FALLING_Z = 2.0
 # Below this index of dispersion on both sides, arrivals are near enough Poisson that a
 # difference changes no plan (the planner's headroom covers it).
 BURSTY = 2.0
@@ -161,11 +166,11 @@ class Traffic:
 
     def workload(self, requests_per_second: float, prefix: PrefixReuse | None = None) -> Workload:
         """A spec workload with these lengths, prompt reuse and burstiness, at this rate,
-        or at the served one where bursts were read (the planner holds capacity for the
-        bursts of the rate they were measured at, not of one window's)."""
+        or where bursts were read at the rate to size them at (``Bursts.reference``)."""
         bursts = self.bursts
+        rate = requests_per_second
         return Workload(
-            requests_per_second=bursts.requests_per_second if bursts else requests_per_second,
+            requests_per_second=bursts.reference(rate) if bursts else rate,
             prompt_tokens=self.prompt.spec(),
             output_tokens=self.output.spec(),
             prefix=prefix,
@@ -201,6 +206,16 @@ class Bursts:
 
     dispersion: float
     requests_per_second: float
+
+    def reference(self, rate: float, window_s: float = METRICS_WINDOW_S) -> float:
+        """The rate (req/s) to size the bursts at, given the window's ``rate``: the served
+        range's mean, which a burst in one window does not move, unless the window is
+        lower by more than ``FALLING_Z`` of its own noise at this burstiness,
+        √(D · λ / window) req/s: then the rate is falling and the 15-minute mean lags it
+        (a lull between bursts is within that noise)."""
+        mean = self.requests_per_second
+        noise = math.sqrt(self.dispersion * mean / window_s)
+        return rate if rate < mean - FALLING_Z * noise else mean
 
     def rounded(self, grid: float) -> Bursts:
         step = math.log1p(grid)

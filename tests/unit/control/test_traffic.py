@@ -194,3 +194,14 @@ def test_a_declared_burstiness_is_the_prior() -> None:
         }
     )
     assert traffic.declared(spec.workload).bursts == Bursts(63.0, 2.4)
+
+
+def test_bursts_are_sized_at_the_window_rate_only_when_it_is_clearly_falling() -> None:
+    """The 15-minute mean lags a falling day: a chat target's window well below it is
+    news; a code target's lull between bursts is within its window's noise, and a burst
+    in the window must not be counted again on top of the bursts' own capacity."""
+    chat, code = Bursts(1.5, 5.5), Bursts(63.0, 2.4)
+    assert chat.reference(4.0) == 4.0  # below 5.5 by more than 2·√(1.5·5.5/60) ≈ 0.74
+    assert chat.reference(5.0) == 5.5
+    assert code.reference(0.1) == 2.4  # 2·√(63·2.4/60) ≈ 3.2: a lull, not a fall
+    assert code.reference(9.7) == 2.4
