@@ -49,12 +49,14 @@ from rooftop_api.spec import ServingTargetSpec
 from rooftop_control import control, defaults, sizing
 from rooftop_control.calibration import Calibration
 from rooftop_planner.batching import mean_step_s
+from rooftop_planner.bursts import BURST_INTERVAL_S, dispersion
 from rooftop_planner.plan import Plan
 from rooftop_planner.progress import Progress
 from rooftop_sim.cluster import (
     ROUTINGS,
     Cluster,
     ClusterConfig,
+    FloatArray,
     Policy,
     Replica,
     RequestStream,
@@ -372,7 +374,21 @@ def run(
     out = summary(res, scn.slo, scn.sim.reality_factor)
     out["plan_usd_per_hour"] = round(scn.plan.usd_per_hour, 4)
     res.notes.append(spend_note(scn.plan, out))
+    res.notes.append(arrivals_note(scn.workload.arrival_s, scn.spec))
     return res, out
+
+
+def arrivals_note(arrival_s: FloatArray, spec: ServingTargetSpec) -> str:
+    """How bursty the trace arrives, as the operator would read it from its engines, next
+    to what the spec states: the figure a user replaying their own trace would declare."""
+    counts = np.bincount((np.asarray(arrival_s) // BURST_INTERVAL_S).astype(int))
+    seen = dispersion(counts)
+    stated = spec.workload.arrival_dispersion
+    said = f"{stated:g}" if stated is not None else "unset (1)"
+    return (
+        f"the trace's arrival dispersion is {seen:.3g} (15-s counts; "
+        f"spec.workload.arrivalDispersion: {said})"
+    )
 
 
 def spend_note(plan: Plan, summary: Mapping[str, Any]) -> str:

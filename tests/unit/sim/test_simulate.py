@@ -501,3 +501,28 @@ def test_pods_on_the_old_batch_cap_are_reported_until_the_rollout_ends(
     assert rollout[0] == 2 and rollout[-1] == 0  # both old pods, then none
     assert any(p > 0 for _, p in scale_up)  # the third pod starts...
     assert {o for o, _ in scale_up} == {0}  # ...on the current template: no rollout
+
+
+def test_the_run_says_how_bursty_the_trace_arrives() -> None:
+    """A user replaying their own trace learns the figure to declare."""
+    from rooftop_api.spec import ServingTargetSpec
+
+    spec = ServingTargetSpec.model_validate(
+        {
+            "model": "llama-3.1-8b",
+            "slo": {"tpotMs": 50},
+            "workload": {"requestsPerSecond": 2, "promptTokens": {"mean": 100},
+                         "outputTokens": {"mean": 10}, "arrivalDispersion": 8},
+            "budget": {"usdPerHour": 10},
+        }
+    )  # fmt: skip
+    rng = np.random.default_rng(0)
+    poisson = np.cumsum(rng.exponential(0.5, 20_000))
+    clumps = np.repeat(np.cumsum(rng.exponential(4.0, 5_000)), 8)  # 8 at once
+
+    def seen(note: str) -> float:
+        assert note.endswith("(15-s counts; spec.workload.arrivalDispersion: 8)")
+        return float(re.findall(r"dispersion is ([\d.]+)", note)[0])
+
+    assert 0.85 < seen(simulate.arrivals_note(poisson, spec)) < 1.15
+    assert 7.0 < seen(simulate.arrivals_note(clumps, spec)) < 9.0
