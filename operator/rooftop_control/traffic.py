@@ -50,6 +50,7 @@ from rooftop_api.spec import HistogramBin, PrefixReuse, Router, TokenLengths, Wo
 from rooftop_control.defaults import METRICS_WINDOW_S
 from rooftop_control.readings import Observation, Reading
 from rooftop_control.signals import SERVED_QUANTILES
+from rooftop_planner.bursts import BURST_INTERVAL_S
 from rooftop_planner.prefix import PrefixModel
 from rooftop_planner.search import prompt_strata
 from rooftop_planner.workload import from_spec
@@ -83,6 +84,10 @@ HITS_DIFFER_BY = 0.1
 # spec's, or a fraction of it: the variance of 60 interval counts is itself uncertain by
 # about √(2/59) ≈ 18 % for Poisson counts and more for clumped ones.
 BURSTS_DIFFER_BY = 2.0
+# 15-s intervals the served range must span before its burstiness counts: the variance
+# of n counts moves by about √(2/(n − 1)) of itself, 26 % at 30 (a young target's few
+# intervals, or a load of a minute, read Poisson traffic as twice as bursty).
+MIN_BURST_INTERVALS = 30
 # How many standard deviations of a window's rate below the served range's mean say the
 # rate is falling, not between two bursts (two: a steady rate's window crosses it on
 # about 2 % of ticks).
@@ -261,9 +266,13 @@ def served_traffic(obs: Observation) -> Traffic | None:
 
 
 def _bursts(obs: Observation) -> Bursts | None:
-    """The served range's burstiness and rate, None without both figures."""
+    """The served range's burstiness and rate, None without both figures or before the
+    range holds ``MIN_BURST_INTERVALS`` intervals' worth of requests."""
     dispersion, rate = obs.served_arrival_dispersion, obs.served_requests_per_second
     if not (dispersion.ok and rate.ok) or not (rate.value > 0 and dispersion.value >= 0):
+        return None
+    intervals = obs.served_requests.value / (rate.value * BURST_INTERVAL_S)
+    if intervals < MIN_BURST_INTERVALS:
         return None
     return Bursts(max(dispersion.value, 1.0), rate.value)
 

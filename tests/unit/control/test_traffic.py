@@ -128,6 +128,13 @@ def test_a_p90_within_a_histogram_buckets_reach_is_no_difference() -> None:
     ]
 
 
+def test_a_young_range_has_no_burstiness_yet() -> None:
+    """75 s of a load at 2 req/s span five 15-s intervals: too few to tell bursts from
+    chance (the real-vLLM e2e read 2 there)."""
+    assert traffic.update(PRIOR, bursty(150, 2.0, 2.0)).bursts is None
+    assert traffic.update(PRIOR, bursty(900, 2.0, 2.0)).bursts == Bursts(2.0, 2.0)
+
+
 def bursty(requests: float, dispersion: float, rate: float) -> Observation:
     return replace(
         served(requests, PROMPT, OUTPUT),
@@ -139,22 +146,22 @@ def bursty(requests: float, dispersion: float, rate: float) -> Observation:
 def test_the_served_burstiness_is_planned_at_the_rate_it_was_read_at() -> None:
     """Bursts are sized at the served range's rate, not at one window's (a burst's own
     window would count the burst twice); arrivals smoother than Poisson plan as Poisson."""
-    seen = traffic.update(PRIOR, bursty(500, 63.0, 2.4))
+    seen = traffic.update(PRIOR, bursty(2000, 63.0, 2.4))
     assert seen.bursts == Bursts(63.0, 2.4)
     workload = seen.workload(9.0)
     assert workload.arrival_dispersion == 63.0 and workload.requests_per_second == 2.4
-    assert traffic.update(PRIOR, bursty(500, 0.7, 2.4)).bursts == Bursts(1.0, 2.4)
+    assert traffic.update(PRIOR, bursty(2000, 0.7, 2.4)).bursts == Bursts(1.0, 2.4)
 
 
 def test_a_window_without_bursts_keeps_the_last_ones() -> None:
-    seen = traffic.update(PRIOR, bursty(500, 63.0, 2.4))
+    seen = traffic.update(PRIOR, bursty(2000, 63.0, 2.4))
     again = traffic.update(seen, served(500, PROMPT, OUTPUT))
     assert again.bursts == Bursts(63.0, 2.4)
     assert traffic.update(PRIOR, served(500, PROMPT, OUTPUT)).bursts is None
 
 
 def test_the_latency_trim_scales_the_bursts_rate_as_the_windows() -> None:
-    seen = traffic.update(PRIOR, bursty(500, 63.0, 2.4))
+    seen = traffic.update(PRIOR, bursty(2000, 63.0, 2.4))
     trimmed = seen.trimmed(1.5).bursts
     assert trimmed == Bursts(pytest.approx(94.0), pytest.approx(3.6))
     assert burst_rate(trimmed.requests_per_second, trimmed.dispersion, 0.95) == pytest.approx(
@@ -164,7 +171,7 @@ def test_the_latency_trim_scales_the_bursts_rate_as_the_windows() -> None:
 
 
 def test_differences_name_burstiness_only_where_either_side_is_bursty() -> None:
-    seen = traffic.update(PRIOR, bursty(500, 63.0, 2.4))
+    seen = traffic.update(PRIOR, bursty(2000, 63.0, 2.4))
     lines = traffic.differences(seen, PRIOR)
     assert any(
         line.startswith(
@@ -175,7 +182,7 @@ def test_differences_name_burstiness_only_where_either_side_is_bursty() -> None:
     ), lines
     declared = replace(PRIOR, bursts=Bursts(50.0, 2.4))  # within 2x: noise, not news
     assert not any("arrivalDispersion" in line for line in traffic.differences(seen, declared))
-    near_poisson = traffic.update(PRIOR, bursty(500, 1.8, 2.4))
+    near_poisson = traffic.update(PRIOR, bursty(2000, 1.8, 2.4))
     assert not any("arrivalDispersion" in line for line in traffic.differences(near_poisson, PRIOR))
 
 
