@@ -40,9 +40,9 @@ BINS = ((0.0, 0.5), (0.5, 1.0), (1.0, 1.5), (1.5, 2.0), (2.0, 3.0))
 
 def trace_row(name: str, arrival_s: Any) -> tuple[str, float, float, float]:
     """(name, burstiness, plain variance over mean, share above twice the mean rate)."""
-    from rooftop_planner.bursts import BURST_INTERVAL_S, dispersion
+    from rooftop_planner.bursts import BURST_INTERVAL_S, dispersion, interval_counts
 
-    counts = np.bincount((np.sort(arrival_s) // BURST_INTERVAL_S).astype(int)).astype(float)
+    counts = interval_counts(arrival_s).astype(float)
     ranges = [counts[i : i + RANGE_INTERVALS] for i in range(0, counts.size - RANGE_INTERVALS, 20)]
     burst = float(np.median([dispersion(r) for r in ranges]))
     plain = float(np.median([r.var() / r.mean() for r in ranges]))

@@ -90,13 +90,13 @@ def spec_for(shape: str) -> Any:
     """The shape's target declaring its trace's lengths and burstiness (the day's
     15-s counts, as the operator reads them: ``rooftop_planner.bursts.dispersion``)."""
     from rooftop_api.manifest import parse_target
-    from rooftop_planner.bursts import BURST_INTERVAL_S, dispersion
+    from rooftop_planner.bursts import dispersion, interval_counts
 
     _, _, _, target, (pm, p90, om, o90) = SHAPES[shape]
     doc = yaml.safe_load(target)
     doc["spec"]["workload"]["promptTokens"] = {"mean": pm, "p90": p90}
     doc["spec"]["workload"]["outputTokens"] = {"mean": om, "p90": o90}
-    counts = np.bincount((day(shape).arrival_s // BURST_INTERVAL_S).astype(int))
+    counts = interval_counts(day(shape).arrival_s)
     doc["spec"]["workload"]["arrivalDispersion"] = round(max(dispersion(counts), 1.0), 1)
     return parse_target(doc, shape).spec
 

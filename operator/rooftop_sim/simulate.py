@@ -49,7 +49,7 @@ from rooftop_api.spec import ServingTargetSpec
 from rooftop_control import control, defaults, sizing
 from rooftop_control.calibration import Calibration
 from rooftop_planner.batching import mean_step_s
-from rooftop_planner.bursts import BURST_INTERVAL_S, dispersion
+from rooftop_planner.bursts import dispersion, interval_counts
 from rooftop_planner.plan import Plan
 from rooftop_planner.progress import Progress
 from rooftop_sim.cluster import (
@@ -381,8 +381,7 @@ def run(
 def arrivals_note(arrival_s: FloatArray, spec: ServingTargetSpec) -> str:
     """How bursty the trace arrives, as the operator would read it from its engines, next
     to what the spec states: the figure a user replaying their own trace would declare."""
-    counts = np.bincount((np.asarray(arrival_s) // BURST_INTERVAL_S).astype(int))
-    seen = dispersion(counts)
+    seen = dispersion(interval_counts(arrival_s))
     stated = spec.workload.arrival_dispersion
     said = f"{stated:g}" if stated is not None else "unset (1)"
     return (
