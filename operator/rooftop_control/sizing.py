@@ -21,7 +21,7 @@ from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog, load_catalog
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.perf import EngineShape
 from rooftop_planner.plan import Plan
-from rooftop_planner.search import plan_target, resolve_model
+from rooftop_planner.search import PreparedSearch, prepare_search, resolve_model
 
 # Sizings one target keeps (rate on a 1 % grid x factor to 0.01 x lengths on a 5 %
 # grid): enough for hours of a daily swing at one factor, bounded so a long-lived
@@ -33,6 +33,9 @@ LENGTH_GRID = 0.05
 # A cached sizing's key: rate (req/s, 1 % grid), factor, observed lengths or declared
 # bursts as the loop scales them (None: the spec as written)
 _Key = tuple[float, float, Traffic | None]
+# Prepared searches one target keeps (factor x lengths): a new rate at a known factor and
+# lengths needs no new step-time curves.
+SEARCH_CACHE_ENTRIES = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,7 @@ class PlanTargetPlanner:
             efficiency=eff,
         )
         self._cache: OrderedDict[_Key, tuple[Sizing, ...]] = OrderedDict()
+        self._searches: OrderedDict[tuple[float, Traffic | None], PreparedSearch] = OrderedDict()
         # Plan once now, so a spec the planner rejects (say, an edit that added a price
         # for an unknown GPU) raises here, where the caller expects it, not mid-decision.
         self.size(spec.workload.requests_per_second, 1.0)
@@ -144,33 +148,56 @@ class PlanTargetPlanner:
     def _options(self, rate: float, factor: float, traffic: Traffic | None) -> tuple[Sizing, ...]:
         """One sizing per batch cap that keeps TPOT within the SLO (none: infeasible),
         with the observed lengths where given, else the spec's."""
+        search = self._search(factor, traffic)
+        plans = search.plans(rate, burst_reference_rps=self._burst_reference(rate, traffic))
+        # the running shape and routing: the Service's affinity is the plan's
+        running = (self.plan.tp, self.plan.session_affinity)
+        return tuple(_sizing(p) for p in plans if (p.tp, p.session_affinity) == running)
+
+    def _search(self, factor: float, traffic: Traffic | None) -> PreparedSearch:
+        """The search at this factor and traffic, prepared once for every rate: a tick's
+        new rate then costs a tenth of a search (``PreparedSearch``)."""
+        key = (factor, traffic)
+        if key in self._searches:
+            self._searches.move_to_end(key)
+            return self._searches[key]
+        # The shape is pinned and already runs: its accelerator family had an image.
+        search = self._searches[key] = prepare_search(
+            self._spec_for(traffic),
+            catalog=self.catalog,
+            step_time_scale=factor,
+            engine_families=ACCELERATOR_FAMILIES,
+        )
+        if len(self._searches) > SEARCH_CACHE_ENTRIES:
+            self._searches.popitem(last=False)  # least recently used
+        return search
+
+    def _spec_for(self, traffic: Traffic | None) -> ServingTargetSpec:
+        """The pinned spec with the observed lengths and prefix reuse, or the declared
+        lengths with the bursts as the loop scales them. Its rate is the declared one:
+        ``PreparedSearch.plans`` takes the rate and the rate bursts are sized at."""
         spec = self.spec
         if traffic is not None and traffic.observed:
             affinity = bool(self.plan.session_affinity)
             prefix = fitted_prefix(spec.workload.prefix, traffic, affinity)
-            workload = traffic.workload(rate, prefix)
-            spec = spec.model_copy(update={"workload": workload})
-        elif traffic is not None and traffic.bursts is not None:
-            # the declared lengths as written, with the bursts as the loop scales them
-            bursts = traffic.bursts
+            workload = traffic.workload(spec.workload.requests_per_second, prefix)
+            return spec.model_copy(update={"workload": workload})
+        if traffic is not None and traffic.bursts is not None:
             workload = spec.workload.model_copy(
-                update={
-                    "requests_per_second": bursts.reference(rate),
-                    "arrival_dispersion": bursts.dispersion,
-                }
+                update={"arrival_dispersion": traffic.bursts.dispersion}
             )
-            spec = spec.model_copy(update={"workload": workload})
-        # The shape is pinned and already runs: its accelerator family had an image.
-        res = plan_target(
-            spec,
-            catalog=self.catalog,
-            step_time_scale=factor,
-            requests_per_second=rate,
-            engine_families=ACCELERATOR_FAMILIES,
-        )
-        # the running shape and routing: the Service's affinity is the plan's
-        running = (self.plan.tp, self.plan.session_affinity)
-        return tuple(_sizing(p) for p in res.candidates if (p.tp, p.session_affinity) == running)
+            return spec.model_copy(update={"workload": workload})
+        return spec
+
+    def _burst_reference(self, rate: float, traffic: Traffic | None) -> float:
+        """The rate (req/s) bursts are sized at: where the loop reads them, the served
+        bursts' reference at this rate (``Bursts.reference``); with none observed, the
+        rate itself; with the spec as written, the declared rate."""
+        if traffic is None:
+            return self.spec.workload.requests_per_second
+        if traffic.bursts is not None:
+            return traffic.bursts.reference(rate)
+        return rate
 
     def _price(self) -> float:
         return self.plan.usd_per_replica_hour

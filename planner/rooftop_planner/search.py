@@ -808,19 +808,83 @@ def _blame_the_cluster(
     result.reasons[:1] = [*lead, have]
 
 
+@dataclass(frozen=True)
+class PreparedSearch:
+    """A search with everything that does not depend on the request rate done once: each
+    candidate's checks and its step-time curves, most of a search's time. What remains,
+    sizing replicas and batch caps at a rate (``plans``), takes a tenth of it.
+
+    The feedback loop sizes one running shape at a new rate every tick, while the curves
+    change only with the step-time factor and the workload's lengths and prefix reuse
+    (``rooftop_control.sizing`` keeps one per such key).
+    """
+
+    ctx: _Context
+    items: tuple[_Pending | Rejection, ...]
+    curves: tuple[_Curves, ...]  # one per _Pending item, in order
+
+    @classmethod
+    def of(cls, ctx: _Context, catalog: Catalog) -> PreparedSearch:
+        """Two passes: every candidate's checks, then all survivors' curves in one array
+        pass (per candidate, numpy's call overhead would dominate)."""
+        items = tuple(_prepare(ctx, *candidate) for candidate in _candidates(ctx, catalog))
+        pending = [p for p in items if isinstance(p, _Pending)]
+        return cls(ctx, items, tuple(_curves(pending, ctx.targets)))
+
+    def plans(
+        self, requests_per_second: float, burst_reference_rps: float | None = None
+    ) -> list[Plan]:
+        """Every candidate's plan per batch cap at this rate (req/s), the bursts sized at
+        ``burst_reference_rps`` (default: the spec's rate, as ``plan_target`` does)."""
+        return self._judged(self._at(requests_per_second, burst_reference_rps))[0]
+
+    def _at(self, rate: float, burst_reference_rps: float | None) -> _Context:
+        """The context at another rate: only the workload's rate and its bursts change."""
+        spec = self.ctx.spec
+        if burst_reference_rps is None:
+            burst_reference_rps = spec.workload.requests_per_second
+        burst = burst_rate(
+            burst_reference_rps,
+            spec.workload.arrival_dispersion or 1.0,
+            spec.slo.tpot_percentile.aim,
+        )
+        workload = replace(self.ctx.workload, requests_per_second=rate, burst_rps=burst)
+        return replace(self.ctx, workload=workload)
+
+    def _judged(self, ctx: _Context) -> tuple[list[Plan], list[Rejection]]:
+        """Plans in candidate order, and every candidate's rejections, at ``ctx``'s rate."""
+        curves = iter(self.curves)
+        plans: list[Plan] = []
+        rejections: list[Rejection] = []
+        for item in self.items:
+            if isinstance(item, Rejection):
+                rejections.append(item)
+            else:
+                _judge(ctx, item, next(curves), plans, rejections)
+        return plans, rejections
+
+
+def prepare_search(
+    spec: ServingTargetSpec,
+    *,
+    catalog: Catalog | None = None,
+    step_time_scale: float = 1.0,
+    efficiency: EfficiencyTable | None = None,
+    engine_families: Collection[str] | None = None,
+) -> PreparedSearch:
+    """``plan_target``'s search for ``spec``, ready to size at any rate (``PreparedSearch``);
+    the same arguments, without the inventory (the loop's shape already runs)."""
+    catalog = catalog or load_catalog()
+    ctx = _context(spec, catalog, step_time_scale, None, efficiency or load_efficiency())
+    if engine_families is not None:
+        ctx = replace(ctx, engine_families=frozenset(engine_families))
+    if _too_long(ctx):  # no plan at any rate (``plan_target`` says why)
+        return PreparedSearch(ctx, (), ())
+    return PreparedSearch.of(ctx, catalog)
+
+
 def _search(ctx: _Context, catalog: Catalog) -> SearchResult:
-    # Two passes: every candidate's checks, then all survivors' curves in one array pass
-    # (per candidate, numpy's call overhead would dominate), then plans in candidate order.
-    prepared = [_prepare(ctx, *candidate) for candidate in _candidates(ctx, catalog)]
-    pending = [p for p in prepared if isinstance(p, _Pending)]
-    curves = iter(_curves(pending, ctx.targets))
-    plans: list[Plan] = []
-    rejections: list[Rejection] = []
-    for item in prepared:
-        if isinstance(item, Rejection):
-            rejections.append(item)
-        else:
-            _judge(ctx, item, next(curves), plans, rejections)
+    plans, rejections = PreparedSearch.of(ctx, catalog)._judged(ctx)
     result = choose(ctx.spec, plans, rejections)
     if result.plan is not None:  # which curves its step times came from, for explain
         chosen = catalog.gpu(result.plan.gpu)

@@ -1,0 +1,136 @@
+"""The loop's sizing reuses a search prepared once per factor and traffic
+(``PreparedSearch``): at every rate it gives exactly what a full search at that rate
+gives, and a new rate at a known factor and traffic computes no step-time curves."""
+
+from __future__ import annotations
+
+import pytest
+
+from rooftop_api.spec import ServingTargetSpec
+from rooftop_control import sizing
+from rooftop_control.sizing import PlanTargetPlanner, Sizing
+from rooftop_control.traffic import Bursts, Lengths, PrefixHits, Traffic, fitted_prefix
+from rooftop_planner import search
+from rooftop_planner.plan import Plan
+from rooftop_planner.search import plan_target, prepare_search
+
+CHAT = ServingTargetSpec.model_validate(
+    {
+        "model": "llama-3.1-8b",
+        "slo": {"tpotMs": 40, "tpotPercentile": "p90", "ttftMs": 1500},
+        "workload": {
+            "requestsPerSecond": 3.0,
+            "promptTokens": {"mean": 1100, "p90": 2200},
+            "outputTokens": {"mean": 250, "p90": 430},
+            "arrivalDispersion": 4.0,
+            "prefix": {"sharedTokens": 300, "sessionShare": 0.4},
+        },
+        "budget": {"usdPerHour": 200},
+        "constraints": {"gpuTypes": ["l4", "a100-80gb"], "maxReplicas": 40},
+    }
+)
+SERVED = Traffic(
+    prompt=Lengths(mean=1480.0, quantiles=(400.0, 1300.0, 2600.0, 4100.0)),
+    output=Lengths(mean=190.0, quantiles=(60.0, 170.0, 330.0, 520.0)),
+    observed=True,
+    hits=PrefixHits(ratio=0.35, replicas=2),
+    stated=CHAT.workload.prefix,
+    bursts=Bursts(6.0, 2.5),
+)
+RATES = (0.2, 1.0, 3.7, 12.0, 31.0)
+
+
+def _plans(result_plans: list[Plan]) -> list[tuple[object, ...]]:
+    return [
+        (p.gpu, p.tp, p.kv_dtype, p.max_num_seqs, p.replicas, p.session_affinity,
+         round(p.tpot_ms, 9), round(p.ttft_ms, 9), round(p.capacity_rps, 9))
+        for p in result_plans
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("factor", [0.8, 1.0, 1.6])
+def test_a_prepared_search_plans_what_a_full_search_plans_at_every_rate(factor: float) -> None:
+    prepared = prepare_search(CHAT, step_time_scale=factor)
+    for rate in RATES:
+        full = plan_target(CHAT, step_time_scale=factor, requests_per_second=rate)
+        assert _plans(prepared.plans(rate)) == _plans(full.candidates), rate
+
+
+def test_bursts_are_sized_at_the_reference_rate_given() -> None:
+    """The rate bursts are sized at is the spec's unless given, as in ``plan_target``,
+    where it is the spec's ``requestsPerSecond``."""
+    prepared = prepare_search(CHAT)
+    at_spec_rate = CHAT.model_copy(
+        update={"workload": CHAT.workload.model_copy(update={"requests_per_second": 9.0})}
+    )
+    full = plan_target(at_spec_rate, requests_per_second=1.0)
+    assert _plans(prepared.plans(1.0, burst_reference_rps=9.0)) == _plans(full.candidates)
+    assert _plans(prepared.plans(1.0)) != _plans(full.candidates)
+
+
+def test_a_workload_too_long_for_the_model_has_no_plan_at_any_rate() -> None:
+    doc = CHAT.model_dump(by_alias=True, exclude_none=True)
+    doc["workload"]["promptTokens"] = {"mean": 200_000, "p90": 400_000}
+    spec = ServingTargetSpec.model_validate(doc)
+    assert prepare_search(spec).plans(1.0) == []
+    assert plan_target(spec, requests_per_second=1.0).candidates == []
+
+
+def _running() -> PlanTargetPlanner:
+    plan = plan_target(CHAT).plan
+    assert plan is not None
+    return PlanTargetPlanner(CHAT, plan)
+
+
+def _full_search_sizings(
+    planner: PlanTargetPlanner, rate: float, factor: float, traffic: Traffic
+) -> set[Sizing]:
+    """What the loop sized with a full search per rate: the served workload at this rate
+    (the bursts at their reference rate), on the running shape and routing."""
+    plan = planner.plan
+    prefix = fitted_prefix(planner.spec.workload.prefix, traffic, bool(plan.session_affinity))
+    spec = planner.spec.model_copy(update={"workload": traffic.workload(rate, prefix)})
+    res = plan_target(spec, step_time_scale=factor, requests_per_second=rate)
+    running = (plan.tp, plan.session_affinity)
+    return {sizing._sizing(p) for p in res.candidates if (p.tp, p.session_affinity) == running}
+
+
+@pytest.mark.parametrize("traffic", [None, SERVED, SERVED.trimmed(1.3)])
+def test_the_loop_sizes_as_a_full_search_at_that_rate(traffic: Traffic | None) -> None:
+    planner = _running()
+    for rate in RATES:
+        factor = 1.2
+        key_rate = sizing.quantize_rate(rate)
+        lengths = traffic.rounded(sizing.LENGTH_GRID) if traffic is not None else None
+        got = set(planner._options(key_rate, factor, lengths))
+        if lengths is None:
+            full = plan_target(planner.spec, step_time_scale=factor, requests_per_second=key_rate)
+            plan = planner.plan
+            want = {
+                sizing._sizing(p)
+                for p in full.candidates
+                if (p.tp, p.session_affinity) == (plan.tp, plan.session_affinity)
+            }
+        else:
+            want = _full_search_sizings(planner, key_rate, factor, lengths)
+        assert got == want, rate
+
+
+def test_a_new_rate_at_a_known_factor_and_traffic_computes_no_curves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    planner = _running()
+    planner.size(2.0, 1.1, traffic=SERVED)
+    computed: list[int] = []
+    real = search._curves
+
+    def counted(*args: object, **kwargs: object) -> object:
+        computed.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(search, "_curves", counted)
+    for rate in (2.3, 2.9, 4.4, 0.7):
+        planner.size(rate, 1.1, traffic=SERVED)
+    assert computed == []
+    planner.size(2.3, 1.3, traffic=SERVED)  # a new factor: new step times
+    assert computed == [1]
