@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
-from rooftop_api.spec import KvDtype, ServingTargetSpec, WeightDtype
+from rooftop_api.spec import KvDtype, PrefixReuse, ServingTargetSpec, WeightDtype
 from rooftop_control.traffic import Traffic, fitted_prefix
 from rooftop_planner.batching import predict_continuous
+from rooftop_planner.bursts import burst_rate
 from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog, load_catalog
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.perf import EngineShape
@@ -33,8 +34,8 @@ LENGTH_GRID = 0.05
 # A cached sizing's key: rate (req/s, 1 % grid), factor, observed lengths or declared
 # bursts as the loop scales them (None: the spec as written)
 _Key = tuple[float, float, Traffic | None]
-# Prepared searches one target keeps (factor x lengths): a new rate at a known factor and
-# lengths needs no new step-time curves.
+# Prepared searches one target keeps (factor x observed lengths and prefix hits): a new
+# rate or burst at a known factor and lengths needs no new step-time curves.
 SEARCH_CACHE_ENTRIES = 64
 
 
@@ -148,22 +149,22 @@ class PlanTargetPlanner:
     def _options(self, rate: float, factor: float, traffic: Traffic | None) -> tuple[Sizing, ...]:
         """One sizing per batch cap that keeps TPOT within the SLO (none: infeasible),
         with the observed lengths where given, else the spec's."""
-        search = self._search(factor, traffic)
-        plans = search.plans(rate, burst_reference_rps=self._burst_reference(rate, traffic))
+        plans = self._search(factor, traffic).plans(rate, self._burst_rps(rate, traffic))
         # the running shape and routing: the Service's affinity is the plan's
         running = (self.plan.tp, self.plan.session_affinity)
         return tuple(_sizing(p) for p in plans if (p.tp, p.session_affinity) == running)
 
     def _search(self, factor: float, traffic: Traffic | None) -> PreparedSearch:
-        """The search at this factor and traffic, prepared once for every rate: a tick's
-        new rate then costs a tenth of a search (``PreparedSearch``)."""
-        key = (factor, traffic)
+        """The search at this factor and these lengths, prepared once for every rate and
+        burst: a tick's new rate then costs a tenth of a search (``PreparedSearch``)."""
+        observed = _as_curves_see_it(traffic, self.spec.workload.prefix)
+        key = (factor, observed)
         if key in self._searches:
             self._searches.move_to_end(key)
             return self._searches[key]
         # The shape is pinned and already runs: its accelerator family had an image.
         search = self._searches[key] = prepare_search(
-            self._spec_for(traffic),
+            self._spec_for(observed),
             catalog=self.catalog,
             step_time_scale=factor,
             engine_families=ACCELERATOR_FAMILIES,
@@ -172,32 +173,26 @@ class PlanTargetPlanner:
             self._searches.popitem(last=False)  # least recently used
         return search
 
-    def _spec_for(self, traffic: Traffic | None) -> ServingTargetSpec:
-        """The pinned spec with the observed lengths and prefix reuse, or the declared
-        lengths with the bursts as the loop scales them. Its rate is the declared one:
-        ``PreparedSearch.plans`` takes the rate and the rate bursts are sized at."""
+    def _spec_for(self, observed: Traffic | None) -> ServingTargetSpec:
+        """The pinned spec with the observed lengths and prefix reuse (None: as written)."""
         spec = self.spec
-        if traffic is not None and traffic.observed:
-            affinity = bool(self.plan.session_affinity)
-            prefix = fitted_prefix(spec.workload.prefix, traffic, affinity)
-            workload = traffic.workload(spec.workload.requests_per_second, prefix)
-            return spec.model_copy(update={"workload": workload})
-        if traffic is not None and traffic.bursts is not None:
-            workload = spec.workload.model_copy(
-                update={"arrival_dispersion": traffic.bursts.dispersion}
-            )
-            return spec.model_copy(update={"workload": workload})
-        return spec
+        if observed is None:
+            return spec
+        prefix = fitted_prefix(spec.workload.prefix, observed, bool(self.plan.session_affinity))
+        workload = observed.workload(spec.workload.requests_per_second, prefix)
+        return spec.model_copy(update={"workload": workload})
 
-    def _burst_reference(self, rate: float, traffic: Traffic | None) -> float:
-        """The rate (req/s) bursts are sized at: where the loop reads them, the served
-        bursts' reference at this rate (``Bursts.reference``); with none observed, the
-        rate itself; with the spec as written, the declared rate."""
+    def _burst_rps(self, rate: float, traffic: Traffic | None) -> float | None:
+        """The rate (req/s) to hold capacity for against bursts (``bursts.burst_rate``):
+        where the loop reads them, the served bursts at their reference for this rate
+        (``Bursts.reference``); with none read, none; with the spec as written (None),
+        the declared bursts at the declared rate."""
         if traffic is None:
-            return self.spec.workload.requests_per_second
-        if traffic.bursts is not None:
-            return traffic.bursts.reference(rate)
-        return rate
+            return None
+        if traffic.bursts is None:
+            return 0.0
+        b = traffic.bursts
+        return burst_rate(b.reference(rate), b.dispersion, self.spec.slo.tpot_percentile.aim)
 
     def _price(self) -> float:
         return self.plan.usd_per_replica_hour
@@ -206,6 +201,19 @@ class PlanTargetPlanner:
         """The planner's mean step time (TPOT) at this running batch, ms, unscaled."""
         pred = predict_continuous(self.deployment, batch, prompt_tokens, output_tokens)
         return float(pred.tpot_s) * 1e3
+
+
+def _as_curves_see_it(traffic: Traffic | None, stated: PrefixReuse | None) -> Traffic | None:
+    """The observed traffic as far as step-time curves depend on it: lengths and prompt
+    reuse, not bursts (capacity held for them is sized per rate), nor a hit count where
+    ``fitted_prefix`` fits no reuse to it (no hits and none ``stated``). None: as
+    declared."""
+    if traffic is None or not traffic.observed:
+        return None
+    hits = traffic.hits
+    if hits is not None and stated is None and hits.ratio <= 0.0:
+        hits = None
+    return replace(traffic, bursts=None, hits=hits)
 
 
 def _sizing(plan: Plan) -> Sizing:

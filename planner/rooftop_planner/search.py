@@ -831,25 +831,15 @@ class PreparedSearch:
         pending = [p for p in items if isinstance(p, _Pending)]
         return cls(ctx, items, tuple(_curves(pending, ctx.targets)))
 
-    def plans(
-        self, requests_per_second: float, burst_reference_rps: float | None = None
-    ) -> list[Plan]:
-        """Every candidate's plan per batch cap at this rate (req/s), the bursts sized at
-        ``burst_reference_rps`` (default: the spec's rate, as ``plan_target`` does)."""
-        return self._judged(self._at(requests_per_second, burst_reference_rps))[0]
-
-    def _at(self, rate: float, burst_reference_rps: float | None) -> _Context:
-        """The context at another rate: only the workload's rate and its bursts change."""
-        spec = self.ctx.spec
-        if burst_reference_rps is None:
-            burst_reference_rps = spec.workload.requests_per_second
-        burst = burst_rate(
-            burst_reference_rps,
-            spec.workload.arrival_dispersion or 1.0,
-            spec.slo.tpot_percentile.aim,
-        )
-        workload = replace(self.ctx.workload, requests_per_second=rate, burst_rps=burst)
-        return replace(self.ctx, workload=workload)
+    def plans(self, requests_per_second: float, burst_rps: float | None = None) -> list[Plan]:
+        """Every candidate's plan per batch cap at this rate (req/s), holding capacity for
+        ``burst_rps`` (req/s; default: the spec's bursts at the spec's rate, as
+        ``plan_target`` sizes them)."""
+        workload = self.ctx.workload
+        if burst_rps is None:
+            burst_rps = workload.burst_rps
+        workload = replace(workload, requests_per_second=requests_per_second, burst_rps=burst_rps)
+        return self._judged(replace(self.ctx, workload=workload))[0]
 
     def _judged(self, ctx: _Context) -> tuple[list[Plan], list[Rejection]]:
         """Plans in candidate order, and every candidate's rejections, at ``ctx``'s rate."""

@@ -4,6 +4,8 @@ gives, and a new rate at a known factor and traffic computes no step-time curves
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from rooftop_api.spec import ServingTargetSpec
@@ -11,6 +13,7 @@ from rooftop_control import sizing
 from rooftop_control.sizing import PlanTargetPlanner, Sizing
 from rooftop_control.traffic import Bursts, Lengths, PrefixHits, Traffic, fitted_prefix
 from rooftop_planner import search
+from rooftop_planner.bursts import burst_rate
 from rooftop_planner.plan import Plan
 from rooftop_planner.search import plan_target, prepare_search
 
@@ -56,15 +59,16 @@ def test_a_prepared_search_plans_what_a_full_search_plans_at_every_rate(factor: 
         assert _plans(prepared.plans(rate)) == _plans(full.candidates), rate
 
 
-def test_bursts_are_sized_at_the_reference_rate_given() -> None:
-    """The rate bursts are sized at is the spec's unless given, as in ``plan_target``,
-    where it is the spec's ``requestsPerSecond``."""
+def test_bursts_are_sized_at_the_burst_rate_given() -> None:
+    """Capacity is held for the spec's bursts at the spec's rate unless a burst rate is
+    given, as ``plan_target`` holds it for the spec's ``requestsPerSecond``."""
     prepared = prepare_search(CHAT)
     at_spec_rate = CHAT.model_copy(
         update={"workload": CHAT.workload.model_copy(update={"requests_per_second": 9.0})}
     )
     full = plan_target(at_spec_rate, requests_per_second=1.0)
-    assert _plans(prepared.plans(1.0, burst_reference_rps=9.0)) == _plans(full.candidates)
+    burst = burst_rate(9.0, 4.0, CHAT.slo.tpot_percentile.aim)
+    assert _plans(prepared.plans(1.0, burst_rps=burst)) == _plans(full.candidates)
     assert _plans(prepared.plans(1.0)) != _plans(full.candidates)
 
 
@@ -131,6 +135,9 @@ def test_a_new_rate_at_a_known_factor_and_traffic_computes_no_curves(
     monkeypatch.setattr(search, "_curves", counted)
     for rate in (2.3, 2.9, 4.4, 0.7):
         planner.size(rate, 1.1, traffic=SERVED)
+    assert computed == []
+    for bursts in (Bursts(9.0, 2.5), Bursts(2.0, 4.0), None):  # bursts: no new curves
+        planner.size(2.3, 1.1, traffic=replace(SERVED, bursts=bursts))
     assert computed == []
     planner.size(2.3, 1.3, traffic=SERVED)  # a new factor: new step times
     assert computed == [1]
