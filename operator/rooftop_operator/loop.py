@@ -202,8 +202,14 @@ OBSERVED_BOOKKEEPING = ("calibrationSamples", "time")
 def observed_changed(old: ObservedStatus | None, new: ObservedStatus, window_s: float) -> bool:
     """Whether ``new`` says something ``old`` does not, beyond each figure's noise;
     ``window_s``: the metrics window the figures are read over, s."""
+    return bool(observed_news(old, new, window_s))
+
+
+def observed_news(old: ObservedStatus | None, new: ObservedStatus, window_s: float) -> list[str]:
+    """The figures of ``new`` (dotted camelCase paths) that moved beyond their noise from
+    ``old``, appeared, vanished or changed state: why status would be written."""
     before = _figures(old)
-    return _figures_changed(before, _figures(new), _counts(before, window_s))
+    return _figures_news(before, _figures(new), _counts(before, window_s), "observed.")
 
 
 def _figures(observed: ObservedStatus | None) -> dict[str, Any]:
@@ -241,15 +247,15 @@ def _sampling_noise(key: str, before: float, counts: Mapping[str, float]) -> flo
     return OBSERVED_NOISE_Z * math.sqrt(2.0 / n) * abs(before)
 
 
-def _figures_changed(
-    old: Mapping[str, Any], new: Mapping[str, Any], counts: Mapping[str, float]
-) -> bool:
-    keys = (set(old) | set(new)) - set(OBSERVED_BOOKKEEPING)
-    for key in keys:
+def _figures_news(
+    old: Mapping[str, Any], new: Mapping[str, Any], counts: Mapping[str, float], path: str = ""
+) -> list[str]:
+    news = []
+    for key in sorted((set(old) | set(new)) - set(OBSERVED_BOOKKEEPING)):
         before, after = old.get(key), new.get(key)
         if isinstance(before, Mapping) and isinstance(after, Mapping):
-            if _figures_changed(before, after, {}):  # e.g. workload.promptTokens.p90
-                return True
+            # e.g. workload.promptTokens.p90
+            news += _figures_news(before, after, {}, f"{path}{key}.")
         elif isinstance(before, int | float) and isinstance(after, int | float):
             noise = max(
                 OBSERVED_NOISE_RELATIVE.get(key, OBSERVED_NOISE_RATIO) * abs(before),
@@ -257,10 +263,10 @@ def _figures_changed(
                 _sampling_noise(key, before, counts),
             )
             if abs(after - before) > noise:
-                return True
+                news.append(path + key)
         elif before != after:  # appeared, vanished, or a state such as metricsState
-            return True
-    return False
+            news.append(path + key)
+    return news
 
 
 def status_update(
@@ -502,7 +508,9 @@ def _apply(
         return  # nothing a user would see changed: no read, no write
     if log.isEnabledFor(logging.DEBUG):
         changed = ", ".join(status_changes(seen, updated))
-        log.debug("status of %s/%s: %s changed", ref.namespace, ref.name, changed)
+        news = observed_news(seen.observed, observed_status(d, obs, now), window_s)
+        because = f" (beyond their noise: {', '.join(news)})" if news else ""
+        log.debug("status of %s/%s: %s changed%s", ref.namespace, ref.name, changed, because)
 
     def mutate(stored: dict[str, Any]) -> dict[str, Any]:
         fresh = ServingTargetStatus.read(stored)

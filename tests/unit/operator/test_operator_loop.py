@@ -140,6 +140,9 @@ def test_status_shows_the_served_workload_and_rewrites_it_only_when_it_moves() -
 
     assert not loop.observed_changed(before, with_prompt_p90(2300.0), 60.0)  # within 5 %
     assert loop.observed_changed(before, with_prompt_p90(2500.0), 60.0)
+    # the debug log names the figure that moved, not the others rewritten with it
+    moved = loop.observed_news(before, with_prompt_p90(2500.0), 60.0)
+    assert moved == ["observed.workload.promptTokens.p90"]
     assert loop.observed_status(_decision(2), Observation(), "t").workload is None
 
 
