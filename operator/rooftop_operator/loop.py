@@ -144,10 +144,11 @@ def observed_status(d: control.Decision, obs: Observation, now: str) -> Observed
         return round(r.value, 4) if r.ok else None
 
     shown = {s.status_key: num(getattr(obs, s.field)) for s in SIGNALS if s.status_key}
+    served = obs.served_requests
     return ObservedStatus.model_validate(
         {
             **shown,
-            "workload": served_workload(d.state.traffic),
+            "workload": served_workload(d.state.traffic, served.value if served.ok else None),
             "calibrationFactor": round(d.calibration_factor, 4),
             "calibrationSamples": d.state.calibration.samples,
             "latencyTrim": round(d.state.trim, 4),
@@ -157,10 +158,11 @@ def observed_status(d: control.Decision, obs: Observation, now: str) -> Observed
     )
 
 
-def served_workload(traffic: Traffic | None) -> dict[str, Any] | None:
+def served_workload(traffic: Traffic | None, requests: float | None) -> dict[str, Any] | None:
     """``status.observed.workload``: the served lengths the loop plans with, in whole
-    tokens, and the arrival dispersion to two significant figures, None before any
-    (``observed_changed`` weighs each figure against its noise)."""
+    tokens, the ``requests`` finished over the served range they are read from, and the
+    arrival dispersion to two significant figures, None before any (``observed_changed``
+    weighs each figure against its noise)."""
     if traffic is None or not traffic.observed:
         return None
 
@@ -173,6 +175,8 @@ def served_workload(traffic: Traffic | None) -> dict[str, Any] | None:
         "promptTokens": lengths(traffic.prompt),
         "outputTokens": lengths(traffic.output),
     }
+    if requests is not None and math.isfinite(requests):
+        served["requests"] = round(requests)
     if traffic.bursts is not None:
         served["arrivalDispersion"] = float(f"{traffic.bursts.dispersion:.2g}")
     return served
@@ -185,6 +189,7 @@ def served_workload(traffic: Traffic | None) -> dict[str, Any] | None:
 OBSERVED_NOISE_RATIO = 0.05
 OBSERVED_NOISE_FLOOR = {s.status_key: s.status_noise_floor for s in SIGNALS if s.status_key}
 OBSERVED_NOISE_COUNT = {s.status_key: s.status_noise_count for s in SIGNALS if s.status_key}
+OBSERVED_NOISE_COUNT["requests"] = "itself"  # the workload's served requests: a count
 # How many standard deviations of the difference between two windows count as noise:
 # two keeps a steady target's status still on about 95 % of ticks.
 OBSERVED_NOISE_Z = 2.0
@@ -195,6 +200,9 @@ SERVED_INTERVALS = SERVED_RANGE_S / BURST_INTERVAL_S
 OBSERVED_NOISE_RELATIVE = {
     "arrivalDispersion": OBSERVED_NOISE_Z * math.sqrt(2.0 / (SERVED_INTERVALS - 1.0)),
 }
+# The share of the served requests that sets each length figure (``ObservedLengths``): a
+# q-quantile moves when the n·(1 − q) requests beyond it do, the mean with all n.
+SERVED_LENGTH_SHARE = {"mean": 1.0, "p50": 0.5, "p90": 0.1, "p99": 0.01}
 # Kept up to date only alongside a visible change: the sample count grows every tick.
 OBSERVED_BOOKKEEPING = ("calibrationSamples", "time")
 
@@ -242,9 +250,24 @@ def _sampling_noise(key: str, before: float, counts: Mapping[str, float]) -> flo
     """
     kind = OBSERVED_NOISE_COUNT.get(key)
     n = abs(before) if kind == "itself" else counts.get(kind or "", 0.0)
+    if key in SERVED_LENGTH_SHARE:  # a length figure (``_served_counts``)
+        n = counts.get("served_requests", 0.0) * SERVED_LENGTH_SHARE[key]
     if n <= 0.0:
         return 0.0
     return OBSERVED_NOISE_Z * math.sqrt(2.0 / n) * abs(before)
+
+
+def _served_counts(
+    key: str, figures: Mapping[str, Any], counts: dict[str, float]
+) -> dict[str, float]:
+    """The counts behind a group of figures nested under ``key``: the workload's lengths
+    rest on the requests it says were served (``OBSERVED_NOISE_COUNT`` for a length
+    figure: the count of those beyond a quantile moves by about √k, and a quantile with
+    them; for tails no heavier than 1/x it moves by at most that share of itself)."""
+    if key == "workload":
+        n = figures.get("requests")
+        return {"served_requests": float(n)} if isinstance(n, int | float) else {}
+    return counts if key in ("promptTokens", "outputTokens") else {}
 
 
 def _figures_news(
@@ -255,7 +278,8 @@ def _figures_news(
         before, after = old.get(key), new.get(key)
         if isinstance(before, Mapping) and isinstance(after, Mapping):
             # e.g. workload.promptTokens.p90
-            news += _figures_news(before, after, {}, f"{path}{key}.")
+            inner = _served_counts(key, before, counts)
+            news += _figures_news(before, after, inner, f"{path}{key}.")
         elif isinstance(before, int | float) and isinstance(after, int | float):
             noise = max(
                 OBSERVED_NOISE_RELATIVE.get(key, OBSERVED_NOISE_RATIO) * abs(before),

@@ -677,6 +677,13 @@ class ObservedWorkload(_Model):
 
     prompt_tokens: ObservedLengths = Field(description="Prompt (input) lengths served.")
     output_tokens: ObservedLengths = Field(description="Output lengths served.")
+    requests: int | None = Field(
+        default=None,
+        ge=0,
+        description="Requests finished over the last 15 minutes: the sample the lengths "
+        "are read from. A length figure is rewritten when it moves beyond its noise, "
+        "which grows as fewer requests lie beyond it (a p99 rests on a hundredth of them).",
+    )
     arrival_dispersion: float | None = Field(
         default=None,
         description="The variance of the requests finished per 15-second interval over "
@@ -722,8 +729,9 @@ class ObservedStatus(_Model):
         default=None,
         description="When these figures were written: the loop rewrites them only when one "
         "moves beyond its noise (5 %, or more for a figure drawn from few requests: about "
-        "2·√(2/n) of it for n requests in the window), the metrics state changes or a "
-        "condition does, so a steady target's status stays still.",
+        "2·√(2/n) of it for n requests in the window, or the n served requests beyond a "
+        "served length's quantile), the metrics state changes or a condition does, so a "
+        "steady target's status stays still.",
     )
 
 

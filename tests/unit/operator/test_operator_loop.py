@@ -129,6 +129,7 @@ def test_status_shows_the_served_workload_and_rewrites_it_only_when_it_moves() -
     assert out["workload"] == {
         "promptTokens": {"mean": 1147.0, "p50": 884.0, "p90": 2221.0, "p99": 4051.0},
         "outputTokens": {"mean": 260.0, "p50": 211.0, "p90": 432.0, "p99": 1012.0},
+        "requests": None,
         "arrivalDispersion": None,
     }
     before = loop.observed_status(d, Observation(), "t")
@@ -144,6 +145,36 @@ def test_status_shows_the_served_workload_and_rewrites_it_only_when_it_moves() -
     moved = loop.observed_news(before, with_prompt_p90(2500.0), 60.0)
     assert moved == ["observed.workload.promptTokens.p90"]
     assert loop.observed_status(_decision(2), Observation(), "t").workload is None
+
+
+def test_a_served_length_is_rewritten_beyond_the_noise_of_the_requests_that_set_it() -> None:
+    """Over 2,700 served requests the mean rests on all of them and moves by about
+    2·√(2/2700) = 5.4 % by chance; the p99 rests on the 27 beyond it and moves by about
+    2·√(2/27) = 54 %: a steady target's p99 wandering by a fifth is no news."""
+    served = Traffic(
+        prompt=Lengths(1000.0, (700.0, 1000.0, 2300.0, 4600.0)),
+        output=Lengths(250.0, (170.0, 250.0, 580.0, 1150.0)),
+        observed=True,
+    )
+    d = _decision(replicas=2)
+
+    def status(mean: float, p99: float, requests: float = 2700.0) -> Any:
+        prompt = Lengths(mean, (700.0, 1000.0, 2300.0, p99))
+        moved = replace(d, state=replace(d.state, traffic=replace(served, prompt=prompt)))
+        obs = Observation(served_requests=Reading.of(requests))
+        return loop.observed_status(moved, obs, "t")
+
+    before = status(1000.0, 4600.0)
+    assert before.workload is not None and before.workload.requests == 2700
+    assert loop.observed_news(before, status(1000.0, 5500.0), 60.0) == []
+    assert loop.observed_news(before, status(1000.0, 7400.0), 60.0) == [
+        "observed.workload.promptTokens.p99"
+    ]
+    assert loop.observed_news(before, status(1080.0, 4600.0), 60.0) == [
+        "observed.workload.promptTokens.mean"
+    ]
+    few = status(1000.0, 4600.0, requests=300.0)
+    assert loop.observed_news(few, status(1080.0, 4600.0, requests=300.0), 60.0) == []  # 16 %
 
 
 def test_status_shows_the_served_burstiness_and_rewrites_it_beyond_its_noise() -> None:
