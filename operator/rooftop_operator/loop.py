@@ -258,8 +258,8 @@ def _sampling_noise(key: str, before: float, counts: Mapping[str, float]) -> flo
 
 
 def _served_counts(
-    key: str, figures: Mapping[str, Any], counts: dict[str, float]
-) -> dict[str, float]:
+    key: str, figures: Mapping[str, Any], counts: Mapping[str, float]
+) -> Mapping[str, float]:
     """The counts behind a group of figures nested under ``key``: the workload's lengths
     rest on the requests it says were served (``OBSERVED_NOISE_COUNT`` for a length
     figure: the count of those beyond a quantile moves by about √k, and a quantile with
