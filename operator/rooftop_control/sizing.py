@@ -25,18 +25,20 @@ from rooftop_planner.plan import Plan
 from rooftop_planner.search import PreparedSearch, prepare_search, resolve_model
 
 # Sizings one target keeps (rate on a 1 % grid x factor to 0.01 x lengths on a 5 %
-# grid): enough for hours of a daily swing at one factor, bounded so a long-lived
-# operator's memory stays flat.
-SIZING_CACHE_ENTRIES = 512
+# grid), about 1 KiB each: a tick sizes at a few of them, and a miss costs a fifth of a
+# millisecond on a prepared search, so a thousand targets' caches stay small.
+SIZING_CACHE_ENTRIES = 32
 # The relative grid observed lengths are planned on: finer than their window-to-window
 # noise would only miss the cache.
 LENGTH_GRID = 0.05
 # A cached sizing's key: rate (req/s, 1 % grid), factor, observed lengths or declared
 # bursts as the loop scales them (None: the spec as written)
 _Key = tuple[float, float, Traffic | None]
-# Prepared searches one target keeps (factor x observed lengths and prefix hits): a new
-# rate or burst at a known factor and lengths needs no new step-time curves.
-SEARCH_CACHE_ENTRIES = 64
+# Prepared searches one target keeps (factor x observed lengths and prompt reuse), about
+# 15 KiB each: a tick sizes at the factor in use and, when it weighs a larger batch cap,
+# at a slower one; older factors are seldom met again. A new rate or burst at a known
+# factor and lengths needs no new step-time curves.
+SEARCH_CACHE_ENTRIES = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +114,8 @@ class PlanTargetPlanner:
         )
         self._cache: OrderedDict[_Key, tuple[Sizing, ...]] = OrderedDict()
         self._searches: OrderedDict[tuple[float, Traffic | None], PreparedSearch] = OrderedDict()
+        self._last_spec: tuple[Traffic | None, ServingTargetSpec] = (None, self.spec)
+        self._lengths: Traffic | None = None
         # Plan once now, so a spec the planner rejects (say, an edit that added a price
         # for an unknown GPU) raises here, where the caller expects it, not mid-decision.
         self.size(spec.workload.requests_per_second, 1.0)
@@ -128,6 +132,9 @@ class PlanTargetPlanner:
         lengths = None
         if traffic is not None and (traffic.observed or traffic.bursts is not None):
             lengths = traffic.rounded(LENGTH_GRID)
+            if lengths == self._lengths:  # one copy for the many keys of one traffic
+                lengths = self._lengths
+            self._lengths = lengths
         key = (quantize_rate(requests_per_second), round(step_time_scale, 2), lengths)
         if key in self._cache:
             self._cache.move_to_end(key)
@@ -174,13 +181,18 @@ class PlanTargetPlanner:
         return search
 
     def _spec_for(self, observed: Traffic | None) -> ServingTargetSpec:
-        """The pinned spec with the observed lengths and prefix reuse (None: as written)."""
-        spec = self.spec
+        """The pinned spec with the observed lengths and prefix reuse (None: as written);
+        the last one is kept, since a new factor at the same traffic needs it again."""
         if observed is None:
-            return spec
+            return self.spec
+        if self._last_spec[0] == observed:
+            return self._last_spec[1]
+        spec = self.spec
         prefix = fitted_prefix(spec.workload.prefix, observed, bool(self.plan.session_affinity))
         workload = observed.workload(spec.workload.requests_per_second, prefix)
-        return spec.model_copy(update={"workload": workload})
+        served = spec.model_copy(update={"workload": workload})
+        self._last_spec = (observed, served)
+        return served
 
     def _burst_rps(self, rate: float, traffic: Traffic | None) -> float | None:
         """The rate (req/s) to hold capacity for against bursts (``bursts.burst_rate``):
