@@ -35,9 +35,9 @@ LENGTH_GRID = 0.05
 # bursts as the loop scales them (None: the spec as written)
 _Key = tuple[float, float, Traffic | None]
 # Prepared searches one target keeps (factor x observed lengths and prompt reuse), about
-# 15 KiB each: a tick sizes at the factor in use and, when it weighs a larger batch cap,
-# at a slower one; older factors are seldom met again. A new rate or burst at a known
-# factor and lengths needs no new step-time curves.
+# 11 KiB each, sharing one spec and the kernels' sums: a tick sizes at the factor in use
+# and, when it weighs a larger batch cap, at a slower one; older factors are seldom met
+# again. A new rate or burst at a known factor and lengths needs no new step-time curves.
 SEARCH_CACHE_ENTRIES = 4
 
 
@@ -114,8 +114,8 @@ class PlanTargetPlanner:
         )
         self._cache: OrderedDict[_Key, tuple[Sizing, ...]] = OrderedDict()
         self._searches: OrderedDict[tuple[float, Traffic | None], PreparedSearch] = OrderedDict()
-        self._last_spec: tuple[Traffic | None, ServingTargetSpec] = (None, self.spec)
         self._lengths: Traffic | None = None
+        self._last_search: tuple[Traffic | None, PreparedSearch | None] = (None, None)
         # Plan once now, so a spec the planner rejects (say, an edit that added a price
         # for an unknown GPU) raises here, where the caller expects it, not mid-decision.
         self.size(spec.workload.requests_per_second, 1.0)
@@ -163,36 +163,38 @@ class PlanTargetPlanner:
 
     def _search(self, factor: float, traffic: Traffic | None) -> PreparedSearch:
         """The search at this factor and these lengths, prepared once for every rate and
-        burst: a tick's new rate then costs a tenth of a search (``PreparedSearch``)."""
+        burst: a tick's new rate then costs a tenth of a search, a new factor at the same
+        lengths half of one (``PreparedSearch``)."""
         observed = _as_curves_see_it(traffic, self.spec.workload.prefix)
         key = (factor, observed)
         if key in self._searches:
             self._searches.move_to_end(key)
             return self._searches[key]
-        # The shape is pinned and already runs: its accelerator family had an image.
-        search = self._searches[key] = prepare_search(
-            self._spec_for(observed),
-            catalog=self.catalog,
-            step_time_scale=factor,
-            engine_families=ACCELERATOR_FAMILIES,
-        )
+        last_traffic, last = self._last_search
+        if last is not None and last_traffic == observed:  # a new factor, same traffic
+            search = last.rescaled(factor)
+        else:
+            # The shape is pinned and already runs: its accelerator family had an image.
+            search = prepare_search(
+                self._spec_for(observed),
+                catalog=self.catalog,
+                step_time_scale=factor,
+                engine_families=ACCELERATOR_FAMILIES,
+            )
+        self._searches[key] = search
+        self._last_search = (observed, search)
         if len(self._searches) > SEARCH_CACHE_ENTRIES:
             self._searches.popitem(last=False)  # least recently used
         return search
 
     def _spec_for(self, observed: Traffic | None) -> ServingTargetSpec:
-        """The pinned spec with the observed lengths and prefix reuse (None: as written);
-        the last one is kept, since a new factor at the same traffic needs it again."""
-        if observed is None:
-            return self.spec
-        if self._last_spec[0] == observed:
-            return self._last_spec[1]
+        """The pinned spec with the observed lengths and prefix reuse (None: as written)."""
         spec = self.spec
+        if observed is None:
+            return spec
         prefix = fitted_prefix(spec.workload.prefix, observed, bool(self.plan.session_affinity))
         workload = observed.workload(spec.workload.requests_per_second, prefix)
-        served = spec.model_copy(update={"workload": workload})
-        self._last_spec = (observed, served)
-        return served
+        return spec.model_copy(update={"workload": workload})
 
     def _burst_rps(self, rate: float, traffic: Traffic | None) -> float | None:
         """The rate (req/s) to hold capacity for against bursts (``bursts.burst_rate``):

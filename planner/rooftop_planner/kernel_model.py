@@ -282,6 +282,26 @@ def totals_s(
     The search times all its candidates' batch grids in this one call: per deployment,
     numpy's call overhead on a few dozen steps costs more than the arithmetic.
     """
+    unscaled = unscaled_totals_s(models, decode_seqs, context, prefill, attended)
+    return scaled_totals_s(unscaled, column([m.scale for m in models]), floor)
+
+
+def scaled_totals_s(unscaled: FloatArray, scale: FloatArray, floor: FloatArray) -> FloatArray:
+    """Step seconds from the kernels' unscaled sums (``unscaled_totals_s``), a D × 1
+    column of step-time factors and the physical floor: max(sum · factor, floor)."""
+    out: FloatArray = np.maximum(unscaled * scale, floor)
+    return out
+
+
+def unscaled_totals_s(
+    models: Sequence[StepModel],
+    decode_seqs: FloatArray,
+    context: FloatArray,
+    prefill: FloatArray,
+    attended: FloatArray,
+) -> FloatArray:
+    """The kernels' sum per step before the step-time factor and the floor (s, D × N):
+    what ``totals_s`` scales, apart so a new factor reuses it."""
     tokens = decode_seqs + prefill
     sampled = decode_seqs + np.where(prefill > 0, 1.0, 0.0)
     gemm = _grid_rows(np.stack([m.by_tokens for m in models]), tokens) + _grid_rows(
@@ -301,8 +321,7 @@ def totals_s(
         column([m.overhead_s for m in models])
         + column([m.elementwise_s_per_token for m in models]) * tokens
     )
-    total = (gemm + layers * attention + overhead) * column([m.scale for m in models])
-    out: FloatArray = np.maximum(total, floor)
+    out: FloatArray = gemm + layers * attention + overhead
     return out
 
 
@@ -428,4 +447,14 @@ def step_model(dep: EngineShape) -> StepModel:
     return model
 
 
-__all__ = ["KernelCurves", "StepModel", "gemm_s", "lm_head_s", "moe_s", "step_model", "totals_s"]
+__all__ = [
+    "KernelCurves",
+    "StepModel",
+    "gemm_s",
+    "lm_head_s",
+    "moe_s",
+    "step_model",
+    "totals_s",
+    "unscaled_totals_s",
+    "scaled_totals_s",
+]

@@ -259,13 +259,35 @@ def forward_times_s(
     prefill_attended: FloatArray,
 ) -> FloatArray:
     """``forward_time_s`` over D × N arrays of steps: row d is a grid of ``deps[d]``'s."""
+    unscaled, floor = forward_parts(
+        deps, decode_seqs, context_tokens, prefill_tokens, prefill_attended
+    )
+    return kernel_model.scaled_totals_s(unscaled, step_time_scales(deps), floor)
+
+
+def forward_parts(
+    deps: Sequence[EngineShape],
+    decode_seqs: FloatArray,
+    context_tokens: FloatArray,
+    prefill_tokens: FloatArray,
+    prefill_attended: FloatArray,
+) -> tuple[FloatArray, FloatArray]:
+    """What ``forward_times_s`` combines, each D × N (s): the kernels' sum before the
+    step-time factor, and the physical floor. Neither depends on the factor, so a search
+    at a new one reuses them (``kernel_model.scaled_totals_s``)."""
     window = column([d.model.sliding_window or np.inf for d in deps])
     context = np.minimum(context_tokens, window)
     floor = _floors_s(deps, decode_seqs + prefill_tokens, context)
     models = [kernel_model.step_model(d) for d in deps]
-    return kernel_model.totals_s(
-        models, decode_seqs, context, prefill_tokens, prefill_attended, floor
+    unscaled = kernel_model.unscaled_totals_s(
+        models, decode_seqs, context, prefill_tokens, prefill_attended
     )
+    return unscaled, floor
+
+
+def step_time_scales(deps: Sequence[EngineShape]) -> FloatArray:
+    """The step-time factor of each deployment, a D × 1 column."""
+    return column([d.efficiency.time_scale for d in deps])
 
 
 def _floors_s(deps: Sequence[EngineShape], tokens: FloatArray, cached: FloatArray) -> FloatArray:

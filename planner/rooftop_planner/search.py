@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from rooftop_api.spec import KvDtype, ServingTargetSpec, WeightDtype
-from rooftop_planner import batching, explain, perf, tail
+from rooftop_planner import batching, explain, kernel_model, perf, tail
 from rooftop_planner.bursts import HEADROOM, burst_rate
 from rooftop_planner.catalog import (
     Catalog,
@@ -144,18 +144,28 @@ def _batch_grid(limits: FloatArray) -> FloatArray:
     return out
 
 
-def _steps(deps: list[EngineShape], limits: FloatArray, t: _Targets, same: float) -> _Steps:
-    """Step times of every candidate on its batch grid, in one array call.
+@dataclass(frozen=True)
+class _RawSteps:
+    """Candidates' step grids before the step-time factor (``perf.forward_parts``): the
+    kernels' unscaled sums and the physical floors (s, D × variants·GRID_POINTS), the
+    mean batches (D × GRID_POINTS) and the prefill chunks of each prompt stratum and of
+    the TTFT prompt. None of it depends on the factor (``PreparedSearch.rescaled``)."""
 
-    The serving model is ``batching.mean_step_s``: B / (osl + 1.5) admissions ride in
-    each step, each adding E[Δ] (averaged over the prompt strata), so
-    t̄ = t_d + B / (osl + 1.5) · E[Δ] and λ = B / ((osl + 1.5) · t̄). Of a prompt of
-    p tokens the prefix cache holds c (``prefix``, with ``same`` the chance a session's
-    earlier request ran on this replica), so n = p − c tokens are prefilled: in
-    ceil(n / budget) steps, one chunk each, every new token attending to the c cached
-    ones and half the new ones (≈ chunk · (c + n/2) pairs). Columns: the decode step, one
-    step carrying each prompt stratum's chunk, and one at the percentile batch carrying
-    the TTFT prompt's.
+    batches: FloatArray
+    unscaled: FloatArray
+    floor: FloatArray
+    chunks: tuple[int, ...]
+
+
+def _raw_steps(deps: list[EngineShape], limits: FloatArray, t: _Targets, same: float) -> _RawSteps:
+    """Every candidate's steps on its batch grid before the factor, in one array call.
+
+    Of a prompt of p tokens the prefix cache holds c (``prefix``, with ``same`` the
+    chance a session's earlier request ran on this replica), so n = p − c tokens are
+    prefilled: in ceil(n / budget) steps, one chunk each, every new token attending to
+    the c cached ones and half the new ones (≈ chunk · (c + n/2) pairs). Columns: the
+    decode step, one step carrying each prompt stratum's chunk, and one at the
+    percentile batch carrying the TTFT prompt's.
     """
     batches = _batch_grid(limits)
     batch_q = batches + t.z_tpot * np.sqrt(batches)
@@ -170,8 +180,21 @@ def _steps(deps: list[EngineShape], limits: FloatArray, t: _Targets, same: float
     chunk = np.broadcast_to(np.repeat(per_length, GRID_POINTS), seqs.shape)
     context = [c + n / 2.0 for c, n in zip(cached, new, strict=True)]
     attended = chunk * np.repeat(np.array([0.0, *context]), GRID_POINTS)
-    steps = perf.forward_times_s(deps, seqs, ctx, chunk, attended)
-    steps = steps.reshape(len(deps), variants, GRID_POINTS)
+    unscaled, floor = perf.forward_parts(deps, seqs, ctx, chunk, attended)
+    return _RawSteps(batches, unscaled, floor, tuple(chunks))
+
+
+def _steps(raw: _RawSteps, scales: FloatArray, t: _Targets) -> _Steps:
+    """Step times of every candidate on its batch grid at its step-time factor
+    (``scales``, a D × 1 column).
+
+    The serving model is ``batching.mean_step_s``: B / (osl + 1.5) admissions ride in
+    each step, each adding E[Δ] (averaged over the prompt strata), so
+    t̄ = t_d + B / (osl + 1.5) · E[Δ] and λ = B / ((osl + 1.5) · t̄).
+    """
+    batches, chunks = raw.batches, raw.chunks
+    steps = kernel_model.scaled_totals_s(raw.unscaled, scales, raw.floor)
+    steps = steps.reshape(len(batches), len(t.prompts) + 2, GRID_POINTS)
     decode = steps[:, 0]
     extras = np.stack([c * (steps[:, i + 1] - decode) for i, c in enumerate(chunks[:-1])])
     weights = np.array(t.prompt_weights)[:, None, None]
@@ -457,22 +480,31 @@ def _prepare(ctx: _Context, gpu: GpuSpec, wd: str, kv: str, tp: int) -> _Pending
     return _Pending(_Shape(dep, weights, *context), kv_batch, limit, kv_tokens)
 
 
-def _curves(pending: list[_Pending], t: _Targets) -> list[_Curves]:
-    """Each pending candidate's operating-point curves, all evaluated in one array pass
-    per end of the same-replica chance (one when hits do not depend on it)."""
+def _raw_curves(pending: list[_Pending], t: _Targets) -> tuple[_RawSteps, ...]:
+    """The pending candidates' steps before the factor, one array pass per end of the
+    same-replica chance (only P = 1 when hits do not depend on it)."""
     if not pending:
-        return []
+        return ()
     deps = [p.shape.dep for p in pending]
     limits = np.array([p.batch_limit for p in pending])
+    ends = (1.0, 0.0) if t.prefix.session_hits_vary else (1.0,)
+    return tuple(_raw_steps(deps, limits, t, same) for same in ends)
 
-    def at(same: float) -> list[_Curve]:
-        steps = _steps(deps, limits, t, same)
+
+def _curves(raws: tuple[_RawSteps, ...], scales: FloatArray, t: _Targets) -> tuple[_Curves, ...]:
+    """Each candidate's operating-point curves at its factor (``scales``, D × 1), from
+    its steps before the factor (``_raw_curves``)."""
+
+    def at(raw: _RawSteps) -> list[_Curve]:
+        steps = _steps(raw, scales, t)
         columns = (steps.batches, *_operating_points(steps, t))
         return [_Curve.of(*cols) for cols in zip(*columns, strict=True)]
 
-    if not t.prefix.session_hits_vary:
-        return [_Curves(curve) for curve in at(1.0)]
-    return [_Curves(s, a) for s, a in zip(at(1.0), at(0.0), strict=True)]
+    if not raws:
+        return ()
+    if len(raws) == 1:
+        return tuple(_Curves(curve) for curve in at(raws[0]))
+    return tuple(_Curves(s, a) for s, a in zip(at(raws[0]), at(raws[1]), strict=True))
 
 
 def _judge(
@@ -822,6 +854,7 @@ class PreparedSearch:
     ctx: _Context
     items: tuple[_Pending | Rejection, ...]
     curves: tuple[_Curves, ...]  # one per _Pending item, in order
+    raws: tuple[_RawSteps, ...]  # the curves' steps before the factor
 
     @classmethod
     def of(cls, ctx: _Context, catalog: Catalog) -> PreparedSearch:
@@ -829,7 +862,20 @@ class PreparedSearch:
         pass (per candidate, numpy's call overhead would dominate)."""
         items = tuple(_prepare(ctx, *candidate) for candidate in _candidates(ctx, catalog))
         pending = [p for p in items if isinstance(p, _Pending)]
-        return cls(ctx, items, tuple(_curves(pending, ctx.targets)))
+        raws = _raw_curves(pending, ctx.targets)
+        scales = perf.step_time_scales([p.shape.dep for p in pending])
+        return cls(ctx, items, _curves(raws, scales, ctx.targets), raws)
+
+    def rescaled(self, step_time_scale: float) -> PreparedSearch:
+        """The same search at another step-time factor, exactly as if prepared at it:
+        the candidates' checks and the kernels' sums do not depend on the factor (about
+        half of a preparation); only the steps' max with the floor, the serving model
+        and the tail are evaluated again."""
+        items = tuple(_at_scale(item, step_time_scale) for item in self.items)
+        pending = [p for p in items if isinstance(p, _Pending)]
+        scales = perf.step_time_scales([p.shape.dep for p in pending])
+        ctx = replace(self.ctx, step_time_scale=step_time_scale)
+        return PreparedSearch(ctx, items, _curves(self.raws, scales, ctx.targets), self.raws)
 
     def plans(self, requests_per_second: float, burst_rps: float | None = None) -> list[Plan]:
         """Every candidate's plan per batch cap at this rate (req/s), holding capacity for
@@ -854,6 +900,16 @@ class PreparedSearch:
         return plans, rejections
 
 
+def _at_scale(item: _Pending | Rejection, step_time_scale: float) -> _Pending | Rejection:
+    """A candidate at another step-time factor. ``EfficiencyTable.lookup`` gives curves
+    at time_scale 1, which ``_prepare`` scales by the factor: so the factor is the scale."""
+    if isinstance(item, Rejection):
+        return item
+    dep = item.shape.dep
+    eff = replace(dep.efficiency, time_scale=step_time_scale)
+    return replace(item, shape=replace(item.shape, dep=replace(dep, efficiency=eff)))
+
+
 def prepare_search(
     spec: ServingTargetSpec,
     *,
@@ -869,7 +925,7 @@ def prepare_search(
     if engine_families is not None:
         ctx = replace(ctx, engine_families=frozenset(engine_families))
     if _too_long(ctx):  # no plan at any rate (``plan_target`` says why)
-        return PreparedSearch(ctx, (), ())
+        return PreparedSearch(ctx, (), (), ())
     return PreparedSearch.of(ctx, catalog)
 
 

@@ -5,6 +5,7 @@ gives, and a new rate at a known factor and traffic computes no step-time curves
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -43,7 +44,9 @@ SERVED = Traffic(
 RATES = (0.2, 1.0, 3.7, 12.0, 31.0)
 
 
-def _plans(result_plans: list[Plan]) -> list[tuple[object, ...]]:
+def _plans(result_plans: list[Plan], exact: bool = False) -> list[object]:
+    if exact:
+        return list(result_plans)
     return [
         (p.gpu, p.tp, p.kv_dtype, p.max_num_seqs, p.replicas, p.session_affinity,
          round(p.tpot_ms, 9), round(p.ttft_ms, 9), round(p.capacity_rps, 9))
@@ -57,6 +60,16 @@ def test_a_prepared_search_plans_what_a_full_search_plans_at_every_rate(factor: 
     for rate in RATES:
         full = plan_target(CHAT, step_time_scale=factor, requests_per_second=rate)
         assert _plans(prepared.plans(rate)) == _plans(full.candidates), rate
+
+
+@pytest.mark.parametrize("factor", [0.7, 1.0, 1.37, 2.5])
+def test_a_search_rescaled_to_a_factor_plans_as_one_prepared_at_it(factor: float) -> None:
+    """Reused kernel sums give the same plans, to the last bit, as a fresh preparation
+    (the floor binds at some factors and not at others)."""
+    rescaled = prepare_search(CHAT, step_time_scale=1.13).rescaled(factor)
+    fresh = prepare_search(CHAT, step_time_scale=factor)
+    for rate in RATES:
+        assert _plans(rescaled.plans(rate), exact=True) == _plans(fresh.plans(rate), exact=True)
 
 
 def test_bursts_are_sized_at_the_burst_rate_given() -> None:
@@ -125,19 +138,25 @@ def test_a_new_rate_at_a_known_factor_and_traffic_computes_no_curves(
 ) -> None:
     planner = _running()
     planner.size(2.0, 1.1, traffic=SERVED)
-    computed: list[int] = []
-    real = search._curves
+    kernel_sums: list[int] = []
+    curves: list[int] = []
 
-    def counted(*args: object, **kwargs: object) -> object:
-        computed.append(1)
-        return real(*args, **kwargs)  # type: ignore[arg-type]
+    def counted(into: list[int], real: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            into.append(1)
+            return real(*args, **kwargs)
 
-    monkeypatch.setattr(search, "_curves", counted)
+        return call
+
+    monkeypatch.setattr(search, "_raw_curves", counted(kernel_sums, search._raw_curves))
+    monkeypatch.setattr(search, "_curves", counted(curves, search._curves))
     for rate in (2.3, 2.9, 4.4, 0.7):
         planner.size(rate, 1.1, traffic=SERVED)
-    assert computed == []
     for bursts in (Bursts(9.0, 2.5), Bursts(2.0, 4.0), None):  # bursts: no new curves
         planner.size(2.3, 1.1, traffic=replace(SERVED, bursts=bursts))
-    assert computed == []
-    planner.size(2.3, 1.3, traffic=SERVED)  # a new factor: new step times
-    assert computed == [1]
+    assert kernel_sums == [] and curves == []
+    planner.size(2.3, 1.3, traffic=SERVED)  # a new factor: new steps, the same kernel sums
+    assert kernel_sums == [] and curves == [1]
+    longer = replace(SERVED, prompt=replace(SERVED.prompt, mean=2200.0))
+    planner.size(2.3, 1.3, traffic=longer)  # new lengths: new kernel sums
+    assert kernel_sums == [1] and curves == [1, 1]
