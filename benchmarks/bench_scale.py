@@ -286,6 +286,7 @@ class Result:
     live: bool = False  # --live: every engine pod exported vLLM's metrics
     observed_targets: int = 0  # targets whose status showed observed figures at the end
     replica_counts: dict[str, int] = field(default_factory=dict)  # replicas -> targets
+    broken_scrapes: int = 0  # answers Prometheus stopped reading (its scrape timeout)
     burst_cpu_s: dict[str, float] = field(default_factory=dict)
     burst_requests: dict[str, int] = field(default_factory=dict)
     steady_requests: dict[str, int] = field(default_factory=dict)
@@ -747,7 +748,14 @@ def run_one(n: int, args: argparse.Namespace, work: Path) -> Result:
         if not args.live:
             return out
         observed, replicas = live_outcome(b)
-        return replace(out, live=True, observed_targets=observed, replica_counts=replicas)
+        assert b.live is not None
+        return replace(
+            out,
+            live=True,
+            observed_targets=observed,
+            replica_counts=replicas,
+            broken_scrapes=b.live.broken_scrapes,
+        )
     raise AssertionError("unreachable")  # ExitStack may swallow exceptions for mypy
 
 

@@ -166,6 +166,7 @@ class LiveEngines:
         self.tick_s = tick_s
         self.pods: dict[PodKey, PodEngine] = {}
         self._per_target: dict[tuple[str, str], int] = {}
+        self.broken_scrapes = 0  # answers Prometheus stopped reading: it timed out
         self._stop = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -240,7 +241,10 @@ class LiveEngines:
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                try:
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):
+                    live.broken_scrapes += 1  # Prometheus gave up waiting (its timeout)
 
             def log_message(self, *args: Any) -> None:
                 pass
