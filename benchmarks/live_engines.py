@@ -8,11 +8,8 @@ engine simulator's, with vLLM's names, types, labels and buckets) behind
 file discovery (``__metrics_path__`` and the ``namespace``/``servingtarget``/``pod``
 labels a PodMonitor's relabelings would give).
 
-When Prometheus scrapes a pod, the pod first serves its share of its target's traffic
-since its last scrape (so its counters grow between any two scrapes as a running
-engine's do; served in lumps on a clock of its own, a window's rate would count two,
-three or four lumps as the lumps and the scrapes drifted past each other): a Poisson
-count of finished requests whose prompt and output lengths, TPOT, TTFT and prefix-cache hits are
+Every ``tick_s`` each pod serves its share of its target's traffic: a Poisson count of
+finished requests whose prompt and output lengths, TPOT, TTFT and prefix-cache hits are
 drawn around figures that differ per target (``Profile.of``), so counts move, and
 lengths and hit rates vary from target to target. The figures are synthetic on purpose:
 what this measures is the operator's cost per target with live series, not what it
@@ -23,7 +20,6 @@ from __future__ import annotations
 
 import random
 import threading
-import time
 import zlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -83,10 +79,9 @@ class PodEngine:
         self.profile = Profile.of(target)
         self.metrics = VllmMetrics("llama-3.1-8b", MAX_MODEL_LEN, CACHE_INFO)
         self.rng = random.Random(seed)
-        self.lock = threading.Lock()
-        self.served_at = time.monotonic()
         self.steps_owed = 0.0  # steps observed per request: GAPS / running, carried over
-        # The exposition, rendered when the pod serves (at each scrape, for that pod only)
+        # The exposition, rendered once per tick by the tick thread: a scrape only sends
+        # bytes, so a thousand pods' scrapes do not queue behind the renderer.
         self.body = generate_latest(self.metrics.registry)
 
     def serve(self, dt_s: float, pods: int) -> None:
@@ -109,15 +104,6 @@ class PodEngine:
         m.waiting.set(0)
         m.kv_usage.set(min(running * (p.prompt + p.output) / 480_000.0, 1.0))
         self.body = generate_latest(m.registry)  # one reference swap: scrapes see whole
-
-    def scraped(self, pods: int) -> bytes:
-        """The exposition after serving the traffic since the last scrape (``pods``: how
-        many pods share the target's rate now)."""
-        with self.lock:
-            now = time.monotonic()
-            self.serve(now - self.served_at, pods)
-            self.served_at = now
-            return self.body
 
     def exposition(self) -> bytes:
         return self.body
@@ -165,7 +151,6 @@ class LiveEngines:
         self.set_targets = set_targets
         self.tick_s = tick_s
         self.pods: dict[PodKey, PodEngine] = {}
-        self._per_target: dict[tuple[str, str], int] = {}
         self.broken_scrapes = 0  # answers Prometheus stopped reading: it timed out
         self._stop = threading.Event()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -207,10 +192,6 @@ class LiveEngines:
             key: self.pods.get(key) or PodEngine(target, zlib.crc32("/".join(key).encode()))
             for key, target in seen.items()
         }
-        per_target: dict[tuple[str, str], int] = {}
-        for (ns, _), target in seen.items():
-            per_target[(ns, target)] = per_target.get((ns, target), 0) + 1
-        self._per_target = per_target
         self.set_targets([self._target(key, eng.target) for key, eng in self.pods.items()])
 
     def _target(self, key: PodKey, target: str) -> tuple[str, dict[str, str]]:
@@ -221,10 +202,11 @@ class LiveEngines:
     def _run(self) -> None:
         while not self._stop.wait(self.tick_s):
             self.refresh()
-
-    def pods_of(self, namespace: str, target: str) -> int:
-        """How many pods serve ``target`` now (its rate is split among them)."""
-        return self._per_target.get((namespace, target), 1)
+            per_target: dict[tuple[str, str], int] = {}
+            for (ns, _), eng in self.pods.items():
+                per_target[(ns, eng.target)] = per_target.get((ns, eng.target), 0) + 1
+            for (ns, _), eng in list(self.pods.items()):
+                eng.serve(self.tick_s, per_target[(ns, eng.target)])
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         live = self
@@ -236,7 +218,7 @@ class LiveEngines:
                 if eng is None:
                     self.send_error(404)
                     return
-                body = eng.scraped(live.pods_of(parts[1], eng.target))
+                body = eng.exposition()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))

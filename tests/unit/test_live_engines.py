@@ -86,25 +86,3 @@ def test_targets_differ_in_lengths_and_hit_rates(live: Any) -> None:
     assert len({round(p.prompt) for p in profiles}) > 10
     assert len({round(p.hit_ratio, 2) for p in profiles}) > 10
     assert module.Profile.of("sim-chat-0001") == profiles[1]  # stable across runs
-
-
-def test_a_scrape_serves_the_pods_share_of_the_traffic_since_the_last_one(live: Any) -> None:
-    """Counters grow with the time between scrapes, as a running engine's do (lumps on
-    the exporter's own clock made a window's rate count two to four of them)."""
-    module, pods, written = live
-    pods += [pod("a", "chat-1-x", "chat-1"), pod("a", "chat-1-y", "chat-1")]
-    engines = module.LiveEngines(lambda: pods, written.append, tick_s=15.0).start()
-    try:
-        assert engines.pods_of("a", "chat-1") == 2
-        engine = engines.pods[("a", "chat-1-x")]
-        url = f"http://{engines.address}/metrics/a/chat-1-x"
-        engine.served_at -= 600.0  # ten minutes since the last scrape
-        with urllib.request.urlopen(url, timeout=5) as resp:
-            served = metric(resp.read().decode(), "vllm:request_success_total")
-        half = engine.profile.rate / 2 * 600.0  # its share: one of two pods
-        assert served == pytest.approx(half, rel=0.15)
-        with urllib.request.urlopen(url, timeout=5) as resp:  # at once: nothing more
-            again = metric(resp.read().decode(), "vllm:request_success_total")
-        assert again - served <= 2
-    finally:
-        engines.stop()
