@@ -115,7 +115,6 @@ class PlanTargetPlanner:
         self._cache: OrderedDict[_Key, tuple[Sizing, ...]] = OrderedDict()
         self._searches: OrderedDict[tuple[float, Traffic | None], PreparedSearch] = OrderedDict()
         self._lengths: Traffic | None = None
-        self._last_search: tuple[Traffic | None, PreparedSearch | None] = (None, None)
         # Plan once now, so a spec the planner rejects (say, an edit that added a price
         # for an unknown GPU) raises here, where the caller expects it, not mid-decision.
         self.size(spec.workload.requests_per_second, 1.0)
@@ -170,9 +169,9 @@ class PlanTargetPlanner:
         if key in self._searches:
             self._searches.move_to_end(key)
             return self._searches[key]
-        last_traffic, last = self._last_search
-        if last is not None and last_traffic == observed:  # a new factor, same traffic
-            search = last.rescaled(factor)
+        same_traffic = (s for (_, t), s in self._searches.items() if t == observed)
+        if (known := next(same_traffic, None)) is not None:  # a new factor, same traffic
+            search = known.rescaled(factor)
         else:
             # The shape is pinned and already runs: its accelerator family had an image.
             search = prepare_search(
@@ -182,7 +181,6 @@ class PlanTargetPlanner:
                 engine_families=ACCELERATOR_FAMILIES,
             )
         self._searches[key] = search
-        self._last_search = (observed, search)
         if len(self._searches) > SEARCH_CACHE_ENTRIES:
             self._searches.popitem(last=False)  # least recently used
         return search

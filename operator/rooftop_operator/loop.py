@@ -261,7 +261,7 @@ def _served_counts(
     key: str, figures: Mapping[str, Any], counts: Mapping[str, float]
 ) -> Mapping[str, float]:
     """The counts behind a group of figures nested under ``key``: the workload's lengths
-    rest on the requests it says were served (``OBSERVED_NOISE_COUNT`` for a length
+    rest on the requests it says were served (``SERVED_LENGTH_SHARE`` of them for a length
     figure: the count of those beyond a quantile moves by about √k, and a quantile with
     them; for tails no heavier than 1/x it moves by at most that share of itself)."""
     if key == "workload":

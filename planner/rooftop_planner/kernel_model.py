@@ -268,24 +268,6 @@ class StepModel:
         return float(_attention_rows([self], *cells)[0, 0])
 
 
-def totals_s(
-    models: Sequence[StepModel],
-    decode_seqs: FloatArray,
-    context: FloatArray,
-    prefill: FloatArray,
-    attended: FloatArray,
-    floor: FloatArray,
-) -> FloatArray:
-    """Step seconds of many deployments at once (same sum as ``StepModel.parts``).
-
-    Every array is D × N: row d holds steps of ``models[d]``; ``floor`` from the caller.
-    The search times all its candidates' batch grids in this one call: per deployment,
-    numpy's call overhead on a few dozen steps costs more than the arithmetic.
-    """
-    unscaled = unscaled_totals_s(models, decode_seqs, context, prefill, attended)
-    return scaled_totals_s(unscaled, column([m.scale for m in models]), floor)
-
-
 def scaled_totals_s(unscaled: FloatArray, scale: FloatArray, floor: FloatArray) -> FloatArray:
     """Step seconds from the kernels' unscaled sums (``unscaled_totals_s``), a D × 1
     column of step-time factors and the physical floor: max(sum · factor, floor)."""
@@ -300,8 +282,14 @@ def unscaled_totals_s(
     prefill: FloatArray,
     attended: FloatArray,
 ) -> FloatArray:
-    """The kernels' sum per step before the step-time factor and the floor (s, D × N):
-    what ``totals_s`` scales, apart so a new factor reuses it."""
+    """The kernels' sum per step of many deployments at once, before the step-time
+    factor and the floor (s; same sum as ``StepModel.parts``): apart from them so a new
+    factor reuses it (``scaled_totals_s``).
+
+    Every array is D × N: row d holds steps of ``models[d]``. The search times all its
+    candidates' batch grids in this one call: per deployment, numpy's call overhead on a
+    few dozen steps costs more than the arithmetic.
+    """
     tokens = decode_seqs + prefill
     sampled = decode_seqs + np.where(prefill > 0, 1.0, 0.0)
     gemm = _grid_rows(np.stack([m.by_tokens for m in models]), tokens) + _grid_rows(
@@ -454,7 +442,6 @@ __all__ = [
     "lm_head_s",
     "moe_s",
     "step_model",
-    "totals_s",
     "unscaled_totals_s",
     "scaled_totals_s",
 ]

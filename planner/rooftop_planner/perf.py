@@ -251,20 +251,6 @@ def forward_time_s(
     ).total_s
 
 
-def forward_times_s(
-    deps: Sequence[EngineShape],
-    decode_seqs: FloatArray,
-    context_tokens: FloatArray,
-    prefill_tokens: FloatArray,
-    prefill_attended: FloatArray,
-) -> FloatArray:
-    """``forward_time_s`` over D × N arrays of steps: row d is a grid of ``deps[d]``'s."""
-    unscaled, floor = forward_parts(
-        deps, decode_seqs, context_tokens, prefill_tokens, prefill_attended
-    )
-    return kernel_model.scaled_totals_s(unscaled, step_time_scales(deps), floor)
-
-
 def forward_parts(
     deps: Sequence[EngineShape],
     decode_seqs: FloatArray,
@@ -272,9 +258,10 @@ def forward_parts(
     prefill_tokens: FloatArray,
     prefill_attended: FloatArray,
 ) -> tuple[FloatArray, FloatArray]:
-    """What ``forward_times_s`` combines, each D × N (s): the kernels' sum before the
-    step-time factor, and the physical floor. Neither depends on the factor, so a search
-    at a new one reuses them (``kernel_model.scaled_totals_s``)."""
+    """``forward_time_s`` over D × N arrays of steps (row d is a grid of ``deps[d]``'s),
+    in its two parts (s): the kernels' sum before the step-time factor, and the physical
+    floor. Neither depends on the factor, so a search at a new one reuses them; the
+    steps are ``kernel_model.scaled_totals_s(sum, step_time_scales(deps), floor)``."""
     window = column([d.model.sliding_window or np.inf for d in deps])
     context = np.minimum(context_tokens, window)
     floor = _floors_s(deps, decode_seqs + prefill_tokens, context)
