@@ -39,8 +39,10 @@ One decision:
    window, so a pod given back in a lull is not needed again before it could be
    back), and only after that many seconds of OK metrics. While the rate is clearly
    falling (its trend loses ``falling_rate_per_minute`` of the mean a minute) there is
-   no lull to wait out, and the window drops its metrics window (120 s). Never scale
-   down on missing, stale or NaN metrics (hold and say so), nor while a batch-cap
+   no lull to wait out, and the window drops its metrics window (120 s). Traffic that
+   idles for longer between bursts teaches the loop its lulls (``lulls``): once a
+   give-back cost the SLO when the load came back, the window stretches over that
+   lull for an hour. Never scale down on missing, stale or NaN metrics (hold and say so), nor while a batch-cap
    rollout runs a pod short (one without surge room, at the budget or
    ``maxReplicas``).
 6. Limit: min/max replicas and the budget (a hard limit: never exceeded, even when the
@@ -69,6 +71,7 @@ from rooftop_control import defaults
 from rooftop_control import traffic as traffic_mod
 from rooftop_control.calibration import Calibration, CalibrationConfig, TrimConfig
 from rooftop_control.forecast import forecast_rate, rate_trend
+from rooftop_control.lulls import Lulls
 from rooftop_control.readings import MetricState, Observation, Reading
 from rooftop_control.sizing import Planner, Sizing
 from rooftop_control.traffic import Traffic
@@ -81,6 +84,9 @@ class ControllerConfig:
     Attributes:
         planner: re-plans at a rate and factor; predicts step times.
         tpot_slo_ms / ttft_slo_ms: the SLO bounds, ms (TTFT optional).
+        tpot_quantile: the share of requests the SLO keeps within ``tpot_slo_ms``
+            (0.99 for p99); a window below it while pods start regrets a give-back
+            (``lulls``).
         min_replicas / max_replicas: hard replica limits.
         budget_usd_per_hour: hard spend limit for all replicas, USD/h.
         usd_per_replica_hour: price of one replica, USD/h.
@@ -122,6 +128,7 @@ class ControllerConfig:
     budget_usd_per_hour: float
     usd_per_replica_hour: float
     declared: Traffic
+    tpot_quantile: float = 0.99
     scale_down_window_s: float = 180.0
     startup_s: float = defaults.STARTUP_S
     metrics_window_s: float = defaults.METRICS_WINDOW_S
@@ -164,6 +171,8 @@ class ControllerState:
             ``trim.settle_windows`` windows from it, as from a pod becoming ready: a
             controller that has not watched a whole window cannot tell a model error
             from a fleet that was short before it looked (a target's first traffic).
+        lulls: the give-backs of the last minutes and the lulls they taught the loop
+            to ride out (``lulls``).
     """
 
     replicas: int
@@ -180,6 +189,7 @@ class ControllerState:
     held_cap: int | None = None
     traffic: Traffic | None = None
     started_s: float | None = None
+    lulls: Lulls = Lulls()
 
 
 def traffic_in_use(state: ControllerState, config: ControllerConfig) -> Traffic:
@@ -252,6 +262,7 @@ def config_from_spec(
     return ControllerConfig(
         planner=planner,
         tpot_slo_ms=spec.slo.tpot_ms,
+        tpot_quantile=spec.slo.tpot_percentile.quantile,
         ttft_slo_ms=spec.slo.ttft_ms,
         min_replicas=spec.constraints.min_replicas,
         max_replicas=spec.constraints.max_replicas,
@@ -293,9 +304,10 @@ def decide(
         # and let the reactive signals add capacity for queues.
         sizing = replace(sizing, replicas=state.replicas)
     wanted, why, cause = _wanted(obs, sizing, plan_why, state.max_num_seqs, fresh, config)
-    history, since = _remember_history(state, wanted, now_s, not bad, config)
+    lulls = _learn_lulls(state, obs, now_s, config)
+    window = _held_window(scale_down_window(rates, config), lulls.hold_s(now_s), config)
+    history, since = _remember_history(state, wanted, now_s, not bad, window[0], config)
     short = _rollout_runs_short(state, obs, now_s, config)
-    window = scale_down_window(rates, config)
     replicas, why = _stabilize(
         state.replicas, wanted, why, history, since, now_s, bad, short, window, config
     )
@@ -335,6 +347,7 @@ def decide(
         held_cap=held,
         traffic=state.traffic,
         started_s=now_s if state.started_s is None else state.started_s,
+        lulls=lulls.moved(state.replicas, limited, now_s, window[0]),
     )
     return Decision(
         replicas=limited,
@@ -688,14 +701,46 @@ def _breaches(
     return out
 
 
+def _learn_lulls(
+    state: ControllerState, obs: Observation, now_s: float, config: ControllerConfig
+) -> Lulls:
+    """The lulls record after this window (``lulls``): a window that broke the SLO's
+    percentile while pods the loop asked for still start regrets the give-backs that
+    removed them. Not a window under the aim only: the aim's margin is the trim's
+    business, and a lull learnt holds pods for an hour."""
+    att = obs.tpot_attainment
+    short = obs.ready_replicas < state.replicas
+    if att.ok and att.value < config.tpot_quantile and short:
+        return state.lulls.regretted(state.replicas, now_s, config.startup_s)
+    return state.lulls
+
+
+def _held_window(
+    window: tuple[float, str], lull_s: float, config: ControllerConfig
+) -> tuple[float, str]:
+    """The scale-down window (``scale_down_window``) stretched over the longest lull
+    learnt (s), shortened as that window is while the rate falls; and why."""
+    window_s, because = window
+    held_s = lull_s - (config.scale_down_window_s - window_s)
+    if held_s <= window_s:
+        return window
+    return held_s, f"{because}, the longest lull that cost this traffic its SLO lately"
+
+
 def _remember_history(
-    state: ControllerState, wanted: int, now_s: float, healthy: bool, config: ControllerConfig
+    state: ControllerState,
+    wanted: int,
+    now_s: float,
+    healthy: bool,
+    window_s: float,
+    config: ControllerConfig,
 ) -> tuple[tuple[tuple[float, int], ...], float | None]:
-    """Recommendations of the window; forgotten whenever the metrics go bad, so a
-    scale-down always needs a full window of trustworthy data after an outage."""
+    """Recommendations of the scale-down window (``window_s``, at least
+    ``scale_down_window_s``); forgotten whenever the metrics go bad, so a scale-down
+    always needs a full window of trustworthy data after an outage."""
     if not healthy:
         return (), None
-    cutoff = now_s - config.scale_down_window_s
+    cutoff = now_s - max(config.scale_down_window_s, window_s)
     kept = tuple((t, n) for t, n in state.history if t > cutoff)
     since = state.healthy_since_s if state.healthy_since_s is not None else now_s
     return (*kept, (now_s, wanted)), since

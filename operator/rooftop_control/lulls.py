@@ -1,0 +1,103 @@
+"""Lulls a target's traffic has shown the fleet it must ride out.
+
+The scale-down window (a pod's start-up plus one metrics window, ``control``) rides out
+any lull shorter than itself: a pod given back there could not be back before the load
+that needs it returns. Some traffic idles for longer and comes back all the same. In
+Azure's 2023 code trace, re-timed into a day, two-minute counts run 650, 310, 0, 558
+requests: a fleet that gives pods back after three quiet minutes is two pods strong
+when the next burst lands, and misses a third of it while the pods it asked back
+start. No fixed window suits both that and a day's slow fall, where holding pods for
+minutes after each step down only pays for capacity the load has left.
+
+So the loop learns the lulls from its own mistakes. It remembers each give-back (time,
+replicas before and after). When a window keeps fewer of its requests within the TPOT
+bound than the loop aims at (``TrimConfig.target``) while pods it asked for are still
+starting, the fleet was short for want of pods it had: the give-back that took the
+fleet below that count was regretted. The time from that give-back to the rise that
+asked the pods back is a lull this traffic has, and for ``LULL_MEMORY_S`` the
+scale-down window stretches to cover the longest such lull (``Lulls.hold_s``).
+
+Only lulls up to ``defaults.SERVED_RANGE_S`` (15 min) are learnt: the planner already
+holds capacity for the bursts around the served range's mean rate
+(``rooftop_planner.bursts``), and a load that returns later than that is the day's drift,
+which the window rate follows. What a learnt lull costs is bounded: after each real
+fall the fleet stays at its level for at most one learnt lull.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from rooftop_control import defaults
+
+# How long a learnt lull stretches the scale-down window, s: traffic changes character
+# over a day (bursty working hours, a quiet night), and an hour keeps the lesson for the
+# bursts of the same stretch of it without holding pods through the next.
+LULL_MEMORY_S = 3600.0
+# The longest lull learnt, s (module doc).
+MAX_LULL_S = defaults.SERVED_RANGE_S
+
+
+@dataclass(frozen=True)
+class GiveBack:
+    """One scale-down: when (s), the replicas after it, and the scale-down window it
+    waited out (s): the recommendation had been lower that long already."""
+
+    t_s: float
+    after: int
+    window_s: float
+
+
+@dataclass(frozen=True)
+class Lulls:
+    """What the loop remembers of its give-backs and the lulls they taught it.
+
+    Attributes:
+        falling: the give-backs since the desired replicas last rose, oldest first.
+        returned: the give-backs the last rise ended, while a window may still
+            regret them, and when that rise was (s).
+        learnt: (time learnt s, lull s) within ``LULL_MEMORY_S``.
+    """
+
+    falling: tuple[GiveBack, ...] = ()
+    returned: tuple[tuple[GiveBack, ...], float] | None = None
+    learnt: tuple[tuple[float, float], ...] = ()
+
+    def hold_s(self, now_s: float) -> float:
+        """The longest lull learnt within ``LULL_MEMORY_S`` of ``now_s``, s (0: none)."""
+        return max((lull for t, lull in self.learnt if now_s - t < LULL_MEMORY_S), default=0.0)
+
+    def moved(self, before: int, after: int, now_s: float, window_s: float) -> Lulls:
+        """The record after the desired replicas went from ``before`` to ``after`` at
+        ``now_s``, a give-back having waited out ``window_s``."""
+        if after < before:
+            return replace(self, falling=(*self.falling, GiveBack(now_s, after, window_s)))
+        if after > before and self.falling:
+            return replace(self, falling=(), returned=(self.falling, now_s))
+        return self
+
+    def regretted(self, desired: int, now_s: float, startup_s: float) -> Lulls:
+        """The record once a window broke the SLO's percentile while ``desired`` pods,
+        more than were ready, were wanted.
+
+        If the last rise ended a run of give-backs that took the fleet below
+        ``desired``, and the fleet had stayed smaller for at least a pod's start-up
+        (``startup_s``) and at most ``MAX_LULL_S``, that run was a lull to hold
+        through: from the recommendation's first fall (the run's first give-back less
+        the window it waited) to the rise. It is learnt once.
+
+        A rise sooner than a start-up after the give-back is the recommendation
+        moving with the rate's noise around a level, which the scale-down window is
+        sized for: the pod would have been asked back before its replacement could
+        serve either way, and an hour of longer holds costs more than that dip did.
+        """
+        if self.returned is None:
+            return self
+        run, rose_s = self.returned
+        first = run[0]
+        down_s = rose_s - first.t_s
+        if run[-1].after >= desired or not startup_s <= down_s <= MAX_LULL_S:
+            return self
+        lull = rose_s - first.t_s + first.window_s
+        kept = tuple((t, s) for t, s in self.learnt if now_s - t < LULL_MEMORY_S)
+        return replace(self, returned=None, learnt=(*kept, (now_s, lull)))

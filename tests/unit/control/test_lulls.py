@@ -1,0 +1,116 @@
+"""Lulls the loop learns to ride out (``rooftop_control.lulls``): the record's rules,
+then the controller on traffic that idles between bursts for longer than its
+scale-down window."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from tests.unit.control.test_control import NOW, config, observe
+
+from rooftop_control.control import ControllerState, decide, initial_state
+from rooftop_control.lulls import LULL_MEMORY_S, MAX_LULL_S, GiveBack, Lulls
+from rooftop_control.readings import MetricState, Reading
+
+STARTUP = 120.0
+WINDOW = 180.0
+
+
+def fell_and_rose(down_s: float, to: int = 2) -> Lulls:
+    """6 pods given back to 4 at NOW, then to ``to`` 60 s later, asked back
+    ``down_s`` after the first give-back (each give-back waited a 180-s window)."""
+    lulls = Lulls().moved(6, 4, NOW, WINDOW).moved(4, to, NOW + 60.0, WINDOW)
+    return lulls.moved(to, 6, NOW + down_s, WINDOW)
+
+
+def test_a_regretted_run_is_learnt_from_the_recommendations_first_fall() -> None:
+    # The recommendation fell a window before the first give-back (NOW - 180 s) and
+    # rose 300 s after it: a lull of 480 s.
+    learnt = fell_and_rose(300.0).regretted(6, NOW + 315.0, STARTUP)
+    assert learnt.hold_s(NOW + 315.0) == pytest.approx(480.0)
+    assert learnt.returned is None, "the same lull is learnt once"
+
+
+@pytest.mark.parametrize(
+    ("down_s", "to", "desired", "why"),
+    [
+        (90.0, 2, 6, "asked back within a start-up: the window's own noise"),
+        (MAX_LULL_S + 15.0, 2, 6, "back after the served range: the day's drift"),
+        (300.0, 5, 5, "the give-backs never took the fleet below what it wants now"),
+    ],
+)
+def test_what_is_not_learnt(down_s: float, to: int, desired: int, why: str) -> None:
+    lulls = fell_and_rose(down_s, to).regretted(desired, NOW + down_s + 15.0, STARTUP)
+    assert lulls.hold_s(NOW + down_s + 15.0) == 0.0, why
+
+
+def test_a_rise_closes_the_run_and_a_new_fall_starts_another() -> None:
+    lulls = fell_and_rose(300.0)
+    assert lulls.falling == ()
+    assert lulls.returned == ((GiveBack(NOW, 4, WINDOW), GiveBack(NOW + 60.0, 2, WINDOW)),
+                              NOW + 300.0)  # fmt: skip
+    again = lulls.moved(6, 3, NOW + 900.0, WINDOW)
+    assert again.falling == (GiveBack(NOW + 900.0, 3, WINDOW),)
+    assert again.moved(3, 3, NOW + 915.0, WINDOW) == again
+
+
+def test_a_learnt_lull_is_forgotten_after_the_memory() -> None:
+    learnt = fell_and_rose(300.0).regretted(6, NOW + 315.0, STARTUP)
+    assert learnt.hold_s(NOW + 315.0 + LULL_MEMORY_S - 1.0) > 0.0
+    assert learnt.hold_s(NOW + 315.0 + LULL_MEMORY_S) == 0.0
+
+
+# ---------------------------------------------------------------- the controller
+
+TICK = 15.0
+
+
+def bursts_and_lulls(t_s: float) -> float:
+    """12 req/s (6 pods of the fake planner) with lulls at 1 req/s from minute 10 to
+    17 and from 25 to 31."""
+    minute = t_s / 60.0
+    return 1.0 if 10 <= minute < 17 or 25 <= minute < 31 else 12.0
+
+
+def replay(minutes: float, learn: bool = True) -> list[tuple[float, int, int]]:
+    """(t s, desired, ready) per tick: a pod is ready ``STARTUP`` s after the loop
+    asks for it; a window misses a tenth of its requests while fewer pods are ready
+    than the rate needs (the fake planner's 2 req/s a pod)."""
+    cfg = config(startup_s=STARTUP)
+    state: ControllerState = replace(initial_state(6, 64), started_s=NOW - 600.0)
+    asked: list[tuple[float, int]] = [(NOW - STARTUP, 6)]
+    out = []
+    for i in range(int(minutes * 60 / TICK)):
+        t = NOW + i * TICK
+        rate = bursts_and_lulls(i * TICK)
+        started = max(n for s, n in asked if s <= t - STARTUP)
+        ready = min(started, state.replicas)
+        short = ready < math.ceil(rate / 2.0)
+        missed = Reading(0.9 if short else 1.0, MetricState.OK)
+        obs = observe(rate=rate, ready=ready, tpot_attainment=missed)
+        if not learn:
+            state = replace(state, lulls=Lulls())
+        state = decide(state, obs, t, cfg).state
+        asked.append((t, state.replicas))
+        asked = [(s, n) for s, n in asked if s > t - 2 * STARTUP] or asked[-1:]
+        out.append((i * TICK, state.replicas, ready))
+    return out
+
+
+def test_after_one_lull_cost_the_slo_the_loop_holds_through_the_next() -> None:
+    ticks = replay(36.0)
+    first = [n for t, n, _ in ticks if 13 * 60 <= t < 17 * 60]
+    assert min(first) < 6, "the first lull is given back: nothing says it will end"
+    second = [n for t, n, _ in ticks if 25 * 60 <= t < 31 * 60]
+    assert min(second) == 6, "the second lull, no longer than the first, is held"
+    back = [ready for t, _, ready in ticks if 31 * 60 <= t < 33 * 60]
+    assert min(back) == 6, "the burst after it finds every pod ready"
+
+
+def test_without_the_lesson_the_loop_gives_the_second_lull_back_too() -> None:
+    # The same traffic with the record wiped every tick: what the loop did before it
+    # learnt lulls, so the test above is about the lesson, not the traffic.
+    second = [n for t, n, _ in replay(36.0, learn=False) if 25 * 60 <= t < 31 * 60]
+    assert min(second) < 6
