@@ -5,7 +5,11 @@ cheapest fixed fleet that meets the SLO (``static-fit``) and a KEDA-style queue
 threshold; a markdown table for docs/benchmarks.md.
 
     .venv/bin/python benchmarks/bench_unseen.py [--seeds 0,1] [--reality 1.0]
-        [--jobs 2] [--out benchmarks/unseen_table.md] [--write-docs]
+        [--days code:3:0.4,conv:2:0.6] [--jobs 2] [--out benchmarks/unseen_table.md]
+        [--write-docs]
+
+``--days`` replaces the two days with others: each the code or conversation day's
+trace and target re-timed at another peak-to-trough ratio and peak position (0..1).
 
 The conversation day runs ``bench_simulate``'s target (Llama-3.1-70B fp8 on 8x L4, p99
 TPOT 100 ms), the code day Llama-3.1-8B on L4 (p90 TPOT 50 ms); each declares its
@@ -71,8 +75,19 @@ SHAPES = {
     ),
 }
 POLICIES = ("rooftop", "oracle", "static-fit", "queue-threshold")
+TRACE_OF_DAY = {"code": "code, 2:1 peak at 70 %", "conv": "conv, 4:1 peak at 30 %"}
 
 Job = tuple[str, float, int]  # (shape, reality factor, noise seed)
+
+
+def add_day(spec: str) -> str:
+    """Register a day given as ``code|conv:RATIO:PEAK_AT`` (``--days``) in ``SHAPES``:
+    that day's trace, target and lengths at another shape; returns its name."""
+    kind, ratio, peak_at = spec.split(":")
+    trace, _, _, target, lengths = SHAPES[TRACE_OF_DAY[kind]]
+    name = f"{kind}, {float(ratio):g}:1 peak at {float(peak_at):.0%}"
+    SHAPES[name] = (trace, float(ratio), float(peak_at), target, lengths)
+    return name
 
 
 def day(shape: str) -> Any:
@@ -158,18 +173,23 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0,1")
     ap.add_argument("--reality", default="1.0")
+    ap.add_argument("--days", help="other days, e.g. code:3:0.4,conv:2:0.6 (module doc)")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "unseen_table.md"))
+    ap.add_argument("--out", help="default: benchmarks/unseen_table.md (unseen_days_table.md)")
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args(argv)
+    if args.days and args.write_docs:
+        ap.error("--write-docs writes the two days' table; --days tables go to --out only")
+    out = args.out or str(ROOT / "benchmarks" / f"unseen{'_days' if args.days else ''}_table.md")
     seeds = [int(s) for s in args.seeds.split(",")]
     realities = [float(r) for r in args.reality.split(",")]
-    jobs = [(shape, r, seed) for shape in SHAPES for r in realities for seed in seeds]
+    shapes = [add_day(d) for d in args.days.split(",")] if args.days else list(SHAPES)
+    jobs = [(shape, r, seed) for shape in shapes for r in realities for seed in seeds]
     with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
         rows = [row for rows in pool.map(run_job, jobs) for row in rows]
     command = "python benchmarks/bench_unseen.py " + " ".join(argv or sys.argv[1:])
     text = table(rows, command.strip())
-    bench_simulate.publish(text, rows, args.out, (START, END), args.write_docs)
+    bench_simulate.publish(text, rows, out, (START, END), args.write_docs)
     return 0
 
 

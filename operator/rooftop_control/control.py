@@ -42,9 +42,9 @@ One decision:
    no lull to wait out, and the window drops its metrics window (120 s). Traffic that
    idles for longer between bursts teaches the loop its lulls (``lulls``): once a
    give-back cost the SLO when the load came back, the window stretches over that
-   lull for an hour. Never scale down on missing, stale or NaN metrics (hold and say so), nor while a batch-cap
-   rollout runs a pod short (one without surge room, at the budget or
-   ``maxReplicas``).
+   lull for an hour. Never scale down on missing, stale or NaN metrics (hold and
+   say so), nor while a batch-cap rollout runs a pod short (one without surge room,
+   at the budget or ``maxReplicas``).
 6. Limit: min/max replicas and the budget (a hard limit: never exceeded, even when the
    SLO then cannot be met; the conditions say which).
 7. Batch cap: adopt the planner's ``max_num_seqs`` when the calibrated factors show the
@@ -711,7 +711,9 @@ def _learn_lulls(
     att = obs.tpot_attainment
     short = obs.ready_replicas < state.replicas
     if att.ok and att.value < config.tpot_quantile and short:
-        return state.lulls.regretted(state.replicas, now_s, config.startup_s)
+        return state.lulls.regretted(
+            state.replicas, now_s, config.startup_s, config.metrics_window_s
+        )
     return state.lulls
 
 

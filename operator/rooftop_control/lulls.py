@@ -76,14 +76,17 @@ class Lulls:
             return replace(self, falling=(), returned=(self.falling, now_s))
         return self
 
-    def regretted(self, desired: int, now_s: float, startup_s: float) -> Lulls:
+    def regretted(
+        self, desired: int, now_s: float, startup_s: float, metrics_window_s: float
+    ) -> Lulls:
         """The record once a window broke the SLO's percentile while ``desired`` pods,
         more than were ready, were wanted.
 
-        If the last rise ended a run of give-backs that took the fleet below
-        ``desired``, and the fleet had stayed smaller for at least a pod's start-up
-        (``startup_s``) and at most ``MAX_LULL_S``, that run was a lull to hold
-        through: from the recommendation's first fall (the run's first give-back less
+        If the last rise, at most a start-up and a metrics window ago (the window can
+        still describe the fleet it found), ended a run of give-backs that took the
+        fleet below ``desired``, and the fleet had stayed smaller for at least a pod's
+        start-up (``startup_s``) and at most ``MAX_LULL_S``, that run was a lull to
+        hold through: from the recommendation's first fall (the run's first give-back less
         the window it waited) to the rise. It is learnt once.
 
         A rise sooner than a start-up after the give-back is the recommendation
@@ -96,7 +99,9 @@ class Lulls:
         run, rose_s = self.returned
         first = run[0]
         down_s = rose_s - first.t_s
-        if run[-1].after >= desired or not startup_s <= down_s <= MAX_LULL_S:
+        if now_s - rose_s > startup_s + metrics_window_s or run[-1].after >= desired:
+            return self
+        if not startup_s <= down_s <= MAX_LULL_S:
             return self
         lull = rose_s - first.t_s + first.window_s
         kept = tuple((t, s) for t, s in self.learnt if now_s - t < LULL_MEMORY_S)

@@ -28,7 +28,7 @@ def fell_and_rose(down_s: float, to: int = 2) -> Lulls:
 def test_a_regretted_run_is_learnt_from_the_recommendations_first_fall() -> None:
     # The recommendation fell a window before the first give-back (NOW - 180 s) and
     # rose 300 s after it: a lull of 480 s.
-    learnt = fell_and_rose(300.0).regretted(6, NOW + 315.0, STARTUP)
+    learnt = fell_and_rose(300.0).regretted(6, NOW + 315.0, STARTUP, 60.0)
     assert learnt.hold_s(NOW + 315.0) == pytest.approx(480.0)
     assert learnt.returned is None, "the same lull is learnt once"
 
@@ -42,7 +42,7 @@ def test_a_regretted_run_is_learnt_from_the_recommendations_first_fall() -> None
     ],
 )
 def test_what_is_not_learnt(down_s: float, to: int, desired: int, why: str) -> None:
-    lulls = fell_and_rose(down_s, to).regretted(desired, NOW + down_s + 15.0, STARTUP)
+    lulls = fell_and_rose(down_s, to).regretted(desired, NOW + down_s + 15.0, STARTUP, 60.0)
     assert lulls.hold_s(NOW + down_s + 15.0) == 0.0, why
 
 
@@ -56,8 +56,15 @@ def test_a_rise_closes_the_run_and_a_new_fall_starts_another() -> None:
     assert again.moved(3, 3, NOW + 915.0, WINDOW) == again
 
 
+def test_a_window_long_after_the_rise_regrets_nothing() -> None:
+    # Pods starting 5 minutes after the fleet rose back are not the ones the lull took
+    # (a batch-cap rollout, a later rise): the shortage is not the lull's doing.
+    late = fell_and_rose(300.0).regretted(6, NOW + 300.0 + STARTUP + 75.0, STARTUP, 60.0)
+    assert late.hold_s(NOW + 600.0) == 0.0
+
+
 def test_a_learnt_lull_is_forgotten_after_the_memory() -> None:
-    learnt = fell_and_rose(300.0).regretted(6, NOW + 315.0, STARTUP)
+    learnt = fell_and_rose(300.0).regretted(6, NOW + 315.0, STARTUP, 60.0)
     assert learnt.hold_s(NOW + 315.0 + LULL_MEMORY_S - 1.0) > 0.0
     assert learnt.hold_s(NOW + 315.0 + LULL_MEMORY_S) == 0.0
 
