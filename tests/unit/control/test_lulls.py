@@ -76,13 +76,13 @@ TICK = 15.0
 
 def bursts_and_lulls(t_s: float) -> float:
     """12 req/s (6 pods of the fake planner) with lulls at 1 req/s from minute 10 to
-    17 and from 25 to 31."""
+    17 and from 25 to 31, and quiet from minute 36 on."""
     minute = t_s / 60.0
-    return 1.0 if 10 <= minute < 17 or 25 <= minute < 31 else 12.0
+    return 1.0 if 10 <= minute < 17 or 25 <= minute < 31 or minute >= 36 else 12.0
 
 
-def replay(minutes: float, learn: bool = True) -> list[tuple[float, int, int]]:
-    """(t s, desired, ready) per tick: a pod is ready ``STARTUP`` s after the loop
+def replay(minutes: float, learn: bool = True) -> list[tuple[float, int, int, str]]:
+    """(t s, desired, ready, reason) per tick: a pod is ready ``STARTUP`` s after the loop
     asks for it; a window misses a tenth of its requests while fewer pods are ready
     than the rate needs (the fake planner's 2 req/s a pod)."""
     cfg = config(startup_s=STARTUP)
@@ -99,25 +99,38 @@ def replay(minutes: float, learn: bool = True) -> list[tuple[float, int, int]]:
         obs = observe(rate=rate, ready=ready, tpot_attainment=missed)
         if not learn:
             state = replace(state, lulls=Lulls())
-        state = decide(state, obs, t, cfg).state
+        decision = decide(state, obs, t, cfg)
+        state = decision.state
         asked.append((t, state.replicas))
         asked = [(s, n) for s, n in asked if s > t - 2 * STARTUP] or asked[-1:]
-        out.append((i * TICK, state.replicas, ready))
+        out.append((i * TICK, state.replicas, ready, decision.reason))
     return out
 
 
 def test_after_one_lull_cost_the_slo_the_loop_holds_through_the_next() -> None:
     ticks = replay(36.0)
-    first = [n for t, n, _ in ticks if 13 * 60 <= t < 17 * 60]
+    first = [n for t, n, _, _ in ticks if 13 * 60 <= t < 17 * 60]
     assert min(first) < 6, "the first lull is given back: nothing says it will end"
-    second = [n for t, n, _ in ticks if 25 * 60 <= t < 31 * 60]
+    second = [n for t, n, _, _ in ticks if 25 * 60 <= t < 31 * 60]
     assert min(second) == 6, "the second lull, no longer than the first, is held"
-    back = [ready for t, _, ready in ticks if 31 * 60 <= t < 33 * 60]
+    back = [ready for t, _, ready, _ in ticks if 31 * 60 <= t < 33 * 60]
     assert min(back) == 6, "the burst after it finds every pod ready"
+
+
+def test_a_fall_that_outlasts_the_learnt_lull_is_given_back_and_says_why() -> None:
+    # From minute 36 the load stays low: the fleet holds through one learnt lull
+    # (over 6 minutes from the recommendation's fall), longer than a 180-s window
+    # would, then gives its pods back, saying why.
+    ticks = replay(50.0)
+    top = max(n for t, n, _, _ in ticks if 35 * 60 <= t < 36 * 60)
+    t_down, why = next((t, why) for t, n, _, why in ticks if t >= 36 * 60 and n < top)
+    assert t_down > 36 * 60 + 240.0
+    assert "the longest lull that cost this traffic its SLO" in why
+    assert [n for t, n, _, _ in ticks if t >= 46 * 60] == [1] * 16
 
 
 def test_without_the_lesson_the_loop_gives_the_second_lull_back_too() -> None:
     # The same traffic with the record wiped every tick: what the loop did before it
     # learnt lulls, so the test above is about the lesson, not the traffic.
-    second = [n for t, n, _ in replay(36.0, learn=False) if 25 * 60 <= t < 31 * 60]
+    second = [n for t, n, _, _ in replay(36.0, learn=False) if 25 * 60 <= t < 31 * 60]
     assert min(second) < 6
