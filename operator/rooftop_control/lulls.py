@@ -10,12 +10,13 @@ start. No fixed window suits both that and a day's slow fall, where holding pods
 minutes after each step down only pays for capacity the load has left.
 
 So the loop learns the lulls from its own mistakes. It remembers each give-back (time,
-replicas before and after). When a window keeps fewer of its requests within the TPOT
-bound than the loop aims at (``TrimConfig.target``) while pods it asked for are still
-starting, the fleet was short for want of pods it had: the give-back that took the
-fleet below that count was regretted. The time from that give-back to the rise that
-asked the pods back is a lull this traffic has, and for ``LULL_MEMORY_S`` the
-scale-down window stretches to cover the longest such lull (``Lulls.hold_s``).
+replicas after, the window it waited out). When a window keeps fewer of its requests
+within the TPOT bound than the SLO's percentile while pods it asked for are still
+starting, the fleet was short for want of pods it had: the run of give-backs that took
+the fleet below that count was regretted (``Lulls.regretted`` says which runs count).
+The time from the recommendation's first fall to the rise that asked the pods back is
+a lull this traffic has, and for ``LULL_MEMORY_S`` the scale-down window stretches to
+cover the longest such lull (``Lulls.hold_s``).
 
 Only lulls up to ``defaults.SERVED_RANGE_S`` (15 min) are learnt: the planner already
 holds capacity for the bursts around the served range's mean rate
