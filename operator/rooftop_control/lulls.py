@@ -104,6 +104,6 @@ class Lulls:
             return self
         if not startup_s <= down_s <= MAX_LULL_S:
             return self
-        lull = rose_s - first.t_s + first.window_s
+        lull = down_s + first.window_s
         kept = tuple((t, s) for t, s in self.learnt if now_s - t < LULL_MEMORY_S)
         return replace(self, returned=None, learnt=(*kept, (now_s, lull)))
