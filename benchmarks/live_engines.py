@@ -8,19 +8,25 @@ engine simulator's, with vLLM's names, types, labels and buckets) behind
 file discovery (``__metrics_path__`` and the ``namespace``/``servingtarget``/``pod``
 labels a PodMonitor's relabelings would give).
 
-Every ``tick_s`` each pod serves its share of its target's traffic: a Poisson count of
-finished requests whose prompt and output lengths, TPOT, TTFT and prefix-cache hits are
-drawn around figures that differ per target (``Profile.of``), so counts move, and
-lengths and hit rates vary from target to target. The figures are synthetic on purpose:
-what this measures is the operator's cost per target with live series, not what it
-decides.
+Each scrape of a pod first serves the pod's share of its target's traffic since the
+last scrape, then answers: a Poisson count of finished requests whose prompt and output
+lengths, TPOT, TTFT and prefix-cache hits are drawn around figures that differ per
+target (``Profile.of``), so counts move, and lengths and hit rates vary from target to
+target. The figures are synthetic on purpose: what this measures is the operator's cost
+per target with live series, not what it decides. Requests finish as time passes, not on
+a clock of the exporter's own, because a real engine's counters grow between any two
+scrapes: a 60-s rate over 15-s lumps on another clock counts two, three or four lumps as
+the clocks drift, and swings by half with the traffic steady. Every ``tick_s`` the
+exporter follows the pods, and a pod's share follows its target's count.
 """
 
 from __future__ import annotations
 
 import random
 import threading
+import time
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -72,7 +78,7 @@ class Profile:
 
 
 class PodEngine:
-    """One pod's registry and the requests it finishes each tick."""
+    """One pod's registry and the requests it finished by its last scrape."""
 
     def __init__(self, target: str, seed: int) -> None:
         self.target = target
@@ -80,9 +86,18 @@ class PodEngine:
         self.metrics = VllmMetrics("llama-3.1-8b", MAX_MODEL_LEN, CACHE_INFO)
         self.rng = random.Random(seed)
         self.steps_owed = 0.0  # steps observed per request: GAPS / running, carried over
-        # The exposition, rendered once per tick by the tick thread: a scrape only sends
-        # bytes, so a thousand pods' scrapes do not queue behind the renderer.
-        self.body = generate_latest(self.metrics.registry)
+        self.pods = 1  # the target's pods, as the exporter last listed them
+        self.clock = time.monotonic  # s
+        self.served_at = self.clock()
+        self._lock = threading.Lock()  # one scrape at a time advances the counters
+
+    def scrape(self) -> bytes:
+        """The exposition after serving the requests finished since the last scrape."""
+        with self._lock:
+            now = self.clock()
+            self.serve(now - self.served_at, self.pods)
+            self.served_at = now
+            return generate_latest(self.metrics.registry)
 
     def serve(self, dt_s: float, pods: int) -> None:
         """Finish a Poisson number of requests: this pod's share of the target's rate."""
@@ -103,10 +118,6 @@ class PodEngine:
         m.running.set(running)
         m.waiting.set(0)
         m.kv_usage.set(min(running * (p.prompt + p.output) / 480_000.0, 1.0))
-        self.body = generate_latest(m.registry)  # one reference swap: scrapes see whole
-
-    def exposition(self) -> bytes:
-        return self.body
 
 
 def _finish(
@@ -178,8 +189,9 @@ class LiveEngines:
         self._server.server_close()
 
     def refresh(self) -> None:
-        """Follow the pods: new ones get a registry, gone ones lose theirs, and the scrape
-        targets are rewritten when the set changed."""
+        """Follow the pods: new ones get a registry, gone ones lose theirs, each serves its
+        target's rate split over the target's pods, and the scrape targets are rewritten
+        when the set changed."""
         seen: dict[PodKey, str] = {}
         for pod in self.list_pods():
             meta = pod["metadata"]
@@ -192,6 +204,9 @@ class LiveEngines:
             key: self.pods.get(key) or PodEngine(target, zlib.crc32("/".join(key).encode()))
             for key, target in seen.items()
         }
+        per_target = Counter((ns, target) for (ns, _), target in seen.items())
+        for (ns, _), eng in self.pods.items():
+            eng.pods = per_target[(ns, eng.target)]
         self.set_targets([self._target(key, eng.target) for key, eng in self.pods.items()])
 
     def _target(self, key: PodKey, target: str) -> tuple[str, dict[str, str]]:
@@ -202,11 +217,6 @@ class LiveEngines:
     def _run(self) -> None:
         while not self._stop.wait(self.tick_s):
             self.refresh()
-            per_target: dict[tuple[str, str], int] = {}
-            for (ns, _), eng in self.pods.items():
-                per_target[(ns, eng.target)] = per_target.get((ns, eng.target), 0) + 1
-            for (ns, _), eng in list(self.pods.items()):
-                eng.serve(self.tick_s, per_target[(ns, eng.target)])
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         live = self
@@ -218,7 +228,7 @@ class LiveEngines:
                 if eng is None:
                     self.send_error(404)
                     return
-                body = eng.exposition()
+                body = eng.scrape()
                 self.send_response(200)
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))

@@ -80,6 +80,31 @@ def test_a_pods_series_count_what_it_served(live: Any) -> None:
         engines.stop()
 
 
+def test_counters_grow_with_the_time_between_scrapes(live: Any) -> None:
+    """Requests finish as time passes, whenever Prometheus scrapes: a window's rate
+    follows the traffic, not how the exporter's clock and the scrapes line up."""
+    module, pods, written = live
+    pods += [pod("a", "chat-1-x", "chat-1"), pod("a", "chat-1-y", "chat-1")]
+    engines = module.LiveEngines(lambda: pods, written.append, tick_s=15.0)
+    try:
+        engines.refresh()
+        engine = engines.pods[("a", "chat-1-x")]
+        assert engine.pods == 2  # its share is half the target's rate
+        clock = [engine.served_at]
+        engine.clock = lambda: clock[0]
+        finished = []
+        for gap_s in (600.0, 1200.0):
+            clock[0] += gap_s
+            text = engine.scrape().decode()
+            finished.append(metric(text, "vllm:request_success_total"))
+        first, second = finished[0], finished[1] - finished[0]
+        expected = engine.profile.rate / 2
+        assert first / 600.0 == pytest.approx(expected, rel=0.25)
+        assert second / 1200.0 == pytest.approx(expected, rel=0.2)
+    finally:
+        engines.stop()
+
+
 def test_targets_differ_in_lengths_and_hit_rates(live: Any) -> None:
     module, _, _ = live
     profiles = [module.Profile.of(f"sim-chat-{i:04d}") for i in range(20)]
