@@ -114,7 +114,8 @@ class PlanTargetPlanner:
         )
         self._cache: OrderedDict[_Key, tuple[Sizing, ...]] = OrderedDict()
         self._searches: OrderedDict[tuple[float, Traffic | None], PreparedSearch] = OrderedDict()
-        self._lengths: Traffic | None = None
+        # The lengths sizings were last planned with, most recent last (``_planned``).
+        self._anchors: list[Traffic] = []
         # Plan once now, so a spec the planner rejects (say, an edit that added a price
         # for an unknown GPU) raises here, where the caller expects it, not mid-decision.
         self.size(spec.workload.requests_per_second, 1.0)
@@ -130,10 +131,7 @@ class PlanTargetPlanner:
         every cap's sizing is cached on a 1 % grid of rates and a 5 % grid of lengths."""
         lengths = None
         if traffic is not None and (traffic.observed or traffic.bursts is not None):
-            lengths = traffic.rounded(LENGTH_GRID)
-            if lengths == self._lengths:  # one copy for the many keys of one traffic
-                lengths = self._lengths
-            self._lengths = lengths
+            lengths = self._planned(traffic)
         key = (quantize_rate(requests_per_second), round(step_time_scale, 2), lengths)
         if key in self._cache:
             self._cache.move_to_end(key)
@@ -151,6 +149,32 @@ class PlanTargetPlanner:
         # TPOT). Not simply the cheapest plan: at low rates several caps tie at one
         # replica, and the tie-break would make the cap flap with the load.
         return max(options, key=lambda o: (o.capacity_rps or 0.0, -o.max_num_seqs))
+
+    def _planned(self, traffic: Traffic) -> Traffic:
+        """The lengths to size with: those of a recent sizing while every figure stays
+        within ``LENGTH_GRID`` of them, else ``traffic``'s on the grid; bursts on the
+        grid either way.
+
+        Why not the grid alone: the served lengths are a dozen figures (mean and
+        quantiles of prompts and answers), and while they drift within their noise one
+        of them crosses a grid line on most ticks; each crossing cost new step-time
+        curves (two milliseconds), nearly every other tick on a simulated hour. Held
+        within a grid step of the lengths planned, as the status holds a figure within
+        its noise, the curves are recomputed when the traffic changed.
+        """
+        rounded = traffic.rounded(LENGTH_GRID)
+        for i in range(len(self._anchors) - 1, -1, -1):  # the most recent first
+            anchor = self._anchors[i]
+            if traffic.lengths_near(anchor, LENGTH_GRID):
+                self._anchors.append(self._anchors.pop(i))
+                return (
+                    anchor
+                    if anchor.bursts == rounded.bursts
+                    else replace(anchor, bursts=rounded.bursts)
+                )
+        self._anchors.append(replace(rounded, bursts=None))
+        del self._anchors[:-SEARCH_CACHE_ENTRIES]
+        return rounded
 
     def _options(self, rate: float, factor: float, traffic: Traffic | None) -> tuple[Sizing, ...]:
         """One sizing per batch cap that keeps TPOT within the SLO (none: infeasible),
@@ -179,6 +203,7 @@ class PlanTargetPlanner:
                 catalog=self.catalog,
                 step_time_scale=factor,
                 engine_families=ACCELERATOR_FAMILIES,
+                tp=self.plan.tp,  # the running shape's; other degrees' curves go unused
             )
         self._searches[key] = search
         if len(self._searches) > SEARCH_CACHE_ENTRIES:

@@ -139,6 +139,12 @@ class Lengths:
             quantiles=tuple(_on_grid(v, grid) for v in self.quantiles),
         )
 
+    def near(self, other: Lengths, tolerance: float) -> bool:
+        """Every figure within ``tolerance`` of ``other``'s, relative (0.05: 5 %)."""
+        return _near(self.mean, other.mean, tolerance) and all(
+            _near(a, b, tolerance) for a, b in zip(self.quantiles, other.quantiles, strict=True)
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class PrefixHits:
@@ -202,6 +208,18 @@ class Traffic:
             bursts=self.bursts.rounded(grid) if self.bursts else None,
         )
 
+    def lengths_near(self, other: Traffic, tolerance: float) -> bool:
+        """The same lengths and prompt reuse as ``other``'s within ``tolerance``
+        (relative, for each length figure; the hit ratio is on its grid already);
+        bursts aside."""
+        return (
+            self.observed == other.observed
+            and self.hits == other.hits
+            and self.stated == other.stated
+            and self.prompt.near(other.prompt, tolerance)
+            and self.output.near(other.output, tolerance)
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Bursts:
@@ -226,6 +244,10 @@ class Bursts:
         step = math.log1p(grid)
         rate = round(math.exp(round(math.log(self.requests_per_second) / step) * step), 6)
         return Bursts(_on_grid(self.dispersion, grid), rate)
+
+
+def _near(a: float, b: float, tolerance: float) -> bool:
+    return abs(a - b) <= tolerance * abs(b)
 
 
 def declared(workload: Workload) -> Traffic:

@@ -370,6 +370,7 @@ class _Context:
     need_tokens: int
     engine_families: frozenset[str] = DEFAULT_ENGINE_FAMILIES
     inventory: GpuInventory | None = None
+    tp: int | None = None  # the one tensor-parallel degree to search (None: every one)
 
 
 @dataclass(frozen=True)
@@ -434,7 +435,7 @@ def _candidates(ctx: _Context, catalog: Catalog) -> Iterator[tuple[GpuSpec, str,
         for wd in weight_dtypes:
             for kv in kv_dtypes:
                 for tp in TP_DEGREES:
-                    if tp <= max_tp:
+                    if tp <= max_tp and ctx.tp in (None, tp):
                         yield gpu, wd, kv, tp
 
 
@@ -917,13 +918,18 @@ def prepare_search(
     step_time_scale: float = 1.0,
     efficiency: EfficiencyTable | None = None,
     engine_families: Collection[str] | None = None,
+    tp: int | None = None,
 ) -> PreparedSearch:
     """``plan_target``'s search for ``spec``, ready to size at any rate (``PreparedSearch``);
-    the same arguments, without the inventory (the loop's shape already runs)."""
+    the same arguments, without the inventory (the loop's shape already runs), and
+    ``tp``: the one tensor-parallel degree to search, as the loop's running shape has
+    (None: every degree up to the spec's ``maxTensorParallel``)."""
     catalog = catalog or load_catalog()
     ctx = _context(spec, catalog, step_time_scale, None, efficiency or load_efficiency())
     if engine_families is not None:
         ctx = replace(ctx, engine_families=frozenset(engine_families))
+    if tp is not None:
+        ctx = replace(ctx, tp=tp)
     if _too_long(ctx):  # no plan at any rate (``plan_target`` says why)
         return PreparedSearch(ctx, (), (), ())
     return PreparedSearch.of(ctx, catalog)

@@ -133,6 +133,16 @@ def test_the_loop_sizes_as_a_full_search_at_that_rate(traffic: Traffic | None) -
         assert got == want, rate
 
 
+def counted(into: list[int], real: Any) -> Any:
+    """``real``, appending to ``into`` at each call."""
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        into.append(1)
+        return real(*args, **kwargs)
+
+    return call
+
+
 def test_a_new_rate_at_a_known_factor_and_traffic_computes_no_curves(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -140,14 +150,6 @@ def test_a_new_rate_at_a_known_factor_and_traffic_computes_no_curves(
     planner.size(2.0, 1.1, traffic=SERVED)
     kernel_sums: list[int] = []
     curves: list[int] = []
-
-    def counted(into: list[int], real: Any) -> Any:
-        def call(*args: Any, **kwargs: Any) -> Any:
-            into.append(1)
-            return real(*args, **kwargs)
-
-        return call
-
     monkeypatch.setattr(search, "_raw_curves", counted(kernel_sums, search._raw_curves))
     monkeypatch.setattr(search, "_curves", counted(curves, search._curves))
     for rate in (2.3, 2.9, 4.4, 0.7):
@@ -160,3 +162,37 @@ def test_a_new_rate_at_a_known_factor_and_traffic_computes_no_curves(
     longer = replace(SERVED, prompt=replace(SERVED.prompt, mean=2200.0))
     planner.size(2.3, 1.3, traffic=longer)  # new lengths: new kernel sums
     assert kernel_sums == [1] and curves == [1, 1]
+
+
+def test_lengths_drifting_within_a_grid_step_keep_their_curves(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The served lengths are a dozen figures drifting within their noise, and one of
+    them crosses a grid line on most ticks: the curves are computed again only when a
+    figure moves more than a grid step from the lengths they were computed for."""
+    planner = _running()
+    planner.size(2.0, 1.1, traffic=SERVED)
+    planned = SERVED.rounded(sizing.LENGTH_GRID).prompt.mean
+    drift = [planned * (1 + d) for d in (0.045, -0.02, 0.03, -0.045, 0.0)]
+    lengths = [replace(SERVED.prompt, mean=m) for m in drift]
+    assert len({x.rounded(sizing.LENGTH_GRID) for x in lengths}) >= 3  # across grid lines
+    kernel_sums: list[int] = []
+    monkeypatch.setattr(search, "_raw_curves", counted(kernel_sums, search._raw_curves))
+    for prompt in lengths:
+        planner.size(2.0, 1.1, traffic=replace(SERVED, prompt=prompt))
+    assert kernel_sums == []
+    moved = replace(SERVED.prompt, mean=planned * 1.08)
+    planner.size(2.0, 1.1, traffic=replace(SERVED, prompt=moved))
+    assert kernel_sums == [1]
+    assert planner.size(2.0, 1.1, traffic=replace(SERVED, prompt=lengths[0])).feasible
+    assert kernel_sums == [1]  # the earlier lengths' curves are still kept
+
+
+def test_the_loop_computes_curves_for_the_running_tensor_parallel_degree_only() -> None:
+    """Plans at other degrees would need new nodes, which the loop never asks for."""
+    plan = plan_target(CHAT).plan
+    assert plan is not None
+    planner = PlanTargetPlanner(CHAT, replace(plan, tp=4))
+    prepared = planner._search(1.0, SERVED)
+    shapes = [item.shape.dep.tp for item in prepared.items if isinstance(item, search._Pending)]
+    assert shapes == [4]
