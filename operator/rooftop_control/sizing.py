@@ -128,7 +128,8 @@ class PlanTargetPlanner:
         traffic: Traffic | None = None,
     ) -> Sizing:
         """Replicas and batch cap at a rate (req/s) and factor (see ``Planner.size``);
-        every cap's sizing is cached on a 1 % grid of rates and a 5 % grid of lengths."""
+        every cap's sizing is cached on a 1 % grid of rates and a 5 % grid of lengths,
+        held within a step of those last planned (``_planned``)."""
         lengths = None
         if traffic is not None and (traffic.observed or traffic.bursts is not None):
             lengths = self._planned(traffic)
@@ -158,7 +159,7 @@ class PlanTargetPlanner:
         Why not the grid alone: the served lengths are a dozen figures (mean and
         quantiles of prompts and answers), and while they drift within their noise one
         of them crosses a grid line on most ticks; each crossing cost new step-time
-        curves (two milliseconds), nearly every other tick on a simulated hour. Held
+        curves (two milliseconds), on half the ticks of a simulated hour. Held
         within a grid step of the lengths planned, as the status holds a figure within
         its noise, the curves are recomputed when the traffic changed.
         """
