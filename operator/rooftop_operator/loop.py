@@ -190,9 +190,13 @@ OBSERVED_NOISE_RATIO = 0.05
 OBSERVED_NOISE_FLOOR = {s.status_key: s.status_noise_floor for s in SIGNALS if s.status_key}
 OBSERVED_NOISE_COUNT = {s.status_key: s.status_noise_count for s in SIGNALS if s.status_key}
 OBSERVED_NOISE_COUNT["requests"] = "itself"  # the workload's served requests: a count
-# How many standard deviations of the difference between two windows count as noise:
-# two keeps a steady target's status still on about 95 % of ticks.
-OBSERVED_NOISE_Z = 2.0
+# How many standard deviations of the difference between two windows count as noise.
+# Status shows some twenty figures, each compared on every tick: the six read over a
+# metrics window decorrelate once a window (60 s), the eleven over the served range
+# once a range (15 min), so a steady target makes about 6·60 + 11·4 ≈ 400 independent
+# comparisons an hour. Beyond three deviations (two-sided 0.27 % each) chance alone
+# rewrites its status about once an hour; at two (4.6 %) it was eighteen times.
+OBSERVED_NOISE_Z = 3.0
 # A variance over a mean of the served range's 60 interval counts moves by about
 # √(2/59) of itself between two ranges even for Poisson counts (more for clumped ones):
 # the status's burstiness is news only beyond z of that.
@@ -207,17 +211,32 @@ SERVED_LENGTH_SHARE = {"mean": 1.0, "p50": 0.5, "p90": 0.1, "p99": 0.01}
 OBSERVED_BOOKKEEPING = ("calibrationSamples", "time")
 
 
-def observed_changed(old: ObservedStatus | None, new: ObservedStatus, window_s: float) -> bool:
+def observed_changed(
+    old: ObservedStatus | None,
+    new: ObservedStatus,
+    window_s: float,
+    spread: Mapping[str, float] | None = None,
+) -> bool:
     """Whether ``new`` says something ``old`` does not, beyond each figure's noise;
-    ``window_s``: the metrics window the figures are read over, s."""
-    return bool(observed_news(old, new, window_s))
+    ``window_s``: the metrics window the figures are read over, s; ``spread``: per
+    dotted path, the deviation of a figure's tick-to-tick difference measured on this
+    target (``FigureSpread.noise``)."""
+    return bool(observed_news(old, new, window_s, spread))
 
 
-def observed_news(old: ObservedStatus | None, new: ObservedStatus, window_s: float) -> list[str]:
+def observed_news(
+    old: ObservedStatus | None,
+    new: ObservedStatus,
+    window_s: float,
+    spread: Mapping[str, float] | None = None,
+) -> list[str]:
     """The figures of ``new`` (dotted camelCase paths) that moved beyond their noise from
-    ``old``, appeared, vanished or changed state: why status would be written."""
+    ``old``, appeared, vanished or changed state: why status would be written. A figure's
+    noise is the larger of its counts' (``_sampling_noise``) and its measured ``spread``,
+    each ``OBSERVED_NOISE_Z`` deviations."""
     before = _figures(old)
-    return _figures_news(before, _figures(new), _counts(before, window_s), "observed.")
+    counts = _counts(before, window_s)
+    return _figures_news(before, _figures(new), counts, spread or {}, "observed.")
 
 
 def _figures(observed: ObservedStatus | None) -> dict[str, Any]:
@@ -271,7 +290,11 @@ def _served_counts(
 
 
 def _figures_news(
-    old: Mapping[str, Any], new: Mapping[str, Any], counts: Mapping[str, float], path: str = ""
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    counts: Mapping[str, float],
+    spread: Mapping[str, float],
+    path: str = "",
 ) -> list[str]:
     news = []
     for key in sorted((set(old) | set(new)) - set(OBSERVED_BOOKKEEPING)):
@@ -279,12 +302,13 @@ def _figures_news(
         if isinstance(before, Mapping) and isinstance(after, Mapping):
             # e.g. workload.promptTokens.p90
             inner = _served_counts(key, before, counts)
-            news += _figures_news(before, after, inner, f"{path}{key}.")
+            news += _figures_news(before, after, inner, spread, f"{path}{key}.")
         elif isinstance(before, int | float) and isinstance(after, int | float):
             noise = max(
                 OBSERVED_NOISE_RELATIVE.get(key, OBSERVED_NOISE_RATIO) * abs(before),
                 OBSERVED_NOISE_FLOOR.get(key, 0.0),
                 _sampling_noise(key, before, counts),
+                OBSERVED_NOISE_Z * spread.get(path + key, 0.0),
             )
             if abs(after - before) > noise:
                 news.append(path + key)
@@ -300,15 +324,17 @@ def status_update(
     plan: Plan,
     now: str,
     window_s: float,
+    spread: Mapping[str, float] | None = None,
 ) -> ServingTargetStatus:
     """The new status: observed, plan (replicas, cap, cost) and the two conditions.
 
     ``observed`` keeps its previous figures (and time) unless one moved beyond its
-    noise (``observed_changed``, figures read over ``window_s``), so a quiet tick leaves
-    status exactly as it was and nothing is written.
+    noise (``observed_changed``, figures read over ``window_s``, with the target's
+    measured ``spread``), so a quiet tick leaves status exactly as it was and nothing is
+    written.
     """
     new = observed_status(d, obs, now)
-    quiet = not observed_changed(status.observed, new, window_s)
+    quiet = not observed_changed(status.observed, new, window_s, spread)
     update: dict[str, Any] = {"observed": status.observed if quiet else new}
     if status.plan is not None:
         cost = round(d.replicas * plan.usd_per_replica_hour, 3)
@@ -515,9 +541,11 @@ def _apply(
     plan: Plan,
     d: control.Decision,
     obs: Observation,
+    spread: Mapping[str, float] | None = None,
 ) -> None:
     """Deployment (when changed), event, status. Blocking: run in a thread, and only when
-    ``_writes`` says there is something to write."""
+    ``_writes`` says there is something to write (``spread``: the target's measured
+    figure noise, as ``_writes`` saw it)."""
     if d.changed:
         new = plan.rescaled(d.replicas, d.max_num_seqs)
         reconcile.apply_children(rt, ref, spec, new)
@@ -527,18 +555,18 @@ def _apply(
         rt.emit(body, "Normal", "BatchCapHeld", d.reason)
     now, window_s = rt.now(), rt.config.loop.window_s
     seen = ServingTargetStatus.read(body.get("status"))
-    updated = status_update(seen, d, obs, plan, now, window_s)
+    updated = status_update(seen, d, obs, plan, now, window_s, spread)
     if updated == seen:
         return  # nothing a user would see changed: no read, no write
     if log.isEnabledFor(logging.DEBUG):
         changed = ", ".join(status_changes(seen, updated))
-        news = observed_news(seen.observed, observed_status(d, obs, now), window_s)
+        news = observed_news(seen.observed, observed_status(d, obs, now), window_s, spread)
         because = f" (beyond their noise: {', '.join(news)})" if news else ""
         log.debug("status of %s/%s: %s changed%s", ref.namespace, ref.name, changed, because)
 
     def mutate(stored: dict[str, Any]) -> dict[str, Any]:
         fresh = ServingTargetStatus.read(stored)
-        return status_update(fresh, d, obs, plan, now, window_s).stored()
+        return status_update(fresh, d, obs, plan, now, window_s, spread).stored()
 
     rt.kube.update_status(ref.namespace, ref.name, mutate, seen=body)
 
@@ -549,6 +577,7 @@ def _writes(
     plan: Plan,
     d: control.Decision,
     obs: Observation,
+    spread: Mapping[str, float] | None = None,
 ) -> bool:
     """Whether this decision writes anything (a Deployment, an event, status). Most ticks
     do not, and skip the thread hop ``_apply`` takes (at 1,000 targets the hop alone
@@ -557,7 +586,7 @@ def _writes(
     return (
         d.changed
         or d.cap_hold_began
-        or status_update(seen, d, obs, plan, rt.now(), window_s) != seen
+        or status_update(seen, d, obs, plan, rt.now(), window_s, spread) != seen
     )
 
 
@@ -699,13 +728,16 @@ async def feedback(
     d = explain_unavailable(d, errors, settings.prometheus_url, hint)
     mem.state = d.state
     _record(rt, ref, d, obs)
-    if not _writes(rt, status, plan, d, obs):
+    spread = rt.loop.spread(ref.uid, settings.window_s)
+    noise = spread.noise()  # judged before this tick's figures join it
+    spread.add(_figures(observed_status(d, obs, "")), time.monotonic())
+    if not _writes(rt, status, plan, d, obs, noise):
         health.answered()
         return
     try:
         # kopf swaps the live body's contents on the event loop when a watch event comes;
         # the thread gets a copy taken here, on the loop, so it sees one version whole
-        await asyncio.to_thread(_apply, rt, dict(body), ref, spec, plan, d, obs)
+        await asyncio.to_thread(_apply, rt, dict(body), ref, spec, plan, d, obs, noise)
     except KubeError as err:  # the next tick decides again from fresh data
         health.failed(err, f"{ref.namespace}/{ref.name}")
         return

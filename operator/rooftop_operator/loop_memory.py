@@ -3,8 +3,9 @@
 One ``LoopMemory`` per operator process (``Runtime.loop``): the targets this replica
 decides for (``Members``, kept by their ``presence`` daemons), one tick's Prometheus
 snapshot shared by the targets of an SLO shape (``FleetCache``), the API server's health
-(``ApiHealth``), and per target uid its parsed spec, status and plan (``ParsedTarget``)
-and its controller state (``TargetMemory``). A deleted target's entries go with its
+(``ApiHealth``), and per target uid its parsed spec, status and plan (``ParsedTarget``),
+its controller state (``TargetMemory``) and how far its status figures wander
+(``FigureSpread``). A deleted target's entries go with its
 DELETED event (``LoopMemory.forget``). Nothing here is a module global, so each test's
 runtime starts empty and two operators in one process never share a target's state.
 """
@@ -24,6 +25,7 @@ import kopf
 from rooftop_api.spec import ServingTargetSpec, ServingTargetStatus
 from rooftop_control import control, sizing
 from rooftop_operator import metrics_client
+from rooftop_operator.figure_spread import FigureSpread
 from rooftop_operator.kube import KubeError
 from rooftop_operator.metrics_client import MetricsClient
 from rooftop_operator.settings import LoopSettings
@@ -161,8 +163,16 @@ class LoopMemory:
     api_health: ApiHealth = field(default_factory=lambda: ApiHealth())
     targets: dict[str, TargetMemory] = field(default_factory=dict)
     parsed: dict[str, ParsedTarget] = field(default_factory=dict)
+    spreads: dict[str, FigureSpread] = field(default_factory=dict)
+
+    def spread(self, uid: str, window_s: float) -> FigureSpread:
+        """How far the target's status figures move by themselves over the metrics
+        window ``window_s`` (s); kept across spec edits: how much its traffic's figures
+        wander does not change with the spec."""
+        return self.spreads.setdefault(uid, FigureSpread(lag_s=window_s))
 
     def forget(self, uid: str) -> None:
-        """Drop a deleted target's parsed models and controller state."""
+        """Drop a deleted target's parsed models, controller state and figure spread."""
         self.targets.pop(uid, None)
         self.parsed.pop(uid, None)
+        self.spreads.pop(uid, None)

@@ -729,9 +729,10 @@ class ObservedStatus(_Model):
         default=None,
         description="When these figures were written: the loop rewrites them only when one "
         "moves beyond its noise (5 %, or more for a figure drawn from few requests: about "
-        "2·√(2/n) of it for n requests in the window, or the n served requests beyond a "
-        "served length's quantile), the metrics state changes or a condition does, so a "
-        "steady target's status stays still.",
+        "3·√(2/n) of it for n requests in the window, or the n served requests beyond a "
+        "served length's quantile; and at least three times how far the figure moved "
+        "from tick to tick over the last quarter hour), the metrics state changes or a "
+        "condition does, so a steady target's status stays still.",
     )
 
 

@@ -149,8 +149,8 @@ def test_status_shows_the_served_workload_and_rewrites_it_only_when_it_moves() -
 
 def test_a_served_length_is_rewritten_beyond_the_noise_of_the_requests_that_set_it() -> None:
     """Over 2,700 served requests the mean rests on all of them and moves by about
-    2·√(2/2700) = 5.4 % by chance; the p99 rests on the 27 beyond it and moves by about
-    2·√(2/27) = 54 %: a steady target's p99 wandering by a fifth is no news."""
+    3·√(2/2700) = 8.2 % by chance; the p99 rests on the 27 beyond it and moves by about
+    3·√(2/27) = 82 %: a steady target's p99 wandering by half is no news."""
     served = Traffic(
         prompt=Lengths(1000.0, (700.0, 1000.0, 2300.0, 4600.0)),
         output=Lengths(250.0, (170.0, 250.0, 580.0, 1150.0)),
@@ -166,15 +166,15 @@ def test_a_served_length_is_rewritten_beyond_the_noise_of_the_requests_that_set_
 
     before = status(1000.0, 4600.0)
     assert before.workload is not None and before.workload.requests == 2700
-    assert loop.observed_news(before, status(1000.0, 5500.0), 60.0) == []
-    assert loop.observed_news(before, status(1000.0, 7400.0), 60.0) == [
+    assert loop.observed_news(before, status(1000.0, 6900.0), 60.0) == []
+    assert loop.observed_news(before, status(1000.0, 8900.0), 60.0) == [
         "observed.workload.promptTokens.p99"
     ]
-    assert loop.observed_news(before, status(1080.0, 4600.0), 60.0) == [
+    assert loop.observed_news(before, status(1100.0, 4600.0), 60.0) == [
         "observed.workload.promptTokens.mean"
     ]
     few = status(1000.0, 4600.0, requests=300.0)
-    assert loop.observed_news(few, status(1080.0, 4600.0, requests=300.0), 60.0) == []  # 16 %
+    assert loop.observed_news(few, status(1100.0, 4600.0, requests=300.0), 60.0) == []  # 24 %
 
 
 def test_status_shows_the_served_burstiness_and_rewrites_it_beyond_its_noise() -> None:
