@@ -14,7 +14,7 @@ served range and the spread fill first) and only figures moving, not decisions.
 ``--ramp R`` makes the rate climb linearly to R times its start over the run: a status
 that follows it stays near the rate as it climbs (the table's last column: the most the
 rate shown in status was off the window's rate, as a share of it, with the measured
-spread).
+spread). The loop's replica moves go to stderr with its reasons.
 """
 
 from __future__ import annotations
@@ -162,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
                 per_hour.append(rate)
                 print(f"  {z=} {measured=}: {why.most_common(4)}", file=sys.stderr)
             replicas = sorted({d.replicas for _, d, _ in ticks})
+            for now_s, d, _ in ticks:  # the loop's moves, with its reasons
+                if d.replicas != d.previous_replicas:
+                    move = f"{d.previous_replicas} -> {d.replicas}"
+                    print(f"  {now_s:6.0f} s {move} [{d.cause.value}] {d.reason}", file=sys.stderr)
             cells = " | ".join(f"{w:.1f}/h" for w in per_hour)
             ratio = per_hour[-1] / per_hour[0] if per_hour[0] else float("nan")
             row = f"| {rate_x:g}x | {seed} | {replicas} | {cells} | {ratio:.3f} | {off:.0%} |"
