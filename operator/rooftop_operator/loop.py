@@ -31,6 +31,7 @@ import asyncio
 import copy
 import logging
 import math
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -369,14 +370,26 @@ def _flat(value: Any, path: str = "") -> dict[str, Any]:
 def _same_words(
     current: Sequence[ConditionStatus] | None, updates: Sequence[cnd.Condition]
 ) -> list[cnd.Condition]:
-    """``updates``, keeping the stored message of a condition whose status and reason are
-    unchanged: its figures (an observed TPOT) moved only within their noise."""
+    """``updates``, keeping the stored message of a condition whose status, reason and
+    words are unchanged: only its figures (an observed TPOT) moved, within their noise.
+    A message that gains or loses words (the prefix cache's hit ratio once the loop
+    plans with it, a field to change) is news however still the figures are."""
     out = []
     for c in updates:
         old = cnd.find(current, c.type)
         same = old is not None and (old.status, old.reason) == (c.status, c.reason)
-        out.append(replace(c, message=old.message) if same and old else c)
+        if same and old is not None and _words(old.message) == _words(c.message):
+            c = replace(c, message=old.message)
+        out.append(c)
     return out
+
+
+def _words(message: str | None) -> str:
+    """A condition message with its numbers masked: what it says, not the figures."""
+    return _NUMBER.sub("#", message or "")
+
+
+_NUMBER = re.compile(r"\d[\d,.]*")
 
 
 # ---------------------------------------------------------------- one decision

@@ -177,6 +177,37 @@ def test_a_served_length_is_rewritten_beyond_the_noise_of_the_requests_that_set_
     assert loop.observed_news(few, status(1100.0, 4600.0, requests=300.0), 60.0) == []  # 24 %
 
 
+def test_a_condition_message_is_rewritten_when_its_words_change_not_its_figures() -> None:
+    """On a quiet tick (no figure beyond its noise) a condition keeps its stored
+    message while only its numbers moved; a message that gains a clause (the prefix
+    cache's hit ratio, once the loop plans with it) is written all the same."""
+    plan = make_plan(gpu="l4", replicas=1, usd_per_hour=0.8)
+    served = "served over 15m: prompts 64 tokens mean, outputs 32"
+
+    def decided(message: str) -> control.Decision:
+        workload = Condition(type="WorkloadObserved", status="True", reason="AsDeclared",
+                             message=f"{message}; within 25% of spec.workload")  # fmt: skip
+        d = _decision(replicas=1)
+        return replace(d, conditions=(*d.conditions, workload), previous_replicas=1)
+
+    obs = Observation(ready_replicas=1)
+    first = loop.status_update(ServingTargetStatus(plan=plan.to_status()), decided(served),
+                               obs, plan, "t0", 60.0)  # fmt: skip
+
+    def message(status: ServingTargetStatus) -> str | None:
+        found = next(c for c in status.conditions or [] if c.type == "WorkloadObserved")
+        return found.message
+
+    moved = served.replace("64", "65")
+    assert message(loop.status_update(first, decided(moved), obs, plan, "t1", 60.0)) == (
+        message(first)
+    )
+    hits = f"{served}, 50% of prompt tokens prefix-cache hits"
+    assert "prefix-cache hits" in str(
+        message(loop.status_update(first, decided(hits), obs, plan, "t1", 60.0))
+    )
+
+
 def test_status_shows_the_served_burstiness_and_rewrites_it_beyond_its_noise() -> None:
     """The variance of 60 interval counts moves by about √(2/59) of itself between two
     ranges: a steady bursty target's status must not follow that, a change of burstiness
