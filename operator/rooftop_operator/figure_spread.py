@@ -39,9 +39,6 @@ SERVED_FIGURES = ("observed.workload.",) + tuple(
     for s in SIGNALS
     if s.status_key and isinstance(s.promql, Ratio) and s.promql.served
 )
-# Snapshots of the served figures kept per range: one a window is enough to find the
-# one a range before within a window.
-RANGE_SNAPSHOTS = SERVED_RANGE_S / METRICS_WINDOW_S
 
 
 @dataclass
@@ -83,7 +80,8 @@ class FigureSpread:
 
     def __post_init__(self) -> None:
         self._window = _Lagged(self.lag_s)
-        self._range = _Lagged(self.range_s, self.range_s / RANGE_SNAPSHOTS)
+        # one snapshot a window finds the served figures a range before within a window
+        self._range = _Lagged(self.range_s, every_s=self.lag_s)
 
     def add(self, figures: Mapping[str, Any], now_s: float, path: str = "observed.") -> None:
         """Fold one tick's figures (``status.observed`` as stored, nested) in at
