@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 ROOFTOP_CACHE ?= $(HOME)/.cache/rooftop
 export ROOFTOP_CACHE
 
-.PHONY: demo test floors realnode-tools zero-loss lint typecheck unit vllm e2e loop vllm-e2e vllm-engine loop-figure bench calibrate crd dashboards docs vllm-flags cluster-up cluster-down tools clean
+.PHONY: demo test floors realnode-tools zero-loss lint typecheck unit vllm e2e loop vllm-e2e vllm-engine loop-figure bench calibrate crd dashboards docs vllm-flags hf-defaults cluster-up cluster-down tools clean
 
 # The demo needs only the runtime; tests add the dev tools (separate stamp, so a
 # `make demo` on a fresh clone stays well under two minutes).
@@ -135,6 +135,10 @@ docs: $(VENV)/.dev
 ## vllm-flags: regenerate the `vllm serve` flag table (extraArgs checks) from the real vLLM
 vllm-flags:
 	PY=$$(tests/engine/install-vllm.sh) && "$$PY" tests/engine/dump_vllm_flags.py
+
+## hf-defaults: regenerate the Hugging Face config defaults (config.json import) from vLLM's transformers
+hf-defaults:
+	PY=$$(tests/engine/install-vllm.sh) && "$$PY" tests/engine/dump_hf_defaults.py
 
 clean:
 	rm -rf $(VENV) $(FLOORS_VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -20,7 +20,8 @@ from typing import Any
 from rooftop_api import exit_codes
 from rooftop_api.output import JSON, TABLE, WIDE, YAML, Cell, add_output_option, dumps, print_table
 from rooftop_cli import exits
-from rooftop_planner.catalog import Catalog, load_catalog, model_from_hf_config
+from rooftop_planner.catalog import Catalog, load_catalog
+from rooftop_planner.hf_config import model_from_hf_config
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.errors import PlannerError
 from rooftop_planner.explain import explain_step

@@ -268,7 +268,7 @@ def predict_continuous(
     batch = max(running_batch(dep, concurrency, isl, osl, limits), 1.0)
     if limits.mixed_prefill:
         batch = min(batch, max(admission_bound(isl, osl, limits), 1.0))
-    context = batch * (isl + osl / 2.0)
+    context = batch * perf.cached_tokens(dep.model, isl + osl / 2.0)
     decode = perf.step_breakdown(dep, batch, context)
     if not limits.mixed_prefill:
         return _prefill_first(dep, concurrency, isl, osl, limits, batch, decode)

@@ -3,12 +3,11 @@
 The packaged files (``catalog/gpus.yaml``, ``catalog/models.yaml``) cite a source for
 every figure. A user file with the same layout (``gpus:`` and/or ``models:``) overrides or
 extends them entry by entry, field by field, so a platform team can pin its own prices.
-Any Hugging Face ``config.json`` (a path or an inline mapping) also yields a ``ModelSpec``.
+A Hugging Face ``config.json`` yields a ``ModelSpec`` too (``hf_config``).
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -158,7 +157,20 @@ class Checkpoint:
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only transformer's shape (dense or mixture-of-experts)."""
+    """A decoder-only transformer's shape (dense or mixture-of-experts).
+
+    Beyond the Llama shape, fields named as in Hugging Face configs describe:
+
+    - a sliding window on some layers: ``sliding_window`` tokens on ``sliding_layers`` of
+      the layers (None: all of them, as Mistral v0.1; Gemma 2 slides on every other
+      layer, Gemma 3 on five of six), the rest attending the whole context;
+    - multi-head latent attention (DeepSeek-V2/V3/R1, ``kv_lora_rank`` > 0): each layer
+      caches one latent of ``kv_lora_rank + qk_rope_head_dim`` values per token, the same
+      on every tensor-parallel rank, instead of K and V per head;
+    - MoE layers with experts every token runs (``shared_expert_size``: their total MLP
+      width) and leading layers with a dense MLP of ``dense_intermediate_size`` instead of
+      experts (``dense_layers``: DeepSeek's ``first_k_dense_replace``).
+    """
 
     id: str
     num_layers: int
@@ -174,6 +186,15 @@ class ModelSpec:
     num_experts: int = 1
     experts_per_token: int = 1
     sliding_window: int | None = None
+    sliding_layers: int | None = None
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    shared_expert_size: int = 0
+    dense_layers: int = 0
+    dense_intermediate_size: int = 0
     aliases: tuple[str, ...] = ()
     # weight dtype -> published checkpoint in that format (int4, int8, fp4, fp8)
     checkpoints: Mapping[str, Checkpoint] = field(default_factory=dict)
@@ -183,9 +204,38 @@ class ModelSpec:
         return self.num_experts > 1
 
     @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention: a compressed KV latent, not K and V per head."""
+        return self.kv_lora_rank > 0
+
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is the experts (all but the leading dense ones)."""
+        return self.num_layers - self.dense_layers if self.is_moe else 0
+
+    @property
+    def window_layers(self) -> int:
+        """Layers that cache only the last ``sliding_window`` tokens."""
+        if not self.sliding_window:
+            return 0
+        return self.num_layers if self.sliding_layers is None else self.sliding_layers
+
+    @property
     def expert_param_count(self) -> float:
-        """Parameters in one expert's MLP across all layers: 3 · hidden · intermediate · L."""
-        return 3.0 * self.hidden_size * self.intermediate_size * self.num_layers
+        """Parameters in one expert's MLP across the MoE layers: 3 · hidden · intermediate ·
+        L_moe."""
+        return 3.0 * self.hidden_size * self.intermediate_size * self.moe_layers
+
+    def kv_elements_per_token_layer(self, tp: int) -> float:
+        """Values one layer caches per token on one of ``tp`` GPUs.
+
+        Ordinary attention: K and V of each KV head, 2 · max(kv_heads / tp, 1) · head_dim
+        (heads split over TP, replicated where TP exceeds them). MLA: one latent of
+        kv_lora_rank + qk_rope_head_dim, whole on every rank (vLLM does not split it).
+        """
+        if self.is_mla:
+            return float(self.kv_lora_rank + self.qk_rope_head_dim)
+        return 2.0 * max(self.num_kv_heads / tp, 1.0) * self.head_dim
 
     @property
     def active_param_count(self) -> float:
@@ -298,6 +348,20 @@ def normalize_gpu_name(name: str, gpus: Mapping[str, GpuSpec]) -> str | None:
 _MODEL_REQUIRED = ("num_layers", "hidden_size", "num_heads", "intermediate_size", "vocab_size")
 # Shape counts the model math multiplies and divides by: whole numbers >= 1 when given.
 _MODEL_COUNTS = ("num_kv_heads", "head_dim", "max_context", "num_experts", "experts_per_token")
+# Sizes of the parts beyond the Llama shape (ModelSpec's docstring): 0 is "none".
+_MODEL_EXTRAS = (
+    "sliding_layers",
+    "kv_lora_rank",
+    "q_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "shared_expert_size",
+    "dense_layers",
+    "dense_intermediate_size",
+)
+# What MLA needs besides kv_lora_rank to be priced (q_lora_rank 0: queries uncompressed).
+_MLA_WIDTHS = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
 _GPU_SIZES = ("hbm_bytes", "hbm_bytes_per_s", "interconnect_bytes_per_s")
 _DEFAULT_GPUS_PER_NODE = 8
 # YAML 1.1 (PyYAML) reads a float only with a '.' and a signed exponent: 8e10 stays text.
@@ -354,11 +418,19 @@ def _positive(path: str, value: Any) -> float:
     return number
 
 
-def _count(path: str, value: Any) -> int:
+def _count(path: str, value: object) -> int:
     """A whole number >= 1; ``32.0`` is accepted as 32."""
     number = _finite(path, value, "a whole number >= 1")
     if number < 1 or not number.is_integer():
         raise CatalogError(f"{path}: must be a whole number >= 1, got {value!r}")
+    return value if isinstance(value, int) else int(number)
+
+
+def _whole(path: str, value: Any) -> int:
+    """A whole number >= 0; ``32.0`` is accepted as 32."""
+    number = _finite(path, value, "a whole number >= 0")
+    if number < 0 or not number.is_integer():
+        raise CatalogError(f"{path}: must be a whole number >= 0, got {value!r}")
     return value if isinstance(value, int) else int(number)
 
 
@@ -455,6 +527,11 @@ def _model_numbers(entry: Mapping[str, Any], at: Callable[[str], str]) -> dict[s
             values.pop(key, None)  # absent or null: the default applies
         else:
             values[key] = _count(at(key), values[key])
+    for key in _MODEL_EXTRAS:
+        if values.get(key) is None:
+            values.pop(key, None)
+        else:
+            values[key] = _whole(at(key), values[key])
     if values.get("param_count") is not None:
         values["param_count"] = _positive(at("param_count"), values["param_count"])
     return values
@@ -471,6 +548,39 @@ def _check_model_shape(model: ModelSpec, at: Callable[[str], str]) -> None:
         raise CatalogError(
             f"{at('experts_per_token')}: must be at most {at('num_experts')} "
             f"({model.num_experts}), got {model.experts_per_token}"
+        )
+    _check_layer_counts(model, at)
+
+
+def _check_mla_widths(values: Mapping[str, Any], at: Callable[[str], str]) -> None:
+    """MLA (kv_lora_rank > 0) is priced from its head widths: all three or no MLA."""
+    if not values.get("kv_lora_rank"):
+        return
+    missing = [at(key) for key in _MLA_WIDTHS if not values.get(key)]
+    if missing:
+        raise CatalogError(
+            f"{', '.join(missing)}: missing; multi-head latent attention "
+            f"({at('kv_lora_rank')} > 0) needs the query, rotary and value head widths"
+        )
+
+
+def _check_layer_counts(model: ModelSpec, at: Callable[[str], str]) -> None:
+    """Layer subsets no larger than the model, and dense layers only beside experts."""
+    if model.sliding_layers is not None and model.sliding_layers > model.num_layers:
+        raise CatalogError(
+            f"{at('sliding_layers')}: must be at most {at('num_layers')} "
+            f"({model.num_layers}), got {model.sliding_layers}"
+        )
+    if model.dense_layers and not (model.is_moe and model.dense_layers < model.num_layers):
+        raise CatalogError(
+            f"{at('dense_layers')}: only a mixture-of-experts model has dense layers beside "
+            f"its expert layers, fewer than {at('num_layers')} ({model.num_layers}); "
+            f"got {model.dense_layers}"
+        )
+    if model.dense_layers and not model.dense_intermediate_size:
+        raise CatalogError(
+            f"{at('dense_intermediate_size')}: missing; give the MLP width of the "
+            f"{model.dense_layers} dense layers"
         )
 
 
@@ -496,6 +606,7 @@ def _model_from_entry(
     values.setdefault("max_context", 4096)
     values["aliases"] = tuple(str(a).lower() for a in values.get("aliases", ()))
     values["checkpoints"] = _checkpoints(at("checkpoints"), values.get("checkpoints"))
+    _check_mla_widths(values, at)
     if "param_count" not in values:
         tied = {"tie_word_embeddings": tied_embeddings}
         values["param_count"] = estimate_param_count({**values, **tied})
@@ -533,20 +644,43 @@ def _checkpoints(path: str, value: Any) -> dict[str, Checkpoint]:
 
 
 def estimate_param_count(cfg: Mapping[str, Any]) -> float:
-    """Parameters of a Llama-style decoder from its shape.
+    """Parameters of a decoder from its shape (the catalog's field names).
 
-    attention: hidden · head_dim · (2·heads + 2·kv_heads) per layer (q, o, k, v);
-    MLP: 3 · hidden · intermediate per expert per layer (gate, up, down);
-    embeddings: vocab · hidden, twice unless tied.
+    attention per layer: hidden · head_dim · (2·heads + 2·kv_heads) (q, o, k, v), or
+    for MLA ``_mla_params``; MLP per layer: 3 · hidden · width (gate, up, down), the
+    width being E · intermediate + shared_expert_size in expert layers and
+    dense_intermediate_size in the leading dense ones; embeddings: vocab · hidden,
+    twice unless tied. Routers and norms (< 0.1 %) are left out.
     """
     hidden, layers = cfg["hidden_size"], cfg["num_layers"]
     heads = cfg["num_heads"]
     kv_heads = cfg.get("num_kv_heads", heads)
     head_dim = cfg.get("head_dim") or hidden // heads
     attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
-    mlp = 3 * hidden * cfg["intermediate_size"] * cfg.get("num_experts", 1)
+    if cfg.get("kv_lora_rank"):
+        attention = _mla_params(cfg)
+    dense = cfg.get("dense_layers", 0)
+    experts = cfg["intermediate_size"] * cfg.get("num_experts", 1)
+    moe_width = experts + cfg.get("shared_expert_size", 0)
+    mlp = (
+        3 * hidden * (moe_width * (layers - dense) + cfg.get("dense_intermediate_size", 0) * dense)
+    )
     embeddings = cfg["vocab_size"] * hidden * (1 if cfg.get("tie_word_embeddings") else 2)
-    return float(layers * (attention + mlp) + embeddings)
+    return float(layers * attention + mlp + embeddings)
+
+
+def _mla_params(cfg: Mapping[str, Any]) -> int:
+    """One MLA layer's projections (DeepSeek-V2's names): queries through a rank-q_lora
+    bottleneck, hidden · q_lora + q_lora · heads · (nope + rope), or hidden · heads ·
+    (nope + rope) without one; the KV latent and rotary key, hidden · (kv_lora + rope);
+    its expansion to keys and values, kv_lora · heads · (nope + v); the output,
+    heads · v · hidden."""
+    hidden, heads = cfg["hidden_size"], cfg["num_heads"]
+    nope, rope, v = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    q_lora, kv_lora = cfg.get("q_lora_rank", 0), cfg["kv_lora_rank"]
+    query = heads * (nope + rope)
+    q = hidden * q_lora + q_lora * query if q_lora else hidden * query
+    return int(q + hidden * (kv_lora + rope) + kv_lora * heads * (nope + v) + heads * v * hidden)
 
 
 def _read_yaml(text: str, where: str) -> dict[str, Any]:
@@ -608,107 +742,3 @@ def load_catalog(user_file: str | None = None) -> Catalog:
         gpus={k: _gpu_from_entry(k, v) for k, v in gpus.items()},
         models={k: _model_from_entry(k, v) for k, v in models.items()},
     )
-
-
-# ---------------------------------------------------------------- Hugging Face config.json
-
-_HF_FIELDS = {
-    "num_hidden_layers": "num_layers",
-    "hidden_size": "hidden_size",
-    "num_attention_heads": "num_heads",
-    "num_key_value_heads": "num_kv_heads",
-    "head_dim": "head_dim",
-    "intermediate_size": "intermediate_size",
-    "vocab_size": "vocab_size",
-    "max_position_embeddings": "max_context",
-    "num_local_experts": "num_experts",
-    "num_experts": "num_experts",
-    "num_experts_per_tok": "experts_per_token",
-    "sliding_window": "sliding_window",
-}
-
-
-def model_from_hf_config(config: Mapping[str, Any] | str | Path, name: str = "") -> ModelSpec:
-    """Build a ModelSpec from a Hugging Face config.json (a mapping or a file path).
-
-    A mapping is the ServingTarget's ``spec.modelConfig``, so errors name its keys as
-    ``modelConfig.<config.json key>``. MoE configs that name the expert MLP width
-    ``moe_intermediate_size`` use it.
-    """
-    if isinstance(config, Mapping):
-        where = "modelConfig"
-    else:
-        where = f"{config}:"
-        config = _read_hf_file(Path(config))
-    cfg, where = _language_model(config, where)
-    entry, source = _hf_entry(cfg)
-
-    def at(key: str) -> str:
-        return _join(where, source.get(key, key))
-
-    missing = [
-        hf for hf, ours in _HF_FIELDS.items() if ours in _MODEL_REQUIRED and ours not in entry
-    ]
-    if missing:
-        raise CatalogError(
-            f"{where.rstrip(':')}: missing config.json field(s) {', '.join(missing)}; "
-            "copy them from the model's config.json"
-        )
-    _use_moe_width(cfg, entry, source, at)
-    tied = cfg.get("tie_word_embeddings")
-    if tied is not None and not isinstance(tied, bool):
-        raise CatalogError(
-            f"{_join(where, 'tie_word_embeddings')}: must be true or false, got {tied!r}"
-        )
-    model_id = name or str(cfg.get("_name_or_path") or config.get("model_type") or "custom")
-    return _model_from_entry(model_id.lower(), entry, at, tied_embeddings=bool(tied))
-
-
-def _read_hf_file(path: Path) -> Mapping[str, Any]:
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise CatalogError(f"config.json {path}: cannot read it as JSON ({err})") from err
-    if not isinstance(config, Mapping):
-        raise CatalogError(f"config.json {path}: expected a JSON object")
-    return config
-
-
-def _language_model(config: Mapping[str, Any], where: str) -> tuple[Mapping[str, Any], str]:
-    """Multimodal wrappers keep the language model under ``text_config`` (null: none)."""
-    text_config = config.get("text_config")
-    if text_config is None:
-        return config, where
-    if not isinstance(text_config, Mapping):
-        raise CatalogError(
-            f"{_join(where, 'text_config')}: must be a mapping of the language model's config.json "
-            f"fields, got {text_config!r}"
-        )
-    return text_config, _join(where, "text_config")
-
-
-def _join(where: str, key: str) -> str:
-    """``modelConfig.key``, or ``path/config.json: key`` for a file."""
-    return f"{where} {key}" if where.endswith(":") else f"{where}.{key}"
-
-
-def _hf_entry(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
-    """Catalog fields from config.json keys, and which key each came from (for messages)."""
-    entry: dict[str, Any] = {}
-    source: dict[str, str] = {}
-    for hf_key, our_key in _HF_FIELDS.items():
-        if cfg.get(hf_key) is not None:
-            entry[our_key] = cfg[hf_key]
-            source[our_key] = hf_key
-    return entry, source
-
-
-def _use_moe_width(
-    cfg: Mapping[str, Any], entry: dict[str, Any], source: dict[str, str], at: Callable[[str], str]
-) -> None:
-    """An MoE's per-expert MLP width is ``moe_intermediate_size`` where the config has it."""
-    if cfg.get("moe_intermediate_size") is None or "num_experts" not in entry:
-        return
-    if _count(at("num_experts"), entry["num_experts"]) > 1:
-        entry["intermediate_size"] = cfg["moe_intermediate_size"]
-        source["intermediate_size"] = "moe_intermediate_size"

@@ -98,19 +98,44 @@ def _layer_shapes(dep: EngineShape) -> list[tuple[float, float]]:
 
 
 def layer_gemm_shapes(m: ModelSpec, tp: int) -> list[tuple[float, float]]:
-    """(n, k) of the dense GEMMs of one layer of ``m`` on one of ``tp`` GPUs."""
+    """(n, k) of the dense GEMMs every layer of ``m`` runs on one of ``tp`` GPUs: the
+    attention projections, and the MLP where the model has no experts."""
+    shapes = _mla_shapes(m, tp) if m.is_mla else _attention_shapes(m, tp)
+    if not m.is_moe:
+        shapes += mlp_shapes(m, m.intermediate_size, tp)
+    return shapes
+
+
+def _attention_shapes(m: ModelSpec, tp: int) -> list[tuple[float, float]]:
+    """Fused QKV (q heads + K and V of the KV heads) and the output projection."""
     q_heads = m.num_heads / tp
     kv_heads = max(m.num_kv_heads / tp, 1.0)
-    shapes = [
+    return [
         ((q_heads + 2.0 * kv_heads) * m.head_dim, float(m.hidden_size)),
         (float(m.hidden_size), q_heads * m.head_dim),
     ]
-    if not m.is_moe:
-        shapes += [
-            (2.0 * m.intermediate_size / tp, float(m.hidden_size)),
-            (float(m.hidden_size), m.intermediate_size / tp),
-        ]
-    return shapes
+
+
+def _mla_shapes(m: ModelSpec, tp: int) -> list[tuple[float, float]]:
+    """Multi-head latent attention as vLLM runs it (DeepSeek-V2's names): the fused
+    down-projection to the query bottleneck, the KV latent and the rotary key, whole on
+    every GPU (vLLM replicates it); the query up-projection (or, with no bottleneck, the
+    query projection from the hidden state) and the latent's expansion to each head's
+    key and value, split over the heads; the output projection."""
+    q_heads, hidden = m.num_heads / tp, float(m.hidden_size)
+    latent = float(m.kv_lora_rank + m.qk_rope_head_dim)
+    query = q_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim)
+    if m.q_lora_rank:
+        shapes = [(m.q_lora_rank + latent, hidden), (query, float(m.q_lora_rank))]
+    else:
+        shapes = [(latent, hidden), (query, hidden)]
+    expand = q_heads * (m.qk_nope_head_dim + m.v_head_dim)
+    return [*shapes, (expand, float(m.kv_lora_rank)), (hidden, q_heads * m.v_head_dim)]
+
+
+def mlp_shapes(m: ModelSpec, width: int, tp: int) -> list[tuple[float, float]]:
+    """A gated MLP of ``width`` split over ``tp`` GPUs: fused gate+up, then down."""
+    return [(2.0 * width / tp, float(m.hidden_size)), (float(m.hidden_size), width / tp)]
 
 
 def moe_s(dep: EngineShape, tokens: float) -> float:
@@ -184,16 +209,32 @@ def allreduces_s(dep: EngineShape, message_bytes: FloatArray) -> FloatArray:
 
 
 def _token_costs(dep: EngineShape, tokens: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """(GEMM + MoE seconds, all-reduce seconds) of all layers, per token count."""
-    layer = sum((_gemms_s(dep, tokens, n, k) for n, k in _layer_shapes(dep)), np.zeros_like(tokens))
-    if dep.model.is_moe:
-        layer = layer + np.array([moe_s(dep, float(t)) for t in tokens])
+    """(GEMM + MoE seconds, all-reduce seconds) of all layers, per token count.
+
+    An MoE model's expert layers run the fused-MoE kernel plus any shared experts' MLP,
+    its dense layers their own MLP: L · attention + L_moe · (MoE + shared) + L_dense ·
+    dense MLP.
+    """
+    m = dep.model
+    total = m.num_layers * _shapes_s(dep, tokens, _layer_shapes(dep))
+    if m.is_moe:
+        shared = _shapes_s(dep, tokens, mlp_shapes(m, m.shared_expert_size, dep.tp))
+        moe = np.array([moe_s(dep, float(t)) for t in tokens])
+        total = total + m.moe_layers * (moe + (shared if m.shared_expert_size else 0.0))
+        dense = mlp_shapes(m, m.dense_intermediate_size, dep.tp)
+        total = total + (m.dense_layers * _shapes_s(dep, tokens, dense) if m.dense_layers else 0.0)
     reduce = np.zeros_like(tokens)
     if dep.tp > 1:
-        hidden_bytes = dep.model.hidden_size * ACTIVATION_BYTES
+        hidden_bytes = m.hidden_size * ACTIVATION_BYTES
         reduce = 2.0 * allreduces_s(dep, tokens * hidden_bytes)
-    layers = dep.model.num_layers
-    return layers * layer, layers * reduce
+    return total, m.num_layers * reduce
+
+
+def _shapes_s(
+    dep: EngineShape, tokens: FloatArray, shapes: list[tuple[float, float]]
+) -> FloatArray:
+    """Seconds of the GEMMs ``shapes`` at each token count."""
+    return sum((_gemms_s(dep, tokens, n, k) for n, k in shapes), np.zeros_like(tokens))
 
 
 def lm_head_s(dep: EngineShape, sampled: float) -> float:
@@ -225,8 +266,9 @@ class StepModel:
         self.q_heads = m.num_heads / dep.tp
         self.kv_heads = max(m.num_kv_heads / dep.tp, 1.0)
         self.kv_bytes_per_token_layer = (
-            2.0 * self.kv_heads * m.head_dim * BYTES_PER_DTYPE[dep.kv_dtype]
+            m.kv_elements_per_token_layer(dep.tp) * BYTES_PER_DTYPE[dep.kv_dtype]
         )
+        self.decode_head_dim, self.prefill_head_dim = attention_head_dims(m)
         self.bw = dep.gpu.hbm_bytes_per_s
         self.peak = dep.gpu.flops_per_s("bf16")
         self.sustained = sustained(dep, "bf16")
@@ -266,6 +308,20 @@ class StepModel:
             np.array([[v]], dtype=np.float64) for v in (decode_seqs, context, prefill, attended)
         )
         return float(_attention_rows([self], *cells)[0, 0])
+
+
+def attention_head_dims(m: ModelSpec) -> tuple[float, float]:
+    """The head width d that 4 · heads · d FLOPs per query-key pair count, in decode and
+    in prefill. MLA decodes over the latent (vLLM absorbs the expansion into the query
+    and output): QK over kv_lora + rope, PV over kv_lora, so d = (2 · kv_lora + rope) /
+    2; it prefills on expanded heads, QK over nope + rope and PV over v. MLA's attention
+    is priced by the measured attention curves at those bytes and FLOPs: no MLA kernel
+    was measured."""
+    if not m.is_mla:
+        return float(m.head_dim), float(m.head_dim)
+    decode = (2.0 * m.kv_lora_rank + m.qk_rope_head_dim) / 2.0
+    prefill = (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim) / 2.0
+    return decode, prefill
 
 
 def scaled_totals_s(unscaled: FloatArray, scale: FloatArray, floor: FloatArray) -> FloatArray:
@@ -324,7 +380,8 @@ def _attention_rows(
     first = models[0]
     q_heads = column([m.q_heads for m in models])
     kv_heads = column([m.kv_heads for m in models])
-    head_dim = column([m.dep.model.head_dim for m in models])
+    head_dim = column([m.decode_head_dim for m in models])
+    prefill_dim = column([m.prefill_head_dim for m in models])
     kv_bytes = column([m.kv_bytes_per_token_layer for m in models])
     bw, peak = column([m.bw for m in models]), column([m.peak for m in models])
     kept = column([m.sustained for m in models])
@@ -341,10 +398,10 @@ def _attention_rows(
         kept,
     )
     chunk = np.maximum(prefill, 1e-9)
-    moved = prefill * (q_heads + 2.0 * kv_heads) * head_dim * ACTIVATION_BYTES
+    moved = prefill * (q_heads + 2.0 * kv_heads) * prefill_dim * ACTIVATION_BYTES
     pre = first.prefill.times_s(
         moved,
-        4.0 * q_heads * head_dim * attended,
+        4.0 * q_heads * prefill_dim * attended,
         2.0 * attended / chunk,
         bw,
         peak,
@@ -396,6 +453,14 @@ def _token_tables(dep: EngineShape) -> Tables:
         m.vocab_size,
         m.num_experts,
         m.experts_per_token,
+        m.kv_lora_rank,
+        m.q_lora_rank,
+        m.qk_nope_head_dim,
+        m.qk_rope_head_dim,
+        m.v_head_dim,
+        m.shared_expert_size,
+        m.dense_layers,
+        m.dense_intermediate_size,
         dep.gpu.id,
         dep.gpu.hbm_bytes_per_s,
         dep.gpu.link_bytes_per_s(dep.tp),

@@ -65,22 +65,46 @@ def kv_bytes_per_token(model: ModelSpec, kv_dtype: str) -> float:
 
     The 2 is one K and one V vector. Grouped-query attention shares each KV head among
     ``num_heads / num_kv_heads`` query heads, which is why 70B models cache 8, not 64.
-    Example: LLaMA 3-70B in int8 -> 2 · 80 · 8 · 128 · 1 = 160 KiB.
+    Example: LLaMA 3-70B in int8 -> 2 · 80 · 8 · 128 · 1 = 160 KiB. An MLA model caches
+    L · (kv_lora_rank + qk_rope_head_dim) · bytes instead (DeepSeek-V3 in 16 bits:
+    61 · 576 · 2 = 69 KiB).
     """
-    return 2.0 * model.num_layers * model.num_kv_heads * model.head_dim * BYTES_PER_DTYPE[kv_dtype]
+    return kv_bytes_per_token_per_gpu(model, kv_dtype, 1)
 
 
 def kv_bytes_per_token_per_gpu(model: ModelSpec, kv_dtype: str, tp: int) -> float:
-    """KV bytes per token on one GPU: KV heads are split over TP, replicated when tp > heads."""
-    heads_per_gpu = max(model.num_kv_heads / tp, 1.0)
-    return kv_bytes_per_token(model, kv_dtype) * heads_per_gpu / model.num_kv_heads
+    """KV bytes per token on one GPU: KV heads are split over TP, replicated when tp >
+    heads; an MLA latent is whole on every GPU (``ModelSpec.kv_elements_per_token_layer``)."""
+    per_layer = model.kv_elements_per_token_layer(tp) * BYTES_PER_DTYPE[kv_dtype]
+    return model.num_layers * per_layer
 
 
 def cached_tokens(model: ModelSpec, context_tokens: float) -> float:
-    """Tokens a sequence keeps in cache: a sliding window caps it (Mistral v0.1: 4096)."""
-    if model.sliding_window:
-        return min(context_tokens, float(model.sliding_window))
-    return context_tokens
+    """Tokens of KV one sequence of ``context_tokens`` keeps, in whole-model tokens
+    (the per-token bytes above): a layer with a sliding window of W holds min(c, W), the
+    others c, so with w of L layers windowed the sequence holds
+    ((L − w) · c + w · min(c, W)) / L. Mistral v0.1 windows all layers (4,096); Gemma 2
+    half, Gemma 3 five in six. Sums over sequences add these per-sequence figures: the
+    window caps each sequence, never a batch's total."""
+    windowed = model.window_layers
+    if not windowed or model.sliding_window is None:
+        return context_tokens
+    capped = min(context_tokens, float(model.sliding_window))
+    full = model.num_layers - windowed
+    return (full * context_tokens + windowed * capped) / model.num_layers
+
+
+def attended_pairs(model: ModelSpec, chunk_tokens: FloatArray, attended: FloatArray) -> FloatArray:
+    """Query-key pairs a prefill chunk computes, in whole-model pairs: in a windowed
+    layer each of the chunk's tokens attends at most W keys, so the chunk's pairs are
+    min(pairs, chunk · W) there, layer-weighted as in ``cached_tokens``."""
+    windowed = model.window_layers
+    if not windowed or model.sliding_window is None:
+        return attended
+    capped = np.minimum(attended, chunk_tokens * float(model.sliding_window))
+    full = model.num_layers - windowed
+    out: FloatArray = (full * attended + windowed * capped) / model.num_layers
+    return out
 
 
 def weight_bytes(model: ModelSpec, weight_dtype: str) -> float:
@@ -101,7 +125,9 @@ def activation_reserve_bytes(dep: EngineShape, max_num_batched_tokens: int) -> f
     The widest tensors are the MLP's gate+up output (tokens · 2 · intermediate / tp, 16-bit)
     and the logits of sampled sequences; a fixed reserve covers context and graphs.
     """
-    mlp = max_num_batched_tokens * 2 * dep.model.intermediate_size * 2.0 / dep.tp
+    m = dep.model
+    widest = max(m.intermediate_size, m.dense_intermediate_size, m.shared_expert_size)
+    mlp = max_num_batched_tokens * 2 * widest * 2.0 / dep.tp
     return RUNTIME_RESERVE_BYTES + mlp
 
 
@@ -202,8 +228,9 @@ STEP_PARTS = ("gemm_s", "attention_s", "allreduce_s", "overhead_s", "elementwise
 def floor_s(dep: EngineShape, tokens: float, context_tokens: float) -> float:
     """The physical floor of one step: every weight byte touched and every cached KV byte
     read streams from HBM once at peak bandwidth (seconds). MoE touches only the experts
-    its tokens route to: E · (1 − (1 − k/E)^tokens) in expectation."""
-    cached = np.array([[cached_tokens(dep.model, context_tokens)]], dtype=np.float64)
+    its tokens route to: E · (1 − (1 − k/E)^tokens) in expectation. ``context_tokens``:
+    the sequences' cached KV (each capped by ``cached_tokens``), summed."""
+    cached = np.array([[context_tokens]], dtype=np.float64)
     return float(_floors_s([dep], np.array([[tokens]], dtype=np.float64), cached)[0, 0])
 
 
@@ -221,12 +248,15 @@ def step_breakdown(
     fitted fractions η of ``kernels`` and the sustained share s of peak FLOP/s
     (``catalog.SUSTAINED_FLOP_FRACTION``); m = decode_seqs + prefill_tokens is the step's token
     count. ``context_tokens`` is the total cached context of the decoding sequences (KV
-    read once per step); ``prefill_attended`` the sum over prefill tokens of the keys each
-    attends. With no fitted curves every η is 1 and fixed costs are 0 (the ideal roofline).
+    read once per step), each sequence's capped by ``cached_tokens`` before the sum;
+    ``prefill_attended`` the sum over prefill tokens of the keys each attends (a window
+    caps it here, ``attended_pairs``). With no fitted curves every η is 1 and fixed
+    costs are 0 (the ideal roofline).
     """
     model = kernel_model.step_model(dep)
-    context = cached_tokens(dep.model, context_tokens)
-    gemm, attention, allreduce = model.parts(decode_seqs, context, prefill_tokens, prefill_attended)
+    chunk, attended = np.array([prefill_tokens]), np.array([prefill_attended])
+    pairs = float(attended_pairs(dep.model, chunk, attended)[0])
+    gemm, attention, allreduce = model.parts(decode_seqs, context_tokens, prefill_tokens, pairs)
     scale = model.scale
     return StepBreakdown(
         gemm_s=gemm * scale,
@@ -262,12 +292,14 @@ def forward_parts(
     in its two parts (s): the kernels' sum before the step-time factor, and the physical
     floor. Neither depends on the factor, so a search at a new one reuses them; the
     steps are ``kernel_model.scaled_totals_s(sum, step_time_scales(deps), floor)``."""
-    window = column([d.model.sliding_window or np.inf for d in deps])
-    context = np.minimum(context_tokens, window)
-    floor = _floors_s(deps, decode_seqs + prefill_tokens, context)
+    floor = _floors_s(deps, decode_seqs + prefill_tokens, context_tokens)
     models = [kernel_model.step_model(d) for d in deps]
+    pairs = prefill_attended
+    if any(d.model.window_layers for d in deps):
+        rows = enumerate(deps)
+        pairs = np.stack([attended_pairs(d.model, prefill_tokens[r], pairs[r]) for r, d in rows])
     unscaled = kernel_model.unscaled_totals_s(
-        models, decode_seqs, context, prefill_tokens, prefill_attended
+        models, decode_seqs, context_tokens, prefill_tokens, pairs
     )
     return unscaled, floor
 

@@ -39,12 +39,12 @@ from rooftop_planner.catalog import (
     GpuSpec,
     ModelSpec,
     load_catalog,
-    model_from_hf_config,
 )
 from rooftop_planner.choice import choose
 from rooftop_planner.efficiency import EfficiencyTable, load_efficiency
+from rooftop_planner.hf_config import model_from_hf_config
 from rooftop_planner.inventory import GpuInventory
-from rooftop_planner.kernels import FloatArray
+from rooftop_planner.kernels import FloatArray, column
 from rooftop_planner.parallelism import TP_DEGREES, tp_problem
 from rooftop_planner.perf import EngineShape
 from rooftop_planner.plan import Plan
@@ -175,7 +175,8 @@ def _raw_steps(deps: list[EngineShape], limits: FloatArray, t: _Targets, same: f
     chunks = [max(math.ceil(n / perf.DEFAULT_MAX_NUM_BATCHED_TOKENS), 1) for n in new]
     variants = len(t.prompts) + 2
     seqs = np.concatenate([batches] * (variants - 1) + [batch_q], axis=1)
-    ctx = seqs * (t.isl_mean + t.osl_mean / 2.0)
+    held = t.isl_mean + t.osl_mean / 2.0  # a running sequence's mean context
+    ctx = seqs * column([perf.cached_tokens(d.model, held) for d in deps])
     per_length = np.array([0.0] + [n / k for n, k in zip(new, chunks, strict=True)])
     chunk = np.broadcast_to(np.repeat(per_length, GRID_POINTS), seqs.shape)
     context = [c + n / 2.0 for c, n in zip(cached, new, strict=True)]

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from rooftop_planner.catalog import CatalogError, load_catalog, model_from_hf_config
+from rooftop_planner.catalog import CatalogError, load_catalog
+from rooftop_planner.hf_config import model_from_hf_config
 
 CATALOG = load_catalog()
 GPU_IDS = [
