@@ -1,7 +1,11 @@
 """``rooftop predict``: TPOT, TTFT and throughput of one deployment, or of a CSV of them.
 
 One scenario prints typed JSON (numbers as numbers, ``fits`` a boolean, ``error`` null
-when there is none), YAML or a table; ``--csv`` reads rows and writes CSV. A model outside
+when there is none), YAML or a table; ``--explain`` adds where the step's time goes (an
+``explanation`` list of lines in JSON and YAML, lines under a table), so JSON stays JSON.
+``--csv`` reads rows and writes CSV: every row names its own scenario, so a flag that
+describes one scenario (``--gpu``, ``-o``, ``--explain``...) is refused beside it, as
+``--out`` is without it, rather than ignored. A model outside
 the catalog is described by its Hugging Face ``config.json`` (``--model-config``) or
 added under ``models:`` in a catalog file (``--catalog``), as ``rooftop plan`` does.
 """
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import math
 import sys
 from collections.abc import Mapping, Sequence
@@ -19,12 +24,13 @@ from typing import Any
 
 from rooftop_api import exit_codes
 from rooftop_api.output import JSON, TABLE, WIDE, YAML, Cell, add_output_option, dumps, print_table
+from rooftop_api.spec import KvDtype
 from rooftop_cli import exits
 from rooftop_planner.catalog import Catalog, load_catalog
-from rooftop_planner.hf_config import model_from_hf_config
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.errors import PlannerError
 from rooftop_planner.explain import explain_step
+from rooftop_planner.hf_config import model_from_hf_config
 from rooftop_planner.scenarios import checkpoint_dtype, scenario_from_row
 
 FORMATS = (JSON, YAML, TABLE, WIDE)
@@ -43,6 +49,8 @@ PREDICT_OUTPUT = (
 NUMERIC_OUTPUT = PREDICT_OUTPUT[:7]
 REQUIRED_INPUT = ("model", "gpu", "tp", "isl", "osl")
 CSV_COLUMNS = "model,gpu,tp,isl,osl and concurrency or batch; optional weight_dtype,kv_dtype,engine"
+DEFAULT_TP, DEFAULT_ISL, DEFAULT_OSL = 1, 1024, 256
+KV_DTYPES = tuple(k.value for k in KvDtype)  # what a ServingTarget's kvDtypes accepts
 
 
 def _significant(value: float) -> float | None:
@@ -148,23 +156,54 @@ def with_model_config(catalog: Catalog, config: str, name: str | None) -> tuple[
     return replace(catalog, models={model.id: model, **others}), name or model.id
 
 
-def cmd_predict(args: argparse.Namespace) -> int:
+class _Scenario(argparse.Action):
+    """A flag that describes one scenario: stored as argparse's ``store`` does, and noted
+    in ``given`` (a default cannot be told from a typed value), so that ``--csv``, whose
+    rows describe their own, refuses it rather than ignore it."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.given = (*getattr(namespace, "given", ()), option_string or self.dest)
+
+
+def flag_conflict(args: argparse.Namespace) -> str:
+    """Why two given flags cannot go together (one would be ignored), else ""."""
+    if not args.csv:
+        return "--out writes the CSV of --csv; without --csv, redirect stdout" if args.out else ""
+    given = list(getattr(args, "given", ()))
+    given += ["--explain"] * args.explain + ["-o/--output (or --json)"] * bool(args.output)
+    if args.model and not args.model_config:  # with --model-config, it names the model
+        given.insert(0, "--model")
+    if not given:
+        return ""
+    return (
+        f"--csv and {given[0]} cannot be combined: --csv writes CSV, one row per row of "
+        f"the file, and each row names its own scenario; {given[0]} is for one scenario "
+        "from flags (give it as a column of the CSV, or drop --csv)"
+    )
+
+
+def cmd_predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """One scenario from the flags, or every row of ``--csv``."""
+    if conflict := flag_conflict(args):
+        parser.error(conflict)  # exits 2 with the usage, as argparse's own conflicts do
     catalog, model = load_catalog(args.catalog), args.model
     if args.model_config:
         catalog, model = with_model_config(catalog, args.model_config, args.model)
     if args.csv:
-        if args.output:
-            return exits.fail("--csv writes CSV; -o/--output is for one scenario from flags")
         return _predict_csv(Path(args.csv), Path(args.out) if args.out else None, catalog)
     if not model or not args.gpu:
         return exits.fail("--model (or --model-config) and --gpu are required without --csv")
     predicted = predict_one(_row(args, model), catalog, args.explain)
     if predicted.error and predicted.tpot_ms is None:
         return exits.fail(predicted.error)
-    _show(predicted, _row(args, model), args.output or JSON)
-    if predicted.explanation:
-        print("\n".join(predicted.explanation))
+    _show(predicted, _row(args, model), args.output or JSON, args.explain)
     return exit_codes.OK
 
 
@@ -203,10 +242,12 @@ WIDE_HEADERS = (
 )
 
 
-def _show(predicted: Predicted, row: Mapping[str, str], fmt: str) -> None:
-    """Print one prediction as JSON, YAML or a one-row table."""
+def _show(predicted: Predicted, row: Mapping[str, str], fmt: str, explain: bool) -> None:
+    """Print one prediction as JSON or YAML (with ``explain``, its ``explanation`` inside,
+    so the output stays one document), or as a one-row table (the explanation below)."""
     if fmt in (JSON, YAML):
-        print(dumps(predicted.to_json(), fmt))
+        data = predicted.to_json()
+        print(dumps({**data, "explanation": list(predicted.explanation)} if explain else data, fmt))
         return
     cells: list[Cell] = [
         row["model"],
@@ -231,6 +272,8 @@ def _show(predicted: Predicted, row: Mapping[str, str], fmt: str) -> None:
             predicted.error,
         ]
     print_table(HEADERS + (WIDE_HEADERS if fmt == WIDE else ()), [cells])
+    if predicted.explanation:
+        print("\n".join(predicted.explanation))
 
 
 def _column_problem(header: Sequence[str]) -> str:
@@ -299,11 +342,16 @@ def register(subparsers: Any) -> None:
         help="predict TPOT/TTFT/throughput of scenarios",
         description=__doc__.split("\n\n")[0] if __doc__ else None,
     )
-    predict.add_argument("--csv", metavar="IN.csv", help=f"columns: {CSV_COLUMNS}")
-    predict.add_argument("--out", metavar="OUT.csv", help="where to write (default stdout)")
-    add_output_option(
-        predict, FORMATS, None, json_alias=True, note="default json; --csv writes CSV"
+    predict.add_argument(
+        "--csv",
+        metavar="IN.csv",
+        help=f"predict every row and write CSV; columns: {CSV_COLUMNS}. The flags that "
+        "describe one scenario, and -o, are refused beside it (each row names its own)",
     )
+    predict.add_argument(
+        "--out", metavar="OUT.csv", help="with --csv: where to write (default stdout)"
+    )
+    add_output_option(predict, FORMATS, None, json_alias=True, note="default json; not with --csv")
     predict.add_argument("--model", help="catalog id, Hugging Face repo id or alias")
     predict.add_argument(
         "--model-config",
@@ -312,28 +360,47 @@ def register(subparsers: Any) -> None:
         "--model, else by the config; CSV rows ask for it by that name)",
     )
     predict.add_argument("--catalog", metavar="FILE.yaml", help="your GPU/model catalog overrides")
-    predict.add_argument("--gpu", help="catalog GPU id or common name (H100 80GB HBM3)")
-    predict.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel size")
+    scenario: dict[str, Any] = {"action": _Scenario}
+    predict.add_argument("--gpu", **scenario, help="catalog GPU id or common name (H100 80GB HBM3)")
+    predict.add_argument(
+        "--tp", **scenario, type=_positive_int, default=DEFAULT_TP, help="tensor-parallel size"
+    )
     predict.add_argument(
         "--weight-dtype",
+        **scenario,
         default="",
         help="bf16, fp16, fp8, int8, int4 or fp4 (default: the format the model name's "
         "checkpoint suffix states, such as -FP8 or -AWQ, else bf16)",
     )
-    predict.add_argument("--kv-dtype", default="auto")
-    predict.add_argument("--isl", type=_positive_int, default=1024, help="input tokens")
-    predict.add_argument("--osl", type=_positive_int, default=256, help="output tokens")
+    predict.add_argument(
+        "--kv-dtype",
+        **scenario,
+        choices=KV_DTYPES,
+        default=KvDtype.AUTO.value,
+        help="the KV cache's dtype, as a ServingTarget's kvDtypes: auto (the model's own "
+        "16-bit dtype), bf16, fp16 or fp8 (vLLM has no int8 or int4 KV cache)",
+    )
+    predict.add_argument(
+        "--isl", **scenario, type=_positive_int, default=DEFAULT_ISL, help="input tokens"
+    )
+    predict.add_argument(
+        "--osl", **scenario, type=_positive_int, default=DEFAULT_OSL, help="output tokens"
+    )
     group = predict.add_mutually_exclusive_group()
-    group.add_argument("--concurrency", type=_positive_int, help="requests in flight (continuous)")
-    group.add_argument("--batch", type=_positive_int, help="one static batch")
+    group.add_argument(
+        "--concurrency", **scenario, type=_positive_int, help="requests in flight (continuous)"
+    )
+    group.add_argument("--batch", **scenario, type=_positive_int, help="one static batch")
     predict.add_argument(
         "--engine",
+        **scenario,
         default="vllm",
         help="vllm, sglang, trtllm or nim: whose measured kernel curves to use",
     )
     predict.add_argument(
         "--explain",
         action="store_true",
-        help="where the decode step's time goes, against its physical floor",
+        help="where the decode step's time goes, against its physical floor: an "
+        "explanation list in JSON and YAML, lines under a table",
     )
-    predict.set_defaults(func=exits.guarded(cmd_predict))
+    predict.set_defaults(func=exits.guarded(functools.partial(cmd_predict, parser=predict)))

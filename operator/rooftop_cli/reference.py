@@ -34,14 +34,27 @@ says about COMMAND, and `rooftop --version` the installed version.
 
 **Input.** A manifest argument may be `-` for standard input, and `rooftop plan` and
 `rooftop render` take several manifests, each of which may hold several YAML documents
-(`---`): every ServingTarget is planned on its own. A manifest that gives a key twice is
-refused with the line named.
+(`---`): every ServingTarget is planned on its own. A manifest is checked as the API
+server checks it on `kubectl apply`: a key given twice is refused with the line named, and
+every field must have its schema's type, with no conversion: `tpotMs: true` is not a
+number and `maxReplicas: "8"` not an integer (an integer where a number is expected is
+fine, and so is `8.0` for an integer). Each error names the field's path and the fix, and
+the command exits 2. A namespace, in `metadata.namespace` or `rooftop render -n`, must be
+a DNS-1123 label (lowercase letters, digits and `-`).
+
+**Flags.** A flag that would be ignored beside another is refused, naming both: `--json`
+with `-o`, and `rooftop predict --csv` with a flag that describes one scenario (`--gpu`,
+`--tp`, `--explain`, `-o`, ...: each CSV row names its own), or `--out` without `--csv`.
 
 **Output.** Commands that print results take `-o/--output`: `json` and `yaml` are typed
 (numbers as numbers, booleans as booleans), `table` and `wide` (more columns) are one row
 per target. Tables are drawn with box lines and colour on a terminal, and plain
 (space-separated columns, `-` for an empty cell) when the output is piped or `NO_COLOR`
-is set. Errors go to standard error as `rooftop: error: ...`.
+is set. On a terminal a table fits its width (`COLUMNS`, else the terminal's): no cell is
+cut short; a long cell wraps within its column, and a table whose column headers are wider
+than the terminal is printed one row to a block, a `HEADER  value` line per column. JSON
+and YAML output is one document and nothing else: `rooftop predict --explain` puts its
+explanation in an `explanation` list. Errors go to standard error as `rooftop: error: ...`.
 
 **Shell completion.**
 """

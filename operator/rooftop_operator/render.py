@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 import yaml
 
 from rooftop_api import exit_codes
+from rooftop_api.spec import namespace_problem
 from rooftop_operator import builders, children
 from rooftop_operator.settings import (
     OperatorConfig,
@@ -57,7 +58,14 @@ def register(subparsers: Any) -> None:
         help="ServingTarget manifests (YAML; several documents each; - for standard input)",
     )
     add_output_option(p, (YAML, JSON), YAML, note="default yaml; json is one List")
-    p.add_argument("-n", "--namespace", default=None, help="default: the manifest's, else default")
+    p.add_argument(
+        "-n",
+        "--namespace",
+        type=namespace_label,
+        default=None,
+        help="a DNS-1123 label (lowercase letters, digits, '-'); default: the manifest's, "
+        "else default",
+    )
     p.add_argument(
         "--catalog", default=None, metavar="FILE.yaml", help="GPU/model catalog overlay (YAML)"
     )
@@ -68,6 +76,13 @@ def register(subparsers: Any) -> None:
         help="render for a cluster without the Prometheus Operator (scrape annotations)",
     )
     p.set_defaults(func=run)
+
+
+def namespace_label(text: str) -> str:
+    """``-n NAMESPACE``, refused unless Kubernetes would take it as a namespace's name."""
+    if problem := namespace_problem(text):
+        raise argparse.ArgumentTypeError(problem)
+    return text
 
 
 # The settings that shape what is rendered: the engine images.

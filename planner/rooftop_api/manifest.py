@@ -5,10 +5,13 @@ documents: ``load_all`` gives one entry per ServingTarget document, each with it
 or the message why it is not one, so a command can go on with the others. Documents of
 other kinds (a Namespace or Secret in the same bundle) are skipped. A mapping that gives
 a key twice is an error naming the line: YAML itself would keep the last value silently.
+Every field's type is checked as the API server checks it (``json_types``): ``true``
+is not a number, nor ``"8"`` an integer, though pydantic alone would read them as 1 and 8.
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -18,6 +21,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from rooftop_api import json_types
 from rooftop_api.errors import ApiError
 from rooftop_api.spec import API_VERSION, KIND, ServingTarget
 
@@ -83,12 +87,22 @@ def parse_target(document: object, source: str = "manifest") -> ServingTarget:
             f"{source}: expected apiVersion: {API_VERSION} and kind: {KIND}, got "
             f"apiVersion: {document.get('apiVersion')!r}, kind: {document.get('kind')!r}"
         )
+    wrong_types = list(json_types.problems(document, _target_schema()))
+    if wrong_types:
+        raise ManifestError(f"{source}: invalid ServingTarget\n" + "\n".join(wrong_types))
     try:
         return ServingTarget.model_validate(document)
     except ValidationError as err:
         raise ManifestError(
             f"{source}: invalid ServingTarget\n{format_validation_error(err)}"
         ) from err
+
+
+@functools.cache
+def _target_schema() -> dict[str, Any]:
+    """The JSON Schema the CRD is converted from: its types are what the API server checks
+    (pydantic's lax mode alone would read ``true`` as 1 and ``"8"`` as 8)."""
+    return ServingTarget.model_json_schema(by_alias=True, mode="validation")
 
 
 def read_text(path: str | Path) -> tuple[str, str]:

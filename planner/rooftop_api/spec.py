@@ -597,12 +597,40 @@ def name_problem(name: str) -> str | None:
     )
 
 
+# A namespace's name is a DNS-1123 label, as Kubernetes checks it (``kubectl create
+# namespace Bad_NS`` is refused): ``rooftop render -n`` and a manifest's namespace both.
+NAMESPACE_LENGTH = 63
+NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+def namespace_problem(namespace: str) -> str | None:
+    """Why ``namespace`` cannot name a Kubernetes namespace, with one that can; None
+    when it can."""
+    if re.fullmatch(NAMESPACE_PATTERN, namespace) and len(namespace) <= NAMESPACE_LENGTH:
+        return None
+    fix = re.sub(r"[^a-z0-9]+", "-", namespace.lower()).strip("-")[:NAMESPACE_LENGTH]
+    return (
+        f"{namespace!r} is not a valid namespace: use at most {NAMESPACE_LENGTH} lowercase "
+        "letters, digits and '-', starting and ending with a letter or digit (a DNS-1123 "
+        f"label), e.g. {fix.strip('-') or 'default'!r}"
+    )
+
+
 class Metadata(_Model):
     """The part of ObjectMeta a manifest file needs."""
 
     model_config = ConfigDict(extra="allow", frozen=True)
     name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, pattern=NAME_PATTERN)
-    namespace: str | None = None
+    namespace: str | None = Field(
+        default=None, max_length=NAMESPACE_LENGTH, pattern=NAMESPACE_PATTERN
+    )
+
+    @field_validator("namespace", mode="before")
+    @classmethod
+    def _valid_namespace(cls, value: object) -> object:
+        if isinstance(value, str) and (problem := namespace_problem(value)):
+            raise ValueError(problem)
+        return value
 
     @field_validator("name", mode="before")
     @classmethod

@@ -408,7 +408,8 @@ def _context_length(ctx: _Context, kv_tokens: int) -> tuple[int, str] | str:
 
     Default: the model's full context where the KV cache holds one such request (so no
     request the model supports is refused), else the largest length it holds, as long
-    as that still covers the workload's p99 request. ``spec.engine.maxModelLen`` wins.
+    as that still covers the longest request planned for (``_need_tokens``).
+    ``spec.engine.maxModelLen`` wins.
     """
     usable = int(kv_tokens * KV_FIT_MARGIN)
     requested = ctx.spec.engine.max_model_len
@@ -420,7 +421,10 @@ def _context_length(ctx: _Context, kv_tokens: int) -> tuple[int, str] | str:
     if usable >= full:
         return full, "the model's full context"
     if usable < ctx.need_tokens:
-        return f"KV for {kv_tokens} tokens < the workload's p99 request of {ctx.need_tokens}"
+        return (
+            f"KV for {kv_tokens} tokens < {ctx.need_tokens} tokens, the prompt plus output "
+            "that 99 % of requests stay within by the workload's lengths"
+        )
     cut = max(usable // CONTEXT_STEP_TOKENS * CONTEXT_STEP_TOKENS, ctx.need_tokens)
     return cut, f"the most its KV cache holds; the model allows {full}"
 
@@ -742,8 +746,10 @@ def _prices(spec: ServingTargetSpec, catalog: Catalog) -> dict[str, float]:
 
 
 def _need_tokens(model: ModelSpec, workload: ResolvedWorkload) -> int:
-    """The workload's p99 request (p99 prompt + p99 output, rounded up to 1024 tokens),
-    within the model's context: the shortest max-model-len a plan may have."""
+    """The longest request planned for: the 99th percentiles of the prompt and output
+    lengths the workload implies (its means, p90s or histograms, whichever it gives),
+    added and rounded up to 1024 tokens, within the model's context; the shortest
+    max-model-len a plan may have."""
     need = workload.prompt.quantile(0.99) + workload.output.quantile(0.99)
     return int(min(model.max_context, math.ceil(need / 1024.0) * 1024))
 

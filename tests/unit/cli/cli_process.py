@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import pty
 import subprocess
 import sys
 from collections.abc import Callable
@@ -33,3 +34,26 @@ def run_rooftop(
         [sys.executable, "-m", "rooftop_cli.main", *args], input=stdin, text=True,
         capture_output=True, env=rooftop_env(**env), cwd=cwd, timeout=300,
     )  # fmt: skip
+
+
+def on_a_terminal(*args: str, **env: str) -> str:
+    """stdout of ``rooftop ARGS`` written to a pseudo-terminal (``COLUMNS`` 200 unless
+    ``env`` says otherwise)."""
+    main, replica = pty.openpty()
+    command = [sys.executable, "-m", "rooftop_cli.main", *args]
+    extra = {"TERM": "xterm-256color", "COLUMNS": "200", "PYTHONIOENCODING": "utf-8", **env}
+    proc = subprocess.Popen(command, stdout=replica, stderr=subprocess.DEVNULL,
+                            env=rooftop_env(**extra), cwd=ROOT)  # fmt: skip
+    os.close(replica)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(main, 65536)
+        except OSError:  # the terminal closed: the command is done
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(main)
+    assert proc.wait(timeout=300) == 0
+    return b"".join(chunks).decode()

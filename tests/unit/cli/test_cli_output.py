@@ -4,14 +4,10 @@ terminal and plain when piped or NO_COLOR is set."""
 from __future__ import annotations
 
 import json
-import os
-import pty
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
-from cli_process import ROOT, Rooftop, rooftop_env
+from cli_process import ROOT, Rooftop, on_a_terminal
 
 EXAMPLE = ROOT / "examples" / "chat-llama-3.1-8b.yaml"
 SIMULATED = ROOT / "examples" / "simulated-chat.yaml"
@@ -44,32 +40,10 @@ def test_plan_table_is_plain_when_piped(rooftop: Rooftop) -> None:
     assert len(wide[0].split()) > len(header.split())
 
 
-def _on_a_terminal(*args: str, **env: str) -> str:
-    """stdout of ``rooftop ARGS`` written to a pseudo-terminal."""
-    main, replica = pty.openpty()
-    command = [sys.executable, "-m", "rooftop_cli.main", *args]
-    extra = {"TERM": "xterm-256color", "COLUMNS": "200", "PYTHONIOENCODING": "utf-8", **env}
-    proc = subprocess.Popen(command, stdout=replica, stderr=subprocess.DEVNULL,
-                            env=rooftop_env(**extra), cwd=ROOT)  # fmt: skip
-    os.close(replica)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(main, 65536)
-        except OSError:  # the terminal closed: the command is done
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(main)
-    assert proc.wait(timeout=300) == 0
-    return b"".join(chunks).decode()
-
-
 def test_a_table_on_a_terminal_is_drawn_unless_no_color() -> None:
-    drawn = _on_a_terminal("plan", str(EXAMPLE), "-o", "table")
+    drawn = on_a_terminal("plan", str(EXAMPLE), "-o", "table")
     assert "\x1b[" in drawn and BOX & set(drawn) and "chat-llama-8b" in drawn
-    plain = _on_a_terminal("plan", str(EXAMPLE), "-o", "table", NO_COLOR="1")
+    plain = on_a_terminal("plan", str(EXAMPLE), "-o", "table", NO_COLOR="1")
     assert "\x1b[" not in plain and not BOX & set(plain)
     assert plain.split()[:2] == ["NAME", "MODEL"]
 
@@ -109,7 +83,7 @@ def test_predict_csv_stays_csv_and_refuses_another_format(rooftop: Rooftop, tmp_
     done = rooftop("predict", "--csv", str(src))
     assert done.returncode == 0 and done.stdout.startswith("model,gpu,")
     refused = rooftop("predict", "--csv", str(src), "-o", "json")
-    assert refused.returncode == 2 and "--csv writes CSV" in refused.stderr
+    assert refused.returncode == 2 and "--csv and -o/--output" in refused.stderr
 
 
 def test_render_json_is_one_kubectl_list(rooftop: Rooftop) -> None:
