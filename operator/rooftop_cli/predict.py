@@ -27,11 +27,12 @@ from rooftop_api.output import JSON, TABLE, WIDE, YAML, Cell, add_output_option,
 from rooftop_api.spec import KvDtype
 from rooftop_cli import exits
 from rooftop_planner.catalog import Catalog, load_catalog
+from rooftop_planner.closed_loop import DEFAULT_NUM_PROMPTS
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.errors import PlannerError
 from rooftop_planner.explain import explain_step
 from rooftop_planner.hf_config import model_from_hf_config
-from rooftop_planner.scenarios import checkpoint_dtype, scenario_from_row
+from rooftop_planner.scenarios import LENGTHS, checkpoint_dtype, scenario_from_row
 
 FORMATS = (JSON, YAML, TABLE, WIDE)
 PREDICT_OUTPUT = (
@@ -48,7 +49,10 @@ PREDICT_OUTPUT = (
 )
 NUMERIC_OUTPUT = PREDICT_OUTPUT[:7]
 REQUIRED_INPUT = ("model", "gpu", "tp", "isl", "osl")
-CSV_COLUMNS = "model,gpu,tp,isl,osl and concurrency or batch; optional weight_dtype,kv_dtype,engine"
+CSV_COLUMNS = (
+    "model,gpu,tp,isl,osl and concurrency or batch; optional weight_dtype,kv_dtype,engine "
+    "and, for a concurrency row, num_prompts,lengths"
+)
 DEFAULT_TP, DEFAULT_ISL, DEFAULT_OSL = 1, 1024, 256
 KV_DTYPES = tuple(k.value for k in KvDtype)  # what a ServingTarget's kvDtypes accepts
 
@@ -221,6 +225,8 @@ def _row(args: argparse.Namespace, model: str) -> dict[str, str]:
         "concurrency": str(args.concurrency or ""),
         "batch": str(args.batch or ""),
         "engine": args.engine,
+        "num_prompts": str(args.num_prompts or ""),
+        "lengths": args.lengths or "",
     }
 
 
@@ -388,9 +394,29 @@ def register(subparsers: Any) -> None:
     )
     group = predict.add_mutually_exclusive_group()
     group.add_argument(
-        "--concurrency", **scenario, type=_positive_int, help="requests in flight (continuous)"
+        "--concurrency",
+        **scenario,
+        type=_positive_int,
+        help="a closed-loop benchmark of this many clients (continuous batching): they "
+        "start together and each sends its next request as its answer ends, as vllm bench "
+        "serve --max-concurrency does",
     )
     group.add_argument("--batch", **scenario, type=_positive_int, help="one static batch")
+    predict.add_argument(
+        "--num-prompts",
+        **scenario,
+        type=_positive_int,
+        help="with --concurrency: the requests the run's TTFT averages over (the first "
+        f"wave's included; default {DEFAULT_NUM_PROMPTS}, vllm bench serve's)",
+    )
+    predict.add_argument(
+        "--lengths",
+        **scenario,
+        choices=LENGTHS,
+        help="with --concurrency: fixed (the default: every answer --osl tokens, so the "
+        "clients stay in step and each wave's prompts queue for the prefill) or varied "
+        "(answers of different lengths: the waves spread out)",
+    )
     predict.add_argument(
         "--engine",
         **scenario,

@@ -57,6 +57,8 @@ class Prediction:
         step: where the mean decode step's time goes, its physical floor included.
         evictions: times a request is evicted from a full KV cache and prefilled again,
             on average (``recompute_tokens``); 0 when the cache does not bind.
+        queue_wait_s: the part of ``ttft_s`` a request waits for a running slot
+            (clients beyond the running batch).
     """
 
     tpot_s: float
@@ -67,6 +69,7 @@ class Prediction:
     reason: str = ""
     step: perf.StepBreakdown | None = None
     evictions: float = 0.0
+    queue_wait_s: float = 0.0
 
     @property
     def floor_s(self) -> float:
@@ -328,7 +331,9 @@ def _steady_state(
     prefill_exec = prompt_s + step / 2.0
     rate = batch / (prefill_exec + max(osl - 1, 0) * step)
     queue_wait = max(concurrency - batch, 0.0) / rate
-    return Prediction(step, prefill_exec + queue_wait, rate * osl, batch, step=parts)
+    return Prediction(
+        step, prefill_exec + queue_wait, rate * osl, batch, step=parts, queue_wait_s=queue_wait
+    )
 
 
 def _prefill_first(

@@ -2,9 +2,11 @@
 
 Both ``rooftop predict --csv`` and the calibration fit read rows shaped like
 data/measured/calibration.csv: ``model,gpu,tp,weight_dtype,kv_dtype,isl,osl,
-concurrency,batch[,engine]``. Sources spell GPUs, dtypes and engines many ways
-("H100 80GB HBM3", "fp16 (source: Mixed)", "TensorRT-LLM 0.9.0 (static batch)"); this
-module maps them to catalog ids and says precisely what it could not understand.
+concurrency,batch[,engine][,num_prompts,lengths]``. A concurrency row is a closed-loop
+benchmark whose clients start together (``closed_loop``), a batch row one static batch.
+Sources spell GPUs, dtypes and engines many ways ("H100 80GB HBM3", "fp16 (source:
+Mixed)", "TensorRT-LLM 0.9.0 (static batch)"); this module maps them to catalog ids and
+says precisely what it could not understand.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from rooftop_planner.batching import EngineLimits, Prediction, predict_continuous, predict_static
+from rooftop_planner.batching import EngineLimits, Prediction, predict_static
 from rooftop_planner.catalog import BYTES_PER_DTYPE, Catalog, CatalogError, GpuSpec
+from rooftop_planner.closed_loop import DEFAULT_NUM_PROMPTS, predict_closed_loop
 from rooftop_planner.efficiency import EfficiencyTable
 from rooftop_planner.errors import PlannerError
 from rooftop_planner.perf import GIB, EngineShape
@@ -33,6 +37,8 @@ class Scenario:
     osl: int
     concurrency: int | None
     batch: int | None
+    num_prompts: int = DEFAULT_NUM_PROMPTS
+    fixed_lengths: bool = True
 
     def predict(self, check_context: bool = True) -> Prediction:
         """The scenario's prediction; one that does not fit says why (``fits``, ``reason``).
@@ -47,7 +53,10 @@ class Scenario:
             return predict_static(self.deployment, self.batch, self.isl, self.osl)
         assert self.concurrency is not None
         limits = default_limits(self.engine, self.deployment.gpu, self.concurrency)
-        return predict_continuous(self.deployment, self.concurrency, self.isl, self.osl, limits)
+        return predict_closed_loop(
+            self.deployment, self.concurrency, self.isl, self.osl, limits,
+            self.num_prompts, self.fixed_lengths,
+        )  # fmt: skip
 
     def _beyond_context(self) -> str:
         """Why no engine runs a request this long on this model (its context), else ""."""
@@ -232,5 +241,26 @@ def scenario_from_row(
     isl, osl = _int(row, "isl"), _int(row, "osl")
     assert isl is not None and osl is not None
     return Scenario(
-        deployment=dep, engine=engine, isl=isl, osl=osl, concurrency=concurrency, batch=batch
-    )
+        deployment=dep, engine=engine, isl=isl, osl=osl, concurrency=concurrency, batch=batch,
+        **_closed_loop_run(row, batch is not None),
+    )  # fmt: skip
+
+
+LENGTHS = ("fixed", "varied")
+
+
+def _closed_loop_run(row: Mapping[str, str], static: bool) -> dict[str, Any]:
+    """A concurrency row's run: ``num_prompts`` requests (default vllm bench serve's
+    1,000) and its answers' ``lengths``, fixed (the default: every answer osl tokens) or
+    varied; a static batch has neither."""
+    given = [c for c in ("num_prompts", "lengths") if row.get(c)]
+    if static and given:
+        raise ScenarioError(
+            f"{given[0]}: describes a closed-loop run of clients; a static batch (batch) "
+            "has none, so leave it empty or give concurrency"
+        )
+    lengths = (row.get("lengths") or "fixed").strip().lower()
+    if lengths not in LENGTHS:
+        raise ScenarioError(f"lengths: {row.get('lengths')!r}; use fixed or varied")
+    prompts = _int(row, "num_prompts", False) or DEFAULT_NUM_PROMPTS
+    return {"num_prompts": prompts, "fixed_lengths": lengths == "fixed"}

@@ -106,3 +106,14 @@ def test_an_explanation_names_only_the_lengths_given(rooftop: Rooftop, tmp_path:
     assert "l4 TP1 bf16/KV auto" in done.stdout, done.stdout + done.stderr
     assert "p99" not in done.stdout
     assert "the prompt plus output that 99 % of requests stay within" in done.stdout
+
+
+def test_a_closed_loop_run_is_described_by_its_flags(rooftop: Rooftop) -> None:
+    base = ("predict", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--isl", "1000")
+    one_wave = json.loads(rooftop(*base, "--concurrency", "64", "--num-prompts", "64").stdout)
+    many = json.loads(rooftop(*base, "--concurrency", "64", "--num-prompts", "6400").stdout)
+    assert one_wave["ttft_ms"] > 2 * many["ttft_ms"]  # the first wave's queue, averaged in
+    varied = rooftop(*base, "--concurrency", "64", "--num-prompts", "6400", "--lengths", "varied")
+    assert json.loads(varied.stdout)["ttft_ms"] < many["ttft_ms"]
+    static = rooftop(*base, "--batch", "8", "--lengths", "fixed")
+    assert static.returncode != 0 and "lengths: describes a closed-loop run" in static.stderr
