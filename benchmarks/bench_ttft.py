@@ -1,4 +1,5 @@
-"""The planner's closed-loop TTFT against the simulated engine: clients that start together.
+"""The planner's TTFT of a benchmark run against the simulated engine: closed-loop clients
+that start together, and open-loop Poisson arrivals.
 
     python benchmarks/bench_ttft.py [--quick]
 
@@ -12,6 +13,10 @@ steady-state TTFT of ``batching.predict_continuous``, which ``rooftop predict`` 
 before. Two answer-length regimes: fixed (every answer osl tokens, as benchmarks run)
 and varied (each answer uniform in 0.5-1.5 · osl, seeded), where the waves spread out.
 Prints a markdown table and each predictor's median |error|.
+
+Then open loop: requests sent at random times at 20, 50 and 80 % of the rate the engine
+serves at its running cap (``OPEN_REQUESTS`` of them, seeded; the first fifth left out
+as warm-up), against ``open_loop.predict_open_loop``: mean TTFT and TPOT.
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
+from collections.abc import Iterator
 
 from rooftop_planner.batching import EngineLimits, predict_continuous
 from rooftop_planner.catalog import load_catalog
 from rooftop_planner.closed_loop import predict_closed_loop
 from rooftop_planner.efficiency import load_efficiency
+from rooftop_planner.open_loop import predict_open_loop, served_rate
 from rooftop_planner.perf import EngineShape
 from rooftop_planner.scenarios import default_limits
 from rooftop_sim.engine.core import EngineConfig, EngineCore, Request
@@ -38,6 +45,9 @@ SHAPES = ((1000, 200), (2000, 500), (500, 1000))
 CONCURRENCY = (1, 8, 32, 64, 128)
 WAVES = 5
 SEED = 0
+OPEN_SHAPES = ((1000, 200), (2000, 500))
+OPEN_SHARES = (0.2, 0.5, 0.8)
+OPEN_REQUESTS = 1500
 
 
 def simulated_ttft_s(
@@ -71,14 +81,69 @@ def simulated_ttft_s(
     return statistics.mean(r.ttft_s for r in finished if r.ttft_s is not None)
 
 
-def rows(quick: bool) -> list[tuple[str, float, float, float]]:
-    """(label, simulated, closed-loop predicted, steady-state predicted) TTFT in s."""
+def simulated_open_loop_s(
+    truth: TruthModel, rate: float, isl: int, osl: int, limits: EngineLimits
+) -> tuple[float, float]:
+    """Mean (TTFT, TPOT) in s of ``OPEN_REQUESTS`` requests at Poisson times of mean
+    ``rate`` per second, the first fifth left out."""
+    rng = random.Random(SEED)
+    arrivals, t = [], 0.0
+    for _ in range(OPEN_REQUESTS):
+        t += rng.expovariate(rate)
+        arrivals.append(t)
+    config = EngineConfig(
+        kv_capacity_tokens=truth.kv_capacity_tokens(limits.gpu_memory_utilization),
+        max_num_seqs=limits.max_num_seqs,
+        max_num_batched_tokens=limits.max_num_batched_tokens,
+        max_model_len=isl + osl + 16,
+    )
+    engine, now, sent, finished = EngineCore(config, truth), 0.0, 0, []
+    while len(finished) < OPEN_REQUESTS:
+        while sent < OPEN_REQUESTS and arrivals[sent] <= now:
+            engine.add_request(Request(str(sent), isl, osl, arrivals[sent]))
+            sent += 1
+        result = engine.step(now)
+        if result is None:  # idle until the next arrival
+            now = arrivals[sent]
+            continue
+        now = result.end_s
+        finished += result.finished
+    kept = [r for r in finished if int(r.request_id) >= OPEN_REQUESTS // 5]
+    ttft = statistics.mean(r.ttft_s for r in kept if r.ttft_s is not None)
+    return ttft, statistics.mean(r.tpot_s for r in kept if r.tpot_s)
+
+
+def deployments(quick: bool) -> Iterator[tuple[str, EngineShape, TruthModel]]:
+    """(label, the planner's deployment, the simulator's) of ``DEPLOYMENTS`` (the first
+    only with ``quick``)."""
     catalog, efficiency = load_catalog(), load_efficiency()
-    out = []
     for model, gpu, tp, weights, kv in DEPLOYMENTS[:1] if quick else DEPLOYMENTS:
         dep = EngineShape(catalog.model(model), catalog.gpu(gpu), tp, weights, kv,
                           efficiency.lookup(catalog.gpu(gpu), "vllm"))  # fmt: skip
         truth = TruthModel.for_deployment(model, gpu, tp, weights, kv)
+        yield f"{model} {weights} on {tp}x {gpu}", dep, truth
+
+
+def open_rows(quick: bool) -> list[tuple[str, float, float, float, float]]:
+    """(label, simulated TTFT, predicted TTFT, simulated TPOT, predicted TPOT) in s."""
+    out = []
+    for name, dep, truth in deployments(quick):
+        limits = default_limits("vllm", dep.gpu, 0)
+        for isl, osl in OPEN_SHAPES[:1] if quick else OPEN_SHAPES:
+            top = predict_continuous(dep, float(limits.max_num_seqs), isl, osl, limits)
+            for share in OPEN_SHARES:
+                rate = share * served_rate(top, osl)
+                pred = predict_open_loop(dep, rate, isl, osl, limits)
+                ttft, tpot = simulated_open_loop_s(truth, rate, isl, osl, limits)
+                label = f"{name} | {isl}/{osl} | {rate:.3g} ({share:.0%})"
+                out.append((label, ttft, pred.ttft_s, tpot, pred.tpot_s))
+    return out
+
+
+def rows(quick: bool) -> list[tuple[str, float, float, float]]:
+    """(label, simulated, closed-loop predicted, steady-state predicted) TTFT in s."""
+    out = []
+    for name, dep, truth in deployments(quick):
         for isl, osl in SHAPES[:1] if quick else SHAPES:
             for clients in CONCURRENCY:
                 limits = default_limits("vllm", dep.gpu, clients)
@@ -88,8 +153,8 @@ def rows(quick: bool) -> list[tuple[str, float, float, float]]:
                     pred = predict_closed_loop(
                         dep, clients, isl, osl, limits, WAVES * clients, fixed_lengths=not varied
                     ).ttft_s
-                    label = (f"{model} {weights} on {tp}x {gpu} | {isl}/{osl} | {clients} | "
-                             f"{'varied' if varied else 'fixed'}")  # fmt: skip
+                    answers = "varied" if varied else "fixed"
+                    label = f"{name} | {isl}/{osl} | {clients} | {answers}"
                     out.append((label, sim, pred, steady))
     return out
 
@@ -110,6 +175,17 @@ def main(argv: list[str] | None = None) -> int:
     for name, errors in (("closed-loop", closed), ("steady-state", steady_state)):
         print(f"\n{name}: median |TTFT error| {statistics.median(errors):.0%} "
               f"over {len(errors)} rows")  # fmt: skip
+    print("\n| deployment | isl/osl | requests/s (of the most served) | simulated TTFT ms | "
+          "predicted ms | error | simulated TPOT ms | predicted ms | error |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    opened = open_rows(args.quick)
+    for label, ttft, pred_ttft, tpot, pred_tpot in opened:
+        print(f"| {label} | {ttft * 1e3:.0f} | {pred_ttft * 1e3:.0f} | "
+              f"{pred_ttft / ttft - 1:+.0%} | {tpot * 1e3:.1f} | {pred_tpot * 1e3:.1f} | "
+              f"{pred_tpot / tpot - 1:+.0%} |")  # fmt: skip
+    ttft_errors = [abs(p / s - 1) for _, s, p, _, _ in opened]
+    print(f"\nopen loop: median |TTFT error| {statistics.median(ttft_errors):.0%} "
+          f"over {len(ttft_errors)} rows")  # fmt: skip
     return 0
 
 

@@ -50,8 +50,8 @@ PREDICT_OUTPUT = (
 NUMERIC_OUTPUT = PREDICT_OUTPUT[:7]
 REQUIRED_INPUT = ("model", "gpu", "tp", "isl", "osl")
 CSV_COLUMNS = (
-    "model,gpu,tp,isl,osl and concurrency or batch; optional weight_dtype,kv_dtype,engine "
-    "and, for a concurrency row, num_prompts,lengths"
+    "model,gpu,tp,isl,osl and one of concurrency, batch and rate; optional weight_dtype,"
+    "kv_dtype,engine and, for a concurrency row, num_prompts,lengths"
 )
 DEFAULT_TP, DEFAULT_ISL, DEFAULT_OSL = 1, 1024, 256
 KV_DTYPES = tuple(k.value for k in KvDtype)  # what a ServingTarget's kvDtypes accepts
@@ -224,6 +224,7 @@ def _row(args: argparse.Namespace, model: str) -> dict[str, str]:
         "osl": str(args.osl),
         "concurrency": str(args.concurrency or ""),
         "batch": str(args.batch or ""),
+        "rate": str(args.request_rate or ""),
         "engine": args.engine,
         "num_prompts": str(args.num_prompts or ""),
         "lengths": args.lengths or "",
@@ -238,6 +239,7 @@ WIDE_HEADERS = (
     "OSL",
     "CONCURRENCY",
     "BATCH",
+    "RATE",
     "ENGINE",
     "RUNNING",
     "EVICTIONS",
@@ -267,7 +269,16 @@ def _show(predicted: Predicted, row: Mapping[str, str], fmt: str, explain: bool)
     if fmt == WIDE:
         cells += [
             row[k]
-            for k in ("weight_dtype", "kv_dtype", "isl", "osl", "concurrency", "batch", "engine")
+            for k in (
+                "weight_dtype",
+                "kv_dtype",
+                "isl",
+                "osl",
+                "concurrency",
+                "batch",
+                "rate",
+                "engine",
+            )
         ]
         cells += [
             predicted.running,
@@ -293,8 +304,8 @@ def _column_problem(header: Sequence[str]) -> str:
     missing = [c for c in REQUIRED_INPUT if c not in header]
     if missing:
         return f"missing column(s) {', '.join(missing)}"
-    if "concurrency" not in header and "batch" not in header:
-        return "missing column concurrency or batch (one of the two, per row)"
+    if not {"concurrency", "batch", "rate"} & set(header):
+        return "missing column concurrency, batch or rate (one of the three, per row)"
     return ""
 
 
@@ -338,6 +349,17 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from err
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def _positive_rate(text: str) -> float:
+    """``--request-rate``: a positive, finite number of requests per second."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give requests per second, a number > 0")
     return value
 
 
@@ -402,6 +424,15 @@ def register(subparsers: Any) -> None:
         "serve --max-concurrency does",
     )
     group.add_argument("--batch", **scenario, type=_positive_int, help="one static batch")
+    group.add_argument(
+        "--request-rate",
+        **scenario,
+        type=_positive_rate,
+        metavar="REQ/S",
+        help="an open-loop benchmark: requests sent at random (Poisson) at this mean rate, "
+        "as vllm bench serve --request-rate does; above what the engine serves the TTFT "
+        "is unbounded and the error says so",
+    )
     predict.add_argument(
         "--num-prompts",
         **scenario,

@@ -2,8 +2,9 @@
 
 Both ``rooftop predict --csv`` and the calibration fit read rows shaped like
 data/measured/calibration.csv: ``model,gpu,tp,weight_dtype,kv_dtype,isl,osl,
-concurrency,batch[,engine][,num_prompts,lengths]``. A concurrency row is a closed-loop
-benchmark whose clients start together (``closed_loop``), a batch row one static batch.
+concurrency,batch[,rate][,engine][,num_prompts,lengths]``. A concurrency row is a
+closed-loop benchmark whose clients start together (``closed_loop``), a rate row an
+open-loop one of Poisson arrivals (``open_loop``), a batch row one static batch.
 Sources spell GPUs, dtypes and engines many ways ("H100 80GB HBM3", "fp16 (source:
 Mixed)", "TensorRT-LLM 0.9.0 (static batch)"); this module maps them to catalog ids and
 says precisely what it could not understand.
@@ -22,6 +23,7 @@ from rooftop_planner.catalog import BYTES_PER_DTYPE, Catalog, CatalogError, GpuS
 from rooftop_planner.closed_loop import DEFAULT_NUM_PROMPTS, predict_closed_loop
 from rooftop_planner.efficiency import EfficiencyTable
 from rooftop_planner.errors import PlannerError
+from rooftop_planner.open_loop import predict_open_loop
 from rooftop_planner.perf import GIB, EngineShape
 
 
@@ -39,6 +41,7 @@ class Scenario:
     batch: int | None
     num_prompts: int = DEFAULT_NUM_PROMPTS
     fixed_lengths: bool = True
+    rate: float | None = None
 
     def predict(self, check_context: bool = True) -> Prediction:
         """The scenario's prediction; one that does not fit says why (``fits``, ``reason``).
@@ -51,12 +54,20 @@ class Scenario:
             return Prediction(math.inf, math.inf, 0.0, 0.0, fits=False, reason=beyond)
         if self.batch is not None:
             return predict_static(self.deployment, self.batch, self.isl, self.osl)
+        if self.rate is not None:
+            limits = default_limits(self.engine, self.deployment.gpu, 0)
+            return predict_open_loop(self.deployment, self.rate, self.isl, self.osl, limits)
         assert self.concurrency is not None
         limits = default_limits(self.engine, self.deployment.gpu, self.concurrency)
         return predict_closed_loop(
-            self.deployment, self.concurrency, self.isl, self.osl, limits,
-            self.num_prompts, self.fixed_lengths,
-        )  # fmt: skip
+            self.deployment,
+            self.concurrency,
+            self.isl,
+            self.osl,
+            limits,
+            self.num_prompts,
+            self.fixed_lengths,
+        )
 
     def _beyond_context(self) -> str:
         """Why no engine runs a request this long on this model (its context), else ""."""
@@ -233,31 +244,53 @@ def scenario_from_row(
         efficiency=efficiency.lookup(gpu, engine),
     )
     concurrency, batch = _int(row, "concurrency", False), _int(row, "batch", False)
-    if (concurrency is None) == (batch is None):
+    rate = _rate(row)
+    if sum(v is not None for v in (concurrency, batch, rate)) != 1:
         raise ScenarioError(
-            "concurrency/batch: set exactly one of the two (flags --concurrency or --batch; "
-            "in a CSV, one of the columns concurrency and batch per row)"
+            "concurrency/batch/rate: set exactly one of the three (flags --concurrency, "
+            "--batch or --request-rate; in a CSV, one of the columns concurrency, batch and "
+            "rate per row)"
         )
     isl, osl = _int(row, "isl"), _int(row, "osl")
     assert isl is not None and osl is not None
     return Scenario(
-        deployment=dep, engine=engine, isl=isl, osl=osl, concurrency=concurrency, batch=batch,
-        **_closed_loop_run(row, batch is not None),
-    )  # fmt: skip
+        deployment=dep,
+        engine=engine,
+        isl=isl,
+        osl=osl,
+        concurrency=concurrency,
+        batch=batch,
+        rate=rate,
+        **_closed_loop_run(row, "batch" if batch else "rate" if rate else ""),
+    )
+
+
+def _rate(row: Mapping[str, str]) -> float | None:
+    """The ``rate`` column: requests per second sent at random (Poisson), or None."""
+    raw = (row.get("rate") or "").strip()
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+    except ValueError as err:
+        raise ScenarioError(f"rate: {raw!r} is not a number of requests per second") from err
+    if not math.isfinite(value) or value <= 0:
+        raise ScenarioError(f"rate: {raw!r} must be a positive number of requests per second")
+    return value
 
 
 LENGTHS = ("fixed", "varied")
 
 
-def _closed_loop_run(row: Mapping[str, str], static: bool) -> dict[str, Any]:
+def _closed_loop_run(row: Mapping[str, str], other: str) -> dict[str, Any]:
     """A concurrency row's run: ``num_prompts`` requests (default vllm bench serve's
     1,000) and its answers' ``lengths``, fixed (the default: every answer osl tokens) or
-    varied; a static batch has neither."""
+    varied; a static batch or an open-loop rate (``other``) has neither."""
     given = [c for c in ("num_prompts", "lengths") if row.get(c)]
-    if static and given:
+    if other and given:
         raise ScenarioError(
-            f"{given[0]}: describes a closed-loop run of clients; a static batch (batch) "
-            "has none, so leave it empty or give concurrency"
+            f"{given[0]}: describes a closed-loop run of clients; a {other} row has none, "
+            "so leave it empty or give concurrency"
         )
     lengths = (row.get("lengths") or "fixed").strip().lower()
     if lengths not in LENGTHS:

@@ -8,6 +8,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from cli_process import ROOT, Rooftop, on_a_terminal
 
 EXAMPLE = ROOT / "examples" / "chat-llama-3.1-8b.yaml"
@@ -117,3 +118,14 @@ def test_a_closed_loop_run_is_described_by_its_flags(rooftop: Rooftop) -> None:
     assert json.loads(varied.stdout)["ttft_ms"] < many["ttft_ms"]
     static = rooftop(*base, "--batch", "8", "--lengths", "fixed")
     assert static.returncode != 0 and "lengths: describes a closed-loop run" in static.stderr
+
+
+def test_an_open_loop_run_at_a_request_rate(rooftop: Rooftop) -> None:
+    base = ("predict", "--model", "llama-3.1-8b", "--gpu", "h100-sxm", "--isl", "1000")
+    served = json.loads(rooftop(*base, "--osl", "200", "--request-rate", "5").stdout)
+    assert served["output_tok_s"] == pytest.approx(1000) and served["error"] is None
+    over = json.loads(rooftop(*base, "--osl", "200", "--request-rate", "1000").stdout)
+    assert over["ttft_ms"] is None and over["error"].startswith("overloaded: ")
+    both = rooftop(*base, "--request-rate", "5", "--concurrency", "8")
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
+    assert "give requests per second" in rooftop(*base, "--request-rate", "0").stderr

@@ -200,13 +200,13 @@ def test_predict_csv_needs_only_columns_without_defaults(tmp_path: Path) -> None
     assert short["tpot_ms"] == explicit["tpot_ms"] and short["ttft_ms"] == explicit["ttft_ms"]
 
 
-def test_predict_csv_without_concurrency_or_batch_exit_2(
+def test_predict_csv_without_concurrency_batch_or_rate_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     src = tmp_path / "in.csv"
     src.write_text("model,gpu,tp,isl,osl\nllama-3.1-8b,h100-sxm,1,1000,200\n")
     assert main(["predict", "--csv", str(src)]) == 2
-    assert "concurrency or batch" in capsys.readouterr().err
+    assert "concurrency, batch or rate" in capsys.readouterr().err
 
 
 def test_predict_says_when_a_full_kv_cache_evicts(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,4 @@
-"""The closed-loop TTFT model's own arithmetic (``closed_loop``)."""
+"""The benchmark-run TTFT models' own arithmetic (``closed_loop``, ``open_loop``)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from rooftop_planner.closed_loop import (
     predict_closed_loop,
 )
 from rooftop_planner.efficiency import load_efficiency
+from rooftop_planner.open_loop import predict_open_loop, served_rate
 from rooftop_planner.perf import EngineShape
 
 LIMITS = EngineLimits(max_num_seqs=256, max_num_batched_tokens=8192)
@@ -62,3 +63,14 @@ def test_varied_answers_fall_back_to_the_steady_state() -> None:
     steady = predict_continuous(dep, 64, 1000, 200, LIMITS)
     varied = predict_closed_loop(dep, 64, 1000, 200, LIMITS, 10**6, fixed_lengths=False)
     assert varied.ttft_s == pytest.approx(steady.ttft_s - steady.tpot_s / 2.0, rel=0.01)
+
+
+def test_an_open_loop_beyond_what_the_engine_serves_is_unbounded() -> None:
+    dep = shape()
+    top = predict_continuous(dep, 256.0, 1000, 200, LIMITS)
+    most = served_rate(top, 200)
+    over = predict_open_loop(dep, 1.1 * most, 1000, 200, LIMITS)
+    assert over.ttft_s == float("inf") and over.reason.startswith("overloaded: ")
+    under = predict_open_loop(dep, 0.5 * most, 1000, 200, LIMITS)
+    assert under.ttft_s < 1.0 and under.batch < top.batch
+    assert served_rate(under, 200) == pytest.approx(0.5 * most, rel=1e-6)
