@@ -24,6 +24,8 @@ import pytest
 from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
+from rooftop_planner import perf
+from rooftop_planner.hf_config import model_from_hf_config
 from rooftop_sim.loadgen import LoadSpec, send_request
 from tests.cluster.controlplane import free_port
 from tests.cluster.vllm_engines import SOURCE_PATH, VllmProcess, vllm_cli
@@ -42,6 +44,7 @@ SERVED = "tiny"
 MAX_MODEL_LEN = 1024  # the token-count histograms' buckets follow it
 REQUESTS = ((40, 8), (300, 16))  # (prompt, output) tokens
 CHAT_TOKENS = 4
+GIB = 1024**3  # VLLM_CPU_KVCACHE_SPACE's unit
 
 
 def rooftop_families() -> set[str]:
@@ -191,3 +194,16 @@ def test_the_step_batch_reading_counts_the_same_steps_in_both_engines(
         steps = {s.name: s.value for s in families["vllm:iteration_tokens_total"].samples}
         assert gaps["vllm:inter_token_latency_seconds_count"] == sum(o - 1 for o in outputs)
         assert steps["vllm:iteration_tokens_total_count"] == sum(outputs)
+
+
+def test_the_kv_cache_holds_the_tokens_the_planner_counts(
+    real: dict[str, Metric], tiny_model_dir: Path
+) -> None:
+    """The real vLLM's cache of VLLM_CPU_KVCACHE_SPACE = 1 GiB, in blocks of block_size
+    tokens (``vllm:cache_config_info``), against the planner's KV bytes per token for
+    the tiny model's config.json: within 2 %."""
+    (info,) = real["vllm:cache_config_info"].samples
+    tokens = int(info.labels["num_gpu_blocks"]) * int(info.labels["block_size"])
+    model = model_from_hf_config(tiny_model_dir / "config.json")
+    per_token = perf.kv_bytes_per_token_per_gpu(model, "auto", 1)
+    assert per_token == pytest.approx(GIB / tokens, rel=0.02)
