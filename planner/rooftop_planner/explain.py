@@ -125,14 +125,19 @@ def with_fp8_weights(plan: Plan) -> str:
 
 
 def too_long(model: str, prompt: float, output: float, context: int) -> str:
-    """The headline when the workload's p90 requests exceed the model's context."""
+    """The headline when the workload's lengths put a tenth of its requests beyond the
+    model's context. It names the 90th percentiles as what the lengths the user gave
+    imply (a mean alone implies them too), never as a p90 the user wrote."""
     where = f"{model}'s {context:,}-token context"
     if prompt > context:
-        what = f"prompts of {prompt:,.0f} tokens (the workload's p90) exceed {where}"
+        what = (
+            f"prompts at the 90th percentile of the workload's lengths ({prompt:,.0f} "
+            f"tokens) exceed {where}"
+        )
     else:
         what = (
-            f"requests of {prompt:,.0f} prompt + {output:,.0f} output tokens (the workload's "
-            f"p90s) exceed {where}"
+            f"prompts and answers at the 90th percentile of the workload's lengths "
+            f"({prompt:,.0f} + {output:,.0f} tokens) exceed {where}"
         )
     return (
         f"{what}; vLLM refuses such requests, so no GPU serves this workload: serve a "

@@ -89,8 +89,8 @@ def test_prompts_beyond_the_models_context_are_the_headline(tmp_path: Path) -> N
     done = rooftop("plan", str(target(tmp_path, workload=lengths)), "--explain")
     assert done.returncode == 1
     assert headline(done.stdout).startswith(
-        "prompts of 2,000,000 tokens (the workload's p90) exceed llama-3.1-8b's 131,072-token "
-        "context; vLLM refuses such requests"
+        "prompts at the 90th percentile of the workload's lengths (2,000,000 tokens) exceed "
+        "llama-3.1-8b's 131,072-token context; vLLM refuses such requests"
     )
     assert "relax the SLO" not in done.stdout
 
@@ -100,7 +100,10 @@ def test_prompt_plus_output_beyond_the_context_is_the_headline(tmp_path: Path) -
                "outputTokens": {"mean": 10_000, "p90": 20_000}}  # fmt: skip
     done = rooftop("plan", str(target(tmp_path, workload=lengths)))
     assert done.returncode == 1
-    assert headline(done.stdout).startswith("requests of 120,000 prompt + 20,000 output tokens")
+    assert headline(done.stdout).startswith(
+        "prompts and answers at the 90th percentile of the workload's lengths (120,000 + "
+        "20,000 tokens) exceed"
+    )
 
 
 def test_nodes_without_gpus_are_said_plainly(tmp_path: Path) -> None:

@@ -47,9 +47,9 @@ def test_a_histogram_of_prompts_beyond_the_context_is_the_headline() -> None:
     result = plan_target(spec(workload=workload))
     assert not result.feasible and result.rejections == []
     assert result.reasons == [
-        "prompts of 200,000 tokens (the workload's p90) exceed llama-3.1-8b's 131,072-token "
-        "context; vLLM refuses such requests, so no GPU serves this workload: serve a model "
-        "with a longer context, or shorten them"
+        "prompts at the 90th percentile of the workload's lengths (200,000 tokens) exceed "
+        "llama-3.1-8b's 131,072-token context; vLLM refuses such requests, so no GPU serves "
+        "this workload: serve a model with a longer context, or shorten them"
     ]
 
 
