@@ -9,8 +9,9 @@ code here, each rule naming the class or vLLM model it follows:
 
 - the sliding window: dropped where ``use_sliding_window`` is false (Qwen's classes);
   on the layers ``layer_types`` marks ``sliding_attention``, or where a config has no
-  such list on every other layer (Gemma 2), five in six (Gemma 3) or three in four
-  (Command R7B), else on every layer (Mistral v0.1; vLLM's Qwen2 slides all or none);
+  such list on every other layer (Gemma 2, gpt-oss), five in six (Gemma 3) or three in
+  four (Command R7B), else on every layer (Mistral v0.1; vLLM's Qwen2 slides all or
+  none);
 - multi-head latent attention (DeepSeek-V2/V3/R1): the latent's widths;
 - experts: the per-expert width ``moe_intermediate_size``, shared experts (DeepSeek's
   ``n_shared_experts``, Qwen2-MoE's ``shared_expert_intermediate_size``) and the dense
@@ -68,6 +69,7 @@ _SLIDING_PATTERNS = {
     "gemma2": 2,  # Gemma2Config: sliding where (i + 1) % 2 != 0
     "gemma3_text": 6,  # Gemma3TextConfig: sliding where (i + 1) % 6 != 0
     "cohere2": 4,  # Cohere2Config: sliding where (i + 1) % 4 != 0
+    "gpt_oss": 2,  # GptOssConfig: sliding where (i + 1) % 2 != 0
 }
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 

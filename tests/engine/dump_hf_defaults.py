@@ -41,6 +41,8 @@ MODEL_TYPES = (
     "gemma",
     "gemma2",
     "gemma3_text",
+    "glm4_moe",
+    "gpt_oss",
     "llama",
     "mistral",
     "mixtral",

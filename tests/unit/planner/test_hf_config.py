@@ -57,6 +57,26 @@ def test_parameter_counts_are_the_model_cards(name: str, billions: float, active
     assert m.active_param_count / 1e9 == pytest.approx(active, rel=0.02)
 
 
+@pytest.mark.parametrize(("name", "billions"), [("gpt-oss-120b", 116.8), ("glm-4.5-air", 106.0)])
+def test_total_parameters_are_the_model_cards(name: str, billions: float) -> None:
+    """Their cards count active parameters without the embeddings, so only the total
+    is held here."""
+    assert model(name).param_count / 1e9 == pytest.approx(billions, rel=0.01)
+
+
+def test_gpt_oss_windows_every_other_layer_and_glm_its_first_is_dense() -> None:
+    gpt = model("gpt-oss-120b")
+    assert (gpt.sliding_window, gpt.window_layers, gpt.num_experts) == (128, 18, 128)
+    without_list = {k: v for k, v in config("gpt-oss-120b").items() if k != "layer_types"}
+    assert model_from_hf_config(without_list).window_layers == 18  # GptOssConfig's rule
+    glm = model("glm-4.5-air")
+    assert (glm.dense_layers, glm.dense_intermediate_size, glm.shared_expert_size) == (
+        1,
+        10944,
+        1408,
+    )
+
+
 def test_gemma_ties_its_embeddings_when_the_config_says_nothing() -> None:
     """Gemma2Config defaults tie_word_embeddings to true: no separate LM head, so
     Gemma-2-9B in 16 bits (18.5 GB) leaves an L4 room for its KV cache."""
