@@ -57,6 +57,41 @@ def problems(value: object, schema: Schema, path: str = "") -> Iterator[str]:
     yield from _walk(value, schema, schema.get("$defs", {}), path)
 
 
+def pruned(value: object, schema: Schema) -> object:
+    """``value`` without the fields set to null whose schema does not allow null: the API
+    server drops those before it validates and defaults (a structural schema's
+    ``nullable: false``), so ``minReplicas: null`` means the default, as on the cluster."""
+    return _prune(value, schema, schema.get("$defs", {}))
+
+
+def _prune(value: object, node: Schema, defs: Schema) -> object:
+    options = [o for o in _types(node, defs) if "type" in o]
+    if isinstance(value, dict):
+        mapping = next((o for o in options if o["type"] == "object"), None)
+        if mapping is None:
+            return value
+        fields, others = mapping.get("properties", {}), mapping.get("additionalProperties")
+        kept = {}
+        for key, member in value.items():
+            sub = fields.get(key, others if isinstance(others, Mapping) else None)
+            if sub is None:  # unknown fields are pydantic's to name
+                kept[key] = member
+            elif member is not None or _allows_null(sub, defs):
+                kept[key] = _prune(member, sub, defs)
+        return kept
+    if isinstance(value, list):
+        array = next((o for o in options if o["type"] == "array" and "items" in o), None)
+        return [_prune(v, array["items"], defs) for v in value] if array else value
+    return value
+
+
+def _allows_null(node: Schema, defs: Schema) -> bool:
+    """Whether a field may be null (``X | None``: the CRD's ``nullable: true``); an
+    untyped one (any value) may."""
+    options = _types(node, defs)
+    return any(o.get("type") == "null" or "type" not in o for o in options)
+
+
 def _resolved(node: Schema, defs: Schema) -> Schema:
     ref = node.get("$ref")
     return _resolved(defs[ref.rsplit("/", 1)[-1]], defs) if ref else node

@@ -87,6 +87,7 @@ def parse_target(document: object, source: str = "manifest") -> ServingTarget:
             f"{source}: expected apiVersion: {API_VERSION} and kind: {KIND}, got "
             f"apiVersion: {document.get('apiVersion')!r}, kind: {document.get('kind')!r}"
         )
+    document = json_types.pruned(document, _target_schema())
     wrong_types = list(json_types.problems(document, _target_schema()))
     if wrong_types:
         raise ManifestError(f"{source}: invalid ServingTarget\n" + "\n".join(wrong_types))

@@ -129,3 +129,11 @@ def test_an_open_loop_run_at_a_request_rate(rooftop: Rooftop) -> None:
     both = rooftop(*base, "--request-rate", "5", "--concurrency", "8")
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
     assert "give requests per second" in rooftop(*base, "--request-rate", "0").stderr
+
+
+def test_a_null_field_means_its_default_as_on_the_cluster(rooftop: Rooftop, tmp_path: Path) -> None:
+    # the API server drops a null where the schema has no nullable: true, then defaults it
+    done = rooftop("plan", _target(tmp_path, "minReplicas: 1", "minReplicas: null"), "-o", "json")
+    assert done.returncode == 0, done.stderr
+    listed = rooftop("plan", _target(tmp_path, "minReplicas: 1", "minReplicas: 1"), "-o", "json")
+    assert json.loads(done.stdout) == json.loads(listed.stdout)
