@@ -115,16 +115,24 @@ def _plot(planned: Planned, catalog: Catalog, path: str) -> None:
 
 def show(planned: list[Planned], fmt: str, explain: bool = False) -> None:
     """Print the plans: sentences, a table (one row per target), JSON or YAML (a list
-    when there are several targets)."""
+    when there are several targets). ``explain`` is honoured in every format: the
+    sentences' long form, an ``explanation`` list of lines in each JSON or YAML object
+    (so the output stays one document), each target's explanation under a table."""
     if fmt in (JSON, YAML):
-        data = [p.to_json() for p in planned]
+        data = [_with_explanation(p) if explain else p.to_json() for p in planned]
         if data:
             print(dumps(data[0] if len(data) == 1 else data, fmt))
     elif fmt in (TABLE, WIDE):
         if planned:
             print_table(headers(fmt == WIDE), [row(p, fmt == WIDE) for p in planned])
+            if explain:
+                print("\n" + "\n\n".join(text(p, explain) for p in planned))
     elif planned:
         print("\n\n".join(text(p, explain) for p in planned))
+
+
+def _with_explanation(planned: Planned) -> dict[str, object]:
+    return {**planned.to_json(), "explanation": planned.result.explain().splitlines()}
 
 
 def text(planned: Planned, explain: bool) -> str:
@@ -231,7 +239,8 @@ def register(subparsers: Any) -> None:
     plan.add_argument(
         "--explain",
         action="store_true",
-        help="alternatives and every rejection reason (text output)",
+        help="alternatives and every rejection reason: the long form of the text output, "
+        "an explanation list in JSON and YAML, lines under a table",
     )
     plan.add_argument("--plot", metavar="FILE.png", help="draw the throughput-latency plane")
     plan.add_argument("--catalog", metavar="FILE.yaml", help="your GPU/model catalog overrides")

@@ -40,8 +40,8 @@ every field must have its schema's type, with no conversion: `tpotMs: true` is n
 number and `maxReplicas: "8"` not an integer (an integer where a number is expected is
 fine, and so is `8.0` for an integer; a field set to null that the schema does not let
 be null is dropped and takes its default, as the API server does). Each error names the
-field's path and the fix, and the command exits 2. A namespace, in `metadata.namespace` or `rooftop render -n`, must be
-a DNS-1123 label (lowercase letters, digits and `-`).
+field's path and the fix, and the command exits 2. A namespace, in `metadata.namespace`
+or `rooftop render -n`, must be a DNS-1123 label (lowercase letters, digits and `-`).
 
 **Flags.** A flag that would be ignored beside another is refused, naming both: `--json`
 with `-o`, and `rooftop predict --csv` with a flag that describes one scenario (`--gpu`,

@@ -137,3 +137,11 @@ def test_a_null_field_means_its_default_as_on_the_cluster(rooftop: Rooftop, tmp_
     assert done.returncode == 0, done.stderr
     listed = rooftop("plan", _target(tmp_path, "minReplicas: 1", "minReplicas: 1"), "-o", "json")
     assert json.loads(done.stdout) == json.loads(listed.stdout)
+
+
+def test_plan_explain_is_honoured_in_every_format(rooftop: Rooftop) -> None:
+    explained = json.loads(rooftop("plan", str(EXAMPLE), "--explain", "-o", "json").stdout)
+    assert explained["explanation"][0].startswith("Chosen: ")
+    assert "explanation" not in json.loads(rooftop("plan", str(EXAMPLE), "-o", "json").stdout)
+    table = rooftop("plan", str(EXAMPLE), "--explain", "-o", "table").stdout
+    assert table.splitlines()[0].startswith("NAME") and "\nChosen: " in table
