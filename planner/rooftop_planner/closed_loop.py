@@ -25,6 +25,11 @@ The model (seconds; P' = max(P − d, 1) with d the sequences decoding beside it
 - a run of R requests averages them: (n · TTFT₁ + (R − n) · TTFT₂) / R, plus the queue
   wait of clients beyond the running cap (``batching._steady_state``).
 
+An engine that runs waiting prompts as prefill batches of their own before the next
+decode step (SGLang by default: ``EngineLimits.mixed_prefill`` off, its chunk size the
+budget) runs a wave's batches back to back with no decodes beside them: d = 0 and
+P' = P. Only vLLM's scheduler was checked against (the engine simulator's).
+
 With ``fixed_lengths=False`` (answers of varied lengths) the waves do not last: later
 requests see the steady-state TTFT, less the half step a random arrival waits for the
 step in progress (a closed loop's request arrives as a step ends).
@@ -81,7 +86,7 @@ def arriving_ttft(steady: Prediction) -> float:
 
 def first_wave_ttft_s(dep: EngineShape, n: int, isl: float, limits: EngineLimits) -> float:
     """TTFT₁: n prompts at once, each done in step ⌈i · p / P'⌉ (module docstring)."""
-    decoding = (n - 1) / 2.0  # the wave's prompts done so far, on average
+    decoding = _beside(limits, (n - 1) / 2.0)  # the wave's prompts done so far
     budget = _prefill_budget(limits, decoding)
     step = _full_step_s(dep, n, decoding, isl, budget)
     steps = sum(max(math.ceil(i * isl / budget), 1) for i in range(1, n + 1))
@@ -91,9 +96,16 @@ def first_wave_ttft_s(dep: EngineShape, n: int, isl: float, limits: EngineLimits
 def later_wave_ttft_s(dep: EngineShape, n: int, isl: float, limits: EngineLimits) -> float:
     """TTFT₂: each prompt waits one step of a full budget, or ⌈p / P'⌉ of them."""
     per_step = max(limits.max_num_batched_tokens / isl, 1.0)
-    decoding = max(n - per_step, 0.0)
+    decoding = _beside(limits, max(n - per_step, 0.0))
     budget = _prefill_budget(limits, decoding)
     return max(math.ceil(isl / budget), 1) * _full_step_s(dep, n, decoding, isl, budget)
+
+
+def _beside(limits: EngineLimits, decoding: float) -> float:
+    """The sequences that decode in a step carrying a wave's prompts: none where the
+    engine runs waiting prompts as prefill batches of their own first (SGLang's
+    default, ``mixed_prefill`` off), so the wave's batches run back to back."""
+    return decoding if limits.mixed_prefill else 0.0
 
 
 def _prefill_budget(limits: EngineLimits, decoding: float) -> float:

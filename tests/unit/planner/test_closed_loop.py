@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from rooftop_planner import perf
@@ -74,3 +76,15 @@ def test_an_open_loop_beyond_what_the_engine_serves_is_unbounded() -> None:
     under = predict_open_loop(dep, 0.5 * most, 1000, 200, LIMITS)
     assert under.ttft_s < 1.0 and under.batch < top.batch
     assert served_rate(under, 200) == pytest.approx(0.5 * most, rel=1e-6)
+
+
+def test_a_prefill_first_engine_runs_the_wave_without_decodes() -> None:
+    """SGLang's default: a wave's prompts go as prefill batches of up to the chunk size,
+    back to back, nothing decoding beside them."""
+    dep = shape()
+    sglang = EngineLimits(max_num_seqs=256, max_num_batched_tokens=8192, mixed_prefill=False)
+    alone = perf.forward_time_s(dep, 0.0, 0.0, 8192.0, 8192.0 * 1000 / 2.0)
+    steps = sum(math.ceil(i * 1000 / 8192) for i in range(1, 65)) / 64
+    assert first_wave_ttft_s(dep, 64, 1000, sglang) == pytest.approx(steps * alone)
+    assert later_wave_ttft_s(dep, 64, 1000, sglang) == pytest.approx(alone)
+    assert later_wave_ttft_s(dep, 64, 1000, LIMITS) > alone  # vLLM: decodes ride along
