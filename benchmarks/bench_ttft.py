@@ -16,7 +16,9 @@ Prints a markdown table and each predictor's median |error|.
 
 Then open loop: requests sent at random times at 20, 50 and 80 % of the rate the engine
 serves at its running cap (``OPEN_REQUESTS`` of them, seeded; the first fifth left out
-as warm-up), against ``open_loop.predict_open_loop``: mean TTFT and TPOT.
+as warm-up), against ``open_loop.predict_open_loop``: mean TTFT and TPOT. Last,
+closed-loop runs where more clients wait than run (``QUEUED``), whose TTFT is mostly
+the queue's wait.
 """
 
 from __future__ import annotations
@@ -45,6 +47,16 @@ SHAPES = ((1000, 200), (2000, 500), (500, 1000))
 CONCURRENCY = (1, 8, 32, 64, 128)
 WAVES = 5
 SEED = 0
+# (model, GPU, clients, isl, osl) where more clients wait than run: vLLM's batch cap, its
+# token budget or the KV cache holds the rest in its queue (fixed lengths, bf16, TP 1)
+QUEUED = (
+    ("llama-3.1-8b", "a100-80gb", 256, 2048, 128),
+    ("llama-3.1-8b", "a100-80gb", 256, 1024, 128),
+    ("llama-3.1-8b", "l40s", 256, 2048, 64),
+    ("llama-3.1-8b", "h100-sxm", 512, 4096, 128),
+    ("qwen3-32b", "h100-sxm", 64, 1000, 1000),
+    ("llama-3.1-8b", "l40s", 256, 1000, 1000),
+)
 OPEN_SHAPES = ((1000, 200), (2000, 500))
 OPEN_SHARES = (0.2, 0.5, 0.8)
 OPEN_REQUESTS = 1500
@@ -124,6 +136,24 @@ def deployments(quick: bool) -> Iterator[tuple[str, EngineShape, TruthModel]]:
         yield f"{model} {weights} on {tp}x {gpu}", dep, truth
 
 
+def queued_rows() -> list[tuple[str, float, float, float, float]]:
+    """(label, running predicted, simulated, closed-loop predicted, steady-state) TTFT
+    in s, of the ``QUEUED`` runs."""
+    catalog, efficiency = load_catalog(), load_efficiency()
+    out = []
+    for model, gpu, clients, isl, osl in QUEUED:
+        dep = EngineShape(catalog.model(model), catalog.gpu(gpu), 1, "bf16", "auto",
+                          efficiency.lookup(catalog.gpu(gpu), "vllm"))  # fmt: skip
+        truth = TruthModel.for_deployment(model, gpu, 1, "bf16", "auto")
+        limits = default_limits("vllm", dep.gpu, clients)
+        sim = simulated_ttft_s(truth, clients, isl, osl, limits, varied=False)
+        pred = predict_closed_loop(dep, clients, isl, osl, limits, WAVES * clients)
+        steady = predict_continuous(dep, clients, isl, osl, limits).ttft_s
+        label = f"{model} bf16 on 1x {gpu} | {isl}/{osl} | {clients}"
+        out.append((label, pred.batch, sim, pred.ttft_s, steady))
+    return out
+
+
 def open_rows(quick: bool) -> list[tuple[str, float, float, float, float]]:
     """(label, simulated TTFT, predicted TTFT, simulated TPOT, predicted TPOT) in s."""
     out = []
@@ -186,6 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     ttft_errors = [abs(p / s - 1) for _, s, p, _, _ in opened]
     print(f"\nopen loop: median |TTFT error| {statistics.median(ttft_errors):.0%} "
           f"over {len(ttft_errors)} rows")  # fmt: skip
+    if not args.quick:
+        print("\n| deployment | isl/osl | clients | running | simulated TTFT ms | closed-loop "
+              "predicted ms | error | steady-state ms | error |")  # fmt: skip
+        print("|---|---|---|---|---|---|---|---|---|")
+        for label, running, sim, pred, steady in queued_rows():
+            errors = f"{pred / sim - 1:+.0%} | {steady * 1e3:.0f} | {steady / sim - 1:+.0%}"
+            print(f"| {label} | {running:.0f} | {sim * 1e3:.0f} | {pred * 1e3:.0f} | {errors} |")
     return 0
 
 
