@@ -275,11 +275,11 @@ def predict_continuous(
     decode = perf.step_breakdown(dep, batch, context)
     if not limits.mixed_prefill:
         return _prefill_first(dep, concurrency, isl, osl, limits, batch, decode)
-    chunks, carrying = _chunked(dep, batch, context, isl, limits)
+    chunks, carrying = prompt_chunks(dep, batch, context, isl, limits)
     added = [(float(chunks), carrying)]
     redo, redo_tokens = recompute_tokens(dep, concurrency, isl, osl, limits)
     if redo > 0:  # evicted sequences prefilled again: more chunk-carrying steps
-        redo_chunks, redo_carrying = _chunked(dep, batch, context, redo_tokens, limits)
+        redo_chunks, redo_carrying = prompt_chunks(dep, batch, context, redo_tokens, limits)
         added.append((redo * redo_chunks, redo_carrying))
     admission = sum(n * (c.total_s - decode.total_s) for n, c in added)
     step = mean_step_s(decode.total_s, admission, batch, osl)
@@ -307,7 +307,7 @@ def evicted_tpot_factor(evictions: float, osl: float, concurrency: float, batch:
     return 1.0 + wait_steps / (osl - 1)
 
 
-def _chunked(
+def prompt_chunks(
     dep: EngineShape, batch: float, context: float, prompt: float, limits: EngineLimits
 ) -> tuple[int, perf.StepBreakdown]:
     """(c, t_c): a prompt of ``prompt`` tokens rides in c steps beside the B decodes,

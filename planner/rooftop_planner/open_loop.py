@@ -23,7 +23,13 @@ import math
 from dataclasses import replace
 
 from rooftop_planner import perf
-from rooftop_planner.batching import EngineLimits, Prediction, predict_continuous
+from rooftop_planner.batching import (
+    EngineLimits,
+    Prediction,
+    admissions_per_step,
+    predict_continuous,
+    prompt_chunks,
+)
 from rooftop_planner.perf import EngineShape
 
 # Bisection steps on the running batch: 2⁻⁴⁰ of the cap, far finer than a sequence
@@ -106,12 +112,11 @@ def residual_step_s(
     carry a prompt's chunk (a = B / (osl + 1.5) admissions per step, c chunks each) and
     take t_c, the rest are plain decode steps t_d."""
     batch = steady.batch
-    chunks = max(math.ceil(isl / max(limits.max_num_batched_tokens - batch, 1.0)), 1)
-    carrying = min(batch / (osl + 1.5) * chunks, 1.0)
     context = batch * perf.cached_tokens(dep.model, isl + osl / 2.0)
     decode = perf.forward_time_s(dep, batch, context)
-    chunk = isl / chunks
-    with_chunk = perf.forward_time_s(dep, batch, context, chunk, chunk * isl / 2.0)
+    chunks, carrying_step = prompt_chunks(dep, batch, context, isl, limits)
+    with_chunk = carrying_step.total_s
+    carrying = min(admissions_per_step(batch, osl) * chunks, 1.0)
     mean = (1.0 - carrying) * decode + carrying * with_chunk
     square = (1.0 - carrying) * decode**2 + carrying * with_chunk**2
     return square / (2.0 * mean) if mean > 0 else 0.0
