@@ -218,11 +218,9 @@ def _token_costs(dep: EngineShape, tokens: FloatArray) -> tuple[FloatArray, Floa
     m = dep.model
     total = m.num_layers * _shapes_s(dep, tokens, _layer_shapes(dep))
     if m.is_moe:
-        shared = _shapes_s(dep, tokens, mlp_shapes(m, m.shared_expert_size, dep.tp))
         moe = np.array([moe_s(dep, float(t)) for t in tokens])
-        total = total + m.moe_layers * (moe + (shared if m.shared_expert_size else 0.0))
-        dense = mlp_shapes(m, m.dense_intermediate_size, dep.tp)
-        total = total + (m.dense_layers * _shapes_s(dep, tokens, dense) if m.dense_layers else 0.0)
+        total += m.moe_layers * (moe + _mlp_s(dep, tokens, m.shared_expert_size))
+        total += m.dense_layers * _mlp_s(dep, tokens, m.dense_intermediate_size)
     reduce = np.zeros_like(tokens)
     if dep.tp > 1:
         hidden_bytes = m.hidden_size * ACTIVATION_BYTES
@@ -235,6 +233,13 @@ def _shapes_s(
 ) -> FloatArray:
     """Seconds of the GEMMs ``shapes`` at each token count."""
     return sum((_gemms_s(dep, tokens, n, k) for n, k in shapes), np.zeros_like(tokens))
+
+
+def _mlp_s(dep: EngineShape, tokens: FloatArray, width: int) -> FloatArray:
+    """Seconds of a gated MLP of ``width`` at each token count; none when it is 0."""
+    if not width:
+        return np.zeros_like(tokens)
+    return _shapes_s(dep, tokens, mlp_shapes(dep.model, width, dep.tp))
 
 
 def lm_head_s(dep: EngineShape, sampled: float) -> float:

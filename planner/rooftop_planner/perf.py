@@ -254,8 +254,10 @@ def step_breakdown(
     costs are 0 (the ideal roofline).
     """
     model = kernel_model.step_model(dep)
-    chunk, attended = np.array([prefill_tokens]), np.array([prefill_attended])
-    pairs = float(attended_pairs(dep.model, chunk, attended)[0])
+    pairs = prefill_attended
+    if dep.model.window_layers:  # the rest attend every key (and this runs per tick)
+        chunk, attended = np.array([prefill_tokens]), np.array([prefill_attended])
+        pairs = float(attended_pairs(dep.model, chunk, attended)[0])
     gemm, attention, allreduce = model.parts(decode_seqs, context_tokens, prefill_tokens, pairs)
     scale = model.scale
     return StepBreakdown(
