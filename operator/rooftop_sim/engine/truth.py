@@ -137,9 +137,8 @@ class SimulatedShape:
     def kv_bytes_per_token_per_gpu(self) -> float:
         """K and V of one token, all layers, on one GPU (bytes)."""
         m = self.model
-        per_layer = 2.0 * kv_heads_per_gpu(m, self.tp) * m.head_dim  # K and V elements
-        if m.is_mla:  # one latent per token, whole on every GPU
-            per_layer = m.kv_elements_per_token_layer(self.tp)
+        # K and V of this GPU's KV heads, or an MLA latent (the model's geometry, not timing)
+        per_layer = m.kv_elements_per_token_layer(self.tp)
         return m.num_layers * per_layer * dtype_bytes(self.kv_dtype)
 
     @property
