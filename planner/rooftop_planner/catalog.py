@@ -418,19 +418,12 @@ def _positive(path: str, value: Any) -> float:
     return number
 
 
-def _count(path: str, value: object) -> int:
-    """A whole number >= 1; ``32.0`` is accepted as 32."""
-    number = _finite(path, value, "a whole number >= 1")
-    if number < 1 or not number.is_integer():
-        raise CatalogError(f"{path}: must be a whole number >= 1, got {value!r}")
-    return value if isinstance(value, int) else int(number)
-
-
-def _whole(path: str, value: Any) -> int:
-    """A whole number >= 0; ``32.0`` is accepted as 32."""
-    number = _finite(path, value, "a whole number >= 0")
-    if number < 0 or not number.is_integer():
-        raise CatalogError(f"{path}: must be a whole number >= 0, got {value!r}")
+def _count(path: str, value: object, least: int = 1) -> int:
+    """A whole number >= ``least`` (1: a count; 0: a size whose 0 means none); ``32.0``
+    is accepted as 32."""
+    number = _finite(path, value, f"a whole number >= {least}")
+    if number < least or not number.is_integer():
+        raise CatalogError(f"{path}: must be a whole number >= {least}, got {value!r}")
     return value if isinstance(value, int) else int(number)
 
 
@@ -531,7 +524,7 @@ def _model_numbers(entry: Mapping[str, Any], at: Callable[[str], str]) -> dict[s
         if values.get(key) is None:
             values.pop(key, None)
         else:
-            values[key] = _whole(at(key), values[key])
+            values[key] = _count(at(key), values[key], least=0)
     if values.get("param_count") is not None:
         values["param_count"] = _positive(at("param_count"), values["param_count"])
     return values
@@ -656,9 +649,11 @@ def estimate_param_count(cfg: Mapping[str, Any]) -> float:
     heads = cfg["num_heads"]
     kv_heads = cfg.get("num_kv_heads", heads)
     head_dim = cfg.get("head_dim") or hidden // heads
-    attention = hidden * head_dim * (2 * heads + 2 * kv_heads)
-    if cfg.get("kv_lora_rank"):
-        attention = _mla_params(cfg)
+    attention = (
+        _mla_params(cfg)
+        if cfg.get("kv_lora_rank")
+        else hidden * head_dim * (2 * heads + 2 * kv_heads)
+    )
     dense = cfg.get("dense_layers", 0)
     experts = cfg["intermediate_size"] * cfg.get("num_experts", 1)
     moe_width = experts + cfg.get("shared_expert_size", 0)
