@@ -70,10 +70,9 @@ def _prune(value: object, node: Schema, defs: Schema) -> object:
         mapping = next((o for o in options if o["type"] == "object"), None)
         if mapping is None:
             return value
-        fields, others = mapping.get("properties", {}), mapping.get("additionalProperties")
         kept = {}
         for key, member in value.items():
-            sub = fields.get(key, others if isinstance(others, Mapping) else None)
+            sub = _member(mapping, key)
             if sub is None:  # unknown fields are pydantic's to name
                 kept[key] = member
             elif member is not None or _allows_null(sub, defs):
@@ -83,6 +82,15 @@ def _prune(value: object, node: Schema, defs: Schema) -> object:
         array = next((o for o in options if o["type"] == "array" and "items" in o), None)
         return [_prune(v, array["items"], defs) for v in value] if array else value
     return value
+
+
+def _member(mapping: Schema, key: str) -> Schema | None:
+    """The schema of a mapping's field ``key``: its own, else the one every extra key
+    has; None for an unknown field (pydantic's to name)."""
+    others = mapping.get("additionalProperties")
+    fallback = others if isinstance(others, Mapping) else None
+    found: Schema | None = mapping.get("properties", {}).get(key, fallback)
+    return found
 
 
 def _allows_null(node: Schema, defs: Schema) -> bool:
@@ -118,9 +126,8 @@ def _walk(value: object, node: Schema, defs: Schema, path: str) -> Iterator[str]
 def _inside(value: object, node: Schema, defs: Schema, path: str) -> Iterator[str]:
     """The problems of a mapping's or a list's members."""
     if isinstance(value, dict):
-        fields, others = node.get("properties", {}), node.get("additionalProperties")
         for key, member in value.items():
-            sub = fields.get(key, others if isinstance(others, Mapping) else None)
+            sub = _member(node, key)
             if sub is not None:  # unknown fields are pydantic's to name
                 yield from _walk(member, sub, defs, f"{path}.{key}" if path else str(key))
     elif isinstance(value, list) and "items" in node:
