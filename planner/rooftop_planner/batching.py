@@ -72,6 +72,11 @@ class Prediction:
     queue_wait_s: float = 0.0
 
     @property
+    def mean_step_s(self) -> float:
+        """The mean step (s), 0 without one (nothing fits)."""
+        return self.step.total_s if self.step else 0.0
+
+    @property
     def floor_s(self) -> float:
         """The mean step's physical floor (weights + KV read at peak HBM bandwidth), s."""
         return self.step.floor_s if self.step else 0.0

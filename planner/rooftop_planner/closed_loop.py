@@ -80,8 +80,7 @@ def arriving_ttft(steady: Prediction) -> float:
     """The steady state's TTFT for a request sent as another's answer ends: without the
     wait of clients beyond the running batch, and without the half of a mean step an
     arrival at a random time waits for the step in progress (it arrives at a step's end)."""
-    mean_step = steady.step.total_s if steady.step else 0.0
-    return steady.ttft_s - steady.queue_wait_s - mean_step / 2.0
+    return steady.ttft_s - steady.queue_wait_s - steady.mean_step_s / 2.0
 
 
 def first_wave_ttft_s(dep: EngineShape, n: int, isl: float, limits: EngineLimits) -> float:

@@ -58,8 +58,7 @@ def predict_open_loop(
         return replace(top, ttft_s=math.inf, reason=reason, queue_wait_s=math.inf)
     batch = _batch_serving(dep, rate, isl, osl, limits, top.batch)
     steady = predict_continuous(dep, batch, isl, osl, limits)
-    mean_step = steady.step.total_s if steady.step else 0.0
-    waits = residual_step_s(dep, isl, osl, steady, limits) - mean_step / 2.0
+    waits = residual_step_s(dep, isl, osl, steady, limits) - steady.mean_step_s / 2.0
     waits += shared_step_s(dep, rate, isl, steady, limits)
     return replace(steady, ttft_s=steady.ttft_s + waits)
 
@@ -90,8 +89,7 @@ def shared_step_s(
     """What the prompts arriving in the same step add to a prompt's own chunk step: the
     λ · t̄ others an arrival sees, each up to the step's budget, carried beside the
     running batch (s)."""
-    mean_step = steady.step.total_s if steady.step else 0.0
-    others = rate * mean_step * isl
+    others = rate * steady.mean_step_s * isl
     room = max(limits.max_num_batched_tokens - steady.batch - isl, 0.0)
     extra = min(others, room)
     if extra <= 0:
