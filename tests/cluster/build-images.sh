@@ -34,7 +34,8 @@ MIRROR=${ROOFTOP_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 PAUSE_REF=localhost/rooftop/pause:3.10.1
 OPERATOR_REF=localhost/rooftop:dev
-VLLM_VERSION=0.32.0
+# the engine install-vllm.sh installs (one pin: tests/unit/operator/test_operator_chart.py)
+VLLM_VERSION=$(sed -n 's/^VLLM_VERSION=//p' "$HERE/../engine/install-vllm.sh")
 ENGINE_REF=localhost/rooftop/vllm-cpu:$VLLM_VERSION
 # The bases: Debian bookworm's python3 is 3.11, the version the vLLM venv and the
 # operator's wheels are built for. The engine's adds what vLLM's CPU build needs at run

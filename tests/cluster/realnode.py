@@ -54,6 +54,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from rooftop_operator.settings import VLLM_VERSION
 from tests.cluster import kubeconfig as kc
 from tests.cluster import nodes as fake_nodes
 from tests.cluster.controlplane import (
@@ -71,7 +72,7 @@ from tests.cluster.pki import Pki
 # The images build-images.sh makes (same references there).
 PAUSE_IMAGE = "localhost/rooftop/pause:3.10.1"
 OPERATOR_IMAGE = "localhost/rooftop:dev"
-ENGINE_IMAGE = "localhost/rooftop/vllm-cpu:0.32.0"
+ENGINE_IMAGE = f"localhost/rooftop/vllm-cpu:{VLLM_VERSION}"
 
 # Pod network: not the control plane's Service CIDR (10.0.0.0/24) nor kwok's fake pod
 # IPs (10.244.0.0/16). The bridge's address is also the node's InternalIP: kubelet

@@ -18,6 +18,7 @@ staleness test compares that with the packaged file).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import platform
 import sys
@@ -31,15 +32,33 @@ GENERATED_BY = (
 )
 
 
-def serve_parser() -> argparse.ArgumentParser:
-    """The parser `vllm serve` parses its command line with (vllm/entrypoints/cli/serve.py)."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+# Where `vllm serve`'s parser and its post-parse checks live, newest layout first: vLLM
+# 0.33 moved them from the launchers package to entrypoints/common. The harness runs on
+# either, so moving the pinned engine forward (install-vllm.sh) is one change.
+SERVE_CLI_MODULES = ("vllm.entrypoints.common.cli_args", "vllm.entrypoints.launchers.cli_args")
+
+
+def serve_cli_args() -> Any:
+    """vLLM's module with ``make_arg_parser`` and ``validate_parsed_serve_args``."""
+    for name in SERVE_CLI_MODULES:
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not name.startswith(exc.name):
+                raise  # the module exists but an import inside it failed: say so
+    raise ModuleNotFoundError(f"none of {', '.join(SERVE_CLI_MODULES)} in this vLLM")
+
+
+def parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """(root, serve): `vllm`'s parser, whose parse_args rewrites the command line
+    (FlexibleArgumentParser), and the `serve` subparser that owns the actions
+    (vllm/entrypoints/cli/serve.py)."""
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     root = FlexibleArgumentParser(prog="vllm")
     sub = root.add_subparsers(dest="subparser")
-    parser: argparse.ArgumentParser = make_arg_parser(sub.add_parser("serve"))
-    return parser
+    serve: argparse.ArgumentParser = serve_cli_args().make_arg_parser(sub.add_parser("serve"))
+    return root, serve
 
 
 def _nargs(action: argparse.Action) -> int | str | None:
@@ -109,9 +128,17 @@ def _choices(action: argparse.Action) -> dict[str, Any]:
     return {"choices": sorted(choices, key=str), "convert": conversion}
 
 
-def describe(action: argparse.Action) -> dict[str, Any]:
+def registered_options(parser: argparse.ArgumentParser, action: argparse.Action) -> list[str]:
+    """Every option string the parser recognises for ``action``: its own and those it
+    registered but hides from help (vLLM 0.33 keeps ``--no-enable-x`` working beside
+    ``--disable-x`` that way), which argparse's prefix matching also sees."""
+    registered = parser._option_string_actions.items()
+    return sorted({*action.option_strings, *(s for s, a in registered if a is action)})
+
+
+def describe(parser: argparse.ArgumentParser, action: argparse.Action) -> dict[str, Any]:
     return {
-        "options": sorted(action.option_strings),
+        "options": registered_options(parser, action),
         "dest": action.dest,
         "nargs": _nargs(action),
         **_choices(action),
@@ -122,8 +149,8 @@ def describe(action: argparse.Action) -> dict[str, Any]:
 def table(parser: argparse.ArgumentParser) -> dict[str, Any]:
     import vllm
 
-    flags = [describe(a) for a in parser._actions if a.option_strings]
-    positionals = [describe(a) for a in parser._actions if not a.option_strings]
+    flags = [describe(parser, a) for a in parser._actions if a.option_strings]
+    positionals = [describe(parser, a) for a in parser._actions if not a.option_strings]
     positionals = [{k: v for k, v in p.items() if k != "options"} for p in positionals]
     return {
         "generated_by": GENERATED_BY,
@@ -145,7 +172,7 @@ def render(data: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     output = argv[1] if len(argv) > 1 else str(DEFAULT_OUTPUT)
-    text = render(table(serve_parser()))
+    text = render(table(parsers()[1]))
     if output == "-":
         sys.stdout.write(text)
     else:

@@ -18,8 +18,8 @@ What is checked, in the order `vllm serve` does it (vllm/entrypoints/cli/serve.p
 AsyncLLM's start-up), each stage only if the one before passed:
 
 1. ``parse``: the serve parser (FlexibleArgumentParser: prefixes, choices, dotted JSON
-   arguments) and ``validate_parsed_serve_args``. ``dests`` lists what differs from the
-   parser's defaults (the flag checker's tests compare it with rooftop_api.vllm_args).
+   arguments) and ``validate_parsed_serve_args``. ``dests`` lists what the command line
+   sets (the flag checker's tests compare it with rooftop_api.vllm_args).
    Cases without ``config`` stop here.
 2. ``model``: ``EngineArgs.from_cli_args(...).create_model_config()``: the config.json is
    loaded; dtype, max-model-len against the model's context and the quantization method
@@ -55,6 +55,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+# a sibling script: run as one (as the vLLM venv's python does), its folder is on sys.path
+from dump_vllm_flags import parsers, serve_cli_args
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never fetch: the config is local
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -66,18 +69,6 @@ PLATFORM_MESSAGE = re.compile(
 )
 
 
-def parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
-    """(root, serve): `vllm`'s parser, whose parse_args rewrites the command line
-    (FlexibleArgumentParser), and the `serve` subparser that owns the actions."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    root = FlexibleArgumentParser(prog="vllm")
-    sub = root.add_subparsers(dest="subparser")
-    serve: argparse.ArgumentParser = make_arg_parser(sub.add_parser("serve"))
-    return root, serve
-
-
 class Refused(Exception):
     def __init__(self, stage: str, message: str, verdict: str = "refused") -> None:
         super().__init__(message)
@@ -86,13 +77,11 @@ class Refused(Exception):
 
 def parse(root: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     """Parse as `vllm serve` does; argparse's exit (and its message) becomes Refused."""
-    from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
-
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
             args = root.parse_args(["serve", *argv])
-        validate_parsed_serve_args(args)
+        serve_cli_args().validate_parsed_serve_args(args)
     except SystemExit as exc:  # argparse's error (its message on stderr), or --help
         lines = err.getvalue().strip().splitlines() or [f"exit {exc.code}"]
         raise Refused("parse", lines[-1]) from None
@@ -103,12 +92,29 @@ def parse(root: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def changed_dests(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
-    """Dests whose value differs from the parser's default (JSON-safe reprs)."""
+class _Unset:
+    """Stands for "not on the command line" in a namespace argparse fills."""
+
+
+# Actions that add to the value already there (a list, a count): a marker would break
+# them, so for these a dest counts as given when its value differs from the default.
+_ACCUMULATING = (argparse._AppendAction, argparse._AppendConstAction, argparse._CountAction)
+
+
+def given_dests(serve: argparse.ArgumentParser, argv: list[str]) -> dict[str, Any]:
+    """Dests the command line sets, with their values (JSON-safe reprs), even to the
+    default (``--disable-log-requests`` where logging is off by default): argparse writes a
+    default only where the namespace lacks the attribute, so a namespace holding a marker
+    for each dest keeps the marker wherever the command line was silent."""
+    unset = _Unset()
+    actions = [a for a in serve._actions if a.dest not in ("help", "subparser")]
+    marked = {a.dest for a in actions if not isinstance(a, _ACCUMULATING)}
+    args = serve.parse_args(argv, namespace=argparse.Namespace(**dict.fromkeys(marked, unset)))
     out: dict[str, Any] = {}
-    for action in parser._actions:
-        value = getattr(args, action.dest, None)
-        if action.dest in ("help", "subparser") or value is None or value == action.default:
+    for action in actions:
+        value = getattr(args, action.dest, unset)
+        defaulted = action.dest not in marked and value == action.default
+        if value is unset or value is None or defaulted:
             continue
         out[action.dest] = value if isinstance(value, int | float | str | bool) else repr(value)
     return out
@@ -167,7 +173,7 @@ def run_case(
             argv[0] = model_dir
         try:
             args = parse(root, argv)
-            result["dests"] = changed_dests(serve, args)
+            result["dests"] = given_dests(serve, argv)
             if "config" in case:
                 build_configs(args)
         except Refused as refused:
