@@ -166,6 +166,7 @@ HEADERS = (
 )
 WIDE_HEADERS = (
     "MAX-NUM-SEQS",
+    "CHUNK(tokens)",
     "MAX-MODEL-LEN",
     "TOK/s",
     "CAPACITY(req/s)",
@@ -210,9 +211,10 @@ def _plan_cells(plan: Plan | None) -> list[Cell]:
 
 def _wide_plan_cells(plan: Plan | None) -> list[Cell]:
     if plan is None:
-        return [None] * 4
+        return [None] * 5
     return [
         plan.max_num_seqs,
+        plan.max_num_batched_tokens,
         plan.max_model_len,
         round(plan.output_tok_s, 1),
         round(plan.capacity_rps, 3),

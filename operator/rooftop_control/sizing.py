@@ -16,7 +16,7 @@ from typing import Protocol
 
 from rooftop_api.spec import KvDtype, PrefixReuse, ServingTargetSpec, WeightDtype
 from rooftop_control.traffic import Traffic, fitted_prefix
-from rooftop_planner.batching import predict_continuous
+from rooftop_planner.batching import EngineLimits, predict_continuous
 from rooftop_planner.bursts import burst_rate
 from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog, load_catalog
 from rooftop_planner.efficiency import load_efficiency
@@ -90,11 +90,11 @@ class Planner(Protocol):
 class PlanTargetPlanner:
     """``Planner`` backed by ``rooftop_planner``, pinned to the running deployment's shape.
 
-    Re-planning may change replicas and the batch cap, never the GPU type, TP or dtypes:
-    those need new nodes and a full redeploy, which is the planner's (``rooftop plan``)
-    job, not the feedback loop's. min/max replicas and the budget are lifted from the
-    pinned spec so the planner reports what the SLO needs; ``decide`` applies the limits
-    (and says in the conditions when they bind).
+    Re-planning may change replicas and the batch cap, never the GPU type, TP, dtypes or
+    prefill chunk: those need new nodes or a full redeploy, which is the planner's
+    (``rooftop plan``) job, not the feedback loop's. min/max replicas and the budget are
+    lifted from the pinned spec so the planner reports what the SLO needs; ``decide``
+    applies the limits (and says in the conditions when they bind).
     """
 
     def __init__(self, spec: ServingTargetSpec, plan: Plan, catalog: Catalog | None = None) -> None:
@@ -204,7 +204,9 @@ class PlanTargetPlanner:
                 catalog=self.catalog,
                 step_time_scale=factor,
                 engine_families=ACCELERATOR_FAMILIES,
-                tp=self.plan.tp,  # the running shape's; other degrees' curves go unused
+                # the running shape's degree and prefill chunk; others' curves go unused
+                tp=self.plan.tp,
+                max_num_batched_tokens=self.plan.max_num_batched_tokens,
             )
         self._searches[key] = search
         if len(self._searches) > SEARCH_CACHE_ENTRIES:
@@ -237,7 +239,8 @@ class PlanTargetPlanner:
 
     def step_ms(self, batch: float, prompt_tokens: float, output_tokens: float) -> float:
         """The planner's mean step time (TPOT) at this running batch, ms, unscaled."""
-        pred = predict_continuous(self.deployment, batch, prompt_tokens, output_tokens)
+        limits = EngineLimits(max_num_batched_tokens=self.plan.max_num_batched_tokens)
+        pred = predict_continuous(self.deployment, batch, prompt_tokens, output_tokens, limits)
         return float(pred.tpot_s) * 1e3
 
 

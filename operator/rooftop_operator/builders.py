@@ -36,7 +36,6 @@ from rooftop_operator.specs import TargetRef
 from rooftop_planner.errors import PlannerError
 from rooftop_planner.inventory import gpu_toleration
 from rooftop_planner.lifecycle import Lifecycle
-from rooftop_planner.perf import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from rooftop_planner.plan import VLLM_FLAGS, Plan
 from rooftop_planner.weights import ONLINE_FP8, VLLM_DTYPE, Weights, vllm_kv_cache_dtype
 
@@ -234,13 +233,13 @@ def vllm_args(inp: EngineInputs) -> list[str]:
         raise UnsupportedPlan(str(err)) from err
     weights = vllm_weights(inp)
     args = [weights.model, "--served-model-name", *served_names(inp)]
-    for name, flag in VLLM_FLAGS.items():  # the plan fields vLLM takes as they are
-        if value := getattr(plan, name):
-            args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
-    # The plan times prompts in chunks of this many tokens per step. vLLM's own default
+    # The plan fields vLLM takes as they are. Among them the prefill chunk
+    # (--max-num-batched-tokens), which the plan times prompts in: vLLM's own default
     # depends on the GPU (2,048 on A100s and on cards under 70 GiB, 16,384 from 160 GiB),
     # so the engine is told the planner's.
-    args += ["--max-num-batched-tokens", str(DEFAULT_MAX_NUM_BATCHED_TOKENS)]
+    for name, flag in VLLM_FLAGS.items():
+        if value := getattr(plan, name):
+            args += [flag, f"{value:g}" if isinstance(value, float) else str(value)]
     # Said, not assumed: without chunked prefill vLLM refuses any context above that
     # budget (its scheduler config check), and the plan's prefill timing assumes chunks.
     args += ["--enable-chunked-prefill"]
@@ -285,6 +284,8 @@ def sim_command(inp: EngineInputs) -> list[str]:
         plan.kv_dtype,
         "--gpu-memory-utilization",
         f"{plan.gpu_memory_utilization:g}",
+        "--max-num-batched-tokens",
+        str(plan.max_num_batched_tokens),
         "--shutdown-timeout",
         str(inp.lifecycle.shutdown_timeout_s),
     ]

@@ -199,6 +199,7 @@ def scenario(spec: ServingTargetSpec, workload: RequestStream, **sim_kw: Any) ->
         usd_per_replica_hour=plan.usd_per_replica_hour,
         gpu_memory_utilization=plan.gpu_memory_utilization,
         max_model_len=plan.max_model_len,
+        max_num_batched_tokens=plan.max_num_batched_tokens,
     )
     sim = ClusterConfig(
         replica,

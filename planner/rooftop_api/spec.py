@@ -305,6 +305,15 @@ class Constraints(_Model):
         "and [auto] allows only it. vLLM has no int8 or int4 KV cache.",
     )
     max_tensor_parallel: int | None = Field(default=None, ge=1, le=64)
+    prefill_chunk_tokens: list[Annotated[int, Field(ge=512, le=65536)]] | None = Field(
+        default=None,
+        max_length=8,
+        description="Prefill chunks the planner may choose among (vLLM "
+        "--max-num-batched-tokens, the most tokens one engine step takes; at least 512, "
+        "the largest batch cap). Default: 8192 only. A smaller chunk prefills a long "
+        "prompt over more, shorter steps, so a short answer shares fewer of them, at the "
+        "price of TTFT; it is planned only where it is cheaper.",
+    )
     min_replicas: int = Field(default=1, ge=0, le=1000)
     max_replicas: int = Field(default=16, ge=1, le=1000)
     node_selector: dict[LabelKeyLength, LabelValue] | None = Field(
@@ -679,6 +688,12 @@ class PlanStatus(_Model):
     gpu_memory_utilization: float | None = Field(
         default=None,
         description="The share of GPU memory vLLM may use (--gpu-memory-utilization).",
+    )
+    max_num_batched_tokens: int | None = Field(
+        default=None,
+        description="vLLM --max-num-batched-tokens, the prefill chunk: the most tokens one "
+        "engine step takes, so a longer prompt is prefilled over several steps (absent: "
+        "8192).",
     )
     checkpoint: str | None = Field(default=None, description="The weights vLLM loads.")
     session_affinity: Literal["ClientIP"] | None = Field(

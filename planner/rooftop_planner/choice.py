@@ -1,9 +1,9 @@
 """Choosing among the plans that meet the SLO: the budget cut, the ranking, the runners-up.
 
 The search calls ``choose`` with every plan that met the SLO and every rejection; it
-decides (cheapest within budget, ties to fewer quantized parts, then lower TPOT, then
-fewer GPUs; alternatives of a different shape, same-cost KV-only variants folded into
-one) and ``explain`` puts each decision into words.
+decides (cheapest within budget, ties by ``rank``; alternatives of a different shape,
+same-cost KV-only variants folded into one) and ``explain`` puts each decision into
+words.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import replace
 
 from rooftop_api.spec import ServingTargetSpec
 from rooftop_planner import explain
+from rooftop_planner.perf import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from rooftop_planner.plan import Plan
 from rooftop_planner.result import Rejection, SearchResult
 
@@ -19,14 +20,22 @@ MAX_ALTERNATIVES = 5
 BUDGET_TOLERANCE_USD_PER_HOUR = 1e-9  # float noise in a sum of prices is not overspending
 
 
-def rank(plan: Plan) -> tuple[float, int, bool, float, int]:
+def rank(plan: Plan) -> tuple[float, int, bool, int, float, int]:
     """Cheapest first; ties go to the plan that keeps more of the model's 16-bit outputs
     (quantized weights or KV only where they save money), then to no session affinity
     (it pins sessions, so replicas' loads follow the sessions' sizes, only where it saves
-    money), then lower latency, then fewer GPUs."""
+    money), then to the larger prefill chunk (a smaller one lengthens TTFT: only where it
+    saves money), then lower latency, then fewer GPUs."""
     quantized = sum(d not in explain.SIXTEEN_BIT for d in (plan.weight_dtype, plan.kv_dtype))
     pinned = bool(plan.session_affinity)
-    return (round(plan.usd_per_hour, 6), quantized, pinned, plan.tpot_ms, plan.replicas * plan.tp)
+    return (
+        round(plan.usd_per_hour, 6),
+        quantized,
+        pinned,
+        -plan.max_num_batched_tokens,
+        plan.tpot_ms,
+        plan.replicas * plan.tp,
+    )
 
 
 def pareto_frontier(plans: list[Plan]) -> list[Plan]:
@@ -76,7 +85,8 @@ def choose(spec: ServingTargetSpec, plans: list[Plan], rejections: list[Rejectio
     if affordable:
         (chosen, _), *others = fold_kv(best_per_shape(affordable))
         unpinned = _cheapest_unpinned(chosen, affordable)
-        result.plan = replace(chosen, summary=explain.chosen(chosen, spec, unpinned))
+        whole = _cheapest_at_default_chunk(chosen, affordable)
+        result.plan = replace(chosen, summary=explain.chosen(chosen, spec, unpinned, whole))
         result.alternatives = [
             replace(p, summary=explain.lost_to(p, chosen, kvs))
             for p, kvs in others[:MAX_ALTERNATIVES]
@@ -96,6 +106,15 @@ def _cheapest_unpinned(chosen: Plan, plans: list[Plan]) -> Plan | None:
     if not chosen.session_affinity:
         return None
     return min((p for p in plans if not p.session_affinity), key=rank, default=None)
+
+
+def _cheapest_at_default_chunk(chosen: Plan, plans: list[Plan]) -> Plan | None:
+    """For a plan with a smaller prefill chunk than the default: the cheapest plan at the
+    default, which it beat (its price is what the smaller chunk saves); None otherwise."""
+    if chosen.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS:
+        return None
+    whole = (p for p in plans if p.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS)
+    return min(whole, key=rank, default=None)
 
 
 def _over_budget(plan: Plan, budget: float) -> Rejection:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from rooftop_api.spec import ServingTargetSpec
 from rooftop_planner.bursts import HEADROOM, burst_rate
+from rooftop_planner.perf import DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 if TYPE_CHECKING:  # types only: results are built by ``choice``, which imports this module
     from rooftop_planner.perf import StepBreakdown
@@ -28,7 +29,12 @@ def describe(plan: Plan, kv_dtypes: tuple[str, ...] = ()) -> str:
     return (
         f"{replicas_of(plan.replicas, plan.tp, plan.gpu)}, {plan.weight_dtype}/KV {kv}, "
         f"max-num-seqs {plan.max_num_seqs}"
+        + ("" if _default_chunk(plan) else f", prefill chunks of {plan.max_num_batched_tokens}")
     )
+
+
+def _default_chunk(plan: Plan) -> bool:
+    return plan.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 
 def replicas_of(replicas: object, tp: object, gpu: object) -> str:
@@ -44,10 +50,16 @@ def changes_outputs(plan: Plan) -> str:
     return " and ".join(parts)
 
 
-def chosen(plan: Plan, spec: ServingTargetSpec, unpinned: Plan | None = None) -> str:
-    """The chosen plan's one-line summary: shape, predictions against the SLO, cost, and
-    what the prefix cache saves (``unpinned``: the best plan without the chosen one's
-    session affinity)."""
+def chosen(
+    plan: Plan,
+    spec: ServingTargetSpec,
+    unpinned: Plan | None = None,
+    whole_chunks: Plan | None = None,
+) -> str:
+    """The chosen plan's one-line summary: shape, predictions against the SLO, cost, what
+    the prefix cache saves (``unpinned``: the best plan without the chosen one's session
+    affinity) and what smaller prefill chunks save (``whole_chunks``: the best plan at
+    the default chunk)."""
     slo = spec.slo
     return (
         f"{describe(plan)}: predicted {slo.tpot_percentile.value} TPOT {plan.tpot_ms:.1f} ms "
@@ -57,6 +69,24 @@ def chosen(plan: Plan, spec: ServingTargetSpec, unpinned: Plan | None = None) ->
         + f"; max-model-len {plan.max_model_len} ({plan.context_note})"
         + _quantized_note(plan)
         + prefix_note(plan, unpinned)
+        + chunk_note(plan, whole_chunks)
+    )
+
+
+def chunk_note(plan: Plan, whole_chunks: Plan | None) -> str:
+    """Why the plan prefills in chunks smaller than the default, and what it saves."""
+    if _default_chunk(plan):
+        return ""
+    note = (
+        f"; --max-num-batched-tokens {plan.max_num_batched_tokens}: a long prompt is "
+        "prefilled over more, shorter steps, so a short answer shares fewer of them "
+        f"(TTFT pays for it); with {DEFAULT_MAX_NUM_BATCHED_TOKENS}-token chunks "
+    )
+    if whole_chunks is None:
+        return note + "no plan meets the SLO within the budget"
+    return (
+        note
+        + f"the cheapest plan is {describe(whole_chunks)} at ${whole_chunks.usd_per_hour:.2f}/h"
     )
 
 

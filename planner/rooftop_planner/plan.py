@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from rooftop_api.spec import PlanStatus, PredictedLatency
 from rooftop_planner.errors import PlannerError
-from rooftop_planner.perf import DEFAULT_GPU_MEMORY_UTILIZATION
+from rooftop_planner.perf import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 # Plan fields status.plan does not keep, and why; every other field survives
 # ``from_status(to_status())`` (a unit test holds both to this).
@@ -41,6 +41,7 @@ SHAPE_FIELDS: Final = (
     "kv_dtype",
     "max_model_len",
     "gpu_memory_utilization",
+    "max_num_batched_tokens",
     "checkpoint",
     # the Service's: a pod stays as it was, but the hit rate, hence the curve, changes
     "session_affinity",
@@ -58,6 +59,7 @@ VLLM_FLAGS: Final = {
     "max_num_seqs": "--max-num-seqs",
     "max_model_len": "--max-model-len",
     "gpu_memory_utilization": "--gpu-memory-utilization",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
 }
 ENGINE_FIELDS_TRANSLATED: Final = (
     "gpu",
@@ -111,6 +113,8 @@ class Plan:
     context_note: str = ""
     session_affinity: str = ""  # the Service's sessionAffinity: "ClientIP", or "" for none
     prefix_hit_ratio: float = 0.0  # predicted share of prompt tokens the prefix cache holds
+    # the prefill chunk, tokens: the most one engine step takes (--max-num-batched-tokens)
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
 
     @property
     def key(self) -> tuple[str, int, str, str]:
@@ -120,8 +124,8 @@ class Plan:
     @property
     def shape(self) -> tuple[object, ...]:
         """The engine each pod runs (``SHAPE_FIELDS``: GPU, TP, dtypes, context length,
-        memory share, checkpoint). The feedback loop changes only the ``scale``; a new
-        shape is a new operating curve."""
+        memory share, prefill chunk, checkpoint). The feedback loop changes only the
+        ``scale``; a new shape is a new operating curve."""
         return tuple(getattr(self, name) for name in SHAPE_FIELDS)
 
     @property
@@ -157,6 +161,7 @@ class Plan:
             "checkpoint": self.checkpoint,
             "weights_note": self.weights_note,
             "gpu_memory_utilization": self.gpu_memory_utilization,
+            "max_num_batched_tokens": self.max_num_batched_tokens,
             "session_affinity": self.session_affinity,
             "predicted": {
                 "tpot_ms": round(self.tpot_ms, 2),
@@ -180,6 +185,7 @@ class Plan:
             kv_dtype=self.kv_dtype,
             max_model_len=self.max_model_len,
             gpu_memory_utilization=self.gpu_memory_utilization,
+            max_num_batched_tokens=self.max_num_batched_tokens,
             checkpoint=self.checkpoint or None,
             session_affinity=self.session_affinity or None,
             usd_per_hour=round(self.usd_per_hour, 3),
@@ -197,8 +203,9 @@ class Plan:
         """Read ``status.plan`` (camelCase, as stored) back into a plan.
 
         Fields the status does not keep (``NOT_IN_STATUS``) take their defaults; a stored
-        plan without a context length or memory share (older status) reads as 0, which
-        builders omit, or as vLLM's default share.
+        plan without a context length, memory share or prefill chunk (older status)
+        reads as 0, which builders omit, as vLLM's default share, or as the chunk older
+        plans ran with (``DEFAULT_MAX_NUM_BATCHED_TOKENS``, always rendered).
 
         Raises:
             PlanStatusError: the stored plan lacks a field or has a wrong type.
@@ -221,6 +228,7 @@ class Plan:
             kv_dtype=stored.kv_dtype,
             max_model_len=stored.max_model_len or 0,
             gpu_memory_utilization=memory_share,
+            max_num_batched_tokens=stored.max_num_batched_tokens or DEFAULT_MAX_NUM_BATCHED_TOKENS,
             tpot_ms=stored.predicted.tpot_ms or 0.0,
             ttft_ms=stored.predicted.ttft_ms or 0.0,
             output_tok_s=stored.predicted.output_tok_s or 0.0,

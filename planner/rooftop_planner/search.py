@@ -1,8 +1,8 @@
 """The SLO/budget search: the cheapest plan that meets the SLO at the target rate.
 
-Enumerates GPU type × weight dtype × KV dtype × TP × batch cap, rejects each candidate
-with a reason (invalid TP, does not fit, TPOT/TTFT over SLO, over budget, too many
-replicas), sizes replicas (data parallelism) for the request rate with headroom, and
+Enumerates GPU type × weight dtype × KV dtype × TP × prefill chunk × batch cap, rejects
+each candidate with a reason (invalid TP, does not fit, TPOT/TTFT over SLO, over budget,
+too many replicas), sizes replicas (data parallelism) for the request rate with headroom, and
 ranks by $/hour, ties to fewer quantized parts, then lower TPOT (``choice.rank``). A
 workload whose p90 requests exceed the model's context is infeasible before any of
 that. Pure: no I/O, no Kubernetes.
@@ -54,6 +54,16 @@ from rooftop_planner.weights import Weights, kv_problem, resolve_weights
 from rooftop_planner.workload import LengthDistribution, from_spec
 
 BATCH_CAPS = (8, 16, 32, 64, 128, 256, 512)
+# The prefill chunks searched without spec.constraints.prefillChunkTokens (vLLM's
+# --max-num-batched-tokens, the step's token budget): the one Rooftop has always
+# rendered. A smaller chunk splits a long prompt over more steps, so a short answer
+# shares fewer of them (``tail``), at the price of TTFT (the prompt's own prefill takes
+# more full steps). Listed chunks are searched largest first: a shape's rejections are
+# said for the largest, and at equal cost it wins (``choice.rank``). Not searched by
+# default: in the engine simulator the smaller chunks the planner picked moved the share
+# of requests within the SLO by at most a point, while the planner credited them with
+# 3-8 % more capacity per replica (benchmarks/bench_chunk.py, docs/planner.md).
+DEFAULT_CHUNK_TOKENS = (perf.DEFAULT_MAX_NUM_BATCHED_TOKENS,)
 # Without constraints.weightDtypes only the model's own 16-bit weights: quantized weights
 # change the outputs, so they are planned only where the target lists them. An fp8 KV
 # cache changes outputs far less and halves the cache (longer contexts, bigger batches);
@@ -123,8 +133,10 @@ class _Steps:
     """Candidates' steps on their batch grids, before the tail (D × GRID_POINTS arrays).
 
     decode: step without prefill (s); slope: ∂decode/∂B (s); rate: λ (requests/s); step:
-    mean step t̄ (s); extra_mean, extra_sq: E[Δ] (s), E[Δ²] (s²) of one admission's extra
-    step time; prefill: the TTFT-quantile prompt's prefill steps (s).
+    mean step t̄ (s); extra_mean: E[Δ] (s) of one admission's extra step time; prefill:
+    the TTFT-quantile prompt's prefill steps (s). Per prompt stratum: chunk_extra, δ, what
+    one step carrying a chunk of it adds (s, D × S × GRID_POINTS), and chunks, c, the
+    steps it rides in (D × S).
     """
 
     batches: FloatArray
@@ -133,7 +145,8 @@ class _Steps:
     rate: FloatArray
     step: FloatArray
     extra_mean: FloatArray
-    extra_sq: FloatArray
+    chunk_extra: FloatArray
+    chunks: FloatArray
     prefill: FloatArray
 
 
@@ -149,40 +162,43 @@ class _RawSteps:
     """Candidates' step grids before the step-time factor (``perf.forward_parts``): the
     kernels' unscaled sums and the physical floors (s, D × variants·GRID_POINTS), the
     mean batches (D × GRID_POINTS) and the prefill chunks of each prompt stratum and of
-    the TTFT prompt. None of it depends on the factor (``PreparedSearch.rescaled``)."""
+    the TTFT prompt (D × strata + 1). None of it depends on the factor
+    (``PreparedSearch.rescaled``)."""
 
     batches: FloatArray
     unscaled: FloatArray
     floor: FloatArray
-    chunks: tuple[int, ...]
+    chunks: FloatArray
 
 
-def _raw_steps(deps: list[EngineShape], limits: FloatArray, t: _Targets, same: float) -> _RawSteps:
+def _raw_steps(
+    deps: list[EngineShape], budgets: FloatArray, limits: FloatArray, t: _Targets, same: float
+) -> _RawSteps:
     """Every candidate's steps on its batch grid before the factor, in one array call.
 
     Of a prompt of p tokens the prefix cache holds c (``prefix``, with ``same`` the
     chance a session's earlier request ran on this replica), so n = p − c tokens are
-    prefilled: in ceil(n / budget) steps, one chunk each, every new token attending to
-    the c cached ones and half the new ones (≈ chunk · (c + n/2) pairs). Columns: the
-    decode step, one step carrying each prompt stratum's chunk, and one at the
-    percentile batch carrying the TTFT prompt's.
+    prefilled: in ceil(n / K) steps of the candidate's token budget K (``budgets``), one
+    chunk each, every new token attending to the c cached ones and half the new ones
+    (≈ chunk · (c + n/2) pairs). Columns: the decode step, one step carrying each prompt
+    stratum's chunk, and one at the percentile batch carrying the TTFT prompt's.
     """
     batches = _batch_grid(limits)
     batch_q = batches + t.z_tpot * np.sqrt(batches)
     lengths = (*t.prompts, t.isl_q)
     cached = [t.prefix.cached_tokens(p, same) for p in lengths]
-    new = [p - c for p, c in zip(lengths, cached, strict=True)]
-    chunks = [max(math.ceil(n / perf.DEFAULT_MAX_NUM_BATCHED_TOKENS), 1) for n in new]
+    new = np.array([p - c for p, c in zip(lengths, cached, strict=True)])
+    chunks = np.maximum(np.ceil(new[None, :] / budgets[:, None]), 1.0)  # D × lengths
     variants = len(t.prompts) + 2
     seqs = np.concatenate([batches] * (variants - 1) + [batch_q], axis=1)
     held = t.isl_mean + t.osl_mean / 2.0  # a running sequence's mean context
     ctx = seqs * column([perf.cached_tokens(d.model, held) for d in deps])
-    per_length = np.array([0.0] + [n / k for n, k in zip(new, chunks, strict=True)])
-    chunk = np.broadcast_to(np.repeat(per_length, GRID_POINTS), seqs.shape)
+    per_length = np.concatenate([np.zeros((len(deps), 1)), new[None, :] / chunks], axis=1)
+    chunk = np.repeat(per_length, GRID_POINTS, axis=1)
     context = [c + n / 2.0 for c, n in zip(cached, new, strict=True)]
-    attended = chunk * np.repeat(np.array([0.0, *context]), GRID_POINTS)
+    attended = chunk * np.repeat(np.array([0.0, *context]), GRID_POINTS)[None, :]
     unscaled, floor = perf.forward_parts(deps, seqs, ctx, chunk, attended)
-    return _RawSteps(batches, unscaled, floor, tuple(chunks))
+    return _RawSteps(batches, unscaled, floor, chunks)
 
 
 def _steps(raw: _RawSteps, scales: FloatArray, t: _Targets) -> _Steps:
@@ -197,9 +213,9 @@ def _steps(raw: _RawSteps, scales: FloatArray, t: _Targets) -> _Steps:
     steps = kernel_model.scaled_totals_s(raw.unscaled, scales, raw.floor)
     steps = steps.reshape(len(batches), len(t.prompts) + 2, GRID_POINTS)
     decode = steps[:, 0]
-    extras = np.stack([c * (steps[:, i + 1] - decode) for i, c in enumerate(chunks[:-1])])
-    weights = np.array(t.prompt_weights)[:, None, None]
-    extra_mean = (weights * extras).sum(axis=0)
+    deltas = steps[:, 1:-1] - decode[:, None, :]  # D × S × G: one chunk-carrying step's
+    weights = np.array(t.prompt_weights)[None, :, None]
+    extra_mean = (weights * chunks[:, :-1, None] * deltas).sum(axis=1)
     step = batching.mean_step_s(decode, extra_mean, batches, t.osl_mean)
     return _Steps(
         batches=batches,
@@ -208,8 +224,9 @@ def _steps(raw: _RawSteps, scales: FloatArray, t: _Targets) -> _Steps:
         rate=batching.admissions_per_step(batches, t.osl_mean) / step,
         step=step,
         extra_mean=extra_mean,
-        extra_sq=(weights * extras * extras).sum(axis=0),
-        prefill=chunks[-1] * steps[:, -1],
+        chunk_extra=deltas,
+        chunks=chunks[:, :-1],
+        prefill=chunks[:, -1:] * steps[:, -1],
     )
 
 
@@ -221,7 +238,11 @@ def _operating_points(
 
     The quantiles over requests are ``tail``'s, for all candidates in one array call each.
     """
-    flat = {name: getattr(steps, name).ravel() for name in _Steps.__dataclass_fields__}
+    per_point = ("decode", "slope", "batches", "rate", "step", "extra_mean")
+    flat = {name: getattr(steps, name).ravel() for name in per_point}
+    strata = len(t.prompts)  # per grid point and stratum: (D · G) × S
+    chunk_extra = np.moveaxis(steps.chunk_extra, 1, 2).reshape(-1, strata)
+    chunks = np.repeat(steps.chunks, GRID_POINTS, axis=0)
 
     def tpot_at(q: float) -> FloatArray:
         out: FloatArray = tail.tpot_quantile(
@@ -232,7 +253,9 @@ def _operating_points(
             flat["rate"],
             flat["step"],
             flat["extra_mean"],
-            flat["extra_sq"],
+            chunk_extra,
+            chunks,
+            np.array(t.prompt_weights),
             np.array(t.outputs),
             t.osl_mean,
             tail.OUTPUT_WEIGHTS,
@@ -372,16 +395,20 @@ class _Context:
     engine_families: frozenset[str] = DEFAULT_ENGINE_FAMILIES
     inventory: GpuInventory | None = None
     tp: int | None = None  # the one tensor-parallel degree to search (None: every one)
+    # the prefill chunks to search, largest first; a shape's rejections are said for it
+    chunks: tuple[int, ...] = DEFAULT_CHUNK_TOKENS
 
 
 @dataclass(frozen=True)
 class _Shape:
-    """One candidate's engine: its deployment, the weights it loads, its context."""
+    """One candidate's engine: its deployment, the weights it loads, its context, its
+    prefill chunk (tokens)."""
 
     dep: EngineShape
     weights: Weights
     max_model_len: int
     context_note: str
+    max_num_batched_tokens: int = perf.DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 
 def _dtype_problem(gpu: GpuSpec, weight_dtype: str, kv_dtype: str) -> str:
@@ -429,7 +456,7 @@ def _context_length(ctx: _Context, kv_tokens: int) -> tuple[int, str] | str:
     return cut, f"the most its KV cache holds; the model allows {full}"
 
 
-def _candidates(ctx: _Context, catalog: Catalog) -> Iterator[tuple[GpuSpec, str, str, int]]:
+def _candidates(ctx: _Context, catalog: Catalog) -> Iterator[tuple[GpuSpec, str, str, int, int]]:
     c = ctx.spec.constraints
     gpu_ids = [catalog.gpu(g).id for g in c.gpu_types] if c.gpu_types else list(catalog.gpus)
     weight_dtypes = [d.value for d in (c.weight_dtypes or DEFAULT_WEIGHT_DTYPES)]
@@ -441,7 +468,8 @@ def _candidates(ctx: _Context, catalog: Catalog) -> Iterator[tuple[GpuSpec, str,
             for kv in kv_dtypes:
                 for tp in TP_DEGREES:
                     if tp <= max_tp and ctx.tp in (None, tp):
-                        yield gpu, wd, kv, tp
+                        for chunk in ctx.chunks:
+                            yield gpu, wd, kv, tp, chunk
 
 
 @dataclass(frozen=True)
@@ -454,7 +482,9 @@ class _Pending:
     kv_tokens: float = 0.0  # one replica's KV cache, tokens
 
 
-def _prepare(ctx: _Context, gpu: GpuSpec, wd: str, kv: str, tp: int) -> _Pending | Rejection:
+def _prepare(
+    ctx: _Context, gpu: GpuSpec, wd: str, kv: str, tp: int, chunk: int
+) -> _Pending | Rejection:
     """The candidate's shape and the batches its curve spans, or why it cannot run."""
 
     def reject(category: str, detail: str) -> Rejection:
@@ -474,7 +504,7 @@ def _prepare(ctx: _Context, gpu: GpuSpec, wd: str, kv: str, tp: int) -> _Pending
         return reject("invalid", problem)
     eff = ctx.efficiency.lookup(gpu, "vllm").scaled(ctx.step_time_scale)
     dep = EngineShape(model=ctx.model, gpu=gpu, tp=tp, weight_dtype=wd, kv_dtype=kv, efficiency=eff)
-    kv_tokens = perf.kv_capacity_tokens(dep)
+    kv_tokens = perf.kv_capacity_tokens(dep, max_num_batched_tokens=chunk)
     context = _context_length(ctx, kv_tokens)
     if isinstance(context, str):
         weight_gb = perf.weight_bytes_per_gpu(dep) / 1e9
@@ -483,7 +513,7 @@ def _prepare(ctx: _Context, gpu: GpuSpec, wd: str, kv: str, tp: int) -> _Pending
     shared = t.prefix.shared_kv_tokens(t.isl_mean)  # held once for every running request
     kv_batch = max(kv_tokens - shared, 0.0) / (t.isl_mean - shared + t.osl_mean / 2.0)
     limit = _mean_batch_for_cap(min(kv_batch, BATCH_CAPS[-1]), t.z_tpot)
-    return _Pending(_Shape(dep, weights, *context), kv_batch, limit, kv_tokens)
+    return _Pending(_Shape(dep, weights, *context, chunk), kv_batch, limit, kv_tokens)
 
 
 def _raw_curves(pending: list[_Pending], t: _Targets) -> tuple[_RawSteps, ...]:
@@ -492,9 +522,10 @@ def _raw_curves(pending: list[_Pending], t: _Targets) -> tuple[_RawSteps, ...]:
     if not pending:
         return ()
     deps = [p.shape.dep for p in pending]
+    budgets = np.array([float(p.shape.max_num_batched_tokens) for p in pending])
     limits = np.array([p.batch_limit for p in pending])
     ends = (1.0, 0.0) if t.prefix.session_hits_vary else (1.0,)
-    return tuple(_raw_steps(deps, limits, t, same) for same in ends)
+    return tuple(_raw_steps(deps, budgets, limits, t, same) for same in ends)
 
 
 def _curves(raws: tuple[_RawSteps, ...], scales: FloatArray, t: _Targets) -> tuple[_Curves, ...]:
@@ -660,6 +691,7 @@ def _make_plan(
         weight_dtype=dep.weight_dtype,
         kv_dtype=dep.kv_dtype,
         max_model_len=shape.max_model_len,
+        max_num_batched_tokens=shape.max_num_batched_tokens,
         context_note=shape.context_note,
         checkpoint=shape.weights.model,
         weights_note=shape.weights.note,
@@ -729,6 +761,8 @@ def _context(
         step_time_scale=step_time_scale,
         prices=_prices(spec, catalog),
         need_tokens=_need_tokens(model, workload),
+        chunks=tuple(sorted(set(spec.constraints.prefill_chunk_tokens or ()), reverse=True))
+        or DEFAULT_CHUNK_TOKENS,
     )
 
 
@@ -867,8 +901,12 @@ class PreparedSearch:
     @classmethod
     def of(cls, ctx: _Context, catalog: Catalog) -> PreparedSearch:
         """Two passes: every candidate's checks, then all survivors' curves in one array
-        pass (per candidate, numpy's call overhead would dominate)."""
-        items = tuple(_prepare(ctx, *candidate) for candidate in _candidates(ctx, catalog))
+        pass (per candidate, numpy's call overhead would dominate). A shape's rejections
+        are those of its first prefill chunk (``_Context.chunks``): the others are options
+        of the same shape, which would repeat or contradict them."""
+        first = ctx.chunks[0]
+        prepared = ((c[-1], _prepare(ctx, *c)) for c in _candidates(ctx, catalog))
+        items = tuple(i for chunk, i in prepared if chunk == first or isinstance(i, _Pending))
         pending = [p for p in items if isinstance(p, _Pending)]
         raws = _raw_curves(pending, ctx.targets)
         scales = perf.step_time_scales([p.shape.dep for p in pending])
@@ -904,7 +942,8 @@ class PreparedSearch:
             if isinstance(item, Rejection):
                 rejections.append(item)
             else:
-                _judge(ctx, item, next(curves), plans, rejections)
+                first = item.shape.max_num_batched_tokens == ctx.chunks[0]
+                _judge(ctx, item, next(curves), plans, rejections if first else [])
         return plans, rejections
 
 
@@ -926,17 +965,21 @@ def prepare_search(
     efficiency: EfficiencyTable | None = None,
     engine_families: Collection[str] | None = None,
     tp: int | None = None,
+    max_num_batched_tokens: int | None = None,
 ) -> PreparedSearch:
     """``plan_target``'s search for ``spec``, ready to size at any rate (``PreparedSearch``);
     the same arguments, without the inventory (the loop's shape already runs), and
-    ``tp``: the one tensor-parallel degree to search, as the loop's running shape has
-    (None: every degree up to the spec's ``maxTensorParallel``)."""
+    ``tp`` and ``max_num_batched_tokens``: the one tensor-parallel degree and prefill
+    chunk to search, as the loop's running shape has (None: every degree up to the
+    spec's ``maxTensorParallel``, every chunk its ``prefillChunkTokens`` allows)."""
     catalog = catalog or load_catalog()
     ctx = _context(spec, catalog, step_time_scale, None, efficiency or load_efficiency())
     if engine_families is not None:
         ctx = replace(ctx, engine_families=frozenset(engine_families))
     if tp is not None:
         ctx = replace(ctx, tp=tp)
+    if max_num_batched_tokens is not None:
+        ctx = replace(ctx, chunks=(max_num_batched_tokens,))
     if _too_long(ctx):  # no plan at any rate (``plan_target`` says why)
         return PreparedSearch(ctx, (), (), ())
     return PreparedSearch.of(ctx, catalog)

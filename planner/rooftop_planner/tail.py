@@ -17,6 +17,17 @@ distribution (quantile points, finer among short answers), each component approx
 three moments (normal-power: x = μ + σ · (w + γ · (w² − 1)/6), w standard normal), read
 off the mixture's CDF between the components' own quantiles (which bracket it).
 Everything is vectorised over the search's batch grid.
+
+A prompt longer than the step's token budget K rides in c = ceil(n / K) consecutive
+steps, each adding δ = Δ / c. A request of L = o − 1 decode steps shares only part of
+that run with it when c is not small against L: over the run's possible starts the
+overlap k has Σk² = S₂(L, c) and Σk³ = S₃(L, c) (``overlap_sums``), so one admission's
+share of the request's TPOT contributes λt̄ · δ² · S₂ / L² to its variance (λt̄
+admissions per step). For c = 1, S₂ = L and this is λt̄ · Δ² / L as above; for c ≪ L,
+S₂ ≈ L · c² and the chunks act as one lump; for c ≫ L, S₂ ≈ c · L² and the variance is
+c times smaller than a lump's: a short answer sees a slice of a long prompt's chunks,
+not all of them. That is why a smaller K narrows the tail of short answers (and costs
+TTFT: the prompt's own prefill takes c full steps).
 """
 
 from __future__ import annotations
@@ -75,6 +86,19 @@ def _component_cdf(x: FloatArray, mean: FloatArray, sd: FloatArray, skew: FloatA
     return _std_normal_cdf(w)
 
 
+def overlap_sums(steps: FloatArray, chunks: FloatArray) -> tuple[FloatArray, FloatArray]:
+    """(S₂, S₃): Σk² and Σk³ of the overlap k between a request's ``steps`` decode steps
+    and a run of ``chunks`` consecutive chunk-carrying steps, over every start of the
+    run that overlaps (arrays broadcast). With m = min(L, c) and M = max(L, c) the
+    overlap rises 1..m−1 at either end and stays m for M − m + 1 starts:
+    S₂ = (m−1)m(2m−1)/3 + (M−m+1)m², S₃ = ((m−1)m)²/2 + (M−m+1)m³."""
+    m, big = np.minimum(steps, chunks), np.maximum(steps, chunks)
+    plateau = big - m + 1.0
+    s2: FloatArray = (m - 1.0) * m * (2.0 * m - 1.0) / 3.0 + plateau * m**2
+    s3: FloatArray = ((m - 1.0) * m) ** 2 / 2.0 + plateau * m**3
+    return s2, s3
+
+
 def tpot_quantile(
     q: float,
     decode_s: FloatArray,
@@ -83,7 +107,9 @@ def tpot_quantile(
     rate: FloatArray,
     step_s: FloatArray,
     extra_mean_s: FloatArray,
-    extra_sq_s2: FloatArray,
+    chunk_extra_s: FloatArray,
+    chunks: FloatArray,
+    prompt_weights: FloatArray,
     outputs: FloatArray,
     output_mean: float,
     weights: FloatArray | None = None,
@@ -91,9 +117,12 @@ def tpot_quantile(
     """The q-quantile over requests of TPOT (seconds), per grid point.
 
     Arrays are per grid point (shape G): decode step t_d, slope s, mean batch B, per-replica
-    rate λ (requests/s), mean step t̄, E[Δ] and E[Δ²] of one admission's extra step time.
-    ``outputs`` (shape K) are the mixture's output lengths, ``weights`` their shares
-    (None: equal); ``output_mean`` the distribution's mean.
+    rate λ (requests/s), mean step t̄, E[Δ] of one admission's extra step time. Per grid
+    point and prompt stratum (G × S): ``chunk_extra_s``, δ, what one chunk-carrying step
+    adds (s), and ``chunks``, c, the steps a prompt of the stratum rides in;
+    ``prompt_weights`` (S) the strata's shares. ``outputs`` (shape K) are the mixture's
+    output lengths, ``weights`` their shares (None: equal); ``output_mean`` the
+    distribution's mean.
     """
     g = decode_s[:, None]
     steps = np.maximum(outputs[None, :] - 1.0, 1.0)
@@ -101,10 +130,14 @@ def tpot_quantile(
     mean = g + arrivals_per_step * extra_mean_s[:, None]
     spread = batch[:, None] * output_mean / (output_mean + outputs[None, :])
     var_batch = slope_s[:, None] ** 2 * spread
-    # compound Poisson: κ_n = λT · E[Δⁿ] / (o − 1)ⁿ, with E[Δ³] ≈ E[Δ²]^{3/2}
-    m2 = extra_sq_s2[:, None]
-    var_prefill = arrivals_per_step * m2 / steps
-    third = arrivals_per_step * m2**1.5 / steps**2
+    # compound Poisson over the strata: κ₂ = λt̄ · Σ_s w_s δ_s² S₂(L, c_s) / L², and the
+    # skew that of the admissions' Poisson count over the request's life, 1/√(λt̄ · L)
+    # (κ₃ = κ₂^{3/2} / √(λt̄ · L): E[Δ³] ≈ E[Δ²]^{3/2} for one-step prompts)
+    s2, _ = overlap_sums(steps[:, None, :], chunks[:, :, None])  # G × S × K
+    w = prompt_weights[None, :, None]
+    var_prefill = arrivals_per_step * (w * chunk_extra_s[:, :, None] ** 2 * s2).sum(axis=1)
+    var_prefill = var_prefill / steps**2
+    third = var_prefill**1.5 / np.sqrt(np.maximum(arrivals_per_step * steps, 1e-30))
     var = var_batch + var_prefill
     sd = np.sqrt(np.maximum(var, 1e-30))
     skew = np.minimum(third / np.maximum(var, 1e-30) ** 1.5, 4.0)

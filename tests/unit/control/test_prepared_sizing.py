@@ -108,8 +108,12 @@ def _full_search_sizings(
     prefix = fitted_prefix(planner.spec.workload.prefix, traffic, bool(plan.session_affinity))
     spec = planner.spec.model_copy(update={"workload": traffic.workload(rate, prefix)})
     res = plan_target(spec, step_time_scale=factor, requests_per_second=rate)
-    running = (plan.tp, plan.session_affinity)
-    return {sizing._sizing(p) for p in res.candidates if (p.tp, p.session_affinity) == running}
+    return {sizing._sizing(p) for p in res.candidates if _running_shape(p) == _running_shape(plan)}
+
+
+def _running_shape(plan: Plan) -> tuple[int, str, int]:
+    """What the loop keeps of the running plan: TP, routing and prefill chunk."""
+    return (plan.tp, plan.session_affinity, plan.max_num_batched_tokens)
 
 
 @pytest.mark.parametrize("traffic", [None, SERVED, SERVED.trimmed(1.3)])
@@ -126,7 +130,7 @@ def test_the_loop_sizes_as_a_full_search_at_that_rate(traffic: Traffic | None) -
             want = {
                 sizing._sizing(p)
                 for p in full.candidates
-                if (p.tp, p.session_affinity) == (plan.tp, plan.session_affinity)
+                if _running_shape(p) == _running_shape(plan)
             }
         else:
             want = _full_search_sizings(planner, key_rate, factor, lengths)

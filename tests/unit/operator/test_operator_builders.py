@@ -111,6 +111,14 @@ def test_vllm_args_carry_the_plan(catalog: Catalog) -> None:
     assert names[:2] == ["llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct"]
 
 
+def test_the_planned_prefill_chunk_reaches_vllm_and_the_engine_simulator(
+    catalog: Catalog,
+) -> None:
+    chunked = inputs(catalog, max_num_batched_tokens=2048)
+    assert pairs(builders.vllm_args(chunked))["--max-num-batched-tokens"] == "2048"
+    assert pairs(builders.sim_command(chunked))["--max-num-batched-tokens"] == "2048"
+
+
 @pytest.mark.parametrize(("dtype", "vllm_dtype"), [("bf16", "bfloat16"), ("fp16", "float16")])
 def test_16_bit_weights_are_pinned_with_dtype(
     catalog: Catalog, dtype: str, vllm_dtype: str

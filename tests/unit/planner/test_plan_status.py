@@ -37,6 +37,7 @@ PLAN = Plan(
     context_note="capped by the KV cache",
     session_affinity="ClientIP",
     prefix_hit_ratio=0.125,
+    max_num_batched_tokens=2048,
 )
 
 

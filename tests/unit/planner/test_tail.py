@@ -2,8 +2,10 @@
 
 The model: a request with o output tokens sees N ~ Poisson(λ · t̄ · (o − 1)) prompt
 admissions during its decode steps, each adding Δ to one step, and a batch deviation
-averaged over its life; its TPOT is t_d + s · ε + Δ · N / (o − 1). The closed-form
-mixture quantile must match sampling that model, and behave as the tail should.
+averaged over its life; its TPOT is t_d + s · ε + Δ · N / (o − 1). A prompt in c chunks
+adds δ = Δ / c to each of c consecutive steps, of which the request shares those in its
+life. The closed-form mixture quantile must match sampling that model, and behave as the
+tail should.
 """
 
 from __future__ import annotations
@@ -17,24 +19,34 @@ ONE = np.ones(1)
 
 
 def quantile(q: float, outputs: list[float], extra_s: float = 0.03, rate: float = 4.0,
-             slope_s: float = 2e-4, batch: float = 20.0) -> float:  # fmt: skip
+             slope_s: float = 2e-4, batch: float = 20.0, chunks: int = 1) -> float:  # fmt: skip
+    """The model's quantile for one prompt stratum whose prefill adds ``extra_s`` in all,
+    in ``chunks`` steps."""
     outs = np.array(outputs, dtype=float)
     value = tail.tpot_quantile(
         q, ONE * 0.02, ONE * slope_s, ONE * batch, ONE * rate, ONE * 0.025,
-        ONE * extra_s, ONE * extra_s**2, outs, float(outs.mean()),
+        ONE * extra_s, np.full((1, 1), extra_s / chunks), np.full((1, 1), float(chunks)),
+        ONE, outs, float(outs.mean()),
     )  # fmt: skip
     return float(value[0])
 
 
 def sampled(q: float, outputs: list[float], extra_s: float = 0.03, rate: float = 4.0,
-            slope_s: float = 2e-4, batch: float = 20.0) -> float:  # fmt: skip
+            slope_s: float = 2e-4, batch: float = 20.0, chunks: int = 1) -> float:  # fmt: skip
+    """Sampled: admissions start their run of chunk steps at every step from c − 1
+    before the request's first decode step to its last, Poisson at λ · t̄ per step."""
     rng = np.random.default_rng(0)
     n = 400_000
     o = rng.choice(np.array(outputs, dtype=float), n)
+    life = o - 1.0
     mean_o = float(np.mean(outputs))
-    admissions = rng.poisson(rate * 0.025 * (o - 1.0))
+    admissions = rng.poisson(rate * 0.025 * (life + chunks - 1))
+    owner = np.repeat(np.arange(n), admissions)
+    start = rng.integers(0, (life + chunks - 1).astype(np.int64)[owner]) - (chunks - 1)
+    shared = np.minimum(start + chunks, life[owner]) - np.maximum(start, 0)
+    steps_shared = np.bincount(owner, weights=shared, minlength=n)
     spread = rng.normal(0.0, np.sqrt(batch * mean_o / (mean_o + o)))
-    tpot = 0.02 + slope_s * spread + extra_s * admissions / (o - 1.0)
+    tpot = 0.02 + slope_s * spread + extra_s / chunks * steps_shared / life
     return float(np.quantile(tpot, q))
 
 
@@ -56,3 +68,31 @@ def test_percentiles_rise_and_no_admissions_means_the_decode_step() -> None:
     assert values == sorted(values) and values[0] < values[-1]
     still = quantile(0.99, [20.0, 100.0], extra_s=0.0, slope_s=0.0)
     assert still == pytest.approx(0.02, abs=1e-6)
+
+
+@pytest.mark.parametrize("q", [0.9, 0.99])
+@pytest.mark.parametrize("chunks", [2, 8, 40])
+@pytest.mark.parametrize("outputs", [[6.0, 30.0], [4.0, 20.0, 150.0, 400.0]])
+def test_chunked_prompts_match_sampling_the_model(
+    q: float, chunks: int, outputs: list[float]
+) -> None:
+    got, want = quantile(q, outputs, chunks=chunks), sampled(q, outputs, chunks=chunks)
+    assert got == pytest.approx(want, abs=1.5e-3)
+
+
+def test_smaller_chunks_narrow_short_answers_tail_not_long_ones() -> None:
+    """The same prefill work split over more steps: a few-token answer shares a slice of
+    it, a long one all of it (so the long answers' tail barely moves)."""
+    short = [quantile(0.99, [5.0, 400.0], chunks=c) for c in (1, 4, 16)]
+    assert short[0] > short[1] + 1e-3 and short[1] > short[2] + 3e-3
+    long_only = [quantile(0.99, [400.0], chunks=c) for c in (1, 4)]
+    assert long_only[0] == pytest.approx(long_only[1], abs=2e-4)
+
+
+def test_overlap_sums_count_every_start() -> None:
+    """Against brute force over the starts of a run of c steps against L steps."""
+    for life, c in [(1, 1), (5, 1), (5, 3), (3, 5), (7, 7), (2, 9)]:
+        starts = range(-(c - 1), life)
+        overlaps = [min(s + c, life) - max(s, 0) for s in starts]
+        s2, s3 = tail.overlap_sums(np.array([float(life)]), np.array([float(c)]))
+        assert (s2[0], s3[0]) == (sum(k**2 for k in overlaps), sum(k**3 for k in overlaps))
