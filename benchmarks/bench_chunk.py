@@ -1,0 +1,183 @@
+"""The prefill chunk as a planned choice, against the simulated engine.
+
+    python benchmarks/bench_chunk.py [--quick]
+
+For each target below the planner searches the prefill chunks it lists
+(``prefillChunkTokens``: 8,192, 4,096 and 2,048 tokens, vLLM's --max-num-batched-tokens)
+with everything else. Where it picks a chunk smaller
+than 8,192 tokens, the engine simulator (``rooftop_sim.engine``: vLLM's V1 scheduler
+with chunked prefill, steps timed in the measured kernel tables, never fitted to the
+planner) serves one replica of the plan at its share of the rate (Poisson arrivals
+split at random over the replicas stay Poisson), lengths drawn from the target's
+distributions, three ways:
+
+- ``planned``: the plan as chosen, at its chunk;
+- ``8192 chunk``: the same replicas and batch cap at 8,192-token chunks (what the chunk
+  alone buys);
+- ``best at 8192``: the cheapest plan at 8,192-token chunks, what Rooftop planned before
+  the chunk was searched (its own shape and replica count).
+
+Each run: ``REQUESTS`` requests (the first fifth left out as warm-up), the share whose
+TPOT is within the SLO, and the mean TTFT. The cost ratio is the planned plan's $/hour
+over the best 8,192-token plan's, both from the same search.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import random
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+from rooftop_api.spec import ServingTargetSpec
+from rooftop_planner.choice import rank
+from rooftop_planner.perf import DEFAULT_MAX_NUM_BATCHED_TOKENS
+from rooftop_planner.plan import Plan
+from rooftop_planner.search import plan_target
+from rooftop_planner.workload import LengthDistribution, from_spec
+from rooftop_sim.engine.core import EngineConfig, EngineCore, Request
+from rooftop_sim.engine.truth import TruthModel
+
+REQUESTS = 3000
+SEED = 0
+CHAT = {
+    "model": "meta-llama/Llama-3.1-8B-Instruct",
+    "slo": {"tpotMs": 25, "tpotPercentile": "p99"},
+    "workload": {
+        "requestsPerSecond": 8,
+        "promptTokens": {"mean": 1155, "p90": 2600},  # Azure's 2023 conversation trace
+        "outputTokens": {"mean": 211, "p90": 450},
+    },
+    "budget": {"usdPerHour": 500},
+    "constraints": {"maxReplicas": 64, "prefillChunkTokens": [8192, 4096, 2048]},
+}
+LONG_PROMPTS = {"mean": 4000, "p90": 12000}  # RAG-like: long documents in the prompt
+# (label, GPU types, TPOT percentile, req/s, prompt lengths)
+TARGETS: tuple[tuple[str, list[str], str, float, dict[str, int] | None], ...] = (
+    ("8B chat, L40S, p99, 30 req/s", ["l40s"], "p99", 30.0, None),
+    ("8B RAG, L40S, p99, 2 req/s", ["l40s"], "p99", 2.0, LONG_PROMPTS),
+    ("8B RAG, L40S, p90, 8 req/s", ["l40s"], "p90", 8.0, LONG_PROMPTS),
+    ("8B RAG, H100, p99, 2 req/s", ["h100-sxm"], "p99", 2.0, LONG_PROMPTS),
+    ("8B RAG, H100, p90, 8 req/s", ["h100-sxm"], "p90", 8.0, LONG_PROMPTS),
+)
+
+
+def target(gpus: list[str], percentile: str, rate: float, prompt: Any) -> ServingTargetSpec:
+    spec = copy.deepcopy(CHAT)
+    spec["constraints"]["gpuTypes"] = gpus
+    spec["slo"]["tpotPercentile"] = percentile
+    spec["workload"]["requestsPerSecond"] = rate
+    if prompt is not None:
+        spec["workload"]["promptTokens"] = prompt
+    return ServingTargetSpec.model_validate(spec)
+
+
+@dataclass(frozen=True)
+class Served:
+    """One simulated replica's requests: share within the TPOT SLO, mean TTFT (s)."""
+
+    within: float
+    ttft_s: float
+
+
+def serve(spec: ServingTargetSpec, plan: Plan, chunk: int) -> Served:
+    """One replica of ``plan`` at ``chunk``-token prefill chunks, at its share of the
+    target's rate, in the engine simulator."""
+    rng = random.Random(SEED)
+    prompts, outputs = (
+        from_spec(spec.workload.prompt_tokens),
+        from_spec(spec.workload.output_tokens),
+    )
+    truth = TruthModel.for_deployment(
+        spec.model, plan.gpu, plan.tp, plan.weight_dtype, plan.kv_dtype
+    )
+    config = EngineConfig(
+        kv_capacity_tokens=truth.kv_capacity_tokens(plan.gpu_memory_utilization),
+        max_num_seqs=plan.max_num_seqs,
+        max_num_batched_tokens=chunk,
+        max_model_len=plan.max_model_len,
+    )
+    rate = spec.workload.requests_per_second / plan.replicas
+    engine, now, sent, finished = EngineCore(config, truth), 0.0, 0, []
+    arrival = rng.expovariate(rate)
+    while len(finished) < REQUESTS:
+        while sent < REQUESTS and arrival <= now:
+            isl, osl = _draw(rng, prompts, plan.max_model_len), _draw(rng, outputs, 4096)
+            osl = min(osl, plan.max_model_len - isl)
+            engine.add_request(Request(str(sent), isl, max(osl, 2), arrival))
+            sent, arrival = sent + 1, arrival + rng.expovariate(rate)
+        result = engine.step(now)
+        if result is None:  # idle until the next arrival
+            now = arrival
+            continue
+        now = result.end_s
+        finished += result.finished
+    kept = [r for r in finished if int(r.request_id) >= REQUESTS // 5]
+    slo_s = spec.slo.tpot_ms / 1e3
+    tpots = [r.tpot_s for r in kept if r.tpot_s is not None]
+    within = sum(t <= slo_s for t in tpots) / len(tpots)
+    return Served(within, statistics.mean(r.ttft_s for r in kept if r.ttft_s is not None))
+
+
+def _draw(rng: random.Random, lengths: LengthDistribution, most: int) -> int:
+    """A length drawn from the distribution (inverse CDF) up to its p99.9 (a fitted
+    log-normal's far tail runs past any model's context), 1..``most`` tokens."""
+    q = min(max(rng.random(), 1e-6), 0.999)
+    return max(1, min(round(lengths.quantile(q)), most))
+
+
+def rows(quick: bool) -> list[list[str]]:
+    out = []
+    for label, gpus, percentile, rate, prompt in TARGETS[:2] if quick else TARGETS:
+        spec = target(gpus, percentile, rate, prompt)
+        result = plan_target(spec)
+        plan = result.plan
+        whole = [p for p in result.candidates if p.max_num_batched_tokens == 8192]
+        if plan is None or plan.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS:
+            out.append([label, "8192 chunk planned", "", "", "", ""])
+            continue
+        before = min(whole, key=rank)
+        runs = (
+            serve(spec, plan, plan.max_num_batched_tokens),
+            serve(spec, plan, DEFAULT_MAX_NUM_BATCHED_TOKENS),
+            serve(spec, before, DEFAULT_MAX_NUM_BATCHED_TOKENS),
+        )
+        goal = spec.slo.tpot_percentile.quantile
+        out.append([
+            label,
+            f"{_shape(plan)}, {plan.max_num_batched_tokens} / {_shape(before)}",
+            f"{plan.usd_per_hour / before.usd_per_hour:.2f}",
+            " / ".join(f"{r.within:.1%}" for r in runs) + f" (goal {goal:.0%})",
+            " / ".join(f"{r.ttft_s * 1e3:.0f}" for r in runs),
+            f"{plan.ttft_ms:.0f} / {before.ttft_ms:.0f}",
+        ])  # fmt: skip
+    return out
+
+
+def _shape(plan: Plan) -> str:
+    return f"{plan.replicas}x TP{plan.tp} cap {plan.max_num_seqs}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the first two targets only")
+    args = ap.parse_args(argv)
+    headers = [
+        "target",
+        "planned, chunk / best at 8192",
+        "cost ratio",
+        "within TPOT SLO: planned / 8192 chunk / best at 8192",
+        "mean TTFT ms (same order)",
+        "predicted p90 TTFT ms: planned / best at 8192",
+    ]
+    print("| " + " | ".join(headers) + " |")
+    print("|" + "---|" * len(headers))
+    for row in rows(args.quick):
+        print("| " + " | ".join(row) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
