@@ -54,23 +54,28 @@ CHAT = {
     "constraints": {"maxReplicas": 64, "prefillChunkTokens": [8192, 4096, 2048]},
 }
 LONG_PROMPTS = {"mean": 4000, "p90": 12000}  # RAG-like: long documents in the prompt
-# (label, GPU types, TPOT percentile, req/s, prompt lengths)
-TARGETS: tuple[tuple[str, list[str], str, float, dict[str, int] | None], ...] = (
-    ("8B chat, L40S, p99, 30 req/s", ["l40s"], "p99", 30.0, None),
-    ("8B RAG, L40S, p99, 2 req/s", ["l40s"], "p99", 2.0, LONG_PROMPTS),
-    ("8B RAG, L40S, p90, 8 req/s", ["l40s"], "p90", 8.0, LONG_PROMPTS),
-    ("8B RAG, H100, p99, 2 req/s", ["h100-sxm"], "p99", 2.0, LONG_PROMPTS),
-    ("8B RAG, H100, p90, 8 req/s", ["h100-sxm"], "p90", 8.0, LONG_PROMPTS),
+SHORT_ANSWERS = {"mean": 40, "p90": 100}  # extraction, classification, tool calls
+SHORTEST_ANSWERS = {"mean": 12, "p90": 30}
+# (label, GPU types, TPOT percentile, req/s, prompt lengths, answer lengths; None: CHAT's)
+TARGETS: tuple[tuple[str, list[str], str, float, Any, Any], ...] = (
+    ("chat, L40S, p99, 30 req/s", ["l40s"], "p99", 30.0, None, None),
+    ("RAG, H100, p99, 2 req/s", ["h100-sxm"], "p99", 2.0, LONG_PROMPTS, None),
+    ("extraction, H100, p90, 8 req/s", ["h100-sxm"], "p90", 8.0, LONG_PROMPTS, SHORTEST_ANSWERS),
+    ("extraction, H100, p99, 2 req/s", ["h100-sxm"], "p99", 2.0, LONG_PROMPTS, SHORT_ANSWERS),
+    ("extraction, H100, p99, 30 req/s", ["h100-sxm"], "p99", 30.0, LONG_PROMPTS, SHORT_ANSWERS),
+    ("extraction, A100, p90, 30 req/s", ["a100-80gb"], "p90", 30.0, LONG_PROMPTS, SHORT_ANSWERS),
 )
 
 
-def target(gpus: list[str], percentile: str, rate: float, prompt: Any) -> ServingTargetSpec:
+def target(
+    gpus: list[str], percentile: str, rate: float, prompt: Any, output: Any
+) -> ServingTargetSpec:
     spec = copy.deepcopy(CHAT)
     spec["constraints"]["gpuTypes"] = gpus
     spec["slo"]["tpotPercentile"] = percentile
     spec["workload"]["requestsPerSecond"] = rate
-    if prompt is not None:
-        spec["workload"]["promptTokens"] = prompt
+    spec["workload"]["promptTokens"] = prompt or spec["workload"]["promptTokens"]
+    spec["workload"]["outputTokens"] = output or spec["workload"]["outputTokens"]
     return ServingTargetSpec.model_validate(spec)
 
 
@@ -130,8 +135,8 @@ def _draw(rng: random.Random, lengths: LengthDistribution, most: int) -> int:
 
 def rows(quick: bool) -> list[list[str]]:
     out = []
-    for label, gpus, percentile, rate, prompt in TARGETS[:2] if quick else TARGETS:
-        spec = target(gpus, percentile, rate, prompt)
+    for label, *shape in TARGETS[:3] if quick else TARGETS:
+        spec = target(*shape)
         result = plan_target(spec)
         plan = result.plan
         whole = [p for p in result.candidates if p.max_num_batched_tokens == 8192]
@@ -162,7 +167,7 @@ def _shape(plan: Plan) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="the first two targets only")
+    ap.add_argument("--quick", action="store_true", help="the first three targets only")
     args = ap.parse_args(argv)
     headers = [
         "target",

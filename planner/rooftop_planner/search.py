@@ -56,13 +56,14 @@ from rooftop_planner.workload import LengthDistribution, from_spec
 BATCH_CAPS = (8, 16, 32, 64, 128, 256, 512)
 # The prefill chunks searched without spec.constraints.prefillChunkTokens (vLLM's
 # --max-num-batched-tokens, the step's token budget): the one Rooftop has always
-# rendered. A smaller chunk splits a long prompt over more steps, so a short answer
-# shares fewer of them (``tail``), at the price of TTFT (the prompt's own prefill takes
-# more full steps). Listed chunks are searched largest first: a shape's rejections are
-# said for the largest, and at equal cost it wins (``choice.rank``). Not searched by
-# default: in the engine simulator the smaller chunks the planner picked moved the share
-# of requests within the SLO by at most a point, while the planner credited them with
-# 3-8 % more capacity per replica (benchmarks/bench_chunk.py, docs/planner.md).
+# rendered. A smaller chunk splits a long prompt over more steps, so an answer shorter
+# than its chunk count shares fewer of them (``tail``), at the price of TTFT (the
+# prompt's own prefill takes more full steps). Listed chunks are searched largest first:
+# a shape's rejections are said for the largest, and at equal cost it wins
+# (``choice.rank``). Not searched by default: where answers outlast a prompt's chunks the
+# planner still prices smaller chunks a few per cent cheaper than the engine simulator
+# bears out, enough to tip a p99 chat target to a plan that keeps 98.8 % within the SLO
+# (benchmarks/bench_chunk.py, docs/planner.md).
 DEFAULT_CHUNK_TOKENS = (perf.DEFAULT_MAX_NUM_BATCHED_TOKENS,)
 # Without constraints.weightDtypes only the model's own 16-bit weights: quantized weights
 # change the outputs, so they are planned only where the target lists them. An fp8 KV
@@ -215,7 +216,7 @@ def _steps(raw: _RawSteps, scales: FloatArray, t: _Targets) -> _Steps:
     decode = steps[:, 0]
     deltas = steps[:, 1:-1] - decode[:, None, :]  # D × S × G: one chunk-carrying step's
     weights = np.array(t.prompt_weights)[None, :, None]
-    extra_mean = (weights * chunks[:, :-1, None] * deltas).sum(axis=1)
+    extra_mean = (weights * (chunks[:, :-1, None] * deltas)).sum(axis=1)
     step = batching.mean_step_s(decode, extra_mean, batches, t.osl_mean)
     return _Steps(
         batches=batches,

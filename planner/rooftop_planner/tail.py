@@ -21,13 +21,15 @@ Everything is vectorised over the search's batch grid.
 A prompt longer than the step's token budget K rides in c = ceil(n / K) consecutive
 steps, each adding δ = Δ / c. A request of L = o − 1 decode steps shares only part of
 that run with it when c is not small against L: over the run's possible starts the
-overlap k has Σk² = S₂(L, c) and Σk³ = S₃(L, c) (``overlap_sums``), so one admission's
-share of the request's TPOT contributes λt̄ · δ² · S₂ / L² to its variance (λt̄
-admissions per step). For c = 1, S₂ = L and this is λt̄ · Δ² / L as above; for c ≪ L,
-S₂ ≈ L · c² and the chunks act as one lump; for c ≫ L, S₂ ≈ c · L² and the variance is
-c times smaller than a lump's: a short answer sees a slice of a long prompt's chunks,
-not all of them. That is why a smaller K narrows the tail of short answers (and costs
-TTFT: the prompt's own prefill takes c full steps).
+overlap k has Σk² = S₂(L, c), so one admission's share of the request's TPOT
+contributes λt̄ · δ² · S₂ / L² to its variance (λt̄ admissions per step). The model
+uses the bound S₂ ≤ L · c · min(c, L) (``chunks_seen``): a run that fits in the life
+counts whole (c ≤ L: L · c², which is λt̄ · Δ² / L as above, exact for c = 1), and a
+run longer than the life covers all L steps from about c of its starts (c > L: c · L²).
+It never understates the variance, and it shows what a smaller K does for an answer
+shorter than a prompt's chunk count: for c ≫ L the variance is c times smaller than a
+lump's, since a short answer sees a slice of a long prompt's chunks, not all of them.
+The price is TTFT: the prompt's own prefill takes c full steps.
 """
 
 from __future__ import annotations
@@ -86,17 +88,12 @@ def _component_cdf(x: FloatArray, mean: FloatArray, sd: FloatArray, skew: FloatA
     return _std_normal_cdf(w)
 
 
-def overlap_sums(steps: FloatArray, chunks: FloatArray) -> tuple[FloatArray, FloatArray]:
-    """(S₂, S₃): Σk² and Σk³ of the overlap k between a request's ``steps`` decode steps
-    and a run of ``chunks`` consecutive chunk-carrying steps, over every start of the
-    run that overlaps (arrays broadcast). With m = min(L, c) and M = max(L, c) the
-    overlap rises 1..m−1 at either end and stays m for M − m + 1 starts:
-    S₂ = (m−1)m(2m−1)/3 + (M−m+1)m², S₃ = ((m−1)m)²/2 + (M−m+1)m³."""
-    m, big = np.minimum(steps, chunks), np.maximum(steps, chunks)
-    plateau = big - m + 1.0
-    s2: FloatArray = (m - 1.0) * m * (2.0 * m - 1.0) / 3.0 + plateau * m**2
-    s3: FloatArray = ((m - 1.0) * m) ** 2 / 2.0 + plateau * m**3
-    return s2, s3
+def chunks_seen(steps: FloatArray, chunks: FloatArray) -> FloatArray:
+    """r = min(c, L) / c: the share of a prompt's c chunk steps counted against a request
+    of L decode steps, so that L · c² · r is the bound of S₂ (module doc): L · c² where
+    the run fits in the life, c · L² where it does not."""
+    out: FloatArray = np.minimum(chunks, steps) / chunks
+    return out
 
 
 def tpot_quantile(
@@ -130,14 +127,13 @@ def tpot_quantile(
     mean = g + arrivals_per_step * extra_mean_s[:, None]
     spread = batch[:, None] * output_mean / (output_mean + outputs[None, :])
     var_batch = slope_s[:, None] ** 2 * spread
-    # compound Poisson over the strata: κ₂ = λt̄ · Σ_s w_s δ_s² S₂(L, c_s) / L², and the
-    # skew that of the admissions' Poisson count over the request's life, 1/√(λt̄ · L)
-    # (κ₃ = κ₂^{3/2} / √(λt̄ · L): E[Δ³] ≈ E[Δ²]^{3/2} for one-step prompts)
-    s2, _ = overlap_sums(steps[:, None, :], chunks[:, :, None])  # G × S × K
-    w = prompt_weights[None, :, None]
-    var_prefill = arrivals_per_step * (w * chunk_extra_s[:, :, None] ** 2 * s2).sum(axis=1)
-    var_prefill = var_prefill / steps**2
-    third = var_prefill**1.5 / np.sqrt(np.maximum(arrivals_per_step * steps, 1e-30))
+    # compound Poisson over the strata: κ₂ = λt̄ · m₂ / L with m₂ = Σ_s w_s (c_s δ_s)² r_s
+    # (S₂ at its bound, ``chunks_seen``), and κ₃ = λt̄ · m₂^{3/2} / L² (E[Δ³] ≈ E[Δ²]^{3/2})
+    lumps = chunks * chunk_extra_s  # c · δ: what one admission adds in all, s (G × S)
+    seen = chunks_seen(steps[:, None, :], chunks[:, :, None])  # G × S × K
+    m2 = ((prompt_weights * lumps * lumps)[:, :, None] * seen).sum(axis=1)  # G × K
+    var_prefill = arrivals_per_step * m2 / steps
+    third = arrivals_per_step * m2**1.5 / steps**2
     var = var_batch + var_prefill
     sd = np.sqrt(np.maximum(var, 1e-30))
     skew = np.minimum(third / np.maximum(var, 1e-30) ** 1.5, 4.0)

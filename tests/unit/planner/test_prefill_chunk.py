@@ -17,15 +17,15 @@ from rooftop_planner.choice import rank
 from rooftop_planner.plan import Plan
 from rooftop_planner.search import plan_target
 
-# Llama-3.1-8B with long prompts (RAG-like) and a p99 TPOT SLO on one H100: at 8,192-token
-# chunks the planner needs TP2; at 2,048-token chunks, one GPU.
-RAG: dict[str, Any] = {
+# Llama-3.1-8B answering briefly from long prompts (extraction) with a p99 TPOT SLO on
+# H100s: at 8,192-token chunks the planner needs TP8; at 2,048-token chunks, TP4.
+EXTRACTION: dict[str, Any] = {
     "model": "meta-llama/Llama-3.1-8B-Instruct",
     "slo": {"tpotMs": 25, "tpotPercentile": "p99"},
     "workload": {
         "requestsPerSecond": 2,
         "promptTokens": {"mean": 4000, "p90": 12000},
-        "outputTokens": {"mean": 211, "p90": 450},
+        "outputTokens": {"mean": 40, "p90": 100},
     },
     "budget": {"usdPerHour": 500},
     "constraints": {"gpuTypes": ["h100-sxm"], "maxReplicas": 64},
@@ -33,7 +33,7 @@ RAG: dict[str, Any] = {
 
 
 def spec(**constraints: Any) -> ServingTargetSpec:
-    raw = copy.deepcopy(RAG)
+    raw = copy.deepcopy(EXTRACTION)
     raw["constraints"].update(constraints)
     return ServingTargetSpec.model_validate(raw)
 

@@ -73,26 +73,36 @@ def test_percentiles_rise_and_no_admissions_means_the_decode_step() -> None:
 @pytest.mark.parametrize("q", [0.9, 0.99])
 @pytest.mark.parametrize("chunks", [2, 8, 40])
 @pytest.mark.parametrize("outputs", [[6.0, 30.0], [4.0, 20.0, 150.0, 400.0]])
-def test_chunked_prompts_match_sampling_the_model(
+def test_chunked_prompts_are_never_under_sampling_the_model(
     q: float, chunks: int, outputs: list[float]
 ) -> None:
+    """The variance's bound (``chunks_seen``) errs high: at most 2 ms over 25-35 ms."""
     got, want = quantile(q, outputs, chunks=chunks), sampled(q, outputs, chunks=chunks)
-    assert got == pytest.approx(want, abs=1.5e-3)
+    assert want - 3e-4 <= got <= want + 2e-3
 
 
 def test_smaller_chunks_narrow_short_answers_tail_not_long_ones() -> None:
-    """The same prefill work split over more steps: a few-token answer shares a slice of
-    it, a long one all of it (so the long answers' tail barely moves)."""
-    short = [quantile(0.99, [5.0, 400.0], chunks=c) for c in (1, 4, 16)]
-    assert short[0] > short[1] + 1e-3 and short[1] > short[2] + 3e-3
+    """The same prefill work split over more steps than a 5-token answer lives: it
+    shares a slice of it; a long answer all of it (so the long answers' tail stays)."""
+    short = [quantile(0.99, [5.0, 400.0], chunks=c) for c in (1, 16, 64)]
+    assert short[0] > short[1] + 5e-3 and short[1] > short[2] + 2e-3
     long_only = [quantile(0.99, [400.0], chunks=c) for c in (1, 4)]
     assert long_only[0] == pytest.approx(long_only[1], abs=2e-4)
 
 
-def test_overlap_sums_count_every_start() -> None:
-    """Against brute force over the starts of a run of c steps against L steps."""
-    for life, c in [(1, 1), (5, 1), (5, 3), (3, 5), (7, 7), (2, 9)]:
-        starts = range(-(c - 1), life)
-        overlaps = [min(s + c, life) - max(s, 0) for s in starts]
-        s2, s3 = tail.overlap_sums(np.array([float(life)]), np.array([float(c)]))
-        assert (s2[0], s3[0]) == (sum(k**2 for k in overlaps), sum(k**3 for k in overlaps))
+def test_the_overlap_bound_holds_and_is_tight_at_either_end() -> None:
+    """Against Σk² of the overlap k of a run of c steps with L steps, by brute force over
+    the run's starts: never under it, equal for one-step prompts, within 2 % for runs
+    much longer than the life."""
+
+    def exact(life: int, c: int) -> int:
+        return sum((min(s + c, life) - max(s, 0)) ** 2 for s in range(-(c - 1), life))
+
+    def bound(life: int, c: int) -> float:
+        seen = tail.chunks_seen(np.array([float(life)]), np.array([float(c)]))
+        return float(life * c * c * seen[0])
+
+    for life, c in [(1, 1), (5, 1), (5, 3), (3, 5), (7, 7), (2, 9), (30, 4), (4, 30)]:
+        assert bound(life, c) >= exact(life, c)
+    assert bound(40, 1) == exact(40, 1)
+    assert bound(2, 200) <= 1.02 * exact(2, 200)
