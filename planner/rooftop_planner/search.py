@@ -2,8 +2,8 @@
 
 Enumerates GPU type × weight dtype × KV dtype × TP × prefill chunk × batch cap, rejects
 each candidate with a reason (invalid TP, does not fit, TPOT/TTFT over SLO, over budget,
-too many replicas), sizes replicas (data parallelism) for the request rate with headroom, and
-ranks by $/hour, ties to fewer quantized parts, then lower TPOT (``choice.rank``). A
+too many replicas), sizes replicas (data parallelism) for the request rate with
+headroom, and ranks by $/hour, ties broken as ``choice.rank`` says. A
 workload whose p90 requests exceed the model's context is infeasible before any of
 that. Pure: no I/O, no Kubernetes.
 
