@@ -83,10 +83,14 @@ class Shape:
     gpu_memory_utilization: float = 0.9
     usd_per_hour: float = 1.0
     checkpoint: str = ""
+    max_num_batched_tokens: int = 8192
 
     @property
     def id(self) -> str:
-        return f"{self.model}/{self.weight_dtype}/kv-{self.kv_dtype}/tp{self.tp}"
+        chunk = (
+            "" if self.max_num_batched_tokens == 8192 else f"/chunk{self.max_num_batched_tokens}"
+        )
+        return f"{self.model}/{self.weight_dtype}/kv-{self.kv_dtype}/tp{self.tp}{chunk}"
 
 
 def target(model: ModelSpec) -> ServingTargetSpec:
@@ -139,6 +143,13 @@ def shapes(catalog: Catalog, model: ModelSpec) -> Iterator[Shape]:
                 for tp in TP_DEGREES:
                     if tp <= gpu.gpus_per_node and not tp_problem(model, tp):
                         yield Shape(model.id, wd.value, kv.value, tp, model.max_context)
+    # the smallest prefill chunk a target may list (prefillChunkTokens), with the largest
+    # batch cap: vLLM refuses a token budget under --max-num-seqs, and a context above it
+    # without chunked prefill
+    sixteen = "fp16" if model.id.startswith(FP16_MODELS) else "bf16"
+    if not isinstance(resolve_weights(spec, model, sixteen), str):
+        yield Shape(model.id, sixteen, "auto", 1, model.max_context, max_num_seqs=512,
+                    max_num_batched_tokens=512)  # fmt: skip
 
 
 # The drain flag's value does not matter to the parser; the figures are the planner's
@@ -233,6 +244,7 @@ def test_every_catalog_model_and_weight_dtype_is_asked(
     assert {s.model for s in plan_shapes} == set(catalog.models)
     assert {s.weight_dtype for s in plan_shapes} == {d.value for d in WeightDtype}
     assert {s.tp for s in plan_shapes} == set(TP_DEGREES)
+    assert {s.max_num_batched_tokens for s in plan_shapes} == {512, 8192}
 
 
 def test_vllm_accepts_every_plan_shape(
