@@ -28,7 +28,9 @@ import argparse
 import copy
 import random
 import statistics
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rooftop_api.spec import ServingTargetSpec
@@ -39,6 +41,9 @@ from rooftop_planner.search import plan_target
 from rooftop_planner.workload import LengthDistribution, from_spec
 from rooftop_sim.engine.core import EngineConfig, EngineCore, Request
 from rooftop_sim.engine.truth import TruthModel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_ttft import serve_arrivals  # noqa: E402  (a sibling script, not a package)
 
 REQUESTS = 3000
 SEED = 0
@@ -105,20 +110,13 @@ def serve(spec: ServingTargetSpec, plan: Plan, chunk: int) -> Served:
         max_model_len=plan.max_model_len,
     )
     rate = spec.workload.requests_per_second / plan.replicas
-    engine, now, sent, finished = EngineCore(config, truth), 0.0, 0, []
-    arrival = rng.expovariate(rate)
-    while len(finished) < REQUESTS:
-        while sent < REQUESTS and arrival <= now:
-            isl, osl = _draw(rng, prompts, plan.max_model_len), _draw(rng, outputs, 4096)
-            osl = min(osl, plan.max_model_len - isl)
-            engine.add_request(Request(str(sent), isl, max(osl, 2), arrival))
-            sent, arrival = sent + 1, arrival + rng.expovariate(rate)
-        result = engine.step(now)
-        if result is None:  # idle until the next arrival
-            now = arrival
-            continue
-        now = result.end_s
-        finished += result.finished
+    requests, arrival = [], rng.expovariate(rate)
+    for i in range(REQUESTS):
+        isl, osl = _draw(rng, prompts, plan.max_model_len), _draw(rng, outputs, 4096)
+        osl = min(osl, plan.max_model_len - isl)
+        requests.append(Request(str(i), isl, max(osl, 2), arrival))
+        arrival += rng.expovariate(rate)
+    finished = serve_arrivals(EngineCore(config, truth), requests)
     kept = [r for r in finished if int(r.request_id) >= REQUESTS // 5]
     slo_s = spec.slo.tpot_ms / 1e3
     tpots = [r.tpot_s for r in kept if r.tpot_s is not None]

@@ -26,7 +26,7 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from rooftop_planner.batching import EngineLimits, predict_continuous
 from rooftop_planner.catalog import load_catalog
@@ -109,20 +109,29 @@ def simulated_open_loop_s(
         max_num_batched_tokens=limits.max_num_batched_tokens,
         max_model_len=isl + osl + 16,
     )
-    engine, now, sent, finished = EngineCore(config, truth), 0.0, 0, []
-    while len(finished) < OPEN_REQUESTS:
-        while sent < OPEN_REQUESTS and arrivals[sent] <= now:
-            engine.add_request(Request(str(sent), isl, osl, arrivals[sent]))
-            sent += 1
-        result = engine.step(now)
-        if result is None:  # idle until the next arrival
-            now = arrivals[sent]
-            continue
-        now = result.end_s
-        finished += result.finished
+    requests = [Request(str(i), isl, osl, t) for i, t in enumerate(arrivals)]
+    finished = serve_arrivals(EngineCore(config, truth), requests)
     kept = [r for r in finished if int(r.request_id) >= OPEN_REQUESTS // 5]
     ttft = statistics.mean(r.ttft_s for r in kept if r.ttft_s is not None)
     return ttft, statistics.mean(r.tpot_s for r in kept if r.tpot_s)
+
+
+def serve_arrivals(engine: EngineCore, requests: Sequence[Request]) -> list[Request]:
+    """Every request through ``engine``, each added at its ``arrival_s`` (in order), the
+    engine stepping from time 0 and idling until the next arrival when it has nothing to
+    run; the requests as they finish."""
+    now, sent, finished = 0.0, 0, []
+    while len(finished) < len(requests):
+        while sent < len(requests) and requests[sent].arrival_s <= now:
+            engine.add_request(requests[sent])
+            sent += 1
+        result = engine.step(now)
+        if result is None:  # idle until the next arrival
+            now = requests[sent].arrival_s
+            continue
+        now = result.end_s
+        finished += result.finished
+    return finished
 
 
 def deployments(quick: bool) -> Iterator[tuple[str, EngineShape, TruthModel]]:

@@ -12,7 +12,6 @@ from dataclasses import replace
 
 from rooftop_api.spec import ServingTargetSpec
 from rooftop_planner import explain
-from rooftop_planner.perf import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from rooftop_planner.plan import Plan
 from rooftop_planner.result import Rejection, SearchResult
 
@@ -111,10 +110,9 @@ def _cheapest_unpinned(chosen: Plan, plans: list[Plan]) -> Plan | None:
 def _cheapest_at_default_chunk(chosen: Plan, plans: list[Plan]) -> Plan | None:
     """For a plan with a smaller prefill chunk than the default: the cheapest plan at the
     default, which it beat (its price is what the smaller chunk saves); None otherwise."""
-    if chosen.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS:
+    if explain.default_chunk(chosen):
         return None
-    whole = (p for p in plans if p.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS)
-    return min(whole, key=rank, default=None)
+    return min(filter(explain.default_chunk, plans), key=rank, default=None)
 
 
 def _over_budget(plan: Plan, budget: float) -> Rejection:

@@ -29,11 +29,12 @@ def describe(plan: Plan, kv_dtypes: tuple[str, ...] = ()) -> str:
     return (
         f"{replicas_of(plan.replicas, plan.tp, plan.gpu)}, {plan.weight_dtype}/KV {kv}, "
         f"max-num-seqs {plan.max_num_seqs}"
-        + ("" if _default_chunk(plan) else f", prefill chunks of {plan.max_num_batched_tokens}")
+        + ("" if default_chunk(plan) else f", prefill chunks of {plan.max_num_batched_tokens}")
     )
 
 
-def _default_chunk(plan: Plan) -> bool:
+def default_chunk(plan: Plan) -> bool:
+    """Whether the plan prefills in the chunks Rooftop renders unless told otherwise."""
     return plan.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 
@@ -75,7 +76,7 @@ def chosen(
 
 def chunk_note(plan: Plan, whole_chunks: Plan | None) -> str:
     """Why the plan prefills in chunks smaller than the default, and what it saves."""
-    if _default_chunk(plan):
+    if default_chunk(plan):
         return ""
     note = (
         f"; --max-num-batched-tokens {plan.max_num_batched_tokens}: a long prompt is "
