@@ -141,20 +141,22 @@ def rows(quick: bool) -> list[list[str]]:
         if plan is None or plan.max_num_batched_tokens == DEFAULT_MAX_NUM_BATCHED_TOKENS:
             out.append([label, "8192 chunk planned", "", "", "", ""])
             continue
-        before = min(whole, key=rank)
-        runs = (
+        before = min(whole, key=rank, default=None)  # None: no plan at 8192 meets the SLO
+        runs = [
             serve(spec, plan, plan.max_num_batched_tokens),
             serve(spec, plan, DEFAULT_MAX_NUM_BATCHED_TOKENS),
-            serve(spec, before, DEFAULT_MAX_NUM_BATCHED_TOKENS),
-        )
+        ]
+        if before is not None:
+            runs.append(serve(spec, before, DEFAULT_MAX_NUM_BATCHED_TOKENS))
         goal = spec.slo.tpot_percentile.quantile
         out.append([
             label,
-            f"{_shape(plan)}, {plan.max_num_batched_tokens} / {_shape(before)}",
-            f"{plan.usd_per_hour / before.usd_per_hour:.2f}",
+            f"{_shape(plan)}, {plan.max_num_batched_tokens} / "
+            + (_shape(before) if before else "none"),
+            f"{plan.usd_per_hour / before.usd_per_hour:.2f}" if before else "-",
             " / ".join(f"{r.within:.1%}" for r in runs) + f" (goal {goal:.0%})",
             " / ".join(f"{r.ttft_s * 1e3:.0f}" for r in runs),
-            f"{plan.ttft_ms:.0f} / {before.ttft_ms:.0f}",
+            f"{plan.ttft_ms:.0f} / " + (f"{before.ttft_ms:.0f}" if before else "-"),
         ])  # fmt: skip
     return out
 
