@@ -58,11 +58,19 @@ _AS = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
 
 
 def _erf(x: FloatArray) -> FloatArray:
-    sign = np.sign(x)
     a = np.abs(x)
     t = 1.0 / (1.0 + 0.3275911 * a)
-    poly = t * (_AS[0] + t * (_AS[1] + t * (_AS[2] + t * (_AS[3] + t * _AS[4]))))
-    out: FloatArray = sign * (1.0 - poly * np.exp(-a * a))
+    # Horner's rule in place: the mixtures' CDFs are the search's largest arrays
+    poly = t * _AS[4]
+    for coef in (_AS[3], _AS[2], _AS[1], _AS[0]):
+        poly += coef
+        poly *= t
+    np.square(a, out=a)
+    np.negative(a, out=a)
+    np.exp(a, out=a)
+    poly *= a
+    np.subtract(1.0, poly, out=poly)
+    out: FloatArray = np.copysign(poly, x, out=poly)
     return out
 
 
@@ -74,18 +82,22 @@ def output_points(quantile: Callable[[float], float]) -> FloatArray:
     return np.array([max(quantile(m), 2.0) for m in middles], dtype=np.float64)
 
 
-def _std_normal_cdf(x: FloatArray) -> FloatArray:
-    out: FloatArray = 0.5 * (1.0 + _erf(x / _SQRT2))
-    return out
-
-
 def _component_cdf(x: FloatArray, mean: FloatArray, sd: FloatArray, skew: FloatArray) -> FloatArray:
     """P(X ≤ x) under the normal-power approximation of (mean, sd, skew)."""
     z = (x - mean) / np.maximum(sd, 1e-15)
-    g = np.maximum(skew, 1e-6)
-    # invert z = w + g (w² − 1)/6 for the root continuous at g → 0
-    w = np.sqrt(np.maximum(9.0 / g**2 + 6.0 * z / g + 1.0, 0.0)) - 3.0 / g
-    return _std_normal_cdf(w)
+    inv = 1.0 / np.maximum(skew, 1e-6)
+    # invert z = w + g (w² − 1)/6 for the root continuous at g → 0:
+    # w = √(9/g² + 6z/g + 1) − 3/g, computed in place on z's array
+    z *= 6.0 * inv
+    z += 9.0 * inv * inv + 1.0
+    np.maximum(z, 0.0, out=z)
+    np.sqrt(z, out=z)
+    z -= 3.0 * inv
+    z /= _SQRT2
+    cdf = _erf(z)
+    cdf += 1.0
+    cdf *= 0.5
+    return cdf
 
 
 def chunks_seen(steps: FloatArray, chunks: FloatArray) -> FloatArray:
@@ -137,20 +149,40 @@ def tpot_quantile(
     var = var_batch + var_prefill
     sd = np.sqrt(np.maximum(var, 1e-30))
     skew = np.minimum(third / np.maximum(var, 1e-30) ** 1.5, 4.0)
-    # The mixture's quantile lies between its components' own quantiles (normal-power).
+    share = np.full(len(outputs), 1.0 / len(outputs)) if weights is None else weights
+    return mixture_quantile(q, mean, sd, skew, share)
+
+
+def mixture_quantile(
+    q: float,
+    mean: FloatArray,
+    sd: FloatArray,
+    skew: FloatArray,
+    share: FloatArray,
+    passes: int = 1,
+) -> FloatArray:
+    """The q-quantile per row of a mixture of K components (G × K arrays of mean, sd and
+    skew, each component normal-power; ``share`` the weights, K or G × K): the CDF read
+    across the bracket of its components' own quantiles (which hold it), then the
+    crossing of q, linearly between grid points. Each further pass reads the CDF again
+    across the grid interval the crossing lies in: a mixture whose components sit far
+    apart has a CDF that is flat, then steep, within one interval of the first grid."""
     z = float(_Z.inv_cdf(q))
     own = mean + sd * (z + skew * (z * z - 1.0) / 6.0)
     lo, hi = own.min(axis=1), own.max(axis=1)
-    # one pass: the mixture's CDF on a grid across the bracket, then the crossing of q
-    xs = lo[:, None] + (hi - lo)[:, None] * _FRACTIONS[None, :]  # G × M
-    cdf = _component_cdf(xs[:, None, :], mean[:, :, None], sd[:, :, None], skew[:, :, None])
-    share = np.full(len(outputs), 1.0 / len(outputs)) if weights is None else weights
-    mix = np.einsum("gkm,k->gm", cdf, share / share.sum())  # G × M, rising in x
-    above = np.argmax(mix >= q, axis=1)  # first grid point at or past q (0 if none)
-    i = np.clip(above, 1, len(_FRACTIONS) - 1)
+    shares = np.broadcast_to(share, own.shape)
+    weights = shares / shares.sum(axis=1, keepdims=True)
     rows = np.arange(len(lo))
-    x0, x1 = xs[rows, i - 1], xs[rows, i]
-    f0, f1 = mix[rows, i - 1], mix[rows, i]
+    for _ in range(passes):
+        xs = lo[:, None] + (hi - lo)[:, None] * _FRACTIONS[None, :]  # G × M
+        cdf = _component_cdf(xs[:, None, :], mean[:, :, None], sd[:, :, None], skew[:, :, None])
+        mix = np.einsum("gkm,gk->gm", cdf, weights)  # G × M, rising in x
+        above = np.argmax(mix >= q, axis=1)  # first grid point at or past q (0 if none)
+        i = np.clip(above, 1, len(_FRACTIONS) - 1)
+        x0, x1 = xs[rows, i - 1], xs[rows, i]
+        f0, f1 = mix[rows, i - 1], mix[rows, i]
+        reached = mix[:, -1] >= q
+        lo, hi = np.where(reached, x0, hi), np.where(reached, x1, hi)
     frac = np.clip((q - f0) / np.maximum(f1 - f0, 1e-12), 0.0, 1.0)
-    out: FloatArray = np.where(mix[:, -1] < q, hi, x0 + frac * (x1 - x0))
+    out: FloatArray = np.where(reached, x0 + frac * (x1 - x0), hi)
     return out
