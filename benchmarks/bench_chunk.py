@@ -24,7 +24,6 @@ over the best 8,192-token plan's, both from the same search.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import random
 import statistics
@@ -43,7 +42,7 @@ from rooftop_sim.engine.core import EngineConfig, EngineCore, Request
 from rooftop_sim.engine.truth import TruthModel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_ttft import serve_arrivals  # noqa: E402  (a sibling script, not a package)
+from bench_ttft import print_markdown, quick_flag, serve_arrivals  # noqa: E402  (a sibling script)
 
 REQUESTS = 3000
 SEED = 0
@@ -92,6 +91,19 @@ class Served:
     ttft_s: float
 
 
+def replica_engine(plan: Plan, model: str, chunk: int) -> EngineCore:
+    """The engine simulator as one replica of ``plan`` (of ``model``) at ``chunk``-token
+    prefill chunks."""
+    truth = TruthModel.for_deployment(model, plan.gpu, plan.tp, plan.weight_dtype, plan.kv_dtype)
+    config = EngineConfig(
+        kv_capacity_tokens=truth.kv_capacity_tokens(plan.gpu_memory_utilization),
+        max_num_seqs=plan.max_num_seqs,
+        max_num_batched_tokens=chunk,
+        max_model_len=plan.max_model_len,
+    )
+    return EngineCore(config, truth)
+
+
 def serve(spec: ServingTargetSpec, plan: Plan, chunk: int) -> Served:
     """One replica of ``plan`` at ``chunk``-token prefill chunks, at its share of the
     target's rate, in the engine simulator."""
@@ -100,15 +112,6 @@ def serve(spec: ServingTargetSpec, plan: Plan, chunk: int) -> Served:
         from_spec(spec.workload.prompt_tokens),
         from_spec(spec.workload.output_tokens),
     )
-    truth = TruthModel.for_deployment(
-        spec.model, plan.gpu, plan.tp, plan.weight_dtype, plan.kv_dtype
-    )
-    config = EngineConfig(
-        kv_capacity_tokens=truth.kv_capacity_tokens(plan.gpu_memory_utilization),
-        max_num_seqs=plan.max_num_seqs,
-        max_num_batched_tokens=chunk,
-        max_model_len=plan.max_model_len,
-    )
     rate = spec.workload.requests_per_second / plan.replicas
     requests, arrival = [], rng.expovariate(rate)
     for i in range(REQUESTS):
@@ -116,7 +119,7 @@ def serve(spec: ServingTargetSpec, plan: Plan, chunk: int) -> Served:
         osl = min(osl, plan.max_model_len - isl)
         requests.append(Request(str(i), isl, max(osl, 2), arrival))
         arrival += rng.expovariate(rate)
-    finished = serve_arrivals(EngineCore(config, truth), requests)
+    finished = serve_arrivals(replica_engine(plan, spec.model, chunk), requests)
     kept = [r for r in finished if int(r.request_id) >= REQUESTS // 5]
     slo_s = spec.slo.tpot_ms / 1e3
     tpots = [r.tpot_s for r in kept if r.tpot_s is not None]
@@ -166,9 +169,7 @@ def _shape(plan: Plan) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="the first three targets only")
-    args = ap.parse_args(argv)
+    quick = quick_flag(__doc__, argv)
     headers = [
         "target",
         "planned, chunk / best at 8192",
@@ -177,10 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         "mean TTFT ms (same order)",
         "predicted p90 TTFT ms: planned / best at 8192",
     ]
-    print("| " + " | ".join(headers) + " |")
-    print("|" + "---|" * len(headers))
-    for row in rows(args.quick):
-        print("| " + " | ".join(row) + " |")
+    print_markdown(headers, rows(quick))
     return 0
 
 

@@ -116,6 +116,21 @@ def simulated_open_loop_s(
     return ttft, statistics.mean(r.tpot_s for r in kept if r.tpot_s)
 
 
+def print_markdown(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """A markdown table of ``rows`` under ``headers`` on standard output."""
+    print("| " + " | ".join(headers) + " |")
+    print("|" + "---|" * len(headers))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+def quick_flag(doc: str | None, argv: list[str] | None) -> bool:
+    """A benchmark's command line: ``--quick`` (its first targets only) and ``--help``."""
+    ap = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="the first three targets only")
+    return bool(ap.parse_args(argv).quick)
+
+
 def serve_arrivals(engine: EngineCore, requests: Sequence[Request]) -> list[Request]:
     """Every request through ``engine``, each added at its ``arrival_s`` (in order), the
     engine stepping from time 0 and idling until the next arrival when it has nothing to

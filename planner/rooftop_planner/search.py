@@ -11,13 +11,15 @@ Serving model at a per-replica Poisson arrival rate λ (requests/s):
   mean running batch      B   = λ · (TTFT + osl · TPOT(B))           (Little's law)
   percentile batch        B_q = B + z_q · √B                          (Poisson occupancy)
   percentile TPOT         TPOT_q = step(B_q, context, prefill carried at rate λ)
-  percentile TTFT         TTFT_q = prefill steps of the q-quantile prompt + ½ step
+  percentile TTFT         TTFT_q = own prefill + the prefill queued ahead at rate λ
+                                   (``prefill_queue``: an M/G/1 queue of prompt work)
 The largest B whose TPOT_q and TTFT_q meet the SLO and whose B_q stays under the batch
 cap and the KV capacity gives the replica's capacity λ* = B / (TTFT + osl · TPOT);
-replicas = ceil(rate · headroom / λ*). The TPOT quantile q sized for is the loop's aim,
-the SLO's percentile plus half its allowed misses (p90 → 0.95, ``aimed_share``), so a
-plan costs what the loop is expected to spend; plans report TPOT at the SLO's own
-percentile.
+replicas = ceil(max(rate · headroom, burst rate) / λ*), so the rate a burst brings
+(``bursts``) maps to a batch whose TPOT and queued TTFT still meet the SLO. The TPOT
+quantile q sized for is the loop's aim, the SLO's percentile plus half its allowed
+misses (p90 → 0.95, ``aimed_share``), so a plan costs what the loop is expected to
+spend; plans report TPOT at the SLO's own percentile.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from rooftop_api.spec import KvDtype, ServingTargetSpec, WeightDtype
-from rooftop_planner import batching, explain, kernel_model, perf, tail
+from rooftop_planner import batching, explain, kernel_model, perf, prefill_queue, tail
 from rooftop_planner.bursts import HEADROOM, burst_rate
 from rooftop_planner.catalog import (
     Catalog,
@@ -108,10 +110,13 @@ class _Targets:
     isl_mean: float
     osl_mean: float
     isl_q: float
+    ttft_q: float  # the TTFT SLO's percentile, 0..1
     prompts: tuple[float, ...]
     prompt_weights: tuple[float, ...]
     outputs: tuple[float, ...]
     prefix: PrefixModel = PrefixModel()
+    # the TTFT mixture's prompt lengths (``prefill_queue.TTFT_STRATA``), tokens
+    ttft_prompts: tuple[float, ...] = ()
 
 
 # Prompt lengths whose prefills other requests' decode steps carry: the mean length of
@@ -134,10 +139,11 @@ class _Steps:
     """Candidates' steps on their batch grids, before the tail (D × GRID_POINTS arrays).
 
     decode: step without prefill (s); slope: ∂decode/∂B (s); rate: λ (requests/s); step:
-    mean step t̄ (s); extra_mean: E[Δ] (s) of one admission's extra step time; prefill:
-    the TTFT-quantile prompt's prefill steps (s). Per prompt stratum: chunk_extra, δ, what
-    one step carrying a chunk of it adds (s, D × S × GRID_POINTS), and chunks, c, the
-    steps it rides in (D × S).
+    mean step t̄ (s); extra_mean: E[Δ] (s) of one admission's extra step time. Per prompt
+    stratum: chunk_extra, δ, what one step carrying a chunk of it adds (s, D × S ×
+    GRID_POINTS), chunks, c, the steps it rides in (D × S), and work, the prefill work
+    it queues (``prefill_queue``: s, D × S × GRID_POINTS). own: the own prefill of each
+    TTFT mixture prompt (s, D × len(ttft_prompts) × GRID_POINTS).
     """
 
     batches: FloatArray
@@ -148,7 +154,8 @@ class _Steps:
     extra_mean: FloatArray
     chunk_extra: FloatArray
     chunks: FloatArray
-    prefill: FloatArray
+    work: FloatArray
+    own: FloatArray
 
 
 def _batch_grid(limits: FloatArray) -> FloatArray:
@@ -162,14 +169,15 @@ def _batch_grid(limits: FloatArray) -> FloatArray:
 class _RawSteps:
     """Candidates' step grids before the step-time factor (``perf.forward_parts``): the
     kernels' unscaled sums and the physical floors (s, D × variants·GRID_POINTS), the
-    mean batches (D × GRID_POINTS) and the prefill chunks of each prompt stratum and of
-    the TTFT prompt (D × strata + 1). None of it depends on the factor
-    (``PreparedSearch.rescaled``)."""
+    mean batches (D × GRID_POINTS), the prefill chunks of each prompt stratum and of
+    the TTFT prompt (D × strata + 1) and their uncached tokens over the token budget
+    (n / K, same shape). None of it depends on the factor (``PreparedSearch.rescaled``)."""
 
     batches: FloatArray
     unscaled: FloatArray
     floor: FloatArray
     chunks: FloatArray
+    loads: FloatArray
 
 
 def _raw_steps(
@@ -189,7 +197,8 @@ def _raw_steps(
     lengths = (*t.prompts, t.isl_q)
     cached = [t.prefix.cached_tokens(p, same) for p in lengths]
     new = np.array([p - c for p, c in zip(lengths, cached, strict=True)])
-    chunks = np.maximum(np.ceil(new[None, :] / budgets[:, None]), 1.0)  # D × lengths
+    loads = new[None, :] / budgets[:, None]  # D × lengths
+    chunks = np.maximum(np.ceil(loads), 1.0)
     variants = len(t.prompts) + 2
     seqs = np.concatenate([batches] * (variants - 1) + [batch_q], axis=1)
     held = t.isl_mean + t.osl_mean / 2.0  # a running sequence's mean context
@@ -199,7 +208,7 @@ def _raw_steps(
     context = [c + n / 2.0 for c, n in zip(cached, new, strict=True)]
     attended = chunk * np.repeat(np.array([0.0, *context]), GRID_POINTS)[None, :]
     unscaled, floor = perf.forward_parts(deps, seqs, ctx, chunk, attended)
-    return _RawSteps(batches, unscaled, floor, chunks)
+    return _RawSteps(batches, unscaled, floor, chunks, loads)
 
 
 def _steps(raw: _RawSteps, scales: FloatArray, t: _Targets) -> _Steps:
@@ -218,6 +227,13 @@ def _steps(raw: _RawSteps, scales: FloatArray, t: _Targets) -> _Steps:
     weights = np.array(t.prompt_weights)[None, :, None]
     extra_mean = (weights * (chunks[:, :-1, None] * deltas)).sum(axis=1)
     step = batching.mean_step_s(decode, extra_mean, batches, t.osl_mean)
+    # own prefill (c full chunk steps) and queued work (``prefill_queue``), known at the
+    # strata and at the TTFT prompt (at the percentile batch), read in between for the
+    # TTFT mixture's prompts
+    own = chunks[:, :, None] * np.concatenate([steps[:, 1:-1], steps[:, -1:]], axis=1)
+    extra = np.concatenate([deltas, steps[:, -1:] - decode[:, None, :]], axis=1)
+    work = chunks[:, :, None] * extra + raw.loads[:, :, None] * decode[:, None, :]
+    reads = prefill_queue.own_weights((*t.prompts, t.isl_q), t.ttft_prompts)
     return _Steps(
         batches=batches,
         decode=decode,
@@ -227,7 +243,8 @@ def _steps(raw: _RawSteps, scales: FloatArray, t: _Targets) -> _Steps:
         extra_mean=extra_mean,
         chunk_extra=deltas,
         chunks=chunks[:, :-1],
-        prefill=chunks[:, -1:] * steps[:, -1],
+        work=np.einsum("kp,dpg->dkg", reads, work),
+        own=np.einsum("kp,dpg->dkg", reads, own),
     )
 
 
@@ -264,7 +281,32 @@ def _operating_points(
         return out
 
     aimed, reported = tpot_at(t.tpot_q), tpot_at(t.report_q)
-    return aimed, reported, steps.prefill + reported / 2.0, steps.rate
+    return aimed, reported, _ttft_quantile(steps, t), steps.rate
+
+
+# The grid points the TTFT mixture is evaluated at (every other one and the last); each
+# of the rest lies halfway between two of them in log batch (the grid is geometric) and
+# takes their mean. TTFT is smooth in the batch, and its mixture is the search's largest array.
+_TTFT_POINTS = np.unique(np.append(np.arange(0, GRID_POINTS, 2), GRID_POINTS - 1))
+
+
+def _ttft_quantile(steps: _Steps, t: _Targets) -> FloatArray:
+    """TTFT at the SLO's percentile (``prefill_queue``) at every candidate's grid point
+    (D × G), evaluated at ``_TTFT_POINTS``."""
+    mixture, cols = len(t.ttft_prompts), _TTFT_POINTS
+    d = len(steps.batches)
+    at = prefill_queue.ttft_quantile(
+        t.ttft_q,
+        steps.decode[:, cols].ravel(),
+        steps.rate[:, cols].ravel(),
+        np.moveaxis(steps.work[:, :, cols], 1, 2).reshape(-1, mixture),
+        np.moveaxis(steps.own[:, :, cols], 1, 2).reshape(-1, mixture),
+    ).reshape(d, len(cols))
+    out: FloatArray = np.empty_like(steps.batches)
+    out[:, cols] = at
+    between = np.setdiff1d(np.arange(GRID_POINTS), cols)  # each halfway between two
+    out[:, between] = (out[:, between - 1] + out[:, between + 1]) / 2.0
+    return out
 
 
 def _slope(values: FloatArray, xs: FloatArray) -> FloatArray:
@@ -752,6 +794,8 @@ def _context(
         prompt_weights=prompt_weights,
         outputs=tuple(float(v) for v in tail.output_points(workload.output.quantile)),
         prefix=PrefixModel.from_spec(spec.workload.prefix),
+        ttft_q=spec.slo.ttft_percentile.quantile,
+        ttft_prompts=tuple(workload.prompt.quantile(m) for m in prefill_queue.ttft_midpoints()),
     )
     return _Context(
         spec=spec,

@@ -291,10 +291,12 @@ CASES: tuple[Case, ...] = (
         **LONG_PROMPTS,
     ),
     Case(
-        "long-prompts-ttft-1600-l40s",
-        "in bf16 the p90 prompt (16k) prefills in ~2.9 s on one L40 (1.7 s over two) but "
-        "~1.5 s on an L40S (2x its FLOPs): L40S at $1.37 is the cheapest under a 1.6 s TTFT",
-        Pick("l40s", "bf16", 1),
+        "long-prompts-ttft-1600-queue-gh200",
+        "in bf16 the p90 prompt (16k) prefills in ~1.5 s on an L40S, but at 0.5 req/s of "
+        "8k-token prompts one L40S's prefill is busy about half the time, so the p90 "
+        "request also waits behind other prompts (1.9 s even at batch 1); GH200 ($2.29, "
+        "~0.45 s) is the cheapest under a 1.6 s TTFT",
+        Pick("gh200", "bf16", 1),
         ttft_ms=1600,
         **LONG_PROMPTS,
     ),
