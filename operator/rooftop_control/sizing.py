@@ -232,7 +232,7 @@ class PlanTargetPlanner:
         if traffic.bursts is None:
             return 0.0
         b = traffic.bursts
-        return burst_rate(b.reference(rate), b.dispersion, self.spec.slo.tpot_percentile.aim)
+        return burst_rate(b.reference(rate), b.dispersion, self.spec.slo.burst_aim)
 
     def _price(self) -> float:
         return self.plan.usd_per_replica_hour

@@ -131,6 +131,17 @@ class Slo(_Model):
         default=Percentile.P90, description="Percentile the TTFT bound applies to."
     )
 
+    @property
+    def burst_aim(self) -> float:
+        """The share of requests whose arrival rate a fleet holds capacity for against
+        bursts: the TPOT bound's aim, or the TTFT bound's where it asks for more (every
+        request arriving into a burst beyond capacity queues, so a p99 TTFT bound over a
+        p90 TPOT one needs the bursts 99.5 % of requests arrive into)."""
+        aims = [self.tpot_percentile.aim]
+        if self.ttft_ms is not None:
+            aims.append(self.ttft_percentile.aim)
+        return max(aims)
+
 
 class HistogramBin(_Model):
     """One bin of a token-length histogram: ``weight`` of requests have ``tokens`` tokens."""

@@ -207,7 +207,7 @@ def aim_note(spec: ServingTargetSpec) -> str:
 
 def burst_note(spec: ServingTargetSpec) -> list[str]:
     """The capacity held for bursts, where it is more than the mean rate's headroom."""
-    workload, aim = spec.workload, spec.slo.tpot_percentile.aim
+    workload, aim = spec.workload, spec.slo.burst_aim
     rate = workload.requests_per_second
     held = burst_rate(rate, workload.arrival_dispersion or 1.0, aim)
     if held <= rate * HEADROOM:

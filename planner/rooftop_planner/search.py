@@ -284,28 +284,36 @@ def _operating_points(
     return aimed, reported, _ttft_quantile(steps, t), steps.rate
 
 
-# The grid points the TTFT mixture is evaluated at (every other one and the last); each
-# of the rest lies halfway between two of them in log batch (the grid is geometric) and
-# takes their mean. TTFT is smooth in the batch, and its mixture is the search's largest array.
-_TTFT_POINTS = np.unique(np.append(np.arange(0, GRID_POINTS, 2), GRID_POINTS - 1))
+# The grid points the TTFT mixture is evaluated at (every third one, the last among
+# them); the rest are read linearly in log batch between them (the grid is geometric, so
+# that is linear in the index). TTFT is smooth in the batch, and its mixture is the
+# search's largest array.
+_TTFT_POINTS = np.arange(0, GRID_POINTS, 3)  # 0, 3, ..., 15: ends at the grid's end
+
+
+def _between_points() -> FloatArray:
+    """R (len(_TTFT_POINTS) × GRID_POINTS): values at the TTFT points times R are the
+    values at every grid point, linear in the index between points."""
+    index = np.arange(GRID_POINTS)
+    unit = np.eye(len(_TTFT_POINTS))
+    return np.stack([np.interp(index, _TTFT_POINTS, row) for row in unit])
+
+
+_TTFT_READ = _between_points()
 
 
 def _ttft_quantile(steps: _Steps, t: _Targets) -> FloatArray:
     """TTFT at the SLO's percentile (``prefill_queue``) at every candidate's grid point
-    (D × G), evaluated at ``_TTFT_POINTS``."""
+    (D × G), evaluated at ``_TTFT_POINTS`` and read in between (``_TTFT_READ``)."""
     mixture, cols = len(t.ttft_prompts), _TTFT_POINTS
-    d = len(steps.batches)
     at = prefill_queue.ttft_quantile(
         t.ttft_q,
         steps.decode[:, cols].ravel(),
         steps.rate[:, cols].ravel(),
         np.moveaxis(steps.work[:, :, cols], 1, 2).reshape(-1, mixture),
         np.moveaxis(steps.own[:, :, cols], 1, 2).reshape(-1, mixture),
-    ).reshape(d, len(cols))
-    out: FloatArray = np.empty_like(steps.batches)
-    out[:, cols] = at
-    between = np.setdiff1d(np.arange(GRID_POINTS), cols)  # each halfway between two
-    out[:, between] = (out[:, between - 1] + out[:, between + 1]) / 2.0
+    ).reshape(len(steps.batches), len(cols))
+    out: FloatArray = at @ _TTFT_READ
     return out
 
 
@@ -776,7 +784,7 @@ def _context(
         burst_rps=burst_rate(
             spec.workload.requests_per_second,
             spec.workload.arrival_dispersion or 1.0,
-            spec.slo.tpot_percentile.aim,
+            spec.slo.burst_aim,
         ),
     )
     q = spec.slo.tpot_percentile.aim

@@ -80,7 +80,7 @@ def test_bursts_are_sized_at_the_burst_rate_given() -> None:
         update={"workload": CHAT.workload.model_copy(update={"requests_per_second": 9.0})}
     )
     full = plan_target(at_spec_rate, requests_per_second=1.0)
-    burst = burst_rate(9.0, 4.0, CHAT.slo.tpot_percentile.aim)
+    burst = burst_rate(9.0, 4.0, CHAT.slo.burst_aim)
     assert _plans(prepared.plans(1.0, burst_rps=burst)) == _plans(full.candidates)
     assert _plans(prepared.plans(1.0)) != _plans(full.candidates)
 

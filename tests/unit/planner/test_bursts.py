@@ -58,6 +58,19 @@ def test_a_bursty_target_holds_capacity_for_its_bursts() -> None:
     assert bursty.capacity_rps >= burst_rate(2.4, 63.0, 0.95)
 
 
+def test_a_p99_ttft_slo_holds_capacity_for_the_bursts_its_share_arrives_into() -> None:
+    """Every request arriving into a burst beyond capacity queues for its prefill: a p99
+    TTFT bound over a p90 TPOT one holds the rate 99.5 % of requests arrive into."""
+    doc = _spec(63.0).model_dump(by_alias=True, exclude_none=True)
+    doc["slo"].update(ttftPercentile="p99", ttftMs=8000)  # the p99 prompt: ~13k tokens
+    strict = ServingTargetSpec.model_validate(doc)
+    assert strict.slo.burst_aim == 0.995 and _spec(63.0).slo.burst_aim == 0.95
+    plan = plan_target(strict).plan
+    assert plan is not None
+    assert plan.capacity_rps >= burst_rate(2.4, 63.0, 0.995) > burst_rate(2.4, 63.0, 0.95)
+    assert "99.5 % of requests arrive into" in plan_target(strict).explain()
+
+
 def test_burstiness_counts_clumps_and_not_the_days_drift() -> None:
     """Poisson counts read 1; so do Poisson counts whose rate grows fivefold over the range (the
     window's rate follows that); requests in clumps of four read 4 (a compound Poisson
