@@ -26,6 +26,10 @@ from rooftop_planner.kernels import KernelCurves
 ENGINES = ("vllm", "sglang", "trtllm", "nim")
 # Engines whose kernels were not timed use the engine they run on underneath.
 ENGINE_CURVES = {"vllm": "vllm", "sglang": "sglang", "trtllm": "trtllm", "nim": "trtllm"}
+# The accelerator family every kernel table in data/ops was timed on (NVIDIA GPUs). A GPU
+# of another family borrows curves whose efficiency its own software stack may not reach:
+# it is credited with at most the measured GPU's bandwidth and FLOP/s (``capped``).
+MEASURED_FAMILY = "cuda"
 
 
 @dataclass(frozen=True)
@@ -56,12 +60,16 @@ class Efficiency:
         overhead: the engine's fixed costs per step and per layer.
         time_scale: online calibration: observed / predicted step time (1 = as fitted).
         borrowed_from: the measured GPU whose curves stand in, "" when the GPU's own.
+        capped: the curves were timed on another vendor's GPU: kernels are priced at no
+            more than that GPU's bandwidth and FLOP/s (``kernel_model.credited_rates``),
+            so its datasheet cannot make it faster than the GPU that was measured.
     """
 
     kernels: KernelCurves | None = None
     overhead: EngineOverhead = EngineOverhead()
     time_scale: float = 1.0
     borrowed_from: str = ""
+    capped: bool = False
 
     def scaled(self, step_time_scale: float) -> Efficiency:
         """Every step cost times ``step_time_scale`` (the floor still holds, see perf)."""
@@ -73,6 +81,11 @@ class Efficiency:
             return "ideal roofline (no fitted curves)"
         k = self.kernels
         source = f"{k.engine} {k.engine_version} kernels timed on {k.table_gpu}"
+        if self.capped:
+            return source + (
+                " (borrowed from another vendor's GPU: credited with at most its bandwidth "
+                "and FLOP/s)"
+            )
         return source + (" (borrowed: nearest measured GPU)" if self.borrowed_from else "")
 
 
@@ -95,7 +108,9 @@ class EfficiencyTable:
                 "python -m rooftop_fit.kernel_fit --write fits them from data/ops"
             )
         borrowed = table if gpu.kernel_table_borrowed else ""
-        return Efficiency(kernels, self.overheads.get(engine, EngineOverhead()), 1.0, borrowed)
+        capped = bool(borrowed) and gpu.family != MEASURED_FAMILY
+        overhead = self.overheads.get(engine, EngineOverhead())
+        return Efficiency(kernels, overhead, 1.0, borrowed, capped)
 
 
 def table_from_mapping(data: Mapping[str, Any]) -> EfficiencyTable:
