@@ -15,6 +15,12 @@ milliseconds to four significant figures:
 - All-reduce: the CUDA-graph timings (engines capture decode steps in graphs); TensorRT-LLM
   has one backend.
 - MoE: bfloat16 and fp8, balanced routing, no expert parallelism.
+- Activation quantization to fp8 (vLLM's ``scaled_fp8_quant``; ``quantize/`` in the
+  source): ``scale_matrix_perf`` is the static per-tensor quant of an m × k bf16 input,
+  ``computescale_perf`` what the dynamic per-token scale adds to it.
+
+``versions.csv`` is updated row by row (gpu, engine, table), so a run over a source folder
+that holds some of the tables (say only ``quantize/``) leaves the others' rows as they are.
 """
 
 from __future__ import annotations
@@ -44,6 +50,8 @@ KEYS = {
         "kv_cache_dtype",
     ],
     "custom_allreduce_perf": ["num_gpus", "message_size"],
+    "scale_matrix_perf": ["m", "k"],
+    "computescale_perf": ["m", "k"],
     "moe_perf": [
         "num_tokens",
         "hidden_size",
@@ -81,7 +89,13 @@ def reduce_table(name: str, frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def main(source: Path) -> None:
-    versions = ["gpu,engine,table,engine_version,rows"]
+    header = "gpu,engine,table,engine_version,rows"
+    path_versions = HERE / "versions.csv"
+    versions = {
+        tuple(line.split(",")[:3]): line
+        for line in path_versions.read_text().splitlines()[1:]
+        if line
+    }
     for path in sorted(source.glob("*/*/*/*/*.parquet")):
         gpu, _op, engine, version = path.parts[-5:-1]
         reduced = reduce_table(path.stem, pd.read_parquet(path))
@@ -90,9 +104,9 @@ def main(source: Path) -> None:
         out = HERE / gpu / engine / f"{path.stem}.csv.gz"
         out.parent.mkdir(parents=True, exist_ok=True)
         reduced.to_csv(out, index=False, compression={"method": "gzip", "mtime": 0})
-        versions.append(f"{gpu},{engine},{path.stem},{version},{len(reduced)}")
+        versions[(gpu, engine, path.stem)] = f"{gpu},{engine},{path.stem},{version},{len(reduced)}"
         print(f"{gpu}/{engine} {version} {path.stem}: {len(reduced)} rows")
-    (HERE / "versions.csv").write_text("\n".join(versions) + "\n")
+    path_versions.write_text("\n".join([header, *versions.values()]) + "\n")
 
 
 if __name__ == "__main__":
