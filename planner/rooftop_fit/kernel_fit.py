@@ -242,7 +242,13 @@ def catalog_gemm_shapes(catalog: Catalog) -> list[tuple[float, float]]:
     return sorted(set(shapes))
 
 
-def gemm_features(t: dict[str, Any], dtype: str, shapes: Sequence[tuple[float, float]]) -> Features:
+def gemm_features(
+    t: dict[str, Any],
+    dtype: str,
+    shapes: Sequence[tuple[float, float]],
+    quant: Mapping[tuple[float, float], float] | None = None,
+    bw: float = math.inf,
+) -> Features:
     """GEMM rows of one dtype at the weight shapes the planner times (m ≤ 16384).
 
     ``shapes``: (n, k) of the GEMMs served models run (``catalog_gemm_shapes``); a row is
@@ -252,6 +258,12 @@ def gemm_features(t: dict[str, Any], dtype: str, shapes: Sequence[tuple[float, f
     would pull the curve down for the large weights served models run.
 
     bytes = n · k · weight bytes + (m · k + m · n) · 2; FLOPs = 2 · m · n · k; driver = m.
+
+    ``quant``: seconds of the activation quantization each fp8 row timed in front of its
+    GEMM, by (m, k) (``quant_seconds``); given, the fp8 rows are the GEMM alone: their
+    time less the quant's, no less than their bytes at the GPU's DRAM rate ``bw`` (B/s;
+    below it ``from_dram`` would drop them). That is what vLLM runs where the quant is
+    fused into the kernel before the GEMM (``kernel_model``'s fp8 pricing).
     """
     t = _select(t, t["gemm_dtype"] == dtype)
     m, n, k = t["m"], t["n"], t["k"]
@@ -263,7 +275,43 @@ def gemm_features(t: dict[str, Any], dtype: str, shapes: Sequence[tuple[float, f
     m, n, k, lat = m[keep], n[keep], k[keep], t["latency"][keep]
     weight_bytes = 1.0 if dtype == "fp8" else 2.0
     moved = n * k * weight_bytes + (m * k + m * n) * 2.0
-    return Features(moved, 2.0 * m * n * k, m, np.zeros_like(m), lat * 1e-3)
+    seconds = lat * 1e-3
+    if quant is not None and dtype == "fp8":
+        timed = np.array([quant.get((a, b), 0.0) for a, b in zip(m, k, strict=True)])
+        seconds = np.maximum(seconds - timed, moved / bw)
+    return Features(moved, 2.0 * m * n * k, m, np.zeros_like(m), seconds)
+
+
+def quant_seconds(folder: Path) -> dict[tuple[float, float], float] | None:
+    """Seconds of vLLM's dynamic per-token fp8 quantization of an m × k bf16 input, by
+    (m, k): the static per-tensor quant (``scale_matrix_perf``) plus what the per-token
+    scale adds (``computescale_perf``, at least 0); None where the tables are missing."""
+    static_path, extra_path = (
+        folder / "scale_matrix_perf.csv.gz",
+        folder / "computescale_perf.csv.gz",
+    )
+    if not (static_path.is_file() and extra_path.is_file()):
+        return None
+    static, extra = read_table(static_path), read_table(extra_path)
+    added = {
+        (a, b): max(v, 0.0)
+        for a, b, v in zip(extra["m"], extra["k"], extra["latency"], strict=True)
+    }
+    return {
+        (a, b): (v + added.get((a, b), 0.0)) * 1e-3
+        for a, b, v in zip(static["m"], static["k"], static["latency"], strict=True)
+    }
+
+
+def quant_features(quant: Mapping[tuple[float, float], float]) -> Features:
+    """The quant kernel as a curve's rows: bytes = m · k · (2 read + 1 written) + 4 · m
+    (the per-token scales); no FLOPs worth counting; driver = m."""
+    keys = sorted(quant)
+    m = np.array([a for a, _ in keys])
+    k = np.array([b for _, b in keys])
+    seconds = np.array([quant[key] for key in keys])
+    moved = 3.0 * m * k + 4.0 * m
+    return Features(moved, np.zeros_like(m), m, np.zeros_like(m), seconds)
 
 
 def timing_spikes(m: Array, n: Array, k: Array, latency: Array) -> npt.NDArray[np.bool_]:
@@ -399,9 +447,10 @@ def fit_engine_curves(
     bw, bf16 = gpu.hbm_bytes_per_s, gpu.flops_per_s("bf16")
     gemm_table = read_table(folder / "gemm_perf.csv.gz")
     shapes = catalog_gemm_shapes(catalog)
+    quant = quant_seconds(folder)
     gemm = {
         DTYPE_KEYS[d]: fit_curve(
-            gemm_features(gemm_table, d, shapes),
+            gemm_features(gemm_table, d, shapes, quant, bw),
             GEMM_KNOTS,
             bw,
             gpu.flops_per_s(DTYPE_KEYS[d]),
@@ -409,6 +458,7 @@ def fit_engine_curves(
         for d in DTYPE_KEYS
         if (gemm_table["gemm_dtype"] == d).any()
     }
+    quant_curve = fit_curve(quant_features(quant), range(0, 17, 2), bw, bf16) if quant else None
     decode, prefill = _attention_curves(folder, bw, bf16, catalog_attention_heads(catalog))
     moe: dict[str, Curve] = {}
     if (folder / "moe_perf.csv.gz").is_file():
@@ -431,6 +481,7 @@ def fit_engine_curves(
         interconnect_bytes_per_s=gpu.interconnect_bytes_per_s,
         hbm_bytes_per_s=bw,
         flops_per_s=dict(gpu.dense_flops_per_s),
+        quant=quant_curve,
     )
 
 
@@ -472,7 +523,12 @@ def stored_curve_errors(ops: Path, kc: KernelCurves) -> dict[str, tuple[Curve, f
     ] = {
         "gemm": (
             "gemm_perf",
-            partial(gemm_features, shapes=catalog_gemm_shapes(catalog)),
+            partial(
+                gemm_features,
+                shapes=catalog_gemm_shapes(catalog),
+                quant=quant_seconds(folder),
+                bw=bw,
+            ),
             kc.gemm,
             True,
         ),
@@ -498,6 +554,9 @@ def stored_curve_errors(ops: Path, kc: KernelCurves) -> dict[str, tuple[Curve, f
             peak = gpu.flops_per_s(key) if dtype_peak else bf16
             f = features(columns, dtypes[key])
             out[f"{kind}.{key}"] = (curve, curve_error(curve, f, bw, peak))
+    quant = quant_seconds(folder)
+    if kc.quant is not None and quant is not None:
+        out["quant.fp8"] = (kc.quant, curve_error(kc.quant, quant_features(quant), bw, bf16))
     return out
 
 
@@ -754,6 +813,7 @@ def curve_lines(kc: KernelCurves) -> list[str]:
         "decode_attention": kc.decode_attention,
         "prefill_attention": kc.prefill_attention,
         "moe": kc.moe,
+        "quant": {"fp8": kc.quant} if kc.quant else {},
     }
     return [
         f"calibrate: {kc.table_gpu}/{kc.engine} {kind}.{dtype}: {c.rows} rows, "
@@ -805,6 +865,7 @@ def curves_to_mapping(kc: KernelCurves) -> dict[str, Any]:
         "decode_attention": {k: curve(c) for k, c in kc.decode_attention.items()},
         "prefill_attention": {k: curve(c) for k, c in kc.prefill_attention.items()},
         "moe": {k: curve(c) for k, c in kc.moe.items()},
+        **({"quant": curve(kc.quant)} if kc.quant else {}),
         "allreduce": {
             str(n): {"message_bytes": list(a.message_bytes), "seconds": list(a.seconds)}
             for n, a in kc.allreduce.items()
@@ -821,6 +882,10 @@ def report(doc: dict[str, Any]) -> str:
             for dtype, c in kc[kind].items():
                 name = f"{prefix} {kind}.{dtype}"
                 lines.append(f"{name:<44} {c['rows']:>6} {c['median_error'] * 100:>15.1f}")
+        if "quant" in kc:
+            c = kc["quant"]
+            name = f"{prefix} quant.fp8"
+            lines.append(f"{name:<44} {c['rows']:>6} {c['median_error'] * 100:>15.1f}")
         for count, a in kc["allreduce"].items():
             name = f"{prefix} allreduce.tp{count} (as measured)"
             lines.append(f"{name:<44} {len(a['seconds']):>6} {0.0:>15.1f}")

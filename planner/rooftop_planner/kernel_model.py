@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -229,7 +230,9 @@ def _token_costs(dep: EngineShape, tokens: FloatArray) -> tuple[FloatArray, Floa
     dense MLP.
     """
     m = dep.model
-    total = m.num_layers * _shapes_s(dep, tokens, _layer_shapes(dep))
+    total = m.num_layers * (
+        _shapes_s(dep, tokens, _layer_shapes(dep)) + unfused_quant_s(dep, tokens)
+    )
     if m.is_moe:
         moe = np.array([moe_s(dep, float(t)) for t in tokens])
         total += m.moe_layers * (moe + _mlp_s(dep, tokens, m.shared_expert_size))
@@ -239,6 +242,38 @@ def _token_costs(dep: EngineShape, tokens: FloatArray) -> tuple[FloatArray, Floa
         hidden_bytes = m.hidden_size * ACTIVATION_BYTES
         reduce = 2.0 * allreduces_s(dep, tokens * hidden_bytes)
     return total, m.num_layers * reduce
+
+
+def unfused_quant_s(dep: EngineShape, tokens: FloatArray) -> FloatArray:
+    """Seconds of the fp8 quantization vLLM runs as a kernel of its own in every layer,
+    at each token count: the attention output's, before the output projection.
+
+    With fp8 weights vLLM quantizes each GEMM's bf16 input to fp8 (per token, where the
+    checkpoint stores no input scale). Its compiler fuses that into the kernel that makes
+    the input for the QKV and gate/up projections (the RMSNorm) and for the down
+    projection (SiLU-and-mul), so the fp8 GEMM curve is the GEMM alone
+    (``KernelCurves.quant``). The attention output comes from an opaque attention op
+    and vLLM's attention+quant fusion is off by default (``fuse_attn_quant``), so that
+    quant runs on its own. Zero where the curves carry no quant table (the fp8 curve
+    then includes every GEMM's) or the GEMMs run in 16 bits.
+    """
+    kernels = dep.efficiency.kernels
+    if kernels is None or kernels.quant is None or dep.compute_dtype != "fp8":
+        return np.zeros_like(tokens)
+    width = _output_projection_width(dep.model, dep.tp)
+    return kernels.quant.times_s(
+        3.0 * tokens * width + 4.0 * tokens,
+        np.zeros_like(tokens),
+        tokens,
+        *credited_rates(dep, "bf16"),
+        measured_on=measured_on(dep, "bf16"),
+    )
+
+
+def _output_projection_width(m: ModelSpec, tp: int) -> float:
+    """k of the attention's output projection on one GPU: its input's width."""
+    shapes = _mla_shapes(m, tp) if m.is_mla else _attention_shapes(m, tp)
+    return shapes[-1][1]
 
 
 def _shapes_s(
@@ -259,8 +294,18 @@ def lm_head_s(dep: EngineShape, sampled: float) -> float:
     """The LM head over the sequences that sample a token this step (vocab split over tp)."""
     if sampled <= 0:
         return 0.0
+    return float(_lm_head_gemms_s(dep, np.array([sampled], dtype=np.float64))[0])
+
+
+def _lm_head_gemms_s(dep: EngineShape, sampled: FloatArray) -> FloatArray:
+    """The LM head at each count of sampling rows. vLLM never quantizes it: its
+    ``ParallelLMHead`` is an embedding, not a linear layer, so fp8 and int4 checkpoints
+    run it in 16 bits (their weights' bytes count it so too, ``perf.weight_bytes``)."""
     m = dep.model
-    return gemm_s(dep, sampled, m.vocab_size / dep.tp, float(m.hidden_size))
+    kernels = dep.efficiency.kernels
+    if kernels is not None and kernels.engine == "vllm":
+        dep = replace(dep, weight_dtype="bf16")
+    return _gemms_s(dep, sampled, m.vocab_size / dep.tp, float(m.hidden_size))
 
 
 class StepModel:
@@ -492,7 +537,7 @@ def _token_tables(dep: EngineShape) -> Tables:
             np.arange(GRID_OCTAVES * GRID_STEPS_PER_OCTAVE + 1) / GRID_STEPS_PER_OCTAVE
         )
         gemm, reduce = _token_costs(dep, points)
-        lm_head = _gemms_s(dep, points, m.vocab_size / dep.tp, float(m.hidden_size))
+        lm_head = _lm_head_gemms_s(dep, points)
         tables = _TABLES[key] = (gemm, reduce, lm_head)
         if len(_TABLES) > _MODELS_MAX:
             _TABLES.popitem(last=False)

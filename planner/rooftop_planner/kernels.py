@@ -215,6 +215,9 @@ class KernelCurves:
         interconnect_bytes_per_s: its GPU-to-GPU bandwidth (all-reduce is rescaled by it).
         hbm_bytes_per_s / flops_per_s: the measured GPU's peaks the fractions refer to
             (dense FLOP/s by compute dtype); 0 / empty in curves stored without them.
+        quant: the engine's fp8 quantization of a GEMM's bf16 input (driver: tokens),
+            where it was timed on its own; then ``gemm["fp8"]`` is the GEMM alone
+            (``rooftop_fit.kernel_fit.gemm_features``). None: the fp8 curve includes it.
     """
 
     table_gpu: str
@@ -228,6 +231,7 @@ class KernelCurves:
     interconnect_bytes_per_s: float = 0.0
     hbm_bytes_per_s: float = 0.0
     flops_per_s: Mapping[str, float] = field(default_factory=dict)
+    quant: Curve | None = None
 
     def measured_on(self, compute_dtype: str) -> tuple[float, float] | None:
         """(HBM bytes/s, FLOP/s) of the measured GPU for ``compute_dtype``; None when
@@ -277,4 +281,5 @@ class KernelCurves:
             flops_per_s={
                 str(k): float(v) for k, v in (data.get("dense_flops_per_s") or {}).items()
             },
+            quant=Curve.from_mapping(data["quant"]) if data.get("quant") else None,
         )

@@ -380,12 +380,20 @@ class GemmTable:
         key, (n0, k0) = _nearest(sorted(self.rows), (n, k))
         return _array(self.rows[key]) * (n * k / (n0 * k0))
 
-    def curve(self, n: float, k: float, dtype: str, roof: Roofline) -> LatencyCurve:
-        """Latency (ms) against m for this (n, k); ``dtype`` is the table's (weight bytes)."""
+    def curve(
+        self, n: float, k: float, dtype: str, roof: Roofline, less: FloatArray | None = None
+    ) -> LatencyCurve:
+        """Latency (ms) against m for this (n, k); ``dtype`` is the table's (weight bytes).
+        ``less``: ms at each grid m the measured calls spent on something vLLM runs
+        elsewhere (the fp8 input's quantization, where it is fused into the kernel before
+        the GEMM), taken off before the roofline floor."""
         m = np.array(self.m)
         nbytes, flops = self._bytes(m, n, k, dtype), 2.0 * m * n * k
+        measured = self.latencies(n, k)
+        if less is not None:
+            measured = np.maximum(measured - less, 0.0)
         ms = roof.apply(
-            self.latencies(n, k),
+            measured,
             nbytes,
             flops,
             _compute_dtype(dtype),
@@ -578,6 +586,28 @@ class MoeTable:
 
 
 @dataclass(frozen=True)
+class QuantTable:
+    """vLLM's dynamic per-token fp8 quantization of an m × k bf16 input: latency (ms)
+    over m for each measured k (``truth_fit._quant``)."""
+
+    m: tuple[float, ...]
+    rows: Mapping[str, list[float | None]]
+
+    @classmethod
+    def from_doc(cls, d: Mapping[str, Any]) -> QuantTable:
+        return cls(tuple(d["m"]), d["rows"])
+
+    def latencies(self, k: float, m: Sequence[float]) -> FloatArray:
+        """Latency (ms) at each of ``m`` for an input of width ``k``: log-log between the
+        two measured widths around it (proportional to k beyond them), then along m."""
+        ks = sorted(float(v) for v in self.rows)
+        out = blend((bracket(ks, k),), lambda ij: _array(self.rows[f"{int(ks[ij[0]])}"]))
+        row = _array(self.rows[f"{int(ks[0])}"]) * (k / ks[0]) if out is None else out
+        curve = LatencyCurve(self.m, row)
+        return np.array([curve(x) for x in m])
+
+
+@dataclass(frozen=True)
 class GpuTables:
     """One GPU's measured tables (one engine): GEMM and MoE by weight dtype, attention by KV
     dtype (``bfloat16``, ``fp8`` where measured), all-reduce by GPU count."""
@@ -589,6 +619,7 @@ class GpuTables:
     prefill: Mapping[str, AttentionTable]
     allreduce: Mapping[int, LatencyCurve]
     moe: Mapping[str, MoeTable]
+    quant: QuantTable | None = None
 
     @classmethod
     def from_doc(cls, name: str, d: Mapping[str, Any]) -> GpuTables:
@@ -600,6 +631,7 @@ class GpuTables:
             {k: AttentionTable.from_doc(v, k, False) for k, v in d["context_attention"].items()},
             {int(k): LatencyCurve(v["elements"], v["latency"]) for k, v in d["allreduce"].items()},
             {k: MoeTable.from_doc(v, k) for k, v in d.get("moe", {}).items()},
+            QuantTable.from_doc(d["quant"]) if "quant" in d else None,
         )
 
     def allreduce_curve(self, gpus: int, roof: Roofline) -> LatencyCurve:

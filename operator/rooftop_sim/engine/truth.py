@@ -41,6 +41,12 @@ the bf16 rows: an approximation (weight-only kernels stream fewer bytes, so smal
 decode is really faster than this, large batches about the same). Attention: an fp8 KV
 cache uses the fp8 rows where measured, else bf16.
 
+fp8 GEMMs as vLLM serves them: the tables time each fp8 GEMM with the quantization of its
+bf16 input in front; vLLM's compiler fuses that quant into the RMSNorm before the QKV and
+gate/up projections and into SiLU-and-mul before the down projection, so those take the
+measured call less the measured quant (``kernels.QuantTable``); the output projection,
+fed by the attention op, keeps its own. The LM head is never quantized (16-bit rows).
+
 Run ``python -m rooftop_sim.engine.truth --fit`` to cut the packaged tables from
 ``data/ops`` and print how well they reproduce it (``truth_fit.py``); ``--write`` stores them.
 """
@@ -255,6 +261,17 @@ def build_kernels(
     def linear(n: float, k: float) -> LatencyCurve:
         return gemm.curve(n, k, gemm_dt, roof)
 
+    def fused(n: float, k: float) -> LatencyCurve:
+        """A GEMM whose fp8 input quantization vLLM fuses into the kernel before it (the
+        RMSNorm, SiLU-and-mul): the measured call less the quant it timed."""
+        if gemm_dt != "fp8" or tables.quant is None:
+            return linear(n, k)
+        return gemm.curve(n, k, gemm_dt, roof, tables.quant.latencies(k, gemm.m))
+
+    def unquantized(n: float, k: float) -> LatencyCurve:
+        """vLLM's LM head is an embedding layer, never quantized: 16-bit rows."""
+        return tables.gemm["bfloat16"].curve(n, k, "bfloat16", roof)
+
     moe = None
     if model.is_moe and gemm_dt in tables.moe:
         moe = tables.moe[gemm_dt].curve(
@@ -265,11 +282,11 @@ def build_kernels(
         hidden,
         model.num_experts,
         model.experts_per_token,
-        qkv=linear((heads + 2 * kv) * hd, hidden),
-        o_proj=linear(hidden, heads * hd),
-        gate_up=linear(2 * math.ceil(inter / tp), hidden),
-        down=linear(hidden, math.ceil(inter / tp)),
-        lm_head=linear(math.ceil(model.vocab_size / tp), hidden),
+        qkv=fused((heads + 2 * kv) * hd, hidden),
+        o_proj=linear(hidden, heads * hd),  # its input comes from attention: quant kept
+        gate_up=fused(2 * math.ceil(inter / tp), hidden),
+        down=fused(hidden, math.ceil(inter / tp)),
+        lm_head=unquantized(math.ceil(model.vocab_size / tp), hidden),
         moe=moe,
         decode_attn=tables.decode[kv_dt].grid(heads, kv, hd, kv_dt, True, roof),
         prefill_attn=tables.prefill[kv_dt].grid(heads, kv, hd, kv_dt, False, roof),

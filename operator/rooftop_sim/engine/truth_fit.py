@@ -168,6 +168,26 @@ def _moe(path: Path) -> Doc:
     return out
 
 
+def _quant(folder: Path) -> Doc | None:
+    """vLLM's dynamic per-token fp8 quantization of an m × k bf16 input: latency lists
+    over m for every k, the static quant (``scale_matrix_perf``) plus what the per-token
+    scale adds (``computescale_perf``, at least 0); None where not measured."""
+    static_path, extra_path = (
+        folder / "scale_matrix_perf.csv.gz",
+        folder / "computescale_perf.csv.gz",
+    )
+    if not (static_path.exists() and extra_path.exists()):
+        return None
+    extra = {(int(r["m"]), int(r["k"])): float(r["latency"]) for r in _rows(extra_path)}
+    cells = {
+        (int(r["m"]), int(r["k"])): float(r["latency"])
+        + max(extra.get((int(r["m"]), int(r["k"])), 0.0), 0.0)
+        for r in _rows(static_path)
+    }
+    ms, ks = _grid(m for m, _ in cells), _grid(k for _, k in cells)
+    return {"m": ms, "rows": {str(k): [cells.get((m, k)) for m in ms] for k in ks}}
+
+
 def _versions(ops: Path, gpu: str) -> dict[str, str]:
     with (ops / "versions.csv").open(newline="") as fh:
         return {
@@ -191,6 +211,9 @@ def read_ops(ops: Path) -> Doc:
         }
         if (d / "moe_perf.csv.gz").exists():
             doc["moe"] = _moe(d / "moe_perf.csv.gz")
+        quant = _quant(d)
+        if quant is not None:
+            doc["quant"] = quant
         tables[gpu] = doc
     return {
         "version": 1,

@@ -187,7 +187,9 @@ def test_fp8_gemm_curves_follow_the_tile_jump_at_each_power_of_two(table_gpu: st
     columns = kernel_fit.read_table(
         kernel_fit.DEFAULT_OPS / table_gpu / "vllm" / "gemm_perf.csv.gz"
     )
-    rows = kernel_fit.gemm_features(columns, "fp8", kernel_fit.catalog_gemm_shapes(catalog))
+    quant = kernel_fit.quant_seconds(kernel_fit.DEFAULT_OPS / table_gpu / "vllm")
+    shapes = kernel_fit.catalog_gemm_shapes(catalog)
+    rows = kernel_fit.gemm_features(columns, "fp8", shapes, quant, bw)  # the GEMMs alone
     ratio = curve.times_s(rows.moved, rows.flops, rows.driver, bw, peak, rows.items) / rows.seconds
     for m in (128, 129, 256, 257, 512, 513, 1024):
         assert abs(float(np.median(ratio[rows.driver == m])) - 1.0) < 0.08, m
