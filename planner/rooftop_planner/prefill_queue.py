@@ -24,16 +24,24 @@ a = λ / (1 − ρ):
     E[W²] = a · (E[S²] · E[W] + E[S³] / 3)
     E[W³] = a · (3/2 · E[S²] · E[W²] + E[S³] · E[W] + E[S⁴] / 4)
 
+W is not one smooth variable: most arrivals find the prefill idle (W = 0), and the
+rest wait mostly for the rest of the prompt being prefilled, which for a long prompt
+is seconds. So W + R is split by what a request arrives into (``wait_states``): an idle
+prefill (share 1 − ρ: R only), or stratum j's work under way (share λ · w_j · S_j: R, the
+rest of that work, uniform on [0, S_j], and the queue behind it, of mean E[W]).
+
 A burst is the same queue at a higher rate: the search sizes a fleet so that the
 rate requests arrive into in a burst (``bursts.burst_rate``) maps to a running batch
 whose TTFT still meets the SLO, and the queue's λ grows with the batch.
 
-The percentile over requests is that of the mixture over the prompt-length
-distribution (``TTFT_STRATA``: finer at the top, where a p99 lives), each component
-own(p) + W + R by its first three moments (normal-power, ``tail.mixture_quantile``).
-``own`` is known at the search's prompt strata and at the percentile's prompt and
-read linearly in between (``own_weights``). Everything is vectorised over the search's
-batch grid.
+The percentile over requests is that of the mixture over the request's own prompt
+stratum (``TTFT_STRATA``: finer at the top, where a p99 lives) times what it arrives
+into, each component by its first three moments (normal-power,
+``tail.mixture_quantile``, read in two passes). ``own`` and S are known at the
+search's prompt strata and at the percentile's prompt and read linearly in between
+(``own_weights``). Against a direct simulation of the same queue (Lindley's recursion)
+the p90 and p99 are within 3 % (``tests/unit/planner/test_prefill_queue.py``).
+Everything is vectorised over the search's batch grid.
 """
 
 from __future__ import annotations
