@@ -115,9 +115,8 @@ def serve(spec: ServingTargetSpec, plan: Plan, chunk: int) -> Served:
     rate = spec.workload.requests_per_second / plan.replicas
     requests, arrival = [], rng.expovariate(rate)
     for i in range(REQUESTS):
-        isl, osl = _draw(rng, prompts, plan.max_model_len), _draw(rng, outputs, 4096)
-        osl = min(osl, plan.max_model_len - isl)
-        requests.append(Request(str(i), isl, max(osl, 2), arrival))
+        isl, osl = draw_lengths(rng, prompts, outputs, plan.max_model_len)
+        requests.append(Request(str(i), isl, osl, arrival))
         arrival += rng.expovariate(rate)
     finished = serve_arrivals(replica_engine(plan, spec.model, chunk), requests)
     kept = [r for r in finished if int(r.request_id) >= REQUESTS // 5]
@@ -125,6 +124,15 @@ def serve(spec: ServingTargetSpec, plan: Plan, chunk: int) -> Served:
     tpots = [r.tpot_s for r in kept if r.tpot_s is not None]
     within = sum(t <= slo_s for t in tpots) / len(tpots)
     return Served(within, statistics.mean(r.ttft_s for r in kept if r.ttft_s is not None))
+
+
+def draw_lengths(
+    rng: random.Random, prompts: LengthDistribution, outputs: LengthDistribution, context: int
+) -> tuple[int, int]:
+    """(prompt, answer) tokens of one request, drawn in that order, within ``context``
+    (max-model-len): the prompt leaves room for the two answer tokens a request needs."""
+    isl = _draw(rng, prompts, context - 2)
+    return isl, max(min(_draw(rng, outputs, 4096), context - isl), 2)
 
 
 def _draw(rng: random.Random, lengths: LengthDistribution, most: int) -> int:

@@ -38,7 +38,7 @@ from rooftop_planner.workload import from_spec
 from rooftop_sim.engine.core import Request
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_chunk import _draw, replica_engine  # noqa: E402  (sibling scripts, not a package)
+from bench_chunk import draw_lengths, replica_engine  # noqa: E402  (sibling scripts, not a package)
 from bench_ttft import print_markdown, quick_flag, serve_arrivals  # noqa: E402
 
 REQUESTS = 3000
@@ -122,8 +122,8 @@ def serve(spec: ServingTargetSpec, plan: Plan) -> tuple[float, float]:
     rate = spec.workload.requests_per_second / plan.replicas
     requests = []
     for i, arrival in enumerate(arrival_times(rng, rate, replica_d, REQUESTS)):
-        isl, osl = _draw(rng, prompts, plan.max_model_len), _draw(rng, outputs, 4096)
-        requests.append(Request(str(i), isl, max(min(osl, plan.max_model_len - isl), 2), arrival))
+        isl, osl = draw_lengths(rng, prompts, outputs, plan.max_model_len)
+        requests.append(Request(str(i), isl, osl, arrival))
     finished = serve_arrivals(engine, requests)
     ttft = np.array([r.ttft_s for r in finished if int(r.request_id) >= REQUESTS // 5])
     slo = spec.slo.ttft_ms

@@ -48,7 +48,7 @@ from rooftop_planner.efficiency import (
     EngineOverhead,
     table_from_mapping,
 )
-from rooftop_planner.kernel_model import layer_gemm_shapes
+from rooftop_planner.kernel_model import layer_gemm_shapes, quant_bytes
 from rooftop_planner.kernels import AllReduce, Curve, KernelCurves
 from rooftop_planner.progress import Progress
 from rooftop_planner.scenarios import Scenario, ScenarioError, normalize_dtype, scenario_from_row
@@ -304,14 +304,13 @@ def quant_seconds(folder: Path) -> dict[tuple[float, float], float] | None:
 
 
 def quant_features(quant: Mapping[tuple[float, float], float]) -> Features:
-    """The quant kernel as a curve's rows: bytes = m · k · (2 read + 1 written) + 4 · m
-    (the per-token scales); no FLOPs worth counting; driver = m."""
+    """The quant kernel as a curve's rows: bytes ``kernel_model.quant_bytes``; no FLOPs
+    worth counting; driver = m."""
     keys = sorted(quant)
     m = np.array([a for a, _ in keys])
     k = np.array([b for _, b in keys])
     seconds = np.array([quant[key] for key in keys])
-    moved = 3.0 * m * k + 4.0 * m
-    return Features(moved, np.zeros_like(m), m, np.zeros_like(m), seconds)
+    return Features(quant_bytes(m, k), np.zeros_like(m), m, np.zeros_like(m), seconds)
 
 
 def timing_spikes(m: Array, n: Array, k: Array, latency: Array) -> npt.NDArray[np.bool_]:
@@ -517,6 +516,7 @@ def stored_curve_errors(ops: Path, kc: KernelCurves) -> dict[str, tuple[Curve, f
     folder = ops / kc.table_gpu / kc.engine
     dtypes = {v: k for k, v in DTYPE_KEYS.items()}
     heads = catalog_attention_heads(catalog)
+    quant = quant_seconds(folder)
     out: dict[str, tuple[Curve, float]] = {}
     tables: dict[
         str, tuple[str, Callable[[dict[str, Any], str], Features], Mapping[str, Curve], bool]
@@ -526,7 +526,7 @@ def stored_curve_errors(ops: Path, kc: KernelCurves) -> dict[str, tuple[Curve, f
             partial(
                 gemm_features,
                 shapes=catalog_gemm_shapes(catalog),
-                quant=quant_seconds(folder),
+                quant=quant,
                 bw=bw,
             ),
             kc.gemm,
@@ -554,7 +554,6 @@ def stored_curve_errors(ops: Path, kc: KernelCurves) -> dict[str, tuple[Curve, f
             peak = gpu.flops_per_s(key) if dtype_peak else bf16
             f = features(columns, dtypes[key])
             out[f"{kind}.{key}"] = (curve, curve_error(curve, f, bw, peak))
-    quant = quant_seconds(folder)
     if kc.quant is not None and quant is not None:
         out["quant.fp8"] = (kc.quant, curve_error(kc.quant, quant_features(quant), bw, bf16))
     return out

@@ -79,13 +79,12 @@ def own_weights(known: Sequence[float], wanted: Sequence[float]) -> FloatArray:
     length read linearly between the two known lengths around it (beyond the ends,
     along the nearest two); a length equal to a known one takes its value."""
     xs = np.asarray(known, dtype=np.float64)
+    if len(xs) == 1:
+        return np.ones((len(wanted), 1))
     order = np.argsort(xs, kind="stable")
     sorted_xs = xs[order]
     out = np.zeros((len(wanted), len(xs)))
     for row, x in enumerate(wanted):
-        if len(xs) == 1:
-            out[row, 0] = 1.0
-            continue
         hi = int(np.clip(np.searchsorted(sorted_xs, x), 1, len(xs) - 1))
         x0, x1 = sorted_xs[hi - 1], sorted_xs[hi]
         frac = (x - x0) / (x1 - x0) if x1 > x0 else 0.0
@@ -94,15 +93,28 @@ def own_weights(known: Sequence[float], wanted: Sequence[float]) -> FloatArray:
     return out
 
 
+def work_moments(work: FloatArray, weights: FloatArray) -> tuple[FloatArray, ...]:
+    """(E[S], E[S²], E[S³], E[S⁴]) of the prefill work per row (s, s², s³, s⁴): ``work``
+    S (G × K, s) of each prompt stratum of share ``weights`` (K, normalised here)."""
+    w = weights / weights.sum()
+    return tuple((w * work**k).sum(axis=1) for k in (1, 2, 3, 4))
+
+
 def wait_moments(
     rate: FloatArray, work: FloatArray, weights: FloatArray
 ) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
     """(ρ, mean, variance, third central moment) of the M/G/1 waiting time W (1, s, s²,
     s³) per row: ``rate`` λ (G, requests/s), ``work`` S (G × K, s) of each prompt
     stratum of share ``weights`` (K). Module doc for the recurrence."""
-    w = weights / weights.sum()
-    m2, m3, m4 = ((w * work**k).sum(axis=1) for k in (2, 3, 4))
-    rho = np.minimum(rate * (w * work).sum(axis=1), MOST_UTILISATION)
+    return _takacs(rate, work_moments(work, weights))
+
+
+def _takacs(
+    rate: FloatArray, moments: tuple[FloatArray, ...]
+) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray]:
+    """``wait_moments`` from the work's moments (``work_moments``)."""
+    m1, m2, m3, m4 = moments
+    rho = np.minimum(rate * m1, MOST_UTILISATION)
     a = rate / (1.0 - rho)
     e1 = a * m2 / 2.0
     e2 = a * (m2 * e1 + m3 / 3.0)
@@ -126,11 +138,10 @@ def wait_states(
     in progress, E[S²]/(2 E[S])); its variance is W's given busy less that rest's, and
     its third moment W's given busy.
     """
-    weights = TTFT_WEIGHTS / TTFT_WEIGHTS.sum()
-    rho, wait, wait_var, wait_third = wait_moments(rate, work_s, weights)
-    busy = rate[:, None] * weights[None, :] * work_s
+    moments = work_moments(work_s, TTFT_WEIGHTS)
+    rho, wait, wait_var, wait_third = _takacs(rate, moments)
+    busy = rate[:, None] * TTFT_WEIGHTS[None, :] * work_s  # TTFT_WEIGHTS sum to 1
     idle = np.maximum(1.0 - busy.sum(axis=1), 0.0)
-    moments = [(weights * work_s**k).sum(axis=1) for k in (1, 2, 3)]
     rest_mean = moments[1] / (2.0 * moments[0])
     rest_var = moments[2] / (3.0 * moments[0]) - rest_mean**2
     busy_second = (wait_var + wait**2) / rho
