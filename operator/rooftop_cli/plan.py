@@ -34,13 +34,14 @@ from rooftop_api.spec import ServingTarget
 from rooftop_cli import exits
 from rooftop_planner.catalog import Catalog, CatalogError, load_catalog
 from rooftop_planner.errors import PlannerError
-from rooftop_planner.inventory import Placement, inventory_from_nodes, load_nodes
+from rooftop_planner.inventory import Placement, held_gpus, inventory_from_nodes, load_cluster
 from rooftop_planner.plan import Plan
 from rooftop_planner.result import SearchResult
 from rooftop_planner.search import plan_target
 
 FORMATS = (TEXT, TABLE, WIDE, JSON, YAML)
 Nodes = list[Mapping[str, Any]]
+Cluster = tuple[Nodes, Nodes]  # (Nodes, Pods), as ``load_cluster`` reads them
 
 
 @dataclass(frozen=True)
@@ -63,16 +64,21 @@ class Planned:
 
 
 def plan_one(
-    item: Loaded, catalog: Catalog, nodes: Nodes | None = None, nodes_file: str = ""
+    item: Loaded, catalog: Catalog, cluster: Cluster | None = None, nodes_file: str = ""
 ) -> Planned:
-    """Plan one loaded target, for the GPUs ``nodes`` (read from ``nodes_file``) offer it
-    when given (ManifestError/CatalogError: it cannot be planned)."""
+    """Plan one loaded target, for the GPUs ``cluster``'s nodes (read from ``nodes_file``)
+    offer it when given, less what its pods hold (ManifestError/CatalogError: it cannot
+    be planned)."""
     if item.target is None:
         raise ManifestError(item.error)
     inventory = None
-    if nodes is not None:
-        placement = Placement.of(item.target.spec.constraints)
-        inventory = inventory_from_nodes(nodes, catalog, placement)
+    if cluster is not None:
+        nodes, pods = cluster
+        target = item.target
+        own = (target.metadata.namespace or "default", target.metadata.name)
+        held = held_gpus(pods, catalog, own)
+        placement = Placement.of(target.spec.constraints)
+        inventory = inventory_from_nodes(nodes, catalog, placement, held)
     try:
         result = plan_target(item.target.spec, catalog=catalog, gpu_inventory=inventory)
     except CatalogError as err:
@@ -89,11 +95,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.plot and len(loaded) > 1:
         return exits.fail("--plot draws one target's plane; give one manifest with one target")
     catalog = load_catalog(args.catalog)
-    nodes = load_nodes(args.nodes) if args.nodes else None
+    cluster = load_cluster(args.nodes) if args.nodes else None
     planned, codes = [], []
     for item in loaded:
         try:
-            planned.append(plan_one(item, catalog, nodes, args.nodes or ""))
+            planned.append(plan_one(item, catalog, cluster, args.nodes or ""))
             codes.append(planned[-1].code)
         except (ApiError, PlannerError) as err:
             codes.append(exits.fail(str(err)))
@@ -250,6 +256,7 @@ def register(subparsers: Any) -> None:
         "--nodes",
         metavar="NODES.json",
         help="plan only for GPUs these nodes offer the target's pods, after its "
-        "nodeSelector and tolerations (`kubectl get nodes -o json`)",
+        "nodeSelector and tolerations, and no more than are free of the pods listed with "
+        "them (`kubectl get nodes,pods -A -o json`)",
     )
     plan.set_defaults(func=exits.guarded(cmd_plan))

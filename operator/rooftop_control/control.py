@@ -75,6 +75,7 @@ from rooftop_control.lulls import Lulls
 from rooftop_control.readings import MetricState, Observation, Reading
 from rooftop_control.sizing import Planner, Sizing
 from rooftop_control.traffic import Traffic
+from rooftop_planner.pricing import ReplicaPrice
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,10 @@ class ControllerConfig:
             (``lulls``).
         min_replicas / max_replicas: hard replica limits.
         budget_usd_per_hour: hard spend limit for all replicas, USD/h.
-        usd_per_replica_hour: price of one replica, USD/h.
+        price: what a replica count costs, USD/h (``pricing.ReplicaPrice``: owned GPUs
+            first, then on demand).
+        inventory_replicas: the most replicas the cluster's free GPUs hold (with the
+            operator's ``gpuInventory: nodes``), None: not counted.
         declared: the spec's prompt and output lengths: what the planner sizes with
             until the traffic's own are measured (``traffic``).
         scale_down_window_s: a lower recommendation must hold this long, s. The
@@ -126,8 +130,9 @@ class ControllerConfig:
     min_replicas: int
     max_replicas: int
     budget_usd_per_hour: float
-    usd_per_replica_hour: float
+    price: ReplicaPrice
     declared: Traffic
+    inventory_replicas: int | None = None
     tpot_quantile: float = 0.99
     scale_down_window_s: float = 180.0
     startup_s: float = defaults.STARTUP_S
@@ -227,6 +232,7 @@ class Decision:
         cap_hold_began: this decision started holding back a new batch cap (worth an
             event once, not on every decision that keeps holding it).
         cause: why the fleet changed (meaningful when ``changed``).
+        usd_per_hour: what ``replicas`` cost, USD/h (owned GPUs first); None: not priced.
     """
 
     replicas: int
@@ -240,6 +246,7 @@ class Decision:
     previous_max_num_seqs: int
     cap_hold_began: bool = False
     cause: Cause = field(kw_only=True)
+    usd_per_hour: float | None = field(default=None, kw_only=True)
 
     @property
     def changed(self) -> bool:
@@ -256,9 +263,10 @@ class Decision:
 
 
 def config_from_spec(
-    spec: ServingTargetSpec, planner: Planner, usd_per_replica_hour: float, **overrides: Any
+    spec: ServingTargetSpec, planner: Planner, price: ReplicaPrice | float, **overrides: Any
 ) -> ControllerConfig:
-    """Build a config from a ServingTarget spec; ``overrides`` set the tuning fields."""
+    """Build a config from a ServingTarget spec; ``price`` what replicas cost (a float:
+    every replica at that USD/h); ``overrides`` set the tuning fields."""
     return ControllerConfig(
         planner=planner,
         tpot_slo_ms=spec.slo.tpot_ms,
@@ -267,7 +275,7 @@ def config_from_spec(
         min_replicas=spec.constraints.min_replicas,
         max_replicas=spec.constraints.max_replicas,
         budget_usd_per_hour=spec.budget.usd_per_hour,
-        usd_per_replica_hour=usd_per_replica_hour,
+        price=price if isinstance(price, ReplicaPrice) else ReplicaPrice.flat(price),
         declared=traffic_mod.declared(spec.workload),
         **{"trim": TrimConfig.for_percentile(spec.slo.tpot_percentile.quantile), **overrides},
     )
@@ -365,6 +373,7 @@ def decide(
         previous_max_num_seqs=state.max_num_seqs,
         cap_hold_began=held is not None and held != state.held_cap,
         cause=_cause(state.replicas, limited, replicas, cause, held is not None),
+        usd_per_hour=config.price.usd_per_hour(limited),
     )
 
 
@@ -480,17 +489,10 @@ def clamp_replicas(replicas: int, lower: int, upper: int) -> int:
     return max(0, min(max(replicas, lower), upper))
 
 
-def max_billed_replicas(
-    max_replicas: int, budget_usd_per_hour: float, usd_per_replica_hour: float
-) -> int:
+def max_billed_replicas(max_replicas: int, budget_usd_per_hour: float, price: ReplicaPrice) -> int:
     """The most replicas that may run (or start) at once: maxReplicas, and no more than
-    the budget pays for (the 1e-9 keeps a budget of exactly n replicas from rounding
-    down to n - 1)."""
-    if usd_per_replica_hour > 0:
-        affordable = int(budget_usd_per_hour / usd_per_replica_hour + 1e-9)
-    else:
-        affordable = max_replicas
-    return max(0, min(max_replicas, affordable))
+    the budget pays for at ``price`` (owned GPUs first, then on demand)."""
+    return max(0, min(max_replicas, price.affordable(budget_usd_per_hour, max_replicas)))
 
 
 def sole_pod_would_go(replicas: int, ceiling: int) -> bool:
@@ -502,10 +504,11 @@ def sole_pod_would_go(replicas: int, ceiling: int) -> bool:
 
 
 def replica_limits(config: ControllerConfig) -> tuple[int, int]:
-    """(lowest, highest) replica count allowed; the budget wins over min_replicas."""
-    upper = max_billed_replicas(
-        config.max_replicas, config.budget_usd_per_hour, config.usd_per_replica_hour
-    )
+    """(lowest, highest) replica count allowed; the budget wins over min_replicas, and
+    the GPUs the cluster has free over both (a pod beyond them would stay Pending)."""
+    upper = max_billed_replicas(config.max_replicas, config.budget_usd_per_hour, config.price)
+    if config.inventory_replicas is not None:
+        upper = min(upper, config.inventory_replicas)
     return min(config.min_replicas, upper), upper
 
 
@@ -876,9 +879,11 @@ def _reason(
     else:
         parts.append(f"hold {limited}: {why}" if why else f"hold {limited}")
     if unlimited > limited:
+        inventory = config.inventory_replicas
+        room = "" if inventory is None else f", room on the cluster's free GPUs for {inventory}"
         parts.append(
             f"capped at {limited} (max replicas {config.max_replicas}, budget "
-            f"${config.budget_usd_per_hour:.2f}/h)"
+            f"${config.budget_usd_per_hour:.2f}/h{room})"
         )
     if cap_why:
         parts.append(cap_why)
@@ -891,7 +896,7 @@ def _reason(
 def slo_condition(obs: Observation, needed: int, upper: int, config: ControllerConfig) -> Condition:
     """SLOMet: True/False from the observed percentiles, Unknown without them."""
     capped = needed > upper
-    limit_reason = "BudgetLimited" if _budget_binds(config) else "MaxReplicasLimited"
+    limit_reason = _limit_reason(config)
     if not obs.tpot_ms.ok:
         rate = obs.requests_per_second
         if rate.ok and rate.value <= 0:
@@ -923,12 +928,12 @@ def slo_condition(obs: Observation, needed: int, upper: int, config: ControllerC
 def budget_condition(replicas: int, needed: int, config: ControllerConfig) -> Condition:
     """WithinBudget: always True (the budget is never exceeded); the reason says
     whether the budget is what limits the replica count."""
-    price = config.usd_per_replica_hour
-    spend, budget = replicas * price, config.budget_usd_per_hour
-    msg = f"${spend:.2f}/h of ${budget:.2f}/h ({replicas} x ${price:.2f}/h)"
+    price = config.price
+    spend, budget = price.usd_per_hour(replicas), config.budget_usd_per_hour
+    msg = f"${spend:.2f}/h of ${budget:.2f}/h ({price.describe(replicas)})"
     _, upper = replica_limits(config)
     if needed > upper and _budget_binds(config):
-        msg += f"; the SLO needs {needed} replicas (${needed * price:.2f}/h)"
+        msg += f"; the SLO needs {needed} replicas (${price.usd_per_hour(needed):.2f}/h)"
         return Condition(type=WITHIN_BUDGET, status="True", reason="CappedAtBudget", message=msg)
     if replicas < config.min_replicas:
         msg += f"; minReplicas {config.min_replicas} is not affordable"
@@ -966,6 +971,21 @@ def workload_condition(traffic: Traffic | None, config: ControllerConfig) -> Con
 
 
 def _budget_binds(config: ControllerConfig) -> bool:
-    """Whether the budget, not max_replicas, sets the upper replica limit."""
+    """Whether the budget, not max_replicas nor the cluster's GPUs, sets the upper
+    replica limit."""
+    budget = max_billed_replicas(config.max_replicas, config.budget_usd_per_hour, config.price)
+    return budget < config.max_replicas and not _inventory_binds(config)
+
+
+def _inventory_binds(config: ControllerConfig) -> bool:
+    """Whether the cluster's free GPUs set the upper replica limit."""
     _, upper = replica_limits(config)
-    return upper < config.max_replicas
+    budget = max_billed_replicas(config.max_replicas, config.budget_usd_per_hour, config.price)
+    return upper < budget
+
+
+def _limit_reason(config: ControllerConfig) -> str:
+    """What keeps the loop from adding replicas the SLO needs: SLOMet's reason."""
+    if _inventory_binds(config):
+        return "InventoryLimited"
+    return "BudgetLimited" if _budget_binds(config) else "MaxReplicasLimited"

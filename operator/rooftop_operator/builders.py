@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from rooftop_api.spec import MODELS_MOUNT, Mode, ServingTargetSpec
+from rooftop_api.spec import MODELS_MOUNT, TARGET_LABEL, Mode, ServingTargetSpec
 from rooftop_control import defaults
 from rooftop_control.control import max_billed_replicas
 from rooftop_operator import engine_security
@@ -37,12 +37,12 @@ from rooftop_planner.errors import PlannerError
 from rooftop_planner.inventory import gpu_toleration
 from rooftop_planner.lifecycle import Lifecycle
 from rooftop_planner.plan import VLLM_FLAGS, Plan
+from rooftop_planner.pricing import ReplicaPrice
 from rooftop_planner.weights import ONLINE_FP8, VLLM_DTYPE, Weights, vllm_kv_cache_dtype
 
 ENGINE_PORT: Final = 8000
 PORT_NAME: Final = "http"
 APP_NAME: Final = "rooftop-engine"
-TARGET_LABEL: Final = "rooftop.dev/servingtarget"
 MANAGED_BY: Final = "rooftop"
 CACHE_PATH: Final = engine_security.MODEL_CACHE_PATH
 HEALTH_PATH: Final = "/health"
@@ -113,6 +113,8 @@ class EngineInputs:
             None derives it from ``served_model`` where that is possible (16-bit, fp8).
         lifecycle: how a pod starts and drains (``rooftop_planner.lifecycle``).
         host_arch: the GPU hosts' CPU architecture (``kubernetes.io/arch``).
+        price: what its replicas cost (``pricing.replica_price``); None: each the
+            plan's cost over its replicas.
     """
 
     ref: TargetRef
@@ -128,6 +130,7 @@ class EngineInputs:
     pod_monitor_labels: Mapping[str, str] = field(default_factory=dict)
     weights: Weights | None = None
     host_arch: str = "amd64"
+    price: ReplicaPrice | None = None
 
 
 APPLIED_ANNOTATION: Final = "rooftop.dev/applied"
@@ -556,10 +559,9 @@ def rollout_strategy(replicas: int, ceiling: int) -> dict[str, Any]:
 def build_deployment(inp: EngineInputs) -> dict[str, Any]:
     """The engine Deployment: ``plan.replicas`` pods of one engine each."""
     replicas = inp.plan.replicas
+    price = inp.price or ReplicaPrice.flat(inp.plan.usd_per_replica_hour)
     ceiling = max_billed_replicas(
-        inp.spec.constraints.max_replicas,
-        inp.spec.budget.usd_per_hour,
-        inp.plan.usd_per_hour / max(replicas, 1),
+        inp.spec.constraints.max_replicas, inp.spec.budget.usd_per_hour, price
     )
     return {
         "apiVersion": "apps/v1",

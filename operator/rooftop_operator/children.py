@@ -17,6 +17,7 @@ from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog
 from rooftop_planner.errors import PlannerError
 from rooftop_planner.lifecycle import Lifecycle, lifecycle
 from rooftop_planner.plan import Plan
+from rooftop_planner.pricing import replica_price
 from rooftop_planner.search import resolve_model
 from rooftop_planner.weights import Weights, resolve_weights
 
@@ -119,6 +120,7 @@ def engine_inputs(
         pod_monitor_labels=config.pod_monitor_labels,
         weights=weights,
         lifecycle=lifecycle(spec, plan, resolve_model(spec, catalog), weights),
+        price=replica_price(spec, catalog, plan.gpu, plan.tp),
     )
 
 

@@ -50,6 +50,8 @@ TARGET_GVP: Final = (GROUP, VERSION, PLURAL)
 log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
+# A finished pod's resources are free again; the API server filters them out.
+UNFINISHED_PODS: Final = "status.phase!=Succeeded,status.phase!=Failed"
 StatusMutation = Callable[[Obj], Obj]
 
 
@@ -330,6 +332,13 @@ class Kube:
         with api_errors():
             found = self._core().list_node()
         return [self._plain(node) for node in found.items or []]
+
+    def list_unfinished_pods(self) -> list[Obj]:
+        """Every pod of every namespace that has not finished, as plain dicts: what holds
+        or waits for GPUs, for the GPU inventory (needs cluster RBAC)."""
+        with api_errors():
+            found = self._core().list_pod_for_all_namespaces(field_selector=UNFINISHED_PODS)
+        return [self._plain(pod) for pod in found.items or []]
 
     def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[Obj]:
         """Pods in ``namespace`` carrying all of ``labels``, as plain dicts."""

@@ -42,6 +42,7 @@ import kopf
 from rooftop_api import conditions as cnd
 from rooftop_api.spec import (
     ConditionStatus,
+    Mode,
     ObservedStatus,
     ServingTargetSpec,
     ServingTargetStatus,
@@ -71,6 +72,7 @@ from rooftop_planner.bursts import BURST_INTERVAL_S
 from rooftop_planner.catalog import Catalog
 from rooftop_planner.errors import PlannerError
 from rooftop_planner.plan import Plan
+from rooftop_planner.pricing import replica_price, with_default
 
 log = logging.getLogger(__name__)
 
@@ -338,12 +340,50 @@ def status_update(
     quiet = not observed_changed(status.observed, new, window_s, spread)
     update: dict[str, Any] = {"observed": status.observed if quiet else new}
     if status.plan is not None:
-        cost = round(d.replicas * plan.usd_per_replica_hour, 3)
+        cost = round(_cost(d, plan), 3)
         scale = {"replicas": d.replicas, "max_num_seqs": d.max_num_seqs, "usd_per_hour": cost}
         update["plan"] = status.plan.model_copy(update=scale)
     conds = _same_words(status.conditions, d.conditions) if quiet else d.conditions
     update["conditions"] = cnd.merge(status.conditions, conds, now=now)
     return status.model_copy(update=update)
+
+
+async def _within_inventory(
+    rt: Runtime,
+    ref: TargetRef,
+    spec: ServingTargetSpec,
+    plan: Plan,
+    d: control.Decision,
+    inputs: tuple[control.ControllerState, Observation, float, control.ControllerConfig],
+) -> control.Decision:
+    """``d``, or with the operator's ``gpuInventory: nodes``, a scale-up beyond the
+    replicas the cluster's free GPUs hold decided again within them (SLOMet's reason
+    then says ``InventoryLimited``): a pod beyond them would only wait, Pending. Nodes
+    and pods are listed only when the loop wants more replicas than it runs, so a steady
+    fleet costs no list; a failed list leaves the decision as it was (the scheduler
+    then has the last word)."""
+    if not rt.config.gpu_inventory or spec.mode is Mode.SIMULATED:
+        return d
+    if d.replicas <= d.previous_replicas:
+        return d
+    try:
+        inventory = await asyncio.to_thread(reconcile.gpu_inventory, rt, spec, ref)
+    except KubeError as err:
+        log.warning("feedback %s/%s: GPU inventory unread: %s", ref.namespace, ref.name, err)
+        return d
+    fit = inventory.replicas_fit(plan.gpu, plan.tp)
+    if d.replicas <= fit:
+        return d
+    state, obs, now_s, cfg = inputs
+    return control.decide(state, obs, now_s, replace(cfg, inventory_replicas=fit))
+
+
+def _cost(d: control.Decision, plan: Plan) -> float:
+    """What the decided replicas cost, USD/h: as the decision priced them (owned GPUs
+    first), else the plan's cost per replica times them."""
+    if d.usd_per_hour is not None:
+        return d.usd_per_hour
+    return d.replicas * plan.usd_per_replica_hour
 
 
 def status_changes(old: ServingTargetStatus, new: ServingTargetStatus) -> list[str]:
@@ -560,7 +600,7 @@ def _apply(
     ``_writes`` says there is something to write (``spread``: the target's measured
     figure noise, as ``_writes`` saw it)."""
     if d.changed:
-        new = plan.rescaled(d.replicas, d.max_num_seqs)
+        new = plan.rescaled(d.replicas, d.max_num_seqs, _cost(d, plan))
         reconcile.apply_children(rt, ref, spec, new)
         rt.emit(body, "Normal", "Scaled", d.reason)
         rt.metrics.record_decision(ref.namespace, ref.name, *decision_labels(d))
@@ -698,6 +738,7 @@ async def feedback(
     except SpecError:
         return  # reconcile reports it
     spec, status, plan = parsed.spec, parsed.status, parsed.plan
+    spec = with_default(spec, rt.config.default_pricing)  # as reconcile priced the plan
     if plan is None:  # hand-edited status: reconcile writes it again
         log.warning("feedback %s/%s: holding: status.plan is not a plan", ref.namespace, ref.name)
         return
@@ -729,14 +770,16 @@ async def feedback(
     cfg = control.config_from_spec(
         spec,
         mem.planner,
-        plan.usd_per_replica_hour,
+        replica_price(spec, rt.catalog, plan.gpu, plan.tp),
         startup_s=startup_s,
         metrics_window_s=settings.window_s,
         scale_down_window_s=scale_down_s,
     )
     pods = (ready, pending, outdated_pods(dep))
     obs, errors = await _observe(rt.loop.fleet, settings, spec, ref, pods)
-    d = control.decide(mem.state, obs, time.monotonic(), cfg)
+    now_s = time.monotonic()
+    d = control.decide(mem.state, obs, now_s, cfg)
+    d = await _within_inventory(rt, ref, spec, plan, d, (mem.state, obs, now_s, cfg))
     hint = scrape_hint(ref, rt.config.pod_monitor_labels)
     d = explain_unavailable(d, errors, settings.prometheus_url, hint)
     mem.state = d.state

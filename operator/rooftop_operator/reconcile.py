@@ -37,9 +37,10 @@ from rooftop_operator.specs import SpecError, TargetRef, parse_spec, slo_text
 from rooftop_planner.catalog import Catalog
 from rooftop_planner.errors import PlannerError
 from rooftop_planner.explain import replicas_of
-from rooftop_planner.inventory import GpuInventory, Placement, inventory_from_nodes
+from rooftop_planner.inventory import GpuInventory, Placement, held_gpus, inventory_from_nodes
 from rooftop_planner.lifecycle import DOWNLOAD_BYTES_PER_S
 from rooftop_planner.plan import Plan
+from rooftop_planner.pricing import with_default
 from rooftop_planner.result import SearchResult
 
 PODMONITOR_API = ("monitoring.coreos.com/v1", "podmonitors")
@@ -131,13 +132,13 @@ def reconcile(
     nodes the cluster lacks could serve it (``replan_waiting`` then plans it again)."""
     ref = TargetRef.from_body(body)
     try:
-        spec = parse_spec(body.get("spec") or {})
+        spec = with_default(parse_spec(body.get("spec") or {}), rt.config.default_pricing)
     except SpecError as err:
         _invalid(rt, body, ref, err)
         return "skipped"
     # A simulated engine runs on any node, so the GPUs the nodes offer do not bound it.
     on_gpus = rt.config.gpu_inventory and spec.mode is not Mode.SIMULATED
-    inventory = {"gpu_inventory": gpu_inventory(rt, spec)} if on_gpus else {}
+    inventory = {"gpu_inventory": gpu_inventory(rt, spec, ref)} if on_gpus else {}
     try:
         result = rt.plan(
             spec,
@@ -158,13 +159,16 @@ def reconcile(
     return "success"
 
 
-def gpu_inventory(rt: Runtime, spec: ServingTargetSpec) -> GpuInventory:
+def gpu_inventory(rt: Runtime, spec: ServingTargetSpec, ref: TargetRef) -> GpuInventory:
     """The GPUs the cluster's Nodes offer this target's pods now (its nodeSelector and
-    tolerations). Read on every plan rather than watched: plans happen on spec changes
-    and restarts, rarely enough that a list is cheap, and a node added since the last
-    plan is seen by the next one."""
+    tolerations), less what every other pod holds or waits for (other targets' engines
+    and pods Rooftop does not own alike; this target's own are replaced by its plan).
+    Read on every plan rather than watched: plans happen on spec changes, restarts and
+    scale-ups, rarely enough that a list is cheap, and a node added or a pod gone since
+    the last plan is seen by the next one."""
     placement = Placement.of(spec.constraints)
-    return inventory_from_nodes(rt.kube.list_nodes(), rt.catalog, placement)
+    held = held_gpus(rt.kube.list_unfinished_pods(), rt.catalog, (ref.namespace, ref.name))
+    return inventory_from_nodes(rt.kube.list_nodes(), rt.catalog, placement, held)
 
 
 def _invalid(rt: Runtime, body: Mapping[str, Any], ref: TargetRef, err: SpecError) -> None:

@@ -20,14 +20,18 @@ from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 import kopf
+from pydantic import ValidationError
 
-from rooftop_api.spec import GROUP
+from rooftop_api.manifest import format_validation_error
+from rooftop_api.spec import GROUP, Pricing
 from rooftop_control import defaults
 from rooftop_control.control import ControllerConfig
 from rooftop_control.durations import parse_duration_s
 from rooftop_operator import builders
 from rooftop_operator.engine_security import PodSecurity, parse_pod_security
 from rooftop_operator.metrics_client import PrometheusAuth, check_window
+from rooftop_planner.catalog import CatalogError, load_catalog
+from rooftop_planner.pricing import check_pricing
 
 # The vLLM release Rooftop deploys and its tests run (tests/engine/install-vllm.sh installs
 # the same version's CPU build; a unit test keeps the two, the chart and the packaged
@@ -118,6 +122,9 @@ class OperatorConfig:
         engine_pod_security: the Pod Security level engine pods are built to pass.
         pod_monitor_labels: extra labels on every engine PodMonitor (the label a
             Prometheus selects PodMonitors by).
+        default_pricing: the cluster's prices and owned GPUs, for GPU types a target's
+            own ``spec.pricing`` does not name (``pricing.with_default``); None: list
+            prices.
         loop: the feedback loop's settings (Prometheus, period, windows).
     """
 
@@ -140,6 +147,7 @@ class OperatorConfig:
     nodes_retry_s: float = 60.0
     engine_pod_security: PodSecurity = PodSecurity.BASELINE
     pod_monitor_labels: Mapping[str, str] = field(default_factory=dict)
+    default_pricing: Pricing | None = None
     loop: LoopSettings = field(default_factory=LoopSettings)
 
     def engine_images(self) -> dict[str, str]:
@@ -291,6 +299,12 @@ SETTINGS: Final = (
         chart="engine.podMonitor.labels",
     ),
     Setting(
+        field="default_pricing",
+        env="ROOFTOP_DEFAULT_PRICING",
+        parse=lambda name, text: parse_default_pricing(text),
+        chart="operator.pricing",
+    ),
+    Setting(
         field="loop.prometheus_url",
         env="ROOFTOP_PROMETHEUS_URL",
         parse=_text,
@@ -427,6 +441,23 @@ def parse_pod_monitor_labels(text: str) -> dict[str, str]:
             f"{name}: the operator sets {', '.join(taken)} itself, to name and find its own objects"
         )
     return labels
+
+
+def parse_default_pricing(text: str) -> Pricing:
+    """ROOFTOP_DEFAULT_PRICING: ``spec.pricing``'s fields as a JSON object (the chart
+    renders ``operator.pricing`` so), checked against the catalog at startup: a typo
+    would otherwise price every target at list prices without a word."""
+    name = "ROOFTOP_DEFAULT_PRICING"
+    try:
+        pricing = Pricing.model_validate_json(text)
+    except ValidationError as err:
+        problems = format_validation_error(err).replace("\n", "; ")
+        raise ValueError(f"{name}: {problems}") from None
+    try:
+        check_pricing(pricing, load_catalog(), name)
+    except CatalogError as err:
+        raise ValueError(str(err)) from None
+    return pricing
 
 
 def _json_strings(text: str) -> dict[str, str] | None:

@@ -50,7 +50,9 @@ from rooftop_control import control, defaults, sizing
 from rooftop_control.calibration import Calibration
 from rooftop_planner.batching import mean_step_s
 from rooftop_planner.bursts import dispersion, interval_counts
+from rooftop_planner.catalog import load_catalog
 from rooftop_planner.plan import Plan
+from rooftop_planner.pricing import ReplicaPrice, replica_price
 from rooftop_planner.progress import Progress
 from rooftop_sim.cluster import (
     ROUTINGS,
@@ -116,6 +118,12 @@ class SimScenario:
     def usd_per_replica_hour(self) -> float:
         return self.plan.usd_per_replica_hour
 
+    @property
+    def price(self) -> ReplicaPrice:
+        """What the controller prices replica counts at (owned GPUs first), as the
+        operator does; pods are billed at the plan's mean per replica."""
+        return replica_price(self.spec, load_catalog(), self.plan.gpu, self.plan.tp)
+
     def oracle_config(self) -> OracleConfig:
         """The hindsight baselines' shares: the SLO's own percentiles, what the target
         asks for (the cheapest schedule that keeps exactly that is the cost bound)."""
@@ -126,7 +134,7 @@ class SimScenario:
 
     def limits(self) -> tuple[int, int]:
         """(min, max) replicas allowed by the target's constraints and budget."""
-        cfg = control.config_from_spec(self.spec, self.planner, self.usd_per_replica_hour)
+        cfg = control.config_from_spec(self.spec, self.planner, self.price)
         return control.replica_limits(cfg)
 
 
@@ -310,7 +318,7 @@ def _rooftop(
     cfg = control.config_from_spec(
         scn.spec,
         scn.planner,
-        scn.usd_per_replica_hour,
+        scn.price,
         startup_s=scn.sim.startup_s,
         metrics_window_s=scn.sim.window_s,
         **controller,

@@ -37,6 +37,9 @@ API_VERSION: Final = f"{GROUP}/{VERSION}"
 KIND: Final = "ServingTarget"
 PLURAL: Final = "servingtargets"
 SINGULAR: Final = "servingtarget"
+# The label every engine pod carries with its target's name (the Deployment's selector;
+# the GPU inventory tells a target's own pods from others' by it).
+TARGET_LABEL: Final = f"{GROUP}/{SINGULAR}"
 
 
 class _Model(BaseModel):
@@ -364,11 +367,29 @@ class Constraints(_Model):
         return self
 
 
+class OwnedGpus(_Model):
+    """GPUs of one type you own or have reserved: plans use them first, at their price."""
+
+    count: int = Field(ge=1, le=100_000, description="How many GPUs of this type you own.")
+    usd_per_gpu_hour: float = Field(
+        default=0.0,
+        ge=0,
+        le=10_000,
+        description="USD per GPU-hour of an owned GPU (0: already paid for); GPUs beyond "
+        "count cost the on-demand price.",
+    )
+
+
 class Pricing(_Model):
-    """Price overrides: your negotiated $/GPU-hour per catalog GPU id."""
+    """Price overrides per catalog GPU id: on-demand $/GPU-hour, and GPUs you own."""
 
     usd_per_gpu_hour: dict[Annotated[str, Field(max_length=64)], float] | None = Field(
-        default=None, max_length=64, description="GPU id -> USD per GPU-hour."
+        default=None, max_length=64, description="GPU id -> on-demand USD per GPU-hour."
+    )
+    owned: dict[Annotated[str, Field(max_length=64)], OwnedGpus] | None = Field(
+        default=None,
+        max_length=64,
+        description="GPU id -> GPUs of that type you own or reserved, and their price.",
     )
 
     @field_validator("usd_per_gpu_hour", mode="before")

@@ -19,21 +19,23 @@ MAX_ALTERNATIVES = 5
 BUDGET_TOLERANCE_USD_PER_HOUR = 1e-9  # float noise in a sum of prices is not overspending
 
 
-def rank(plan: Plan) -> tuple[float, int, bool, int, float, int]:
+def rank(plan: Plan) -> tuple[float, int, int, bool, int, float]:
     """Cheapest first; ties go to the plan that keeps more of the model's 16-bit outputs
-    (quantized weights or KV only where they save money), then to no session affinity
-    (it pins sessions, so replicas' loads follow the sessions' sizes, only where it saves
-    money), then to the larger prefill chunk (a smaller one lengthens TTFT: only where it
-    saves money), then lower latency, then fewer GPUs."""
+    (quantized weights or KV only where they save money), then to fewer GPUs (where
+    GPUs are owned at $0, every plan within them costs the same, and the rest of the
+    cluster is for other work), then to no session affinity (it pins sessions, so
+    replicas' loads follow the sessions' sizes, only where it saves money), then to the
+    larger prefill chunk (a smaller one lengthens TTFT: only where it saves money), then
+    lower latency."""
     quantized = sum(d not in explain.SIXTEEN_BIT for d in (plan.weight_dtype, plan.kv_dtype))
     pinned = bool(plan.session_affinity)
     return (
         round(plan.usd_per_hour, 6),
         quantized,
+        plan.replicas * plan.tp,
         pinned,
         -plan.max_num_batched_tokens,
         plan.tpot_ms,
-        plan.replicas * plan.tp,
     )
 
 

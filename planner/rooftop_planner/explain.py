@@ -125,15 +125,17 @@ def _quantized_note(plan: Plan) -> str:
 def lost_to(plan: Plan, winner: Plan, kv_dtypes: tuple[str, ...] = ()) -> str:
     """Why a runner-up lost to the chosen plan."""
     extra = plan.usd_per_hour - winner.usd_per_hour
+    lower = "lower" if plan.tpot_ms < winner.tpot_ms else "higher"
+    tpot = f"same cost, {lower} TPOT ({plan.tpot_ms:.1f} vs {winner.tpot_ms:.1f} ms)"
+    gpus, fewest = plan.replicas * plan.tp, winner.replicas * winner.tp
     if extra > 1e-9:
         why = f"costs ${extra:.2f}/h more"
-    elif plan.tpot_ms < winner.tpot_ms:  # lost the tie on quantization
-        why = (
-            f"same cost, lower TPOT ({plan.tpot_ms:.1f} vs {winner.tpot_ms:.1f} ms), but "
-            f"{changes_outputs(plan)} would change the outputs"
-        )
+    elif (changed := changes_outputs(plan)) and not changes_outputs(winner):
+        why = f"{tpot}, but {changed} would change the outputs"  # lost the tie on quantization
+    elif gpus > fewest:  # at equal cost (owned GPUs at $0), the fewest GPUs win
+        why = f"{tpot}, but it takes {gpus} GPUs where {fewest} do"
     else:
-        why = f"same cost, higher TPOT ({plan.tpot_ms:.1f} vs {winner.tpot_ms:.1f} ms)"
+        why = tpot
     return f"{describe(plan, kv_dtypes)}: {why}"
 
 
@@ -182,7 +184,7 @@ def reasons(result: SearchResult, spec: ServingTargetSpec) -> list[str]:
     counts = Counter(r.category for r in rejections)
     lines = [f"{n} candidate(s) rejected: {cat}" for cat, n in counts.most_common()]
     if result.feasible:
-        return [aim_note(spec), *burst_note(spec), *lines]
+        return [aim_note(spec), *burst_note(spec), *owned_note(result.plan, spec), *lines]
     if result.alternatives:
         lines.insert(
             0,
@@ -203,6 +205,21 @@ def aim_note(spec: ServingTargetSpec) -> str:
         f"{percentile.value} SLO plus half its allowed misses, which the operator's loop "
         "aims at too, so the price is what it is expected to spend on spec.workload"
     )
+
+
+def owned_note(plan: Plan | None, spec: ServingTargetSpec) -> list[str]:
+    """How many of the owned GPUs of the plan's type it uses, where it has any."""
+    owned = (spec.pricing.owned or {}).get(plan.gpu) if plan is not None else None
+    if plan is None or owned is None:
+        return []
+    gpus = plan.replicas * plan.tp
+    used, beyond = min(gpus, owned.count), max(gpus - owned.count, 0)
+    more = f", and {beyond} more at the on-demand price" if beyond else ""
+    return [
+        f"uses {used} of the {owned.count} owned {plan.gpu} GPUs at "
+        f"${owned.usd_per_gpu_hour:.2f}/GPU-h{more}; among plans of equal cost the one with "
+        "the fewest GPUs wins"
+    ]
 
 
 def burst_note(spec: ServingTargetSpec) -> list[str]:

@@ -16,8 +16,20 @@ not placement policy but node conditions the node lifecycle controller sets and 
 NotReady node is: a flapping node must not make a resumed target re-plan onto another
 shape. A cordoned node (``spec.unschedulable``) is skipped.
 
+GPUs are counted too: a type's free GPUs on a node are its allocatable ones less what
+the pods bound to that node request (other targets' engines and pods Rooftop does not
+own alike; the target's own engine pods are not subtracted, since its new plan replaces
+them). A ``tp``-GPU pod needs ``tp`` free GPUs on one node, so the replicas a type holds
+are
+
+    fit(g, tp) = Σ_nodes ⌊free_node / tp⌋ − ⌈claimed_g / tp⌉
+
+where ``claimed_g`` is what pods not yet bound to a node request while selecting type
+``g`` (another target's engine waiting for the scheduler takes its GPUs first). The
+planner never plans more replicas of a shape than that (``replicas_fit``).
+
 This module only reads plain dicts, so ``rooftop plan --nodes`` and the operator (which
-lists Nodes through the API) share it; it never imports a Kubernetes client.
+lists Nodes and Pods through the API) share it; it never imports a Kubernetes client.
 """
 
 from __future__ import annotations
@@ -30,12 +42,14 @@ from typing import Any
 import yaml
 
 from rooftop_api.manifest import StrictLoader
-from rooftop_api.spec import Constraints
+from rooftop_api.spec import TARGET_LABEL, Constraints
 from rooftop_planner.catalog import Catalog, CatalogError, GpuSpec
 
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 CONDITION_TAINT_PREFIX = "node.kubernetes.io/"
 BLOCKING_EFFECTS = ("NoSchedule", "NoExecute")  # PreferNoSchedule only steers
+FINISHED_PHASES = ("Succeeded", "Failed")  # a finished pod's GPUs are free again
+UNCOUNTED = 1 << 30  # replicas that fit where GPUs are not counted: any number
 
 
 class InventoryError(CatalogError):
@@ -118,6 +132,11 @@ class GpuInventory:
         nodes: schedulable nodes read (None: not built from a node list).
         unlabelled: GPU resource name -> nodes that offer it with no label telling
             which GPU it is (no GPU Feature Discovery), so no catalog GPU matches them.
+        free: catalog GPU id -> the free GPUs of each usable node of that type (its
+            allocatable ones less what pods bound to it request), most first; None:
+            not counted (shapes only), so any number of replicas fits.
+        claimed: catalog GPU id -> GPUs requested by pods that select that type and
+            wait for a node.
     """
 
     gpus_per_node: Mapping[str, int] = field(default_factory=dict)
@@ -125,6 +144,36 @@ class GpuInventory:
     unusable: Mapping[str, tuple[int, str]] = field(default_factory=dict)
     nodes: int | None = None
     unlabelled: Mapping[str, int] = field(default_factory=dict)
+    free: Mapping[str, tuple[int, ...]] | None = None
+    claimed: Mapping[str, int] = field(default_factory=dict)
+
+    def replicas_fit(self, gpu_id: str, tp: int) -> int:
+        """How many ``tp``-GPU pods of ``gpu_id`` the free GPUs hold (``fit`` of the
+        module docstring); ``UNCOUNTED`` where GPUs are not counted."""
+        if self.free is None:
+            return UNCOUNTED
+        slots = sum(n // tp for n in self.free.get(gpu_id, ()))
+        return max(slots - -(-self.claimed.get(gpu_id, 0) // tp), 0)
+
+    def free_gpus(self, gpu_id: str) -> int:
+        """Free GPUs of ``gpu_id`` over every usable node, less those claimed."""
+        free = (self.free or {}).get(gpu_id, ())
+        return max(sum(free) - self.claimed.get(gpu_id, 0), 0)
+
+    def shortfall(self, gpu_id: str, tp: int, replicas: int) -> str:
+        """Why ``replicas`` ``tp``-GPU pods of ``gpu_id`` do not fit, else ""."""
+        fit = self.replicas_fit(gpu_id, tp)
+        if replicas <= fit:
+            return ""
+        return (
+            f"{replicas} replica(s) need {replicas * tp} {gpu_id} GPUs ({tp} per node); the "
+            f"cluster's nodes have {self.free_gpus(gpu_id)} free, room for {fit}: "
+            f"{(replicas - fit) * tp} more {gpu_id} GPUs needed"
+        )
+
+    def lacks_shape(self, gpu_id: str, tp: int) -> bool:
+        """Whether no node of this cluster can hold a ``tp``-GPU pod of ``gpu_id``."""
+        return tp > self.gpus_per_node.get(gpu_id, 0)
 
     def problem(self, gpu: GpuSpec, tp: int) -> str:
         """Why no node of this cluster can run a ``tp``-GPU pod of ``gpu``, else ""."""
@@ -141,10 +190,17 @@ class GpuInventory:
             )
         return f"the cluster's {gpu.id} nodes have at most {have} GPU(s) each"
 
+    def _counted(self, gpu_id: str) -> str:
+        """`` (6 free on 2 nodes)``, or "" where GPUs are not counted."""
+        if self.free is None:
+            return ""
+        nodes = len(self.free.get(gpu_id, ()))
+        return f" ({self.free_gpus(gpu_id)} free on {nodes} node{'' if nodes == 1 else 's'})"
+
     def describe(self) -> str:
         """``l4 x1/node, h100-sxm x8/node`` (and unmatched products, unusable nodes,
         unlabelled GPU nodes), or ``no GPU nodes (3 nodes, none with a GPU resource)``."""
-        parts = [f"{g} x{n}/node" for g, n in sorted(self.gpus_per_node.items())]
+        parts = [f"{g} x{n}/node{self._counted(g)}" for g, n in sorted(self.gpus_per_node.items())]
         parts += [
             f"{g} x{n}/node not usable: {why}" for g, (n, why) in sorted(self.unusable.items())
         ]
@@ -162,12 +218,88 @@ class GpuInventory:
         return f"no GPU nodes ({nodes}, none with a GPU resource)"
 
 
+@dataclass(frozen=True)
+class HeldGpus:
+    """GPUs pods already hold or wait for (``held_gpus``).
+
+    Attributes:
+        on_node: node name -> GPUs requested by the pods bound to it.
+        claimed: catalog GPU id -> GPUs requested by pods that select that GPU type and
+            are not yet bound to a node.
+    """
+
+    on_node: Mapping[str, int] = field(default_factory=dict)
+    claimed: Mapping[str, int] = field(default_factory=dict)
+
+
+def held_gpus(
+    pods: Iterable[Mapping[str, Any]], catalog: Catalog, own: tuple[str, str] | None = None
+) -> HeldGpus:
+    """What ``pods`` (every namespace's) hold of the catalog's GPU resources, except
+    the running target's own engine pods (``own``: its namespace and name) and pods that
+    have finished."""
+    resources = {g.resource_name for g in catalog.gpus.values()}
+    on_node: dict[str, int] = {}
+    claimed: dict[str, int] = {}
+    for pod in pods:
+        if _finished(pod) or (own is not None and _owned_by(pod, own)):
+            continue
+        spec = pod.get("spec") or {}
+        gpus = _pod_gpus(spec, resources)
+        if gpus <= 0:
+            continue
+        if node := spec.get("nodeName"):
+            on_node[str(node)] = on_node.get(str(node), 0) + gpus
+        elif gpu := _selected_gpu(spec, catalog):
+            claimed[gpu] = claimed.get(gpu, 0) + gpus
+    return HeldGpus(on_node, claimed)
+
+
+def _finished(pod: Mapping[str, Any]) -> bool:
+    return (pod.get("status") or {}).get("phase") in FINISHED_PHASES
+
+
+def _owned_by(pod: Mapping[str, Any], own: tuple[str, str]) -> bool:
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    return (meta.get("namespace"), labels.get(TARGET_LABEL)) == own
+
+
+def _pod_gpus(spec: Mapping[str, Any], resources: set[str]) -> int:
+    """GPUs a pod takes: its containers' sum, or its largest init container's if more
+    (init containers run one at a time, before the others, as the scheduler counts).
+    An extended resource's request equals its limit, so either names it."""
+
+    def of(container: Mapping[str, Any]) -> int:
+        res = container.get("resources") or {}
+        asked = {**(res.get("requests") or {}), **(res.get("limits") or {})}
+        return sum(_gpu_count(asked.get(r)) for r in resources)
+
+    main = sum(of(c) for c in spec.get("containers") or [])
+    return max([main, *(of(c) for c in spec.get("initContainers") or [])])
+
+
+def _selected_gpu(spec: Mapping[str, Any], catalog: Catalog) -> str:
+    """The catalog GPU an unbound pod's nodeSelector asks for, else ""."""
+    selector = spec.get("nodeSelector") or {}
+    for gpu in catalog.gpus.values():
+        if selector.get(gpu.node_label_key) == gpu.node_label_value:
+            return gpu.id
+    return ""
+
+
 def inventory_from_nodes(
-    nodes: Iterable[Mapping[str, Any]], catalog: Catalog, placement: Placement | None = None
+    nodes: Iterable[Mapping[str, Any]],
+    catalog: Catalog,
+    placement: Placement | None = None,
+    held: HeldGpus | None = None,
 ) -> GpuInventory:
     """Per catalog GPU, the most allocatable GPUs on one schedulable node that the
-    target's pods may use (``placement``; None: any node)."""
+    target's pods may use (``placement``; None: any node), and the free GPUs of each
+    such node after what ``held`` says pods hold (None: every GPU free)."""
     placement = placement or Placement()
+    held = held or HeldGpus()
+    free: dict[str, list[int]] = {}
     best: dict[str, int] = {}
     blocked: dict[str, tuple[int, str]] = {}
     unknown: set[str] = set()
@@ -193,11 +325,21 @@ def inventory_from_nodes(
                     blocked[gpu.id] = (count, why)
             else:
                 best[gpu.id] = max(best.get(gpu.id, 0), count)
+                name = str((node.get("metadata") or {}).get("name") or "")
+                free.setdefault(gpu.id, []).append(max(count - held.on_node.get(name, 0), 0))
         product = labels.get(GPU_PRODUCT_LABEL)
         if not gpus and product:
             unknown.add(str(product))
     unusable = {g: b for g, b in blocked.items() if b[0] > best.get(g, 0)}
-    return GpuInventory(best, tuple(sorted(unknown)), unusable, schedulable, unlabelled)
+    return GpuInventory(
+        best,
+        tuple(sorted(unknown)),
+        unusable,
+        schedulable,
+        unlabelled,
+        {g: tuple(sorted(f, reverse=True)) for g, f in free.items()},
+        {g: n for g, n in held.claimed.items() if g in best},
+    )
 
 
 def _unlabelled_gpus(
@@ -219,8 +361,9 @@ def _gpu_count(quantity: Any) -> int:
         return 0
 
 
-def load_nodes(path: str | Path) -> list[Mapping[str, Any]]:
-    """Nodes from ``kubectl get nodes -o json`` (or ``-o yaml``, or one Node)."""
+def load_cluster(path: str | Path) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:
+    """(Nodes, Pods) from ``kubectl get nodes,pods -A -o json`` (or ``-o yaml``, or
+    ``kubectl get nodes`` alone, or one Node). Without Pods every GPU counts as free."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8-sig")  # JSON is YAML
@@ -229,15 +372,17 @@ def load_nodes(path: str | Path) -> list[Mapping[str, Any]]:
         raise InventoryError(f"{path}: not UTF-8 text ({err.reason})") from err
     except yaml.YAMLError as err:
         raise InventoryError(f"{path}: not JSON or YAML: {err}") from err
-    hint = "write it with `kubectl get nodes -o json > FILE`"
+    hint = "write it with `kubectl get nodes,pods -A -o json > FILE`"
     if not isinstance(doc, Mapping):
         raise InventoryError(f"{path}: expected a node list object; {hint}")
     if doc.get("kind") == "Node":
-        return [doc]
+        return [doc], []
     items = doc.get("items")
     if not isinstance(items, list) or not all(isinstance(i, Mapping) for i in items):
         raise InventoryError(f"{path}: expected `items`, a list of Node objects; {hint}")
-    odd = sorted({str(i.get("kind")) for i in items if i.get("kind") not in (None, "Node")})
+    kinds = {None, "Node", "Pod"}
+    odd = sorted({str(i.get("kind")) for i in items if i.get("kind") not in kinds})
     if odd:
-        raise InventoryError(f"{path}: items of kind {', '.join(odd)}, not Node; {hint}")
-    return list(items)
+        raise InventoryError(f"{path}: items of kind {', '.join(odd)}, not Node or Pod; {hint}")
+    pods = [i for i in items if i.get("kind") == "Pod"]
+    return [i for i in items if i.get("kind") != "Pod"], pods

@@ -138,13 +138,18 @@ class Plan:
         """One replica's cost: the plan's $/hour over its replicas."""
         return self.usd_per_hour / max(self.replicas, 1)
 
-    def rescaled(self, replicas: int, max_num_seqs: int | None = None) -> Plan:
-        """The same shape at another replica count (and batch cap); cost follows replicas."""
+    def rescaled(
+        self, replicas: int, max_num_seqs: int | None = None, usd_per_hour: float | None = None
+    ) -> Plan:
+        """The same shape at another replica count (and batch cap) costing ``usd_per_hour``
+        (None: the plan's cost per replica times ``replicas``, right without owned GPUs)."""
         return replace(
             self,
             replicas=replicas,
             max_num_seqs=self.max_num_seqs if max_num_seqs is None else max_num_seqs,
-            usd_per_hour=self.usd_per_replica_hour * replicas,
+            usd_per_hour=self.usd_per_replica_hour * replicas
+            if usd_per_hour is None
+            else usd_per_hour,
         )
 
     def to_json(self) -> dict[str, object]:

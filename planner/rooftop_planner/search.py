@@ -51,6 +51,7 @@ from rooftop_planner.parallelism import TP_DEGREES, tp_problem
 from rooftop_planner.perf import EngineShape
 from rooftop_planner.plan import Plan
 from rooftop_planner.prefix import PrefixModel
+from rooftop_planner.pricing import GpuPrice, gpu_prices
 from rooftop_planner.result import Rejection, SearchResult
 from rooftop_planner.weights import Weights, kv_problem, resolve_weights
 from rooftop_planner.workload import LengthDistribution, from_spec
@@ -441,7 +442,7 @@ class _Context:
     targets: _Targets
     efficiency: EfficiencyTable
     step_time_scale: float
-    prices: dict[str, float]
+    prices: dict[str, GpuPrice]  # per catalog GPU id (``pricing.gpu_prices``)
     need_tokens: int
     engine_families: frozenset[str] = DEFAULT_ENGINE_FAMILIES
     inventory: GpuInventory | None = None
@@ -694,7 +695,7 @@ def _add_caps(
     """One plan per batch cap: the cap bounds the percentile batch, hence the capacity."""
     c, shape, kv_batch = ctx.spec.constraints, pending.shape, pending.kv_batch
     dep = shape.dep
-    price = ctx.prices.get(dep.gpu.id, dep.gpu.usd_per_gpu_hour)
+    price = ctx.prices[dep.gpu.id]
     seen: set[tuple[int, float]] = set()
     for cap in BATCH_CAPS:
         if cap > max(kv_batch, BATCH_CAPS[0]):
@@ -713,6 +714,11 @@ def _add_caps(
                 f"{c.max_replicas}",
             )
             continue
+        if ctx.inventory is not None and (
+            short := ctx.inventory.shortfall(dep.gpu.id, dep.tp, sized.replicas)
+        ):
+            reject("not enough GPUs", f"max-num-seqs {cap}: {short}")
+            continue
         out.append(_make_plan(ctx, shape, sized, cap, affinity, price))
 
 
@@ -727,7 +733,7 @@ def _fewer_hits(ctx: _Context, replicas: int, cap: int) -> str:
 
 
 def _make_plan(
-    ctx: _Context, shape: _Shape, sized: _Sized, cap: int, affinity: bool, price: float
+    ctx: _Context, shape: _Shape, sized: _Sized, cap: int, affinity: bool, price: GpuPrice
 ) -> Plan:
     """Predict the operating point at the real rate split over the sized replicas."""
     t, dep, replicas, curve = ctx.targets, shape.dep, sized.replicas, sized.curve
@@ -750,7 +756,7 @@ def _make_plan(
         tpot_ms=tpot_q * 1e3,
         ttft_ms=ttft_q * 1e3,
         output_tok_s=min(rate, per_replica) * replicas * t.osl_mean,
-        usd_per_hour=replicas * dep.tp * price,
+        usd_per_hour=price.usd_per_hour(replicas * dep.tp),
         capacity_rps=sized.capacity * replicas,
         session_affinity="ClientIP" if affinity else "",
         prefix_hit_ratio=t.prefix.hit_ratio(t.prompts, t.prompt_weights, sized.hit_chance),
@@ -812,24 +818,11 @@ def _context(
         targets=targets,
         efficiency=efficiency,
         step_time_scale=step_time_scale,
-        prices=_prices(spec, catalog),
+        prices=gpu_prices(spec, catalog),
         need_tokens=_need_tokens(model, workload),
         chunks=tuple(sorted(set(spec.constraints.prefill_chunk_tokens or ()), reverse=True))
         or DEFAULT_CHUNK_TOKENS,
     )
-
-
-def _prices(spec: ServingTargetSpec, catalog: Catalog) -> dict[str, float]:
-    """The spec's price overrides; a GPU id the catalog lacks is an error, since a typo
-    would otherwise plan on list prices without a word."""
-    prices = dict(spec.pricing.usd_per_gpu_hour or {})
-    unknown = sorted(set(prices) - set(catalog.gpus))
-    if unknown:
-        raise CatalogError(
-            f"spec.pricing.usdPerGpuHour: unknown GPU id(s) {', '.join(unknown)}; use catalog "
-            f"ids: {', '.join(sorted(catalog.gpus))}"
-        )
-    return prices
 
 
 def _need_tokens(model: ModelSpec, workload: ResolvedWorkload) -> int:
@@ -885,7 +878,9 @@ def plan_target(
     on_cluster = replace(ctx, inventory=gpu_inventory)
     result = _search(on_cluster, catalog)
     if gpu_inventory is not None and not result.feasible:
-        _blame_the_cluster(result, _search(ctx, catalog), gpu_inventory)
+        uncounted = replace(gpu_inventory, free=None)
+        on_shapes = _search(replace(ctx, inventory=uncounted), catalog)
+        _blame_the_cluster(result, _search(ctx, catalog), gpu_inventory, on_shapes.plan)
     if not result.feasible and spec.constraints.weight_dtypes is None:
         _suggest_fp8(result, on_cluster, catalog)
     return result
@@ -924,13 +919,18 @@ def _too_long(ctx: _Context) -> str:
 
 
 def _blame_the_cluster(
-    result: SearchResult, unrestricted: SearchResult, inventory: GpuInventory
+    result: SearchResult,
+    unrestricted: SearchResult,
+    inventory: GpuInventory,
+    on_shapes: Plan | None,
 ) -> None:
     """An infeasible plan on the cluster's nodes: the headline is what the cluster has and
     what would work, since the nodes are the cause; when no GPU in the catalog would do
-    either, the target's own problem (the whole catalog's headline) leads."""
+    either, the target's own problem (the whole catalog's headline) leads. ``on_shapes``:
+    the plan the cluster's node shapes would hold with GPUs enough (its shortfall is
+    how many GPUs of which type are missing)."""
     result.beyond_inventory = unrestricted.plan
-    have = _beyond_cluster(unrestricted, inventory)
+    have = _beyond_cluster(unrestricted, inventory, on_shapes)
     lead = [] if unrestricted.plan is not None else unrestricted.reasons[:1]
     result.reasons[:1] = [*lead, have]
 
@@ -1047,13 +1047,22 @@ def _search(ctx: _Context, catalog: Catalog) -> SearchResult:
     return result
 
 
-def _beyond_cluster(unrestricted: SearchResult, inventory: GpuInventory) -> str:
-    """What nodes the cluster would need, from the same search over the whole catalog."""
+def _beyond_cluster(
+    unrestricted: SearchResult, inventory: GpuInventory, on_shapes: Plan | None
+) -> str:
+    """What the cluster lacks: more GPUs of a type it has (``on_shapes``, the plan its
+    node shapes would hold), and what nodes would do, from the same search over the
+    whole catalog."""
     if inventory.gpus_per_node or inventory.unusable or inventory.unknown_products:
         have = f"the cluster's GPU nodes offer {inventory.describe()}"
     else:
         have = f"the cluster has {inventory.describe()}"
-    if unrestricted.plan is None:
-        return f"{have}; no GPU in the catalog meets this target either"
+    if on_shapes is not None:
+        short = inventory.shortfall(on_shapes.gpu, on_shapes.tp, on_shapes.replicas)
+        have = f"{have}; on them, {short} for {on_shapes.summary}"
     p = unrestricted.plan
+    if p is None:
+        return f"{have}; no GPU in the catalog meets this target either"
+    if on_shapes is not None and not inventory.lacks_shape(p.gpu, p.tp):
+        return have  # the cheapest plan anywhere is on the cluster's own shapes
     return f"{have}; with nodes of {p.tp} {p.gpu} GPU(s) each, this would work: {p.summary}"

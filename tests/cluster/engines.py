@@ -27,7 +27,8 @@ from typing import Any, Self
 import aiohttp
 from kubernetes import client
 
-from rooftop_operator.builders import APP_NAME, TARGET_LABEL, VLLM_NAME_FIX
+from rooftop_api.spec import TARGET_LABEL
+from rooftop_operator.builders import APP_NAME, VLLM_NAME_FIX
 from rooftop_sim.loadgen import LoadSpec, RequestResult, send_request
 from tests.cluster.controlplane import free_port
 from tests.cluster.prometheus import PrometheusServer

@@ -38,8 +38,9 @@ from typing import Any
 
 from kubernetes import client
 
+from rooftop_api.spec import TARGET_LABEL
 from rooftop_operator import settings
-from rooftop_operator.builders import APP_NAME, TARGET_LABEL
+from rooftop_operator.builders import APP_NAME
 from tests.cluster.controlplane import cache_dir, free_port, parent_death_signal
 from tests.cluster.engines import PollingFleet, prometheus_relabelings
 from tests.cluster.prometheus import PrometheusServer

@@ -142,3 +142,11 @@ def test_planner_doc_sglang_prefill_first_figures(planner_doc: str) -> None:
     assert f"carried in the step ({mixed:.1f} ms)" in planner_doc
     first, mixed = prefill_first_and_mixed_tpot_ms(1000, 1000, 64)
     assert f"1,000/1,000 tokens, {first:.1f} ms, {first / mixed:.2f}x" in planner_doc
+
+
+def test_operating_doc_owned_gpus_example_is_what_the_plan_prints() -> None:
+    argv, quoted = quoted_session(OPERATING_DOC, "rooftop plan examples/owned-gpus.yaml")
+    assert run_quoted(argv) == quoted, (
+        "re-run `rooftop plan examples/owned-gpus.yaml` and paste its output into "
+        "docs/operating.md's owned GPUs section"
+    )

@@ -28,6 +28,7 @@ from rooftop_control.forecast import forecast_rate
 from rooftop_control.readings import MetricState, Observation, Reading
 from rooftop_control.sizing import Sizing
 from rooftop_control.traffic import Lengths, Traffic
+from rooftop_planner.pricing import GpuPrice, ReplicaPrice
 
 NOW = 10_000.0
 WINDOW = 180.0  # ControllerConfig's default scale_down_window_s
@@ -64,7 +65,7 @@ def config(**kw: object) -> ControllerConfig:
         min_replicas=1,
         max_replicas=16,
         budget_usd_per_hour=100.0,
-        usd_per_replica_hour=1.0,
+        price=ReplicaPrice.flat(1.0),
         declared=DECLARED,
         headroom=0.0,  # exact arithmetic in the table; headroom has its own test
     )
@@ -309,7 +310,7 @@ def test_decide_table(case: Case) -> None:
     assert got.replicas == case.want_replicas, f"{case.why}: {got.reason}"
     lower, upper = replica_limits(case.cfg)
     assert lower <= got.replicas <= upper
-    assert got.replicas * case.cfg.usd_per_replica_hour <= case.cfg.budget_usd_per_hour
+    assert case.cfg.price.usd_per_hour(got.replicas) <= case.cfg.budget_usd_per_hour
 
 
 CAUSES = {
@@ -357,6 +358,13 @@ def _cond(decision_conditions: tuple[object, ...], kind: str) -> object:
             ("False", "MaxReplicasLimited"),
             ("True", "WithinBudget"),
         ),
+        # breach that the cluster's free GPUs stop us fixing, budget and max to spare
+        (
+            observe(rate=20.0, tpot=60.0),
+            config(inventory_replicas=3),
+            ("False", "InventoryLimited"),
+            ("True", "WithinBudget"),
+        ),
         # TTFT alone over the SLO
         (
             observe(ttft_ms=ok(5000.0)),
@@ -388,6 +396,28 @@ def test_conditions(
     s, b = _cond(got.conditions, "SLOMet"), _cond(got.conditions, "WithinBudget")
     assert (s.status, s.reason) == slo, s.message  # type: ignore[attr-defined]
     assert (b.status, b.reason) == budget, b.message  # type: ignore[attr-defined]
+
+
+def test_the_cluster_s_free_gpus_cap_a_scale_up() -> None:
+    got = decide(initial_state(2, 64), observe(rate=20.0, tpot=60.0), NOW, config())
+    assert got.replicas > 3
+    capped = decide(
+        initial_state(2, 64), observe(rate=20.0, tpot=60.0), NOW, config(inventory_replicas=3)
+    )
+    assert capped.replicas == 3 and "room on the cluster's free GPUs for 3" in capped.reason
+
+
+def test_owned_gpus_are_spent_first_and_the_budget_still_binds() -> None:
+    """Four owned replicas at $0, then $5 each: a $10/h budget allows six, and the
+    decision's price is what those six cost (two on demand)."""
+    price = ReplicaPrice(GpuPrice(5.0, owned=4), tp=1)
+    cfg = config(price=price, budget_usd_per_hour=10.0)
+    assert replica_limits(cfg) == (1, 6)
+    got = decide(initial_state(2, 64), observe(rate=40.0, tpot=60.0), NOW, cfg)
+    assert got.replicas == 6 and got.usd_per_hour == pytest.approx(10.0)
+    budget = _cond(got.conditions, "WithinBudget")
+    assert budget.reason == "CappedAtBudget"  # type: ignore[attr-defined]
+    assert "$10.00/h of $10.00/h (6 replica(s) of 1 GPU(s): 4 owned" in budget.message  # type: ignore[attr-defined]
 
 
 def test_hold_reason_names_the_bad_metric() -> None:

@@ -116,6 +116,14 @@ class FakeKube:
             raise self.nodes_error
         return copy.deepcopy(self.nodes)
 
+    def list_unfinished_pods(self) -> list[Obj]:
+        self.pod_lists += 1
+        return [
+            copy.deepcopy(o)
+            for (kind, _, _), o in self.objects.items()
+            if kind == "Pod" and (o.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        ]
+
     def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[Obj]:
         self.pod_lists += 1
         return [

@@ -300,6 +300,17 @@ def test_gpu_inventory_is_off_by_default_and_reads_no_nodes() -> None:
 
 
 @needs_helm
+def test_the_cluster_pricing_reaches_the_operator_as_it_reads_it() -> None:
+    from rooftop_operator.settings import parse_default_pricing
+
+    assert "ROOFTOP_DEFAULT_PRICING" not in _env(render())
+    docs = render("operator.pricing.owned.l4.count=8", "operator.pricing.usdPerGpuHour.l4=2")
+    pricing = parse_default_pricing(_env(docs)["ROOFTOP_DEFAULT_PRICING"])
+    assert pricing.owned is not None and pricing.owned["l4"].count == 8
+    assert pricing.usd_per_gpu_hour == {"l4": 2.0}
+
+
+@needs_helm
 def test_gpu_inventory_nodes_may_list_nodes_and_nothing_more() -> None:
     docs = render("operator.gpuInventory=nodes")
     assert _env(docs)["ROOFTOP_GPU_INVENTORY"] == "nodes"

@@ -879,12 +879,72 @@ def inventory_rt(rt: Runtime) -> Runtime:
 def test_with_inventory_the_plan_fits_the_biggest_node(
     inventory_rt: Runtime, kube: FakeKube
 ) -> None:
-    kube.nodes = [l4_node("small", 1), l4_node("big", 2)]
+    kube.nodes = [l4_node("small", 1), l4_node("big", 2), l4_node("big-2", 2)]
     body = target_body(spec=L4_ONLY)
     kube.add(body)
     assert reconcile(inventory_rt, body) == "success"
-    assert (kube.status()["plan"]["gpu"], kube.status()["plan"]["tp"]) == ("l4", 2)
+    plan = kube.status()["plan"]
+    assert (plan["gpu"], plan["tp"], plan["replicas"]) == ("l4", 2, 2)
     assert kube.node_lists == 1
+
+
+def gpu_pod(name: str, node: str | None, gpus: int, namespace: str = "other") -> dict[str, Any]:
+    """A pod requesting ``gpus`` GPUs, bound to ``node`` (None: waiting for an L4 node)."""
+    spec: dict[str, Any] = {"containers": [
+        {"name": "c", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}  # fmt: skip
+    if node is None:
+        spec["nodeSelector"] = {"nvidia.com/gpu.product": "NVIDIA-L4"}
+    else:
+        spec["nodeName"] = node
+    return {"kind": "Pod", "metadata": {"name": name, "namespace": namespace},
+            "spec": spec, "status": {"phase": "Running" if node else "Pending"}}  # fmt: skip
+
+
+def test_gpus_other_pods_hold_are_not_planned(
+    inventory_rt: Runtime, kube: FakeKube, events: Events
+) -> None:
+    """The plan needs two 2-GPU pods; two 2-L4 nodes have room for them until a pod of
+    another team holds one GPU of one node: then the target waits, saying how many GPUs
+    are missing, and nothing is deployed."""
+    kube.nodes = [l4_node("big", 2), l4_node("big-2", 2)]
+    kube.add(gpu_pod("training", "big-2", 1))
+    body = target_body(spec=L4_ONLY)
+    kube.add(body)
+    handlers.reconcile_target(body=body, memo=kopf.Memo(runtime=inventory_rt))
+    feasible = cond(kube, "Feasible")
+    assert (feasible["status"], feasible["reason"]) == ("False", "NodesUnavailable")
+    assert "l4 x2/node (3 free on 2 nodes)" in feasible["message"]
+    assert "2 replica(s) need 4 l4 GPUs (2 per node)" in feasible["message"]
+    assert "room for 1: 2 more l4 GPUs needed" in feasible["message"]
+    assert "Deployment" not in kinds(kube)
+    del kube.objects[("Pod", "other", "training")]  # the job finishes: the re-plan deploys
+    handlers.replan_waiting(body=latest(kube), memo=kopf.Memo(runtime=inventory_rt))
+    assert cond(kube, "Feasible")["status"] == "True" and "Deployment" in kinds(kube)
+
+
+def test_a_pod_waiting_for_an_l4_node_claims_its_gpus(
+    inventory_rt: Runtime, kube: FakeKube
+) -> None:
+    kube.nodes = [l4_node("big", 2), l4_node("big-2", 2)]
+    kube.add(gpu_pod("queued", None, 2))
+    body = target_body(spec=L4_ONLY)
+    kube.add(body)
+    handlers.reconcile_target(body=body, memo=kopf.Memo(runtime=inventory_rt))
+    assert "room for 1: 2 more l4 GPUs needed" in cond(kube, "Feasible")["message"]
+
+
+def test_the_targets_own_engine_pods_do_not_count_against_it(
+    inventory_rt: Runtime, kube: FakeKube
+) -> None:
+    kube.nodes = [l4_node("big", 2), l4_node("big-2", 2)]
+    body = target_body(spec=L4_ONLY)
+    kube.add(body)
+    for i, node in enumerate(("big", "big-2")):  # its running engines, before a re-plan
+        pod = gpu_pod(f"engine-{i}", node, 2, namespace=body["metadata"]["namespace"])
+        pod["metadata"]["labels"] = {"rooftop.dev/servingtarget": body["metadata"]["name"]}
+        kube.add(pod)
+    assert reconcile(inventory_rt, body) == "success"
+    assert kube.status()["plan"]["replicas"] == 2
 
 
 def test_no_node_big_enough_waits_and_says_which_nodes_would_do(
@@ -910,7 +970,7 @@ def test_no_node_big_enough_waits_and_says_which_nodes_would_do(
     assert events.reasons == ["NodesUnavailable"]
     handlers.replan_waiting(body=latest(kube), memo=kopf.Memo(runtime=inventory_rt))
     assert kinds(kube) == set()  # still no node: still waiting, nothing deployed
-    kube.nodes.append(l4_node("big", 2))  # a node arrives: the timer's next tick deploys
+    kube.nodes += [l4_node("big", 2), l4_node("big-2", 2)]  # nodes arrive: the timer deploys
     handlers.replan_waiting(body=latest(kube), memo=kopf.Memo(runtime=inventory_rt))
     assert cond(kube, "Feasible")["status"] == "True" and "Deployment" in kinds(kube)
     assert not waiting_for_nodes(latest(kube)["status"])
@@ -943,12 +1003,53 @@ def test_the_replan_timer_runs_at_the_configured_interval() -> None:
     assert [(t.interval, t.initial_delay) for t in timers] == [(5.0, 5.0)]
 
 
+async def test_the_loop_scales_up_only_as_far_as_the_free_gpus_hold(
+    inventory_rt: Runtime, kube: FakeKube
+) -> None:
+    """Two 2-L4 nodes hold two TP2 replicas; the SLO asks for more: the loop's scale-up
+    stops at two and says InventoryLimited. Nodes and pods are listed for the scale-up
+    only, never for a tick that holds."""
+    from rooftop_control.sizing import PlanTargetPlanner
+    from rooftop_planner.inventory import GpuInventory
+    from rooftop_planner.search import plan_target
+
+    kube.nodes = [l4_node("big", 2), l4_node("big-2", 2)]
+    body = target_body(spec=L4_ONLY)
+    kube.add(body)
+    spec, ref = parse_spec(L4_ONLY), TargetRef.from_body(body)
+    plan = plan_target(spec, gpu_inventory=GpuInventory({"l4": 2})).plan
+    assert plan is not None and (plan.tp, plan.replicas) == (2, 2)
+    cfg = control.config_from_spec(spec, PlanTargetPlanner(spec, plan), 1.6)
+    state = control.initial_state(2, plan.max_num_seqs)
+    busy = Observation(
+        tpot_ms=Reading(60.0, MetricState.OK),  # over the 25 ms SLO: more replicas
+        ttft_ms=Reading(500.0, MetricState.OK),
+        requests_per_second=Reading(20.0, MetricState.OK),
+        running=Reading(32.0, MetricState.OK),
+        waiting=Reading(16.0, MetricState.OK),
+        kv_usage_ratio=Reading(0.3, MetricState.OK),
+        step_ms=Reading(60.0, MetricState.OK),
+        ready_replicas=2,
+    )
+    wanted = control.decide(state, busy, 1000.0, cfg)
+    assert wanted.replicas > 2
+    inputs = (state, busy, 1000.0, cfg)
+    got = await loop._within_inventory(inventory_rt, ref, spec, plan, wanted, inputs)
+    assert got.replicas == 2 and kube.node_lists == 1
+    slo = next(c for c in got.conditions if c.type == "SLOMet")
+    assert slo.reason == "InventoryLimited"
+    # the next tick holds at two: it lists nothing
+    assert await loop._within_inventory(inventory_rt, ref, spec, plan, got, inputs) is got
+    assert kube.node_lists == 1
+
+
 def test_with_inventory_only_nodes_the_pods_tolerate_count(
     inventory_rt: Runtime, kube: FakeKube
 ) -> None:
-    big = l4_node("big", 2)
-    big["spec"] = {"taints": [{"key": "dedicated", "value": "llm", "effect": "NoSchedule"}]}
-    kube.nodes = [l4_node("small", 1), big]
+    bigs = [l4_node("big", 2), l4_node("big-2", 2)]
+    for big in bigs:
+        big["spec"] = {"taints": [{"key": "dedicated", "value": "llm", "effect": "NoSchedule"}]}
+    kube.nodes = [l4_node("small", 1), *bigs]
     body = target_body(spec=L4_ONLY)
     kube.add(body)
     handlers.reconcile_target(body=body, memo=kopf.Memo(runtime=inventory_rt))

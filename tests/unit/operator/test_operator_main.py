@@ -211,6 +211,30 @@ def test_a_bad_duration_in_the_environment_names_the_variable(value: str) -> Non
         read_settings({"ROOFTOP_NODES_RETRY_S": value})
 
 
+def test_the_default_pricing_is_read_and_checked_at_startup() -> None:
+    pricing = read_settings({"ROOFTOP_DEFAULT_PRICING": '{"owned": {"l4": {"count": 8}}}'})
+    assert pricing["default_pricing"].owned["l4"].count == 8
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            '{"owned": {"l44": {"count": 8}}}',
+            r"ROOFTOP_DEFAULT_PRICING.owned: unknown GPU id\(s\) l44",
+        ),
+        (
+            '{"owned": {"l4": {"count": 0}}}',
+            "ROOFTOP_DEFAULT_PRICING: owned.l4.count: Input should",
+        ),
+        ("not json", "ROOFTOP_DEFAULT_PRICING: "),
+    ],
+)
+def test_a_bad_default_pricing_names_the_variable(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        read_settings({"ROOFTOP_DEFAULT_PRICING": text})
+
+
 def test_bad_prometheus_headers_stop_the_operator_before_it_starts() -> None:
     """The loop reads ROOFTOP_PROMETHEUS_* when its module is imported: a fresh process
     (as in a pod) must exit 2 naming the variable, not crash with a traceback."""

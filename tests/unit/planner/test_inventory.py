@@ -17,8 +17,9 @@ from rooftop_planner.inventory import (
     GpuInventory,
     InventoryError,
     Placement,
+    held_gpus,
     inventory_from_nodes,
-    load_nodes,
+    load_cluster,
     tolerates,
 )
 from rooftop_planner.search import plan_target
@@ -254,8 +255,9 @@ def write(tmp_path: Path, text: str | bytes) -> Path:
 
 def test_kubectl_json_yaml_and_a_single_node_load(tmp_path: Path) -> None:
     listing = {"apiVersion": "v1", "kind": "List", "items": [node("a", "NVIDIA-L4", "1")]}
-    assert len(load_nodes(write(tmp_path, json.dumps(listing)))) == 1
-    assert load_nodes(write(tmp_path, "kind: Node\nmetadata: {name: a}\n"))[0]["kind"] == "Node"
+    assert len(load_cluster(write(tmp_path, json.dumps(listing)))[0]) == 1
+    nodes, pods = load_cluster(write(tmp_path, "kind: Node\nmetadata: {name: a}\n"))
+    assert nodes[0]["kind"] == "Node" and pods == []
 
 
 @pytest.mark.parametrize(
@@ -263,7 +265,7 @@ def test_kubectl_json_yaml_and_a_single_node_load(tmp_path: Path) -> None:
     [
         ("[1, 2]", "expected a node list object"),
         ('{"kind": "List"}', "expected `items`, a list of Node objects"),
-        ('{"items": [{"kind": "Pod"}]}', "items of kind Pod, not Node"),
+        ('{"items": [{"kind": "Service"}]}', "items of kind Service, not Node or Pod"),
         ("{: nope", "not JSON or YAML"),
         (b"\xff\xfe\x00bad", "not UTF-8 text"),
     ],
@@ -272,7 +274,7 @@ def test_bad_node_files_say_how_to_write_one(
     tmp_path: Path, text: str | bytes, message: str
 ) -> None:
     with pytest.raises(InventoryError, match=message):
-        load_nodes(write(tmp_path, text))
+        load_cluster(write(tmp_path, text))
 
 
 def test_plan_cli_takes_nodes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -292,8 +294,8 @@ def test_plan_cli_takes_nodes(tmp_path: Path, capsys: pytest.CaptureFixture[str]
 def test_plan_cli_reads_the_targets_tolerations(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    tainted = node("a", "NVIDIA-L4", "2", taints=("dedicated=llm:NoSchedule",))
-    path = write(tmp_path, json.dumps({"kind": "List", "items": [tainted]}))
+    tainted = [node(n, "NVIDIA-L4", "2", taints=("dedicated=llm:NoSchedule",)) for n in "ab"]
+    path = write(tmp_path, json.dumps({"kind": "List", "items": tainted}))
     doc = short_chat_doc()
     doc["spec"]["constraints"]["gpuTypes"] = ["l4"]
     doc["spec"]["constraints"]["weightDtypes"] = ["bf16", "fp8"]  # fp8 fits a 2-L4 node
@@ -311,4 +313,124 @@ def test_a_nodes_file_giving_a_key_twice_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "nodes.yaml"
     path.write_text("kind: Node\nmetadata: {name: a}\nmetadata: {name: b}\n")
     with pytest.raises(InventoryError, match="line 3: duplicate key 'metadata'"):
-        load_nodes(path)
+        load_cluster(path)
+
+
+# ---------------------------------------------------------------- counts
+
+
+def pod(
+    name: str,
+    node_name: str | None,
+    gpus: int,
+    *,
+    phase: str = "Running",
+    selects: str | None = None,
+    labels: dict[str, str] | None = None,
+    init_gpus: int = 0,
+) -> dict[str, Any]:
+    """A pod asking for ``gpus`` GPUs, bound to ``node_name`` or, unbound, selecting the
+    GPU product ``selects``."""
+    spec: dict[str, Any] = {
+        "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]
+    }
+    if init_gpus:
+        limits = {"nvidia.com/gpu": str(init_gpus)}
+        spec["initContainers"] = [{"name": "i", "resources": {"requests": limits}}]
+    if node_name:
+        spec["nodeName"] = node_name
+    if selects:
+        spec["nodeSelector"] = {"nvidia.com/gpu.product": selects}
+    meta = {"name": name, "namespace": "team", "labels": labels or {}}
+    return {"kind": "Pod", "metadata": meta, "spec": spec, "status": {"phase": phase}}
+
+
+L40S = "NVIDIA-L40S"
+
+
+def test_free_gpus_are_allocatable_less_what_other_pods_hold(catalog: Catalog) -> None:
+    nodes = [node("a", L40S, "4"), node("b", L40S, "4"), node("c", L40S, "4")]
+    pods = [
+        pod("job", "a", 3),
+        pod("done", "b", 4, phase="Succeeded"),  # finished: its GPUs are free again
+        pod("init", "c", 1, init_gpus=2),  # init containers run first: it takes 2
+        pod("own", "b", 4, labels={"rooftop.dev/servingtarget": "chat"}),
+        pod("queued", None, 2, phase="Pending", selects=L40S),
+    ]
+    held = held_gpus(pods, catalog, own=("team", "chat"))
+    assert held.on_node == {"a": 3, "c": 2} and held.claimed == {"l40s": 2}
+    inv = inventory_from_nodes(nodes, catalog, held=held)
+    assert inv.free == {"l40s": (4, 2, 1)}
+    assert inv.free_gpus("l40s") == 5
+    # TP1: 7 slots less the 2 claimed; TP2: 3 slots less one claimed pod; TP4: b only
+    assert [inv.replicas_fit("l40s", tp) for tp in (1, 2, 4)] == [5, 2, 0]
+    assert "l40s x4/node (5 free on 3 nodes)" in inv.describe()
+
+
+def test_a_shape_only_inventory_fits_any_number(catalog: Catalog) -> None:
+    inv = GpuInventory({"l40s": 4})
+    assert inv.replicas_fit("l40s", 2) > 1000 and inv.shortfall("l40s", 2, 1000) == ""
+
+
+def two_l40s_nodes_chat(rate: float) -> ServingTargetSpec:
+    """An 8B chat at ``rate`` req/s on any GPU, $200/h, up to 16 replicas."""
+    doc = short_chat_doc()
+    doc["spec"]["workload"]["requestsPerSecond"] = rate
+    doc["spec"]["budget"] = {"usdPerHour": 200}
+    doc["spec"]["constraints"] = {"maxReplicas": 16}
+    return ServingTargetSpec.model_validate(doc["spec"])
+
+
+@pytest.mark.parametrize("rate", [40, 80])
+def test_never_more_gpus_than_the_nodes_have(catalog: Catalog, rate: float) -> None:
+    """Two nodes of 4 L40S: a plan by node shapes alone needs more than their 8 GPUs; the
+    counted search plans within them or says how many are missing."""
+    spec = two_l40s_nodes_chat(rate)
+    nodes = [node(n, L40S, "4") for n in "ab"]
+    by_shape = plan_target(spec, catalog=catalog, gpu_inventory=GpuInventory({"l40s": 4})).plan
+    counted = plan_target(spec, catalog=catalog, gpu_inventory=inventory_from_nodes(nodes, catalog))
+    assert by_shape is not None
+    if by_shape.replicas * by_shape.tp <= 8:
+        assert counted.plan == by_shape
+        return
+    assert not counted.feasible and counted.beyond_inventory is not None
+    need = by_shape.replicas * by_shape.tp
+    assert (
+        f"on them, {by_shape.replicas} replica(s) need {need} l40s GPUs ({by_shape.tp} per "
+        f"node); the cluster's nodes have 8 free, room for {8 // by_shape.tp}: "
+        f"{need - 8 // by_shape.tp * by_shape.tp} more l40s GPUs needed" in counted.reasons[0]
+    )
+    assert "not enough GPUs" in counted.explain()
+
+
+def test_the_shortfall_case_is_not_vacuous(catalog: Catalog) -> None:
+    """At 80 req/s the cheapest plan by node shapes needs more than the 8 L40S there
+    are, so the case above checks the shortfall, not only a plan that fits."""
+    spec = two_l40s_nodes_chat(80)
+    by_shape = plan_target(spec, catalog=catalog, gpu_inventory=GpuInventory({"l40s": 4})).plan
+    assert by_shape is not None and by_shape.replicas * by_shape.tp > 8
+
+
+def test_plan_cli_subtracts_the_pods_listed_with_the_nodes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`kubectl get nodes,pods -A -o json`: a job holding 3 of a node's 4 L40S leaves
+    room for fewer replicas than the nodes alone."""
+    target = tmp_path / "target.json"
+    doc = short_chat_doc()
+    doc["spec"]["workload"]["requestsPerSecond"] = 40
+    doc["spec"]["budget"] = {"usdPerHour": 200}
+    doc["spec"]["constraints"] = {"maxReplicas": 16, "gpuTypes": ["l40s"]}
+    target.write_text(json.dumps(doc))
+    nodes = [node(n, L40S, "4") for n in "ab"]
+    alone = write(tmp_path, json.dumps({"kind": "List", "items": nodes}))
+    assert main(["plan", str(target), "--nodes", str(alone), "-o", "json"]) == 0
+    plan = json.loads(capsys.readouterr().out)["plan"]
+    assert plan["replicas"] * plan["tp"] <= 8
+    busy = tmp_path / "busy.json"
+    busy.write_text(json.dumps({"kind": "List", "items": [*nodes, pod("job", "a", 3)]}))
+    main(["plan", str(target), "--nodes", str(busy)])
+    out = capsys.readouterr().out
+    assert "l40s x4/node (5 free on 2 nodes)" in out
+    chosen = re.search(r"Chosen: (\d+) replicas? of (\d)x l40s", out)
+    assert chosen is None or int(chosen[1]) * int(chosen[2]) <= 5
