@@ -115,6 +115,8 @@ class EngineInputs:
         host_arch: the GPU hosts' CPU architecture (``kubernetes.io/arch``).
         price: what its replicas cost (``pricing.replica_price``); None: each the
             plan's cost over its replicas.
+        inventory_replicas: the most replicas of the plan's shape the cluster's free
+            GPUs hold (with ``gpuInventory: nodes``); None: not counted.
     """
 
     ref: TargetRef
@@ -131,6 +133,7 @@ class EngineInputs:
     weights: Weights | None = None
     host_arch: str = "amd64"
     price: ReplicaPrice | None = None
+    inventory_replicas: int | None = None
 
 
 APPLIED_ANNOTATION: Final = "rooftop.dev/applied"
@@ -545,8 +548,10 @@ def rollout_strategy(replicas: int, ceiling: int) -> dict[str, Any]:
     New pods start before old ones go (``maxUnavailable`` 0), so the fleet never drops
     below the capacity the SLO was planned on; at most ``ROLLOUT_SURGE`` of the
     replicas (rounded up) at once. Surge pods are billed too, so never more pods than
-    ``ceiling`` (``control.max_billed_replicas``: budget and maxReplicas): with no room
-    under it, one pod at a time goes first (``maxSurge`` 0, ``maxUnavailable`` 1).
+    ``ceiling`` (``control.max_billed_replicas``: budget and maxReplicas; and the free
+    GPUs, where counted: a surge pod with no GPU to take stays Pending, and the rollout
+    waits for it forever): with no room under it, one pod at a time goes first
+    (``maxSurge`` 0, ``maxUnavailable`` 1).
     Kubernetes' default (25 % / 25 %) would both take capacity away and spend above the
     budget.
     """
@@ -563,6 +568,8 @@ def build_deployment(inp: EngineInputs) -> dict[str, Any]:
     ceiling = max_billed_replicas(
         inp.spec.constraints.max_replicas, inp.spec.budget.usd_per_hour, price
     )
+    if inp.inventory_replicas is not None:  # a surge pod beyond the free GPUs would wait
+        ceiling = min(ceiling, inp.inventory_replicas)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",

@@ -378,6 +378,15 @@ async def _within_inventory(
     return control.decide(state, obs, now_s, replace(cfg, inventory_replicas=fit))
 
 
+def _room(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: Plan) -> int | None:
+    """With ``gpuInventory: nodes``, the replicas of the plan's shape the cluster's free
+    GPUs hold (a cap rollout surges only into them); None otherwise. Read only when the
+    loop changes the fleet."""
+    if not rt.config.gpu_inventory or spec.mode is Mode.SIMULATED:
+        return None
+    return reconcile.gpu_inventory(rt, spec, ref).replicas_fit(plan.gpu, plan.tp)
+
+
 def _cost(d: control.Decision, plan: Plan) -> float:
     """What the decided replicas cost, USD/h: as the decision priced them (owned GPUs
     first), else the plan's cost per replica times them."""
@@ -601,7 +610,7 @@ def _apply(
     figure noise, as ``_writes`` saw it)."""
     if d.changed:
         new = plan.rescaled(d.replicas, d.max_num_seqs, _cost(d, plan))
-        reconcile.apply_children(rt, ref, spec, new)
+        reconcile.apply_children(rt, ref, spec, new, _room(rt, ref, spec, new))
         rt.emit(body, "Normal", "Scaled", d.reason)
         rt.metrics.record_decision(ref.namespace, ref.name, *decision_labels(d))
     elif d.cap_hold_began:

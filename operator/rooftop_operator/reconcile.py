@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from rooftop_api import conditions as cnd
@@ -138,7 +139,8 @@ def reconcile(
         return "skipped"
     # A simulated engine runs on any node, so the GPUs the nodes offer do not bound it.
     on_gpus = rt.config.gpu_inventory and spec.mode is not Mode.SIMULATED
-    inventory = {"gpu_inventory": gpu_inventory(rt, spec, ref)} if on_gpus else {}
+    counted = gpu_inventory(rt, spec, ref) if on_gpus else None
+    inventory = {} if counted is None else {"gpu_inventory": counted}
     try:
         result = rt.plan(
             spec,
@@ -155,7 +157,9 @@ def reconcile(
     if not result.feasible or result.plan is None:
         _infeasible(rt, body, ref, spec, result)
         return WAITING_FOR_NODES if result.beyond_inventory else "skipped"
-    _deploy(rt, body, ref, spec, result.plan, cause)
+    plan = result.plan
+    room = None if counted is None else counted.replicas_fit(plan.gpu, plan.tp)
+    _deploy(rt, body, ref, spec, plan, cause, room)
     return "success"
 
 
@@ -213,12 +217,15 @@ def _deploy(
     spec: ServingTargetSpec,
     plan: Plan,
     cause: str,
+    room: int | None = None,
 ) -> None:
+    """Apply the plan's children (``room``: the replicas the cluster's free GPUs hold for
+    its shape, with ``gpuInventory: nodes``; a rollout surges only into them)."""
     old_plan = stored_plan(ServingTargetStatus.read(body.get("status")))
     if cause != "spec_change" or _same_generation(body):
         plan = keep_loop_scale(plan, old_plan)
     try:
-        apply_children(rt, ref, spec, plan)
+        apply_children(rt, ref, spec, plan, room)
     except (builders.UnsupportedPlan, ChildConflict) as err:
         reason = "UnsupportedPlan" if isinstance(err, builders.UnsupportedPlan) else "NameConflict"
         _not_deployed(rt, body, ref, spec, plan, reason, str(err))
@@ -368,13 +375,18 @@ class ChildConflict(OperatorError, RuntimeError):
     """A child's name is taken by an object this target does not control."""
 
 
-def apply_children(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: Plan) -> None:
+def apply_children(
+    rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: Plan, room: int | None = None
+) -> None:
     """Server-side apply each child that differs from what is there (its fields, or
     the digest of what was last applied: see ``builders.with_applied_hash``). Raises
-    ``ChildConflict`` rather than take over an object someone else created."""
+    ``ChildConflict`` rather than take over an object someone else created. ``room``:
+    the most replicas the cluster's free GPUs hold for the plan's shape (None: not
+    counted), so a rollout's surge pods never wait for GPUs nobody frees."""
     inputs = children.engine_inputs(
         rt.catalog, rt.config, ref, spec, plan, pod_monitor=rt.kube.has_api(*PODMONITOR_API)
     )
+    inputs = replace(inputs, inventory_replicas=room)
     for child in map(builders.with_applied_hash, children.desired(inputs)):
         meta = child["metadata"]
         current = rt.kube.get(child["apiVersion"], child["kind"], ref.namespace, meta["name"])

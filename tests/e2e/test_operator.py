@@ -613,11 +613,22 @@ def test_upgrade_and_uninstall_keep_targets_and_their_engines(env: Env, tmp_path
         assert kept is not None and kept["metadata"]["uid"] == before["metadata"]["uid"]
 
 
+def tenant_pod(name: str, node: str, gpus: int) -> Obj:
+    """A pod Rooftop does not own, bound to ``node`` and holding ``gpus`` GPUs."""
+    limits = {"nvidia.com/gpu": str(gpus)}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"nodeName": node, "containers": [{"name": "job", "image": "job",
+                     "resources": {"limits": limits, "requests": limits}}]}}  # fmt: skip
+
+
 def test_gpu_inventory_plans_for_the_nodes_there_are(env: Env, tmp_path: Path) -> None:
     """operator.gpuInventory=nodes: with only a 1-GPU A10G node, a target that needs a
     multi-GPU A10G pod is infeasible and says which node would do (a big enough node
-    with a taint the pods do not tolerate does not count); once such a node joins, the
-    operator's periodic re-plan deploys onto it without a spec edit."""
+    with a taint the pods do not tolerate does not count). Such a node joins with one
+    GPU held by another team's pod (read through the API server's pod list, with the
+    chart's RBAC): still no room, and the condition says how many GPUs are missing.
+    Once that pod is gone, the operator's periodic re-plan deploys onto the node
+    without a spec edit."""
     core = client.CoreV1Api(env.api)
     doc = load(ROOT / "examples" / "simulated-chat.yaml", name="fits")
     doc["spec"]["mode"] = "vllm"  # a simulated engine needs no GPU node (kwok runs neither)
@@ -651,7 +662,14 @@ def test_gpu_inventory_plans_for_the_nodes_there_are(env: Env, tmp_path: Path) -
         assert "taint e2e/reserved:NoSchedule not tolerated" in feasible["message"]
         time.sleep(3 * 2)  # a few replan ticks (2 s) while no node fits
         assert inv.deployment("fits") is None
-        big = add_node(tp, 2)
+        big = f"{a10g.prefix}-2"
+        core.create_namespaced_pod(inv.namespace, tenant_pod("training", big, gpus=1))
+        add_node(tp, 2)
+        missing = f"room for 0: {tp} more a10g GPUs needed"
+        wait_until(lambda: missing in inv.condition("fits", "Feasible").get("message", ""),
+                   TIMEOUT, f"the shortfall on {big}\n{inv.operator.tail()}")  # fmt: skip
+        assert inv.deployment("fits") is None
+        core.delete_namespaced_pod("training", inv.namespace, grace_period_seconds=0)
         inv.wait_condition("fits", "Ready", "True")
         plan = inv.target("fits")["status"]["plan"]
         assert (plan["gpu"], plan["tp"]) == ("a10g", tp)

@@ -886,6 +886,16 @@ def test_with_inventory_the_plan_fits_the_biggest_node(
     plan = kube.status()["plan"]
     assert (plan["gpu"], plan["tp"], plan["replicas"]) == ("l4", 2, 2)
     assert kube.node_lists == 1
+    # no GPUs free beyond the plan's: a rollout replaces one pod at a time, never
+    # surging a pod that would wait for GPUs nobody frees
+    deployment = next(o for (k, _, _), o in kube.objects.items() if k == "Deployment")
+    rolling = deployment["spec"]["strategy"]["rollingUpdate"]
+    assert (rolling["maxSurge"], rolling["maxUnavailable"]) == (0, 1)
+    kube.nodes.append(l4_node("big-3", 2))  # room for one more: the rollout surges into it
+    assert reconcile(inventory_rt, latest(kube)) == "success"
+    deployment = next(o for (k, _, _), o in kube.objects.items() if k == "Deployment")
+    rolling = deployment["spec"]["strategy"]["rollingUpdate"]
+    assert (rolling["maxSurge"], rolling["maxUnavailable"]) == (1, 0)
 
 
 def gpu_pod(name: str, node: str | None, gpus: int, namespace: str = "other") -> dict[str, Any]:
