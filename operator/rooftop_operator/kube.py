@@ -30,7 +30,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from rooftop_api import exit_codes
-from rooftop_api.spec import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from rooftop_api.spec import API_VERSION, GROUP, KIND, PLURAL, TARGET_LABEL, VERSION
 from rooftop_operator.errors import OperatorError
 
 FIELD_MANAGER: Final = "rooftop"
@@ -251,6 +251,9 @@ class Kube:
     def _custom(self) -> Any:
         return client.CustomObjectsApi(self.api)
 
+    def _apps(self) -> Any:
+        return client.AppsV1Api(self.api)
+
     def _plain(self, result: Any) -> Obj:
         """Typed client models (V1Service) -> the plain dicts everything else uses."""
         return dict(self.api.sanitize_for_serialization(result) or {})
@@ -339,6 +342,13 @@ class Kube:
         with api_errors():
             found = self._core().list_pod_for_all_namespaces(field_selector=UNFINISHED_PODS)
         return [self._plain(pod) for pod in found.items or []]
+
+    def list_engine_deployments(self) -> list[Obj]:
+        """Every namespace's Rooftop engine Deployments (those with the target label), as
+        plain dicts: the fleet's own view of the GPUs it holds and asks for."""
+        with api_errors():
+            found = self._apps().list_deployment_for_all_namespaces(label_selector=TARGET_LABEL)
+        return [self._plain(d) for d in found.items or []]
 
     def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[Obj]:
         """Pods in ``namespace`` carrying all of ``labels``, as plain dicts."""

@@ -138,8 +138,31 @@ def reconcile(
         _invalid(rt, body, ref, err)
         return "skipped"
     # A simulated engine runs on any node, so the GPUs the nodes offer do not bound it.
-    on_gpus = rt.config.gpu_inventory and spec.mode is not Mode.SIMULATED
-    counted = gpu_inventory(rt, spec, ref) if on_gpus else None
+    if not rt.config.gpu_inventory or spec.mode is Mode.SIMULATED:
+        return _plan_and_deploy(
+            rt, body, ref, spec, None, step_time_scale, requests_per_second, cause
+        )
+    # One target at a time from reading the free GPUs to applying its Deployment, so
+    # the next one planned reads that Deployment's replicas (``held_gpus``) and never
+    # counts the same free GPUs twice.
+    with rt.inventory_lock:
+        counted = gpu_inventory(rt, spec, ref)
+        return _plan_and_deploy(
+            rt, body, ref, spec, counted, step_time_scale, requests_per_second, cause
+        )
+
+
+def _plan_and_deploy(
+    rt: Runtime,
+    body: Mapping[str, Any],
+    ref: TargetRef,
+    spec: ServingTargetSpec,
+    counted: GpuInventory | None,
+    step_time_scale: float,
+    requests_per_second: float | None,
+    cause: str,
+) -> str:
+    """Plan (for the ``counted`` GPUs, when given) and deploy or say why not."""
     inventory = {} if counted is None else {"gpu_inventory": counted}
     try:
         result = rt.plan(
@@ -165,13 +188,15 @@ def reconcile(
 
 def gpu_inventory(rt: Runtime, spec: ServingTargetSpec, ref: TargetRef) -> GpuInventory:
     """The GPUs the cluster's Nodes offer this target's pods now (its nodeSelector and
-    tolerations), less what every other pod holds or waits for (other targets' engines
-    and pods Rooftop does not own alike; this target's own are replaced by its plan).
+    tolerations), less what every other pod holds or waits for and what the other
+    targets' engine Deployments ask for (``inventory.held_gpus``; this target's own are
+    replaced by its plan).
     Read on every plan rather than watched: plans happen on spec changes, restarts and
     scale-ups, rarely enough that a list is cheap, and a node added or a pod gone since
     the last plan is seen by the next one."""
     placement = Placement.of(spec.constraints)
-    held = held_gpus(rt.kube.list_unfinished_pods(), rt.catalog, (ref.namespace, ref.name))
+    pods, engines = rt.kube.list_unfinished_pods(), rt.kube.list_engine_deployments()
+    held = held_gpus(pods, rt.catalog, (ref.namespace, ref.name), engines)
     return inventory_from_nodes(rt.kube.list_nodes(), rt.catalog, placement, held)
 
 

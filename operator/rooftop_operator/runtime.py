@@ -8,6 +8,7 @@ kopf hands it to each handler through its memo (``runtime(memo)``).
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
@@ -42,6 +43,7 @@ class KubeLike(Protocol):
     def has_api(self, group_version: str, plural: str) -> bool: ...
     def list_nodes(self) -> list[Obj]: ...
     def list_unfinished_pods(self) -> list[Obj]: ...
+    def list_engine_deployments(self) -> list[Obj]: ...
     def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[Obj]: ...
     def get_target(self, namespace: str, name: str) -> Obj | None: ...
     def update_status(
@@ -107,6 +109,9 @@ class Runtime:
     # targets brings several Deployment events per target (the controller's rollout
     # updates), and in one shared pool they queued the reconciles of targets not yet
     # deployed behind the readiness of those that were. Threads start on first use.
+    # Held by a reconcile from reading the free GPUs to applying its engine Deployment
+    # (``gpuInventory: nodes``), so two targets never plan onto the same free GPUs.
+    inventory_lock: threading.Lock = field(default_factory=threading.Lock)
     deployment_events: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(DEPLOYMENT_EVENT_THREADS, "deployment-events")
     )

@@ -24,9 +24,10 @@ are
 
     fit(g, tp) = Σ_nodes ⌊free_node / tp⌋ − ⌈claimed_g / tp⌉
 
-where ``claimed_g`` is what pods not yet bound to a node request while selecting type
-``g`` (another target's engine waiting for the scheduler takes its GPUs first). The
-planner never plans more replicas of a shape than that (``replicas_fit``).
+where ``claimed_g`` is what waits for type ``g``: other targets' engine Deployments'
+replicas beyond their bound pods (the operator's own view of its fleet, ahead of the
+scheduler's), and other pods not yet bound to a node that select type ``g``. The planner
+never plans more replicas of a shape than that (``replicas_fit``).
 
 This module only reads plain dicts, so ``rooftop plan --nodes`` and the operator (which
 lists Nodes and Pods through the API) share it; it never imports a Kubernetes client.
@@ -233,16 +234,27 @@ class HeldGpus:
 
 
 def held_gpus(
-    pods: Iterable[Mapping[str, Any]], catalog: Catalog, own: tuple[str, str] | None = None
+    pods: Iterable[Mapping[str, Any]],
+    catalog: Catalog,
+    own: tuple[str, str] | None = None,
+    engines: Iterable[Mapping[str, Any]] = (),
 ) -> HeldGpus:
-    """What ``pods`` (every namespace's) hold of the catalog's GPU resources, except
-    the running target's own engine pods (``own``: its namespace and name) and pods that
-    have finished."""
+    """What ``pods`` (every namespace's) hold of the catalog's GPU resources, and what
+    the other targets' engine Deployments (``engines``) claim beyond their bound pods,
+    except the running target's own (``own``: its namespace and name) and pods that
+    have finished.
+
+    A Deployment just scaled up has pods the scheduler has not seen, or not even been
+    created: the operator's own view of its fleet is each engine Deployment's
+    ``spec.replicas``, so two targets planned one after the other never count the same
+    free GPUs. Pods that are not engines claim a GPU type while they wait for a node."""
     resources = {g.resource_name for g in catalog.gpus.values()}
     on_node: dict[str, int] = {}
     claimed: dict[str, int] = {}
+    bound: dict[tuple[str, str], int] = {}  # GPUs engine pods of each target hold
     for pod in pods:
-        if _finished(pod) or (own is not None and _owned_by(pod, own)):
+        target = _target_of(pod)
+        if _finished(pod) or (own is not None and target == own):
             continue
         spec = pod.get("spec") or {}
         gpus = _pod_gpus(spec, resources)
@@ -250,8 +262,20 @@ def held_gpus(
             continue
         if node := spec.get("nodeName"):
             on_node[str(node)] = on_node.get(str(node), 0) + gpus
-        elif gpu := _selected_gpu(spec, catalog):
+            if target is not None:
+                bound[target] = bound.get(target, 0) + gpus
+        elif target is None and (gpu := _selected_gpu(spec, catalog)):
             claimed[gpu] = claimed.get(gpu, 0) + gpus
+    for engine in engines:
+        target = _target_of(engine)
+        if target is None or target == own:
+            continue
+        template = ((engine.get("spec") or {}).get("template") or {}).get("spec") or {}
+        gpu = _selected_gpu(template, catalog)
+        replicas = int((engine.get("spec") or {}).get("replicas") or 0)
+        wanted = replicas * _pod_gpus(template, resources) - bound.get(target, 0)
+        if gpu and wanted > 0:
+            claimed[gpu] = claimed.get(gpu, 0) + wanted
     return HeldGpus(on_node, claimed)
 
 
@@ -259,10 +283,12 @@ def _finished(pod: Mapping[str, Any]) -> bool:
     return (pod.get("status") or {}).get("phase") in FINISHED_PHASES
 
 
-def _owned_by(pod: Mapping[str, Any], own: tuple[str, str]) -> bool:
-    meta = pod.get("metadata") or {}
-    labels = meta.get("labels") or {}
-    return (meta.get("namespace"), labels.get(TARGET_LABEL)) == own
+def _target_of(obj: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(namespace, name) of the target whose engine ``obj`` (a pod or Deployment) is,
+    by the label only Rooftop's engines carry; None for anything else."""
+    meta = obj.get("metadata") or {}
+    name = (meta.get("labels") or {}).get(TARGET_LABEL)
+    return None if name is None else (str(meta.get("namespace")), str(name))
 
 
 def _pod_gpus(spec: Mapping[str, Any], resources: set[str]) -> int:

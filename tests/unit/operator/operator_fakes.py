@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from rooftop_api.spec import TARGET_LABEL
 from rooftop_planner.plan import Plan
 
 Obj = dict[str, Any]
@@ -115,6 +116,13 @@ class FakeKube:
         if self.nodes_error is not None:
             raise self.nodes_error
         return copy.deepcopy(self.nodes)
+
+    def list_engine_deployments(self) -> list[Obj]:
+        return [
+            copy.deepcopy(o)
+            for (kind, _, _), o in self.objects.items()
+            if kind == "Deployment" and TARGET_LABEL in o["metadata"].get("labels", {})
+        ]
 
     def list_unfinished_pods(self) -> list[Obj]:
         self.pod_lists += 1

@@ -932,6 +932,24 @@ def test_gpus_other_pods_hold_are_not_planned(
     assert cond(kube, "Feasible")["status"] == "True" and "Deployment" in kinds(kube)
 
 
+def test_a_target_planned_next_counts_the_first_ones_deployment_before_its_pods(
+    inventory_rt: Runtime, kube: FakeKube
+) -> None:
+    """The first target's Deployment asks for the four L4s before the scheduler has
+    bound a pod: the second target planned next reads the Deployment and waits, instead
+    of planning onto the same four GPUs."""
+    kube.nodes = [l4_node("big", 2), l4_node("big-2", 2)]
+    first = target_body(name="first", spec=L4_ONLY)
+    kube.add(first)
+    assert reconcile(inventory_rt, first) == "success"
+    assert not [o for (k, _, _), o in kube.objects.items() if k == "Pod"]  # none bound yet
+    second = target_body(name="second", spec=L4_ONLY)
+    kube.add(second)
+    assert reconcile(inventory_rt, second) == "waiting-for-nodes"
+    feasible = find(kube.status("second").get("conditions"), "Feasible")
+    assert feasible is not None and "room for 0: 4 more l4 GPUs needed" in feasible["message"]
+
+
 def test_a_pod_waiting_for_an_l4_node_claims_its_gpus(
     inventory_rt: Runtime, kube: FakeKube
 ) -> None:

@@ -434,3 +434,30 @@ def test_plan_cli_subtracts_the_pods_listed_with_the_nodes(
     assert "l40s x4/node (5 free on 2 nodes)" in out
     chosen = re.search(r"Chosen: (\d+) replicas? of (\d)x l40s", out)
     assert chosen is None or int(chosen[1]) * int(chosen[2]) <= 5
+
+
+def engine_deployment(name: str, replicas: int, gpus_per_pod: int) -> dict[str, Any]:
+    """Another target's engine Deployment on L40S nodes."""
+    container = {"name": "vllm", "resources": {"limits": {"nvidia.com/gpu": str(gpus_per_pod)}}}
+    template = {"nodeSelector": {"nvidia.com/gpu.product": L40S}, "containers": [container]}
+    labels = {"rooftop.dev/servingtarget": name}
+    return {
+        "kind": "Deployment",
+        "metadata": {"name": f"{name}-engine", "namespace": "team", "labels": labels},
+        "spec": {"replicas": replicas, "template": {"spec": template}},
+    }
+
+
+def test_other_targets_deployments_claim_what_their_pods_do_not_hold_yet(
+    catalog: Catalog,
+) -> None:
+    """Another target wants 3 pods of 2 GPUs; one is bound: 4 more GPUs are claimed.
+    Its pending pods are not counted again, and the target's own Deployment not at all."""
+    labels = {"rooftop.dev/servingtarget": "other"}
+    pods = [
+        pod("other-1", "a", 2, labels=labels),
+        pod("other-2", None, 2, phase="Pending", selects=L40S, labels=labels),
+    ]
+    engines = [engine_deployment("other", 3, 2), engine_deployment("chat", 4, 2)]
+    held = held_gpus(pods, catalog, own=("team", "chat"), engines=engines)
+    assert held.on_node == {"a": 2} and held.claimed == {"l40s": 4}
