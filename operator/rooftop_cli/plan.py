@@ -32,6 +32,7 @@ from rooftop_api.output import (
 )
 from rooftop_api.spec import ServingTarget
 from rooftop_cli import exits
+from rooftop_planner import explain
 from rooftop_planner.catalog import Catalog, CatalogError, load_catalog
 from rooftop_planner.errors import PlannerError
 from rooftop_planner.inventory import Placement, held_gpus, inventory_from_nodes, load_cluster
@@ -153,7 +154,9 @@ def text(planned: Planned, explain: bool) -> str:
 
 def _short(result: SearchResult) -> str:
     if result.plan:
-        return f"Chosen: {result.plan.summary}"
+        mixed = result.mixed  # advice the short form keeps: it would cost less
+        advice = "" if mixed is None else f"\n  - {explain.mixed(mixed, result.plan)}"
+        return f"Chosen: {result.plan.summary}{advice}"
     return "No feasible plan.\n" + "\n".join(f"  - {r}" for r in result.reasons[:3])
 
 

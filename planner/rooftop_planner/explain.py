@@ -10,6 +10,7 @@ from rooftop_planner.bursts import HEADROOM, burst_rate
 from rooftop_planner.perf import DEFAULT_MAX_NUM_BATCHED_TOKENS
 
 if TYPE_CHECKING:  # types only: results are built by ``choice``, which imports this module
+    from rooftop_planner.fleet import MixedFleet
     from rooftop_planner.perf import StepBreakdown
     from rooftop_planner.plan import Plan
     from rooftop_planner.result import Rejection, SearchResult
@@ -220,6 +221,17 @@ def owned_note(plan: Plan | None, spec: ServingTargetSpec) -> list[str]:
         f"${owned.usd_per_gpu_hour:.2f}/GPU-h{more}; among plans of equal cost the one with "
         "the fewest GPUs wins"
     ]
+
+
+def mixed(fleet: MixedFleet, single: Plan | None) -> str:
+    """Why a fleet of several GPU types is worth knowing about, and that it stays
+    advice: Rooftop deploys one GPU type per target."""
+    if single is None:
+        lead = "no single GPU type serves this target here, but pools of several would"
+    else:
+        saving = single.usd_per_hour - fleet.usd_per_hour
+        lead = f"pools of several GPU types would cost ${saving:.2f}/h less than the chosen plan"
+    return f"{lead}: {fleet.summary}; Rooftop does not deploy mixed fleets yet"
 
 
 def burst_note(spec: ServingTargetSpec) -> list[str]:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rooftop_planner.explain import explain_result
+from rooftop_planner.fleet import MixedFleet
 from rooftop_planner.plan import Plan
 
 
@@ -58,6 +59,9 @@ class SearchResult:
     beyond_inventory: Plan | None = None
     # Where the plan's step times come from (``Efficiency.describe``); "" without a plan.
     step_times_from: str = ""
+    # Pools of several GPU types that cost less than ``plan`` or serve where no single
+    # type does (``fleet.cheapest_mix``): advice, since only single-type plans deploy.
+    mixed: MixedFleet | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -65,6 +69,7 @@ class SearchResult:
             "plan": self.plan.to_json() if self.plan else None,
             "alternatives": [p.to_json() for p in self.alternatives],
             "reasons": self.reasons,
+            "mixed": self.mixed.to_json() if self.mixed else None,
             "frontier": [
                 {
                     "gpu": p.gpu,

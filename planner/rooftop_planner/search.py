@@ -44,6 +44,7 @@ from rooftop_planner.catalog import (
 )
 from rooftop_planner.choice import choose
 from rooftop_planner.efficiency import EfficiencyTable, load_efficiency
+from rooftop_planner.fleet import cheapest_mix
 from rooftop_planner.hf_config import model_from_hf_config
 from rooftop_planner.inventory import GpuInventory
 from rooftop_planner.kernels import FloatArray, column
@@ -877,13 +878,37 @@ def plan_target(
         )
     on_cluster = replace(ctx, inventory=gpu_inventory)
     result = _search(on_cluster, catalog)
+    # every shape the nodes hold, at any count: what pools of a mixed fleet may use
+    on_shapes = result
+    if gpu_inventory is not None and gpu_inventory.free is not None:
+        on_shapes = _search(replace(ctx, inventory=replace(gpu_inventory, free=None)), catalog)
     if gpu_inventory is not None and not result.feasible:
-        uncounted = replace(gpu_inventory, free=None)
-        on_shapes = _search(replace(ctx, inventory=uncounted), catalog)
         _blame_the_cluster(result, _search(ctx, catalog), gpu_inventory, on_shapes.plan)
     if not result.feasible and spec.constraints.weight_dtypes is None:
         _suggest_fp8(result, on_cluster, catalog)
+    _offer_a_mix(result, ctx, on_shapes.candidates, gpu_inventory)
     return result
+
+
+def _offer_a_mix(
+    result: SearchResult, ctx: _Context, plans: list[Plan], inventory: GpuInventory | None
+) -> None:
+    """Where pools of several GPU types cost less than the single-type plan (or serve
+    where no single type does), say so (``fleet.cheapest_mix``): as ``result.mixed``
+    and one reason. The operator deploys single-type plans only, so it stays advice."""
+    c, workload = ctx.spec.constraints, ctx.workload
+    fleet_rps = max(workload.requests_per_second * HEADROOM, workload.burst_rps)
+    fit = None if inventory is None or inventory.free is None else inventory.replicas_fit
+    mixed = cheapest_mix(
+        plans, ctx.prices, fleet_rps, c.max_replicas, ctx.spec.budget.usd_per_hour, fit
+    )
+    single = result.plan
+    if mixed is None or (single is not None and mixed.usd_per_hour >= single.usd_per_hour - 1e-9):
+        return
+    result.mixed = mixed
+    counts = (i for i, line in enumerate(result.reasons) if "candidate(s) rejected" in line)
+    at = 1 if single is None else next(counts, len(result.reasons))  # before the counts
+    result.reasons.insert(at, explain.mixed(mixed, single))
 
 
 def _suggest_fp8(result: SearchResult, ctx: _Context, catalog: Catalog) -> None:

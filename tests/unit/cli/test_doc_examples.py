@@ -150,3 +150,11 @@ def test_operating_doc_owned_gpus_example_is_what_the_plan_prints() -> None:
         "re-run `rooftop plan examples/owned-gpus.yaml` and paste its output into "
         "docs/operating.md's owned GPUs section"
     )
+
+
+def test_operating_doc_mixed_fleet_example_is_what_the_plan_prints() -> None:
+    argv, quoted = quoted_session(OPERATING_DOC, "rooftop plan examples/owned-a100s.yaml")
+    assert run_quoted(argv) == quoted, (
+        "re-run `rooftop plan examples/owned-a100s.yaml` and paste its output into "
+        "docs/operating.md's mixed fleets section"
+    )
