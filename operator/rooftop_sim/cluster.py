@@ -19,6 +19,8 @@ Events, in time order (ties: engine steps, then arrivals, then scrapes):
   the cost of a simulated hour is one Python call per engine iteration plus the
   engine's own per-request work;
 - pod ready: ``startup_s`` after creation (image pull, weight load, CUDA graphs);
+- a mixed fleet: ``ClusterConfig.fixed_pools`` are pods of other GPU types, ready from
+  the start and never scaled; the balancer spreads over them and the policy's pods alike;
 - scrape: every ``scrape_s``, metrics of the last ``window_s`` become an
   ``Observation``; the policy answers with (replicas, batch cap); the cluster
   reconciles like a Deployment (pending pods are deleted first when scaling in, ready
@@ -97,6 +99,16 @@ class Replica:
 
 
 @dataclass(frozen=True)
+class FixedPool:
+    """Pods of another GPU type beside the policy's, at a fixed count: a mixed fleet's
+    other pool (``fleet.MixedFleet``), ready at time 0, billed at its replica's price."""
+
+    replica: Replica
+    pods: int
+    cap: int
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     """How the cluster behaves; times in seconds.
 
@@ -115,6 +127,7 @@ class ClusterConfig:
         max_pods: never more billed pods (starting, serving, draining) than this
             (the budget's limit); a rollout then replaces pods one at a time.
         routing: how a request finds its pod, one of ``ROUTINGS`` (module docstring).
+        fixed_pools: pods of other GPU types beside the policy's (a mixed fleet).
     """
 
     replica: Replica
@@ -131,6 +144,7 @@ class ClusterConfig:
     surge: float = defaults.ROLLOUT_SURGE
     max_pods: int | None = None
     routing: str = "least-outstanding"
+    fixed_pools: tuple[FixedPool, ...] = ()
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTINGS:
@@ -163,6 +177,7 @@ class Pod:
     gone_s: float | None = None
     busy: bool = False
     prefilling: list[Request] = field(default_factory=list)
+    pool: FixedPool | None = None  # a mixed fleet's fixed pool; None: the policy's
 
 
 @dataclass(frozen=True)
@@ -202,6 +217,9 @@ class SimResult:
     # prompt tokens looked up in the pods' prefix caches, and found there (vLLM's counts)
     prefix_queries: int = 0
     prefix_hits: int = 0
+    # a mixed fleet's fixed pools: their GPU-hours and USD over the horizon
+    fixed_gpu_hours: float = 0.0
+    fixed_usd: float = 0.0
 
 
 class Cluster:
@@ -229,13 +247,13 @@ class Cluster:
         self.window = MetricsWindow(
             config.window_s, config.tpot_quantile, config.ttft_quantile, config.tpot_slo_ms
         )
-        self.kv_tokens = _kv_tokens(config)
+        self.kv_tokens = _kv_tokens(config.replica)
         self.rng = random.Random(config.seed)  # the balancer's picks
         self.pins: dict[int, Pod] = {}  # session key -> its pod
 
     # ---- pods -------------------------------------------------------------------
-    def _new_pod(self, now: float, ready: bool) -> Pod:
-        r, i = self.cfg.replica, len(self.pods)
+    def _new_pod(self, now: float, ready: bool, pool: FixedPool | None = None) -> Pod:
+        r, i = (self.cfg.replica if pool is None else pool.replica), len(self.pods)
         truth = TruthModel.for_deployment(
             r.model,
             r.gpu,
@@ -247,14 +265,14 @@ class Cluster:
             self.cfg.seed + i,
         )
         ecfg = EngineConfig(
-            self.kv_tokens,
-            self.cap,
+            self.kv_tokens if pool is None else _kv_tokens(r),
+            self.cap if pool is None else pool.cap,
             r.max_num_batched_tokens,
             r.max_model_len,
             BLOCK_SIZE,
             r.enable_prefix_caching,
         )
-        pod = Pod(i, EngineCore(ecfg, truth), self.cap, now)
+        pod = Pod(i, EngineCore(ecfg, truth), ecfg.max_num_seqs, now, pool=pool)
         self.pods.append(pod)
         if ready or self.startup_s <= 0:
             pod.state = _SERVING
@@ -274,7 +292,7 @@ class Cluster:
 
     def reconcile(self, now: float) -> None:
         """Move the pods toward ``desired`` pods of batch cap ``cap`` (Deployment-like)."""
-        alive = [p for p in self.pods if p.state in (_PENDING, _SERVING)]
+        alive = [p for p in self.pods if p.state in (_PENDING, _SERVING) and p.pool is None]
         new = [p for p in alive if p.cap == self.cap]
         old = [p for p in alive if p.cap != self.cap]
         # scale in: pending pods first (nothing to drain), newest first
@@ -312,7 +330,7 @@ class Cluster:
         """Pods that may still be created under ``max_pods``."""
         if self.cfg.max_pods is None:
             return 1 << 30
-        billed = sum(p.state != _GONE for p in self.pods)
+        billed = sum(p.state != _GONE and p.pool is None for p in self.pods)
         return self.cfg.max_pods - billed
 
     # ---- the event loop -----------------------------------------------------------
@@ -323,14 +341,19 @@ class Cluster:
         self.desired, self.cap = policy.start()
         for _ in range(self.desired):
             self._new_pod(0.0, ready=True)
+        for pool in self.cfg.fixed_pools:
+            for _ in range(pool.pods):
+                self._new_pod(0.0, ready=True, pool=pool)
         self.serving = list(self.pods)
         timeline = self._loop(policy, progress)
         horizon = self.w.horizon_s
-        pod_s = sum(
-            min(p.gone_s if p.gone_s is not None else horizon, horizon) - p.created_s
-            for p in self.pods
-            if p.created_s < horizon
-        )
+
+        def billed_s(pod: Pod) -> float:
+            end = pod.gone_s if pod.gone_s is not None else horizon
+            return max(min(end, horizon) - pod.created_s, 0.0)
+
+        pod_s = sum(billed_s(p) for p in self.pods if p.pool is None)
+        fixed = [(billed_s(p) / 3600.0, p.pool) for p in self.pods if p.pool is not None]
         r = self.cfg.replica
         return SimResult(
             policy=policy.name,
@@ -347,6 +370,8 @@ class Cluster:
             rejected_by_reason=dict(self.rejections),
             prefix_queries=sum(p.engine.counters.prefix_queries for p in self.pods),
             prefix_hits=sum(p.engine.counters.prefix_hits for p in self.pods),
+            fixed_gpu_hours=sum(h * pool.replica.tp for h, pool in fixed),
+            fixed_usd=sum(h * pool.replica.usd_per_replica_hour for h, pool in fixed),
         )
 
     def _reject(self, reason: str) -> None:
@@ -560,7 +585,6 @@ def _load(pod: Pod) -> int:
     return pod.engine.num_running + pod.engine.num_waiting
 
 
-def _kv_tokens(config: ClusterConfig) -> int:
-    r = config.replica
+def _kv_tokens(r: Replica) -> int:
     truth = TruthModel.for_deployment(r.model, r.gpu, r.tp, r.weight_dtype, r.kv_dtype)
     return truth.kv_capacity_tokens(r.gpu_memory_utilization)

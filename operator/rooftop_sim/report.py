@@ -102,9 +102,13 @@ def tpot_misses_by_output(res: SimResult, slo: Slo) -> list[dict[str, Any]]:
 
 
 def cost(res: SimResult) -> tuple[float, float]:
-    """(GPU-hours, USD) of every pod from creation to deletion, within the horizon."""
+    """(GPU-hours, USD) of every pod from creation to deletion, within the horizon (a
+    mixed fleet's fixed pools included)."""
     hours = res.pod_seconds / 3600.0
-    return hours * res.gpus_per_pod, hours * res.usd_per_pod_hour
+    return (
+        hours * res.gpus_per_pod + res.fixed_gpu_hours,
+        hours * res.usd_per_pod_hour + res.fixed_usd,
+    )
 
 
 def replica_changes(res: SimResult) -> list[tuple[float, int]]:

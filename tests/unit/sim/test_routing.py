@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rooftop_sim.cluster import Cluster, ClusterConfig, Replica, RequestStream
+from rooftop_sim.cluster import Cluster, ClusterConfig, FixedPool, Replica, RequestStream
 from rooftop_sim.policies import FixedPolicy, SchedulePolicy
+from rooftop_sim.report import cost
 from rooftop_sim.traces import PrefixBlocks, load_trace
 from rooftop_sim.window import Gauges
 
@@ -226,3 +227,36 @@ def test_an_unknown_routing_is_refused_naming_the_choices(
 def test_a_cluster_refuses_an_unknown_routing() -> None:
     with pytest.raises(ValueError, match="routing 'sticky': choose from least-outstanding"):
         ClusterConfig(REPLICA, routing="sticky")
+
+
+def test_a_mixed_fleet_spreads_over_both_pools_and_bills_each_at_its_price() -> None:
+    """Two policy pods of H100 beside two fixed L40S pods: random routing sends about a
+    quarter of the requests to each pod, the policy never touches the fixed pods, and
+    the bill adds their GPU-hours and price to the policy's."""
+    l40s = Replica("llama-3.1-8b", "l40s", 1, "bf16", "auto", 1.0, max_model_len=131072)
+    w = steady(800, 0.5, 10)
+    config = ClusterConfig(
+        REPLICA, noise=0.0, routing="random", fixed_pools=(FixedPool(l40s, 2, 32),)
+    )
+    cluster = Cluster(w, config)
+    result = cluster.run(FixedPolicy(2, 64))
+    assert [(p.pool is None, p.cap) for p in cluster.pods] == [
+        (True, 64), (True, 64), (False, 32), (False, 32)]  # fmt: skip
+    share = np.bincount(cluster.routed, minlength=4) / len(w.arrival_s)
+    assert share.min() > 0.18 and np.isfinite(cluster.fin).all()
+    hours = w.horizon_s / 3600.0
+    assert result.pod_seconds == pytest.approx(2 * w.horizon_s)
+    assert result.fixed_gpu_hours == pytest.approx(2 * hours)
+    assert result.fixed_usd == pytest.approx(2 * hours * 1.0)
+    gpu_hours, usd = cost(result)
+    assert gpu_hours == pytest.approx(4 * hours) and usd == pytest.approx(2 * hours * 4.0)
+
+
+def test_a_policy_scaling_to_zero_leaves_the_fixed_pool_serving() -> None:
+    l40s = Replica("llama-3.1-8b", "l40s", 1, "bf16", "auto", 1.0, max_model_len=131072)
+    w = steady(200, 1.0, 10)
+    config = ClusterConfig(REPLICA, noise=0.0, startup_s=0.0, fixed_pools=(FixedPool(l40s, 1, 32),))
+    cluster = Cluster(w, config)
+    cluster.run(SchedulePolicy([2, 0], 30.0, 64))  # two pods, gone after 30 s
+    assert np.isfinite(cluster.fin).all() and cluster.rejected == 0
+    assert {cluster.pods[i].pool is not None for i in cluster.routed[60:]} == {True}

@@ -1,0 +1,159 @@
+"""A mixed fleet against the single-type plan in the simulated engine.
+
+The planner offers pools of several GPU types where they cost less than its single-type
+plan (``rooftop_planner.fleet``). Here both fleets serve the same requests, held at the
+planner's sizes, behind a balancer that picks a ready pod at random (a Kubernetes
+Service): the share of requests within the SLO and the cost of each, per noise seed. The
+engine simulator's step times are its own (measured kernel tables), not the planner's,
+so the planner's claim that every pool keeps up at the even share can fail here.
+
+The requests are the Azure LLM conversation trace's, re-timed to the target's declared
+rate (arrival gaps scaled by one factor), its first ``--minutes``.
+
+    python benchmarks/bench_mixed.py [--target examples/owned-a100s.yaml] [--seeds 0,1,2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from rooftop_api.manifest import load_target
+from rooftop_api.spec import ServingTargetSpec
+from rooftop_planner.bursts import dispersion, interval_counts
+from rooftop_planner.plan import Plan
+from rooftop_planner.search import plan_target
+from rooftop_sim.cluster import Cluster, ClusterConfig, FixedPool, Replica, RequestStream
+from rooftop_sim.policies import FixedPolicy
+from rooftop_sim.report import Slo, attainment, cost
+from rooftop_sim.simulate import workload_from_trace
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT / "examples" / "traces" / "azure_llm_2023_conv.csv"
+
+
+def retimed(stream: RequestStream, rate: float, minutes: float) -> RequestStream:
+    """The trace's requests at ``rate`` req/s on average, its first ``minutes``."""
+    gaps_scale = (len(stream.arrival_s) / stream.horizon_s) / rate
+    arrivals = stream.arrival_s * gaps_scale
+    keep = arrivals <= minutes * 60.0
+    return RequestStream(
+        arrivals[keep],
+        stream.prompt_tokens[keep],
+        stream.output_tokens[keep],
+        f"{stream.name} at {rate:g} req/s",
+    )
+
+
+def replica_of(spec: ServingTargetSpec, plan: Plan) -> Replica:
+    """What one pod of ``plan`` runs, at its share of the plan's cost."""
+    return Replica(
+        model=spec.model,
+        gpu=plan.gpu,
+        tp=plan.tp,
+        weight_dtype=plan.weight_dtype,
+        kv_dtype=plan.kv_dtype,
+        usd_per_replica_hour=plan.usd_per_hour / max(plan.replicas, 1),
+        gpu_memory_utilization=plan.gpu_memory_utilization,
+        max_model_len=plan.max_model_len,
+        max_num_batched_tokens=plan.max_num_batched_tokens,
+    )
+
+
+def run(
+    spec: ServingTargetSpec, pools: list[Plan], stream: RequestStream, seed: int
+) -> tuple[float, float, float]:
+    """(share within TPOT, share within TTFT, USD/h) of a fleet held at ``pools``' sizes:
+    the first pool is the policy's, the others fixed beside it."""
+    first, *others = pools
+    fixed = tuple(FixedPool(replica_of(spec, p), p.replicas, p.max_num_seqs) for p in others)
+    config = ClusterConfig(
+        replica_of(spec, first),
+        seed=seed,
+        routing="random",
+        tpot_quantile=spec.slo.tpot_percentile.quantile,
+        ttft_quantile=spec.slo.ttft_percentile.quantile,
+        tpot_slo_ms=spec.slo.tpot_ms,
+        fixed_pools=fixed,
+    )
+    result = Cluster(stream, config).run(FixedPolicy(first.replicas, first.max_num_seqs))
+    att = attainment(result, Slo(spec.slo.tpot_ms, spec.slo.ttft_ms))
+    usd_per_hour = cost(result)[1] / (stream.horizon_s / 3600.0)
+    return att.tpot_requests, att.ttft_requests or float("nan"), usd_per_hour
+
+
+def declaring(
+    spec: ServingTargetSpec, stream: RequestStream, args: argparse.Namespace
+) -> ServingTargetSpec:
+    """``spec`` declaring the trace's lengths (mean and p90) and burstiness at
+    ``--rate``, with the owned GPUs, budget and replica limit the flags give."""
+    lengths: dict[str, object] = {
+        "promptTokens": _mean_p90(stream.prompt_tokens),
+        "outputTokens": _mean_p90(stream.output_tokens),
+    }
+    doc = spec.model_dump(by_alias=True, exclude_none=True)
+    # the burstiness the operator reads (15-s counts), so bursts are held as it would
+    burstiness = round(max(dispersion(interval_counts(stream.arrival_s)), 1.0), 1)
+    lengths["arrivalDispersion"] = burstiness
+    doc["workload"] = {
+        **doc["workload"],
+        **lengths,
+        "requestsPerSecond": args.rate or spec.workload.requests_per_second,
+    }
+    if args.owned:
+        gpu, count = args.owned.split(":")
+        doc["pricing"] = {"owned": {gpu: {"count": int(count)}}}
+    if args.budget:
+        doc["budget"] = {"usdPerHour": args.budget}
+    if args.max_replicas:
+        doc["constraints"] = {**doc.get("constraints", {}), "maxReplicas": args.max_replicas}
+    return ServingTargetSpec.model_validate(doc)
+
+
+def _mean_p90(tokens: np.ndarray) -> dict[str, float]:
+    return {
+        "mean": round(float(tokens.mean()), 1),
+        "p90": round(float(np.quantile(tokens, 0.9)), 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default=str(ROOT / "examples" / "owned-a100s.yaml"))
+    parser.add_argument("--trace", default=str(TRACE))
+    parser.add_argument("--rate", type=float, default=0.0, help="req/s (default: the target's)")
+    parser.add_argument("--owned", default="", help="GPU:COUNT owned at $0 (default: the target's)")
+    parser.add_argument("--budget", type=float, default=0.0)
+    parser.add_argument("--max-replicas", type=int, default=0)
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--minutes", type=float, default=10.0)
+    args = parser.parse_args(argv)
+    spec = load_target(args.target).spec
+    rate = args.rate or spec.workload.requests_per_second
+    stream = retimed(workload_from_trace(args.trace), rate, args.minutes)
+    spec = declaring(spec, stream, args)
+    result = plan_target(spec)
+    if result.plan is None or result.mixed is None:
+        print(f"{args.target}: the planner offers no mixed fleet", file=sys.stderr)
+        return 1
+    fleets = {"single type": [result.plan], "mixed": [p.plan for p in result.mixed.pools]}
+    print(f"{Path(args.trace).name}: {len(stream.arrival_s)} requests over "
+          f"{stream.horizon_s / 60:.1f} min at {rate:g} req/s; {spec.model}, SLO "
+          f"{spec.slo.tpot_percentile.value} TPOT <= {spec.slo.tpot_ms:g} ms")  # fmt: skip
+    print("| fleet | pods | planned $/h | seed | TPOT met | TTFT met | simulated $/h |")
+    print("|---|---|---|---|---|---|---|")
+    for name, pools in fleets.items():
+        pods = " + ".join(f"{p.replicas}x {p.gpu} TP{p.tp} (cap {p.max_num_seqs})" for p in pools)
+        planned = sum(p.usd_per_hour for p in pools)
+        for seed in (int(s) for s in args.seeds.split(",")):
+            tpot, ttft, usd = run(spec, pools, stream, seed)
+            print(f"| {name} | {pods} | {planned:.2f} | {seed} | {tpot:.3%} | {ttft:.3%} | "
+                  f"{usd:.2f} |")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
