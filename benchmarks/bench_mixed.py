@@ -26,10 +26,10 @@ from rooftop_api.spec import ServingTargetSpec
 from rooftop_planner.bursts import dispersion, interval_counts
 from rooftop_planner.plan import Plan
 from rooftop_planner.search import plan_target
-from rooftop_sim.cluster import Cluster, ClusterConfig, FixedPool, Replica, RequestStream
+from rooftop_sim.cluster import Cluster, ClusterConfig, FixedPool, RequestStream
 from rooftop_sim.policies import FixedPolicy
 from rooftop_sim.report import Slo, attainment, cost
-from rooftop_sim.simulate import workload_from_trace
+from rooftop_sim.simulate import replica_of, workload_from_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "examples" / "traces" / "azure_llm_2023_conv.csv"
@@ -48,30 +48,15 @@ def retimed(stream: RequestStream, rate: float, minutes: float) -> RequestStream
     )
 
 
-def replica_of(spec: ServingTargetSpec, plan: Plan) -> Replica:
-    """What one pod of ``plan`` runs, at its share of the plan's cost."""
-    return Replica(
-        model=spec.model,
-        gpu=plan.gpu,
-        tp=plan.tp,
-        weight_dtype=plan.weight_dtype,
-        kv_dtype=plan.kv_dtype,
-        usd_per_replica_hour=plan.usd_per_hour / max(plan.replicas, 1),
-        gpu_memory_utilization=plan.gpu_memory_utilization,
-        max_model_len=plan.max_model_len,
-        max_num_batched_tokens=plan.max_num_batched_tokens,
-    )
-
-
 def run(
     spec: ServingTargetSpec, pools: list[Plan], stream: RequestStream, seed: int
 ) -> tuple[float, float, float]:
     """(share within TPOT, share within TTFT, USD/h) of a fleet held at ``pools``' sizes:
     the first pool is the policy's, the others fixed beside it."""
     first, *others = pools
-    fixed = tuple(FixedPool(replica_of(spec, p), p.replicas, p.max_num_seqs) for p in others)
+    fixed = tuple(FixedPool(replica_of(spec.model, p), p.replicas, p.max_num_seqs) for p in others)
     config = ClusterConfig(
-        replica_of(spec, first),
+        replica_of(spec.model, first),
         seed=seed,
         routing="random",
         tpot_quantile=spec.slo.tpot_percentile.quantile,

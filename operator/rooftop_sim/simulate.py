@@ -186,6 +186,21 @@ def load_spec(path: str) -> Any:
         raise InputError(str(err)) from err
 
 
+def replica_of(model: str, plan: Plan) -> Replica:
+    """What one pod of ``plan`` runs, billed at the plan's cost per replica."""
+    return Replica(
+        model=model,
+        gpu=plan.gpu,
+        tp=plan.tp,
+        weight_dtype=plan.weight_dtype,
+        kv_dtype=plan.kv_dtype,
+        usd_per_replica_hour=plan.usd_per_replica_hour,
+        gpu_memory_utilization=plan.gpu_memory_utilization,
+        max_model_len=plan.max_model_len,
+        max_num_batched_tokens=plan.max_num_batched_tokens,
+    )
+
+
 def scenario(spec: ServingTargetSpec, workload: RequestStream, **sim_kw: Any) -> SimScenario:
     """Plan the target (its shape, at its own workload rate) and set up the cluster."""
     from rooftop_planner.errors import PlannerError
@@ -198,19 +213,8 @@ def scenario(spec: ServingTargetSpec, workload: RequestStream, **sim_kw: Any) ->
     if result.plan is None:
         raise InputError("no plan meets the SLO within the budget:\n" + result.explain())
     plan = result.plan
-    replica = Replica(
-        model=spec.model,
-        gpu=plan.gpu,
-        tp=plan.tp,
-        weight_dtype=plan.weight_dtype,
-        kv_dtype=plan.kv_dtype,
-        usd_per_replica_hour=plan.usd_per_replica_hour,
-        gpu_memory_utilization=plan.gpu_memory_utilization,
-        max_model_len=plan.max_model_len,
-        max_num_batched_tokens=plan.max_num_batched_tokens,
-    )
     sim = ClusterConfig(
-        replica,
+        replica_of(spec.model, plan),
         tpot_quantile=spec.slo.tpot_percentile.quantile,
         ttft_quantile=spec.slo.ttft_percentile.quantile,
         tpot_slo_ms=spec.slo.tpot_ms,
