@@ -35,6 +35,7 @@ from rooftop_operator.errors import OperatorError
 from rooftop_operator.kube import KubeError
 from rooftop_operator.runtime import Obj, Runtime
 from rooftop_operator.specs import SpecError, TargetRef, parse_spec, slo_text
+from rooftop_planner import explain
 from rooftop_planner.catalog import Catalog
 from rooftop_planner.errors import PlannerError
 from rooftop_planner.explain import replicas_of
@@ -182,7 +183,8 @@ def _plan_and_deploy(
         return WAITING_FOR_NODES if result.beyond_inventory else "skipped"
     plan = result.plan
     room = None if counted is None else counted.replicas_fit(plan.gpu, plan.tp)
-    _deploy(rt, body, ref, spec, plan, cause, room)
+    advice = "" if result.mixed is None else explain.mixed(result.mixed, plan)
+    _deploy(rt, body, ref, spec, plan, cause, room, advice)
     return "success"
 
 
@@ -243,9 +245,11 @@ def _deploy(
     plan: Plan,
     cause: str,
     room: int | None = None,
+    advice: str = "",
 ) -> None:
     """Apply the plan's children (``room``: the replicas the cluster's free GPUs hold for
-    its shape, with ``gpuInventory: nodes``; a rollout surges only into them)."""
+    its shape, with ``gpuInventory: nodes``; a rollout surges only into them; ``advice``:
+    a cheaper mixed fleet, said in the Feasible condition)."""
     old_plan = stored_plan(ServingTargetStatus.read(body.get("status")))
     if cause != "spec_change" or _same_generation(body):
         plan = keep_loop_scale(plan, old_plan)
@@ -262,7 +266,7 @@ def _deploy(
         raise  # reconcile_target retries, backing off
     deployed = Condition(cnd.DEPLOYED, "True", "Applied", f"engine {describe_plan(plan)}")
     cache = model_cache_condition(rt.catalog, spec, plan)
-    conds = [*_plan_conditions(spec, plan), deployed, *([cache] if cache else [])]
+    conds = [*_plan_conditions(spec, plan, advice), deployed, *([cache] if cache else [])]
     _write(rt, ref, conds, seen=body, plan=plan.to_status(), gpu=plan.gpu, slo=slo_text(spec))
     if plan_changed(old_plan, plan):
         verb = "PlanChanged" if old_plan else "Planned"
@@ -341,12 +345,13 @@ def keep_loop_scale(plan: Plan, old_plan: Plan | None) -> Plan:
     return plan.rescaled(replicas, cap)
 
 
-def _plan_conditions(spec: ServingTargetSpec, plan: Plan) -> list[Condition]:
+def _plan_conditions(spec: ServingTargetSpec, plan: Plan, advice: str = "") -> list[Condition]:
     cost, budget = round(plan.usd_per_hour, 3), spec.budget.usd_per_hour
     within = cost <= budget
+    found = "a plan meets the SLO within the budget" + (f"; {advice}" if advice else "")
     return [
         Condition(cnd.PLANNED, "True", "Planned", plan.summary or describe_plan(plan)),
-        Condition(cnd.FEASIBLE, "True", "PlanFound", "a plan meets the SLO within the budget"),
+        Condition(cnd.FEASIBLE, "True", "PlanFound", found),
         Condition(
             cnd.WITHIN_BUDGET,
             "True" if within else "False",

@@ -60,6 +60,7 @@ class FakeResult:
     plan: Plan | None
     reasons: list[str] = field(default_factory=list)
     beyond_inventory: Plan | None = None
+    mixed: None = None  # the planner's mixed-fleet advice (``SearchResult.mixed``)
 
     def explain(self) -> str:
         return "no plan: " + "; ".join(self.reasons)

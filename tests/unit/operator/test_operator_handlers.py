@@ -1071,6 +1071,22 @@ async def test_the_loop_scales_up_only_as_far_as_the_free_gpus_hold(
     assert kube.node_lists == 1
 
 
+def test_feasible_says_when_owned_gpus_beside_another_type_would_cost_less(
+    rt: Runtime, kube: FakeKube
+) -> None:
+    """The single-type plan is deployed; the cheaper mixed fleet is named in Feasible."""
+    from rooftop_planner.search import plan_target
+
+    doc = yaml.safe_load((EXAMPLES / "owned-a100s.yaml").read_text())
+    body = target_body(spec=doc["spec"])
+    kube.add(body)
+    assert reconcile(replace(rt, plan=plan_target), body) == "success"
+    message = cond(kube, "Feasible")["message"]
+    assert message.startswith("a plan meets the SLO within the budget; pools of several GPU")
+    assert message.endswith("Rooftop does not deploy mixed fleets yet")
+    assert kube.status()["plan"]["gpu"] == "a100-80gb"
+
+
 def test_with_inventory_only_nodes_the_pods_tolerate_count(
     inventory_rt: Runtime, kube: FakeKube
 ) -> None:
