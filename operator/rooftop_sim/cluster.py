@@ -47,6 +47,7 @@ import numpy.typing as npt
 
 from rooftop_control import defaults
 from rooftop_control.readings import Observation
+from rooftop_planner.pricing import ReplicaPrice
 from rooftop_sim.engine.core import EngineConfig, EngineCore, Request
 from rooftop_sim.engine.truth import TruthModel
 from rooftop_sim.traces import PrefixBlocks
@@ -128,6 +129,8 @@ class ClusterConfig:
             (the budget's limit); a rollout then replaces pods one at a time.
         routing: how a request finds its pod, one of ``ROUTINGS`` (module docstring).
         fixed_pools: pods of other GPU types beside the policy's (a mixed fleet).
+        price: what the policy's pods cost together at each moment (owned GPUs first,
+            ``pricing.ReplicaPrice``); None: each at ``replica.usd_per_replica_hour``.
     """
 
     replica: Replica
@@ -145,6 +148,7 @@ class ClusterConfig:
     max_pods: int | None = None
     routing: str = "least-outstanding"
     fixed_pools: tuple[FixedPool, ...] = ()
+    price: ReplicaPrice | None = None
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTINGS:
@@ -217,9 +221,12 @@ class SimResult:
     # prompt tokens looked up in the pods' prefix caches, and found there (vLLM's counts)
     prefix_queries: int = 0
     prefix_hits: int = 0
-    # a mixed fleet's fixed pools: their GPU-hours and USD over the horizon
+    # a mixed fleet's fixed pools: their pod-seconds, GPU-hours and USD over the horizon
+    fixed_pod_seconds: float = 0.0
     fixed_gpu_hours: float = 0.0
     fixed_usd: float = 0.0
+    # the policy's pods' USD where they are priced together (``ClusterConfig.price``)
+    policy_usd: float | None = None
 
 
 class Cluster:
@@ -353,6 +360,7 @@ class Cluster:
             return max(min(end, horizon) - pod.created_s, 0.0)
 
         pod_s = sum(billed_s(p) for p in self.pods if p.pool is None)
+        spans = [(p.created_s, p.created_s + billed_s(p)) for p in self.pods if p.pool is None]
         fixed = [(billed_s(p) / 3600.0, p.pool) for p in self.pods if p.pool is not None]
         r = self.cfg.replica
         return SimResult(
@@ -370,8 +378,10 @@ class Cluster:
             rejected_by_reason=dict(self.rejections),
             prefix_queries=sum(p.engine.counters.prefix_queries for p in self.pods),
             prefix_hits=sum(p.engine.counters.prefix_hits for p in self.pods),
+            fixed_pod_seconds=sum(h * 3600.0 for h, _ in fixed),
             fixed_gpu_hours=sum(h * pool.replica.tp for h, pool in fixed),
             fixed_usd=sum(h * pool.replica.usd_per_replica_hour for h, pool in fixed),
+            policy_usd=None if self.cfg.price is None else _billed(spans, self.cfg.price),
         )
 
     def _reject(self, reason: str) -> None:
@@ -583,6 +593,18 @@ def _best_prefix(pods: list[Pod], req: Request) -> Pod | None:
 
 def _load(pod: Pod) -> int:
     return pod.engine.num_running + pod.engine.num_waiting
+
+
+def _billed(spans: Sequence[tuple[float, float]], price: ReplicaPrice) -> float:
+    """USD of pods alive over ``spans`` ([created, gone) s), priced together: while n pods
+    are alive the fleet costs ``price.usd_per_hour(n)``, so owned GPUs go to whichever
+    pods run, and only the pods beyond them pay on demand. ∫ price(n(t)) dt / 3600."""
+    events = sorted([(start, 1) for start, _ in spans] + [(end, -1) for _, end in spans])
+    usd, alive, last = 0.0, 0, 0.0
+    for t, step in events:
+        usd += price.usd_per_hour(alive) * (t - last) / 3600.0
+        alive, last = alive + step, t
+    return usd
 
 
 def _kv_tokens(r: Replica) -> int:

@@ -105,10 +105,8 @@ def cost(res: SimResult) -> tuple[float, float]:
     """(GPU-hours, USD) of every pod from creation to deletion, within the horizon (a
     mixed fleet's fixed pools included)."""
     hours = res.pod_seconds / 3600.0
-    return (
-        hours * res.gpus_per_pod + res.fixed_gpu_hours,
-        hours * res.usd_per_pod_hour + res.fixed_usd,
-    )
+    usd = hours * res.usd_per_pod_hour if res.policy_usd is None else res.policy_usd
+    return hours * res.gpus_per_pod + res.fixed_gpu_hours, usd + res.fixed_usd
 
 
 def replica_changes(res: SimResult) -> list[tuple[float, int]]:
@@ -124,6 +122,7 @@ def summary(res: SimResult, slo: Slo, reality_factor: float) -> dict[str, Any]:
     """The ``--json`` object for one run."""
     att = attainment(res, slo)
     gpu_h, usd = cost(res)
+    pods_s = res.pod_seconds + res.fixed_pod_seconds  # a mixed fleet's every pod
     tpots = res.tpot_s[np.isfinite(res.tpot_s)] * 1e3
     return {
         "policy": res.policy,
@@ -140,8 +139,8 @@ def summary(res: SimResult, slo: Slo, reality_factor: float) -> dict[str, Any]:
         "tpot_p99_ms": _pct(tpots, 0.99),
         "reality_factor": reality_factor,
         "horizon_s": round(res.workload.horizon_s, 1),
-        "mean_replicas": round(res.pod_seconds / max(res.workload.horizon_s, 1e-9), 3),
-        "replica_hours": round(res.pod_seconds / 3600.0, 4),
+        "mean_replicas": round(pods_s / max(res.workload.horizon_s, 1e-9), 3),
+        "replica_hours": round(pods_s / 3600.0, 4),
         # prompt tokens found in the pods' prefix caches over those looked up
         "prefix_hit_ratio": (
             round(res.prefix_hits / res.prefix_queries, 5) if res.prefix_queries else None

@@ -1,10 +1,12 @@
 """``rooftop simulate``: replay a request trace against a simulated cluster, per policy.
 
     rooftop simulate TARGET.yaml --trace CSV [--policy rooftop|static-peak|queue-threshold
-        |oracle|oracle-instant|static-fit|all] [--reality-factor F] [--startup-s S]
+        |oracle|oracle-instant|static-fit|mixed|all] [--reality-factor F] [--startup-s S]
         [--scrape-s 15] [--diurnal] [--routing least-outstanding|random|session
         |prefix-aware] [-o text|table|wide|json|yaml] [--plot FILE.png]
 
+``--policy mixed`` holds the planner's fleet of several GPU types at its size (where it
+offers one: it costs less than the single-type plan); ``all`` includes it then.
 ``--policy all`` ends with a table comparing the policies (SLO attainment, mean $/h,
 cost against the oracle, replica-hours). On a terminal, stderr shows which policy runs
 and how much of the trace it has simulated; nothing is written there otherwise.
@@ -51,6 +53,7 @@ from rooftop_control.calibration import Calibration
 from rooftop_planner.batching import mean_step_s
 from rooftop_planner.bursts import dispersion, interval_counts
 from rooftop_planner.catalog import load_catalog
+from rooftop_planner.fleet import MixedFleet
 from rooftop_planner.plan import Plan
 from rooftop_planner.pricing import ReplicaPrice, replica_price
 from rooftop_planner.progress import Progress
@@ -58,6 +61,7 @@ from rooftop_sim.cluster import (
     ROUTINGS,
     Cluster,
     ClusterConfig,
+    FixedPool,
     FloatArray,
     Policy,
     Replica,
@@ -76,6 +80,8 @@ from rooftop_sim.policies import (
 from rooftop_sim.report import Slo, comparison, plot, summary, text
 
 POLICIES = ("rooftop", "static-peak", "queue-threshold", "oracle", "oracle-instant", "static-fit")
+# The planner's mixed fleet, held at its size: run where the planner offers one.
+MIXED = "mixed"
 # Hindsight schedules: "oracle" starts each pod a start-up ahead of when it is needed
 # (perfect knowledge, same physics as every other policy, start-up billed);
 # "oracle-instant" gets pods ready the moment it wants them (a looser lower bound).
@@ -113,6 +119,7 @@ class SimScenario:
     sim: ClusterConfig
     slo: Slo
     cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+    mixed: MixedFleet | None = None  # the planner's cheaper fleet of several GPU types
 
     @property
     def usd_per_replica_hour(self) -> float:
@@ -120,8 +127,8 @@ class SimScenario:
 
     @property
     def price(self) -> ReplicaPrice:
-        """What the controller prices replica counts at (owned GPUs first), as the
-        operator does; pods are billed at the plan's mean per replica."""
+        """What replica counts cost (owned GPUs first): the controller prices them so,
+        as the operator does, and the cluster bills them so."""
         return replica_price(self.spec, load_catalog(), self.plan.gpu, self.plan.tp)
 
     def oracle_config(self) -> OracleConfig:
@@ -215,6 +222,7 @@ def scenario(spec: ServingTargetSpec, workload: RequestStream, **sim_kw: Any) ->
     plan = result.plan
     sim = ClusterConfig(
         replica_of(spec.model, plan),
+        price=replica_price(spec, load_catalog(), plan.gpu, plan.tp),
         tpot_quantile=spec.slo.tpot_percentile.quantile,
         ttft_quantile=spec.slo.ttft_percentile.quantile,
         tpot_slo_ms=spec.slo.tpot_ms,
@@ -228,6 +236,7 @@ def scenario(spec: ServingTargetSpec, workload: RequestStream, **sim_kw: Any) ->
         workload=workload,
         sim=sim,
         slo=slo,
+        mixed=result.mixed,
     )
     # the budget and maxReplicas bound the pods every policy may run (billed pods:
     # starting and draining ones included)
@@ -307,7 +316,26 @@ def make_policy(
         startup = scn.sim.startup_s if name == "oracle" else 0.0
         policy, notes = _oracle(scn, lower, upper, oracle or scn.oracle_config(), startup)
         return replace(policy, name=name), notes
+    if name == MIXED and scn.mixed is not None:
+        pool = scn.mixed.pools[0].plan  # the policy's pods; the other pools are fixed
+        return FixedPolicy(pool.replicas, pool.max_num_seqs, name=MIXED), [scn.mixed.summary]
+    if name == MIXED:
+        raise InputError("the planner offers no mixed fleet for this target (--policy mixed)")
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+
+
+def cluster_config(scn: SimScenario, name: str) -> ClusterConfig:
+    """The cluster a policy runs on: the plan's pods, or for ``mixed`` the mixed fleet's
+    first pool as the policy's pods and the others fixed beside them."""
+    if name != MIXED or scn.mixed is None:
+        return scn.sim
+    first, *others = (p.plan for p in scn.mixed.pools)
+    model = scn.spec.model
+    fixed = tuple(FixedPool(replica_of(model, p), p.replicas, p.max_num_seqs) for p in others)
+    price = replica_price(scn.spec, load_catalog(), first.gpu, first.tp)
+    return replace(
+        scn.sim, replica=replica_of(model, first), fixed_pools=fixed, max_pods=None, price=price
+    )
 
 
 def _rooftop(
@@ -380,13 +408,15 @@ def run(
     simulated time at each scrape of the final run)."""
     policy, notes = make_policy(scn, name, oracle, controller, prior)
     startup = 0.0 if name == "oracle-instant" else None
-    res = Cluster(scn.workload, scn.sim, startup_s=startup).run(policy, progress)
+    res = Cluster(scn.workload, cluster_config(scn, name), startup_s=startup).run(policy, progress)
     res.notes.extend(notes)
     if isinstance(policy, RooftopPolicy):
         res.notes.append(controller_note(policy))
     out = summary(res, scn.slo, scn.sim.reality_factor)
-    out["plan_usd_per_hour"] = round(scn.plan.usd_per_hour, 4)
-    res.notes.append(spend_note(scn.plan, out))
+    priced = scn.mixed.usd_per_hour if name == MIXED and scn.mixed else scn.plan.usd_per_hour
+    out["plan_usd_per_hour"] = round(priced, 4)
+    if name != MIXED:
+        res.notes.append(spend_note(scn.plan, out))
     res.notes.append(arrivals_note(scn.workload.arrival_s, scn.spec))
     return res, out
 
@@ -440,7 +470,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--trace", required=True, help="Azure-format trace CSV, or a Mooncake trace (.jsonl)"
     )
-    p.add_argument("--policy", default="rooftop", choices=(*POLICIES, "all"))
+    p.add_argument("--policy", default="rooftop", choices=(*POLICIES, MIXED, "all"))
     p.add_argument(
         "--reality-factor",
         type=float,
@@ -550,7 +580,15 @@ def main(args: argparse.Namespace) -> int:
     except InputError as err:
         print(f"rooftop simulate: {err}", file=sys.stderr)
         return exit_codes.BAD_INPUT
-    names = POLICIES if args.policy == "all" else (args.policy,)
+    if args.policy == MIXED and scn.mixed is None:
+        print(
+            "rooftop simulate: --policy mixed: the planner offers no fleet of several GPU "
+            "types for this target (none costs less than its single-type plan)",
+            file=sys.stderr,
+        )
+        return exit_codes.BAD_INPUT
+    everything = (*POLICIES, *((MIXED,) if scn.mixed is not None else ()))
+    names = everything if args.policy == "all" else (args.policy,)
     progress = Progress()
     results, summaries = run_policies(scn, names, progress, echo=args.output == TEXT)
     if args.output == TEXT and len(summaries) > 1:

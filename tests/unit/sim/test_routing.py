@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from rooftop_planner.pricing import GpuPrice, ReplicaPrice
 from rooftop_sim.cluster import Cluster, ClusterConfig, FixedPool, Replica, RequestStream
 from rooftop_sim.policies import FixedPolicy, SchedulePolicy
 from rooftop_sim.report import cost
@@ -260,3 +261,14 @@ def test_a_policy_scaling_to_zero_leaves_the_fixed_pool_serving() -> None:
     cluster.run(SchedulePolicy([2, 0], 30.0, 64))  # two pods, gone after 30 s
     assert np.isfinite(cluster.fin).all() and cluster.rejected == 0
     assert {cluster.pods[i].pool is not None for i in cluster.routed[60:]} == {True}
+
+
+def test_owned_gpus_are_billed_first_whichever_pods_run() -> None:
+    """Three pods of one GPU over two owned GPUs at $0: the fleet pays for one pod, the
+    one beyond the owned GPUs, for the whole trace."""
+    w = steady(100, 1.0, 10)
+    price = ReplicaPrice(GpuPrice(3.0, owned=2), tp=1)
+    result = Cluster(w, ClusterConfig(REPLICA, noise=0.0, price=price)).run(FixedPolicy(3, 64))
+    assert cost(result)[1] == pytest.approx(3.0 * w.horizon_s / 3600.0)
+    flat = Cluster(w, ClusterConfig(REPLICA, noise=0.0)).run(FixedPolicy(3, 64))
+    assert cost(flat)[1] == pytest.approx(3 * 3.0 * w.horizon_s / 3600.0)

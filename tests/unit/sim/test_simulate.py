@@ -26,6 +26,7 @@ from rooftop_sim.oracle import OracleConfig
 from rooftop_sim.policies import FixedPolicy, SchedulePolicy
 from rooftop_sim.report import Slo, attainment, cost
 
+ROOT = Path(__file__).resolve().parents[3]
 TARGET = {
     "apiVersion": "rooftop.dev/v1alpha1",
     "kind": "ServingTarget",
@@ -526,3 +527,27 @@ def test_the_run_says_how_bursty_the_trace_arrives() -> None:
 
     assert 0.85 < seen(simulate.arrivals_note(poisson, spec)) < 1.15
     assert 7.0 < seen(simulate.arrivals_note(clumps, spec)) < 9.0
+
+
+def test_the_mixed_policy_runs_the_planners_mixed_fleet(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """examples/owned-a100s.yaml: the planner offers four owned A100s beside a GH200;
+    `--policy mixed` runs both pools (two pods), billed at their prices. A target with no
+    cheaper mix says so and exits 2."""
+    import json
+
+    import yaml
+
+    from rooftop_cli.main import main
+
+    owned = yaml.safe_load((ROOT / "examples" / "owned-a100s.yaml").read_text())
+    rows = "".join(f"{i * 0.05:.2f},1000,200\n" for i in range(600))
+    assert _simulate(tmp_path, rows, "--policy", "mixed", "-o", "json", target=owned) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["policy"] == "mixed" and summary["mean_replicas"] == pytest.approx(2.0)
+    assert summary["plan_usd_per_hour"] == pytest.approx(2.29, abs=0.01)
+    assert main(["simulate", str(ROOT / "examples" / "simulated-chat.yaml"), "--trace",
+                 str(ROOT / "examples" / "traces" / "azure_conv_excerpt.csv"),
+                 "--policy", "mixed"]) == 2  # fmt: skip
+    assert "offers no fleet of several GPU types" in capsys.readouterr().err
