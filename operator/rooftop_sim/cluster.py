@@ -388,10 +388,10 @@ class Cluster:
         self.rejected += 1
         self.rejections[reason] += 1
 
-    def _too_long(self, req: Request) -> str:
-        """Why the engine refused a request: vLLM answers 400 to one longer than its
-        --max-model-len, and cannot serve one longer than its whole KV cache."""
-        limit = self.cfg.replica.max_model_len
+    def _too_long(self, req: Request, pod: Pod) -> str:
+        """Why ``pod``'s engine refused a request: vLLM answers 400 to one longer than
+        its --max-model-len, and cannot serve one longer than its whole KV cache."""
+        limit = (self.cfg.replica if pod.pool is None else pod.pool.replica).max_model_len
         if req.prompt_tokens + req.max_tokens > limit:
             return f"prompt + output longer than max-model-len {limit} (spec.engine.maxModelLen)"
         return "longer than the engine's whole KV cache"
@@ -436,7 +436,7 @@ class Cluster:
         try:
             best.engine.add_request(req)
         except ValueError:
-            self._reject(self._too_long(req))
+            self._reject(self._too_long(req, best))
             return
         self.routed[i] = best.index
         if not best.busy:
