@@ -27,11 +27,10 @@ def rank(plan: Plan) -> tuple[float, int, int, bool, int, float]:
     replicas' loads follow the sessions' sizes, only where it saves money), then to the
     larger prefill chunk (a smaller one lengthens TTFT: only where it saves money), then
     lower latency."""
-    quantized = sum(d not in explain.SIXTEEN_BIT for d in (plan.weight_dtype, plan.kv_dtype))
     pinned = bool(plan.session_affinity)
     return (
         round(plan.usd_per_hour, 6),
-        quantized,
+        explain.quantized(plan),
         plan.replicas * plan.tp,
         pinned,
         -plan.max_num_batched_tokens,

@@ -45,6 +45,12 @@ def replicas_of(replicas: object, tp: object, gpu: object) -> str:
     return f"{replicas} {noun} of {tp}x {gpu} (TP{tp})"
 
 
+def quantized(plan: Plan) -> int:
+    """How many of the plan's weights and KV cache are quantized (0-2): the ranking's
+    and a mixed fleet's preference for the model's 16-bit outputs."""
+    return sum(d not in SIXTEEN_BIT for d in (plan.weight_dtype, plan.kv_dtype))
+
+
 def changes_outputs(plan: Plan) -> str:
     """What in the plan makes outputs differ from the model's 16-bit weights, else ""."""
     parts = [f"weights {plan.weight_dtype}"] if plan.weight_dtype not in SIXTEEN_BIT else []
@@ -185,7 +191,10 @@ def reasons(result: SearchResult, spec: ServingTargetSpec) -> list[str]:
     counts = Counter(r.category for r in rejections)
     lines = [f"{n} candidate(s) rejected: {cat}" for cat, n in counts.most_common()]
     if result.feasible:
-        return [aim_note(spec), *burst_note(spec), *owned_note(result.plan, spec), *lines]
+        notes = [aim_note(spec), *burst_note(spec), *owned_note(result.plan, spec)]
+        if result.mixed is not None:
+            notes.append(mixed(result.mixed, result.plan))
+        return [*notes, *lines]
     if result.alternatives:
         lines.insert(
             0,

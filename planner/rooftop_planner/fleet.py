@@ -32,7 +32,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from rooftop_planner.explain import SIXTEEN_BIT
+from rooftop_planner import explain
 from rooftop_planner.plan import Plan
 from rooftop_planner.pricing import GpuPrice
 
@@ -76,7 +76,7 @@ class MixedFleet:
         """``2 replicas of 2x a100-80gb (TP2), max-num-seqs 64 + 1 replica of 1x gh200
         (TP1), max-num-seqs 128: $2.29/h; every pod serves 8.8 req/s (the Service spreads
         requests evenly), within each pool's 9.1 and 20.3 req/s``."""
-        pools = " + ".join(_describe(p.plan) for p in self.pools)
+        pools = " + ".join(explain.describe(p.plan) for p in self.pools)
         within = " and ".join(f"{p.capacity_rps:.3g}" for p in self.pools)
         return (
             f"{pools}: ${self.usd_per_hour:.2f}/h; every pod serves {self.per_pod_rps:.3g} "
@@ -91,14 +91,6 @@ class MixedFleet:
             "per_pod_rps": round(self.per_pod_rps, 3),
             "usd_per_hour": round(self.usd_per_hour, 3),
         }
-
-
-def _describe(plan: Plan) -> str:
-    pods = f"{plan.replicas} replica{'' if plan.replicas == 1 else 's'}"
-    return (
-        f"{pods} of {plan.tp}x {plan.gpu} (TP{plan.tp}), {plan.weight_dtype}/KV "
-        f"{plan.kv_dtype}, max-num-seqs {plan.max_num_seqs}"
-    )
 
 
 @dataclass(frozen=True)
@@ -178,12 +170,8 @@ def _shapes_by_gpu(plans: Iterable[Plan]) -> dict[str, list[_Shape]]:
     for shape in best.values():
         by_gpu.setdefault(shape.plan.gpu, []).append(shape)
     for shapes in by_gpu.values():
-        shapes.sort(key=lambda s: (s.plan.tp, _quantized(s.plan), -s.capacity_rps))
+        shapes.sort(key=lambda s: (s.plan.tp, explain.quantized(s.plan), -s.capacity_rps))
     return by_gpu
-
-
-def _quantized(plan: Plan) -> int:
-    return sum(d not in SIXTEEN_BIT for d in (plan.weight_dtype, plan.kv_dtype))
 
 
 def _fill(

@@ -178,9 +178,9 @@ class GpuInventory:
 
     def problem(self, gpu: GpuSpec, tp: int) -> str:
         """Why no node of this cluster can run a ``tp``-GPU pod of ``gpu``, else ""."""
-        have = self.gpus_per_node.get(gpu.id, 0)
-        if tp <= have:
+        if not self.lacks_shape(gpu.id, tp):
             return ""
+        have = self.gpus_per_node.get(gpu.id, 0)
         if (blocked := self.unusable.get(gpu.id)) and (blocked[0] >= tp or have == 0):
             return f"the cluster's {blocked[0]}-GPU {gpu.id} nodes are not usable: {blocked[1]}"
         if have == 0:

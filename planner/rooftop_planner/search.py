@@ -906,9 +906,10 @@ def _offer_a_mix(
     if mixed is None or (single is not None and mixed.usd_per_hour >= single.usd_per_hour - 1e-9):
         return
     result.mixed = mixed
-    counts = (i for i, line in enumerate(result.reasons) if "candidate(s) rejected" in line)
-    at = 1 if single is None else next(counts, len(result.reasons))  # before the counts
-    result.reasons.insert(at, explain.mixed(mixed, single))
+    if single is None:  # after the headline, as the other fixes of an infeasible target
+        result.reasons.insert(1, explain.mixed(mixed, single))
+    else:
+        result.reasons = explain.reasons(result, ctx.spec)
 
 
 def _suggest_fp8(result: SearchResult, ctx: _Context, catalog: Catalog) -> None:
