@@ -506,7 +506,7 @@ def sole_pod_would_go(replicas: int, ceiling: int) -> bool:
 def replica_limits(config: ControllerConfig) -> tuple[int, int]:
     """(lowest, highest) replica count allowed; the budget wins over min_replicas, and
     the GPUs the cluster has free over both (a pod beyond them would stay Pending)."""
-    upper = max_billed_replicas(config.max_replicas, config.budget_usd_per_hour, config.price)
+    upper = _budget_ceiling(config)
     if config.inventory_replicas is not None:
         upper = min(upper, config.inventory_replicas)
     return min(config.min_replicas, upper), upper
@@ -970,18 +970,21 @@ def workload_condition(traffic: Traffic | None, config: ControllerConfig) -> Con
     )
 
 
+def _budget_ceiling(config: ControllerConfig) -> int:
+    """The most replicas maxReplicas and the budget allow (``max_billed_replicas``)."""
+    return max_billed_replicas(config.max_replicas, config.budget_usd_per_hour, config.price)
+
+
 def _budget_binds(config: ControllerConfig) -> bool:
     """Whether the budget, not max_replicas nor the cluster's GPUs, sets the upper
     replica limit."""
-    budget = max_billed_replicas(config.max_replicas, config.budget_usd_per_hour, config.price)
-    return budget < config.max_replicas and not _inventory_binds(config)
+    return _budget_ceiling(config) < config.max_replicas and not _inventory_binds(config)
 
 
 def _inventory_binds(config: ControllerConfig) -> bool:
     """Whether the cluster's free GPUs set the upper replica limit."""
-    _, upper = replica_limits(config)
-    budget = max_billed_replicas(config.max_replicas, config.budget_usd_per_hour, config.price)
-    return upper < budget
+    room = config.inventory_replicas
+    return room is not None and room < _budget_ceiling(config)
 
 
 def _limit_reason(config: ControllerConfig) -> str:

@@ -42,7 +42,6 @@ import kopf
 from rooftop_api import conditions as cnd
 from rooftop_api.spec import (
     ConditionStatus,
-    Mode,
     ObservedStatus,
     ServingTargetSpec,
     ServingTargetStatus,
@@ -362,9 +361,7 @@ async def _within_inventory(
     and pods are listed only when the loop wants more replicas than it runs, so a steady
     fleet costs no list; a failed list leaves the decision as it was (the scheduler
     then has the last word)."""
-    if not rt.config.gpu_inventory or spec.mode is Mode.SIMULATED:
-        return d
-    if d.replicas <= d.previous_replicas:
+    if not reconcile.counts_gpus(rt, spec) or d.replicas <= d.previous_replicas:
         return d
     try:
         inventory = await asyncio.to_thread(reconcile.gpu_inventory, rt, spec, ref)
@@ -382,7 +379,7 @@ def _room(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: Plan) -> i
     """With ``gpuInventory: nodes``, the replicas of the plan's shape the cluster's free
     GPUs hold (a cap rollout surges only into them); None otherwise. Read only when the
     loop changes the fleet."""
-    if not rt.config.gpu_inventory or spec.mode is Mode.SIMULATED:
+    if not reconcile.counts_gpus(rt, spec):
         return None
     return reconcile.gpu_inventory(rt, spec, ref).replicas_fit(plan.gpu, plan.tp)
 
@@ -497,7 +494,8 @@ def _memory(
             calibration=replace(state.calibration, samples=samples),
         )
         startup = children.pod_lifecycle(catalog, spec, plan).startup_s
-        mem = TargetMemory(key, PlanTargetPlanner(spec, plan), state, startup)
+        price = replica_price(spec, catalog, plan.gpu, plan.tp)
+        mem = TargetMemory(key, PlanTargetPlanner(spec, plan), state, startup, price)
         targets[ref.uid] = mem
     return mem
 
@@ -779,7 +777,7 @@ async def feedback(
     cfg = control.config_from_spec(
         spec,
         mem.planner,
-        replica_price(spec, rt.catalog, plan.gpu, plan.tp),
+        mem.price,
         startup_s=startup_s,
         metrics_window_s=settings.window_s,
         scale_down_window_s=scale_down_s,

@@ -138,8 +138,7 @@ def reconcile(
     except SpecError as err:
         _invalid(rt, body, ref, err)
         return "skipped"
-    # A simulated engine runs on any node, so the GPUs the nodes offer do not bound it.
-    if not rt.config.gpu_inventory or spec.mode is Mode.SIMULATED:
+    if not counts_gpus(rt, spec):
         return _plan_and_deploy(
             rt, body, ref, spec, None, step_time_scale, requests_per_second, cause
         )
@@ -186,6 +185,13 @@ def _plan_and_deploy(
     advice = "" if result.mixed is None else explain.mixed(result.mixed, plan)
     _deploy(rt, body, ref, spec, plan, cause, room, advice)
     return "success"
+
+
+def counts_gpus(rt: Runtime, spec: ServingTargetSpec) -> bool:
+    """Whether this target is planned and scaled within the GPUs the cluster's nodes have
+    free (``gpuInventory: nodes``). A simulated engine runs on any node, so the GPUs the
+    nodes offer do not bound it."""
+    return rt.config.gpu_inventory and spec.mode is not Mode.SIMULATED
 
 
 def gpu_inventory(rt: Runtime, spec: ServingTargetSpec, ref: TargetRef) -> GpuInventory:

@@ -361,7 +361,7 @@ class Cluster:
 
         pod_s = sum(billed_s(p) for p in self.pods if p.pool is None)
         spans = [(p.created_s, p.created_s + billed_s(p)) for p in self.pods if p.pool is None]
-        fixed = [(billed_s(p) / 3600.0, p.pool) for p in self.pods if p.pool is not None]
+        fixed = [(billed_s(p), p.pool) for p in self.pods if p.pool is not None]
         r = self.cfg.replica
         return SimResult(
             policy=policy.name,
@@ -378,9 +378,9 @@ class Cluster:
             rejected_by_reason=dict(self.rejections),
             prefix_queries=sum(p.engine.counters.prefix_queries for p in self.pods),
             prefix_hits=sum(p.engine.counters.prefix_hits for p in self.pods),
-            fixed_pod_seconds=sum(h * 3600.0 for h, _ in fixed),
-            fixed_gpu_hours=sum(h * pool.replica.tp for h, pool in fixed),
-            fixed_usd=sum(h * pool.replica.usd_per_replica_hour for h, pool in fixed),
+            fixed_pod_seconds=sum(seconds for seconds, _ in fixed),
+            fixed_gpu_hours=sum(sec * pool.replica.tp for sec, pool in fixed) / 3600.0,
+            fixed_usd=sum(sec * pool.replica.usd_per_replica_hour for sec, pool in fixed) / 3600.0,
             policy_usd=None if self.cfg.price is None else _billed(spans, self.cfg.price),
         )
 

@@ -127,9 +127,9 @@ class SimScenario:
 
     @property
     def price(self) -> ReplicaPrice:
-        """What replica counts cost (owned GPUs first): the controller prices them so,
-        as the operator does, and the cluster bills them so."""
-        return replica_price(self.spec, load_catalog(), self.plan.gpu, self.plan.tp)
+        """What replica counts cost (owned GPUs first): the cluster bills them so
+        (``scenario`` sets it) and the controller prices them so, as the operator does."""
+        return self.sim.price or ReplicaPrice.flat(self.usd_per_replica_hour)
 
     def oracle_config(self) -> OracleConfig:
         """The hindsight baselines' shares: the SLO's own percentiles, what the target
