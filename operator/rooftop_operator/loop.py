@@ -54,6 +54,7 @@ from rooftop_control.sizing import PlanTargetPlanner
 from rooftop_control.traffic import Lengths, Traffic
 from rooftop_operator import children, metrics_client, readiness, reconcile
 from rooftop_operator.builders import UnsupportedPlan, deployment_name
+from rooftop_operator.errors import OperatorError
 from rooftop_operator.kube import KubeError
 from rooftop_operator.loop_memory import (
     EngineIndex,
@@ -375,13 +376,35 @@ async def _within_inventory(
     return control.decide(state, obs, now_s, replace(cfg, inventory_replicas=fit))
 
 
-def _room(rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: Plan) -> int | None:
-    """With ``gpuInventory: nodes``, the replicas of the plan's shape the cluster's free
-    GPUs hold (a cap rollout surges only into them); None otherwise. Read only when the
-    loop changes the fleet."""
+class GpusTaken(OperatorError, RuntimeError):
+    """Between the loop's decision and its apply, other targets took the free GPUs the
+    decision's scale-up counted on."""
+
+
+def _apply_scale(
+    rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, new: Plan, d: control.Decision
+) -> None:
+    """Apply the decided fleet ``new``. With ``gpuInventory: nodes`` the free GPUs are
+    read again and the Deployment applied under ``rt.inventory_lock``, the lock reconcile
+    plans under: two targets that decided in the same tick on the same free GPUs are
+    applied one after the other, and the second sees the first's Deployment
+    (``inventory.held_gpus``). A scale-up the free GPUs no longer hold raises
+    ``GpusTaken`` and applies nothing: the next tick decides within what is left.
+
+    The room also caps a rollout's surge, so a new batch cap's pods never wait for
+    GPUs nobody frees.
+    """
     if not reconcile.counts_gpus(rt, spec):
-        return None
-    return reconcile.gpu_inventory(rt, spec, ref).replicas_fit(plan.gpu, plan.tp)
+        reconcile.apply_children(rt, ref, spec, new)
+        return
+    with rt.inventory_lock:
+        room = reconcile.gpu_inventory(rt, spec, ref).replicas_fit(new.gpu, new.tp)
+        if d.replicas > max(room, d.previous_replicas):
+            raise GpusTaken(
+                f"{d.replicas} replicas of {new.tp}x {new.gpu} decided, the free GPUs "
+                f"now hold {room}"
+            )
+        reconcile.apply_children(rt, ref, spec, new, room)
 
 
 def _cost(d: control.Decision, plan: Plan) -> float:
@@ -607,8 +630,7 @@ def _apply(
     ``_writes`` says there is something to write (``spread``: the target's measured
     figure noise, as ``_writes`` saw it)."""
     if d.changed:
-        new = plan.rescaled(d.replicas, d.max_num_seqs, _cost(d, plan))
-        reconcile.apply_children(rt, ref, spec, new, _room(rt, ref, spec, new))
+        _apply_scale(rt, ref, spec, plan.rescaled(d.replicas, d.max_num_seqs, _cost(d, plan)), d)
         rt.emit(body, "Normal", "Scaled", d.reason)
         rt.metrics.record_decision(ref.namespace, ref.name, *decision_labels(d))
     elif d.cap_hold_began:
@@ -789,7 +811,7 @@ async def feedback(
     d = await _within_inventory(rt, ref, spec, plan, d, (mem.state, obs, now_s, cfg))
     hint = scrape_hint(ref, rt.config.pod_monitor_labels)
     d = explain_unavailable(d, errors, settings.prometheus_url, hint)
-    mem.state = d.state
+    before, mem.state = mem.state, d.state
     _record(rt, ref, d, obs)
     spread = rt.loop.spread(ref.uid, settings.window_s)
     noise = spread.noise()  # judged before this tick's figures join it
@@ -801,6 +823,11 @@ async def feedback(
         # kopf swaps the live body's contents on the event loop when a watch event comes;
         # the thread gets a copy taken here, on the loop, so it sees one version whole
         await asyncio.to_thread(_apply, rt, dict(body), ref, spec, plan, d, obs, noise)
+    except GpusTaken as err:  # the decision never took effect: decide again next tick
+        mem.state = before
+        log.info("feedback %s/%s: not scaled: %s", ref.namespace, ref.name, err)
+        health.answered()
+        return
     except KubeError as err:  # the next tick decides again from fresh data
         health.failed(err, f"{ref.namespace}/{ref.name}")
         return

@@ -29,7 +29,7 @@ from rooftop_control import control
 from rooftop_control.readings import MetricState, Observation, Reading
 from rooftop_operator import builders, children, handlers, loop, readiness, wiring
 from rooftop_operator.kube import KubeError
-from rooftop_operator.reconcile import is_subset, reconcile, waiting_for_nodes
+from rooftop_operator.reconcile import apply_children, is_subset, reconcile, waiting_for_nodes
 from rooftop_operator.runtime import Runtime
 from rooftop_operator.settings import OperatorConfig
 from rooftop_operator.specs import TargetRef, parse_spec
@@ -1069,6 +1069,39 @@ async def test_the_loop_scales_up_only_as_far_as_the_free_gpus_hold(
     # the next tick holds at two: it lists nothing
     assert await loop._within_inventory(inventory_rt, ref, spec, plan, got, inputs) is got
     assert kube.node_lists == 1
+
+
+def test_two_loops_deciding_on_the_same_free_gpus_are_applied_one_after_the_other(
+    inventory_rt: Runtime, kube: FakeKube
+) -> None:
+    """Two targets of one TP2 replica each and one free 2-L4 node: both loops decide a
+    second replica in the same tick, each counting the free node. The first scale-up is
+    applied; the second finds the node taken by the first's Deployment and applies
+    nothing (the next tick decides within what is left), so no pod waits Pending."""
+    from rooftop_control.sizing import PlanTargetPlanner
+    from rooftop_planner.inventory import GpuInventory
+    from rooftop_planner.search import plan_target
+
+    kube.nodes = [l4_node("n-1", 2), l4_node("n-2", 2), l4_node("n-3", 2)]
+    spec = parse_spec(L4_ONLY)
+    two = plan_target(spec, gpu_inventory=GpuInventory({"l4": 2})).plan
+    assert two is not None and two.tp == 2
+    one = two.rescaled(1, two.max_num_seqs, two.usd_per_replica_hour)
+    refs = [TargetRef.from_body(target_body(name, L4_ONLY)) for name in ("a", "b")]
+    for ref in refs:
+        apply_children(inventory_rt, ref, spec, one)
+    cfg = control.config_from_spec(spec, PlanTargetPlanner(spec, one), 1.6)
+    base = control.decide(control.initial_state(1, one.max_num_seqs), Observation(), 0.0, cfg)
+    grow = replace(base, replicas=2, previous_replicas=1)
+    loop._apply_scale(inventory_rt, refs[0], spec, two, grow)
+    with pytest.raises(loop.GpusTaken, match="free GPUs now hold 1"):
+        loop._apply_scale(inventory_rt, refs[1], spec, two, grow)
+    replicas = {n: o["spec"]["replicas"] for (k, _, n), o in kube.objects.items()
+                if k == "Deployment"}  # fmt: skip
+    assert sorted(replicas.values()) == [1, 2]
+    assert sum(replicas.values()) * two.tp == 6  # the three nodes' GPUs, none over
+    # a scale-down or a hold is never refused, whatever is free
+    loop._apply_scale(inventory_rt, refs[1], spec, one, replace(base, previous_replicas=1))
 
 
 def test_feasible_says_when_owned_gpus_beside_another_type_would_cost_less(
