@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +25,12 @@ import numpy as np
 from rooftop_api.manifest import load_target
 from rooftop_api.spec import ServingTargetSpec
 from rooftop_planner.bursts import dispersion, interval_counts
+from rooftop_planner.catalog import Catalog, load_catalog
 from rooftop_planner.plan import Plan
+from rooftop_planner.pricing import GpuPrice, gpu_prices
 from rooftop_planner.search import plan_target
 from rooftop_sim.cluster import Cluster, ClusterConfig, FixedPool, RequestStream
+from rooftop_sim.mixed_oracle import Shares, ShareTable, mixed_fit, oracle_shapes
 from rooftop_sim.policies import FixedPolicy
 from rooftop_sim.report import Slo, attainment, cost
 from rooftop_sim.simulate import replica_of, workload_from_trace
@@ -105,6 +109,66 @@ def _mean_p90(tokens: np.ndarray) -> dict[str, float]:
     }
 
 
+def hindsight_mix(spec: ServingTargetSpec, stream: RequestStream, pools: list[Plan]) -> list[Plan]:
+    """The cheapest fixed pools of at most two of the planner's shapes (its mixed fleet's
+    ``pools`` and single-type plans) that keep the SLO's percentiles on ``stream`` in
+    hindsight (``rooftop_sim.mixed_oracle``)."""
+    catalog = load_catalog()
+    prices = gpu_prices(spec, catalog)
+    shapes = oracle_shapes(single_type_plans(spec, catalog), prices, pools)
+    base = ClusterConfig(
+        replica_of(spec.model, shapes[0]),
+        seed=0,
+        routing="random",
+        startup_s=0.0,
+        tpot_quantile=spec.slo.tpot_percentile.quantile,
+        ttft_quantile=spec.slo.ttft_percentile.quantile,
+        tpot_slo_ms=spec.slo.tpot_ms,
+    )
+    table = ShareTable(stream, base, Slo(spec.slo.tpot_ms, spec.slo.ttft_ms), spec.model)
+    targets = Shares(spec.slo.tpot_percentile.quantile, spec.slo.ttft_percentile.quantile)
+    fit = mixed_fit(shapes, prices, table, targets, spec.constraints.max_replicas)
+    if fit is None:
+        raise SystemExit("no fleet of the planner's shapes keeps the SLO on this trace")
+    names = ", ".join(f"{s.gpu} TP{s.tp}" for s in shapes)
+    print(f"hindsight mix of {names}: {fit.measured} pod shares simulated; "
+          f"replayed (seed 0) TPOT met {fit.replayed.tpot:.3%}, TTFT met "
+          f"{fit.replayed.ttft:.3%}", file=sys.stderr)  # fmt: skip
+    chosen = [(shape, n) for shape, n in zip(shapes, fit.counts, strict=True) if n]
+    return [shape.rescaled(n, shape.max_num_seqs, _pool_usd(chosen, i, prices))
+            for i, (shape, n) in enumerate(chosen)]  # fmt: skip
+
+
+def _pool_usd(chosen: list[tuple[Plan, int]], i: int, prices: Mapping[str, GpuPrice]) -> float:
+    """Pool ``i``'s share of what its GPU type's pods cost together (owned GPUs go to
+    the pools in order), USD/h."""
+    shape, _ = chosen[i]
+    before = sum(s.tp * n for s, n in chosen[:i] if s.gpu == shape.gpu)
+    upto = before + shape.tp * chosen[i][1]
+    price = prices[shape.gpu]
+    return price.usd_per_hour(upto) - price.usd_per_hour(before)
+
+
+def single_type_plans(spec: ServingTargetSpec, catalog: Catalog) -> list[Plan]:
+    """The planner's plan on each GPU type the target may use alone (those with one)."""
+    allowed = spec.constraints.gpu_types or sorted(catalog.gpus)
+    plans = []
+    for gpu in allowed:
+        constraints = spec.constraints.model_copy(update={"gpu_types": [gpu]})
+        plan = plan_target(spec.model_copy(update={"constraints": constraints})).plan
+        if plan is not None:
+            plans.append(plan)
+    return plans
+
+
+def priced(spec: ServingTargetSpec, pools: list[Plan]) -> float:
+    """USD/h of the pools: each GPU type's GPUs priced together (owned ones first)."""
+    prices, gpus = gpu_prices(spec, load_catalog()), dict[str, int]()
+    for pool in pools:
+        gpus[pool.gpu] = gpus.get(pool.gpu, 0) + pool.replicas * pool.tp
+    return sum(prices[gpu].usd_per_hour(n) for gpu, n in gpus.items())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", default=str(ROOT / "examples" / "owned-a100s.yaml"))
@@ -115,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-replicas", type=int, default=0)
     parser.add_argument("--seeds", default="0,1,2")
     parser.add_argument("--minutes", type=float, default=10.0)
+    parser.add_argument(
+        "--oracle", action="store_true", help="add the hindsight fleet allowed to mix"
+    )
     args = parser.parse_args(argv)
     spec = load_target(args.target).spec
     rate = args.rate or spec.workload.requests_per_second
@@ -125,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.target}: the planner offers no mixed fleet", file=sys.stderr)
         return 1
     fleets = {"single type": [result.plan], "mixed": [p.plan for p in result.mixed.pools]}
+    if args.oracle:
+        fleets["hindsight mix"] = hindsight_mix(spec, stream, fleets["mixed"])
     print(f"{Path(args.trace).name}: {len(stream.arrival_s)} requests over "
           f"{stream.horizon_s / 60:.1f} min at {rate:g} req/s; {spec.model}, SLO "
           f"{spec.slo.tpot_percentile.value} TPOT <= {spec.slo.tpot_ms:g} ms")  # fmt: skip
@@ -132,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|")
     for name, pools in fleets.items():
         pods = " + ".join(f"{p.replicas}x {p.gpu} TP{p.tp} (cap {p.max_num_seqs})" for p in pools)
-        planned = sum(p.usd_per_hour for p in pools)
+        planned = priced(spec, pools)
         for seed in (int(s) for s in args.seeds.split(",")):
             tpot, ttft, usd = run(spec, pools, stream, seed)
             print(f"| {name} | {pods} | {planned:.2f} | {seed} | {tpot:.3%} | {ttft:.3%} | "
