@@ -35,7 +35,7 @@ from rooftop_cli import exits
 from rooftop_planner import explain
 from rooftop_planner.catalog import Catalog, CatalogError, load_catalog
 from rooftop_planner.errors import PlannerError
-from rooftop_planner.inventory import Placement, held_gpus, inventory_from_nodes, load_cluster
+from rooftop_planner.inventory import load_cluster, target_inventory
 from rooftop_planner.plan import Plan
 from rooftop_planner.result import SearchResult
 from rooftop_planner.search import plan_target
@@ -74,12 +74,9 @@ def plan_one(
         raise ManifestError(item.error)
     inventory = None
     if cluster is not None:
-        nodes, pods = cluster
         target = item.target
         own = (target.metadata.namespace or "default", target.metadata.name)
-        held = held_gpus(pods, catalog, own)
-        placement = Placement.of(target.spec.constraints)
-        inventory = inventory_from_nodes(nodes, catalog, placement, held)
+        inventory = target_inventory(cluster, catalog, target.spec.constraints, own)
     try:
         result = plan_target(item.target.spec, catalog=catalog, gpu_inventory=inventory)
     except CatalogError as err:

@@ -54,6 +54,7 @@ from rooftop_planner.batching import mean_step_s
 from rooftop_planner.bursts import dispersion, interval_counts
 from rooftop_planner.catalog import load_catalog
 from rooftop_planner.fleet import MixedFleet
+from rooftop_planner.inventory import GpuInventory
 from rooftop_planner.plan import Plan
 from rooftop_planner.pricing import ReplicaPrice, replica_price
 from rooftop_planner.progress import Progress
@@ -120,6 +121,8 @@ class SimScenario:
     slo: Slo
     cache: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
     mixed: MixedFleet | None = None  # the planner's cheaper fleet of several GPU types
+    # the replicas of the plan's shape the free GPUs hold (``--nodes``); None: uncounted
+    inventory_replicas: int | None = None
 
     @property
     def usd_per_replica_hour(self) -> float:
@@ -142,7 +145,7 @@ class SimScenario:
     def limits(self) -> tuple[int, int]:
         """(min, max) replicas allowed by the target's constraints and budget."""
         cfg = control.config_from_spec(self.spec, self.planner, self.price)
-        return control.replica_limits(cfg)
+        return control.replica_limits(replace(cfg, inventory_replicas=self.inventory_replicas))
 
 
 # A week of simulated time: the longest Azure LLM traces; beyond that a span is far more
@@ -185,12 +188,29 @@ def workload_from_trace(path: str, diurnal: bool = False) -> RequestStream:
 
 def load_spec(path: str) -> Any:
     """The ServingTarget spec from a manifest (ManifestError -> InputError)."""
+    return load_manifest(path).spec
+
+
+def load_manifest(path: str) -> Any:
+    """The ServingTarget from a manifest (ManifestError -> InputError)."""
     from rooftop_api.manifest import ManifestError, load_target
 
     try:
-        return load_target(path).spec
+        return load_target(path)
     except ManifestError as err:
         raise InputError(str(err)) from err
+
+
+def nodes_inventory(path: str, target: Any) -> GpuInventory:
+    """The GPUs the nodes in ``path`` (``kubectl get nodes,pods -A -o json``) offer
+    ``target``'s pods, less what the listed pods hold (InventoryError -> InputError)."""
+    from rooftop_planner.inventory import InventoryError, load_cluster, target_inventory
+
+    own = (target.metadata.namespace or "default", target.metadata.name)
+    try:
+        return target_inventory(load_cluster(path), load_catalog(), target.spec.constraints, own)
+    except InventoryError as err:
+        raise InputError(f"--nodes: {err}") from err
 
 
 def replica_of(model: str, plan: Plan) -> Replica:
@@ -208,18 +228,26 @@ def replica_of(model: str, plan: Plan) -> Replica:
     )
 
 
-def scenario(spec: ServingTargetSpec, workload: RequestStream, **sim_kw: Any) -> SimScenario:
-    """Plan the target (its shape, at its own workload rate) and set up the cluster."""
+def scenario(
+    spec: ServingTargetSpec,
+    workload: RequestStream,
+    gpu_inventory: GpuInventory | None = None,
+    **sim_kw: Any,
+) -> SimScenario:
+    """Plan the target (its shape, at its own workload rate; within ``gpu_inventory``'s
+    free GPUs when given, as the operator with ``gpuInventory: nodes``) and set up the
+    cluster. Every policy then runs at most the replicas those GPUs hold."""
     from rooftop_planner.errors import PlannerError
     from rooftop_planner.search import plan_target
 
     try:
-        result = plan_target(spec)
+        result = plan_target(spec, gpu_inventory=gpu_inventory)
     except PlannerError as err:  # an unknown model or a bad spec.modelConfig
         raise InputError(str(err)) from err
     if result.plan is None:
         raise InputError("no plan meets the SLO within the budget:\n" + result.explain())
     plan = result.plan
+    fit = None if gpu_inventory is None else gpu_inventory.replicas_fit(plan.gpu, plan.tp)
     sim = ClusterConfig(
         replica_of(spec.model, plan),
         price=replica_price(spec, load_catalog(), plan.gpu, plan.tp),
@@ -237,9 +265,10 @@ def scenario(spec: ServingTargetSpec, workload: RequestStream, **sim_kw: Any) ->
         sim=sim,
         slo=slo,
         mixed=result.mixed,
+        inventory_replicas=fit,
     )
-    # the budget and maxReplicas bound the pods every policy may run (billed pods:
-    # starting and draining ones included)
+    # the budget, maxReplicas and the free GPUs bound the pods every policy may run
+    # (billed pods: starting and draining ones included)
     return replace(scn, sim=replace(sim, max_pods=scn.limits()[1]))
 
 
@@ -353,7 +382,7 @@ def _rooftop(
         scn.price,
         startup_s=scn.sim.startup_s,
         metrics_window_s=scn.sim.window_s,
-        **controller,
+        **{"inventory_replicas": scn.inventory_replicas, **controller},
     )
     first = scn.planner.size(head_rate * prior.trim, prior.factor)
     policy = RooftopPolicy(cfg, control.clamp_replicas(first.replicas, *limits), first.max_num_seqs)
@@ -417,6 +446,10 @@ def run(
     out["plan_usd_per_hour"] = round(priced, 4)
     if name != MIXED:
         res.notes.append(spend_note(scn.plan, out))
+    if scn.inventory_replicas is not None and name != MIXED:
+        plan = scn.plan
+        res.notes.append(f"the free GPUs hold {scn.inventory_replicas} replica(s) of "
+                         f"{plan.tp}x {plan.gpu} (--nodes)")  # fmt: skip
     res.notes.append(arrivals_note(scn.workload.arrival_s, scn.spec))
     return res, out
 
@@ -524,6 +557,12 @@ def register(subparsers: Any) -> None:
         json_alias=True,
         note="default text; json and yaml are a list for --policy all, tables one row per policy",
     )
+    p.add_argument(
+        "--nodes",
+        metavar="FILE",
+        help="plan and scale only within the GPUs these nodes offer the target's pods, "
+        "after what the pods listed with them hold (`kubectl get nodes,pods -A -o json`)",
+    )
     p.add_argument("--plot", metavar="FILE.png", help="plot load, TPOT and replicas")
     p.set_defaults(func=main)
 
@@ -563,11 +602,13 @@ def main(args: argparse.Namespace) -> int:
     """Run the simulation(s) and print the report; 2 on unusable input."""
     try:
         check_flags(args)
-        spec = load_spec(args.target)
+        target = load_manifest(args.target)
+        inventory = nodes_inventory(args.nodes, target) if args.nodes else None
         workload = workload_from_trace(args.trace, args.diurnal)
         scn = scenario(
-            spec,
+            target.spec,
             workload,
+            inventory,
             reality_factor=args.reality_factor,
             noise=args.noise,
             seed=args.seed,

@@ -35,7 +35,7 @@ lists Nodes and Pods through the API) share it; it never imports a Kubernetes cl
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -385,6 +385,21 @@ def _gpu_count(quantity: Any) -> int:
         return max(int(str(quantity)), 0)
     except ValueError:
         return 0
+
+
+def target_inventory(
+    cluster: tuple[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]]],
+    catalog: Catalog,
+    constraints: Constraints,
+    own: tuple[str, str],
+) -> GpuInventory:
+    """The GPUs ``cluster``'s nodes (``load_cluster``) offer a target's pods: nodes its
+    ``constraints`` let them land on, less what the listed pods hold, its own (``own``:
+    namespace and name) excepted, since its plan replaces them. What ``rooftop plan
+    --nodes`` and ``rooftop simulate --nodes`` plan for."""
+    nodes, pods = cluster
+    held = held_gpus(pods, catalog, own)
+    return inventory_from_nodes(nodes, catalog, Placement.of(constraints), held)
 
 
 def load_cluster(path: str | Path) -> tuple[list[Mapping[str, Any]], list[Mapping[str, Any]]]:

@@ -551,3 +551,52 @@ def test_the_mixed_policy_runs_the_planners_mixed_fleet(
                  str(ROOT / "examples" / "traces" / "azure_conv_excerpt.csv"),
                  "--policy", "mixed"]) == 2  # fmt: skip
     assert "offers no fleet of several GPU types" in capsys.readouterr().err
+
+
+def l4_nodes(count: int, gpus: int) -> list[dict[str, Any]]:
+    return [{"kind": "Node", "metadata": {"name": f"l4-{i}",
+             "labels": {"nvidia.com/gpu.product": "NVIDIA-L4"}},
+             "status": {"allocatable": {"nvidia.com/gpu": str(gpus)}}}
+            for i in range(count)]  # fmt: skip
+
+
+def test_with_nodes_every_policy_stays_within_the_free_gpus() -> None:
+    """One 8-L4 node holds one TP8 replica of the 70B target, whose budget pays for
+    three and whose burst takes two: the plan, the limits every policy runs within and
+    the controller's scale-ups stop at one, as the operator's do with
+    ``gpuInventory: nodes``."""
+    from rooftop_planner.catalog import load_catalog
+    from rooftop_planner.inventory import inventory_from_nodes
+
+    free = simulate.scenario(spec(), tiny_workload(), noise=0.0)
+    assert free.limits()[1] == 3 and free.inventory_replicas is None
+    _, unbounded = simulate.run(free, "rooftop")
+    assert max(r for _, r in unbounded["replica_timeline"]) == 2
+    inventory = inventory_from_nodes(l4_nodes(1, 8), load_catalog())
+    counted = simulate.scenario(spec(), tiny_workload(), inventory, noise=0.0)
+    assert (counted.plan.gpu, counted.plan.tp, counted.inventory_replicas) == ("l4", 8, 1)
+    assert counted.limits()[1] == 1 and counted.sim.max_pods == 1
+    _, bounded = simulate.run(counted, "rooftop")
+    assert max(r for _, r in bounded["replica_timeline"]) == 1
+    assert "the free GPUs hold 1 replica(s) of 8x l4 (--nodes)" in bounded["notes"]
+
+
+def test_simulate_cli_reads_nodes_and_refuses_a_bad_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    nodes = tmp_path / "nodes.json"
+    nodes.write_text(json.dumps({"kind": "List", "items": l4_nodes(1, 8)}))
+    rows = "".join(f"{i * 2}.0,400,40\n" for i in range(60))
+    args = ("--policy", "static-peak", "-o", "json", "--nodes", str(nodes))
+    assert _simulate(tmp_path, rows, *args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["mean_replicas"] == pytest.approx(1.0)
+    assert "the free GPUs hold 1 replica(s) of 8x l4 (--nodes)" in summary["notes"]
+    nodes.write_text("[1, 2]")
+    assert _simulate(tmp_path, rows, "--nodes", str(nodes)) == 2
+    assert "rooftop simulate: --nodes: " in capsys.readouterr().err
+    nodes.write_text(json.dumps({"kind": "List", "items": []}))
+    assert _simulate(tmp_path, rows, "--nodes", str(nodes)) == 2
+    assert "no plan meets the SLO" in capsys.readouterr().err
