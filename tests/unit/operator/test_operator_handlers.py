@@ -1104,6 +1104,49 @@ def test_two_loops_deciding_on_the_same_free_gpus_are_applied_one_after_the_othe
     loop._apply_scale(inventory_rt, refs[1], spec, one, replace(base, previous_replicas=1))
 
 
+async def test_a_scale_up_whose_gpus_were_taken_leaves_the_loop_as_it_was(
+    rt: Runtime, kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tick that finds its free GPUs taken (``GpusTaken``) writes nothing and keeps
+    the controller's memory as before the decision, so the next tick decides again from
+    the fleet there is rather than waiting for pods it never asked for."""
+    reconcile(rt, created(kube))
+    body = latest(kube)
+    deployment = next(o for (k, _, _), o in kube.objects.items() if k == "Deployment")
+    replicas = deployment["spec"]["replicas"]
+    ready = {**deployment, "status": {"replicas": replicas, "readyReplicas": replicas,
+                                      "updatedReplicas": replicas}}  # fmt: skip
+    index = {(NS, deployment["metadata"]["name"]): [readiness.index_entry(ready)]}
+    busy = Observation(
+        tpot_ms=Reading(500.0, MetricState.OK),  # ten times the 50 ms SLO: scale up
+        ttft_ms=Reading(900.0, MetricState.OK),
+        requests_per_second=Reading(40.0, MetricState.OK),
+        running=Reading(64.0, MetricState.OK),
+        waiting=Reading(64.0, MetricState.OK),
+        kv_usage_ratio=Reading(0.5, MetricState.OK),
+        step_ms=Reading(500.0, MetricState.OK),
+        ready_replicas=replicas,
+    )
+
+    async def observed(*_: Any) -> tuple[Observation, list[str]]:
+        return busy, []
+
+    def taken(*_: Any) -> None:
+        raise loop.GpusTaken("taken by another target")
+
+    monkeypatch.setattr(loop, "_observe", observed)
+    monkeypatch.setattr(loop, "_apply_scale", taken)
+    memo, before = SimpleNamespace(runtime=rt), copy.deepcopy(latest(kube))
+    await loop.feedback(body=body, memo=memo, engine_deployments=index)
+    [memory] = rt.loop.targets.values()
+    assert memory.state.replicas == replicas  # not the scale-up that never happened
+    assert latest(kube) == before  # no status written
+    assert deployment == next(o for (k, _, _), o in kube.objects.items() if k == "Deployment")
+    monkeypatch.setattr(loop, "_apply_scale", lambda *_: None)  # the GPUs are free again
+    await loop.feedback(body=body, memo=memo, engine_deployments=index)
+    assert memory.state.replicas > replicas  # decided again, and taken this time
+
+
 def test_feasible_says_when_owned_gpus_beside_another_type_would_cost_less(
     rt: Runtime, kube: FakeKube
 ) -> None:
