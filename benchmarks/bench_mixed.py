@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +26,12 @@ from rooftop_api.manifest import load_target
 from rooftop_api.spec import ServingTargetSpec
 from rooftop_planner.bursts import dispersion, interval_counts
 from rooftop_planner.catalog import Catalog, load_catalog
+from rooftop_planner.inventory import GpuInventory
 from rooftop_planner.plan import Plan
 from rooftop_planner.pricing import GpuPrice, gpu_prices
 from rooftop_planner.search import plan_target
 from rooftop_sim.cluster import Cluster, ClusterConfig, FixedPool, RequestStream
-from rooftop_sim.mixed_oracle import Shares, ShareTable, mixed_fit, oracle_shapes
+from rooftop_sim.mixed_oracle import Fits, Shares, ShareTable, mixed_fit, oracle_shapes
 from rooftop_sim.policies import FixedPolicy
 from rooftop_sim.report import Slo, attainment, cost
 from rooftop_sim.simulate import replica_of, workload_from_trace
@@ -92,7 +93,9 @@ def declaring(
         **lengths,
         "requestsPerSecond": args.rate or spec.workload.requests_per_second,
     }
-    if args.owned:
+    if args.owned == "none":
+        doc.get("pricing", {}).pop("owned", None)
+    elif args.owned:
         gpu, count = args.owned.split(":")
         doc["pricing"] = {"owned": {gpu: {"count": int(count)}}}
     if args.budget:
@@ -109,13 +112,18 @@ def _mean_p90(tokens: np.ndarray) -> dict[str, float]:
     }
 
 
-def hindsight_mix(spec: ServingTargetSpec, stream: RequestStream, pools: list[Plan]) -> list[Plan]:
+def hindsight_mix(
+    spec: ServingTargetSpec,
+    stream: RequestStream,
+    pools: list[Plan],
+    inventory: GpuInventory | None = None,
+) -> list[Plan]:
     """The cheapest fixed pools of at most two of the planner's shapes (its mixed fleet's
     ``pools`` and single-type plans) that keep the SLO's percentiles on ``stream`` in
-    hindsight (``rooftop_sim.mixed_oracle``)."""
+    hindsight (``rooftop_sim.mixed_oracle``), within ``inventory``'s free GPUs."""
     catalog = load_catalog()
     prices = gpu_prices(spec, catalog)
-    shapes = oracle_shapes(single_type_plans(spec, catalog), prices, pools)
+    shapes = oracle_shapes(single_type_plans(spec, catalog, inventory), prices, pools)
     base = ClusterConfig(
         replica_of(spec.model, shapes[0]),
         seed=0,
@@ -127,9 +135,12 @@ def hindsight_mix(spec: ServingTargetSpec, stream: RequestStream, pools: list[Pl
     )
     table = ShareTable(stream, base, Slo(spec.slo.tpot_ms, spec.slo.ttft_ms), spec.model)
     targets = Shares(spec.slo.tpot_percentile.quantile, spec.slo.ttft_percentile.quantile)
-    fit = mixed_fit(shapes, prices, table, targets, spec.constraints.max_replicas)
+    fits = None if inventory is None else within(inventory)
+    fit = mixed_fit(shapes, prices, table, targets, spec.constraints.max_replicas, fits=fits)
     if fit is None:
-        raise SystemExit("no fleet of the planner's shapes keeps the SLO on this trace")
+        print("hindsight mix: no fleet of the planner's shapes keeps the SLO on this trace",
+              file=sys.stderr)  # fmt: skip
+        return []
     names = ", ".join(f"{s.gpu} TP{s.tp}" for s in shapes)
     print(f"hindsight mix of {names}: {fit.measured} pod shares simulated; "
           f"replayed (seed 0) TPOT met {fit.replayed.tpot:.3%}, TTFT met "
@@ -149,13 +160,44 @@ def _pool_usd(chosen: list[tuple[Plan, int]], i: int, prices: Mapping[str, GpuPr
     return price.usd_per_hour(upto) - price.usd_per_hour(before)
 
 
-def single_type_plans(spec: ServingTargetSpec, catalog: Catalog) -> list[Plan]:
-    """The planner's plan on each GPU type the target may use alone (those with one)."""
+def within(inventory: GpuInventory) -> Fits:
+    """Whether ``inventory``'s free GPUs hold pods of shapes: each shape's pods on the
+    nodes, and each GPU type's pods together within its free GPUs."""
+
+    def fits(shapes: Sequence[Plan], counts: Sequence[int]) -> bool:
+        gpus: dict[str, int] = {}
+        for shape, n in zip(shapes, counts, strict=True):
+            if n > inventory.replicas_fit(shape.gpu, shape.tp):
+                return False
+            gpus[shape.gpu] = gpus.get(shape.gpu, 0) + n * shape.tp
+        return all(n <= inventory.free_gpus(gpu) for gpu, n in gpus.items())
+
+    return fits
+
+
+def parse_inventory(text: str) -> GpuInventory:
+    """``GPU:NODESxGPUS,...`` (``h100-sxm:1x8,l40s:2x4``): that many nodes of each type,
+    every GPU free."""
+    free: dict[str, tuple[int, ...]] = {}
+    for item in text.split(","):
+        gpu, shape = item.split(":")
+        nodes, gpus = (int(x) for x in shape.split("x"))
+        free[gpu] = (gpus,) * nodes
+    biggest = {gpu: max(sizes) for gpu, sizes in free.items()}
+    return GpuInventory(gpus_per_node=biggest, free=free, nodes=sum(map(len, free.values())))
+
+
+def single_type_plans(
+    spec: ServingTargetSpec, catalog: Catalog, inventory: GpuInventory | None = None
+) -> list[Plan]:
+    """The planner's plan on each GPU type the target may use alone (those with one),
+    within ``inventory``'s free GPUs."""
     allowed = spec.constraints.gpu_types or sorted(catalog.gpus)
     plans = []
     for gpu in allowed:
         constraints = spec.constraints.model_copy(update={"gpu_types": [gpu]})
-        plan = plan_target(spec.model_copy(update={"constraints": constraints})).plan
+        alone = spec.model_copy(update={"constraints": constraints})
+        plan = plan_target(alone, gpu_inventory=inventory).plan
         if plan is not None:
             plans.append(plan)
     return plans
@@ -174,7 +216,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default=str(ROOT / "examples" / "owned-a100s.yaml"))
     parser.add_argument("--trace", default=str(TRACE))
     parser.add_argument("--rate", type=float, default=0.0, help="req/s (default: the target's)")
-    parser.add_argument("--owned", default="", help="GPU:COUNT owned at $0 (default: the target's)")
+    parser.add_argument(
+        "--owned", default="", help="GPU:COUNT owned at $0, or none (default: the target's)"
+    )
     parser.add_argument("--budget", type=float, default=0.0)
     parser.add_argument("--max-replicas", type=int, default=0)
     parser.add_argument("--seeds", default="0,1,2")
@@ -182,18 +226,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--oracle", action="store_true", help="add the hindsight fleet allowed to mix"
     )
+    parser.add_argument(
+        "--inventory",
+        default="",
+        help="GPU:NODESxGPUS,... the cluster's nodes (every GPU free); default: any number",
+    )
     args = parser.parse_args(argv)
     spec = load_target(args.target).spec
     rate = args.rate or spec.workload.requests_per_second
     stream = retimed(workload_from_trace(args.trace), rate, args.minutes)
     spec = declaring(spec, stream, args)
-    result = plan_target(spec)
-    if result.plan is None or result.mixed is None:
-        print(f"{args.target}: the planner offers no mixed fleet", file=sys.stderr)
+    inventory = parse_inventory(args.inventory) if args.inventory else None
+    result = plan_target(spec, gpu_inventory=inventory)
+    fleets: dict[str, list[Plan]] = {}
+    if result.plan is not None:
+        fleets["single type"] = [result.plan]
+    if result.mixed is not None:
+        fleets["mixed"] = [p.plan for p in result.mixed.pools]
+    if not fleets:
+        print(f"{args.target}: no plan: {result.reasons[0]}", file=sys.stderr)
         return 1
-    fleets = {"single type": [result.plan], "mixed": [p.plan for p in result.mixed.pools]}
+    if result.mixed is None:
+        print(f"{args.target}: the planner offers no mixed fleet", file=sys.stderr)
     if args.oracle:
-        fleets["hindsight mix"] = hindsight_mix(spec, stream, fleets["mixed"])
+        hindsight = hindsight_mix(spec, stream, fleets.get("mixed", []), inventory)
+        fleets.update({"hindsight mix": hindsight} if hindsight else {})
     print(f"{Path(args.trace).name}: {len(stream.arrival_s)} requests over "
           f"{stream.horizon_s / 60:.1f} min at {rate:g} req/s; {spec.model}, SLO "
           f"{spec.slo.tpot_percentile.value} TPOT <= {spec.slo.tpot_ms:g} ms")  # fmt: skip

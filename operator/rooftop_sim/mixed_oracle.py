@@ -17,13 +17,13 @@ the SLO's percentile for TPOT and for TTFT: unlike the planner's mixes, a pool m
 on its own where the other over-achieves, since the SLO is a percentile over all
 requests.
 
-The search covers every shape alone and every pair of shapes, every ``N`` up to the
-first at which every shape meets the SLO alone (from there any ``N`` pods meet it, and
-more pods never cost less), and every split of ``N``: ``O(S² N²)`` sums over measured
-shares. ``A`` is an expectation over the balancer's picks, and a replay is one draw, so
-the candidates are replayed on the whole trace, cheapest first, and the first whose
-replay meets the SLO is the answer. Cost is what the spec's pricing charges for each GPU
-type's GPUs (owned ones first).
+The search covers every set of at most three shapes, every ``N`` up to the first at
+which every shape meets the SLO alone (from there any ``N`` pods meet it, and more pods
+never cost less), and every split of ``N`` among the set: ``O(S³ N³)`` sums over
+measured shares, a third of a second for 6 shapes and 32 pods. ``A`` is an expectation over
+the balancer's picks, and a replay is one draw, so the candidates are replayed on the
+whole trace, cheapest first, and the first whose replay meets the SLO is the answer.
+Cost is what the spec's pricing charges for each GPU type's GPUs (owned ones first).
 
 The shapes are the planner's (GPU type, TP, dtypes and batch cap as the planner chose
 them; the oracle chooses only the counts), so the bound says what hindsight about the
@@ -36,8 +36,9 @@ types that never enter a cheap mix). Shapes of one GPU type share its owned GPUs
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -54,6 +55,11 @@ from rooftop_sim.simulate import replica_of
 PODS_MEASURED = 4
 # GPU types without owned GPUs the oracle mixes from: the cheapest per request.
 KEPT_TYPES = 3
+# The most shapes one fleet mixes.
+MOST_SHAPES = 3
+
+# Whether the cluster's free GPUs hold these pods of these shapes.
+Fits = Callable[[Sequence[Plan], Sequence[int]], bool]
 
 
 @dataclass(frozen=True)
@@ -155,14 +161,17 @@ def mixed_fit(
     targets: Shares,
     max_replicas: int,
     tries: int = 6,
+    fits: Fits | None = None,
 ) -> MixedFit | None:
-    """The cheapest counts of ``shapes`` (at most two of them used, at most
+    """The cheapest counts of ``shapes`` (at most ``MOST_SHAPES`` of them used, at most
     ``max_replicas`` pods) whose expected shares reach ``targets`` and whose replay on
     the whole trace (``replay``) does too: candidates are replayed cheapest first (at
     equal cost, the higher expected TPOT share first), at most ``tries`` of them, since
-    ``A`` is an expectation over the balancer's picks and one replay is one draw. None
+    ``A`` is an expectation over the balancer's picks and one replay is one draw.
+    ``fits``: whether the cluster's free GPUs hold those counts (None: any counts). None
     where no candidate passes."""
-    for candidate in sorted(_candidates(shapes, prices, table, targets, max_replicas))[:tries]:
+    found = _candidates(shapes, prices, table, targets, max_replicas, fits)
+    for candidate in sorted(found)[:tries]:
         usd, _, counts = candidate
         shares = replay(shapes, counts, table)
         if _meets(shares, targets):
@@ -176,13 +185,16 @@ def _candidates(
     table: ShareTable,
     targets: Shares,
     max_replicas: int,
+    fits: Fits | None = None,
 ) -> list[tuple[float, float, tuple[int, ...]]]:
-    """(USD/h, minus the expected TPOT share, counts) of every split whose expected
-    shares reach ``targets``."""
+    """(USD/h, minus the expected TPOT share, counts) of every split the free GPUs hold
+    (``fits``) whose expected shares reach ``targets``."""
     found = []
     for n in range(1, max_replicas + 1):
         shares = [table.share(shapes, s, n) for s in range(len(shapes))]
         for counts in _splits(len(shapes), n):
+            if fits is not None and not fits(shapes, counts):
+                continue
             expected = _expected(counts, shares)
             if _meets(expected, targets):
                 found.append((_usd_per_hour(shapes, counts, prices), -expected.tpot, counts))
@@ -207,12 +219,16 @@ def replay(shapes: Sequence[Plan], counts: Sequence[int], table: ShareTable) -> 
 
 
 def _splits(shapes: int, n: int) -> Iterable[tuple[int, ...]]:
-    """Every way to give ``n`` pods to one shape or to two."""
-    for s in range(shapes):
-        yield tuple(n if i == s else 0 for i in range(shapes))
-        for t in range(s + 1, shapes):
-            for k in range(1, n):
-                yield tuple(k if i == s else n - k if i == t else 0 for i in range(shapes))
+    """Every way to give ``n`` pods to at most ``MOST_SHAPES`` of the shapes, each of
+    those at least one."""
+    for used in range(1, min(MOST_SHAPES, shapes, n) + 1):
+        for chosen in itertools.combinations(range(shapes), used):
+            for cuts in itertools.combinations(range(1, n), used - 1):
+                sizes = [b - a for a, b in zip((0, *cuts), (*cuts, n), strict=True)]
+                counts = [0] * shapes
+                for s, size in zip(chosen, sizes, strict=True):
+                    counts[s] = size
+                yield tuple(counts)
 
 
 def _expected(counts: Sequence[int], shares: Sequence[Shares]) -> Shares:

@@ -58,6 +58,15 @@ def test_thinning_keeps_the_share_asked_in_arrival_order() -> None:
     assert thinned(whole, 1.0, seed=3) is whole
 
 
+def test_splits_give_every_count_of_at_most_three_shapes() -> None:
+    """Against every count vector summing to n with at most three shapes in use."""
+    for shapes, n in ((1, 4), (2, 5), (4, 6), (5, 3)):
+        got = list(mixed_oracle._splits(shapes, n))
+        every = [c for c in itertools.product(range(n + 1), repeat=shapes)
+                 if sum(c) == n and sum(1 for x in c if x) <= mixed_oracle.MOST_SHAPES]  # fmt: skip
+        assert len(got) == len(set(got)) and set(got) == set(every)
+
+
 def test_the_search_finds_the_cheapest_split_brute_force_finds() -> None:
     """Shares given (no simulation): four owned A100 pods that miss alone beside paid
     GH200 pods that over-achieve. The cheapest split meeting 90 % is what trying every
