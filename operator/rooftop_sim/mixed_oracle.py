@@ -136,8 +136,8 @@ def oracle_shapes(
 
 def _shape(plan: Plan) -> tuple[object, ...]:
     """What a pod of ``plan`` runs, whatever the replica count."""
-    return (plan.gpu, plan.tp, plan.weight_dtype, plan.kv_dtype, plan.max_num_seqs,
-            plan.max_num_batched_tokens, plan.max_model_len)  # fmt: skip
+    pod = (plan.weight_dtype, plan.kv_dtype, plan.max_num_seqs, plan.max_num_batched_tokens)
+    return (plan.gpu, plan.tp, *pod, plan.max_model_len)
 
 
 def thinned(stream: RequestStream, keep: float, seed: int) -> RequestStream:

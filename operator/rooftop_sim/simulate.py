@@ -447,9 +447,10 @@ def run(
     if name != MIXED:
         res.notes.append(spend_note(scn.plan, out))
     if scn.inventory_replicas is not None and name != MIXED:
-        plan = scn.plan
-        res.notes.append(f"the free GPUs hold {scn.inventory_replicas} replica(s) of "
-                         f"{plan.tp}x {plan.gpu} (--nodes)")  # fmt: skip
+        shape = f"{scn.plan.tp}x {scn.plan.gpu}"
+        res.notes.append(
+            f"the free GPUs hold {scn.inventory_replicas} replica(s) of {shape} (--nodes)"
+        )
     res.notes.append(arrivals_note(scn.workload.arrival_s, scn.spec))
     return res, out
 
