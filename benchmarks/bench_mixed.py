@@ -78,11 +78,13 @@ def run(
 def declaring(
     spec: ServingTargetSpec, stream: RequestStream, args: argparse.Namespace
 ) -> ServingTargetSpec:
-    """``spec`` declaring the trace's lengths (mean and p90) and burstiness at
-    ``--rate``, with the owned GPUs, budget and replica limit the flags give."""
+    """``spec`` declaring the trace's lengths (mean and p90, or with ``--histogram`` their
+    distribution) and burstiness at ``--rate``, with the owned GPUs, budget and replica
+    limit the flags give."""
+    declare = _histogram if args.histogram else _mean_p90
     lengths: dict[str, object] = {
-        "promptTokens": _mean_p90(stream.prompt_tokens),
-        "outputTokens": _mean_p90(stream.output_tokens),
+        "promptTokens": declare(stream.prompt_tokens),
+        "outputTokens": declare(stream.output_tokens),
     }
     doc = spec.model_dump(by_alias=True, exclude_none=True)
     # the burstiness the operator reads (15-s counts), so bursts are held as it would
@@ -105,7 +107,20 @@ def declaring(
     return ServingTargetSpec.model_validate(doc)
 
 
-def _mean_p90(tokens: np.ndarray) -> dict[str, float]:
+def _histogram(tokens: np.ndarray, bins: int = 50) -> dict[str, object]:
+    """``bins`` equal shares of the requests, each at its share's mean length."""
+    ordered = np.sort(tokens)
+    shares = np.array_split(ordered, bins)
+    return {
+        "histogram": [
+            {"tokens": max(int(round(float(share.mean()))), 1), "weight": len(share)}
+            for share in shares
+            if len(share)
+        ]
+    }
+
+
+def _mean_p90(tokens: np.ndarray) -> dict[str, object]:
     return {
         "mean": round(float(tokens.mean()), 1),
         "p90": round(float(np.quantile(tokens, 0.9)), 1),
@@ -225,6 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=10.0)
     parser.add_argument(
         "--oracle", action="store_true", help="add the hindsight fleet allowed to mix"
+    )
+    parser.add_argument(
+        "--histogram",
+        action="store_true",
+        help="declare the trace's length distributions, not their mean and p90",
     )
     parser.add_argument(
         "--inventory",
