@@ -30,11 +30,18 @@ from rooftop_planner.inventory import GpuInventory
 from rooftop_planner.plan import Plan
 from rooftop_planner.pricing import GpuPrice, gpu_prices
 from rooftop_planner.search import plan_target
-from rooftop_sim.cluster import Cluster, ClusterConfig, FixedPool, RequestStream
-from rooftop_sim.mixed_oracle import Fits, Shares, ShareTable, mixed_fit, oracle_shapes
+from rooftop_sim.cluster import Cluster, ClusterConfig, RequestStream
+from rooftop_sim.mixed_oracle import (
+    Fits,
+    Shares,
+    ShareTable,
+    mixed_fit,
+    oracle_shapes,
+    pools_usd_per_hour,
+)
 from rooftop_sim.policies import FixedPolicy
 from rooftop_sim.report import Slo, attainment, cost
-from rooftop_sim.simulate import replica_of, workload_from_trace
+from rooftop_sim.simulate import replica_of, with_pools, workload_from_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "examples" / "traces" / "azure_llm_2023_conv.csv"
@@ -58,17 +65,16 @@ def run(
 ) -> tuple[float, float, float]:
     """(share within TPOT, share within TTFT, USD/h) of a fleet held at ``pools``' sizes:
     the first pool is the policy's, the others fixed beside it."""
-    first, *others = pools
-    fixed = tuple(FixedPool(replica_of(spec.model, p), p.replicas, p.max_num_seqs) for p in others)
-    config = ClusterConfig(
+    first = pools[0]
+    base = ClusterConfig(
         replica_of(spec.model, first),
         seed=seed,
         routing="random",
         tpot_quantile=spec.slo.tpot_percentile.quantile,
         ttft_quantile=spec.slo.ttft_percentile.quantile,
         tpot_slo_ms=spec.slo.tpot_ms,
-        fixed_pools=fixed,
     )
+    config = with_pools(base, spec.model, [(p, p.replicas) for p in pools])
     result = Cluster(stream, config).run(FixedPolicy(first.replicas, first.max_num_seqs))
     att = attainment(result, Slo(spec.slo.tpot_ms, spec.slo.ttft_ms))
     usd_per_hour = cost(result)[1] / (stream.horizon_s / 3600.0)
@@ -133,7 +139,7 @@ def hindsight_mix(
     pools: list[Plan],
     inventory: GpuInventory | None = None,
 ) -> list[Plan]:
-    """The cheapest fixed pools of at most two of the planner's shapes (its mixed fleet's
+    """The cheapest fixed pools of at most three of the planner's shapes (its mixed fleet's
     ``pools`` and single-type plans) that keep the SLO's percentiles on ``stream`` in
     hindsight (``rooftop_sim.mixed_oracle``), within ``inventory``'s free GPUs."""
     catalog = load_catalog()
@@ -220,10 +226,8 @@ def single_type_plans(
 
 def priced(spec: ServingTargetSpec, pools: list[Plan]) -> float:
     """USD/h of the pools: each GPU type's GPUs priced together (owned ones first)."""
-    prices, gpus = gpu_prices(spec, load_catalog()), dict[str, int]()
-    for pool in pools:
-        gpus[pool.gpu] = gpus.get(pool.gpu, 0) + pool.replicas * pool.tp
-    return sum(prices[gpu].usd_per_hour(n) for gpu, n in gpus.items())
+    prices = gpu_prices(spec, load_catalog())
+    return pools_usd_per_hour(((pool, pool.replicas) for pool in pools), prices)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,16 +39,16 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from rooftop_planner.plan import Plan
 from rooftop_planner.pricing import GpuPrice
-from rooftop_sim.cluster import Cluster, ClusterConfig, FixedPool, RequestStream
+from rooftop_sim.cluster import Cluster, ClusterConfig, RequestStream, SimResult
 from rooftop_sim.policies import FixedPolicy
 from rooftop_sim.report import Slo, attainment
-from rooftop_sim.simulate import replica_of
+from rooftop_sim.simulate import with_pools
 
 # Pods simulated per measured share: beyond four, a pod's share of a random balancer's
 # requests is measured on a thinned trace rather than on N pods.
@@ -108,11 +108,9 @@ class ShareTable:
     def _simulate(self, shape: Plan, n: int) -> Shares:
         pods = min(n, PODS_MEASURED)
         stream = thinned(self.stream, pods / n, self.seed + n)
-        config = replace(self.base, replica=replica_of(self.model, shape), fixed_pools=())
+        config = with_pools(self.base, self.model, [(shape, pods)])
         result = Cluster(stream, config).run(FixedPolicy(pods, shape.max_num_seqs, "probe"))
-        att = attainment(result, self.slo)
-        ttft = 1.0 if att.ttft_requests is None else att.ttft_requests
-        return Shares(att.tpot_requests, ttft)
+        return _shares(result, self.slo)
 
 
 def oracle_shapes(
@@ -197,7 +195,8 @@ def _candidates(
                 continue
             expected = _expected(counts, shares)
             if _meets(expected, targets):
-                found.append((_usd_per_hour(shapes, counts, prices), -expected.tpot, counts))
+                usd = pools_usd_per_hour(zip(shapes, counts, strict=True), prices)
+                found.append((usd, -expected.tpot, counts))
         if all(_meets(share, targets) for share in shares):
             break  # every shape meets alone: more pods never cost less
     return found
@@ -208,13 +207,15 @@ def replay(shapes: Sequence[Plan], counts: Sequence[int], table: ShareTable) -> 
     whole trace behind the random balancer (the first pool's pods as the policy's, the
     others as fixed pools beside them)."""
     pools = [(shape, n) for shape, n in zip(shapes, counts, strict=True) if n]
-    (first, pods), others = pools[0], pools[1:]
-    fixed = tuple(
-        FixedPool(replica_of(table.model, shape), n, shape.max_num_seqs) for shape, n in others
-    )
-    config = replace(table.base, replica=replica_of(table.model, first), fixed_pools=fixed)
+    first, pods = pools[0]
+    config = with_pools(table.base, table.model, pools)
     result = Cluster(table.stream, config).run(FixedPolicy(pods, first.max_num_seqs, "mix"))
-    att = attainment(result, table.slo)
+    return _shares(result, table.slo)
+
+
+def _shares(result: SimResult, slo: Slo) -> Shares:
+    """The shares of a run's requests within the bounds."""
+    att = attainment(result, slo)
     return Shares(att.tpot_requests, 1.0 if att.ttft_requests is None else att.ttft_requests)
 
 
@@ -243,11 +244,10 @@ def _meets(shares: Shares, targets: Shares) -> bool:
     return shares.tpot >= targets.tpot and shares.ttft >= targets.ttft
 
 
-def _usd_per_hour(
-    shapes: Sequence[Plan], counts: Sequence[int], prices: Mapping[str, GpuPrice]
-) -> float:
-    """USD/h of the pods: each GPU type's GPUs priced together (owned ones first)."""
+def pools_usd_per_hour(pools: Iterable[tuple[Plan, int]], prices: Mapping[str, GpuPrice]) -> float:
+    """USD/h of pools of ``(plan, pods)``: each GPU type's GPUs priced together (owned
+    ones first)."""
     gpus: dict[str, int] = {}
-    for shape, count in zip(shapes, counts, strict=True):
-        gpus[shape.gpu] = gpus.get(shape.gpu, 0) + count * shape.tp
+    for shape, pods in pools:
+        gpus[shape.gpu] = gpus.get(shape.gpu, 0) + pods * shape.tp
     return math.fsum(prices[gpu].usd_per_hour(n) for gpu, n in gpus.items() if n)

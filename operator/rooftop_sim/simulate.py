@@ -358,13 +358,18 @@ def cluster_config(scn: SimScenario, name: str) -> ClusterConfig:
     first pool as the policy's pods and the others fixed beside them."""
     if name != MIXED or scn.mixed is None:
         return scn.sim
-    first, *others = (p.plan for p in scn.mixed.pools)
-    model = scn.spec.model
-    fixed = tuple(FixedPool(replica_of(model, p), p.replicas, p.max_num_seqs) for p in others)
+    pools = [(p.plan, p.plan.replicas) for p in scn.mixed.pools]
+    first = pools[0][0]
     price = replica_price(scn.spec, load_catalog(), first.gpu, first.tp)
-    return replace(
-        scn.sim, replica=replica_of(model, first), fixed_pools=fixed, max_pods=None, price=price
-    )
+    return replace(with_pools(scn.sim, scn.spec.model, pools), max_pods=None, price=price)
+
+
+def with_pools(sim: ClusterConfig, model: str, pools: Sequence[tuple[Plan, int]]) -> ClusterConfig:
+    """``sim`` running pools of ``(plan, pods)``: the first pool's pods are the policy's
+    (its ``replica``), the others fixed beside them."""
+    (first, _), others = pools[0], pools[1:]
+    fixed = tuple(FixedPool(replica_of(model, p), pods, p.max_num_seqs) for p, pods in others)
+    return replace(sim, replica=replica_of(model, first), fixed_pools=fixed)
 
 
 def _rooftop(
