@@ -57,7 +57,7 @@ class Planned:
     @property
     def code(self) -> int:
         """0 with a plan, 1 without."""
-        return exit_codes.OK if self.result.feasible else exit_codes.INFEASIBLE
+        return exit_codes.OK if self.result.deployed is not None else exit_codes.INFEASIBLE
 
     def to_json(self) -> dict[str, object]:
         """``rooftop plan -o json`` for this target: its name and file, then the search."""
@@ -150,10 +150,10 @@ def text(planned: Planned, explain: bool) -> str:
 
 
 def _short(result: SearchResult) -> str:
+    if result.mixed is not None:  # why the mix: what the best single type costs
+        return f"Chosen: {result.mixed.summary}\n  - {explain.mixed(result.mixed, result.plan)}"
     if result.plan:
-        mixed = result.mixed  # advice the short form keeps: it would cost less
-        advice = "" if mixed is None else f"\n  - {explain.mixed(mixed, result.plan)}"
-        return f"Chosen: {result.plan.summary}{advice}"
+        return f"Chosen: {result.plan.summary}"
     return "No feasible plan.\n" + "\n".join(f"  - {r}" for r in result.reasons[:3])
 
 
@@ -192,11 +192,12 @@ def row(planned: Planned, wide: bool) -> list[Cell]:
     """One target's table row; a target without a plan has ``-`` for the plan's cells."""
     result = planned.result
     cells: list[Cell] = [planned.target.metadata.name, planned.target.spec.model]
-    cells += [result.feasible, *_plan_cells(result.plan)]
+    cells += [result.deployed is not None, *_plan_cells(result.deployed)]
     if not wide:
         return cells
-    reason = result.reasons[0] if result.reasons and result.plan is None else None
-    cells += _wide_plan_cells(result.plan)
+    deployed = result.deployed
+    reason = result.reasons[0] if result.reasons and deployed is None else None
+    cells += _wide_plan_cells(deployed)
     return [*cells, result.slo_tpot_ms, result.budget_usd_per_hour, planned.source, reason]
 
 
@@ -204,7 +205,7 @@ def _plan_cells(plan: Plan | None) -> list[Cell]:
     if plan is None:
         return [None] * 8
     return [
-        plan.gpu,
+        explain.gpus_of(plan),
         plan.tp,
         plan.replicas,
         plan.weight_dtype,

@@ -75,7 +75,7 @@ from rooftop_control.lulls import Lulls
 from rooftop_control.readings import MetricState, Observation, Reading
 from rooftop_control.sizing import Planner, Sizing
 from rooftop_control.traffic import Traffic
-from rooftop_planner.pricing import ReplicaPrice
+from rooftop_planner.pricing import PodsPrice, ReplicaPrice
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,8 @@ class ControllerConfig:
         min_replicas / max_replicas: hard replica limits.
         budget_usd_per_hour: hard spend limit for all replicas, USD/h.
         price: what a replica count costs, USD/h (``pricing.ReplicaPrice``: owned GPUs
-            first, then on demand).
+            first, then on demand; a mixed fleet's ``fleet.FleetPrice``: its cheapest
+            pods over the pools, each counted as a replica).
         inventory_replicas: the most replicas the cluster's free GPUs hold (with the
             operator's ``gpuInventory: nodes``), None: not counted.
         declared: the spec's prompt and output lengths: what the planner sizes with
@@ -130,7 +131,7 @@ class ControllerConfig:
     min_replicas: int
     max_replicas: int
     budget_usd_per_hour: float
-    price: ReplicaPrice
+    price: PodsPrice
     declared: Traffic
     inventory_replicas: int | None = None
     tpot_quantile: float = 0.99
@@ -263,7 +264,7 @@ class Decision:
 
 
 def config_from_spec(
-    spec: ServingTargetSpec, planner: Planner, price: ReplicaPrice | float, **overrides: Any
+    spec: ServingTargetSpec, planner: Planner, price: PodsPrice | float, **overrides: Any
 ) -> ControllerConfig:
     """Build a config from a ServingTarget spec; ``price`` what replicas cost (a float:
     every replica at that USD/h); ``overrides`` set the tuning fields."""
@@ -275,7 +276,7 @@ def config_from_spec(
         min_replicas=spec.constraints.min_replicas,
         max_replicas=spec.constraints.max_replicas,
         budget_usd_per_hour=spec.budget.usd_per_hour,
-        price=price if isinstance(price, ReplicaPrice) else ReplicaPrice.flat(price),
+        price=ReplicaPrice.flat(price) if isinstance(price, float | int) else price,
         declared=traffic_mod.declared(spec.workload),
         **{"trim": TrimConfig.for_percentile(spec.slo.tpot_percentile.quantile), **overrides},
     )
@@ -489,7 +490,7 @@ def clamp_replicas(replicas: int, lower: int, upper: int) -> int:
     return max(0, min(max(replicas, lower), upper))
 
 
-def max_billed_replicas(max_replicas: int, budget_usd_per_hour: float, price: ReplicaPrice) -> int:
+def max_billed_replicas(max_replicas: int, budget_usd_per_hour: float, price: PodsPrice) -> int:
     """The most replicas that may run (or start) at once: maxReplicas, and no more than
     the budget pays for at ``price`` (owned GPUs first, then on demand)."""
     return max(0, min(max_replicas, price.affordable(budget_usd_per_hour, max_replicas)))

@@ -2,7 +2,9 @@
 
 Nothing here talks to the API server: each builder returns a plain dict ready for
 server-side apply, so unit tests compare dicts and the handlers stay a few lines.
-Children of ServingTarget ``NAME``: Deployment ``NAME-engine``, PodDisruptionBudget
+Children of ServingTarget ``NAME``: Deployment ``NAME-engine`` (a mixed fleet: one
+Deployment ``NAME-engine-GPU`` per pool, its pods labelled ``rooftop.dev/pool=GPU``, all
+behind the one Service), PodDisruptionBudget
 ``NAME-engine``, Service ``NAME`` (the endpoint clients use), ConfigMap ``NAME-engine``
 (the drain middleware vLLM pods load: ``engine_drain``) and, where the Prometheus
 Operator is installed, PodMonitor ``NAME-engine``. All carry an ownerReference to the
@@ -26,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from rooftop_api.spec import MODELS_MOUNT, TARGET_LABEL, Mode, ServingTargetSpec
+from rooftop_api.spec import MODELS_MOUNT, POOL_LABEL, TARGET_LABEL, Mode, ServingTargetSpec
 from rooftop_control import defaults
 from rooftop_control.control import max_billed_replicas
 from rooftop_operator import engine_security
@@ -117,6 +119,12 @@ class EngineInputs:
             plan's cost over its replicas.
         inventory_replicas: the most replicas of the plan's shape the cluster's free
             GPUs hold (with ``gpuInventory: nodes``); None: not counted.
+        pool: a mixed fleet's pool (its GPU id): its Deployment's name and pod label;
+            "" for a plan of one GPU type.
+        pools: a mixed fleet's pools, one Deployment each (the inputs' own plan then
+            only names the Service, PodDisruptionBudget and PodMonitor of them all).
+        others: (pods, USD/h) of the fleet's other pools, which a pool's rollout surge
+            leaves room for under maxReplicas and the budget.
     """
 
     ref: TargetRef
@@ -134,6 +142,9 @@ class EngineInputs:
     host_arch: str = "amd64"
     price: ReplicaPrice | None = None
     inventory_replicas: int | None = None
+    pool: str = ""
+    pools: tuple[EngineInputs, ...] = ()
+    others: tuple[int, float] = (0, 0.0)
 
 
 APPLIED_ANNOTATION: Final = "rooftop.dev/applied"
@@ -156,8 +167,14 @@ def with_applied_hash(obj: Mapping[str, Any]) -> dict[str, Any]:
     return {**obj, "metadata": meta}
 
 
-def deployment_name(name: str) -> str:
-    return f"{name}-engine"
+def deployment_name(name: str, pool: str = "") -> str:
+    """``NAME-engine``, or a mixed fleet's pool Deployment ``NAME-engine-GPU``."""
+    return f"{name}-engine-{pool}" if pool else f"{name}-engine"
+
+
+def engine_deployment_names(name: str, pools: tuple[str, ...] = ()) -> list[str]:
+    """The engine Deployments of a plan: ``NAME-engine``, or one per pool."""
+    return [deployment_name(name, p) for p in pools] if pools else [deployment_name(name)]
 
 
 def service_name(name: str) -> str:
@@ -185,6 +202,10 @@ def _metadata(ref: TargetRef, name: str) -> dict[str, Any]:
         "labels": labels(ref.name),
         "ownerReferences": [ref.owner_reference()],
     }
+
+
+def _with_pool(metadata: dict[str, Any], inp: EngineInputs) -> dict[str, Any]:
+    return {**metadata, "labels": {**metadata["labels"], **_pool_labels(inp)}}
 
 
 def image_for_mode(spec: ServingTargetSpec, vllm_image: str, self_image: str) -> str:
@@ -507,9 +528,15 @@ def _pod_annotations(inp: EngineInputs) -> dict[str, str]:
     }
 
 
+def _pool_labels(inp: EngineInputs) -> dict[str, str]:
+    """A mixed fleet's pool label: part of its Deployment's selector, so two pools'
+    Deployments never claim each other's pods."""
+    return {POOL_LABEL: inp.pool} if inp.pool else {}
+
+
 def pod_template(inp: EngineInputs) -> dict[str, Any]:
     volumes, mounts = _volumes(inp)
-    metadata: dict[str, Any] = {"labels": labels(inp.ref.name)}
+    metadata: dict[str, Any] = {"labels": {**labels(inp.ref.name), **_pool_labels(inp)}}
     annotations = _pod_annotations(inp)
     if inp.spec.mode is not Mode.SIMULATED:
         # a running engine imported the middleware when it started: pods roll when the
@@ -562,18 +589,22 @@ def rollout_strategy(replicas: int, ceiling: int) -> dict[str, Any]:
 
 
 def build_deployment(inp: EngineInputs) -> dict[str, Any]:
-    """The engine Deployment: ``plan.replicas`` pods of one engine each."""
+    """The engine Deployment: ``plan.replicas`` pods of one engine each (a mixed fleet's
+    pool: ``NAME-engine-GPU``, selecting its pool's pods only)."""
     replicas = inp.plan.replicas
     price = inp.price or ReplicaPrice.flat(inp.plan.usd_per_replica_hour)
+    other_pods, other_usd = inp.others
     ceiling = max_billed_replicas(
-        inp.spec.constraints.max_replicas, inp.spec.budget.usd_per_hour, price
+        inp.spec.constraints.max_replicas - other_pods,
+        inp.spec.budget.usd_per_hour - other_usd,
+        price,
     )
     if inp.inventory_replicas is not None:  # a surge pod beyond the free GPUs would wait
         ceiling = min(ceiling, inp.inventory_replicas)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(inp.ref, deployment_name(inp.ref.name)),
+        "metadata": _with_pool(_metadata(inp.ref, deployment_name(inp.ref.name, inp.pool)), inp),
         "spec": {
             "replicas": replicas,
             # A checkpoint that downloads and loads for 20 minutes is progress, not a
@@ -581,7 +612,7 @@ def build_deployment(inp: EngineInputs) -> dict[str, Any]:
             "progressDeadlineSeconds": inp.lifecycle.progress_deadline_s,
             "strategy": rollout_strategy(replicas, ceiling),
             "revisionHistoryLimit": 3,
-            "selector": {"matchLabels": selector_labels(inp.ref.name)},
+            "selector": {"matchLabels": {**selector_labels(inp.ref.name), **_pool_labels(inp)}},
             "template": pod_template(inp),
         },
     }

@@ -7,7 +7,8 @@ handler would read from the cluster (whether the PodMonitor API exists) is a par
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from typing import Any, NamedTuple
 
 from rooftop_api.spec import Mode, ServingTargetSpec
 from rooftop_operator import builders
@@ -103,7 +104,35 @@ def engine_inputs(
     *,
     pod_monitor: bool,
 ) -> builders.EngineInputs:
-    """Everything the builders need for one target and plan."""
+    """Everything the builders need for one target and plan; a mixed fleet's with each
+    pool's own (``EngineInputs.pools``)."""
+    target = _Target(catalog, config, ref, spec, pod_monitor)
+    one = _inputs_for(target, plan)
+    if not plan.pools:
+        return one
+    pools = tuple(
+        replace(
+            _inputs_for(target, pool),
+            pool=pool.gpu,
+            others=(plan.replicas - pool.replicas, plan.usd_per_hour - pool.usd_per_hour),
+        )
+        for pool in plan.pools
+    )
+    return replace(one, pools=pools)
+
+
+class _Target(NamedTuple):
+    """What every pool's inputs share: the target and where it is deployed."""
+
+    catalog: Catalog
+    config: OperatorConfig
+    ref: TargetRef
+    spec: ServingTargetSpec
+    pod_monitor: bool
+
+
+def _inputs_for(target: _Target, plan: Plan) -> builders.EngineInputs:
+    catalog, config, ref, spec, pod_monitor = target
     gpu = catalog.gpu(plan.gpu)
     weights = resolve_plan_weights(catalog, spec, plan)
     return builders.EngineInputs(
@@ -126,11 +155,11 @@ def engine_inputs(
 
 def desired(inp: builders.EngineInputs) -> list[Obj]:
     """The target's children: for vLLM the drain middleware's ConfigMap (first: its
-    pods mount it), then Deployment, Service, PodDisruptionBudget and, where the
-    Prometheus Operator is installed, a PodMonitor."""
+    pods mount it), then the Deployment (a mixed fleet: one per pool), Service,
+    PodDisruptionBudget and, where the Prometheus Operator is installed, a PodMonitor."""
     objects = [] if inp.spec.mode is Mode.SIMULATED else [builders.build_config_map(inp.ref)]
+    objects += [builders.build_deployment(p) for p in inp.pools or (inp,)]
     objects += [
-        builders.build_deployment(inp),
         builders.build_service(inp.ref, inp.plan.session_affinity),
         builders.build_pod_disruption_budget(inp.ref),
     ]

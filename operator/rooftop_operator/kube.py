@@ -30,7 +30,15 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from rooftop_api import exit_codes
-from rooftop_api.spec import API_VERSION, GROUP, KIND, PLURAL, TARGET_LABEL, VERSION
+from rooftop_api.spec import (
+    API_VERSION,
+    GROUP,
+    KIND,
+    PLURAL,
+    POOL_LABEL,
+    TARGET_LABEL,
+    VERSION,
+)
 from rooftop_operator.errors import OperatorError
 
 FIELD_MANAGER: Final = "rooftop"
@@ -349,6 +357,25 @@ class Kube:
         with api_errors():
             found = self._apps().list_deployment_for_all_namespaces(label_selector=TARGET_LABEL)
         return [self._plain(d) for d in found.items or []]
+
+    def list_pool_deployments(self, namespace: str, target: str) -> list[Obj]:
+        """A target's mixed-fleet pool Deployments (``builders.POOL_LABEL``), as plain dicts."""
+        selector = f"{TARGET_LABEL}={target},{POOL_LABEL}"
+        with api_errors():
+            found = self._apps().list_namespaced_deployment(namespace, label_selector=selector)
+        return [self._plain(d) for d in found.items or []]
+
+    def delete_deployment(self, namespace: str, name: str) -> None:
+        """Delete a Deployment (its pods go with it, each drained by its preStop hook);
+        one already gone is no error."""
+        with api_errors():
+            try:
+                self._apps().delete_namespaced_deployment(
+                    name, namespace, propagation_policy="Background"
+                )
+            except ApiException as err:
+                if err.status != 404:
+                    raise
 
     def list_pods(self, namespace: str, labels: Mapping[str, str]) -> list[Obj]:
         """Pods in ``namespace`` carrying all of ``labels``, as plain dicts."""

@@ -53,7 +53,7 @@ from rooftop_control.readings import SIGNALS, MetricState, Observation, Reading
 from rooftop_control.sizing import PlanTargetPlanner
 from rooftop_control.traffic import Lengths, Traffic
 from rooftop_operator import children, metrics_client, readiness, reconcile
-from rooftop_operator.builders import UnsupportedPlan, deployment_name
+from rooftop_operator.builders import UnsupportedPlan, deployment_name, engine_deployment_names
 from rooftop_operator.errors import OperatorError
 from rooftop_operator.kube import KubeError
 from rooftop_operator.loop_memory import (
@@ -71,8 +71,12 @@ from rooftop_operator.specs import SpecError, TargetRef, parse_spec
 from rooftop_planner.bursts import BURST_INTERVAL_S
 from rooftop_planner.catalog import Catalog
 from rooftop_planner.errors import PlannerError
+from rooftop_planner.explain import gpus_of
+from rooftop_planner.fleet import FleetPrice
+from rooftop_planner.fleet import rescaled as fleet_rescaled
+from rooftop_planner.inventory import GpuInventory
 from rooftop_planner.plan import Plan
-from rooftop_planner.pricing import replica_price, with_default
+from rooftop_planner.pricing import PodsPrice, ReplicaPrice, replica_price, with_default
 
 log = logging.getLogger(__name__)
 
@@ -112,22 +116,39 @@ def _signal(snap: metrics_client.TargetMetrics, signal: signals.Signal) -> Readi
     return reading if signal.scale == 1.0 else _scaled(reading, signal.scale)
 
 
-def pod_counts(deployment: Mapping[str, Any] | None) -> tuple[int, int, int]:
-    """(desired, ready, pending) pods of the engine Deployment (0s when absent)."""
-    if not deployment:
-        return 0, 0, 0
-    desired = int((deployment.get("spec") or {}).get("replicas") or 0)
-    ready = int((deployment.get("status") or {}).get("readyReplicas") or 0)
-    return desired, ready, max(desired - ready, 0)
+def pod_counts(
+    deployments: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None,
+) -> tuple[int, int, int]:
+    """(desired, ready, pending) pods of the engine Deployment, or summed over a mixed
+    fleet's pool Deployments (0s for one that is absent)."""
+    desired = ready = pending = 0
+    for deployment in _each(deployments):
+        want = int((deployment.get("spec") or {}).get("replicas") or 0)
+        have = int((deployment.get("status") or {}).get("readyReplicas") or 0)
+        desired, ready, pending = desired + want, ready + have, pending + max(want - have, 0)
+    return desired, ready, pending
 
 
-def outdated_pods(deployment: Mapping[str, Any] | None) -> int:
-    """Pods of the engine Deployment still on an older pod template: a rollout (a new
+def outdated_pods(
+    deployments: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None,
+) -> int:
+    """Pods of the engine Deployment(s) still on an older pod template: a rollout (a new
     batch cap) has yet to replace them. ``status.replicas`` counts the pods of every
     ReplicaSet, ``status.updatedReplicas`` those of the newest (0 when absent)."""
-    status = (deployment or {}).get("status") or {}
-    total, updated = int(status.get("replicas") or 0), int(status.get("updatedReplicas") or 0)
-    return max(total - updated, 0)
+    outdated = 0
+    for deployment in _each(deployments):
+        status = deployment.get("status") or {}
+        total, updated = int(status.get("replicas") or 0), int(status.get("updatedReplicas") or 0)
+        outdated += max(total - updated, 0)
+    return outdated
+
+
+def _each(
+    deployments: Mapping[str, Any] | Sequence[Mapping[str, Any] | None] | None,
+) -> list[Mapping[str, Any]]:
+    if deployments is None or isinstance(deployments, Mapping):
+        return [deployments] if deployments else []
+    return [d for d in deployments if d]
 
 
 def decision_labels(d: control.Decision) -> tuple[str, str]:
@@ -328,8 +349,10 @@ def status_update(
     now: str,
     window_s: float,
     spread: Mapping[str, float] | None = None,
+    applied: Plan | None = None,
 ) -> ServingTargetStatus:
-    """The new status: observed, plan (replicas, cap, cost) and the two conditions.
+    """The new status: observed, plan (replicas, cap, cost; ``applied``: a mixed fleet's
+    pools as the decision was applied) and the two conditions.
 
     ``observed`` keeps its previous figures (and time) unless one moved beyond its
     noise (``observed_changed``, figures read over ``window_s``, with the target's
@@ -341,7 +364,14 @@ def status_update(
     update: dict[str, Any] = {"observed": status.observed if quiet else new}
     if status.plan is not None:
         cost = round(_cost(d, plan), 3)
-        scale = {"replicas": d.replicas, "max_num_seqs": d.max_num_seqs, "usd_per_hour": cost}
+        scale: dict[str, Any] = {
+            "replicas": d.replicas,
+            "max_num_seqs": d.max_num_seqs,
+            "usd_per_hour": cost,
+        }
+        if applied is not None and applied.pools:
+            scale["pools"] = applied.to_status().pools
+            scale["usd_per_hour"] = round(applied.usd_per_hour, 3)
         update["plan"] = status.plan.model_copy(update=scale)
     conds = _same_words(status.conditions, d.conditions) if quiet else d.conditions
     update["conditions"] = cnd.merge(status.conditions, conds, now=now)
@@ -369,11 +399,76 @@ async def _within_inventory(
     except KubeError as err:
         log.warning("feedback %s/%s: GPU inventory unread: %s", ref.namespace, ref.name, err)
         return d
-    fit = inventory.replicas_fit(plan.gpu, plan.tp)
+    fit = pods_fit(inventory, plan)
     if d.replicas <= fit:
         return d
     state, obs, now_s, cfg = inputs
     return control.decide(state, obs, now_s, replace(cfg, inventory_replicas=fit))
+
+
+def obsolete_engines(
+    index: EngineIndex, ref: TargetRef, names: Sequence[str], catalog: Catalog
+) -> list[str]:
+    """The target's engine Deployments its plan no longer has: a mixed fleet's pool it
+    dropped, the one-type Deployment after a switch to pools, or the pools after a
+    switch back. Read from the index (no API call): every name a plan can give."""
+    candidates = [deployment_name(ref.name), *(deployment_name(ref.name, g) for g in catalog.gpus)]
+    return [
+        name
+        for name in candidates
+        if name not in names
+        and (found := readiness.indexed_deployment(index, ref.namespace, name)) is not None
+        and reconcile.controlled_by(found, ref.uid)
+    ]
+
+
+def waits_for_gpus(status: ServingTargetStatus) -> bool:
+    """Whether the target's pods wait for GPUs no node has free (Ready=False,
+    Unschedulable): the ones an obsolete Deployment holds, perhaps."""
+    ready = cnd.find(status.conditions, cnd.READY)
+    return ready is not None and (ready.status, ready.reason) == ("False", "Unschedulable")
+
+
+def prune(rt: Runtime, ref: TargetRef, names: Sequence[str]) -> None:
+    """Delete engine Deployments the plan no longer has. Once every Deployment it has is
+    ready (make before break: the Service keeps the planned capacity), or where its new
+    pods cannot be scheduled, since the GPUs they wait for may be the obsolete pods'
+    (break before make, as a rollout with no room to surge replaces one pod at a time).
+    The pods that go drain their requests (``engine_drain``) as any scale-down's do."""
+    for name in names:
+        log.info(
+            "feedback %s/%s: deleting %s, which the plan no longer has",
+            ref.namespace,
+            ref.name,
+            name,
+        )
+        rt.kube.delete_deployment(ref.namespace, name)
+
+
+def pods_fit(inventory: GpuInventory, plan: Plan) -> int:
+    """The pods the free GPUs hold for the plan's shape, or over a mixed fleet's pools
+    (growth spills from a full pool onto the next: ``fleet.FleetPrice``)."""
+    return sum(inventory.replicas_fit(p.gpu, p.tp) for p in plan.pools or (plan,))
+
+
+def fleet_price(spec: ServingTargetSpec, catalog: Catalog, plan: Plan) -> PodsPrice:
+    """What the plan's pod counts cost: its shape's replicas, or a mixed fleet's
+    cheapest pods over its pools (``fleet.FleetPrice``)."""
+    if not plan.pools:
+        return replica_price(spec, catalog, plan.gpu, plan.tp)
+    return FleetPrice(tuple((p.gpu, replica_price(spec, catalog, p.gpu, p.tp)) for p in plan.pools))
+
+
+def scaled_plan(
+    plan: Plan, d: control.Decision, price: PodsPrice, inventory: GpuInventory | None = None
+) -> Plan:
+    """The plan at the decided scale: its shape's replicas, or a mixed fleet's pods split
+    over its pools, the cheapest first within the free GPUs (``inventory``)."""
+    if not plan.pools or not isinstance(price, FleetPrice):
+        return plan.rescaled(d.replicas, d.max_num_seqs, _cost(d, plan))
+    if inventory is not None:
+        price = price.within({p.gpu: inventory.replicas_fit(p.gpu, p.tp) for p in plan.pools})
+    return fleet_rescaled(plan, d.replicas, d.max_num_seqs, price)
 
 
 class GpusTaken(OperatorError, RuntimeError):
@@ -382,9 +477,15 @@ class GpusTaken(OperatorError, RuntimeError):
 
 
 def _apply_scale(
-    rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, new: Plan, d: control.Decision
-) -> None:
-    """Apply the decided fleet ``new``. With ``gpuInventory: nodes`` the free GPUs are
+    rt: Runtime,
+    ref: TargetRef,
+    spec: ServingTargetSpec,
+    plan: Plan,
+    d: control.Decision,
+    price: PodsPrice,
+) -> Plan:
+    """Apply the decided fleet (``scaled_plan``) and return it. With ``gpuInventory:
+    nodes`` the free GPUs are
     read again and the Deployment applied under ``rt.inventory_lock``, the lock reconcile
     plans under: two targets that decided in the same tick on the same free GPUs are
     applied one after the other, and the second sees the first's Deployment
@@ -395,16 +496,19 @@ def _apply_scale(
     GPUs nobody frees.
     """
     if not reconcile.counts_gpus(rt, spec):
+        new = scaled_plan(plan, d, price)
         reconcile.apply_children(rt, ref, spec, new)
-        return
+        return new
     with rt.inventory_lock:
-        room = reconcile.gpu_inventory(rt, spec, ref).replicas_fit(new.gpu, new.tp)
+        inventory = reconcile.gpu_inventory(rt, spec, ref)
+        room = pods_fit(inventory, plan)
         if d.replicas > max(room, d.previous_replicas):
             raise GpusTaken(
-                f"{d.replicas} replicas of {new.tp}x {new.gpu} decided, the free GPUs "
-                f"now hold {room}"
+                f"{d.replicas} replicas of {gpus_of(plan)} decided, the free GPUs now hold {room}"
             )
-        reconcile.apply_children(rt, ref, spec, new, room)
+        new = scaled_plan(plan, d, price, inventory)
+        reconcile.apply_children(rt, ref, spec, new, inventory)
+        return new
 
 
 def _cost(d: control.Decision, plan: Plan) -> float:
@@ -517,7 +621,7 @@ def _memory(
             calibration=replace(state.calibration, samples=samples),
         )
         startup = children.pod_lifecycle(catalog, spec, plan).startup_s
-        price = replica_price(spec, catalog, plan.gpu, plan.tp)
+        price = fleet_price(spec, catalog, plan)
         mem = TargetMemory(key, PlanTargetPlanner(spec, plan), state, startup, price)
         targets[ref.uid] = mem
     return mem
@@ -625,19 +729,22 @@ def _apply(
     d: control.Decision,
     obs: Observation,
     spread: Mapping[str, float] | None = None,
+    price: PodsPrice | None = None,
 ) -> None:
     """Deployment (when changed), event, status. Blocking: run in a thread, and only when
     ``_writes`` says there is something to write (``spread``: the target's measured
-    figure noise, as ``_writes`` saw it)."""
+    figure noise, as ``_writes`` saw it; ``price``: what its pod counts cost)."""
+    applied = None
     if d.changed:
-        _apply_scale(rt, ref, spec, plan.rescaled(d.replicas, d.max_num_seqs, _cost(d, plan)), d)
+        price = price or ReplicaPrice.flat(plan.usd_per_replica_hour)
+        applied = _apply_scale(rt, ref, spec, plan, d, price)
         rt.emit(body, "Normal", "Scaled", d.reason)
         rt.metrics.record_decision(ref.namespace, ref.name, *decision_labels(d))
     elif d.cap_hold_began:
         rt.emit(body, "Normal", "BatchCapHeld", d.reason)
     now, window_s = rt.now(), rt.config.loop.window_s
     seen = ServingTargetStatus.read(body.get("status"))
-    updated = status_update(seen, d, obs, plan, now, window_s, spread)
+    updated = status_update(seen, d, obs, plan, now, window_s, spread, applied)
     if updated == seen:
         return  # nothing a user would see changed: no read, no write
     if log.isEnabledFor(logging.DEBUG):
@@ -648,7 +755,7 @@ def _apply(
 
     def mutate(stored: dict[str, Any]) -> dict[str, Any]:
         fresh = ServingTargetStatus.read(stored)
-        return status_update(fresh, d, obs, plan, now, window_s, spread).stored()
+        return status_update(fresh, d, obs, plan, now, window_s, spread, applied).stored()
 
     rt.kube.update_status(ref.namespace, ref.name, mutate, seen=body)
 
@@ -771,14 +878,20 @@ async def feedback(
     if plan is None:  # hand-edited status: reconcile writes it again
         log.warning("feedback %s/%s: holding: status.plan is not a plan", ref.namespace, ref.name)
         return
-    dep = readiness.indexed_deployment(engine_deployments, ref.namespace, deployment_name(ref.name))
+    names = engine_deployment_names(ref.name, tuple(p.gpu for p in plan.pools))
+    deps = [readiness.indexed_deployment(engine_deployments, ref.namespace, n) for n in names]
     try:
-        if dep is not None and not readiness.deployment_ready(dep):  # else no API call
-            await asyncio.to_thread(readiness.refresh_readiness, rt, dep)
+        unready = next((d for d in deps if d and not readiness.deployment_ready(d)), None)
+        if unready is not None:  # else no API call
+            await asyncio.to_thread(readiness.refresh_readiness, rt, unready)
+        # pools the plan dropped go once the ones it has serve, or wait for GPUs
+        may_prune = (unready is None and all(deps)) or waits_for_gpus(status)
+        if may_prune and (old := obsolete_engines(engine_deployments, ref, names, rt.catalog)):
+            await asyncio.to_thread(prune, rt, ref, old)
     except KubeError as err:
         health.failed(err, f"{ref.namespace}/{ref.name}")
         return  # the next tick reads again: no back-off, no traceback
-    desired, ready, pending = pod_counts(dep)
+    desired, ready, pending = pod_counts(deps)
     try:
         mem = _memory(rt.loop.targets, ref, spec, plan, status, desired, rt.catalog)
     except (PlannerError, UnsupportedPlan) as err:  # an edit the planner rejects
@@ -804,7 +917,7 @@ async def feedback(
         metrics_window_s=settings.window_s,
         scale_down_window_s=scale_down_s,
     )
-    pods = (ready, pending, outdated_pods(dep))
+    pods = (ready, pending, outdated_pods(deps))
     obs, errors = await _observe(rt.loop.fleet, settings, spec, ref, pods)
     now_s = time.monotonic()
     d = control.decide(mem.state, obs, now_s, cfg)
@@ -822,7 +935,7 @@ async def feedback(
     try:
         # kopf swaps the live body's contents on the event loop when a watch event comes;
         # the thread gets a copy taken here, on the loop, so it sees one version whole
-        await asyncio.to_thread(_apply, rt, dict(body), ref, spec, plan, d, obs, noise)
+        await asyncio.to_thread(_apply, rt, dict(body), ref, spec, plan, d, obs, noise, mem.price)
     except GpusTaken as err:  # the decision never took effect: decide again next tick
         mem.state = before
         log.info("feedback %s/%s: not scaled: %s", ref.namespace, ref.name, err)

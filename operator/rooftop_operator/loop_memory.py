@@ -30,7 +30,7 @@ from rooftop_operator.kube import KubeError
 from rooftop_operator.metrics_client import MetricsClient
 from rooftop_operator.settings import LoopSettings
 from rooftop_planner.plan import Plan
-from rooftop_planner.pricing import ReplicaPrice
+from rooftop_planner.pricing import PodsPrice
 
 log = logging.getLogger("rooftop_operator.loop")
 
@@ -141,7 +141,8 @@ class TargetMemory:
     planner: sizing.PlanTargetPlanner
     state: control.ControllerState
     startup_s: float  # this target's pod start-up (rooftop_planner.lifecycle)
-    price: ReplicaPrice  # what its replica counts cost (owned GPUs first)
+    # what its replica counts cost (owned GPUs first; a mixed fleet's cheapest pods)
+    price: PodsPrice
 
 
 @dataclass(frozen=True)

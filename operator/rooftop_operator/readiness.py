@@ -92,6 +92,34 @@ def unschedulable(pod: Mapping[str, Any]) -> str:
     return ""
 
 
+def combined(deployments: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """A mixed fleet's pool Deployments as one for ``readiness``: their replicas summed,
+    current only when every one is, and every one's conditions."""
+    spec_replicas = status_replicas = ready = updated = 0
+    current = True
+    conditions: list[Any] = []
+    for d in deployments:
+        status = d.get("status") or {}
+        spec_replicas += int((d.get("spec") or {}).get("replicas", 1))
+        status_replicas += int(status.get("replicas") or 0)
+        ready += int(status.get("readyReplicas") or 0)
+        updated += int(status.get("updatedReplicas") or 0)
+        generation = int((d.get("metadata") or {}).get("generation") or 0)
+        current = current and int(status.get("observedGeneration") or 0) >= generation
+        conditions += status.get("conditions") or []
+    return {
+        "metadata": {"generation": 1},
+        "spec": {"replicas": spec_replicas},
+        "status": {
+            "observedGeneration": 1 if current else 0,
+            "replicas": status_replicas,
+            "readyReplicas": ready,
+            "updatedReplicas": updated,
+            "conditions": conditions,
+        },
+    }
+
+
 def deployment_ready(deployment: Mapping[str, Any]) -> bool:
     """Whether an engine Deployment's rollout is complete (its Ready condition is True).
     A periodic caller (the feedback loop) mirrors a not-ready one into status with
@@ -119,6 +147,11 @@ def sync_readiness(rt: Runtime, deployment: Mapping[str, Any]) -> None:
     owner = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
     if owner is None or owner.get("kind") != KIND:
         return
+    if str(meta.get("name")) != builders.deployment_name(str(owner.get("name"))):
+        # a mixed fleet's pool: the target is ready when all its pools are
+        deployment = combined(
+            rt.kube.list_pool_deployments(str(meta.get("namespace")), str(owner.get("name")))
+        )
     cond, desired, ready = readiness(deployment)
     uid = str(owner.get("uid"))
     if cond.status != "True" and desired > 0:
@@ -160,8 +193,20 @@ def repair_deleted(rt: Runtime, deployment: Mapping[str, Any]) -> bool:
         return False  # deleted with its target: garbage collection at work
     if target["metadata"].get("deletionTimestamp"):
         return False
+    if not _planned(target, str(meta.get("name"))):
+        return False  # pruned: a pool the plan no longer has
     reconcile(rt, target, cause="other")
     return True
+
+
+def _planned(target: Mapping[str, Any], name: str) -> bool:
+    """Whether the target's stored plan has the engine Deployment ``name`` (true
+    without a readable plan: reconcile then decides)."""
+    stored = ServingTargetStatus.read(target.get("status")).plan
+    if stored is None:
+        return True
+    pools = tuple(p.gpu for p in stored.pools or ())
+    return name in builders.engine_deployment_names(str(target["metadata"]["name"]), pools)
 
 
 def index_entry(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -65,7 +65,10 @@ def stored_plan(status: ServingTargetStatus) -> Plan | None:
 
 
 def describe_plan(plan: Plan) -> str:
-    """``2 replicas of 1x h100-sxm (TP1), batch 64, fp8/auto, $6.98/h``."""
+    """``2 replicas of 1x h100-sxm (TP1), batch 64, fp8/auto, $6.98/h``; a mixed fleet's
+    pools joined by `` + ``."""
+    if plan.pools:
+        return " + ".join(map(describe_plan, plan.pools))
     return (
         f"{replicas_of(plan.replicas, plan.tp, plan.gpu)}, "
         f"batch {plan.max_num_seqs}, {plan.weight_dtype}/{plan.kv_dtype}, "
@@ -177,13 +180,12 @@ def _plan_and_deploy(
         _plan_error(rt, body, ref, spec, err)
         return "skipped"
     _record_plan(rt, ref, spec, result)
-    if not result.feasible or result.plan is None:
+    plan = result.deployed
+    if plan is None:
         _infeasible(rt, body, ref, spec, result)
         return WAITING_FOR_NODES if result.beyond_inventory else "skipped"
-    plan = result.plan
-    room = None if counted is None else counted.replicas_fit(plan.gpu, plan.tp)
-    advice = "" if result.mixed is None else explain.mixed(result.mixed, plan)
-    _deploy(rt, body, ref, spec, plan, cause, room, advice)
+    advice = "" if result.mixed is None else explain.mixed(result.mixed, result.plan)
+    _deploy(rt, body, ref, spec, plan, cause, counted, advice)
     return "success"
 
 
@@ -250,17 +252,17 @@ def _deploy(
     spec: ServingTargetSpec,
     plan: Plan,
     cause: str,
-    room: int | None = None,
+    inventory: GpuInventory | None = None,
     advice: str = "",
 ) -> None:
-    """Apply the plan's children (``room``: the replicas the cluster's free GPUs hold for
-    its shape, with ``gpuInventory: nodes``; a rollout surges only into them; ``advice``:
-    a cheaper mixed fleet, said in the Feasible condition)."""
+    """Apply the plan's children (``inventory``: the cluster's free GPUs, with
+    ``gpuInventory: nodes``; a rollout surges only into them; ``advice``: why a mixed
+    fleet, said in the Feasible condition)."""
     old_plan = stored_plan(ServingTargetStatus.read(body.get("status")))
     if cause != "spec_change" or _same_generation(body):
         plan = keep_loop_scale(plan, old_plan)
     try:
-        apply_children(rt, ref, spec, plan, room)
+        apply_children(rt, ref, spec, plan, inventory)
     except (builders.UnsupportedPlan, ChildConflict) as err:
         reason = "UnsupportedPlan" if isinstance(err, builders.UnsupportedPlan) else "NameConflict"
         _not_deployed(rt, body, ref, spec, plan, reason, str(err))
@@ -273,7 +275,8 @@ def _deploy(
     deployed = Condition(cnd.DEPLOYED, "True", "Applied", f"engine {describe_plan(plan)}")
     cache = model_cache_condition(rt.catalog, spec, plan)
     conds = [*_plan_conditions(spec, plan, advice), deployed, *([cache] if cache else [])]
-    _write(rt, ref, conds, seen=body, plan=plan.to_status(), gpu=plan.gpu, slo=slo_text(spec))
+    shown = {"plan": plan.to_status(), "gpu": explain.gpus_of(plan), "slo": slo_text(spec)}
+    _write(rt, ref, conds, seen=body, **shown)
     if plan_changed(old_plan, plan):
         verb = "PlanChanged" if old_plan else "Planned"
         rt.emit(body, "Normal", verb, f"{describe_plan(plan)} ({cause})")
@@ -348,6 +351,12 @@ def keep_loop_scale(plan: Plan, old_plan: Plan | None) -> Plan:
     replicas, cap = old_plan.scale
     if replicas < 1 or cap < 1 or old_plan.scale == plan.scale:
         return plan
+    if plan.pools:  # the same pools: each at the loop's last count and cap
+        pools = tuple(
+            p.rescaled(*o.scale, o.usd_per_hour)
+            for p, o in zip(plan.pools, old_plan.pools, strict=True)
+        )
+        return replace(plan.rescaled(replicas, cap, old_plan.usd_per_hour), pools=pools)
     return plan.rescaled(replicas, cap)
 
 
@@ -389,7 +398,7 @@ def _write(
 def _record_plan(
     rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, result: SearchResult
 ) -> None:
-    plan = result.plan if result.feasible else None
+    plan = result.deployed
     ttft = spec.slo.ttft_ms
     rt.metrics.record_plan(
         ref.namespace,
@@ -399,8 +408,8 @@ def _record_plan(
         slo_ttft_s=None if ttft is None else ttft / 1000.0,
         slo_quantiles=(spec.slo.tpot_percentile.quantile, spec.slo.ttft_percentile.quantile),
         budget_usd_per_hour=spec.budget.usd_per_hour,
-        gpu_type=None if plan is None else plan.gpu,
-        gpus=None if plan is None else plan.tp * plan.replicas,
+        gpu_type=None if plan is None else explain.gpus_of(plan),
+        gpus=None if plan is None else gpu_count(plan),
         usd_per_hour=None if plan is None else plan.usd_per_hour,
         predicted_tpot_s=None if plan is None else plan.tpot_ms / 1000.0,
         predicted_ttft_s=None if plan is None or plan.ttft_ms is None else plan.ttft_ms / 1000.0,
@@ -411,18 +420,28 @@ class ChildConflict(OperatorError, RuntimeError):
     """A child's name is taken by an object this target does not control."""
 
 
+def gpu_count(plan: Plan) -> int:
+    """The GPUs a plan's pods take, every pool's."""
+    return sum(p.tp * p.replicas for p in plan.pools or (plan,))
+
+
 def apply_children(
-    rt: Runtime, ref: TargetRef, spec: ServingTargetSpec, plan: Plan, room: int | None = None
+    rt: Runtime,
+    ref: TargetRef,
+    spec: ServingTargetSpec,
+    plan: Plan,
+    inventory: GpuInventory | None = None,
 ) -> None:
     """Server-side apply each child that differs from what is there (its fields, or
     the digest of what was last applied: see ``builders.with_applied_hash``). Raises
-    ``ChildConflict`` rather than take over an object someone else created. ``room``:
-    the most replicas the cluster's free GPUs hold for the plan's shape (None: not
-    counted), so a rollout's surge pods never wait for GPUs nobody frees."""
+    ``ChildConflict`` rather than take over an object someone else created.
+    ``inventory``: the cluster's free GPUs (None: not counted); each Deployment's
+    rollout surges only into the replicas they hold for its shape, so its surge pods
+    never wait for GPUs nobody frees."""
     inputs = children.engine_inputs(
         rt.catalog, rt.config, ref, spec, plan, pod_monitor=rt.kube.has_api(*PODMONITOR_API)
     )
-    inputs = replace(inputs, inventory_replicas=room)
+    inputs = with_room(inputs, inventory)
     for child in map(builders.with_applied_hash, children.desired(inputs)):
         meta = child["metadata"]
         current = rt.kube.get(child["apiVersion"], child["kind"], ref.namespace, meta["name"])
@@ -438,6 +457,19 @@ def apply_children(
             rt.kube.apply(child)
             if child["kind"] == "Deployment" and rt.config.fault_pause_after_apply_s:
                 time.sleep(rt.config.fault_pause_after_apply_s)  # test hook, see settings
+
+
+def with_room(
+    inputs: builders.EngineInputs, inventory: GpuInventory | None
+) -> builders.EngineInputs:
+    """``inputs`` (each pool's) with the replicas the free GPUs hold for its shape."""
+    if inventory is None:
+        return inputs
+
+    def room(inp: builders.EngineInputs) -> builders.EngineInputs:
+        return replace(inp, inventory_replicas=inventory.replicas_fit(inp.plan.gpu, inp.plan.tp))
+
+    return replace(room(inputs), pools=tuple(map(room, inputs.pools)))
 
 
 def waiting_for_nodes(status: Mapping[str, Any]) -> bool:

@@ -117,7 +117,8 @@ def render_one(
         result = plan_target(target.spec, catalog=catalog, engine_families=families)
     except PlannerError as err:
         return Rendered(EXIT_USAGE, f"rooftop: error: {item.source}: {err}")
-    if result.plan is None:
+    plan = result.deployed
+    if plan is None:
         return Rendered(
             EXIT_INFEASIBLE, f"rooftop: no plan for {target.metadata.name}:\n{result.explain()}"
         )
@@ -125,12 +126,12 @@ def render_one(
     ref = TargetRef(target.metadata.name, namespace, UID_PLACEHOLDER)
     try:
         inputs = children.engine_inputs(
-            catalog, config, ref, target.spec, result.plan, pod_monitor=not args.no_pod_monitor
+            catalog, config, ref, target.spec, plan, pod_monitor=not args.no_pod_monitor
         )
         objects = children.desired(inputs)
     except builders.UnsupportedPlan as err:
         return Rendered(EXIT_INFEASIBLE, f"rooftop: the plan cannot be deployed: {err}")
-    return Rendered(0, f"# rooftop render {item.source}: {result.plan.summary}", objects)
+    return Rendered(0, f"# rooftop render {item.source}: {plan.summary}", objects)
 
 
 def render_all(args: argparse.Namespace) -> list[Rendered]:

@@ -284,7 +284,8 @@ def field_path(section_path: str, name: str) -> str:
 
 
 def _description(path: str, node: Node, defs: Node) -> str:
-    text = _str(node.get("description")) or NOTES.get(path, "")
+    # a mixed fleet's pools keep the plan's own fields, described as the plan's are
+    text = _str(node.get("description")) or NOTES.get(path.replace(".pools[]", ""), "")
     if not text:
         targets = [_ref(child) for _, child in _children(node)]
         target = targets[0] if targets else None

@@ -40,6 +40,8 @@ SINGULAR: Final = "servingtarget"
 # The label every engine pod carries with its target's name (the Deployment's selector;
 # the GPU inventory tells a target's own pods from others' by it).
 TARGET_LABEL: Final = f"{GROUP}/{SINGULAR}"
+# A mixed fleet's engine pods and pool Deployments: the pool's GPU id.
+POOL_LABEL: Final = f"{GROUP}/pool"
 
 
 class _Model(BaseModel):
@@ -707,8 +709,8 @@ class PredictedLatency(_Model):
     )
 
 
-class PlanStatus(_Model):
-    """The chosen plan as stored in ``status.plan``."""
+class _EngineStatus(_Model):
+    """One engine shape at its scale: what ``status.plan`` and each of its pools keep."""
 
     gpu: str
     tp: int
@@ -736,6 +738,21 @@ class PlanStatus(_Model):
     predicted: PredictedLatency = Field(default_factory=PredictedLatency)
     usd_per_hour: float
     summary: str | None = None
+
+
+class PoolStatus(_EngineStatus):
+    """One GPU type's pool of a mixed fleet, as stored in ``status.plan.pools``."""
+
+
+class PlanStatus(_EngineStatus):
+    """The chosen plan as stored in ``status.plan``. A fleet of several GPU types keeps
+    each pool in ``pools``; the plan's own fields are then the pool that sizes the fleet
+    (the least capacity per pod) at the fleet's pod count and cost."""
+
+    pools: list[PoolStatus] | None = Field(
+        default=None,
+        description="A mixed fleet's pools, one Deployment each (absent: one GPU type).",
+    )
 
 
 class ObservedLengths(_Model):

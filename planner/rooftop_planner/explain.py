@@ -233,14 +233,23 @@ def owned_note(plan: Plan | None, spec: ServingTargetSpec) -> list[str]:
 
 
 def mixed(fleet: MixedFleet, single: Plan | None) -> str:
-    """Why a fleet of several GPU types is worth knowing about, and that it stays
-    advice: Rooftop deploys one GPU type per target."""
+    """Why the fleet of several GPU types is the plan (``fleet.summary`` says what it is):
+    it costs less than the best single type (named, with its cost), or no single type
+    serves."""
     if single is None:
-        lead = "no single GPU type serves this target here, but pools of several would"
+        lead = "no single GPU type serves this target here, but pools of several do"
     else:
         saving = single.usd_per_hour - fleet.usd_per_hour
-        lead = f"pools of several GPU types would cost ${saving:.2f}/h less than the chosen plan"
-    return f"{lead}: {fleet.summary}; Rooftop does not deploy mixed fleets yet"
+        lead = (
+            f"pools of several GPU types cost ${saving:.2f}/h less than the best single "
+            f"type ({describe(single)}: ${single.usd_per_hour:.2f}/h)"
+        )
+    return f"{lead}; one Deployment per pool, behind one Service"
+
+
+def gpus_of(plan: Plan) -> str:
+    """The plan's GPU types: ``l4``, or a mixed fleet's ``a100-80gb+l4``."""
+    return "+".join(p.gpu for p in plan.pools) if plan.pools else plan.gpu
 
 
 def burst_note(spec: ServingTargetSpec) -> list[str]:
@@ -331,7 +340,9 @@ def _nearest_misses(rejections: list[Rejection]) -> list[str]:
 def explain_result(result: SearchResult) -> str:
     """A multi-line explanation: the choice, the runners-up and every rejection class."""
     lines = []
-    if result.plan:
+    if result.mixed is not None:  # the reasons say why it beats the best single type
+        lines.append(f"Chosen: {result.mixed.summary}")
+    elif result.plan:
         lines.append(f"Chosen: {result.plan.summary}")
         if result.step_times_from:
             lines.append(f"  - step times from {result.step_times_from}")

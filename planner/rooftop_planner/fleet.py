@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from rooftop_planner import explain
 from rooftop_planner.plan import Plan
-from rooftop_planner.pricing import GpuPrice
+from rooftop_planner.pricing import GpuPrice, ReplicaPrice
 
 # Pods a GPU type offers when its free GPUs are not counted: any number.
 UNLIMITED = 1 << 30
@@ -81,6 +81,27 @@ class MixedFleet:
         return (
             f"{pools}: ${self.usd_per_hour:.2f}/h; every pod serves {self.per_pod_rps:.3g} "
             f"req/s (the Service spreads requests evenly), within each pool's {within} req/s"
+        )
+
+    def plan(self) -> Plan:
+        """The fleet as the one plan the operator deploys and the loop scales: the pool
+        whose pods serve the fewest requests/s at the fleet's ``N`` pods (with every pod
+        at the same rate, that pool is what sizes the fleet: ``Λ / N ≤ c_min``), the
+        fleet's cost, its worst latencies and summed throughput, and every pool's own
+        plan in ``pools``."""
+        lead = min(self.pools, key=lambda p: p.capacity_rps)
+        pods = sum(p.plan.replicas for p in self.pools)
+        return replace(
+            lead.plan,
+            replicas=pods,
+            usd_per_hour=self.usd_per_hour,
+            capacity_rps=lead.capacity_rps * pods,
+            tpot_ms=max(p.plan.tpot_ms for p in self.pools),
+            ttft_ms=max(p.plan.ttft_ms for p in self.pools),
+            output_tok_s=sum(p.plan.output_tok_s for p in self.pools),
+            summary=self.summary,
+            session_affinity="",
+            pools=tuple(replace(p.plan, summary=explain.describe(p.plan)) for p in self.pools),
         )
 
     def to_json(self) -> dict[str, object]:
@@ -221,3 +242,94 @@ def _segments(gpu: str, tp: int, price: GpuPrice, room: int) -> list[_Segment]:
             segments.append(_Segment(usd, tp, gpu, take))
             room -= take
     return segments
+
+
+@dataclass(frozen=True)
+class FleetPrice:
+    """What ``n`` pods of a deployed mixed fleet cost, and on which pools they run.
+
+    Every pod serves the same rate, so a pod's cost is its cost per request: the ``n``
+    pods are the ``n`` cheapest over the pools (``_segments``: a type's owned GPUs
+    first, then on demand), within each type's ``room`` (the pods its free GPUs hold,
+    where counted). Growing the fleet adds its next cheapest pod and shrinking removes
+    its dearest one; once a type's room is used up, growth spills onto the next type.
+    Pods beyond every type's room (which the loop never decides: its inventory limit is
+    ``room_total``) are priced on the type with the cheapest on-demand pod.
+
+    Attributes:
+        pools: (GPU id, what its replicas cost), in the plan's pool order.
+        room: GPU id -> the most pods of its pool the free GPUs hold; absent: any number.
+    """
+
+    pools: tuple[tuple[str, ReplicaPrice], ...]
+    room: Mapping[str, int] = field(default_factory=dict)
+
+    def within(self, room: Mapping[str, int]) -> FleetPrice:
+        """The same pools, each within ``room`` pods."""
+        return replace(self, room=dict(room))
+
+    @property
+    def room_total(self) -> int:
+        """The most pods the pools' room holds (``UNLIMITED`` where any is uncounted)."""
+        return min(sum(self.room.get(g, UNLIMITED) for g, _ in self.pools), UNLIMITED)
+
+    def split(self, pods: int) -> dict[str, int]:
+        """GPU id -> pods of the ``pods`` cheapest (class docstring); every pool named."""
+        segments: list[_Segment] = []
+        for gpu, price in self.pools:
+            room = min(self.room.get(gpu, UNLIMITED), pods)
+            segments += _segments(gpu, price.tp, price.gpu, room)
+        segments.sort(key=lambda s: (s.usd, s.tp))
+        counts = {gpu: 0 for gpu, _ in self.pools}
+        left = pods
+        for seg in segments:
+            take = min(seg.pods, left)
+            counts[seg.gpu] += take
+            left -= take
+        if left > 0:  # beyond every type's room: priced where on-demand pods cost least
+            gpu, _ = min(self.pools, key=lambda item: item[1].tp * item[1].gpu.on_demand_usd)
+            counts[gpu] += left
+        return counts
+
+    def usd_per_hour(self, replicas: int) -> float:
+        """What ``replicas`` pods cost, USD/h, each pool priced on its own tiers."""
+        counts = self.split(replicas)
+        return sum(price.usd_per_hour(counts[gpu]) for gpu, price in self.pools)
+
+    def affordable(self, budget_usd_per_hour: float, at_most: int) -> int:
+        """The most pods (up to ``at_most``) the budget pays for: the cost never falls as
+        pods are added, so a binary search."""
+        low, high = 0, at_most
+        while low < high:
+            mid = (low + high + 1) // 2
+            if self.usd_per_hour(mid) <= budget_usd_per_hour + 1e-9:
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
+    def describe(self, replicas: int) -> str:
+        """``3 pods: 2 on a100-80gb (2 owned at $0.00/GPU-h, then $3.40/GPU-h), 1 on l4
+        ($0.80/GPU-h)``."""
+        counts = self.split(replicas)
+        parts = ", ".join(f"{counts[g]} on {g} ({p.gpu.describe()})" for g, p in self.pools)
+        return f"{replicas} pods: {parts}"
+
+
+def rescaled(plan: Plan, pods: int, max_num_seqs: int, price: FleetPrice) -> Plan:
+    """A mixed ``plan`` at ``pods`` pods: each pool at its share of the cheapest split
+    (``FleetPrice.split``); the pool that sizes the fleet (the plan's own GPU) at
+    ``max_num_seqs``, the batch cap the loop chose with its planner, the others at
+    theirs."""
+    counts = price.split(pods)
+    prices = dict(price.pools)
+    pools = tuple(
+        pool.rescaled(
+            counts.get(pool.gpu, 0),
+            max_num_seqs if pool.gpu == plan.gpu else None,
+            prices[pool.gpu].usd_per_hour(counts.get(pool.gpu, 0)) if pool.gpu in prices else None,
+        )
+        for pool in plan.pools
+    )
+    cost = sum(p.usd_per_hour for p in pools)
+    return replace(plan, replicas=pods, max_num_seqs=max_num_seqs, usd_per_hour=cost, pools=pools)

@@ -251,7 +251,8 @@ def held_gpus(
     resources = {g.resource_name for g in catalog.gpus.values()}
     on_node: dict[str, int] = {}
     claimed: dict[str, int] = {}
-    bound: dict[tuple[str, str], int] = {}  # GPUs engine pods of each target hold
+    # GPUs the engine pods of each target hold, per GPU type (a mixed fleet's pools)
+    bound: dict[tuple[tuple[str, str], str], int] = {}
     for pod in pods:
         target = _target_of(pod)
         if _finished(pod) or (own is not None and target == own):
@@ -263,7 +264,8 @@ def held_gpus(
         if node := spec.get("nodeName"):
             on_node[str(node)] = on_node.get(str(node), 0) + gpus
             if target is not None:
-                bound[target] = bound.get(target, 0) + gpus
+                key = (target, _selected_gpu(spec, catalog))
+                bound[key] = bound.get(key, 0) + gpus
         elif target is None and (gpu := _selected_gpu(spec, catalog)):
             claimed[gpu] = claimed.get(gpu, 0) + gpus
     for engine in engines:
@@ -273,7 +275,9 @@ def held_gpus(
         template = ((engine.get("spec") or {}).get("template") or {}).get("spec") or {}
         gpu = _selected_gpu(template, catalog)
         replicas = int((engine.get("spec") or {}).get("replicas") or 0)
-        wanted = replicas * _pod_gpus(template, resources) - bound.get(target, 0)
+        # bound pods of this pool (a pod that selects no GPU type: of any)
+        held = bound.get((target, gpu), 0) + (bound.get((target, ""), 0) if gpu else 0)
+        wanted = replicas * _pod_gpus(template, resources) - held
         if gpu and wanted > 0:
             claimed[gpu] = claimed.get(gpu, 0) + wanted
     return HeldGpus(on_node, claimed)
@@ -306,7 +310,7 @@ def _pod_gpus(spec: Mapping[str, Any], resources: set[str]) -> int:
 
 
 def _selected_gpu(spec: Mapping[str, Any], catalog: Catalog) -> str:
-    """The catalog GPU an unbound pod's nodeSelector asks for, else ""."""
+    """The catalog GPU a pod's (or pod template's) nodeSelector asks for, else ""."""
     selector = spec.get("nodeSelector") or {}
     for gpu in catalog.gpus.values():
         if selector.get(gpu.node_label_key) == gpu.node_label_value:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Any, Final
 
 from pydantic import ValidationError
 
-from rooftop_api.spec import PlanStatus, PredictedLatency
+from rooftop_api.spec import PlanStatus, PoolStatus, PredictedLatency
 from rooftop_planner.errors import PlannerError
 from rooftop_planner.perf import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_MAX_NUM_BATCHED_TOKENS
 
@@ -45,6 +45,9 @@ SHAPE_FIELDS: Final = (
     "checkpoint",
     # the Service's: a pod stays as it was, but the hit rate, hence the curve, changes
     "session_affinity",
+    # a mixed fleet's pools: their shapes are the plan's (``Plan.shape``), their pod
+    # counts follow the fleet's ``replicas``
+    "pools",
 )
 SCALE_FIELDS: Final = ("replicas", "max_num_seqs")
 # The plan fields vLLM takes as they are, and the ``vllm serve`` flag of each (a field that
@@ -68,6 +71,7 @@ ENGINE_FIELDS_TRANSLATED: Final = (
     "checkpoint",
     "replicas",
     "session_affinity",  # the Service's sessionAffinity
+    "pools",  # one Deployment each
 )
 OUTCOME_FIELDS: Final = (
     "prefix_hit_ratio",
@@ -115,6 +119,15 @@ class Plan:
     prefix_hit_ratio: float = 0.0  # predicted share of prompt tokens the prefix cache holds
     # the prefill chunk, tokens: the most one engine step takes (--max-num-batched-tokens)
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    # A fleet of several GPU types (``fleet.MixedFleet.plan``): each pool's own plan at
+    # its replicas. The plan's own fields are then the pool that sizes the fleet (the
+    # least capacity per pod) at the fleet's pod count, cost and worst latencies.
+    pools: tuple[Plan, ...] = ()
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the plan is a fleet of several pools."""
+        return bool(self.pools)
 
     @property
     def key(self) -> tuple[str, int, str, str]:
@@ -126,7 +139,8 @@ class Plan:
         """The engine each pod runs (``SHAPE_FIELDS``: GPU, TP, dtypes, context length,
         memory share, prefill chunk, checkpoint). The feedback loop changes only the
         ``scale``; a new shape is a new operating curve."""
-        return tuple(getattr(self, name) for name in SHAPE_FIELDS)
+        own = tuple(getattr(self, name) for name in SHAPE_FIELDS if name != "pools")
+        return (*own, tuple(pool.shape for pool in self.pools))
 
     @property
     def scale(self) -> tuple[int, int]:
@@ -177,11 +191,17 @@ class Plan:
             "usd_per_hour": round(self.usd_per_hour, 3),
             "capacity_rps": round(self.capacity_rps, 3),
             "summary": self.summary,
+            **({"pools": [p.to_json() for p in self.pools]} if self.pools else {}),
         }
 
     def to_status(self) -> PlanStatus:
         """``status.plan``: what the operator stores on the resource."""
-        return PlanStatus(
+        pools = [PoolStatus(**p._engine_status()) for p in self.pools] or None
+        return PlanStatus(**self._engine_status(), pools=pools)
+
+    def _engine_status(self) -> dict[str, Any]:
+        """The fields ``status.plan`` and each of its pools keep."""
+        return dict(
             gpu=self.gpu,
             tp=self.tp,
             replicas=self.replicas,
@@ -204,7 +224,7 @@ class Plan:
         )
 
     @classmethod
-    def from_status(cls, status_plan: Mapping[str, object] | PlanStatus) -> Plan:
+    def from_status(cls, status_plan: Mapping[str, object] | PlanStatus | PoolStatus) -> Plan:
         """Read ``status.plan`` (camelCase, as stored) back into a plan.
 
         Fields the status does not keep (``NOT_IN_STATUS``) take their defaults; a stored
@@ -218,7 +238,7 @@ class Plan:
         try:
             stored = (
                 status_plan
-                if isinstance(status_plan, PlanStatus)
+                if isinstance(status_plan, PlanStatus | PoolStatus)
                 else PlanStatus.model_validate(dict(status_plan))
             )
         except ValidationError as err:
@@ -242,4 +262,5 @@ class Plan:
             checkpoint=stored.checkpoint or "",
             session_affinity=stored.session_affinity or "",
             prefix_hit_ratio=stored.predicted.prefix_hit_ratio or 0.0,
+            pools=tuple(cls.from_status(pool) for pool in getattr(stored, "pools", None) or ()),
         )

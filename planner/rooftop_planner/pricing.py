@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Protocol
 
 from rooftop_api.spec import Pricing, ServingTargetSpec
 from rooftop_planner.catalog import Catalog, CatalogError
@@ -63,6 +64,17 @@ class GpuPrice:
         if not self.owned:
             return demand
         return f"{self.owned} owned at ${self.owned_usd:.2f}/GPU-h, then {demand}"
+
+
+class PodsPrice(Protocol):
+    """What ``n`` pods cost: one shape's (``ReplicaPrice``) or a mixed fleet's
+    (``fleet.FleetPrice``), as the loop's budget limit and status price them."""
+
+    def usd_per_hour(self, replicas: int) -> float: ...
+
+    def affordable(self, budget_usd_per_hour: float, at_most: int) -> int: ...
+
+    def describe(self, replicas: int) -> str: ...
 
 
 @dataclass(frozen=True)

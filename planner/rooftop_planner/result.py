@@ -60,8 +60,17 @@ class SearchResult:
     # Where the plan's step times come from (``Efficiency.describe``); "" without a plan.
     step_times_from: str = ""
     # Pools of several GPU types that cost less than ``plan`` or serve where no single
-    # type does (``fleet.cheapest_mix``): advice, since only single-type plans deploy.
+    # type does (``fleet.cheapest_mix``): what the operator deploys (``deployed``).
     mixed: MixedFleet | None = None
+
+    @property
+    def deployed(self) -> Plan | None:
+        """The plan the operator deploys: the mixed fleet where there is one (it costs
+        less than the single-type plan, or no single type serves), else the single-type
+        plan; None when nothing serves."""
+        if self.mixed is not None:
+            return self.mixed.plan()
+        return self.plan if self.feasible else None
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -894,8 +894,8 @@ def _offer_a_mix(
     result: SearchResult, ctx: _Context, plans: list[Plan], inventory: GpuInventory | None
 ) -> None:
     """Where pools of several GPU types cost less than the single-type plan (or serve
-    where no single type does), say so (``fleet.cheapest_mix``): as ``result.mixed``
-    and one reason. The operator deploys single-type plans only, so it stays advice."""
+    where no single type does), say so (``fleet.cheapest_mix``): as ``result.mixed``,
+    the plan the operator deploys (``SearchResult.deployed``), and one reason."""
     c, workload = ctx.spec.constraints, ctx.workload
     fleet_rps = max(workload.requests_per_second * HEADROOM, workload.burst_rps)
     fit = None if inventory is None or inventory.free is None else inventory.replicas_fit

@@ -77,7 +77,8 @@ all); namespace scope: the listed ones or the release namespace.
 {{/*
 RBAC rules for ServingTargets and their children, shared by the Role and ClusterRole.
 Least privilege: children are written with server-side apply (create + patch) and
-removed by garbage collection through ownerReferences, so no delete verb.
+removed by garbage collection through ownerReferences; the one delete verb is for
+a mixed fleet's pool Deployment the plan no longer has (its target stays).
 */}}
 {{- define "rooftop.rules" -}}
 - apiGroups: ["rooftop.dev"]
@@ -94,7 +95,8 @@ removed by garbage collection through ownerReferences, so no delete verb.
   verbs: ["update"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "watch", "create", "patch"]
+  # delete: a mixed fleet's pool Deployment its plan no longer has.
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 - apiGroups: [""]
   # configmaps: the drain middleware each vLLM target's pods load.
   resources: ["services", "configmaps"]

@@ -62,6 +62,10 @@ class FakeResult:
     beyond_inventory: Plan | None = None
     mixed: None = None  # the planner's mixed-fleet advice (``SearchResult.mixed``)
 
+    @property
+    def deployed(self) -> Plan | None:
+        return self.plan if self.feasible else None
+
     def explain(self) -> str:
         return "no plan: " + "; ".join(self.reasons)
 
@@ -94,6 +98,7 @@ class FakeKube:
         self.apply_error: Exception | None = None  # what applying a Deployment raises
         self.node_lists = 0
         self.pod_lists = 0
+        self.deleted: list[str] = []
 
     def add(self, obj: Mapping[str, Any]) -> None:
         meta = obj["metadata"]
@@ -108,6 +113,20 @@ class FakeKube:
             raise self.apply_error
         self.applied.append(copy.deepcopy(dict(obj)))
         self.add(obj)
+
+    def list_pool_deployments(self, namespace: str, target: str) -> list[Obj]:
+        return [
+            copy.deepcopy(o)
+            for (kind, ns, _), o in self.objects.items()
+            if kind == "Deployment"
+            and ns == namespace
+            and o["metadata"].get("labels", {}).get(TARGET_LABEL) == target
+            and "rooftop.dev/pool" in o["metadata"].get("labels", {})
+        ]
+
+    def delete_deployment(self, namespace: str, name: str) -> None:
+        self.deleted.append(name)
+        self.objects.pop(("Deployment", namespace, name), None)
 
     def has_api(self, group_version: str, plural: str) -> bool:
         return self.pod_monitors and plural == "podmonitors"

@@ -167,7 +167,10 @@ def test_rbac_is_least_privilege() -> None:
         for role in by_kind(docs, "ClusterRole") + by_kind(docs, "Role"):
             for rule in role["rules"]:
                 assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
-                assert "delete" not in rule["verbs"], rule  # children go by GC
+                # children go by GC; a mixed fleet's pool Deployment the plan no longer
+                # has is the one thing the operator deletes itself
+                if "delete" in rule["verbs"]:
+                    assert (rule["apiGroups"], rule["resources"]) == (["apps"], ["deployments"])
                 if rule["resources"] in (["pods"], ["namespaces"]):
                     assert set(rule["verbs"]) <= {"get", "list", "watch"}
 

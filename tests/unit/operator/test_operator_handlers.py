@@ -1093,15 +1093,16 @@ def test_two_loops_deciding_on_the_same_free_gpus_are_applied_one_after_the_othe
     cfg = control.config_from_spec(spec, PlanTargetPlanner(spec, one), 1.6)
     base = control.decide(control.initial_state(1, one.max_num_seqs), Observation(), 0.0, cfg)
     grow = replace(base, replicas=2, previous_replicas=1)
-    loop._apply_scale(inventory_rt, refs[0], spec, two, grow)
+    price = loop.fleet_price(spec, inventory_rt.catalog, one)
+    loop._apply_scale(inventory_rt, refs[0], spec, one, grow, price)
     with pytest.raises(loop.GpusTaken, match="free GPUs now hold 1"):
-        loop._apply_scale(inventory_rt, refs[1], spec, two, grow)
+        loop._apply_scale(inventory_rt, refs[1], spec, one, grow, price)
     replicas = {n: o["spec"]["replicas"] for (k, _, n), o in kube.objects.items()
                 if k == "Deployment"}  # fmt: skip
     assert sorted(replicas.values()) == [1, 2]
     assert sum(replicas.values()) * two.tp == 6  # the three nodes' GPUs, none over
     # a scale-down or a hold is never refused, whatever is free
-    loop._apply_scale(inventory_rt, refs[1], spec, one, replace(base, previous_replicas=1))
+    loop._apply_scale(inventory_rt, refs[1], spec, one, replace(base, previous_replicas=1), price)
 
 
 async def test_a_scale_up_whose_gpus_were_taken_leaves_the_loop_as_it_was(
@@ -1145,22 +1146,6 @@ async def test_a_scale_up_whose_gpus_were_taken_leaves_the_loop_as_it_was(
     monkeypatch.setattr(loop, "_apply_scale", lambda *_: None)  # the GPUs are free again
     await loop.feedback(body=body, memo=memo, engine_deployments=index)
     assert memory.state.replicas > replicas  # decided again, and taken this time
-
-
-def test_feasible_says_when_owned_gpus_beside_another_type_would_cost_less(
-    rt: Runtime, kube: FakeKube
-) -> None:
-    """The single-type plan is deployed; the cheaper mixed fleet is named in Feasible."""
-    from rooftop_planner.search import plan_target
-
-    doc = yaml.safe_load((EXAMPLES / "owned-a100s.yaml").read_text())
-    body = target_body(spec=doc["spec"])
-    kube.add(body)
-    assert reconcile(replace(rt, plan=plan_target), body) == "success"
-    message = cond(kube, "Feasible")["message"]
-    assert message.startswith("a plan meets the SLO within the budget; pools of several GPU")
-    assert message.endswith("Rooftop does not deploy mixed fleets yet")
-    assert kube.status()["plan"]["gpu"] == "a100-80gb"
 
 
 def test_with_inventory_only_nodes_the_pods_tolerate_count(

@@ -11,10 +11,10 @@ import pytest
 
 from rooftop_api.manifest import load_target
 from rooftop_api.spec import Pricing, ServingTargetSpec
-from rooftop_planner.fleet import cheapest_mix
+from rooftop_planner.fleet import FleetPrice, cheapest_mix, rescaled
 from rooftop_planner.inventory import GpuInventory
 from rooftop_planner.plan import Plan
-from rooftop_planner.pricing import GpuPrice
+from rooftop_planner.pricing import GpuPrice, ReplicaPrice
 from rooftop_planner.search import plan_target
 
 
@@ -124,8 +124,9 @@ def test_the_plan_says_when_owned_gpus_and_another_type_together_cost_less() -> 
     assert busy.plan is not None and busy.mixed is not None
     assert busy.mixed.usd_per_hour < busy.plan.usd_per_hour
     assert {p.plan.gpu for p in busy.mixed.pools} >= {"a100-80gb"}
-    assert any("pools of several GPU types would cost" in r for r in busy.reasons)
-    assert "Rooftop does not deploy mixed fleets yet" in busy.explain()
+    assert any("pools of several GPU types cost" in r for r in busy.reasons)
+    assert busy.deployed is not None and busy.deployed.pools  # the mix is what deploys
+    assert busy.explain().startswith(f"Chosen: {busy.mixed.summary}")
     assert busy.to_json()["mixed"]["usd_per_hour"] == pytest.approx(
         busy.mixed.usd_per_hour, abs=1e-3
     )
@@ -139,3 +140,65 @@ def test_a_mix_respects_the_free_gpus() -> None:
         for pool in result.mixed.pools:
             assert pool.plan.replicas <= counted.replicas_fit(pool.plan.gpu, pool.plan.tp)
     assert not math.isnan(result.budget_usd_per_hour)
+
+
+def test_the_mix_deploys_as_one_plan_its_slowest_pool_sizes() -> None:
+    """Every pod serves the same rate, so the pool with the least capacity per pod sizes
+    the fleet: the plan is that pool's shape at every pod, at the fleet's cost, and keeps
+    each pool; ``status.plan`` keeps it whole."""
+    plans = [shape("a", 1, 10.0), shape("b", 1, 12.0)]
+    prices = {"a": GpuPrice(4.0, owned=4), "b": GpuPrice(2.5)}
+    mixed = cheapest_mix(plans, prices, 50.0, 16, 100.0)
+    assert mixed is not None
+    plan = mixed.plan()
+    assert (plan.gpu, plan.replicas, plan.capacity_rps) == ("a", 5, pytest.approx(50.0))
+    assert plan.usd_per_hour == pytest.approx(2.5) and plan.mixed
+    assert [(p.gpu, p.replicas) for p in plan.pools] == [("a", 4), ("b", 1)]
+    back = Plan.from_status(plan.to_status().model_dump(by_alias=True, exclude_none=True))
+    assert [(p.gpu, p.replicas, p.usd_per_hour) for p in back.pools] == [
+        ("a", 4, 0.0),
+        ("b", 1, 2.5),
+    ]
+    assert back.shape == plan.shape
+
+
+def two_pools() -> tuple[Plan, FleetPrice]:
+    """A fleet of 4 owned A pods ($0, then $4/h each) and 1 B pod ($2.50/h)."""
+    plans = [shape("a", 1, 10.0), shape("b", 1, 12.0)]
+    prices = {"a": GpuPrice(4.0, owned=4), "b": GpuPrice(2.5)}
+    mixed = cheapest_mix(plans, prices, 50.0, 16, 100.0)
+    assert mixed is not None
+    price = FleetPrice((("a", ReplicaPrice(prices["a"])), ("b", ReplicaPrice(prices["b"]))))
+    return mixed.plan(), price
+
+
+def test_the_loop_grows_onto_owned_gpus_first_then_the_cheapest_pods() -> None:
+    """Owned A pods first ($0), then B pods ($2.50) before on-demand A pods ($4): every
+    pod serves the same rate, so the cheapest pod is the cheapest capacity per request.
+    Shrinking gives back the dearest pod first."""
+    _, price = two_pools()
+    assert [price.split(n) for n in (2, 4, 6)] == [
+        {"a": 2, "b": 0},
+        {"a": 4, "b": 0},
+        {"a": 4, "b": 2},
+    ]
+    assert price.usd_per_hour(6) == pytest.approx(5.0)
+    assert price.affordable(5.0, 100) == 6 and price.affordable(4.99, 100) == 5
+    assert price.affordable(0.0, 100) == 4  # the owned pods cost nothing
+    assert "4 on a (4 owned at $0.00/GPU-h, then $4.00/GPU-h)" in price.describe(5)
+
+
+def test_growth_spills_onto_the_next_type_when_one_types_gpus_are_taken() -> None:
+    """B is cheaper than on-demand A, but only 2 B pods fit on the free GPUs: the next
+    pods go to A at its on-demand price."""
+    plan, price = two_pools()
+    full = price.within({"b": 2})
+    assert full.split(8) == {"a": 6, "b": 2}
+    assert full.room_total > 1000  # A's GPUs are not counted
+    grown = rescaled(plan, 8, 32, full)
+    assert [(p.gpu, p.replicas, p.max_num_seqs) for p in grown.pools] == [
+        ("a", 6, 32),  # the pool that sizes the fleet runs the loop's batch cap
+        ("b", 2, 64),
+    ]
+    assert grown.usd_per_hour == pytest.approx(2 * 4.0 + 2 * 2.5)
+    assert (grown.replicas, grown.shape) == (8, plan.shape)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -461,3 +462,18 @@ def test_other_targets_deployments_claim_what_their_pods_do_not_hold_yet(
     engines = [engine_deployment("other", 3, 2), engine_deployment("chat", 4, 2)]
     held = held_gpus(pods, catalog, own=("team", "chat"), engines=engines)
     assert held.on_node == {"a": 2} and held.claimed == {"l40s": 4}
+
+
+def test_a_mixed_fleets_bound_pods_count_against_their_own_pool_only(
+    catalog: Catalog,
+) -> None:
+    """Another target's two pools want 2 L40S pods and 2 L4 pods of one GPU each; its two
+    bound L40S pods hold the L40S pool's, and the L4 pool still claims both its GPUs."""
+    labels = {"rooftop.dev/servingtarget": "other"}
+    l4 = catalog.gpu("l4")
+    pods = [pod(f"other-{i}", "a", 1, selects=L40S, labels=labels) for i in range(2)]
+    pool = engine_deployment("other", 2, 1)
+    other = copy.deepcopy(pool)
+    other["spec"]["template"]["spec"]["nodeSelector"] = {l4.node_label_key: l4.node_label_value}
+    held = held_gpus(pods, catalog, own=("team", "chat"), engines=[pool, other])
+    assert held.on_node == {"a": 2} and held.claimed == {"l4": 2}

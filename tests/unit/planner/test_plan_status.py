@@ -39,6 +39,11 @@ PLAN = Plan(
     prefix_hit_ratio=0.125,
     max_num_batched_tokens=2048,
 )
+# A mixed fleet: the plan above sizes it, beside a pool of another GPU type. Its pools
+# keep what the plan keeps (the declared losses left at their defaults here).
+_KEPT = dataclasses.replace(PLAN, capacity_rps=0.0, weights_note="", context_note="")
+POOL = dataclasses.replace(_KEPT, gpu="l40s", replicas=2, usd_per_hour=3.9)
+PLAN = dataclasses.replace(PLAN, pools=(dataclasses.replace(_KEPT, replicas=1), POOL))
 
 
 def test_the_plan_here_sets_every_field_away_from_its_default() -> None:

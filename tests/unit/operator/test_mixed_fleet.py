@@ -1,0 +1,192 @@
+"""A fleet of several GPU types, deployed: one Deployment per pool behind one Service,
+pools the plan no longer has pruned once the new ones serve, readiness over every pool,
+and the loop's growth onto the cheapest pool, spilling to the next when one type's free
+GPUs run out."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from operator_fakes import NS, UID, FakeKube, target_body
+
+from rooftop_control import control
+from rooftop_control.readings import Observation
+from rooftop_control.sizing import PlanTargetPlanner
+from rooftop_operator import loop, readiness
+from rooftop_operator.reconcile import keep_loop_scale, reconcile
+from rooftop_operator.runtime import Runtime
+from rooftop_operator.specs import TargetRef, parse_spec
+from rooftop_planner.catalog import Catalog
+from rooftop_planner.plan import Plan
+from rooftop_planner.search import plan_target
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "owned-a100s.yaml"
+# four owned A100s and one on-demand GPU of another type cost less than six A100s
+SPEC: dict[str, Any] = {**yaml.safe_load(EXAMPLE.read_text())["spec"], "mode": "vllm"}
+
+
+def deployments(kube: FakeKube) -> dict[str, dict[str, Any]]:
+    return {n: o for (k, _, n), o in kube.objects.items() if k == "Deployment"}
+
+
+def gpu_node(catalog: Catalog, name: str, gpu_id: str, gpus: int) -> dict[str, Any]:
+    gpu = catalog.gpu(gpu_id)
+    return {"kind": "Node",
+            "metadata": {"name": name, "labels": {gpu.node_label_key: gpu.node_label_value}},
+            "status": {"allocatable": {gpu.resource_name: str(gpus)}}}  # fmt: skip
+
+
+@pytest.fixture
+def planned_rt(rt: Runtime) -> Runtime:
+    return replace(rt, plan=plan_target)
+
+
+def deployed_mix(rt: Runtime, kube: FakeKube) -> Plan:
+    body = target_body(spec=SPEC)
+    kube.add(body)
+    assert reconcile(rt, body) == "success"
+    plan = Plan.from_status(kube.status()["plan"])
+    assert len(plan.pools) == 2
+    return plan
+
+
+def test_a_cheaper_mix_deploys_one_deployment_per_pool_behind_one_service(
+    planned_rt: Runtime, kube: FakeKube
+) -> None:
+    plan = deployed_mix(planned_rt, kube)
+    pools = {p.gpu: p for p in plan.pools}
+    found = deployments(kube)
+    assert set(found) == {f"chat-engine-{gpu}" for gpu in pools}
+    for gpu, pool in pools.items():
+        dep = found[f"chat-engine-{gpu}"]
+        assert dep["spec"]["replicas"] == pool.replicas
+        # each pool selects its own pods only: two Deployments never fight over a pod
+        assert dep["spec"]["selector"]["matchLabels"]["rooftop.dev/pool"] == gpu
+        template = dep["spec"]["template"]
+        assert template["metadata"]["labels"]["rooftop.dev/pool"] == gpu
+        node_label = planned_rt.catalog.gpu(gpu)
+        assert template["spec"]["nodeSelector"][node_label.node_label_key] == (
+            node_label.node_label_value
+        )
+        args = template["spec"]["containers"][0]["args"]
+        assert args[args.index("--tensor-parallel-size") + 1] == str(pool.tp)
+    [service] = [o for (k, _, _), o in kube.objects.items() if k == "Service"]
+    assert "rooftop.dev/pool" not in service["spec"]["selector"]  # one Service, every pool
+    status = kube.status()
+    assert status["gpu"] == "+".join(pools)
+    assert plan.replicas == sum(p.replicas for p in plan.pools)
+    feasible = next(c for c in status["conditions"] if c["type"] == "Feasible")
+    assert (
+        "cost $1.89/h less than the best single type (3 replicas of 2x a100-80gb"
+        in (feasible["message"])
+    )
+
+
+def test_a_resumed_mix_keeps_the_loops_pool_counts(planned_rt: Runtime, kube: FakeKube) -> None:
+    plan = deployed_mix(planned_rt, kube)
+    grown = replace(plan, replicas=plan.replicas + 1, pools=(
+        plan.pools[0].rescaled(plan.pools[0].replicas + 1), plan.pools[1]))  # fmt: skip
+    kept = keep_loop_scale(plan, grown)
+    assert [p.replicas for p in kept.pools] == [p.replicas for p in grown.pools]
+    assert kept.replicas == grown.replicas
+
+
+def test_the_loop_grows_the_cheapest_pool_and_spills_when_its_gpus_are_taken(
+    planned_rt: Runtime, kube: FakeKube, catalog: Catalog
+) -> None:
+    """Free: one 8-A100 node (two TP4 pods) and two 1-GH200 nodes. The owned A100 pod
+    costs nothing and a GH200 pod less than four on-demand A100s, so growth takes the
+    GH200s first; once both are taken it spills onto the A100 node; past every free GPU
+    the scale-up is refused (``GpusTaken``) and nothing is applied."""
+    rt = replace(planned_rt, config=replace(planned_rt.config, gpu_inventory=True))
+    kube.nodes = [gpu_node(catalog, "a100", "a100-80gb", 8),
+                  *(gpu_node(catalog, f"gh{i}", "gh200", 1) for i in range(2))]  # fmt: skip
+    plan = deployed_mix(rt, kube)
+    assert {p.gpu for p in plan.pools} == {"a100-80gb", "gh200"}
+    spec = parse_spec(SPEC)
+    ref = TargetRef.from_body(target_body(spec=SPEC))
+    price = loop.fleet_price(spec, catalog, plan)
+    cfg = control.config_from_spec(spec, PlanTargetPlanner(spec, plan), price)
+    start = control.initial_state(plan.replicas, plan.max_num_seqs)
+    base = control.decide(start, Observation(), 0.0, cfg)
+
+    def grow(pods: int) -> Plan:
+        d = replace(base, replicas=pods, previous_replicas=plan.replicas)
+        return loop._apply_scale(rt, ref, spec, plan, d, price)
+
+    def replicas() -> dict[str, int]:
+        return {n: o["spec"]["replicas"] for n, o in deployments(kube).items()}
+
+    grow(3)
+    assert replicas() == {"chat-engine-a100-80gb": 1, "chat-engine-gh200": 2}
+    grown = grow(4)  # no GH200 left: the next pod is an on-demand A100 pod
+    assert replicas() == {"chat-engine-a100-80gb": 2, "chat-engine-gh200": 2}
+    assert grown.usd_per_hour == pytest.approx(sum(p.usd_per_hour for p in grown.pools))
+    with pytest.raises(loop.GpusTaken, match="free GPUs now hold 4"):
+        grow(5)
+    assert replicas() == {"chat-engine-a100-80gb": 2, "chat-engine-gh200": 2}
+
+
+def test_the_loop_prices_a_mix_by_its_cheapest_pods(
+    planned_rt: Runtime, kube: FakeKube, catalog: Catalog
+) -> None:
+    """The budget limit and status price pods as the split places them: the owned A100
+    pod first ($0), then GH200 pods."""
+    plan = deployed_mix(planned_rt, kube)
+    price = loop.fleet_price(parse_spec(SPEC), catalog, plan)
+    gh200 = catalog.gpus["gh200"].usd_per_gpu_hour
+    assert price.usd_per_hour(1) == 0.0
+    assert price.usd_per_hour(3) == pytest.approx(2 * gh200)
+    assert price.affordable(12.0, 8) == 1 + int(12.0 / gh200 + 1e-9)
+
+
+def entry(name: str, replicas: int, ready: int, uid: str = UID) -> dict[str, Any]:
+    """An engine Deployment as kopf's index and watch events hand it over."""
+    owner = {"kind": "ServingTarget", "name": "chat", "uid": uid, "controller": True}
+    return {"metadata": {"name": name, "namespace": NS, "generation": 1,
+                         "ownerReferences": [owner],
+                         "labels": {"rooftop.dev/servingtarget": "chat",
+                                    "rooftop.dev/pool": name.split("engine-")[-1]}},
+            "spec": {"replicas": replicas},
+            "status": {"observedGeneration": 1, "replicas": replicas, "readyReplicas": ready,
+                       "updatedReplicas": replicas}}  # fmt: skip
+
+
+def test_pools_the_plan_no_longer_has_are_found_in_the_index(catalog: Catalog) -> None:
+    """After a switch from one GPU type to pools, the old Deployment is obsolete (only
+    this target's: another uid's is left alone)."""
+    ref = TargetRef.from_body(target_body())
+    names = ["chat-engine-a100-80gb", "chat-engine-gh200"]
+    index: dict[tuple[str, str], list[dict[str, Any]]] = {(NS, n): [entry(n, 1, 1)] for n in names}
+    assert loop.obsolete_engines(index, ref, names, catalog) == []
+    index[(NS, "chat-engine")] = [entry("chat-engine", 3, 3)]
+    index[(NS, "chat-engine-l4")] = [entry("chat-engine-l4", 1, 1, uid="someone-else")]
+    assert loop.obsolete_engines(index, ref, names, catalog) == ["chat-engine"]
+
+
+def test_a_mix_is_ready_when_every_pool_is(rt: Runtime, kube: FakeKube) -> None:
+    kube.add(target_body())
+    kube.add({"kind": "Deployment", **entry("chat-engine-a100-80gb", 1, 1)})
+    kube.add({"kind": "Deployment", **entry("chat-engine-gh200", 2, 0)})
+    readiness.sync_readiness(rt, entry("chat-engine-a100-80gb", 1, 1))
+    status = kube.status()
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], status["replicas"], status["readyReplicas"]) == ("False", 3, 1)
+    kube.add({"kind": "Deployment", **entry("chat-engine-gh200", 2, 2)})
+    readiness.sync_readiness(rt, entry("chat-engine-gh200", 2, 2))
+    ready = next(c for c in kube.status()["conditions"] if c["type"] == "Ready")
+    assert (ready["status"], ready["message"]) == ("True", "3/3 engine replicas ready")
+
+
+def test_a_pruned_pool_is_not_recreated(planned_rt: Runtime, kube: FakeKube) -> None:
+    deployed_mix(planned_rt, kube)
+    applied = len(kube.applied)
+    assert not readiness.repair_deleted(planned_rt, entry("chat-engine", 3, 3))
+    assert len(kube.applied) == applied
+    kube.objects.pop(("Deployment", NS, "chat-engine-gh200"))
+    assert readiness.repair_deleted(planned_rt, entry("chat-engine-gh200", 1, 1))
+    assert ("Deployment", NS, "chat-engine-gh200") in kube.objects
