@@ -403,7 +403,7 @@ def _record_plan(
     rt.metrics.record_plan(
         ref.namespace,
         ref.name,
-        feasible=bool(result.feasible),
+        feasible=plan is not None,
         slo_tpot_s=spec.slo.tpot_ms / 1000.0,
         slo_ttft_s=None if ttft is None else ttft / 1000.0,
         slo_quantiles=(spec.slo.tpot_percentile.quantile, spec.slo.ttft_percentile.quantile),

@@ -74,7 +74,8 @@ class SearchResult:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "feasible": self.feasible,
+            # what deploys: the single-type plan, or the mix where there is one
+            "feasible": self.deployed is not None,
             "plan": self.plan.to_json() if self.plan else None,
             "alternatives": [p.to_json() for p in self.alternatives],
             "reasons": self.reasons,

@@ -190,3 +190,46 @@ def test_a_pruned_pool_is_not_recreated(planned_rt: Runtime, kube: FakeKube) -> 
     kube.objects.pop(("Deployment", NS, "chat-engine-gh200"))
     assert readiness.repair_deleted(planned_rt, entry("chat-engine-gh200", 1, 1))
     assert ("Deployment", NS, "chat-engine-gh200") in kube.objects
+
+
+async def test_a_busy_mix_is_scaled_by_the_loop_onto_its_cheapest_pool(
+    planned_rt: Runtime, kube: FakeKube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One tick of the loop on a deployed mix under ten times the TPOT SLO: it reads every
+    pool's Deployment from kopf's index, grows the fleet, and writes the pools' new
+    counts to their Deployments and to ``status.plan.pools``."""
+    from types import SimpleNamespace
+
+    from rooftop_control.readings import MetricState, Reading
+
+    plan = deployed_mix(planned_rt, kube)
+    index = {}
+    for name, dep in deployments(kube).items():
+        n = dep["spec"]["replicas"]
+        ready = {**dep, "status": {"replicas": n, "readyReplicas": n, "updatedReplicas": n}}
+        index[(NS, name)] = [readiness.index_entry(ready)]
+    ok = MetricState.OK
+    busy = Observation(
+        tpot_ms=Reading(250.0, ok), ttft_ms=Reading(900.0, ok),
+        requests_per_second=Reading(40.0, ok), running=Reading(64.0, ok),
+        waiting=Reading(64.0, ok), kv_usage_ratio=Reading(0.5, ok),
+        step_ms=Reading(250.0, ok), ready_replicas=plan.replicas,
+    )  # fmt: skip
+
+    async def observed(*_: Any) -> tuple[Observation, list[str]]:
+        return busy, []
+
+    monkeypatch.setattr(loop, "_observe", observed)
+    body = kube.get_target(NS, "chat")
+    assert body is not None
+    await loop.feedback(body=body, memo=SimpleNamespace(runtime=planned_rt),
+                        engine_deployments=index)  # fmt: skip
+    stored = Plan.from_status(kube.status()["plan"])
+    assert stored.replicas > plan.replicas
+    counts = {p.gpu: p.replicas for p in stored.pools}
+    assert sum(counts.values()) == stored.replicas
+    assert {n.removeprefix("chat-engine-"): d["spec"]["replicas"]
+            for n, d in deployments(kube).items()} == counts  # fmt: skip
+    # the owned A100 pod stays; the pods added are the next cheapest, GH200 ones
+    assert counts["a100-80gb"] == 1 and counts["gh200"] > 1
+    assert kube.deleted == []  # both pools are the plan's
