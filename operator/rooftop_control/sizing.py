@@ -244,6 +244,51 @@ class PlanTargetPlanner:
         return float(pred.tpot_s) * 1e3
 
 
+class FleetPlanner(PlanTargetPlanner):
+    """``Planner`` for a mixed fleet (``Plan.pools``): it sizes as the pool that sizes
+    the fleet (the plan's own shape: every pod serves the same rate, and that pool's pods
+    serve the fewest requests/s), and predicts the fleet's mean step time for the
+    calibration.
+
+    Why a fleet's step time: vLLM's inter-token latency is averaged over every pod's
+    tokens, and evenly spread pods each decode the same tokens per second, so the
+    observed mean weighs each pod's step time alike. Compared with the sizing pool's
+    prediction alone, the faster pools' shorter steps would read as a planner too slow
+    and size the fleet short; compared with the pods' own mix, the factor is the model's
+    error, as for one GPU type. One factor serves every pool: each type's own is not
+    measured apart.
+    """
+
+    def __init__(self, spec: ServingTargetSpec, plan: Plan, catalog: Catalog | None = None) -> None:
+        super().__init__(spec, plan, catalog)
+        self.pools = {pool.gpu: PlanTargetPlanner(spec, pool, self.catalog) for pool in plan.pools}
+        self.pods = {pool.gpu: pool.replicas for pool in plan.pools}
+
+    def counted(self, pods: dict[str, int]) -> None:
+        """The pods each pool runs now (GPU id -> ready pods), which weigh its step time;
+        ignored while none is ready."""
+        if sum(pods.values()) > 0:
+            self.pods = {gpu: pods.get(gpu, 0) for gpu in self.pools}
+
+    def step_ms(self, batch: float, prompt_tokens: float, output_tokens: float) -> float:
+        """``Σ_g n_g · step_g(batch) / Σ_g n_g``, ms, unscaled: each pool's predicted
+        step at the window's mean batch, weighed by its pods ``n_g`` (class docstring)."""
+        total = sum(self.pods.values())
+        if total <= 0:
+            return super().step_ms(batch, prompt_tokens, output_tokens)
+        steps = (
+            n * self.pools[gpu].step_ms(batch, prompt_tokens, output_tokens)
+            for gpu, n in self.pods.items()
+            if n > 0
+        )
+        return sum(steps) / total
+
+
+def fleet_planner(spec: ServingTargetSpec, plan: Plan) -> PlanTargetPlanner:
+    """The controller's planner for a deployed plan: its shape's, or a mixed fleet's."""
+    return FleetPlanner(spec, plan) if plan.pools else PlanTargetPlanner(spec, plan)
+
+
 def _as_curves_see_it(traffic: Traffic | None, stated: PrefixReuse | None) -> Traffic | None:
     """The observed traffic as far as step-time curves depend on it: lengths and prompt
     reuse, not bursts (capacity held for them is sized per rate), nor a hit count where

@@ -50,7 +50,7 @@ from rooftop_control import control, signals
 from rooftop_control.calibration import CalibrationConfig, TrimConfig, clamp
 from rooftop_control.defaults import SERVED_RANGE_S
 from rooftop_control.readings import SIGNALS, MetricState, Observation, Reading
-from rooftop_control.sizing import PlanTargetPlanner
+from rooftop_control.sizing import FleetPlanner, fleet_planner
 from rooftop_control.traffic import Lengths, Traffic
 from rooftop_operator import children, metrics_client, readiness, reconcile
 from rooftop_operator.builders import UnsupportedPlan, deployment_name, engine_deployment_names
@@ -622,7 +622,7 @@ def _memory(
         )
         startup = children.pod_lifecycle(catalog, spec, plan).startup_s
         price = fleet_price(spec, catalog, plan)
-        mem = TargetMemory(key, PlanTargetPlanner(spec, plan), state, startup, price)
+        mem = TargetMemory(key, fleet_planner(spec, plan), state, startup, price)
         targets[ref.uid] = mem
     return mem
 
@@ -901,6 +901,9 @@ async def feedback(
             "feedback %s/%s: holding, the spec does not plan: %s", ref.namespace, ref.name, err
         )
         return
+    if isinstance(mem.planner, FleetPlanner):  # each pool's ready pods weigh its steps
+        ready_pods = zip(plan.pools, map(pod_counts, deps), strict=True)
+        mem.planner.counted({p.gpu: counts[1] for p, counts in ready_pods})
     # A pod of this target takes its own start-up (checkpoint size, cache) unless the
     # chart sets one figure for every target.
     startup_s, scale_down_s = settings.startup_s, settings.scale_down_window_s

@@ -138,7 +138,7 @@ class TargetMemory:
     generation and engine shape in ``key``."""
 
     key: tuple[int, tuple[object, ...]]
-    planner: sizing.PlanTargetPlanner
+    planner: sizing.PlanTargetPlanner  # a mixed fleet's: ``sizing.FleetPlanner``
     state: control.ControllerState
     startup_s: float  # this target's pod start-up (rooftop_planner.lifecycle)
     # what its replica counts cost (owned GPUs first; a mixed fleet's cheapest pods)

@@ -233,3 +233,24 @@ async def test_a_busy_mix_is_scaled_by_the_loop_onto_its_cheapest_pool(
     # the owned A100 pod stays; the pods added are the next cheapest, GH200 ones
     assert counts["a100-80gb"] == 1 and counts["gh200"] > 1
     assert kube.deleted == []  # both pools are the plan's
+
+
+def test_the_fleets_step_time_weighs_each_pools_pods(planned_rt: Runtime, kube: FakeKube) -> None:
+    """The calibration compares vLLM's mean inter-token latency over every pod with the
+    fleet's predicted step: each pool's step at the window's batch, weighed by its ready
+    pods (evenly spread, every pod decodes the same tokens per second). The sizing is
+    the slowest pool's."""
+    from rooftop_control.sizing import FleetPlanner, PlanTargetPlanner
+
+    plan = deployed_mix(planned_rt, kube)
+    spec = parse_spec(SPEC)
+    fleet = FleetPlanner(spec, plan)
+    alone = {p.gpu: PlanTargetPlanner(spec, p).step_ms(16, 1155, 211) for p in plan.pools}
+    assert len(set(alone.values())) == 2  # the two GPU types step at different speeds
+    fleet.counted({"a100-80gb": 1, "gh200": 3})
+    want = (alone["a100-80gb"] + 3 * alone["gh200"]) / 4
+    assert fleet.step_ms(16, 1155, 211) == pytest.approx(want)
+    fleet.counted({"a100-80gb": 0, "gh200": 0})  # none ready: the last weights stand
+    assert fleet.step_ms(16, 1155, 211) == pytest.approx(want)
+    lead = PlanTargetPlanner(spec, plan)
+    assert fleet.size(30.0, 1.0) == lead.size(30.0, 1.0)

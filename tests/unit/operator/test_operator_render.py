@@ -33,6 +33,26 @@ def test_render_prints_every_child_the_operator_applies(capsys: pytest.CaptureFi
     assert engine["image"] == "vllm/vllm-openai:v0.32.0"
 
 
+def test_a_mixed_fleet_renders_one_deployment_per_pool(capsys: pytest.CaptureFixture[str]) -> None:
+    """Four owned A100s beside one on-demand GH200 cost less than six A100s: two pool
+    Deployments, each pinned to its GPU type, share one Service."""
+    code, docs, _ = render(capsys, str(ROOT / "examples" / "owned-a100s.yaml"))
+    assert code == 0
+    kinds = [d["kind"] for d in docs]
+    assert kinds == ["ConfigMap", "Deployment", "Deployment", "Service", "PodDisruptionBudget",
+                     "PodMonitor"]  # fmt: skip
+    pools = {d["metadata"]["name"]: d for d in docs if d["kind"] == "Deployment"}
+    assert set(pools) == {"chat-owned-a100-engine-a100-80gb", "chat-owned-a100-engine-gh200"}
+    for name, deployment in pools.items():
+        gpu = name.removeprefix("chat-owned-a100-engine-")
+        assert deployment["spec"]["selector"]["matchLabels"]["rooftop.dev/pool"] == gpu
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["nodeSelector"]["nvidia.com/gpu.product"] != ""
+    selectors = {tuple(sorted(d["spec"]["template"]["spec"]["nodeSelector"].items()))
+                 for d in pools.values()}  # fmt: skip
+    assert len(selectors) == 2
+
+
 def test_without_the_prometheus_operator_pods_carry_scrape_annotations(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
