@@ -372,6 +372,8 @@ def status_update(
         if applied is not None and applied.pools:
             scale["pools"] = applied.to_status().pools
             scale["usd_per_hour"] = round(applied.usd_per_hour, 3)
+        elif status.plan.pools:  # as its pools were applied (on the free GPUs then)
+            del scale["usd_per_hour"]
         update["plan"] = status.plan.model_copy(update=scale)
     conds = _same_words(status.conditions, d.conditions) if quiet else d.conditions
     update["conditions"] = cnd.merge(status.conditions, conds, now=now)
@@ -391,7 +393,9 @@ async def _within_inventory(
     then says ``InventoryLimited``): a pod beyond them would only wait, Pending. Nodes
     and pods are listed only when the loop wants more replicas than it runs, so a steady
     fleet costs no list; a failed list leaves the decision as it was (the scheduler
-    then has the last word)."""
+    then has the last word). A mixed fleet's growth is priced where its pods land: a
+    type's free GPUs used up, the next pods spill onto a dearer type, and the budget
+    limit counts them at that price (``FleetPrice.within``)."""
     if not reconcile.counts_gpus(rt, spec) or d.replicas <= d.previous_replicas:
         return d
     try:
@@ -400,9 +404,12 @@ async def _within_inventory(
         log.warning("feedback %s/%s: GPU inventory unread: %s", ref.namespace, ref.name, err)
         return d
     fit = pods_fit(inventory, plan)
-    if d.replicas <= fit:
-        return d
     state, obs, now_s, cfg = inputs
+    if isinstance(cfg.price, FleetPrice):
+        room = {p.gpu: inventory.replicas_fit(p.gpu, p.tp) for p in plan.pools}
+        cfg = replace(cfg, price=cfg.price.within(room))
+    elif d.replicas <= fit:
+        return d
     return control.decide(state, obs, now_s, replace(cfg, inventory_replicas=fit))
 
 
@@ -507,6 +514,12 @@ def _apply_scale(
                 f"{d.replicas} replicas of {gpus_of(plan)} decided, the free GPUs now hold {room}"
             )
         new = scaled_plan(plan, d, price, inventory)
+        grows = d.replicas > d.previous_replicas
+        if grows and new.usd_per_hour > spec.budget.usd_per_hour + 1e-6:
+            raise GpusTaken(  # a mix's pods would now spill onto a dearer type
+                f"{d.replicas} pods of {gpus_of(plan)} would cost ${new.usd_per_hour:.2f}/h "
+                f"where the free GPUs are now, over the ${spec.budget.usd_per_hour:.2f}/h budget"
+            )
         reconcile.apply_children(rt, ref, spec, new, inventory)
         return new
 

@@ -28,9 +28,11 @@ import yaml
 from kubernetes import client
 
 from rooftop_api.spec import ServingTarget
+from rooftop_operator.builders import deployment_name
 from rooftop_operator.kube import DISCOVERY_TTL_S
 from rooftop_operator.settings import LoopSettings
 from rooftop_planner.catalog import Catalog, load_catalog
+from rooftop_planner.explain import gpus_of
 from rooftop_planner.search import plan_target
 from tests.cluster.controlplane import find_binary
 from tests.cluster.handle import ClusterHandle, wait_until
@@ -68,10 +70,11 @@ class Env:
         )
         return found
 
-    def deployment(self, name: str) -> Obj | None:
+    def deployment(self, name: str, pool: str = "") -> Obj | None:
+        """The target's engine Deployment (a mixed fleet's: its ``pool``'s)."""
         try:
             found = client.AppsV1Api(self.api).read_namespaced_deployment(
-                f"{name}-engine", self.namespace
+                deployment_name(name, pool), self.namespace
             )
         except client.ApiException as err:
             if err.status == 404:
@@ -127,9 +130,10 @@ def load(path: Path, name: str | None = None) -> Obj:
 
 
 def expected_plan(doc: Obj, catalog: Catalog) -> Any:
+    """The plan the operator deploys for ``doc`` (a mixed fleet where that is cheaper)."""
     result = plan_target(ServingTarget.model_validate(doc).spec, catalog=catalog)
-    assert result.feasible, result.explain()
-    return result.plan
+    assert result.deployed is not None, result.explain()
+    return result.deployed
 
 
 def ensure_gpu_nodes(env: Env, plan: Any) -> None:
@@ -229,25 +233,28 @@ def test_chart_installs_the_crd_and_operator(env: Env) -> None:
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
 def test_example_is_planned_deployed_and_ready(env: Env, example: Path) -> None:
+    """Each example deployed on fake nodes: its Deployment (a mixed fleet's, one per
+    pool) on its GPU type, its pods running, its PodDisruptionBudget and status."""
     doc = load(example)
     name, plan = doc["metadata"]["name"], expected_plan(doc, env.catalog)
-    ensure_gpu_nodes(env, plan)
+    for pool in plan.pools or (plan,):
+        ensure_gpu_nodes(env, pool)
     env.apply(doc)
     env.wait_condition(name, "Ready", "True")
-
-    gpu = env.catalog.gpu(plan.gpu)
-    deployment = env.deployment(name)
-    assert deployment is not None
-    pod_spec = deployment["spec"]["template"]["spec"]
-    limits = pod_spec["containers"][0]["resources"]["limits"]
     simulated = doc["spec"].get("mode") == "simulated"
-    if simulated:  # runs on any node: no GPU asked for, no GPU label required
-        assert gpu.node_label_key not in pod_spec.get("nodeSelector", {})
-        assert gpu.resource_name not in limits
-    else:
-        assert pod_spec["nodeSelector"][gpu.node_label_key] == gpu.node_label_value
-        assert limits == {gpu.resource_name: str(plan.tp)}
-    assert deployment["spec"]["replicas"] == plan.replicas
+    for pool in plan.pools or (plan,):
+        gpu = env.catalog.gpu(pool.gpu)
+        deployment = env.deployment(name, pool.gpu if plan.pools else "")
+        assert deployment is not None
+        pod_spec = deployment["spec"]["template"]["spec"]
+        limits = pod_spec["containers"][0]["resources"]["limits"]
+        if simulated:  # runs on any node: no GPU asked for, no GPU label required
+            assert gpu.node_label_key not in pod_spec.get("nodeSelector", {})
+            assert gpu.resource_name not in limits
+        else:
+            assert pod_spec["nodeSelector"][gpu.node_label_key] == gpu.node_label_value
+            assert limits == {gpu.resource_name: str(pool.tp)}
+        assert deployment["spec"]["replicas"] == pool.replicas
 
     pods = env.listed("Pod", f"{ENGINE},rooftop.dev/servingtarget={name}")
     assert len(pods) == plan.replicas
@@ -255,6 +262,8 @@ def test_example_is_planned_deployed_and_ready(env: Env, example: Path) -> None:
     for pod in pods:
         assert pod["status"]["phase"] == "Running"
         node = core.read_node(pod["spec"]["nodeName"])
+        pool = (pod["metadata"]["labels"] or {}).get("rooftop.dev/pool", plan.gpu)
+        gpu = env.catalog.gpu(pool)
         if not simulated:
             assert node.metadata.labels[gpu.node_label_key] == gpu.node_label_value
 
@@ -270,6 +279,7 @@ def test_example_is_planned_deployed_and_ready(env: Env, example: Path) -> None:
 
     status = env.target(name)["status"]
     assert status["plan"]["gpu"] == plan.gpu and status["plan"]["tp"] == plan.tp
+    assert status["gpu"] == gpus_of(plan)
     assert status["ready"] == "True" and status["readyReplicas"] == plan.replicas
     for type_ in ("Planned", "Feasible", "Deployed", "WithinBudget"):
         assert env.condition(name, type_)["status"] == "True", type_
@@ -278,8 +288,8 @@ def test_example_is_planned_deployed_and_ready(env: Env, example: Path) -> None:
     assert table[0].split() == ["NAME", "MODEL", "GPU", "TP", "REPLICAS", "BATCH", "TPOT",
                                 "SLO", "$/H", "READY", "AGE"]  # fmt: skip
     row = table[1].split()
-    assert row[:6] == [name, doc["spec"]["model"], plan.gpu, str(plan.tp), str(plan.replicas),
-                       str(plan.max_num_seqs)]  # fmt: skip
+    assert row[:6] == [name, doc["spec"]["model"], gpus_of(plan), str(plan.tp),
+                       str(plan.replicas), str(plan.max_num_seqs)]  # fmt: skip
     assert "True" in row
 
 

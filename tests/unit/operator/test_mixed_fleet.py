@@ -14,7 +14,7 @@ import yaml
 from operator_fakes import NS, UID, FakeKube, target_body
 
 from rooftop_control import control
-from rooftop_control.readings import Observation
+from rooftop_control.readings import MetricState, Observation, Reading
 from rooftop_control.sizing import PlanTargetPlanner
 from rooftop_operator import loop, readiness
 from rooftop_operator.reconcile import keep_loop_scale, reconcile
@@ -45,8 +45,8 @@ def planned_rt(rt: Runtime) -> Runtime:
     return replace(rt, plan=plan_target)
 
 
-def deployed_mix(rt: Runtime, kube: FakeKube) -> Plan:
-    body = target_body(spec=SPEC)
+def deployed_mix(rt: Runtime, kube: FakeKube, spec: dict[str, Any] = SPEC) -> Plan:
+    body = target_body(spec=spec)
     kube.add(body)
     assert reconcile(rt, body) == "success"
     plan = Plan.from_status(kube.status()["plan"])
@@ -105,10 +105,11 @@ def test_the_loop_grows_the_cheapest_pool_and_spills_when_its_gpus_are_taken(
     rt = replace(planned_rt, config=replace(planned_rt.config, gpu_inventory=True))
     kube.nodes = [gpu_node(catalog, "a100", "a100-80gb", 8),
                   *(gpu_node(catalog, f"gh{i}", "gh200", 1) for i in range(2))]  # fmt: skip
-    plan = deployed_mix(rt, kube)
+    roomy = {**SPEC, "budget": {"usdPerHour": 40}}  # the same mix, room for on-demand A100s
+    plan = deployed_mix(rt, kube, roomy)
     assert {p.gpu for p in plan.pools} == {"a100-80gb", "gh200"}
-    spec = parse_spec(SPEC)
-    ref = TargetRef.from_body(target_body(spec=SPEC))
+    spec = parse_spec(roomy)
+    ref = TargetRef.from_body(target_body(spec=roomy))
     price = loop.fleet_price(spec, catalog, plan)
     cfg = control.config_from_spec(spec, PlanTargetPlanner(spec, plan), price)
     start = control.initial_state(plan.replicas, plan.max_num_seqs)
@@ -142,6 +143,17 @@ def test_the_loop_prices_a_mix_by_its_cheapest_pods(
     assert price.usd_per_hour(1) == 0.0
     assert price.usd_per_hour(3) == pytest.approx(2 * gh200)
     assert price.affordable(12.0, 8) == 1 + int(12.0 / gh200 + 1e-9)
+
+
+def overloaded(rate: float, ready: int) -> Observation:
+    """A window at ``rate`` req/s with TPOT ten times the SLO and a queue: scale up."""
+    ok = MetricState.OK
+    return Observation(
+        tpot_ms=Reading(250.0, ok), ttft_ms=Reading(900.0, ok),
+        requests_per_second=Reading(rate, ok), running=Reading(64.0, ok),
+        waiting=Reading(64.0, ok), kv_usage_ratio=Reading(0.5, ok),
+        step_ms=Reading(250.0, ok), ready_replicas=ready,
+    )  # fmt: skip
 
 
 def entry(name: str, replicas: int, ready: int, uid: str = UID) -> dict[str, Any]:
@@ -200,21 +212,13 @@ async def test_a_busy_mix_is_scaled_by_the_loop_onto_its_cheapest_pool(
     counts to their Deployments and to ``status.plan.pools``."""
     from types import SimpleNamespace
 
-    from rooftop_control.readings import MetricState, Reading
-
     plan = deployed_mix(planned_rt, kube)
     index = {}
     for name, dep in deployments(kube).items():
         n = dep["spec"]["replicas"]
         ready = {**dep, "status": {"replicas": n, "readyReplicas": n, "updatedReplicas": n}}
         index[(NS, name)] = [readiness.index_entry(ready)]
-    ok = MetricState.OK
-    busy = Observation(
-        tpot_ms=Reading(250.0, ok), ttft_ms=Reading(900.0, ok),
-        requests_per_second=Reading(40.0, ok), running=Reading(64.0, ok),
-        waiting=Reading(64.0, ok), kv_usage_ratio=Reading(0.5, ok),
-        step_ms=Reading(250.0, ok), ready_replicas=plan.replicas,
-    )  # fmt: skip
+    busy = overloaded(40.0, plan.replicas)
 
     async def observed(*_: Any) -> tuple[Observation, list[str]]:
         return busy, []
@@ -254,3 +258,33 @@ def test_the_fleets_step_time_weighs_each_pools_pods(planned_rt: Runtime, kube: 
     assert fleet.step_ms(16, 1155, 211) == pytest.approx(want)
     lead = PlanTargetPlanner(spec, plan)
     assert fleet.size(30.0, 1.0) == lead.size(30.0, 1.0)
+
+
+async def test_growth_that_spills_onto_a_dearer_type_stays_within_the_budget(
+    planned_rt: Runtime, kube: FakeKube, catalog: Catalog
+) -> None:
+    """Under a load that wants every pod maxReplicas allows, the loop's scale-up within
+    the free GPUs (two GH200 pods, then on-demand A100 pods) is priced where the pods
+    land, and never costs more than the budget."""
+    rt = replace(planned_rt, config=replace(planned_rt.config, gpu_inventory=True))
+    kube.nodes = [gpu_node(catalog, "a100", "a100-80gb", 16),
+                  *(gpu_node(catalog, f"gh{i}", "gh200", 1) for i in range(2))]  # fmt: skip
+    plan = deployed_mix(rt, kube)
+    spec = parse_spec(SPEC)
+    ref = TargetRef.from_body(target_body(spec=SPEC))
+    price = loop.fleet_price(spec, catalog, plan)
+    cfg = control.config_from_spec(spec, PlanTargetPlanner(spec, plan), price)
+    busy = overloaded(60.0, plan.replicas)
+    state = control.initial_state(plan.replicas, plan.max_num_seqs)
+    wanted = control.decide(state, busy, 0.0, cfg)
+    # priced as if every GH200 pod found a GPU: more pods than the free GPUs hold at it
+    assert wanted.replicas > 1 + 2
+    d = await loop._within_inventory(rt, ref, spec, plan, wanted, (state, busy, 0.0, cfg))
+    grown = loop._apply_scale(rt, ref, spec, plan, d, price)
+    assert plan.replicas < d.replicas < wanted.replicas
+    assert grown.usd_per_hour <= SPEC["budget"]["usdPerHour"]
+    assert d.usd_per_hour == pytest.approx(grown.usd_per_hour)
+    assert {p.gpu: p.replicas for p in grown.pools}["gh200"] == 2  # the cheap pods first
+    # a decision priced before a type's GPUs were taken is refused, not applied
+    with pytest.raises(loop.GpusTaken, match="over the \\$12.00/h budget"):
+        loop._apply_scale(rt, ref, spec, plan, replace(d, replicas=d.replicas + 1), price)
