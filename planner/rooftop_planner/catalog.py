@@ -450,7 +450,24 @@ def _flops(path: str, value: Any) -> dict[str, float]:
     return {str(dtype): _positive(f"{path}.{dtype}", v) for dtype, v in value.items()}
 
 
+# A GPU id names a mixed fleet's pool Deployment (``NAME-engine-GPU``) and its pods'
+# ``rooftop.dev/pool`` label: a DNS-1123 label, short enough for both.
+GPU_ID = re.compile(r"[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?")
+
+
+def _dns_label(text: str) -> str:
+    """``text`` as the nearest GPU id: lowercase, other characters as '-'."""
+    label = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")[:40].strip("-")
+    return label or "my-gpu"
+
+
 def _gpu_from_entry(gpu_id: str, entry: Mapping[str, Any]) -> GpuSpec:
+    if not GPU_ID.fullmatch(str(gpu_id)):
+        raise CatalogError(
+            f"gpus.{gpu_id}: a GPU id is lowercase letters, digits and '-' (at most 40, "
+            "starting and ending with a letter or digit), since it names Kubernetes "
+            f"objects; rename it (e.g. {_dns_label(str(gpu_id))!r})"
+        )
     _check_fields("gpus", gpu_id, entry, GpuSpec)
     at = f"gpus.{gpu_id}."
     values = {**entry, "id": gpu_id}

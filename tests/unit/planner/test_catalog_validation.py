@@ -56,6 +56,8 @@ def user_catalog(tmp_path: Path, text: str) -> str:
         ("models:\n  llama-3-8b:\n    num_kv_heads: 0\n", r"models\.llama-3-8b\.num_kv_heads"),
         ("models:\n  llama-3-8b:\n    num_kv_heads: '8'\n", r"num_kv_heads: .*remove the quotes"),
         ("models:\n  llama-3-8b:\n    head_dim: 0\n", r"models\.llama-3-8b\.head_dim"),
+        # a GPU id names Kubernetes objects (a mixed fleet's pool Deployment)
+        ("gpus:\n  My_GPU: {}\n", r"gpus\.my_gpu: a GPU id is lowercase .* 'my-gpu'"),
         # 2. prices: NaN, infinity, and bool (True would be $1)
         ("gpus:\n  l4:\n    usd_per_gpu_hour: .nan\n", r"gpus\.l4\.usd_per_gpu_hour: .*NaN"),
         ("gpus:\n  l4:\n    usd_per_gpu_hour: .inf\n", r"gpus\.l4\.usd_per_gpu_hour: .*infinity"),
