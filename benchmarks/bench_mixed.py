@@ -11,6 +11,10 @@ The requests are the Azure LLM conversation trace's, re-timed to the target's de
 rate (arrival gaps scaled by one factor), its first ``--minutes``.
 
     python benchmarks/bench_mixed.py [--target examples/owned-a100s.yaml] [--seeds 0,1,2]
+
+``--loop`` adds the operator's loop on each fleet (``rooftop simulate``'s ``rooftop``
+and ``rooftop-mixed`` policies): the single-type plan's replicas, or the mix's pods grown
+onto its cheapest pool, as the observed load asks.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ from rooftop_sim.mixed_oracle import (
 )
 from rooftop_sim.policies import FixedPolicy
 from rooftop_sim.report import Slo, attainment, cost
-from rooftop_sim.simulate import replica_of, with_pools, workload_from_trace
+from rooftop_sim.simulate import MIXED_LOOP, replica_of, scenario, with_pools, workload_from_trace
+from rooftop_sim.simulate import run as simulate_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "examples" / "traces" / "azure_llm_2023_conv.csv"
@@ -250,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="declare the trace's length distributions, not their mean and p90",
     )
+    parser.add_argument("--loop", action="store_true", help="add the operator's loop on each fleet")
     parser.add_argument(
         "--inventory",
         default="",
@@ -287,7 +293,25 @@ def main(argv: list[str] | None = None) -> int:
             tpot, ttft, usd = run(spec, pools, stream, seed)
             print(f"| {name} | {pods} | {planned:.2f} | {seed} | {tpot:.3%} | {ttft:.3%} | "
                   f"{usd:.2f} |")  # fmt: skip
+    if args.loop:
+        looped(spec, stream, [int(s) for s in args.seeds.split(",")], result.mixed is not None)
     return 0
+
+
+def looped(spec: ServingTargetSpec, stream: RequestStream, seeds: list[int], mix: bool) -> None:
+    """The operator's loop on the single-type plan and, where there is one, on the mix:
+    one row per policy and seed."""
+    print("\n| loop on | seed | TPOT met | TTFT met | simulated $/h | mean pods |")
+    print("|---|---|---|---|---|---|")
+    hours = stream.horizon_s / 3600.0
+    for seed in seeds:
+        scn = scenario(spec, stream, seed=seed, routing="random")
+        for name in ("rooftop", *((MIXED_LOOP,) if mix else ())):
+            _, out = simulate_run(scn, name)
+            fleet = "the mix" if name == MIXED_LOOP else "the single type"
+            print(f"| {fleet} | {seed} | {out['slo_attainment_tpot']:.3%} | "
+                  f"{out['slo_attainment_ttft']:.3%} | {out['usd'] / hours:.2f} | "
+                  f"{out['mean_replicas']:.2f} |")  # fmt: skip
 
 
 if __name__ == "__main__":

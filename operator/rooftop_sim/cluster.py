@@ -107,6 +107,8 @@ class FixedPool:
     replica: Replica
     pods: int
     cap: int
+    # what its pods cost together (owned GPUs first); None: each at its replica's price
+    price: ReplicaPrice | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,9 @@ class ClusterConfig:
             (the budget's limit); a rollout then replaces pods one at a time.
         routing: how a request finds its pod, one of ``ROUTINGS`` (module docstring).
         fixed_pools: pods of other GPU types beside the policy's (a mixed fleet).
+        spill: a mixed fleet scaled as one (the operator's loop on it): the policy's pod
+            count split into its own pool's and each fixed pool's, in order
+            (``fleet.FleetPrice.split``); None: the fixed pools keep their size.
         price: what the policy's pods cost together at each moment (owned GPUs first,
             ``pricing.ReplicaPrice``); None: each at ``replica.usd_per_replica_hour``.
     """
@@ -149,6 +154,7 @@ class ClusterConfig:
     routing: str = "least-outstanding"
     fixed_pools: tuple[FixedPool, ...] = ()
     price: ReplicaPrice | None = None
+    spill: Callable[[int], Sequence[int]] | None = None
 
     def __post_init__(self) -> None:
         if self.routing not in ROUTINGS:
@@ -333,6 +339,23 @@ class Cluster:
             room -= 1
         self.serving = [p for p in self.pods if p.state == _SERVING]
 
+    def _split(self, wanted: int) -> list[int]:
+        """The policy's pods, then each fixed pool's: ``spill``'s split of ``wanted``, or
+        ``wanted`` beside the pools at their fixed size."""
+        if self.cfg.spill is None:
+            return [wanted, *(pool.pods for pool in self.cfg.fixed_pools)]
+        return list(self.cfg.spill(wanted))
+
+    def _scale_pool(self, pool: FixedPool, size: int, now: float) -> None:
+        """Move a mixed fleet's pool to ``size`` pods: new ones start, or the pending
+        ones go first and then the newest (draining their requests)."""
+        alive = [p for p in self.pods if p.pool is pool and p.state in (_PENDING, _SERVING)]
+        for _ in range(size - len(alive)):
+            self._new_pod(now, ready=False, pool=pool)
+        going = sorted(alive, key=lambda p: (p.state != _PENDING, -p.created_s))
+        for pod in going[: max(len(alive) - size, 0)]:
+            self._remove(pod, now)
+
     def _room(self) -> int:
         """Pods that may still be created under ``max_pods``."""
         if self.cfg.max_pods is None:
@@ -345,11 +368,12 @@ class Cluster:
         """Replay the workload under ``policy``; returns outcomes and the timeline.
         ``progress``: called with the simulated time at each scrape."""
         started = time.perf_counter()
-        self.desired, self.cap = policy.start()
+        wanted, self.cap = policy.start()
+        self.desired, *sizes = self._split(wanted)
         for _ in range(self.desired):
             self._new_pod(0.0, ready=True)
-        for pool in self.cfg.fixed_pools:
-            for _ in range(pool.pods):
+        for pool, size in zip(self.cfg.fixed_pools, sizes, strict=True):
+            for _ in range(size):
                 self._new_pod(0.0, ready=True, pool=pool)
         self.serving = list(self.pods)
         timeline = self._loop(policy, progress)
@@ -362,6 +386,19 @@ class Cluster:
         pod_s = sum(billed_s(p) for p in self.pods if p.pool is None)
         spans = [(p.created_s, p.created_s + billed_s(p)) for p in self.pods if p.pool is None]
         fixed = [(billed_s(p), p.pool) for p in self.pods if p.pool is not None]
+        fixed_usd = 0.0
+        for pool in self.cfg.fixed_pools:
+            if pool.price is None:  # each pod at its replica's price
+                fixed_usd += (
+                    sum(s for s, q in fixed if q is pool)
+                    * pool.replica.usd_per_replica_hour
+                    / 3600.0
+                )
+            else:
+                mine = [
+                    (p.created_s, p.created_s + billed_s(p)) for p in self.pods if p.pool is pool
+                ]
+                fixed_usd += _billed(mine, pool.price)
         r = self.cfg.replica
         return SimResult(
             policy=policy.name,
@@ -380,7 +417,7 @@ class Cluster:
             prefix_hits=sum(p.engine.counters.prefix_hits for p in self.pods),
             fixed_pod_seconds=sum(seconds for seconds, _ in fixed),
             fixed_gpu_hours=sum(sec * pool.replica.tp for sec, pool in fixed) / 3600.0,
-            fixed_usd=sum(sec * pool.replica.usd_per_replica_hour for sec, pool in fixed) / 3600.0,
+            fixed_usd=fixed_usd,
             policy_usd=None if self.cfg.price is None else _billed(spans, self.cfg.price),
         )
 
@@ -532,7 +569,10 @@ class Cluster:
         # rate() over a range reaching back before the first sample uses what exists
         span = min(self.cfg.window_s, now)
         obs = self.window.observe(now, (hi - lo) / span, gauges, outage)
-        self.desired, self.cap = policy.decide(now, obs)
+        wanted, self.cap = policy.decide(now, obs)
+        self.desired, *sizes = self._split(wanted)
+        for pool, size in zip(self.cfg.fixed_pools, sizes, strict=True):
+            self._scale_pool(pool, size, now)
         self.reconcile(now)
         alive = sum(p.state in (_PENDING, _SERVING) for p in self.pods)
         return Tick(
@@ -540,7 +580,7 @@ class Cluster:
             rate=(hi - lo) / span,
             tpot_ms=obs.tpot_ms.value,
             ttft_ms=obs.ttft_ms.value,
-            replicas=self.desired,
+            replicas=wanted,
             alive=alive,
             ready=gauges.ready,
             cap=self.cap,
@@ -551,7 +591,11 @@ class Cluster:
     def _gauges(self) -> Gauges:
         ready = [p.engine for p in self.pods if p.state == _SERVING]
         pending = sum(p.state == _PENDING for p in self.pods)
-        outdated = sum(p.state in (_PENDING, _SERVING) and p.cap != self.cap for p in self.pods)
+        # a rollout's pods: the policy's own (a mixed fleet's other pools keep their caps)
+        outdated = sum(
+            p.state in (_PENDING, _SERVING) and p.pool is None and p.cap != self.cap
+            for p in self.pods
+        )
         if not ready:
             return Gauges(
                 running=0.0,

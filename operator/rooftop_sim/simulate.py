@@ -1,12 +1,14 @@
 """``rooftop simulate``: replay a request trace against a simulated cluster, per policy.
 
     rooftop simulate TARGET.yaml --trace CSV [--policy rooftop|static-peak|queue-threshold
-        |oracle|oracle-instant|static-fit|mixed|all] [--reality-factor F] [--startup-s S]
+        |oracle|oracle-instant|static-fit|mixed|rooftop-mixed|all] [--reality-factor F]
+        [--startup-s S]
         [--scrape-s 15] [--diurnal] [--routing least-outstanding|random|session
         |prefix-aware] [-o text|table|wide|json|yaml] [--plot FILE.png]
 
 ``--policy mixed`` holds the planner's fleet of several GPU types at its size (where it
-offers one: it costs less than the single-type plan); ``all`` includes it then.
+offers one: it costs less than the single-type plan); ``--policy rooftop-mixed`` runs the
+operator's loop on that fleet, as the operator deploys it; ``all`` includes both then.
 ``--policy all`` ends with a table comparing the policies (SLO attainment, mean $/h,
 cost against the oracle, replica-hours). On a terminal, stderr shows which policy runs
 and how much of the trace it has simulated; nothing is written there otherwise.
@@ -53,7 +55,7 @@ from rooftop_control.calibration import Calibration
 from rooftop_planner.batching import mean_step_s
 from rooftop_planner.bursts import dispersion, interval_counts
 from rooftop_planner.catalog import load_catalog
-from rooftop_planner.fleet import MixedFleet
+from rooftop_planner.fleet import FleetPrice, MixedFleet
 from rooftop_planner.inventory import GpuInventory
 from rooftop_planner.plan import Plan
 from rooftop_planner.pricing import ReplicaPrice, replica_price
@@ -83,6 +85,10 @@ from rooftop_sim.report import Slo, comparison, plot, summary, text
 POLICIES = ("rooftop", "static-peak", "queue-threshold", "oracle", "oracle-instant", "static-fit")
 # The planner's mixed fleet, held at its size: run where the planner offers one.
 MIXED = "mixed"
+# The operator's loop on the planner's mixed fleet (what the operator runs where it
+# deploys one): the fleet's pods sized with its slowest pool, placed on the cheapest.
+MIXED_LOOP = "rooftop-mixed"
+MIXES = (MIXED, MIXED_LOOP)
 # Hindsight schedules: "oracle" starts each pod a start-up ahead of when it is needed
 # (perfect knowledge, same physics as every other policy, start-up billed);
 # "oracle-instant" gets pods ready the moment it wants them (a looser lower bound).
@@ -348,20 +354,62 @@ def make_policy(
     if name == MIXED and scn.mixed is not None:
         pool = scn.mixed.pools[0].plan  # the policy's pods; the other pools are fixed
         return FixedPolicy(pool.replicas, pool.max_num_seqs, name=MIXED), [scn.mixed.summary]
-    if name == MIXED:
-        raise InputError("the planner offers no mixed fleet for this target (--policy mixed)")
+    if name == MIXED_LOOP and scn.mixed is not None:
+        return _rooftop_mixed(scn.spec, scn.mixed, scn.sim, (lower, upper)), [scn.mixed.summary]
+    if name in MIXES:
+        raise InputError(f"the planner offers no mixed fleet for this target (--policy {name})")
     raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
 
 
 def cluster_config(scn: SimScenario, name: str) -> ClusterConfig:
     """The cluster a policy runs on: the plan's pods, or for ``mixed`` the mixed fleet's
-    first pool as the policy's pods and the others fixed beside them."""
-    if name != MIXED or scn.mixed is None:
+    first pool as the policy's pods and the others fixed beside them; for
+    ``rooftop-mixed`` the pool that sizes the fleet as the policy's pods, the others
+    beside them, every pool's size following the loop's pod count (``spill``)."""
+    if name not in MIXES or scn.mixed is None:
         return scn.sim
-    pools = [(p.plan, p.plan.replicas) for p in scn.mixed.pools]
-    first = pools[0][0]
-    price = replica_price(scn.spec, load_catalog(), first.gpu, first.tp)
-    return replace(with_pools(scn.sim, scn.spec.model, pools), max_pods=None, price=price)
+    catalog = load_catalog()
+    if name == MIXED:
+        pools = [(p.plan, p.plan.replicas) for p in scn.mixed.pools]
+        first = pools[0][0]
+        price = replica_price(scn.spec, catalog, first.gpu, first.tp)
+        return replace(with_pools(scn.sim, scn.spec.model, pools), max_pods=None, price=price)
+    fleet = scn.mixed.plan()
+    ordered = sorted(fleet.pools, key=lambda p: p.gpu != fleet.gpu)  # the sizing pool first
+    prices = [(p.gpu, replica_price(scn.spec, catalog, p.gpu, p.tp)) for p in ordered]
+    split = FleetPrice(tuple(prices)).split
+    sim = with_pools(scn.sim, scn.spec.model, [(p, p.replicas) for p in ordered])
+    priced = tuple(
+        replace(f, price=price) for f, (_, price) in zip(sim.fixed_pools, prices[1:], strict=True)
+    )
+    return replace(
+        sim,
+        fixed_pools=priced,
+        max_pods=None,
+        price=prices[0][1],
+        spill=lambda pods: [split(pods)[p.gpu] for p in ordered],
+    )
+
+
+def _rooftop_mixed(
+    spec: ServingTargetSpec, mixed: MixedFleet, sim: ClusterConfig, limits: tuple[int, int]
+) -> RooftopPolicy:
+    """The operator's controller on a mixed fleet as it runs it (``loop.feedback``): the
+    fleet's planner and price, started at the planned fleet. The fleet's predicted step
+    time weighs the pools by their planned pods (the operator weighs them by their ready
+    pods each tick; the simulated cluster does not report pods per pool)."""
+    fleet = mixed.plan()
+    catalog = load_catalog()
+    prices = tuple((p.gpu, replica_price(spec, catalog, p.gpu, p.tp)) for p in fleet.pools)
+    cfg = control.config_from_spec(
+        spec,
+        sizing.FleetPlanner(spec, fleet, catalog),
+        FleetPrice(prices),
+        startup_s=sim.startup_s,
+        metrics_window_s=sim.window_s,
+    )
+    start = control.clamp_replicas(fleet.replicas, *limits)
+    return RooftopPolicy(cfg, start, fleet.max_num_seqs, name=MIXED_LOOP)
 
 
 def with_pools(sim: ClusterConfig, model: str, pools: Sequence[tuple[Plan, int]]) -> ClusterConfig:
@@ -447,11 +495,11 @@ def run(
     if isinstance(policy, RooftopPolicy):
         res.notes.append(controller_note(policy))
     out = summary(res, scn.slo, scn.sim.reality_factor)
-    priced = scn.mixed.usd_per_hour if name == MIXED and scn.mixed else scn.plan.usd_per_hour
+    priced = scn.mixed.usd_per_hour if name in MIXES and scn.mixed else scn.plan.usd_per_hour
     out["plan_usd_per_hour"] = round(priced, 4)
-    if name != MIXED:
+    if name not in MIXES:
         res.notes.append(spend_note(scn.plan, out))
-    if scn.inventory_replicas is not None and name != MIXED:
+    if scn.inventory_replicas is not None and name not in MIXES:
         shape = f"{scn.plan.tp}x {scn.plan.gpu}"
         res.notes.append(
             f"the free GPUs hold {scn.inventory_replicas} replica(s) of {shape} (--nodes)"
@@ -509,7 +557,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--trace", required=True, help="Azure-format trace CSV, or a Mooncake trace (.jsonl)"
     )
-    p.add_argument("--policy", default="rooftop", choices=(*POLICIES, MIXED, "all"))
+    p.add_argument("--policy", default="rooftop", choices=(*POLICIES, *MIXES, "all"))
     p.add_argument(
         "--reality-factor",
         type=float,
@@ -627,14 +675,14 @@ def main(args: argparse.Namespace) -> int:
     except InputError as err:
         print(f"rooftop simulate: {err}", file=sys.stderr)
         return exit_codes.BAD_INPUT
-    if args.policy == MIXED and scn.mixed is None:
+    if args.policy in MIXES and scn.mixed is None:
         print(
-            "rooftop simulate: --policy mixed: the planner offers no fleet of several GPU "
+            f"rooftop simulate: --policy {args.policy}: the planner offers no fleet of several GPU "
             "types for this target (none costs less than its single-type plan)",
             file=sys.stderr,
         )
         return exit_codes.BAD_INPUT
-    everything = (*POLICIES, *((MIXED,) if scn.mixed is not None else ()))
+    everything = (*POLICIES, *(MIXES if scn.mixed is not None else ()))
     names = everything if args.policy == "all" else (args.policy,)
     progress = Progress()
     results, summaries = run_policies(scn, names, progress, echo=args.output == TEXT)

@@ -600,3 +600,29 @@ def test_simulate_cli_reads_nodes_and_refuses_a_bad_file(
     nodes.write_text(json.dumps({"kind": "List", "items": []}))
     assert _simulate(tmp_path, rows, "--nodes", str(nodes)) == 2
     assert "no plan meets the SLO" in capsys.readouterr().err
+
+
+def test_the_loop_on_a_mixed_fleet_grows_its_cheapest_pool(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--policy rooftop-mixed`: the operator's loop on examples/owned-a100s.yaml's fleet
+    (the owned A100 pod beside GH200 pods). When the load quadruples the fleet grows,
+    and the pods it adds are GH200 ones (cheaper than on-demand A100s): the owned A100
+    pod stays alone in its pool, every added pod is billed at the GH200's price."""
+    import json
+
+    import yaml
+
+    owned = yaml.safe_load((ROOT / "examples" / "owned-a100s.yaml").read_text())
+    calm = [f"{i * 0.1:.2f},1000,200\n" for i in range(3000)]  # 10 req/s for 5 minutes
+    busy = [f"{300 + i * 0.025:.3f},1000,200\n" for i in range(12000)]  # then 40 req/s
+    assert _simulate(tmp_path, "".join(calm + busy), "--policy", "rooftop-mixed",
+                     "-o", "json", target=owned) == 0  # fmt: skip
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["policy"] == "rooftop-mixed"
+    assert summary["mean_replicas"] > 2.5  # grew from the planned two pods
+    hours = summary["horizon_s"] / 3600
+    # one TP4 A100 pod throughout; every other pod a one-GPU GH200
+    a100, gh200 = 4 * hours, (summary["mean_replicas"] - 1) * hours
+    assert summary["gpu_hours"] == pytest.approx(a100 + gh200, rel=0.01)
+    assert summary["slo_attainment_tpot"] > 0.9
