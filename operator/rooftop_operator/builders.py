@@ -690,7 +690,8 @@ def build_pod_monitor(
     ref: TargetRef, extra_labels: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """PodMonitor for the engine pods. The relabelings put ``namespace`` and
-    ``servingtarget`` on every series, which the feedback loop and dashboards group by.
+    ``servingtarget`` on every series, which the feedback loop and dashboards group by,
+    and a mixed fleet's ``pool``.
 
     ``extra_labels`` go on the PodMonitor itself, for a Prometheus that selects
     PodMonitors by label (kube-prometheus-stack: ``release: <its release>``). Our own
@@ -704,6 +705,8 @@ def build_pod_monitor(
             "sourceLabels": ["__meta_kubernetes_pod_label_rooftop_dev_servingtarget"],
             "targetLabel": "servingtarget",
         },
+        # a mixed fleet's pool (GPU id), so a query can split by it; absent on one type
+        {"sourceLabels": ["__meta_kubernetes_pod_label_rooftop_dev_pool"], "targetLabel": "pool"},
     ]
     metadata = _metadata(ref, deployment_name(ref.name))
     metadata["labels"] = {**(extra_labels or {}), **metadata["labels"]}

@@ -540,7 +540,7 @@ def test_pod_monitor_when_the_prometheus_operator_is_installed(env: Env) -> None
         labels = {
             r["targetLabel"] for r in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"]
         }
-        assert labels == {"namespace", "servingtarget"}
+        assert labels == {"namespace", "servingtarget", "pool"}
         assert monitor["metadata"]["ownerReferences"][0]["name"] == "monitored"
         deployment = env.deployment("monitored")
         assert deployment is not None

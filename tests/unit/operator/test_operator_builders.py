@@ -398,6 +398,7 @@ def test_pod_monitor_adds_namespace_and_servingtarget_labels() -> None:
     assert targets == {
         "namespace": ["__meta_kubernetes_namespace"],
         "servingtarget": ["__meta_kubernetes_pod_label_rooftop_dev_servingtarget"],
+        "pool": ["__meta_kubernetes_pod_label_rooftop_dev_pool"],
     }
     assert endpoint["port"] == "http" and endpoint["path"] == "/metrics"
     assert monitor["spec"]["selector"]["matchLabels"] == builders.selector_labels("chat")
