@@ -438,10 +438,13 @@ def waits_for_gpus(status: ServingTargetStatus) -> bool:
 
 def prune(rt: Runtime, ref: TargetRef, names: Sequence[str]) -> None:
     """Delete engine Deployments the plan no longer has. Once every Deployment it has is
-    ready (make before break: the Service keeps the planned capacity), or where its new
-    pods cannot be scheduled, since the GPUs they wait for may be the obsolete pods'
-    (break before make, as a rollout with no room to surge replaces one pod at a time).
-    The pods that go drain their requests (``engine_drain``) as any scale-down's do."""
+    ready (make before break: the Service keeps the planned capacity); with
+    ``gpuInventory: nodes`` also where its new pods cannot be scheduled: that plan was
+    made within the free GPUs, the target's own counted free, so the GPUs they wait for
+    are the obsolete pods' (break before make, as a rollout with no room to surge
+    replaces one pod at a time). Without counted GPUs a new pod may wait for a node that
+    never comes, and the old pods keep serving meanwhile. The pods that go drain their
+    requests (``engine_drain``) as any scale-down's do."""
     for name in names:
         log.info(
             "feedback %s/%s: deleting %s, which the plan no longer has",
@@ -897,8 +900,10 @@ async def feedback(
         unready = next((d for d in deps if d and not readiness.deployment_ready(d)), None)
         if unready is not None:  # else no API call
             await asyncio.to_thread(readiness.refresh_readiness, rt, unready)
-        # pools the plan dropped go once the ones it has serve, or wait for GPUs
-        may_prune = (unready is None and all(deps)) or waits_for_gpus(status)
+        # pools the plan dropped go once the ones it has serve, or, where the plan was
+        # made within the free GPUs (its own pods' counted free), wait for those GPUs
+        held = reconcile.counts_gpus(rt, spec) and waits_for_gpus(status)
+        may_prune = (unready is None and all(deps)) or held
         if may_prune and (old := obsolete_engines(engine_deployments, ref, names, rt.catalog)):
             await asyncio.to_thread(prune, rt, ref, old)
     except KubeError as err:

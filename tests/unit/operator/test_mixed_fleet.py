@@ -288,3 +288,37 @@ async def test_growth_that_spills_onto_a_dearer_type_stays_within_the_budget(
     # a decision priced before a type's GPUs were taken is refused, not applied
     with pytest.raises(loop.GpusTaken, match="over the \\$12.00/h budget"):
         loop._apply_scale(rt, ref, spec, plan, replace(d, replicas=d.replicas + 1), price)
+
+
+@pytest.mark.parametrize("counted", [False, True])
+async def test_an_old_deployment_goes_before_its_replacement_serves_only_on_counted_gpus(
+    planned_rt: Runtime, kube: FakeKube, monkeypatch: pytest.MonkeyPatch, counted: bool
+) -> None:
+    """The target switched from one GPU type to pools, and the new pods cannot be
+    scheduled. With ``gpuInventory: nodes`` the plan fits the free GPUs counting the
+    target's own, so the GPUs they wait for are the old pods': the old Deployment goes.
+    Without, the new pods may wait for nodes that never come, and the old pods keep
+    serving."""
+    from types import SimpleNamespace
+
+    rt = replace(planned_rt, config=replace(planned_rt.config, gpu_inventory=counted))
+    kube.nodes = [gpu_node(rt.catalog, "a100", "a100-80gb", 8),
+                  gpu_node(rt.catalog, "gh", "gh200", 1)]  # fmt: skip
+    plan = deployed_mix(rt, kube)
+    index = {(NS, n): [readiness.index_entry(d)] for n, d in deployments(kube).items()}
+    index[(NS, "chat-engine")] = [entry("chat-engine", 3, 3)]
+    body = kube.get_target(NS, "chat")
+    assert body is not None
+    stuck = {"type": "Ready", "status": "False", "reason": "Unschedulable",
+             "message": "0/2 engine replicas ready; 1 pod(s) cannot be scheduled",
+             "lastTransitionTime": "2026-12-06T00:00:00Z"}  # fmt: skip
+    body["status"]["conditions"] = [
+        c for c in body["status"]["conditions"] if c["type"] != "Ready"
+    ] + [stuck]
+
+    async def missing(*_: Any) -> tuple[Observation, list[str]]:
+        return Observation(ready_replicas=0, pending_replicas=plan.replicas), []
+
+    monkeypatch.setattr(loop, "_observe", missing)
+    await loop.feedback(body=body, memo=SimpleNamespace(runtime=rt), engine_deployments=index)
+    assert kube.deleted == (["chat-engine"] if counted else [])
