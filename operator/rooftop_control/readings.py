@@ -299,6 +299,10 @@ class Observation:
     ready_replicas: int = 0
     pending_replicas: int = 0
     outdated_replicas: int = 0
+    # A mixed fleet's pools: (GPU id, its pods' own ``step_ms``, its ``step_batch``) over
+    # the window, what each GPU type's own step-time factor is learnt from; empty for one
+    # GPU type (``sizing.FleetPlanner.observed``).
+    pool_steps: tuple[tuple[str, Reading, Reading], ...] = ()
 
     def served_prompt(self) -> tuple[Reading, ...]:
         """The served prompt lengths: mean, then ``SERVED_QUANTILES``."""

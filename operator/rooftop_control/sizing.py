@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
 from rooftop_api.spec import KvDtype, PrefixReuse, ServingTargetSpec, WeightDtype
+from rooftop_control.readings import Reading
 from rooftop_control.traffic import Traffic, fitted_prefix
 from rooftop_planner.batching import EngineLimits, predict_continuous
 from rooftop_planner.bursts import burst_rate
@@ -244,6 +246,13 @@ class PlanTargetPlanner:
         return float(pred.tpot_s) * 1e3
 
 
+# A pool's factor over the pods' mean moves this share of the way to each window's
+# reading (smoothing the window-to-window noise, as the fleet's own factor is), within
+# these bounds: a pool measured 3x slower than its peers is a broken pod, not a model.
+RATIO_GAIN = 0.3
+RATIO_BOUNDS = (0.5, 2.0)
+
+
 class FleetPlanner(PlanTargetPlanner):
     """``Planner`` for a mixed fleet (``Plan.pools``): it sizes as the pool that sizes
     the fleet (the plan's own shape: every pod serves the same rate, and that pool's pods
@@ -255,14 +264,71 @@ class FleetPlanner(PlanTargetPlanner):
     observed mean weighs each pod's step time alike. Compared with the sizing pool's
     prediction alone, the faster pools' shorter steps would read as a planner too slow
     and size the fleet short; compared with the pods' own mix, the factor is the model's
-    error, as for one GPU type. One factor serves every pool: each type's own is not
-    measured apart.
+    error, as for one GPU type.
+
+    Each GPU type's own error: where the engines' series name their pool, each pool's
+    factor ``φ_g`` (its pods' mean step over its prediction at their batch) is read too,
+    and kept as a ratio ``r_g = φ_g / φ̄`` to the pods' mean factor (smoothed, bounded).
+    The controller's factor ``f`` scales the fleet; pool ``g`` steps ``f · r_g`` times its
+    prediction. The fleet's pod count is then the most any pool needs at its own factor
+    and batch cap: evenly spread, every pool's pods serve the same rate.
     """
 
     def __init__(self, spec: ServingTargetSpec, plan: Plan, catalog: Catalog | None = None) -> None:
-        super().__init__(spec, plan, catalog)
-        self.pools = {pool.gpu: PlanTargetPlanner(spec, pool, self.catalog) for pool in plan.pools}
+        catalog = catalog or load_catalog()
+        # before the sizing pool's own planning (``PlanTargetPlanner.__init__`` sizes once)
+        self.pools = {pool.gpu: PlanTargetPlanner(spec, pool, catalog) for pool in plan.pools}
+        self.caps = {pool.gpu: pool.max_num_seqs for pool in plan.pools}
         self.pods = {pool.gpu: pool.replicas for pool in plan.pools}
+        self.ratios = dict.fromkeys(self.pools, 1.0)
+        super().__init__(spec, plan, catalog)
+
+    def observed(
+        self,
+        steps: Sequence[tuple[str, Reading, Reading]],
+        prompt_tokens: float,
+        output_tokens: float,
+    ) -> None:
+        """Update each pool's ratio ``r_g`` from its pods' mean step (ms) and decode
+        batch this window (class docstring); it needs two pools measured, and a pool
+        without a reading keeps its ratio."""
+        own = {}
+        for gpu, step, batch in steps:
+            if gpu in self.pools and step.ok and batch.ok and batch.value > 0:
+                predicted = self.pools[gpu].step_ms(batch.value, prompt_tokens, output_tokens)
+                if predicted > 0 and step.value > 0:
+                    own[gpu] = step.value / predicted
+        weights = {gpu: max(self.pods.get(gpu, 0), 1) for gpu in own}
+        if len(own) < 2:
+            return
+        mean = sum(weights[g] * f for g, f in own.items()) / sum(weights.values())
+        for gpu, factor in own.items():
+            ratio = min(max(factor / mean, RATIO_BOUNDS[0]), RATIO_BOUNDS[1])
+            self.ratios[gpu] += RATIO_GAIN * (ratio - self.ratios[gpu])
+
+    def size(
+        self,
+        requests_per_second: float,
+        step_time_scale: float,
+        max_num_seqs: int | None = None,
+        traffic: Traffic | None = None,
+    ) -> Sizing:
+        """The sizing pool's sizing (its batch cap, at its own factor), with the most pods
+        any pool needs at its own factor and running cap (class docstring)."""
+        lead = self.plan.gpu
+        scale = step_time_scale * self.ratios.get(lead, 1.0)
+        sizing = super().size(requests_per_second, scale, max_num_seqs, traffic)
+        needed = [sizing]
+        for gpu, planner in self.pools.items():
+            if gpu == lead:
+                continue
+            own = planner.size(
+                requests_per_second, step_time_scale * self.ratios[gpu], self.caps[gpu], traffic
+            )
+            if own.feasible and own.max_num_seqs == self.caps[gpu]:
+                needed.append(own)
+        most = max(needed, key=lambda s: s.replicas)
+        return replace(sizing, replicas=most.replicas, capacity_rps=most.capacity_rps)
 
     def counted(self, pods: dict[str, int]) -> None:
         """The pods each pool runs now (GPU id -> ready pods), which weigh its step time;
@@ -277,7 +343,7 @@ class FleetPlanner(PlanTargetPlanner):
         if total <= 0:
             return super().step_ms(batch, prompt_tokens, output_tokens)
         steps = (
-            n * self.pools[gpu].step_ms(batch, prompt_tokens, output_tokens)
+            n * self.ratios[gpu] * self.pools[gpu].step_ms(batch, prompt_tokens, output_tokens)
             for gpu, n in self.pods.items()
             if n > 0
         )

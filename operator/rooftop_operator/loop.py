@@ -102,7 +102,21 @@ def observation(
     declared signal (``readings.SIGNALS``) in the controller's units."""
     pods = Observation(ready_replicas=ready, pending_replicas=pending, outdated_replicas=outdated)
     readings: dict[str, Any] = {s.field: _signal(snap, s) for s in SIGNALS}
-    return replace(pods, **readings)
+    return replace(pods, **readings, pool_steps=_pool_steps(snap))
+
+
+def _pool_steps(snap: metrics_client.TargetMetrics) -> tuple[tuple[str, Reading, Reading], ...]:
+    """A mixed fleet's pools' own mean step (ms) and decode batch (``POOL_SIGNALS``)."""
+    step, batch = (next(s for s in SIGNALS if s.field == f) for f in metrics_client.POOL_SIGNALS)
+    pools = sorted(snap.pools.get(step.query, {}))
+    return tuple(
+        (
+            gpu,
+            _scaled(snap.pool(step.query, gpu), step.scale),
+            _scaled(snap.pool(batch.query, gpu), batch.scale),
+        )
+        for gpu in pools
+    )
 
 
 def _signal(snap: metrics_client.TargetMetrics, signal: signals.Signal) -> Reading:
@@ -940,6 +954,9 @@ async def feedback(
     )
     pods = (ready, pending, outdated_pods(deps))
     obs, errors = await _observe(rt.loop.fleet, settings, spec, ref, pods)
+    if isinstance(mem.planner, FleetPlanner) and obs.prompt_tokens.ok and obs.output_tokens.ok:
+        # each GPU type's own step-time factor, from its pool's own series
+        mem.planner.observed(obs.pool_steps, obs.prompt_tokens.value, obs.output_tokens.value)
     now_s = time.monotonic()
     d = control.decide(mem.state, obs, now_s, cfg)
     d = await _within_inventory(rt, ref, spec, plan, d, (mem.state, obs, now_s, cfg))

@@ -101,7 +101,8 @@ class FleetCache:
             async with MetricsClient(
                 settings.prometheus_url, settings.stale_after_s, auth=settings.prometheus_auth
             ) as client:
-                fleet = await client.fleet_snapshot(queries)
+                by_pool = metrics_client.pool_queries(settings.window)
+                fleet = await client.fleet_snapshot(queries, by_pool)
             self._snapshots[shape] = (time.monotonic(), fleet)
             return fleet
 

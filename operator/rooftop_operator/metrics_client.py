@@ -65,11 +65,17 @@ class Answer:
 @dataclass(frozen=True)
 class TargetMetrics:
     """A snapshot of one ServingTarget: readings by query name (``fleet_queries``), in
-    Prometheus' units (seconds, req/s, tokens, ratios), freshness already applied."""
+    Prometheus' units (seconds, req/s, tokens, ratios), freshness already applied; a
+    mixed fleet's ``pools``: the ``POOL_SIGNALS``' readings by query name and pool."""
 
     readings: Mapping[str, Reading]
     newest_sample_age_s: float | None = None
     errors: Sequence[str] = ()
+    pools: Mapping[str, Mapping[str, Reading]] = field(default_factory=dict)
+
+    def pool(self, name: str, pool: str) -> Reading:
+        """One pool's reading of a ``POOL_SIGNALS`` query; missing when there is none."""
+        return self.pools.get(name, {}).get(pool, Reading())
 
     def get(self, name: str) -> Reading:
         """The reading of one query; missing when the snapshot did not ask for it. A
@@ -116,6 +122,19 @@ def fleet_queries(window: str, tpot_q: float, ttft_q: float, tpot_slo_ms: float)
 
 # The labels every engine series carries (PodMonitor relabelings), naming its target.
 GROUP_LABELS = ("namespace", "servingtarget")
+# A mixed fleet's engine series also carry their pool (GPU id), and the loop reads these
+# signals (``Observation`` fields) per pool as well: each GPU type's own step time and
+# batch, which its step-time factor is calibrated from (``sizing.FleetPlanner``).
+POOL_GROUP = (*GROUP_LABELS, "pool")
+POOL_SIGNALS = ("step_ms", "step_batch")
+
+
+def pool_queries(window: str) -> dict[str, str]:
+    """The ``POOL_SIGNALS``' queries for every target's pools at once, one series per
+    (namespace, servingtarget, pool); a target of one GPU type has none."""
+    promql = _Promql(check_window(window), {}, None, '{servingtarget!="",pool!=""}', POOL_GROUP)
+    rows = [s for s in SIGNALS if s.field in POOL_SIGNALS]
+    return {s.query: expr for s in rows if (expr := promql.render(s.promql)) is not None}
 
 
 def _queries(w: str, tpot_q: float, ttft_q: float, tpot_slo_ms: float) -> dict[str, str]:
@@ -138,9 +157,10 @@ class _Promql:
     quantiles: Mapping[str, float]  # the SLO's percentile, by what it bounds
     bucket_s: float | None  # the TPOT histogram's bucket at the bound, if any
     series: str = '{servingtarget!=""}'
+    group: tuple[str, ...] = GROUP_LABELS  # what each series answers for
 
     def agg(self, fn: str, expr: str) -> str:
-        return f"{fn} by ({', '.join(GROUP_LABELS)}) ({expr})"
+        return f"{fn} by ({', '.join(self.group)}) ({expr})"
 
     def rate(self, counter: str, over: str | None = None) -> str:
         return self.agg("sum", f"rate({counter}{self.series}[{over or self.window}])")
@@ -204,7 +224,7 @@ class _Promql:
     def quantile(self, histogram: str, q: float, over: str | None = None) -> str:
         if not 0 < q < 1:
             raise ValueError(f"quantile must be in (0, 1), got {q}")
-        labels = ", ".join(("le", *GROUP_LABELS))
+        labels = ", ".join(("le", *self.group))
         return (
             f"histogram_quantile({q}, sum by ({labels}) "
             f"(rate({histogram}_bucket{self.series}[{over or self.window}])))"
@@ -231,17 +251,22 @@ def _error_of(body: Any) -> str:
 
 def _parse_by_target(body: Any) -> tuple[dict[TargetKey, Answer], str]:
     """A grouped vector as one answer per target, or the error."""
+    grouped, error = _parse_grouped(body, GROUP_LABELS)
+    return {(k[0], k[1]): a for k, a in grouped.items()}, error
+
+
+def _parse_grouped(body: Any, group: Sequence[str]) -> tuple[dict[tuple[str, ...], Answer], str]:
+    """A grouped vector as one answer per value of the ``group`` labels, or the error."""
     if error := _error_of(body):
         return {}, error
     data = body.get("data") or {}
     result = data.get("result")
     if data.get("resultType") != "vector" or not isinstance(result, list):
         return {}, f"unsupported result type {data.get('resultType')!r}"
-    out: dict[TargetKey, Answer] = {}
+    out: dict[tuple[str, ...], Answer] = {}
     for series in result:
         labels = series.get("metric") or {}
-        key = (str(labels.get(GROUP_LABELS[0], "")), str(labels.get(GROUP_LABELS[1], "")))
-        out[key] = _sample(series.get("value"))
+        out[tuple(str(labels.get(name, "")) for name in group)] = _sample(series.get("value"))
     return out, ""
 
 
@@ -267,6 +292,8 @@ class FleetMetrics:
     readings: Mapping[str, Mapping[TargetKey, Answer]]
     stale_after_s: float
     errors: Sequence[str] = ()
+    # ``pool_queries``' answers: per query name, per (namespace, target, pool)
+    pools: Mapping[str, Mapping[tuple[str, ...], Answer]] = field(default_factory=dict)
 
     def target(self, namespace: str, name: str) -> TargetMetrics:
         """One target's snapshot, freshness applied; missing where it has no series."""
@@ -278,7 +305,15 @@ class FleetMetrics:
             )
             for query, answers in self.readings.items()
         }
-        return TargetMetrics(readings, age.value if age.ok else None, self.errors)
+        pools = {
+            query: {
+                k[2]: fresh(a.reading, age, self.stale_after_s)
+                for k, a in answers.items()
+                if k[:2] == key
+            }
+            for query, answers in self.pools.items()
+        }
+        return TargetMetrics(readings, age.value if age.ok else None, self.errors, pools)
 
 
 def _parse_answer(body: Any) -> Answer:
@@ -417,18 +452,33 @@ class MetricsClient:
             why = str(err) or type(err).__name__
             return None, f"prometheus unreachable: {why}"
 
-    async def fleet_snapshot(self, queries: Mapping[str, str]) -> FleetMetrics:
-        """Every target's readings from one set of grouped queries (``fleet_queries``),
-        with each target's freshness from one grouped timestamp query."""
+    async def fleet_snapshot(
+        self, queries: Mapping[str, str], by_pool: Mapping[str, str] | None = None
+    ) -> FleetMetrics:
+        """Every target's readings from one set of grouped queries (``fleet_queries``;
+        ``by_pool``: ``pool_queries``), with each target's freshness from one grouped
+        timestamp query."""
         age_query = f"max by ({', '.join(GROUP_LABELS)}) (timestamp({FRESHNESS_GAUGE}))"
-        (ages, age_error), *grouped = await asyncio.gather(
-            self.query_by_target(age_query), *(self.query_by_target(e) for e in queries.values())
+        pooled = by_pool or {}
+        by_target, per_pool = await asyncio.gather(
+            asyncio.gather(
+                self.query_by_target(age_query),
+                *(self.query_by_target(e) for e in queries.values()),
+            ),
+            asyncio.gather(*(self._query_by_pool(e) for e in pooled.values())),
         )
-        errors = {error for _, error in ((ages, age_error), *grouped) if error}
+        (ages, age_error), *grouped = by_target
+        errors = {error for _, error in ((ages, age_error), *grouped, *per_pool) if error}
         by_query = {name: answers for name, (answers, _) in zip(queries, grouped, strict=True)}
+        pools = {name: answers for name, (answers, _) in zip(pooled, per_pool, strict=True)}
         return FleetMetrics(
             {k: _age(a) for k, a in ages.items()},
             by_query,
             self.stale_after_s,
             tuple(sorted(errors)),
+            pools,
         )
+
+    async def _query_by_pool(self, promql: str) -> tuple[dict[tuple[str, ...], Answer], str]:
+        body, error = await self._fetch(promql)
+        return ({}, error) if error else _parse_grouped(body, POOL_GROUP)

@@ -396,8 +396,9 @@ def _rooftop_mixed(
 ) -> RooftopPolicy:
     """The operator's controller on a mixed fleet as it runs it (``loop.feedback``): the
     fleet's planner and price, started at the planned fleet. The fleet's predicted step
-    time weighs the pools by their planned pods (the operator weighs them by their ready
-    pods each tick; the simulated cluster does not report pods per pool)."""
+    time weighs the pools by their planned pods, and every pool keeps the fleet's factor
+    (the operator weighs them by their ready pods and learns each pool's own factor from
+    its series; the simulated cluster reports neither per pool)."""
     fleet = mixed.plan()
     catalog = load_catalog()
     prices = tuple((p.gpu, replica_price(spec, catalog, p.gpu, p.tp)) for p in fleet.pools)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -120,7 +121,7 @@ class MetricsWindow:
         itl_sum = sum(i[1] for i in self.intervals)
         itl_n = sum(i[2] for i in self.intervals)
         steps = sum(i[3] for i in self.intervals)
-        return Observation(
+        observed = Observation(
             tpot_ms=_quantile_ms(tpots, self.tpot_q),
             ttft_ms=_quantile_ms(ttfts, self.ttft_q),
             requests_per_second=_ok(rate),
@@ -132,11 +133,12 @@ class MetricsWindow:
             tpot_attainment=_share([t <= self.tpot_slo_s for t in tpots]),
             prompt_tokens=_mean([f[2] for f in fin]),
             output_tokens=_mean([f[3] for f in fin]),
-            **self._served(now_s),
             ready_replicas=gauges.ready,
             pending_replicas=gauges.pending,
             outdated_replicas=gauges.outdated,
         )
+        served: dict[str, Any] = self._served(now_s)  # Reading fields by name
+        return replace(observed, **served)
 
     def _served(self, now_s: float) -> dict[str, Reading]:
         """The ``served_*`` readings: lengths and the prefix-cache hit ratio over the

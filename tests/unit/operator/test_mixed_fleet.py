@@ -322,3 +322,77 @@ async def test_an_old_deployment_goes_before_its_replacement_serves_only_on_coun
     monkeypatch.setattr(loop, "_observe", missing)
     await loop.feedback(body=body, memo=SimpleNamespace(runtime=rt), engine_deployments=index)
     assert kube.deleted == (["chat-engine"] if counted else [])
+
+
+def test_a_pool_slower_than_planned_gets_its_own_factor_and_more_pods(
+    planned_rt: Runtime, kube: FakeKube
+) -> None:
+    """The pools' own series say the GH200 pods step 1.6x slower than predicted while
+    the A100 pods step as predicted: the GH200's ratio to the pods' mean factor rises,
+    the A100's falls, and at a rate the A100 pool alone would size for, the fleet now
+    takes the pods the GH200 pool needs at its own factor."""
+    from rooftop_control.sizing import FleetPlanner
+
+    plan = deployed_mix(planned_rt, kube)
+    spec = parse_spec(SPEC)
+    fleet = FleetPlanner(spec, plan)
+    before = fleet.size(40.0, 1.0)
+    a100, gh200 = (fleet.pools[g].step_ms(24, 1155, 211) for g in ("a100-80gb", "gh200"))
+    ok = MetricState.OK
+    for _ in range(20):  # windows of the same news: the smoothed ratios settle
+        fleet.observed(
+            (("a100-80gb", Reading(a100, ok), Reading(24.0, ok)),
+             ("gh200", Reading(1.6 * gh200, ok), Reading(24.0, ok))),
+            1155, 211,
+        )  # fmt: skip
+    assert fleet.ratios["gh200"] > 1.2 > 0.9 > fleet.ratios["a100-80gb"]
+    assert fleet.size(40.0, 1.0).replicas > before.replicas
+    # one pool's reading alone says nothing about the ratio
+    one = FleetPlanner(spec, plan)
+    one.observed((("gh200", Reading(3 * gh200, ok), Reading(24.0, ok)),), 1155, 211)
+    assert one.ratios == {"a100-80gb": 1.0, "gh200": 1.0}
+
+
+def test_the_pools_own_readings_reach_the_observation() -> None:
+    """Prometheus' per-pool answers (``pool_queries``) become the observation's
+    ``pool_steps`` in the controller's units (ms, tokens per step)."""
+    from rooftop_operator import metrics_client
+
+    ok = MetricState.OK
+    snap = metrics_client.TargetMetrics(
+        {},
+        pools={
+            "step_s": {"gh200": Reading(0.02, ok), "a100-80gb": Reading(0.015, ok)},
+            "step_batch": {"gh200": Reading(30.0, ok)},
+        },
+    )
+    obs = loop.observation(snap, 3, 0)
+    assert obs.pool_steps == (
+        ("a100-80gb", Reading(15.0, ok), Reading()),
+        ("gh200", Reading(20.0, ok), Reading(30.0, ok)),
+    )
+    queries = metrics_client.pool_queries("1m")
+    assert set(queries) == {"step_s", "step_batch"}
+    assert all("by (namespace, servingtarget, pool)" in q and 'pool!=""' in q
+               for q in queries.values())  # fmt: skip
+
+
+def test_a_snapshot_keeps_each_targets_pools_apart_and_fresh() -> None:
+    from rooftop_operator import metrics_client
+    from rooftop_operator.metrics_client import Answer, FleetMetrics
+
+    ok = MetricState.OK
+    body = {"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": {"namespace": NS, "servingtarget": "chat", "pool": "gh200"},
+         "value": [1000.0, "0.02"]},
+        {"metric": {"namespace": NS, "servingtarget": "other", "pool": "gh200"},
+         "value": [1000.0, "0.05"]},
+    ]}}  # fmt: skip
+    answers, error = metrics_client._parse_grouped(body, metrics_client.POOL_GROUP)
+    assert error == "" and set(answers) == {(NS, "chat", "gh200"), (NS, "other", "gh200")}
+    ages = {(NS, "chat"): Reading(5.0, ok), (NS, "other"): Reading(900.0, ok)}
+    fleet = FleetMetrics(ages, {}, stale_after_s=60.0, pools={"step_s": answers})
+    assert fleet.target(NS, "chat").pool("step_s", "gh200") == Reading(0.02, ok)
+    assert fleet.target(NS, "other").pool("step_s", "gh200").state is MetricState.STALE
+    assert fleet.target(NS, "chat").pool("step_s", "l4") == Reading()
+    assert isinstance(answers[(NS, "chat", "gh200")], Answer)
