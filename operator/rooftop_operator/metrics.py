@@ -17,7 +17,7 @@ Optional values passed as ``None`` remove the series instead of leaving a stale 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, Literal
 from wsgiref.simple_server import WSGIServer
 
@@ -112,7 +112,7 @@ class OperatorMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         self._lock = threading.Lock()
         self._owned: dict[_Key, set[_Series]] = {}
-        self._gpu: dict[_Key, str] = {}
+        self._gpu: dict[_Key, tuple[str, ...]] = {}  # the GPU types of each target's plan
         r = self.registry
         self.reconciles = Counter(
             RECONCILES_TOTAL, "Reconcile passes by result.", ("result",), registry=r
@@ -195,6 +195,7 @@ class OperatorMetrics:
         usd_per_hour: float | None = None,
         predicted_tpot_s: float | None = None,
         predicted_ttft_s: float | None = None,
+        pools: Sequence[tuple[str, int, float]] = (),
     ) -> None:
         """Publish the spec's SLO/budget and the plan chosen for it.
 
@@ -207,6 +208,8 @@ class OperatorMetrics:
             gpus: replicas x tp of the plan.
             usd_per_hour: cost of the plan.
             predicted_tpot_s, predicted_ttft_s: the planner's predictions, seconds.
+            pools: a mixed fleet's (GPU id, GPUs, USD/h) per pool: one GPU and cost
+                series per GPU type instead of ``gpu_type``'s one.
         """
         key = (namespace, name)
         self._set(self.feasible, key, 1.0 if feasible else 0.0)
@@ -217,22 +220,27 @@ class OperatorMetrics:
         self._set(self.budget, key, budget_usd_per_hour)
         self._set(self.predicted_tpot, key, predicted_tpot_s)
         self._set(self.predicted_ttft, key, predicted_ttft_s)
-        self._set_plan_gpu(key, gpu_type, gpus, usd_per_hour)
+        by_type: dict[str, tuple[float | None, float | None]] = {
+            g: (float(n), usd) for g, n, usd in pools
+        }
+        if not pools and gpu_type is not None:
+            by_type = {gpu_type: (None if gpus is None else float(gpus), usd_per_hour)}
+        self._set_plan_gpus(key, by_type)
 
-    def _set_plan_gpu(
-        self, key: _Key, gpu_type: str | None, gpus: int | None, usd_per_hour: float | None
+    def _set_plan_gpus(
+        self, key: _Key, by_type: Mapping[str, tuple[float | None, float | None]]
     ) -> None:
+        """The plan's GPUs and cost, one series per GPU type (none: no plan)."""
         with self._lock:
-            old = self._gpu.pop(key, None)
-            if gpu_type is not None:
-                self._gpu[key] = gpu_type
-        if old is not None and old != gpu_type:  # a re-plan onto another GPU type
-            self._set(self.cost, key, None, old)
-            self._set(self.gpus, key, None, old)
-        if gpu_type is None:
-            return
-        self._set(self.cost, key, usd_per_hour, gpu_type)
-        self._set(self.gpus, key, None if gpus is None else float(gpus), gpu_type)
+            old = self._gpu.pop(key, ())
+            if by_type:
+                self._gpu[key] = tuple(by_type)
+        for gone in set(old) - set(by_type):  # a re-plan onto other GPU types
+            self._set(self.cost, key, None, gone)
+            self._set(self.gpus, key, None, gone)
+        for gpu_type, (gpus, usd_per_hour) in by_type.items():
+            self._set(self.cost, key, usd_per_hour, gpu_type)
+            self._set(self.gpus, key, gpus, gpu_type)
 
     def record_observation(
         self,

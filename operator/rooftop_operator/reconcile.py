@@ -408,11 +408,14 @@ def _record_plan(
         slo_ttft_s=None if ttft is None else ttft / 1000.0,
         slo_quantiles=(spec.slo.tpot_percentile.quantile, spec.slo.ttft_percentile.quantile),
         budget_usd_per_hour=spec.budget.usd_per_hour,
-        gpu_type=None if plan is None else explain.gpus_of(plan),
+        gpu_type=None if plan is None else plan.gpu,  # a mix's: ``pools``, per type
         gpus=None if plan is None else gpu_count(plan),
         usd_per_hour=None if plan is None else plan.usd_per_hour,
         predicted_tpot_s=None if plan is None else plan.tpot_ms / 1000.0,
         predicted_ttft_s=None if plan is None or plan.ttft_ms is None else plan.ttft_ms / 1000.0,
+        pools=()
+        if plan is None
+        else [(p.gpu, p.tp * p.replicas, p.usd_per_hour) for p in plan.pools],
     )
 
 

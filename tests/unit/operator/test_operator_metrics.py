@@ -102,6 +102,20 @@ def test_replan_onto_another_gpu_drops_the_old_gpu_series(m: OperatorMetrics) ->
     assert value(m, "rooftop_plan_cost_usd_per_hour", gpu_type="l40s", **t) == 8.0
 
 
+def test_a_mixed_fleet_has_gpu_and_cost_series_per_gpu_type(m: OperatorMetrics) -> None:
+    """The dashboards' GPUs and cost by type add up per type: a mix is one series per
+    pool's type, and a re-plan back onto one type drops the others'."""
+    m.record_plan("ns", "chat", feasible=True, slo_tpot_s=0.05, budget_usd_per_hour=20.0,
+                  gpu_type="gh200", pools=[("a100-80gb", 4, 0.0), ("gh200", 2, 4.58)])  # fmt: skip
+    t = {"namespace": "ns", "name": "chat"}
+    assert value(m, "rooftop_plan_gpus", gpu_type="a100-80gb", **t) == 4.0
+    assert value(m, "rooftop_plan_gpus", gpu_type="gh200", **t) == 2.0
+    assert value(m, "rooftop_plan_cost_usd_per_hour", gpu_type="gh200", **t) == 4.58
+    plan(m, "gh200")
+    assert value(m, "rooftop_plan_gpus", gpu_type="a100-80gb", **t) is None
+    assert value(m, "rooftop_plan_gpus", gpu_type="gh200", **t) == 2.0
+
+
 def test_infeasible_plan_removes_plan_series_but_keeps_slo(m: OperatorMetrics) -> None:
     plan(m)
     plan(m, gpu=None, feasible=False)
