@@ -674,6 +674,11 @@ def test_gpu_inventory_plans_for_the_nodes_there_are(env: Env, tmp_path: Path) -
         assert inv.deployment("fits") is None
         big = f"{a10g.prefix}-2"
         core.create_namespaced_pod(inv.namespace, tenant_pod("training", big, gpus=1))
+        # A re-plan lists pods, then nodes, a few hundred ms apart: one that listed the
+        # pods just before this one existed and the nodes just after the node joined
+        # would see the node free and deploy there. Two re-plan periods (2 s) later,
+        # every re-plan lists the pod.
+        time.sleep(2 * 2)
         add_node(tp, 2)
         missing = f"room for 0: {tp} more a10g GPUs needed"
         wait_until(lambda: missing in inv.condition("fits", "Feasible").get("message", ""),
