@@ -215,16 +215,22 @@ def _fill(
         if room > 0:
             shapes[gpu] = shape
             segments += _segments(gpu, tp, prices[gpu], room)
-    segments.sort(key=lambda s: (s.usd, s.tp))
+    taken, left = _cheapest(segments, pods)
+    if left > 0:
+        return None
+    return {g: (shapes[g], n) for g, n in taken.items() if n > 0}
+
+
+def _cheapest(segments: list[_Segment], pods: int) -> tuple[dict[str, int], int]:
+    """GPU id -> pods of the ``pods`` cheapest over ``segments`` (at equal cost, fewer
+    GPUs), and how many the segments lacked."""
     taken: dict[str, int] = {}
     left = pods
-    for seg in segments:
+    for seg in sorted(segments, key=lambda s: (s.usd, s.tp)):
         take = min(seg.pods, left)
         taken[seg.gpu] = taken.get(seg.gpu, 0) + take
         left -= take
-        if left == 0:
-            return {g: (shapes[g], n) for g, n in taken.items() if n > 0}
-    return None
+    return taken, left
 
 
 def _segments(gpu: str, tp: int, price: GpuPrice, room: int) -> list[_Segment]:
@@ -279,13 +285,8 @@ class FleetPrice:
         for gpu, price in self.pools:
             room = min(self.room.get(gpu, UNLIMITED), pods)
             segments += _segments(gpu, price.tp, price.gpu, room)
-        segments.sort(key=lambda s: (s.usd, s.tp))
-        counts = {gpu: 0 for gpu, _ in self.pools}
-        left = pods
-        for seg in segments:
-            take = min(seg.pods, left)
-            counts[seg.gpu] += take
-            left -= take
+        taken, left = _cheapest(segments, pods)
+        counts = {gpu: taken.get(gpu, 0) for gpu, _ in self.pools}
         if left > 0:  # beyond every type's room: priced where on-demand pods cost least
             gpu, _ = min(self.pools, key=lambda item: item[1].tp * item[1].gpu.on_demand_usd)
             counts[gpu] += left
