@@ -373,10 +373,10 @@ class StepModel:
     def _attention(
         self, decode_seqs: float, context: float, prefill: float, attended: float
     ) -> float:
-        cells = (
+        seqs, ctx, chunk, pairs = (
             np.array([[v]], dtype=np.float64) for v in (decode_seqs, context, prefill, attended)
         )
-        return float(_attention_rows([self], *cells)[0, 0])
+        return float(_attention_rows([self], seqs, ctx, chunk, pairs)[0, 0])
 
 
 def attention_head_dims(m: ModelSpec) -> tuple[float, float]:
@@ -406,6 +406,7 @@ def unscaled_totals_s(
     context: FloatArray,
     prefill: FloatArray,
     attended: FloatArray,
+    queries: float = 1.0,
 ) -> FloatArray:
     """The kernels' sum per step of many deployments at once, before the step-time
     factor and the floor (s; same sum as ``StepModel.parts``): apart from them so a new
@@ -413,10 +414,14 @@ def unscaled_totals_s(
 
     Every array is D × N: row d holds steps of ``models[d]``. The search times all its
     candidates' batch grids in this one call: per deployment, numpy's call overhead on a
-    few dozen steps costs more than the arithmetic.
+    few dozen steps costs more than the arithmetic. ``queries`` is the tokens each
+    decoding sequence brings to the step: 1, or K + 1 when a speculative step verifies
+    K draft tokens (``speculative``): the GEMMs and the LM head run over decode_seqs ·
+    queries rows, and decode attention reads each sequence's KV once for all its
+    queries (its FLOPs grow with them, its bytes do not).
     """
-    tokens = decode_seqs + prefill
-    sampled = decode_seqs + np.where(prefill > 0, 1.0, 0.0)
+    tokens = decode_seqs * queries + prefill
+    sampled = decode_seqs * queries + np.where(prefill > 0, 1.0, 0.0)
     gemm = _grid_rows(np.stack([m.by_tokens for m in models]), tokens) + _grid_rows(
         np.stack([m.lm_head for m in models]), sampled
     )
@@ -427,7 +432,7 @@ def unscaled_totals_s(
     for rows in groups.values():
         part = [models[r] for r in rows]
         attention[rows] = _attention_rows(
-            part, decode_seqs[rows], context[rows], prefill[rows], attended[rows]
+            part, decode_seqs[rows], context[rows], prefill[rows], attended[rows], queries
         )
     layers = column([m.dep.model.num_layers for m in models])
     overhead = (
@@ -444,8 +449,10 @@ def _attention_rows(
     context: FloatArray,
     prefill: FloatArray,
     attended: FloatArray,
+    queries: float = 1.0,
 ) -> FloatArray:
-    """One layer's attention seconds for models that share their attention curves."""
+    """One layer's attention seconds for models that share their attention curves
+    (``queries``: query tokens per decoding sequence, ``unscaled_totals_s``)."""
     first = models[0]
     q_heads = column([m.q_heads for m in models])
     kv_heads = column([m.kv_heads for m in models])
@@ -458,7 +465,7 @@ def _attention_rows(
     seqs = np.maximum(decode_seqs, 1e-9)
     decode = first.decode.times_s(
         context * kv_bytes,
-        4.0 * q_heads * head_dim * context,
+        4.0 * q_heads * head_dim * context * queries,
         context / seqs,
         bw,
         peak,

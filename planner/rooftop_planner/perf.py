@@ -289,19 +289,22 @@ def forward_parts(
     context_tokens: FloatArray,
     prefill_tokens: FloatArray,
     prefill_attended: FloatArray,
+    queries: float = 1.0,
 ) -> tuple[FloatArray, FloatArray]:
     """``forward_time_s`` over D × N arrays of steps (row d is a grid of ``deps[d]``'s),
     in its two parts (s): the kernels' sum before the step-time factor, and the physical
     floor. Neither depends on the factor, so a search at a new one reuses them; the
-    steps are ``kernel_model.scaled_totals_s(sum, step_time_scales(deps), floor)``."""
-    floor = _floors_s(deps, decode_seqs + prefill_tokens, context_tokens)
+    steps are ``kernel_model.scaled_totals_s(sum, step_time_scales(deps), floor)``.
+    ``queries``: tokens per decoding sequence (K + 1 in a step verifying K draft tokens,
+    ``kernel_model.unscaled_totals_s``)."""
+    floor = _floors_s(deps, decode_seqs * queries + prefill_tokens, context_tokens)
     models = [kernel_model.step_model(d) for d in deps]
     pairs = prefill_attended
     if any(d.model.window_layers for d in deps):
         rows = enumerate(deps)
         pairs = np.stack([attended_pairs(d.model, prefill_tokens[r], pairs[r]) for r, d in rows])
     unscaled = kernel_model.unscaled_totals_s(
-        models, decode_seqs, context_tokens, prefill_tokens, pairs
+        models, decode_seqs, context_tokens, prefill_tokens, pairs, queries
     )
     return unscaled, floor
 

@@ -1,0 +1,533 @@
+"""Speculative decoding priced by the kernel model: drafters, acceptance, draft length.
+
+A speculative step drafts K tokens per decoding sequence, then the model verifies them
+in one forward pass: K + 1 query tokens per sequence (the GEMMs and the LM head run over
+B · (K + 1) rows; decode attention reads each sequence's KV once for all of them,
+``kernel_model.unscaled_totals_s``). With a per-token acceptance a (the chance each
+draft token is accepted, given the ones before it were), a sequence advances
+
+    E(a, K) = 1 + a + a² + … + a^K = (1 − a^(K+1)) / (1 − a)   tokens per step
+
+(the accepted drafts plus the token the verification samples itself; Leviathan et al.,
+"Fast Inference from Transformers via Speculative Decoding", 2023, eq. 1).
+
+The drafter's own time is priced with the same kernel curves on the same GPU:
+- ``draft_model``: a smaller model of the family (its catalog shape);
+- ``eagle3``: an EAGLE-3 head, one decoder layer of the model's width and an LM head
+  over its own vocabulary (the fused projection of three hidden states, 3 · hidden ×
+  hidden, is counted in its weights but not timed: under 0.1 ms on any GPU listed).
+Both draft as vLLM's proposers do: a first forward over every token the step brought
+(the B · (K + 1) verified positions and any prefill chunk), then K − 1 forwards of one
+token per sequence. A drafter forward pays the kernels and the per-layer overhead, not
+the engine's per-step overhead (scheduling and sampling happen once per engine step).
+
+So one step of B sequences costs t(B, K) = verify(B, K) + draft(B, K), and its time per
+output token is t(B, K) / E(a, K). The planner picks, per batch size, the K in 0..K_max
+with the least time per token (0: no speculation, t(B, 0) / 1), which vLLM takes as
+``num_speculative_tokens_per_batch_size``. As the batch grows the step turns
+compute-bound, verifying K extra tokens per sequence costs nearly K times more, and K
+falls to 0: the break-even batch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from importlib import resources
+from typing import Any
+
+import numpy as np
+import yaml
+
+from rooftop_planner import perf
+from rooftop_planner.catalog import Catalog, CatalogError, ModelSpec
+from rooftop_planner.kernels import FloatArray
+from rooftop_planner.perf import EngineShape
+
+# The longest draft the planner considers: EAGLE-3's published acceptance figures use
+# up to 7, but with a per-token acceptance under 0.8 a sixth draft token adds under
+# a^6 < 0.27 expected tokens, for a full row of verification.
+MAX_DRAFT_TOKENS = 5
+# Weight dtypes a draft model loads as the target does; others (int4, int8, fp4 need a
+# checkpoint of the draft in that format) load the draft in 16 bits.
+DRAFT_WEIGHT_DTYPES = ("bf16", "fp16", "fp8")
+METHODS = ("eagle3", "draft_model")
+
+
+@dataclass(frozen=True)
+class Drafter:
+    """A published drafter for one catalog model (``catalog/drafters.yaml``).
+
+    Attributes:
+        method: eagle3 or draft_model (vLLM's speculative ``method``).
+        repo: what vLLM loads (``--speculative-config`` "model").
+        source, licence: where it is published and the licence its card states.
+        layers, draft_vocab: an EAGLE-3 head's decoder layers and vocabulary (0: the
+            model's).
+        model: a draft model's catalog id (its shape).
+        acceptance: the per-token acceptance solved from the published acceptance
+            length (None: nothing published for the pair).
+        acceptance_source: the figure's source.
+    """
+
+    method: str
+    repo: str
+    source: str = ""
+    licence: str = ""
+    layers: int = 1
+    draft_vocab: int = 0
+    model: str = ""
+    acceptance: float | None = None
+    acceptance_source: str = ""
+
+
+def tokens_per_step(acceptance: float, draft_tokens: int) -> float:
+    """E(a, K) = (1 − a^(K+1)) / (1 − a): tokens a sequence advances per verified step."""
+    if draft_tokens <= 0:
+        return 1.0
+    return float((1.0 - acceptance ** (draft_tokens + 1)) / (1.0 - acceptance))
+
+
+def acceptance_from_length(length: float, draft_tokens: int) -> float:
+    """The per-token acceptance a with E(a, K) = ``length`` (bisection; E rises with a)."""
+    if not 1.0 <= length <= draft_tokens + 1:
+        raise ValueError(f"acceptance length {length} outside [1, {draft_tokens + 1}]")
+    low, high = 0.0, 0.999999
+    for _ in range(60):
+        mid = (low + high) / 2.0
+        low, high = (mid, high) if tokens_per_step(mid, draft_tokens) < length else (low, mid)
+    return round((low + high) / 2.0, 4)
+
+
+# ---------------------------------------------------------------- the drafter catalog
+
+_DRAFTER_FIELDS = {
+    "eagle3": {"repo", "source", "licence", "layers", "draft_vocab"},
+    "draft_model": {"repo", "source", "licence", "model"},
+}
+_ACCEPTANCE_FIELDS = {"acceptance_length", "acceptance_k", "acceptance_source"}
+
+
+@lru_cache(maxsize=1)
+def packaged_drafters() -> Mapping[str, Mapping[str, Drafter]]:
+    """The packaged ``catalog/drafters.yaml``: model id -> method -> drafter."""
+    text = resources.files("rooftop_planner").joinpath("catalog", "drafters.yaml").read_text()
+    return parse_drafters(yaml.safe_load(text) or {}, "catalog/drafters.yaml")
+
+
+def parse_drafters(data: Mapping[str, Any], where: str) -> dict[str, dict[str, Drafter]]:
+    """Checked drafters: every field known, a repo each, an acceptance figure whole."""
+    out: dict[str, dict[str, Drafter]] = {}
+    for model_id, methods in data.items():
+        if not isinstance(methods, Mapping):
+            raise CatalogError(f"{where}: {model_id}: expected a mapping of method -> drafter")
+        out[str(model_id)] = {
+            str(method): _drafter(f"{where}: {model_id}.{method}", str(method), entry)
+            for method, entry in methods.items()
+        }
+    return out
+
+
+def _drafter(at: str, method: str, entry: Any) -> Drafter:
+    if method not in _DRAFTER_FIELDS:
+        raise CatalogError(f"{at}: unknown method; use one of {', '.join(METHODS)}")
+    if not isinstance(entry, Mapping) or not entry.get("repo"):
+        raise CatalogError(f"{at}: needs repo (what vLLM loads)")
+    allowed = _DRAFTER_FIELDS[method] | _ACCEPTANCE_FIELDS
+    if unknown := sorted(set(entry) - allowed):
+        raise CatalogError(f"{at}: unknown field(s) {', '.join(unknown)}")
+    if method == "draft_model" and not entry.get("model"):
+        raise CatalogError(f"{at}: needs model, the draft's catalog id")
+    values = {k: entry[k] for k in _DRAFTER_FIELDS[method] if k in entry}
+    return Drafter(method=method, **values, **_acceptance(at, entry))
+
+
+def _acceptance(at: str, entry: Mapping[str, Any]) -> dict[str, Any]:
+    given = _ACCEPTANCE_FIELDS & set(entry)
+    if not given:
+        return {}
+    if given != _ACCEPTANCE_FIELDS:
+        raise CatalogError(
+            f"{at}: acceptance_length, acceptance_k and acceptance_source go together"
+        )
+    try:
+        rate = acceptance_from_length(float(entry["acceptance_length"]), int(entry["acceptance_k"]))
+    except ValueError as err:
+        raise CatalogError(f"{at}: {err}") from err
+    return {"acceptance": rate, "acceptance_source": str(entry["acceptance_source"])}
+
+
+# ---------------------------------------------------------------- a target's options
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """One way a target may speculate: the drafter, the acceptance planned with, the
+    drafter's shape (a catalog model, or an EAGLE-3 head built from the model's)."""
+
+    drafter: Drafter
+    acceptance: float
+    acceptance_source: str
+    draft: ModelSpec
+    max_draft_tokens: int = MAX_DRAFT_TOKENS
+
+    @property
+    def method(self) -> str:
+        return self.drafter.method
+
+
+def options(
+    model: ModelSpec,
+    methods: Sequence[str],
+    acceptance: float | None,
+    catalog: Catalog,
+    drafters: Mapping[str, Mapping[str, Drafter]] | None = None,
+) -> tuple[list[Speculation], list[str]]:
+    """The speculation options ``methods`` allow for ``model``, and why each other
+    method is not one (its drafter or its acceptance is unknown)."""
+    known = (drafters or packaged_drafters()).get(model.id, {})
+    found: list[Speculation] = []
+    problems: list[str] = []
+    for method in methods:
+        drafter = known.get(method)
+        if drafter is None:
+            problems.append(_no_drafter(model, method, known))
+            continue
+        rate = acceptance if acceptance is not None else drafter.acceptance
+        if rate is None:
+            problems.append(
+                f"{method}: no published acceptance for {drafter.repo} drafting {model.id}; "
+                "set spec.workload.acceptanceRate to the per-token acceptance you measured"
+            )
+            continue
+        source = (
+            "spec.workload.acceptanceRate" if acceptance is not None else drafter.acceptance_source
+        )
+        found.append(Speculation(drafter, rate, source, _draft_shape(model, drafter, catalog)))
+    return found, problems
+
+
+def _no_drafter(model: ModelSpec, method: str, known: Mapping[str, Drafter]) -> str:
+    others = f" (it has {', '.join(sorted(known))})" if known else ""
+    return f"{method}: the drafter catalog names no {method} drafter for {model.id}{others}"
+
+
+def _draft_shape(model: ModelSpec, drafter: Drafter, catalog: Catalog) -> ModelSpec:
+    if drafter.method == "draft_model":
+        draft = catalog.model(drafter.model)
+        if draft.vocab_size != model.vocab_size:
+            raise CatalogError(
+                f"drafter {drafter.repo} for {model.id}: vocabulary {draft.vocab_size} is "
+                f"not the model's {model.vocab_size}; vLLM verifies token ids"
+            )
+        return draft
+    return eagle_head(model, drafter)
+
+
+def eagle_head(model: ModelSpec, drafter: Drafter) -> ModelSpec:
+    """An EAGLE-3 head as a model shape: ``layers`` decoder layers of the model's width,
+    an LM head over ``draft_vocab``. Parameters: the layers, whose first QKV takes the
+    embedding and the fused hidden state side by side (2 · hidden wide), the fusion of
+    three hidden states (3 · hidden²), and the LM head; it shares the model's embedding."""
+    vocab = drafter.draft_vocab or model.vocab_size
+    hidden, d = model.hidden_size, model.head_dim
+    qkv = hidden * d * (model.num_heads + 2 * model.num_kv_heads)
+    layer = qkv + hidden * d * model.num_heads + 3 * hidden * model.intermediate_size
+    params = drafter.layers * layer + qkv + 3 * hidden * hidden + vocab * hidden
+    return replace(
+        model,
+        id=f"{model.id}+{drafter.repo}",
+        num_layers=drafter.layers,
+        vocab_size=vocab,
+        param_count=float(params),
+        num_experts=1,
+        experts_per_token=1,
+        dense_layers=0,
+        shared_expert_size=0,
+        checkpoints={},
+        aliases=(),
+    )
+
+
+# ---------------------------------------------------------------- memory
+
+
+def draft_engine(dep: EngineShape, spec: Speculation) -> EngineShape:
+    """The drafter as an engine on the target's GPUs: the same TP (vLLM's default draft
+    tensor parallelism), KV dtype and fitted kernels; a draft model in the target's
+    weight dtype where vLLM can load it so (16-bit, or fp8 quantized at load), an
+    EAGLE-3 head in 16 bits as published."""
+    weights = "bf16"
+    if spec.method == "draft_model" and dep.weight_dtype in DRAFT_WEIGHT_DTYPES:
+        weights = dep.weight_dtype
+    return replace(dep, model=spec.draft, weight_dtype=weights)
+
+
+def kv_capacity_tokens(dep: EngineShape, spec: Speculation, max_num_batched_tokens: int) -> int:
+    """Tokens the KV cache holds beside the drafter: vLLM gives the drafter's weights
+    their memory first and caches every token in both models' layers, so
+    (HBM · util − weights − drafter weights − activations) / (model + drafter KV bytes
+    per token)."""
+    draft = draft_engine(dep, spec)
+    loaded = perf.weight_bytes_per_gpu(dep) + perf.weight_bytes_per_gpu(draft)
+    loaded += perf.activation_reserve_bytes(dep, max_num_batched_tokens)
+    free = dep.gpu.hbm_bytes * perf.DEFAULT_GPU_MEMORY_UTILIZATION - loaded
+    per_token = perf.kv_bytes_per_token_per_gpu(dep.model, dep.kv_dtype, dep.tp)
+    per_token += perf.kv_bytes_per_token_per_gpu(draft.model, draft.kv_dtype, draft.tp)
+    return max(int(free / per_token), 0)
+
+
+def drafter_bytes_per_gpu(dep: EngineShape, spec: Speculation) -> float:
+    """The drafter's weights on each GPU (bytes)."""
+    return perf.weight_bytes_per_gpu(draft_engine(dep, spec))
+
+
+# ---------------------------------------------------------------- step times
+
+
+@dataclass(frozen=True)
+class SpeculativeSteps:
+    """Steps of one candidate on its grid, with the draft length chosen per column.
+
+    draft_tokens: the K chosen at each column (0: no speculation); tokens: E(a, K) there;
+    unscaled, floor: per *output token* ("virtual" steps that each advance every
+    sequence one token, s): the decode step t(B, K) / E, plus what a step carrying a
+    prefill chunk adds over the decode step at the same batch, whole (a chunk delays
+    one real step, whose E tokens per sequence it holds back). The serving model
+    (``search``) prices these as it prices steps without speculation.
+    """
+
+    draft_tokens: FloatArray
+    tokens: FloatArray
+    unscaled: FloatArray
+    floor: FloatArray
+
+
+def steps(
+    dep: EngineShape,
+    spec: Speculation,
+    seqs: FloatArray,
+    context: FloatArray,
+    chunk: FloatArray,
+    attended: FloatArray,
+) -> SpeculativeSteps:
+    """Per column (1-D arrays: the sequences decoding, their cached context, the
+    prefill chunk the step carries and its attended pairs), the draft length with the
+    least time per output token and the per-token steps at it (``SpeculativeSteps``)."""
+    draft = draft_engine(dep, spec)
+    zero = np.zeros_like(seqs)
+    per_token, extra_s, floors, extra_floor = [], [], [], []
+    for k in range(spec.max_draft_tokens + 1):
+        decode, decode_floor = _step_s(dep, draft, k, seqs, context, zero, zero)
+        full, full_floor = _step_s(dep, draft, k, seqs, context, chunk, attended)
+        e = tokens_per_step(spec.acceptance, k)
+        per_token.append(decode / e)
+        extra_s.append(full - decode)
+        floors.append(decode_floor / e)
+        extra_floor.append(full_floor - decode_floor)
+    table = np.stack(per_token)
+    best = np.argmin(table, axis=0)
+    cols = np.arange(seqs.shape[0])
+
+    def pick(rows: list[FloatArray]) -> FloatArray:
+        out: FloatArray = np.stack(rows)[best, cols]
+        return out
+
+    tokens = np.array([tokens_per_step(spec.acceptance, int(k)) for k in best])
+    return SpeculativeSteps(
+        draft_tokens=best.astype(np.float64),
+        tokens=tokens,
+        unscaled=pick(per_token) + pick(extra_s),
+        floor=pick(floors) + pick(extra_floor),
+    )
+
+
+def _step_s(
+    dep: EngineShape,
+    draft: EngineShape,
+    k: int,
+    seqs: FloatArray,
+    context: FloatArray,
+    chunk: FloatArray,
+    attended: FloatArray,
+) -> tuple[FloatArray, FloatArray]:
+    """(kernel sum, floor) of one engine step verifying k draft tokens per sequence,
+    the drafter's forwards included (s, 1-D)."""
+
+    def row(values: FloatArray) -> FloatArray:
+        return values[None, :]
+
+    verify, floor = perf.forward_parts(
+        [dep], row(seqs), row(context), row(chunk), row(attended), queries=k + 1.0
+    )
+    if k == 0:
+        return verify[0], floor[0]
+    first, _ = perf.forward_parts(
+        [draft], row(seqs), row(context), row(chunk), row(attended), queries=k + 1.0
+    )
+    zero = np.zeros_like(row(seqs))
+    each, _ = perf.forward_parts([draft], row(seqs), row(context), zero, zero)
+    per_step = draft.efficiency.overhead.step_s  # paid once per engine step, in verify
+    drafting = first[0] + (k - 1) * each[0] - k * per_step
+    return verify[0] + drafting, floor[0]
+
+
+def decode_tpot_s(
+    dep: EngineShape, spec: Speculation, batch: float, context_per_seq: float, draft_tokens: int
+) -> float:
+    """Time per output token of a decode step of ``batch`` sequences at draft length
+    ``draft_tokens`` (0: without speculation), the step-time factor applied (s)."""
+    seqs = np.array([float(batch)])
+    context = seqs * perf.cached_tokens(dep.model, context_per_seq)
+    zero = np.zeros_like(seqs)
+    total, floor = _step_s(dep, draft_engine(dep, spec), draft_tokens, seqs, context, zero, zero)
+    step = max(float(total[0]) * dep.efficiency.time_scale, float(floor[0]))
+    return step / tokens_per_step(spec.acceptance, draft_tokens)
+
+
+def schedule(
+    dep: EngineShape, spec: Speculation, max_num_seqs: int, context_per_seq: float
+) -> list[tuple[int, int, int]]:
+    """vLLM's ``num_speculative_tokens_per_batch_size`` for batches 1..max_num_seqs:
+    inclusive ranges (first, last, K) of the K with the least time per output token,
+    judged at every batch size (the running batch is what vLLM looks up), never rising
+    with the batch: a longer draft at a larger batch would win by less than the
+    kernel curves' interpolation noise, since verifying costs more per token there."""
+    seqs = np.arange(1, max_num_seqs + 1, dtype=np.float64)
+    context = seqs * perf.cached_tokens(dep.model, context_per_seq)
+    zero = np.zeros_like(seqs)
+    best = steps(dep, spec, seqs, context, zero, zero).draft_tokens
+    chosen = np.minimum.accumulate(best.astype(int))
+    ranges: list[tuple[int, int, int]] = []
+    for batch, k in enumerate(chosen.tolist(), start=1):
+        if ranges and ranges[-1][2] == k:
+            ranges[-1] = (ranges[-1][0], batch, k)
+        else:
+            ranges.append((batch, batch, k))
+    return ranges
+
+
+def break_even_batch(ranges: Sequence[tuple[int, int, int]]) -> int | None:
+    """The first batch size from which speculation stays off (None: it pays up to the
+    cap)."""
+    if not ranges or ranges[-1][2] > 0:
+        return None
+    return ranges[-1][0]
+
+
+def max_draft_tokens(ranges: Sequence[tuple[int, int, int]]) -> int:
+    return max((k for _, _, k in ranges), default=0)
+
+
+# Batches the schedule covers: the largest batch cap the search plans. vLLM carries the
+# last range's K beyond it, and a schedule to the largest cap serves every smaller one,
+# so the loop's cap changes leave the engine's configuration as it is.
+SCHEDULE_BATCHES = 512
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A plan's speculation: ``config``, vLLM's --speculative-config JSON, and ``note``,
+    its words for ``rooftop plan --explain``."""
+
+    config: str
+    note: str
+
+
+_SCHEDULES: dict[tuple[int, int, int], tuple[EngineShape, Speculation, list[tuple[int, int, int]]]]
+_SCHEDULES = {}
+_SCHEDULES_MAX = 256
+
+
+def planned(
+    dep: EngineShape, spec: Speculation, context_per_seq: float, batch: float
+) -> Planned | None:
+    """``dep`` speculating with ``spec`` at a mean running batch ``batch`` (None when
+    no batch size up to ``SCHEDULE_BATCHES`` gains from it)."""
+    ranges = _cached_schedule(dep, spec, context_per_seq)
+    if max_draft_tokens(ranges) == 0:
+        return None
+    config = json.dumps(vllm_config(spec, ranges, dep.weight_dtype), separators=(",", ":"))
+    return Planned(config, _note(dep, spec, ranges, context_per_seq, batch))
+
+
+def _cached_schedule(
+    dep: EngineShape, spec: Speculation, context_per_seq: float
+) -> list[tuple[int, int, int]]:
+    """``schedule`` once per engine, drafter and context (the entry keeps both alive, so
+    their ids are not reused while cached)."""
+    key = (id(dep), id(spec), round(context_per_seq))
+    entry = _SCHEDULES.get(key)
+    if entry is not None and entry[0] is dep and entry[1] is spec:
+        return entry[2]
+    ranges = schedule(dep, spec, SCHEDULE_BATCHES, context_per_seq)
+    if len(_SCHEDULES) >= _SCHEDULES_MAX:
+        _SCHEDULES.pop(next(iter(_SCHEDULES)))
+    _SCHEDULES[key] = (dep, spec, ranges)
+    return ranges
+
+
+def _note(
+    dep: EngineShape,
+    spec: Speculation,
+    ranges: Sequence[tuple[int, int, int]],
+    context_per_seq: float,
+    batch: float,
+) -> str:
+    """What the drafter is, the draft lengths per batch, and the decode TPOT with and
+    without it at the planned batch."""
+    at = max(int(round(batch)), 1)
+    k = next((k for first, last, k in ranges if first <= at <= last), ranges[-1][2])
+    with_ms = decode_tpot_s(dep, spec, at, context_per_seq, k) * 1e3
+    without_ms = decode_tpot_s(dep, spec, at, context_per_seq, 0) * 1e3
+    lengths = ", ".join(f"{k} at {a}-{b}" for a, b, k in ranges if k > 0)
+    off = break_even_batch(ranges)
+    stops = f"; off from batch {off}, where verifying costs more than it saves" if off else ""
+    return (
+        f"speculative decoding with {spec.method} ({spec.drafter.repo}, acceptance "
+        f"{spec.acceptance:.2f} per token from {spec.acceptance_source}): draft tokens "
+        f"{lengths}{stops}. At batch {at}, decode {with_ms:.1f} ms per token with it, "
+        f"{without_ms:.1f} ms without; {weights_note(dep, spec)}"
+    )
+
+
+def vllm_config(
+    spec: Speculation, ranges: Sequence[tuple[int, int, int]], weight_dtype: str
+) -> dict[str, Any]:
+    """``--speculative-config`` as vLLM reads it (vllm/config/speculative.py)."""
+    config: dict[str, Any] = {
+        "method": spec.method,
+        "model": spec.drafter.repo,
+        "num_speculative_tokens": max_draft_tokens(ranges),
+    }
+    if spec.method == "draft_model" and weight_dtype == "fp8":
+        config["quantization"] = "fp8"  # quantized at load, as the model's own weights
+    if len({k for _, _, k in ranges}) > 1:
+        config["num_speculative_tokens_per_batch_size"] = [list(r) for r in ranges]
+    return config
+
+
+def weights_note(dep: EngineShape, spec: Speculation) -> str:
+    """What the drafter adds to each GPU's memory, for the plan's explanation."""
+    gb = drafter_bytes_per_gpu(dep, spec) / 1e9
+    kv = perf.kv_bytes_per_token_per_gpu(spec.draft, dep.kv_dtype, dep.tp)
+    return f"{gb:.1f} GB of drafter weights per GPU, {kv / 1024:.0f} KiB of its KV per token"
+
+
+__all__ = [
+    "Drafter",
+    "Planned",
+    "Speculation",
+    "SpeculativeSteps",
+    "acceptance_from_length",
+    "break_even_batch",
+    "decode_tpot_s",
+    "options",
+    "planned",
+    "schedule",
+    "steps",
+    "tokens_per_step",
+    "vllm_config",
+]
