@@ -9,13 +9,20 @@ the decision law (``control``) sees only ``Sizing`` values, so a fake planner te
 
 from __future__ import annotations
 
+import json
 import math
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from rooftop_api.spec import KvDtype, PrefixReuse, ServingTargetSpec, WeightDtype
+from rooftop_api.spec import (
+    KvDtype,
+    PrefixReuse,
+    ServingTargetSpec,
+    SpeculativeMethod,
+    WeightDtype,
+)
 from rooftop_control.readings import Reading
 from rooftop_control.traffic import Traffic, fitted_prefix
 from rooftop_planner.batching import EngineLimits, predict_continuous
@@ -183,9 +190,14 @@ class PlanTargetPlanner:
         """One sizing per batch cap that keeps TPOT within the SLO (none: infeasible),
         with the observed lengths where given, else the spec's."""
         plans = self._search(factor, traffic).plans(rate, self._burst_rps(rate, traffic))
-        # the running shape and routing: the Service's affinity is the plan's
-        running = (self.plan.tp, self.plan.session_affinity)
-        return tuple(_sizing(p) for p in plans if (p.tp, p.session_affinity) == running)
+        # the running shape and routing: the Service's affinity is the plan's, and
+        # whether the engine speculates is its --speculative-config
+        running = (self.plan.tp, self.plan.session_affinity, bool(self.plan.speculative_config))
+        return tuple(
+            _sizing(p)
+            for p in plans
+            if (p.tp, p.session_affinity, bool(p.speculative_config)) == running
+        )
 
     def _search(self, factor: float, traffic: Traffic | None) -> PreparedSearch:
         """The search at this factor and these lengths, prepared once for every rate and
@@ -388,6 +400,13 @@ def quantize_rate(rate: float) -> float:
     return round(1.01 ** math.ceil(math.log(rate) / math.log(1.01) - 1e-9), 6)
 
 
+def _running_method(plan: Plan) -> list[SpeculativeMethod] | None:
+    """The speculative method ``plan`` deploys, as constraints.speculative lists it."""
+    if not plan.speculative_config:
+        return None
+    return [SpeculativeMethod(json.loads(plan.speculative_config)["method"])]
+
+
 def pinned_spec(spec: ServingTargetSpec, plan: Plan) -> ServingTargetSpec:
     """``spec`` restricted to ``plan``'s GPU, TP and dtypes, with limits lifted."""
     constraints = spec.constraints.model_copy(
@@ -396,6 +415,8 @@ def pinned_spec(spec: ServingTargetSpec, plan: Plan) -> ServingTargetSpec:
             "weight_dtypes": [WeightDtype(plan.weight_dtype)],
             "kv_dtypes": [KvDtype(plan.kv_dtype)],
             "max_tensor_parallel": plan.tp,
+            # the running drafter only (none where the plan does not speculate)
+            "speculative": _running_method(plan),
             "min_replicas": 0,
             "max_replicas": 1000,
         }

@@ -77,6 +77,7 @@ ENGINE_FLAGS: Final = frozenset(
         "--enable-chunked-prefill",
         "--shutdown-timeout",
         "--middleware",
+        "--speculative-config",
     }
 )
 # Per GPU in the pod: CPU and host memory for tokenization, weight loading and the

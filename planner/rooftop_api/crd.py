@@ -80,7 +80,7 @@ def _no_flag_of(flags: Sequence[str]) -> str:
 
 # CEL rules per pydantic model (by class name), mirroring its model_validator.
 # fieldPath makes the API server's error name the offending field (Kubernetes >= 1.28).
-CEL_RULES: Final[Mapping[str, list[Schema]]] = {
+CEL_RULES: Final[dict[str, list[Schema]]] = {
     "TokenLengths": [
         {
             "rule": "has(self.mean) || has(self.histogram)",
@@ -157,6 +157,19 @@ CEL_RULES: Final[Mapping[str, list[Schema]]] = {
         },
     ],
 }
+
+CEL_RULES["ServingTargetSpec"] = [
+    {
+        "rule": "!has(self.constraints) || !has(self.constraints.speculative) || "
+        "size(self.constraints.speculative) == 0 || !has(self.engine) || "
+        + _no_flag_of(_spellings({"speculative_config"})).replace(
+            "self.extraArgs", "self.engine.extraArgs"
+        ),
+        "message": "engine.extraArgs sets --speculative-config while constraints.speculative "
+        "lets the planner choose the drafter and draft lengths; remove one of them",
+        "fieldPath": ".engine.extraArgs",
+    },
+]
 
 # Rules with no pydantic counterpart: Kubernetes naming limits of the children.
 ROOT_RULES: Final[list[Schema]] = [

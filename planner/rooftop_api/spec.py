@@ -27,7 +27,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from rooftop_api.vllm_args import check_env_name, check_extra_args
+from rooftop_api.vllm_args import ExtraArgError, check_env_name, check_extra_args, resolve
 
 # The resource's identity, spelled here only: the CRD (crd.py), the manifest loader, the
 # operator's watches and API calls, and its annotation prefix all read these.
@@ -110,6 +110,16 @@ class KvDtype(StrEnum):
 
 # KV dtypes people ask for that vLLM cannot store: named in the error, with the fix.
 NO_VLLM_KV_DTYPES = ("int8", "int4")
+
+
+class SpeculativeMethod(StrEnum):
+    """How vLLM drafts the tokens a speculative step verifies: ``eagle3``, an EAGLE-3
+    head trained for the model; ``draft_model``, a smaller model of the same family and
+    vocabulary. vLLM's rejection sampling keeps the model's output distribution at any
+    temperature, so speculation changes speed, not answers."""
+
+    EAGLE3 = "eagle3"
+    DRAFT_MODEL = "draft_model"
 
 
 class Mode(StrEnum):
@@ -247,6 +257,16 @@ class Workload(_Model):
         "rate the SLO's share of requests arrives into; the operator measures it and "
         "condition WorkloadObserved says when it differs.",
     )
+    acceptance_rate: float | None = Field(
+        default=None,
+        gt=0,
+        le=0.99,
+        description="Per-token acceptance of speculative decoding on this traffic: the "
+        "chance the model accepts each draft token (a step verifying K draft tokens then "
+        "yields (1 - a^(K+1)) / (1 - a) tokens per sequence). Replaces the drafter's "
+        "published figure for every method in constraints.speculative; code and RAG "
+        "usually accept more than chat.",
+    )
 
 
 class Budget(_Model):
@@ -329,6 +349,14 @@ class Constraints(_Model):
         "the largest batch cap). Default: 8192 only. A smaller chunk prefills a long "
         "prompt over more, shorter steps, so a short answer shares fewer of them, at the "
         "price of TTFT; it is planned only where it is cheaper.",
+    )
+    speculative: list[SpeculativeMethod] | None = Field(
+        default=None,
+        max_length=len(SpeculativeMethod),
+        description="Speculative decoding methods the planner may choose (eagle3, "
+        "draft_model), with a drafter the catalog names for the model. Per batch size it "
+        "picks the draft length (vLLM num_speculative_tokens_per_batch_size) or none where "
+        "verifying drafts costs more than they save. Default: none.",
     )
     min_replicas: int = Field(default=1, ge=0, le=1000)
     max_replicas: int = Field(default=16, ge=1, le=1000)
@@ -618,6 +646,25 @@ class ServingTargetSpec(_Model):
             )
         return value
 
+    @model_validator(mode="after")
+    def _one_speculative_config(self) -> ServingTargetSpec:
+        """With constraints.speculative the plan sets --speculative-config; one set in
+        extraArgs as well would be priced as the plan's and run as the user's."""
+        if self.constraints.speculative and speculative_config_in(self.engine.extra_args or []):
+            raise ValueError(
+                "engine.extraArgs sets --speculative-config while constraints.speculative "
+                "lets the planner choose the drafter and draft lengths; remove one of them"
+            )
+        return self
+
+
+def speculative_config_in(args: list[str]) -> bool:
+    """Whether ``args`` set vLLM's speculative config (any spelling vLLM parses)."""
+    try:
+        return any(s.dest == "speculative_config" for s in resolve(args, values=False))
+    except ExtraArgError:
+        return False  # refused for another reason, which the extraArgs check names
+
 
 # A target's name names its children: the Service ``NAME`` and the Deployment and
 # PodMonitor ``NAME-engine``. A Service name is a DNS-1035 label (at most 63 characters),
@@ -730,6 +777,12 @@ class _EngineStatus(_Model):
         "8192).",
     )
     checkpoint: str | None = Field(default=None, description="The weights vLLM loads.")
+    speculative_config: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="vLLM --speculative-config: the drafter and the draft length per batch "
+        "size (absent: no speculative decoding).",
+    )
     session_affinity: Literal["ClientIP"] | None = Field(
         default=None,
         description="The Service's sessionAffinity, where the planner chose it: it keeps "

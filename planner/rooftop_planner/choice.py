@@ -19,9 +19,11 @@ MAX_ALTERNATIVES = 5
 BUDGET_TOLERANCE_USD_PER_HOUR = 1e-9  # float noise in a sum of prices is not overspending
 
 
-def rank(plan: Plan) -> tuple[float, int, int, bool, int, float]:
+def rank(plan: Plan) -> tuple[float, int, bool, int, bool, int, float]:
     """Cheapest first; ties go to the plan that keeps more of the model's 16-bit outputs
-    (quantized weights or KV only where they save money), then to fewer GPUs (where
+    (quantized weights or KV only where they save money), then to no speculative
+    decoding (a second model to load and keep in memory, only where it saves money),
+    then to fewer GPUs (where
     GPUs are owned at $0, every plan within them costs the same, and the rest of the
     cluster is for other work), then to no session affinity (it pins sessions, so
     replicas' loads follow the sessions' sizes, only where it saves money), then to the
@@ -31,6 +33,7 @@ def rank(plan: Plan) -> tuple[float, int, int, bool, int, float]:
     return (
         round(plan.usd_per_hour, 6),
         explain.quantized(plan),
+        bool(plan.speculative_config),
         plan.replicas * plan.tp,
         pinned,
         -plan.max_num_batched_tokens,

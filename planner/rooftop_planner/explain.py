@@ -78,6 +78,7 @@ def chosen(
         + _quantized_note(plan)
         + prefix_note(plan, unpinned)
         + chunk_note(plan, whole_chunks)
+        + (f"; {plan.speculative_note}" if plan.speculative_note else "")
     )
 
 

@@ -9,6 +9,7 @@ plan's cost (every replica); ``usd_per_replica_hour`` is one replica's.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
@@ -27,6 +28,7 @@ NOT_IN_STATUS: Final = {
     "capacity_rps": "stale once the loop rescales",
     "weights_note": "words for rooftop plan; the checkpoint itself is stored",
     "context_note": "words for rooftop plan; the context length itself is stored",
+    "speculative_note": "words for rooftop plan; the speculative config itself is stored",
 }
 
 
@@ -45,6 +47,8 @@ SHAPE_FIELDS: Final = (
     "checkpoint",
     # the Service's: a pod stays as it was, but the hit rate, hence the curve, changes
     "session_affinity",
+    # vLLM's --speculative-config: the drafter and the draft length per batch size
+    "speculative_config",
     # a mixed fleet's pools: their shapes are the plan's (``Plan.shape``), their pod
     # counts follow the fleet's ``replicas``
     "pools",
@@ -63,6 +67,7 @@ VLLM_FLAGS: Final = {
     "max_model_len": "--max-model-len",
     "gpu_memory_utilization": "--gpu-memory-utilization",
     "max_num_batched_tokens": "--max-num-batched-tokens",
+    "speculative_config": "--speculative-config",
 }
 ENGINE_FIELDS_TRANSLATED: Final = (
     "gpu",
@@ -83,6 +88,7 @@ OUTCOME_FIELDS: Final = (
     "summary",
     "weights_note",
     "context_note",
+    "speculative_note",
 )
 
 
@@ -119,6 +125,9 @@ class Plan:
     prefix_hit_ratio: float = 0.0  # predicted share of prompt tokens the prefix cache holds
     # the prefill chunk, tokens: the most one engine step takes (--max-num-batched-tokens)
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
+    # vLLM's --speculative-config JSON ("" for none: ``speculative.planned``) and its words
+    speculative_config: str = ""
+    speculative_note: str = ""
     # A fleet of several GPU types (``fleet.MixedFleet.plan``): each pool's own plan at
     # its replicas. The plan's own fields are then the pool that sizes the fleet (the
     # least capacity per pod) at the fleet's pod count, cost and worst latencies.
@@ -182,6 +191,14 @@ class Plan:
             "gpu_memory_utilization": self.gpu_memory_utilization,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "session_affinity": self.session_affinity,
+            **(
+                {
+                    "speculative_config": json.loads(self.speculative_config),
+                    "speculative_note": self.speculative_note,
+                }
+                if self.speculative_config
+                else {}
+            ),
             "predicted": {
                 "tpot_ms": round(self.tpot_ms, 2),
                 "ttft_ms": round(self.ttft_ms, 1),
@@ -213,6 +230,7 @@ class Plan:
             max_num_batched_tokens=self.max_num_batched_tokens,
             checkpoint=self.checkpoint or None,
             session_affinity=self.session_affinity or None,
+            speculative_config=self.speculative_config or None,
             usd_per_hour=round(self.usd_per_hour, 3),
             predicted=PredictedLatency(
                 tpot_ms=round(self.tpot_ms, 2),
@@ -261,6 +279,7 @@ class Plan:
             summary=stored.summary or "",
             checkpoint=stored.checkpoint or "",
             session_affinity=stored.session_affinity or "",
+            speculative_config=stored.speculative_config or "",
             prefix_hit_ratio=stored.predicted.prefix_hit_ratio or 0.0,
             pools=tuple(cls.from_status(pool) for pool in getattr(stored, "pools", None) or ()),
         )

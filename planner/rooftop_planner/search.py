@@ -33,7 +33,15 @@ from typing import Any
 import numpy as np
 
 from rooftop_api.spec import KvDtype, ServingTargetSpec, WeightDtype
-from rooftop_planner import batching, explain, kernel_model, perf, prefill_queue, tail
+from rooftop_planner import (
+    batching,
+    explain,
+    kernel_model,
+    perf,
+    prefill_queue,
+    speculative,
+    tail,
+)
 from rooftop_planner.bursts import HEADROOM, burst_rate
 from rooftop_planner.catalog import (
     Catalog,
@@ -54,6 +62,7 @@ from rooftop_planner.plan import Plan
 from rooftop_planner.prefix import PrefixModel
 from rooftop_planner.pricing import GpuPrice, gpu_prices
 from rooftop_planner.result import Rejection, SearchResult
+from rooftop_planner.speculative import Speculation
 from rooftop_planner.weights import Weights, kv_problem, resolve_weights
 from rooftop_planner.workload import LengthDistribution, from_spec
 
@@ -183,7 +192,12 @@ class _RawSteps:
 
 
 def _raw_steps(
-    deps: list[EngineShape], budgets: FloatArray, limits: FloatArray, t: _Targets, same: float
+    deps: list[EngineShape],
+    budgets: FloatArray,
+    limits: FloatArray,
+    t: _Targets,
+    same: float,
+    speculations: list[Speculation | None] | None = None,
 ) -> _RawSteps:
     """Every candidate's steps on its batch grid before the factor, in one array call.
 
@@ -192,7 +206,10 @@ def _raw_steps(
     prefilled: in ceil(n / K) steps of the candidate's token budget K (``budgets``), one
     chunk each, every new token attending to the c cached ones and half the new ones
     (≈ chunk · (c + n/2) pairs). Columns: the decode step, one step carrying each prompt
-    stratum's chunk, and one at the percentile batch carrying the TTFT prompt's.
+    stratum's chunk, and one at the percentile batch carrying the TTFT prompt's. A
+    candidate that speculates has per-output-token steps instead
+    (``speculative.steps``: the draft length chosen per column), which the serving
+    model prices as any other.
     """
     batches = _batch_grid(limits)
     batch_q = batches + t.z_tpot * np.sqrt(batches)
@@ -210,6 +227,10 @@ def _raw_steps(
     context = [c + n / 2.0 for c, n in zip(cached, new, strict=True)]
     attended = chunk * np.repeat(np.array([0.0, *context]), GRID_POINTS)[None, :]
     unscaled, floor = perf.forward_parts(deps, seqs, ctx, chunk, attended)
+    for row, spec in enumerate(speculations or ()):
+        if spec is not None:
+            at = speculative.steps(deps[row], spec, seqs[row], ctx[row], chunk[row], attended[row])
+            unscaled[row], floor[row] = at.unscaled, at.floor
     return _RawSteps(batches, unscaled, floor, chunks, loads)
 
 
@@ -450,6 +471,10 @@ class _Context:
     tp: int | None = None  # the one tensor-parallel degree to search (None: every one)
     # the prefill chunks to search, largest first; a shape's rejections are said for it
     chunks: tuple[int, ...] = DEFAULT_CHUNK_TOKENS
+    # the speculative decoding options constraints.speculative allows (``speculative``),
+    # and why each other method it lists is none
+    speculations: tuple[Speculation, ...] = ()
+    speculation_problems: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -462,6 +487,7 @@ class _Shape:
     max_model_len: int
     context_note: str
     max_num_batched_tokens: int = perf.DEFAULT_MAX_NUM_BATCHED_TOKENS
+    speculation: Speculation | None = None
 
 
 def _dtype_problem(gpu: GpuSpec, weight_dtype: str, kv_dtype: str) -> str:
@@ -509,7 +535,10 @@ def _context_length(ctx: _Context, kv_tokens: int) -> tuple[int, str] | str:
     return cut, f"the most its KV cache holds; the model allows {full}"
 
 
-def _candidates(ctx: _Context, catalog: Catalog) -> Iterator[tuple[GpuSpec, str, str, int, int]]:
+Candidate = tuple[GpuSpec, str, str, int, Speculation | None, int]
+
+
+def _candidates(ctx: _Context, catalog: Catalog) -> Iterator[Candidate]:
     c = ctx.spec.constraints
     gpu_ids = [catalog.gpu(g).id for g in c.gpu_types] if c.gpu_types else list(catalog.gpus)
     weight_dtypes = [d.value for d in (c.weight_dtypes or DEFAULT_WEIGHT_DTYPES)]
@@ -521,8 +550,9 @@ def _candidates(ctx: _Context, catalog: Catalog) -> Iterator[tuple[GpuSpec, str,
             for kv in kv_dtypes:
                 for tp in TP_DEGREES:
                     if tp <= max_tp and ctx.tp in (None, tp):
-                        for chunk in ctx.chunks:
-                            yield gpu, wd, kv, tp, chunk
+                        for speculation in (None, *ctx.speculations):
+                            for chunk in ctx.chunks:
+                                yield gpu, wd, kv, tp, speculation, chunk
 
 
 @dataclass(frozen=True)
@@ -536,11 +566,19 @@ class _Pending:
 
 
 def _prepare(
-    ctx: _Context, gpu: GpuSpec, wd: str, kv: str, tp: int, chunk: int
+    ctx: _Context,
+    gpu: GpuSpec,
+    wd: str,
+    kv: str,
+    tp: int,
+    speculation: Speculation | None,
+    chunk: int,
 ) -> _Pending | Rejection:
     """The candidate's shape and the batches its curve spans, or why it cannot run."""
 
     def reject(category: str, detail: str) -> Rejection:
+        if speculation is not None:
+            detail = f"with {speculation.method}: {detail}"
         return Rejection(
             gpu=gpu.id, tp=tp, weight_dtype=wd, kv_dtype=kv, category=category, detail=detail
         )
@@ -558,15 +596,20 @@ def _prepare(
     eff = ctx.efficiency.lookup(gpu, "vllm").scaled(ctx.step_time_scale)
     dep = EngineShape(model=ctx.model, gpu=gpu, tp=tp, weight_dtype=wd, kv_dtype=kv, efficiency=eff)
     kv_tokens = perf.kv_capacity_tokens(dep, max_num_batched_tokens=chunk)
+    if speculation is not None:
+        kv_tokens = speculative.kv_capacity_tokens(dep, speculation, chunk)
     context = _context_length(ctx, kv_tokens)
     if isinstance(context, str):
         weight_gb = perf.weight_bytes_per_gpu(dep) / 1e9
+        if speculation is not None:
+            weight_gb += speculative.drafter_bytes_per_gpu(dep, speculation) / 1e9
         return reject("does not fit", f"{weight_gb:.1f} GB of weights per GPU leave {context}")
     t = ctx.targets
     shared = t.prefix.shared_kv_tokens(t.isl_mean)  # held once for every running request
     kv_batch = max(kv_tokens - shared, 0.0) / (t.isl_mean - shared + t.osl_mean / 2.0)
     limit = _mean_batch_for_cap(min(kv_batch, BATCH_CAPS[-1]), t.z_tpot)
-    return _Pending(_Shape(dep, weights, *context, chunk), kv_batch, limit, kv_tokens)
+    shape = _Shape(dep, weights, *context, chunk, speculation)
+    return _Pending(shape, kv_batch, limit, kv_tokens)
 
 
 def _raw_curves(pending: list[_Pending], t: _Targets) -> tuple[_RawSteps, ...]:
@@ -578,7 +621,8 @@ def _raw_curves(pending: list[_Pending], t: _Targets) -> tuple[_RawSteps, ...]:
     budgets = np.array([float(p.shape.max_num_batched_tokens) for p in pending])
     limits = np.array([p.batch_limit for p in pending])
     ends = (1.0, 0.0) if t.prefix.session_hits_vary else (1.0,)
-    return tuple(_raw_steps(deps, budgets, limits, t, same) for same in ends)
+    specs = [p.shape.speculation for p in pending]
+    return tuple(_raw_steps(deps, budgets, limits, t, same, specs) for same in ends)
 
 
 def _curves(raws: tuple[_RawSteps, ...], scales: FloatArray, t: _Targets) -> tuple[_Curves, ...]:
@@ -741,6 +785,11 @@ def _make_plan(
     per_replica = ctx.workload.requests_per_second / replicas
     batch = min(curve.batch_at_rate(per_replica), float(cap))
     tpot_q, ttft_q, rate = curve.at(batch)
+    speculation = (
+        speculative.planned(dep, shape.speculation, t.isl_mean + t.osl_mean / 2.0, batch)
+        if shape.speculation is not None
+        else None
+    )
     return Plan(
         gpu=dep.gpu.id,
         tp=dep.tp,
@@ -761,6 +810,8 @@ def _make_plan(
         capacity_rps=sized.capacity * replicas,
         session_affinity="ClientIP" if affinity else "",
         prefix_hit_ratio=t.prefix.hit_ratio(t.prompts, t.prompt_weights, sized.hit_chance),
+        speculative_config=speculation.config if speculation else "",
+        speculative_note=speculation.note if speculation else "",
     )
 
 
@@ -812,7 +863,13 @@ def _context(
         ttft_q=spec.slo.ttft_percentile.quantile,
         ttft_prompts=tuple(workload.prompt.quantile(m) for m in prefill_queue.ttft_midpoints()),
     )
+    methods = [m.value for m in spec.constraints.speculative or ()]
+    speculations, problems = speculative.options(
+        model, methods, spec.workload.acceptance_rate, catalog
+    )
     return _Context(
+        speculations=tuple(speculations),
+        speculation_problems=tuple(problems),
         spec=spec,
         model=model,
         workload=workload,
@@ -887,6 +944,7 @@ def plan_target(
     if not result.feasible and spec.constraints.weight_dtypes is None:
         _suggest_fp8(result, on_cluster, catalog)
     _offer_a_mix(result, ctx, on_shapes.candidates, gpu_inventory)
+    result.reasons += [f"constraints.speculative: {p}" for p in ctx.speculation_problems]
     return result
 
 

@@ -84,6 +84,7 @@ class Shape:
     usd_per_hour: float = 1.0
     checkpoint: str = ""
     max_num_batched_tokens: int = 8192
+    speculative_config: str = ""  # test_speculative_contract: the drafters' plans
 
     @property
     def id(self) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 from dataclasses import replace
 from typing import Any
@@ -506,6 +507,16 @@ def test_every_flag_the_plan_sets_is_kept_out_of_extra_args(catalog: Catalog) ->
     dests = {s.dest for s in resolve(flags)}
     owned = {*PLANNED, *RESERVED, *ADDITIVE}
     assert dests and dests <= owned, dests - owned
+
+
+def test_a_speculating_plan_reaches_vllm_as_its_speculative_config(catalog: Catalog) -> None:
+    """The plan's JSON goes to vLLM as it is; a target whose planner chooses it may not
+    set another in extraArgs (the spec refuses that, ``test_speculative``)."""
+    config = json.dumps({"method": "eagle3", "model": "head", "num_speculative_tokens": 3})
+    args = builders.vllm_args(inputs(catalog, speculative_config=config))
+    assert json.loads(pairs(args)["--speculative-config"])["method"] == "eagle3"
+    assert set(flags(args)) <= builders.ENGINE_FLAGS
+    assert "--speculative-config" not in builders.vllm_args(inputs(catalog))
 
 
 # ---------------------------------------------------------------- pod lifecycle

@@ -38,10 +38,14 @@ PLAN = Plan(
     session_affinity="ClientIP",
     prefix_hit_ratio=0.125,
     max_num_batched_tokens=2048,
+    speculative_config='{"method":"eagle3","model":"head","num_speculative_tokens":3}',
+    speculative_note="speculative decoding with eagle3 ...",
 )
 # A mixed fleet: the plan above sizes it, beside a pool of another GPU type. Its pools
 # keep what the plan keeps (the declared losses left at their defaults here).
-_KEPT = dataclasses.replace(PLAN, capacity_rps=0.0, weights_note="", context_note="")
+_KEPT = dataclasses.replace(
+    PLAN, capacity_rps=0.0, weights_note="", context_note="", speculative_note=""
+)
 POOL = dataclasses.replace(_KEPT, gpu="l40s", replicas=2, usd_per_hour=3.9)
 PLAN = dataclasses.replace(PLAN, pools=(dataclasses.replace(_KEPT, replicas=1), POOL))
 
