@@ -34,15 +34,13 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from functools import lru_cache
-from importlib import resources
 from typing import Any
 
 import numpy as np
-import yaml
 
-from rooftop_planner import perf
+from rooftop_planner import drafters, perf
 from rooftop_planner.catalog import Catalog, CatalogError, ModelSpec
+from rooftop_planner.drafters import Drafter, packaged_drafters, tokens_per_step
 from rooftop_planner.kernels import FloatArray
 from rooftop_planner.perf import EngineShape
 
@@ -53,110 +51,6 @@ MAX_DRAFT_TOKENS = 5
 # Weight dtypes a draft model loads as the target does; others (int4, int8, fp4 need a
 # checkpoint of the draft in that format) load the draft in 16 bits.
 DRAFT_WEIGHT_DTYPES = ("bf16", "fp16", "fp8")
-METHODS = ("eagle3", "draft_model")
-
-
-@dataclass(frozen=True)
-class Drafter:
-    """A published drafter for one catalog model (``catalog/drafters.yaml``).
-
-    Attributes:
-        method: eagle3 or draft_model (vLLM's speculative ``method``).
-        repo: what vLLM loads (``--speculative-config`` "model").
-        source, licence: where it is published and the licence its card states.
-        layers, draft_vocab: an EAGLE-3 head's decoder layers and vocabulary (0: the
-            model's).
-        model: a draft model's catalog id (its shape).
-        acceptance: the per-token acceptance solved from the published acceptance
-            length (None: nothing published for the pair).
-        acceptance_source: the figure's source.
-    """
-
-    method: str
-    repo: str
-    source: str = ""
-    licence: str = ""
-    layers: int = 1
-    draft_vocab: int = 0
-    model: str = ""
-    acceptance: float | None = None
-    acceptance_source: str = ""
-
-
-def tokens_per_step(acceptance: float, draft_tokens: int) -> float:
-    """E(a, K) = (1 − a^(K+1)) / (1 − a): tokens a sequence advances per verified step."""
-    if draft_tokens <= 0:
-        return 1.0
-    return float((1.0 - acceptance ** (draft_tokens + 1)) / (1.0 - acceptance))
-
-
-def acceptance_from_length(length: float, draft_tokens: int) -> float:
-    """The per-token acceptance a with E(a, K) = ``length`` (bisection; E rises with a)."""
-    if not 1.0 <= length <= draft_tokens + 1:
-        raise ValueError(f"acceptance length {length} outside [1, {draft_tokens + 1}]")
-    low, high = 0.0, 0.999999
-    for _ in range(60):
-        mid = (low + high) / 2.0
-        low, high = (mid, high) if tokens_per_step(mid, draft_tokens) < length else (low, mid)
-    return round((low + high) / 2.0, 4)
-
-
-# ---------------------------------------------------------------- the drafter catalog
-
-_DRAFTER_FIELDS = {
-    "eagle3": {"repo", "source", "licence", "layers", "draft_vocab"},
-    "draft_model": {"repo", "source", "licence", "model"},
-}
-_ACCEPTANCE_FIELDS = {"acceptance_length", "acceptance_k", "acceptance_source"}
-
-
-@lru_cache(maxsize=1)
-def packaged_drafters() -> Mapping[str, Mapping[str, Drafter]]:
-    """The packaged ``catalog/drafters.yaml``: model id -> method -> drafter."""
-    text = resources.files("rooftop_planner").joinpath("catalog", "drafters.yaml").read_text()
-    return parse_drafters(yaml.safe_load(text) or {}, "catalog/drafters.yaml")
-
-
-def parse_drafters(data: Mapping[str, Any], where: str) -> dict[str, dict[str, Drafter]]:
-    """Checked drafters: every field known, a repo each, an acceptance figure whole."""
-    out: dict[str, dict[str, Drafter]] = {}
-    for model_id, methods in data.items():
-        if not isinstance(methods, Mapping):
-            raise CatalogError(f"{where}: {model_id}: expected a mapping of method -> drafter")
-        out[str(model_id)] = {
-            str(method): _drafter(f"{where}: {model_id}.{method}", str(method), entry)
-            for method, entry in methods.items()
-        }
-    return out
-
-
-def _drafter(at: str, method: str, entry: Any) -> Drafter:
-    if method not in _DRAFTER_FIELDS:
-        raise CatalogError(f"{at}: unknown method; use one of {', '.join(METHODS)}")
-    if not isinstance(entry, Mapping) or not entry.get("repo"):
-        raise CatalogError(f"{at}: needs repo (what vLLM loads)")
-    allowed = _DRAFTER_FIELDS[method] | _ACCEPTANCE_FIELDS
-    if unknown := sorted(set(entry) - allowed):
-        raise CatalogError(f"{at}: unknown field(s) {', '.join(unknown)}")
-    if method == "draft_model" and not entry.get("model"):
-        raise CatalogError(f"{at}: needs model, the draft's catalog id")
-    values = {k: entry[k] for k in _DRAFTER_FIELDS[method] if k in entry}
-    return Drafter(method=method, **values, **_acceptance(at, entry))
-
-
-def _acceptance(at: str, entry: Mapping[str, Any]) -> dict[str, Any]:
-    given = _ACCEPTANCE_FIELDS & set(entry)
-    if not given:
-        return {}
-    if given != _ACCEPTANCE_FIELDS:
-        raise CatalogError(
-            f"{at}: acceptance_length, acceptance_k and acceptance_source go together"
-        )
-    try:
-        rate = acceptance_from_length(float(entry["acceptance_length"]), int(entry["acceptance_k"]))
-    except ValueError as err:
-        raise CatalogError(f"{at}: {err}") from err
-    return {"acceptance": rate, "acceptance_source": str(entry["acceptance_source"])}
 
 
 # ---------------------------------------------------------------- a target's options
@@ -223,32 +117,7 @@ def _draft_shape(model: ModelSpec, drafter: Drafter, catalog: Catalog) -> ModelS
                 f"not the model's {model.vocab_size}; vLLM verifies token ids"
             )
         return draft
-    return eagle_head(model, drafter)
-
-
-def eagle_head(model: ModelSpec, drafter: Drafter) -> ModelSpec:
-    """An EAGLE-3 head as a model shape: ``layers`` decoder layers of the model's width,
-    an LM head over ``draft_vocab``. Parameters: the layers, whose first QKV takes the
-    embedding and the fused hidden state side by side (2 · hidden wide), the fusion of
-    three hidden states (3 · hidden²), and the LM head; it shares the model's embedding."""
-    vocab = drafter.draft_vocab or model.vocab_size
-    hidden, d = model.hidden_size, model.head_dim
-    qkv = hidden * d * (model.num_heads + 2 * model.num_kv_heads)
-    layer = qkv + hidden * d * model.num_heads + 3 * hidden * model.intermediate_size
-    params = drafter.layers * layer + qkv + 3 * hidden * hidden + vocab * hidden
-    return replace(
-        model,
-        id=f"{model.id}+{drafter.repo}",
-        num_layers=drafter.layers,
-        vocab_size=vocab,
-        param_count=float(params),
-        num_experts=1,
-        experts_per_token=1,
-        dense_layers=0,
-        shared_expert_size=0,
-        checkpoints={},
-        aliases=(),
-    )
+    return drafters.eagle_head(model, drafter)
 
 
 # ---------------------------------------------------------------- memory
@@ -521,7 +390,6 @@ __all__ = [
     "Planned",
     "Speculation",
     "SpeculativeSteps",
-    "acceptance_from_length",
     "break_even_batch",
     "decode_tpot_s",
     "options",

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from rooftop_planner import speculative
+from rooftop_planner import drafters, speculative
 from rooftop_planner.catalog import Catalog, ModelSpec, load_catalog
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.parallelism import tp_problem
@@ -241,7 +241,7 @@ def test_vllm_refuses(verdicts: dict[str, Result], name: str) -> None:
 # ---------------------------------------------------------------- the planner's drafters
 
 
-def eagle3_head(model: ModelSpec, drafter: speculative.Drafter) -> dict[str, Any]:
+def eagle3_head(model: ModelSpec, drafter: drafters.Drafter) -> dict[str, Any]:
     """An EAGLE-3 head's config.json from the catalog's figures: ``layers`` decoder
     layers of the model's width, its vocabulary in, ``draft_vocab`` out (as published)."""
     return EAGLE3_HEAD | {
@@ -262,7 +262,7 @@ def drafter_cases(catalog: Catalog) -> Iterator[tuple[str, dict[str, Any], list[
     and the drafter's config.json: (id, case, the schedule planned)."""
     gpu = catalog.gpus["h100-sxm"]
     eff = load_efficiency().lookup(gpu, "vllm")
-    for model_id, methods in speculative.packaged_drafters().items():
+    for model_id, methods in drafters.packaged_drafters().items():
         model = catalog.model(model_id)
         (tp,) = [t for t in (8, 4, 2, 1) if not tp_problem(model, t)][:1]
         for method, drafter in methods.items():
@@ -297,7 +297,7 @@ def test_vllm_accepts_every_speculative_config_the_planner_can_deploy(
     scheduler would."""
     catalog = load_catalog()
     cases = list(drafter_cases(catalog))
-    assert len(cases) >= 2 * len(speculative.packaged_drafters())
+    assert len(cases) >= 2 * len(drafters.packaged_drafters())
     results = run_cases([{"id": name, **case} for name, case, _ in cases])
     for name, _, schedule in cases:
         result = results[name]

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from rooftop_api.spec import ServingTargetSpec
-from rooftop_planner import speculative
+from rooftop_planner import drafters, speculative
 from rooftop_planner.catalog import CatalogError, load_catalog
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.perf import EngineShape
@@ -28,15 +28,15 @@ def seed_engine(tp: int) -> tuple[EngineShape, speculative.Speculation]:
 
 def test_tokens_per_step_is_the_geometric_series() -> None:
     """1 + a + ... + a^K: with a = 0.8 and K = 3, 1 + 0.8 + 0.64 + 0.512."""
-    assert speculative.tokens_per_step(0.8, 3) == pytest.approx(2.952)
-    assert speculative.tokens_per_step(0.8, 0) == 1.0
+    assert drafters.tokens_per_step(0.8, 3) == pytest.approx(2.952)
+    assert drafters.tokens_per_step(0.8, 0) == 1.0
 
 
 def test_acceptance_solved_from_a_published_length_gives_that_length_back() -> None:
-    rate = speculative.acceptance_from_length(2.77, 7)
-    assert speculative.tokens_per_step(rate, 7) == pytest.approx(2.77, abs=1e-3)
+    rate = drafters.acceptance_from_length(2.77, 7)
+    assert drafters.tokens_per_step(rate, 7) == pytest.approx(2.77, abs=1e-3)
     with pytest.raises(ValueError, match="outside"):
-        speculative.acceptance_from_length(9.0, 7)
+        drafters.acceptance_from_length(9.0, 7)
 
 
 @pytest.mark.parametrize("tp", [4, 8])
@@ -170,11 +170,11 @@ def test_extra_args_cannot_set_a_speculative_config_the_planner_chooses() -> Non
 )
 def test_a_bad_drafter_entry_names_its_field(entry: dict[str, Any], message: str) -> None:
     with pytest.raises(CatalogError, match=message):
-        speculative.parse_drafters(entry, "drafters.yaml")
+        drafters.parse_drafters(entry, "drafters.yaml")
 
 
 def test_a_draft_model_with_another_vocabulary_is_refused() -> None:
-    drafter = speculative.Drafter("draft_model", "x/y", model="llama-2-7b", acceptance=0.7)
+    drafter = drafters.Drafter("draft_model", "x/y", model="llama-2-7b", acceptance=0.7)
     with pytest.raises(CatalogError, match="vocabulary 32000"):
         speculative.options(
             CATALOG.model("llama-3-70b"),
