@@ -1,6 +1,6 @@
 """Speculative decoding as the planner prices it: the seed's case and a 70B target.
 
-    python benchmarks/bench_speculative.py
+    python benchmarks/bench_speculative.py [--sim]
 
 Llama-3-70B in fp8 on 4 and 8 H100s with a Llama-3-8B fp8 draft model (the
 drafter catalog's draft_model for llama-3-70b) at a per-token acceptance of 0.7 and
@@ -8,11 +8,20 @@ drafter catalog's draft_model for llama-3-70b) at a per-token acceptance of 0.7 
 the batch from which it stops paying. Then a 70B chat target whose TPOT SLO (14 ms)
 is beyond 70 tokens/s per user, planned with and without ``constraints.speculative``.
 All figures are the planner's predictions from the measured kernel tables (no GPU
-timed a speculative step here); the simulated engine does not speculate yet.
+timed a speculative step here).
+
+``--sim``: the planner's decode TPOT against the simulated engine's, which speculates
+on its own (``rooftop_sim.engine``: per-request acceptance drawn around the mean, the
+drafts run as query tokens through its measured tables, the drafter's forwards timed
+by them too), for acceptance 0.5, 0.7, 0.9, draft lengths 1-5 and batches 1-64, on the
+seed's engine (4 H100s, fp8); K = 0 is the same engine without speculation.
 """
 
 from __future__ import annotations
 
+import random
+import statistics
+import sys
 from typing import Any
 
 from rooftop_api.spec import ServingTargetSpec
@@ -21,6 +30,8 @@ from rooftop_planner.catalog import load_catalog
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.perf import EngineShape
 from rooftop_planner.search import plan_target
+from rooftop_sim.engine.core import EngineConfig, EngineCore, Request, Speculation
+from rooftop_sim.engine.truth import TruthModel
 
 BATCHES = (1, 4, 16, 32, 64, 128, 256)
 CONTEXT = 1500  # tokens a running sequence holds: 1,000-token prompts, 1,000-token answers
@@ -76,7 +87,64 @@ def plans() -> None:
             print(f"  --speculative-config {plan.speculative_config}")
 
 
+def sim_tpot_s(k: int, acceptance: float, batch: int, steps: int = 400, seed: int = 0) -> float:
+    """Decode TPOT the simulated engine serves at ``batch`` running sequences, drafting
+    ``k`` tokens each step: a closed loop of 1,000-token prompts and 1,000-token
+    answers (a finished request is replaced at once), over the steps without prefill
+    after a warm-up, as step time x sequences / tokens emitted (s)."""
+    catalog = load_catalog()
+    truth = TruthModel.for_deployment("llama-3-70b", "h100-sxm", 4, "fp8", "fp8")
+    if k:
+        truth.with_drafter(catalog.model("llama-3-8b"), "fp8")
+    spec = Speculation(((1, 512, k),), acceptance, seed=seed) if k else None
+    config = EngineConfig(truth.kv_capacity_tokens(), batch, 8192, 8192, speculation=spec)
+    engine = EngineCore(config, truth)
+    rng = random.Random(seed)
+    made, now, busy, emitted = 0, 0.0, 0.0, 0
+    for step in range(steps):
+        while engine.num_running + engine.num_waiting < batch:
+            made += 1  # answers of 900-1,100 tokens, so replacements do not come in waves
+            engine.add_request(Request(f"r{made}", 1000, rng.randint(900, 1100), now))
+        res = engine.step(now)
+        assert res is not None
+        now = res.end_s
+        if step >= steps // 4 and res.prefill_tokens == 0:
+            busy += res.duration_s * res.decode_tokens
+            emitted += len(res.tokens)
+    return busy / emitted
+
+
+def sim_table() -> None:
+    """The planner's decode TPOT over the simulated engine's, per acceptance, draft
+    length and batch (K = 0: without speculation, the planner's usual error)."""
+    catalog = load_catalog()
+    model, gpu = catalog.model("llama-3-70b"), catalog.gpus["h100-sxm"]
+    dep = EngineShape(model, gpu, 4, "fp8", "fp8", load_efficiency().lookup(gpu, "vllm"))
+    batches = (1, 4, 16, 64)
+    print("| acceptance | K | " + " | ".join(f"B={b}" for b in batches) + " |")
+    print("|---" * (len(batches) + 2) + "|")
+    errors: dict[bool, list[float]] = {False: [], True: []}
+    for rate in (0.5, 0.7, 0.9):
+        (spec,), _ = speculative.options(model, ["draft_model"], rate, catalog)
+        for k in range(0, 6):
+            if k == 0 and rate != 0.7:
+                continue
+            cells = []
+            for b in batches:
+                planned = speculative.decode_tpot_s(dep, spec, b, CONTEXT, k)
+                ratio = planned / sim_tpot_s(k, rate, b)
+                errors[k > 0].append(abs(ratio - 1.0))
+                cells.append(f"{ratio:.2f}")
+            print(f"| {rate if k else '-'} | {k} | " + " | ".join(cells) + " |")
+    for spec_on, errs in errors.items():
+        label = "with speculation" if spec_on else "without"
+        print(f"median |error| {label}: {statistics.median(errs):.1%} over {len(errs)} points")
+
+
 if __name__ == "__main__":
-    ratio_table()
-    print()
-    plans()
+    if "--sim" in sys.argv:
+        sim_table()
+    else:
+        ratio_table()
+        print()
+        plans()

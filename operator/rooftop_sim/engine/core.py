@@ -29,11 +29,24 @@ the ones that are. Admissions count vLLM's ``prefix_cache_queries`` (the request
 and ``prefix_cache_hits`` (its cached tokens); a preempted request's look-up on
 re-admission is not counted, as vLLM keeps those apart (``PrefixCacheStats.preempted_*``).
 Output blocks are never cached: their tokens are not known to the simulator.
+
+Speculative decoding (``EngineConfig.speculation``, vLLM's --speculative-config): each
+step looks up the draft length K for its batch size in the schedule (vLLM's
+``num_speculative_tokens_per_batch_size``, the last range's K beyond it), and every
+decoding request brings 1 + K tokens to the step (budget and KV blocks for all of them;
+fewer drafts near its max_tokens). Each request has its own per-token acceptance, drawn
+when it arrives from a beta distribution around the configured mean (requests differ:
+code and RAG accept more than chat); each draft is accepted with that chance while the
+ones before it were, so a step yields 1 + accepted tokens. Rejected drafts' KV is
+dropped (their blocks stay allocated). The timer prices the step with its drafts
+(``StepTimer``). Counters follow vLLM's spec-decode families: drafts, draft tokens,
+accepted tokens, accepted per position.
 """
 
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -50,7 +63,29 @@ class StepTimer(Protocol):
         decode_context_tokens: int,
         prefill_tokens: int,
         prefill_attn_pairs: float,
+        draft_tokens: int = 0,
+        draft_k: int = 0,
     ) -> float: ...
+
+
+@dataclass(frozen=True)
+class Speculation:
+    """What the engine drafts: the draft length per batch size (inclusive ranges
+    (first, last, K), as vLLM's schedule) and the per-token acceptance requests draw
+    theirs around: beta with that mean and ``concentration`` (a + b of the beta; 20
+    gives a standard deviation of 0.1 around 0.7)."""
+
+    schedule: tuple[tuple[int, int, int], ...]
+    acceptance: float
+    concentration: float = 20.0
+    seed: int = 0
+
+    def draft_length(self, batch: int) -> int:
+        """K for a step of ``batch`` requests (the last range's beyond the schedule)."""
+        for first, last, k in self.schedule:
+            if first <= batch <= last:
+                return k
+        return self.schedule[-1][2] if self.schedule else 0
 
 
 @dataclass(frozen=True)
@@ -63,6 +98,7 @@ class EngineConfig:
     max_model_len: int = 8192
     block_size: int = 16
     enable_prefix_caching: bool = True  # vLLM's --enable-prefix-caching, on in V1
+    speculation: Speculation | None = None  # vLLM's --speculative-config
 
     @property
     def num_blocks(self) -> int:
@@ -93,6 +129,7 @@ class Request:
     held: list[int] = field(default_factory=list, repr=False)  # cached hashes it holds
     hashed: int = 0  # leading block_hashes already found or cached for this admission
     num_preemptions: int = 0
+    acceptance: float = 0.0  # this request's per-token draft acceptance (speculation)
     scheduled_s: float | None = None  # first admitted (end of queueing)
     first_token_s: float | None = None
     last_token_s: float | None = None
@@ -135,6 +172,9 @@ class TokenEvent:
     request: Request
     index: int
     itl_s: float | None
+    # a further token of the same step (an accepted draft): vLLM observes one gap per
+    # request and step, so none is counted for it
+    drafted: bool = False
 
 
 @dataclass
@@ -151,6 +191,7 @@ class StepResult:
     decode_tokens: int = 0
     prefix_queries: int = 0  # tokens looked up in the prefix cache by this step's admissions
     prefix_hits: int = 0  # of which found there
+    draft_tokens: int = 0  # speculative tokens the step verified
 
     @property
     def end_s(self) -> float:
@@ -173,6 +214,11 @@ class Counters:
     prefix_queries: int = 0  # tokens looked up in the prefix cache (vLLM's queries)
     prefix_hits: int = 0  # tokens found there (vLLM's hits)
     finished: dict[str, int] = field(default_factory=dict)  # finished_reason -> count
+    # speculative decoding, as vLLM's spec_decode_* counters
+    spec_drafts: int = 0  # requests' drafts verified (one per request and step)
+    spec_draft_tokens: int = 0
+    spec_accepted: int = 0
+    spec_accepted_per_pos: list[int] = field(default_factory=list)
     steps: int = 0
     busy_s: float = 0.0
 
@@ -181,17 +227,21 @@ class Counters:
 class _Batch:
     """Work chosen for one iteration: (request, new tokens) pairs and step-time inputs."""
 
-    work: list[tuple[Request, int]] = field(default_factory=list)
+    work: list[tuple[Request, int, int]] = field(default_factory=list)  # req, tokens, drafts
     decode_batch: int = 0
     decode_context: int = 0
     prefill_tokens: int = 0
     attn_pairs: float = 0.0
+    draft_tokens: int = 0
+    draft_k: int = 0
 
-    def add(self, req: Request, n: int) -> None:
-        self.work.append((req, n))
-        if n == 1 and req.computed + 1 == req.known and req.out > 0:
+    def add(self, req: Request, n: int, drafts: int = 0) -> None:
+        self.work.append((req, n, drafts))
+        if n == 1 + drafts and req.computed + 1 == req.known and req.out > 0:
             self.decode_batch += 1
             self.decode_context += req.computed + 1
+            self.draft_tokens += drafts
+            self.draft_k = max(self.draft_k, drafts)
         else:
             self.prefill_tokens += n
             # each new token attends to the cached context plus the new tokens before it
@@ -211,6 +261,10 @@ class EngineCore:
         self.cache = PrefixCache(config.num_blocks, config.enable_prefix_caching)
         self.counters = Counters()
         self._ids: dict[str, Request] = {}
+        spec = config.speculation
+        self._rng = random.Random(spec.seed if spec else 0)
+        if spec is not None:
+            self.counters.spec_accepted_per_pos = [0] * max(k for _, _, k in spec.schedule)
 
     # ---- gauges ------------------------------------------------------------------
     @property
@@ -253,6 +307,10 @@ class EngineCore:
         if req.request_id in self._ids:
             raise ValueError(f"duplicate request id {req.request_id!r}")
         self._ids[req.request_id] = req
+        spec = self.config.speculation
+        if spec is not None:
+            a, b = spec.acceptance * spec.concentration, (1 - spec.acceptance) * spec.concentration
+            req.acceptance = self._rng.betavariate(a, b)
         self.waiting.append(req)
 
     def abort(self, request_id: str, now: float) -> Request | None:
@@ -294,9 +352,16 @@ class EngineCore:
             self._schedule_waiting(batch, budget, res, now)
         if not batch.work:
             return None
+        # the drafts only where there are some: a timer that never speculates takes four
+        drafts = (batch.draft_tokens, batch.draft_k) if batch.draft_tokens else ()
         res.duration_s = self.timer.step_s(
-            batch.decode_batch, batch.decode_context, batch.prefill_tokens, batch.attn_pairs
+            batch.decode_batch,
+            batch.decode_context,
+            batch.prefill_tokens,
+            batch.attn_pairs,
+            *drafts,
         )
+        res.draft_tokens = batch.draft_tokens
         res.prefill_tokens = batch.prefill_tokens
         res.decode_tokens = batch.decode_batch
         self._complete(batch, res)
@@ -308,9 +373,15 @@ class EngineCore:
     def _schedule_running(self, batch: _Batch, budget: int, res: StepResult) -> int:
         """Give running requests their tokens, preempting from the tail when KV runs out."""
         i = 0
+        spec = self.config.speculation
+        k = spec.draft_length(len(self.running)) if spec is not None else 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
             n = min(req.known - req.computed, budget)
+            drafts = 0
+            if k and n == 1 and req.out > 0:  # decoding: drafts ride along, not past max_tokens
+                drafts = max(min(k, req.max_tokens - req.out - 1, budget - 1), 0)
+                n += drafts
             need = self._blocks_needed(req, n)
             if need:  # most decode steps fill a block they hold already
                 if not self._make_room(req, need, res):
@@ -319,7 +390,7 @@ class EngineCore:
                 req.blocks += need
             if req.hashed < len(req.block_hashes):
                 self._cache_full_blocks(req, n)
-            batch.add(req, n)
+            batch.add(req, n, drafts)
             budget -= n
             i += 1
         return budget
@@ -395,18 +466,21 @@ class EngineCore:
         """Apply the iteration: advance KV, sample tokens, retire finished requests."""
         end = res.end_s
         done: list[Request] = []
-        for req, n in batch.work:
-            req.computed += n
+        for req, n, drafts in batch.work:
+            req.computed += n - drafts
             if req.computed < req.known:
                 continue  # a prefill chunk that did not reach the end of the prompt
             if req.first_token_s is None:
                 req.first_token_s = end
                 self.counters.prompt_tokens += req.prompt_tokens
+            accepted = self._accepted(req, drafts)
             itl = None if req.last_token_s is None else end - req.last_token_s
-            res.tokens.append(TokenEvent(req, req.out, itl))
-            req.out += 1
+            for extra in range(1 + accepted):  # vLLM observes one gap per request and step
+                res.tokens.append(TokenEvent(req, req.out, itl, drafted=extra > 0))
+                req.out += 1
+            req.computed += accepted
             req.last_token_s = end
-            self.counters.generation_tokens += 1
+            self.counters.generation_tokens += 1 + accepted
             if req.out >= req.max_tokens:
                 done.append(req)
         if done:
@@ -417,3 +491,19 @@ class EngineCore:
             res.finished.extend(done)
         self.counters.steps += 1
         self.counters.busy_s += res.duration_s
+
+    def _accepted(self, req: Request, drafts: int) -> int:
+        """Drafts accepted in a row, each with the request's acceptance (the first
+        rejection ends the run), counted as vLLM's spec-decode counters are."""
+        if drafts == 0:
+            return 0
+        accepted = 0
+        while accepted < drafts and self._rng.random() < req.acceptance:
+            accepted += 1
+        c = self.counters
+        c.spec_drafts += 1
+        c.spec_draft_tokens += drafts
+        c.spec_accepted += accepted
+        for pos in range(accepted):
+            c.spec_accepted_per_pos[pos] += 1
+        return accepted

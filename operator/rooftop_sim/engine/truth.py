@@ -327,12 +327,25 @@ def fit_source(gpu: GpuSpec) -> str:
 @lru_cache(maxsize=64)
 def _kernels(model: str, gpu: str, tp: int, weight_dtype: str, kv_dtype: str) -> StepKernels:
     """Cached per deployment: every simulated pod of a fleet shares its kernels."""
-    m, g = model_spec(model), gpu_spec(gpu)
+    return _shape_kernels(model_spec(model), gpu_spec(gpu), tp, weight_dtype, kv_dtype)
+
+
+_SHAPE_KERNELS: dict[tuple[str, str, int, str, str], StepKernels] = {}
+
+
+def _shape_kernels(
+    m: ModelSpec, g: GpuSpec, tp: int, weight_dtype: str, kv_dtype: str
+) -> StepKernels:
+    """The kernels of any model shape (a drafter's too), cached by its id."""
+    key = (m.id, g.id, tp, weight_dtype, kv_dtype)
+    if key in _SHAPE_KERNELS:
+        return _SHAPE_KERNELS[key]
     name = table_for(g)
     tables = load_tables()[name]
     roof = Roofline(gpu_spec(TABLE_GPU[name]), g)
     gemm_dt, kv_dt = gemm_dtype(weight_dtype, g, tables), kv_table_dtype(kv_dtype, tables)
-    return build_kernels(m, tp, tables, gemm_dt, kv_dt, roof)
+    kernels = _SHAPE_KERNELS[key] = build_kernels(m, tp, tables, gemm_dt, kv_dt, roof)
+    return kernels
 
 
 # --------------------------------------------------------------------------------------
@@ -366,6 +379,16 @@ class TruthModel:
         self.reality_factor = reality_factor
         self.noise = noise
         self._rng = np.random.default_rng(seed)
+        self.drafter: StepKernels | None = None  # ``with_drafter``: speculative decoding
+
+    def with_drafter(self, model: ModelSpec, weight_dtype: str) -> TruthModel:
+        """This engine drafting with ``model`` (a draft model or an EAGLE-3 head's
+        shape, ``rooftop_planner.drafters``) on its GPUs at its TP, timed by the same
+        tables; its weights and KV leave the cache less room (``kv_capacity_tokens``)."""
+        d = self.dep
+        self.drafter = _shape_kernels(model, d.gpu, d.tp, weight_dtype, d.kv_dtype)
+        self._draft_shape = SimulatedShape(model, d.gpu, d.tp, weight_dtype, d.kv_dtype)
+        return self
 
     @classmethod
     def for_deployment(
@@ -415,20 +438,37 @@ class TruthModel:
         decode_context_tokens: int,
         prefill_tokens: int,
         prefill_attn_pairs: float,
+        draft_tokens: int = 0,
+        draft_k: int = 0,
     ) -> float:
         """Seconds of one mixed iteration (continuous batching with chunked prefill): one
         forward pass over the decode tokens and the prefill chunk together.
 
         prefill_attn_pairs: sum over prefill tokens of the context each attends to.
+        draft_tokens: speculative tokens the decoding sequences bring besides their own
+        (at most ``draft_k`` each). They run as vLLM runs them, query tokens beyond the
+        first of their sequence: through every GEMM and the LM head, and through
+        attention as a chunk attending its sequence's context (the measured prefill
+        attention, which reads no cached KV of its own: the decode attention of the
+        same sequences read it). The drafter (``drafter``) adds its forwards: one over
+        every token the step brought, then ``draft_k`` - 1 of one token per sequence,
+        kernels only (the engine's step overhead is paid once).
         """
         decode_batch = max(0, decode_batch)
         prefill_tokens = max(0, prefill_tokens)
         if decode_batch == 0 and prefill_tokens == 0:
             return 0.0
-        sampled = decode_batch + (1 if prefill_tokens > 0 else 0)
-        ms = self.kernels.step_ms(
-            decode_batch, decode_context_tokens, prefill_tokens, prefill_attn_pairs, sampled
-        )
+        sampled = decode_batch + draft_tokens + (1 if prefill_tokens > 0 else 0)
+        per_seq = decode_context_tokens / decode_batch if decode_batch else 0.0
+        chunk = prefill_tokens + draft_tokens
+        pairs = prefill_attn_pairs + draft_tokens * per_seq
+        ms = self.kernels.step_ms(decode_batch, decode_context_tokens, chunk, pairs, sampled)
+        if draft_tokens and self.drafter is not None:
+            ms += self.drafter.step_ms(
+                decode_batch, decode_context_tokens, chunk, pairs, decode_batch
+            )
+            each = self.drafter.step_ms(decode_batch, decode_context_tokens, 0, 0.0, decode_batch)
+            ms += (draft_k - 1) * each
         return self._scale(ms)
 
     def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
@@ -437,7 +477,11 @@ class TruthModel:
             raise ValueError("gpu_memory_utilization must be in (0, 1]")
         d = self.dep
         free = d.gpu.hbm_bytes * gpu_memory_utilization - d.weight_bytes_per_gpu
-        tokens = int(max(0.0, free - NON_KV_OVERHEAD_BYTES) // d.kv_bytes_per_token_per_gpu)
+        per_token = d.kv_bytes_per_token_per_gpu
+        if self.drafter is not None:  # the drafter's weights, and its KV of every token
+            free -= self._draft_shape.weight_bytes_per_gpu
+            per_token += self._draft_shape.kv_bytes_per_token_per_gpu
+        tokens = int(max(0.0, free - NON_KV_OVERHEAD_BYTES) // per_token)
         return tokens - tokens % BLOCK_TOKENS
 
 

@@ -110,7 +110,13 @@ def build_1_2_5_buckets(max_value: int) -> list[float]:
 class VllmMetrics:
     """The metric families engine-sim exposes, bound to one (model_name, engine="0")."""
 
-    def __init__(self, model_name: str, max_model_len: int, cache_info: dict[str, str]) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        max_model_len: int,
+        cache_info: dict[str, str],
+        num_speculative_tokens: int = 0,
+    ) -> None:
         self.registry = CollectorRegistry()
         self._lv = (model_name, "0")
         self.running = self._gauge(
@@ -157,6 +163,38 @@ class VllmMetrics:
         for reason in FINISHED_REASONS:  # pre-created, so rate() has a baseline
             self._success.labels(*self._lv, reason)
         self._build_histograms(max_model_len)
+        self._spec: tuple[Counter, Counter, Counter, list[Counter]] | None = None
+        if num_speculative_tokens:
+            self._build_spec_decode(num_speculative_tokens)
+
+    def _build_spec_decode(self, num_speculative_tokens: int) -> None:
+        """vLLM's SpecDecodingProm (vllm/v1/spec_decode/metrics.py): present only when
+        the engine speculates; the per-position counter for each draft position."""
+        per_pos = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            (*LABELS, "position"),
+            registry=self.registry,
+        )
+        self._spec_seen = [0] * (3 + num_speculative_tokens)  # totals counted so far
+        self._spec = (
+            self._counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts."),
+            self._counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens."),
+            self._counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens."),
+            [per_pos.labels(*self._lv, str(pos)) for pos in range(num_speculative_tokens)],
+        )
+
+    def count_spec_decode(self, engine: EngineCore) -> None:
+        """Bring the spec-decode counters up to the engine's (its counters are totals)."""
+        if self._spec is None:
+            return
+        drafts, tokens, accepted, per_pos = self._spec
+        c = engine.counters
+        pairs = [(drafts, c.spec_drafts), (tokens, c.spec_draft_tokens)]
+        pairs += [(accepted, c.spec_accepted), *zip(per_pos, c.spec_accepted_per_pos, strict=True)]
+        for i, (counter, total) in enumerate(pairs):
+            counter.inc(total - self._spec_seen[i])
+            self._spec_seen[i] = total
 
     def _gauge(self, name: str, doc: str) -> Gauge:
         g: Gauge = Gauge(name, doc, LABELS, registry=self.registry).labels(*self._lv)
@@ -243,6 +281,8 @@ class VllmMetrics:
             self.preemptions.inc(len(res.preempted))
         self.generation_tokens.inc(len(res.tokens))
         for ev in res.tokens:
+            if ev.drafted:
+                continue  # one gap per request and step, as vLLM observes
             if ev.itl_s is None:
                 ttft = ev.request.ttft_s
                 self.ttft.observe(ttft if ttft is not None else 0.0)

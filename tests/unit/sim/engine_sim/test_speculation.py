@@ -1,0 +1,91 @@
+"""The simulated engine speculates as vLLM does: drafts per batch size, acceptance per
+request, one verification step yielding 1 + accepted tokens, the spec-decode counters."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import generate_latest
+from tests.unit.sim.engine_sim.test_core import drive
+
+from rooftop_planner.catalog import load_catalog
+from rooftop_planner.drafters import tokens_per_step
+from rooftop_sim.engine.core import EngineConfig, EngineCore, Request, Speculation
+from rooftop_sim.engine.truth import TruthModel
+from rooftop_sim.engine.vllm_metrics import VllmMetrics
+
+
+def truth(draft: bool = True) -> TruthModel:
+    model = TruthModel.for_deployment("llama-3-70b", "h100-sxm", 4, "fp8", "fp8")
+    return model.with_drafter(load_catalog().model("llama-3-8b"), "fp8") if draft else model
+
+
+def engine(schedule: tuple[tuple[int, int, int], ...], acceptance: float) -> EngineCore:
+    spec = Speculation(schedule, acceptance, concentration=1e6)  # every request alike
+    return EngineCore(EngineConfig(400_000, 64, 8192, 8192, speculation=spec), truth())
+
+
+def test_a_step_yields_the_expected_tokens_per_sequence() -> None:
+    """K = 3 at acceptance 0.7: E = 1 + 0.7 + 0.49 + 0.343 = 2.533 tokens per step."""
+    eng = engine(((1, 64, 3),), 0.7)
+    reqs = [Request(f"r{i}", 200, 400, 0.0) for i in range(8)]
+    drive(eng, reqs)
+    c = eng.counters
+    assert all(r.out == 400 for r in reqs)
+    per_step = (c.spec_drafts + c.spec_accepted) / c.spec_drafts  # a draft's tokens, bonus in
+    assert per_step == pytest.approx(tokens_per_step(0.7, 3), rel=0.03)
+    assert c.spec_accepted_per_pos[0] / c.spec_drafts == pytest.approx(0.7, abs=0.03)
+    assert c.spec_accepted_per_pos[2] / c.spec_drafts == pytest.approx(0.343, abs=0.03)
+    assert c.spec_draft_tokens <= 3 * c.spec_drafts
+
+
+def test_the_schedule_sets_the_draft_length_by_batch_and_zero_turns_it_off() -> None:
+    """Batches of 1-2 draft 4 tokens, 3 and more none: 8 requests never speculate."""
+    eng = engine(((1, 2, 4), (3, 64, 0)), 0.9)
+    drive(eng, [Request(f"r{i}", 100, 50, 0.0) for i in range(8)])
+    assert eng.counters.spec_drafts == 0
+    alone = engine(((1, 2, 4), (3, 64, 0)), 0.9)
+    drive(alone, [Request("solo", 100, 50, 0.0)])
+    drafts = alone.counters.spec_drafts
+    assert drafts > 0 and 4 * (drafts - 1) < alone.counters.spec_draft_tokens <= 4 * drafts
+
+
+def test_no_draft_runs_past_max_tokens_and_outputs_stop_there() -> None:
+    eng = engine(((1, 64, 5),), 0.99)
+    req = Request("short", 100, 7, 0.0)
+    drive(eng, [req])
+    assert req.out == 7 and req.finished_reason == "length"
+
+
+def test_speculative_steps_cost_more_than_plain_ones_and_serve_tokens_faster() -> None:
+    """One step verifying 3 drafts for 16 sequences, the drafter included, takes longer
+    than a plain decode step but less than 2.5 of them: at batch 16 speculation pays."""
+    plain, spec = truth(draft=False), truth()
+    step = plain.step_s(16, 16 * 1500, 0, 0.0)
+    verified = spec.step_s(16, 16 * 1500, 0, 0.0, draft_tokens=48, draft_k=3)
+    assert step < verified < tokens_per_step(0.7, 3) * step
+
+
+def test_the_drafter_leaves_the_kv_cache_less_room() -> None:
+    assert truth().kv_capacity_tokens() < 0.95 * truth(draft=False).kv_capacity_tokens()
+
+
+def test_metrics_carry_vllms_spec_decode_families() -> None:
+    """Names and labels as vllm/v1/spec_decode/metrics.py exports them (the real-vLLM
+    family comparison covers the rest); counters follow the engine's totals."""
+    eng = engine(((1, 64, 2),), 0.6)
+    drive(eng, [Request(f"r{i}", 100, 60, 0.0) for i in range(4)])
+    metrics = VllmMetrics("m", 8192, {}, num_speculative_tokens=2)
+    metrics.count_spec_decode(eng)
+    metrics.count_spec_decode(eng)  # idempotent: totals, not increments
+    text = generate_latest(metrics.registry).decode()
+    c = eng.counters
+    assert (
+        f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="m"}} {c.spec_drafts}.0' in text
+    )
+    assert "vllm:spec_decode_num_draft_tokens_total" in text
+    assert f"{c.spec_accepted}.0" in text
+    assert (
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"}'
+        in text
+    )
+    assert "spec_decode" not in generate_latest(VllmMetrics("m", 8192, {}).registry).decode()
