@@ -35,6 +35,8 @@ from rooftop_operator import engine_security
 from rooftop_operator.engine_security import PodSecurity
 from rooftop_operator.errors import OperatorError
 from rooftop_operator.specs import TargetRef
+from rooftop_planner.catalog import CatalogError, load_catalog
+from rooftop_planner.drafters import packaged_drafters
 from rooftop_planner.errors import PlannerError
 from rooftop_planner.inventory import gpu_toleration
 from rooftop_planner.lifecycle import Lifecycle
@@ -319,7 +321,27 @@ def sim_command(inp: EngineInputs) -> list[str]:
     ]
     if plan.max_model_len:
         command += ["--max-model-len", str(plan.max_model_len)]
+    if plan.speculative_config:
+        command += ["--speculative-config", plan.speculative_config]
+        if (acceptance := _acceptance(inp)) is not None:
+            command += ["--acceptance-rate", f"{acceptance:g}"]
     return command
+
+
+def _acceptance(inp: EngineInputs) -> float | None:
+    """The acceptance a simulated engine's drafts meet: the one the plan was made with,
+    the target's stated one or else the drafter's published figure (``drafters.yaml``);
+    None where neither is known any more (engine-sim's default applies)."""
+    stated = inp.spec.workload.acceptance_rate
+    if stated is not None:
+        return stated
+    method = json.loads(inp.plan.speculative_config)["method"]
+    try:
+        model = load_catalog().model(inp.spec.model).id
+    except CatalogError:
+        return None
+    drafter = packaged_drafters().get(model, {}).get(method)
+    return drafter.acceptance if drafter is not None else None
 
 
 def _probe(period_s: int, failures: int) -> dict[str, Any]:

@@ -45,6 +45,14 @@ MAX_MODEL_LEN = 1024  # the token-count histograms' buckets follow it
 REQUESTS = ((40, 8), (300, 16))  # (prompt, output) tokens
 CHAT_TOKENS = 4
 GIB = 1024**3  # VLLM_CPU_KVCACHE_SPACE's unit
+# Both engines speculate, so the spec-decode families exist in both. vLLM drafts by
+# n-gram lookup, which finds nothing in prompts of distinct token ids (no drafts, the
+# same steps as without); the simulator's schedule drafts no token at these batches.
+REAL_SPECULATION = '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'
+SIM_SPECULATION = (
+    '{"method": "ngram", "num_speculative_tokens": 2, '
+    '"num_speculative_tokens_per_batch_size": [[1, 8, 0]]}'
+)
 
 
 def rooftop_families() -> set[str]:
@@ -112,7 +120,8 @@ def real(
     port = free_port()
     argv = [str(vllm_cli(vllm_py)), "serve", str(tiny_model_dir), "--served-model-name",
             SERVED, "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8",
-            "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+            "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(port),
+            "--speculative-config", REAL_SPECULATION]  # fmt: skip
     env = {"PATH": f"{vllm_py.parent}:/usr/bin:/bin", "HOME": str(work),
            "HF_HOME": str(work / "hf"), "HF_HUB_OFFLINE": "1",
            "VLLM_CPU_KVCACHE_SPACE": "1"}  # fmt: skip
@@ -130,7 +139,8 @@ def simulated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Me
     port = free_port()
     argv = [sys.executable, "-m", "rooftop_cli.main", "engine-sim", "--port", str(port),
             "--model-name", SERVED, "--gpu", "l4", "--max-model-len", str(MAX_MODEL_LEN),
-            "--max-num-seqs", "8", "--time-scale", "20"]  # fmt: skip
+            "--max-num-seqs", "8", "--time-scale", "20",
+            "--speculative-config", SIM_SPECULATION]  # fmt: skip
     log = tmp_path_factory.mktemp("engine-sim") / "engine-sim.log"
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": SOURCE_PATH}
     engine = VllmProcess(argv, env, port, log).start()

@@ -79,6 +79,12 @@ class Speculation:
     acceptance: float
     concentration: float = 20.0
     seed: int = 0
+    num_tokens: int = 0  # vLLM's num_speculative_tokens (0: the schedule's largest K)
+
+    @property
+    def positions(self) -> int:
+        """Draft positions vLLM counts acceptance at: num_speculative_tokens."""
+        return self.num_tokens or max((k for _, _, k in self.schedule), default=0)
 
     def draft_length(self, batch: int) -> int:
         """K for a step of ``batch`` requests (the last range's beyond the schedule)."""
@@ -264,7 +270,7 @@ class EngineCore:
         spec = config.speculation
         self._rng = random.Random(spec.seed if spec else 0)
         if spec is not None:
-            self.counters.spec_accepted_per_pos = [0] * max(k for _, _, k in spec.schedule)
+            self.counters.spec_accepted_per_pos = [0] * spec.positions
 
     # ---- gauges ------------------------------------------------------------------
     @property

@@ -44,10 +44,11 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rooftop_api import exit_codes
-from rooftop_planner.catalog import ModelSpec
+from rooftop_planner.catalog import ModelSpec, load_catalog
+from rooftop_planner.drafters import METHODS, eagle_head, packaged_drafters
 from rooftop_planner.parallelism import TP_DEGREES, tp_problem
 from rooftop_planner.scenarios import normalize_dtype
-from rooftop_sim.engine.core import EngineConfig, EngineCore, Request, StepResult
+from rooftop_sim.engine.core import EngineConfig, EngineCore, Request, Speculation, StepResult
 from rooftop_sim.engine.prefix_cache import chain_hashes
 from rooftop_sim.engine.truth import TruthModel
 from rooftop_sim.engine.vllm_metrics import VllmMetrics
@@ -80,6 +81,8 @@ class EngineSimConfig:
     seed: int = 0
     time_scale: float = 1.0
     enable_prefix_caching: bool = True
+    speculative_config: str = ""  # vLLM's --speculative-config JSON ("": none)
+    acceptance_rate: float = 0.7  # the mean per-token acceptance requests draw theirs around
 
     @property
     def served_name(self) -> str:
@@ -101,9 +104,69 @@ def check_config(cfg: EngineSimConfig) -> None:
         ("--time-scale", cfg.time_scale, 0.0, True),
     )
     check_ranges(rules)
+    if not (math.isfinite(cfg.acceptance_rate) and 0 < cfg.acceptance_rate < 1):
+        raise ValueError(
+            f"--acceptance-rate: must be a number in (0, 1), got {cfg.acceptance_rate}"
+        )
     mem = cfg.gpu_memory_utilization
     if not (math.isfinite(mem) and 0 < mem <= 1):
         raise ValueError(f"--gpu-memory-utilization: must be a number in (0, 1], got {mem}")
+
+
+SIM_METHODS = ("ngram", *METHODS)
+
+
+def sim_speculation(
+    cfg: EngineSimConfig, model: ModelSpec
+) -> tuple[Speculation | None, tuple[ModelSpec, str] | None]:
+    """The engine's speculation from --speculative-config as vLLM reads it (method,
+    num_speculative_tokens, num_speculative_tokens_per_batch_size, the drafter's
+    "model" and "quantization"), with --acceptance-rate as the acceptance requests draw
+    theirs around; and the drafter's shape and weight dtype (none for ngram, which
+    drafts on the host). A ValueError names the flag and what it takes."""
+    if not cfg.speculative_config:
+        return None, None
+    flag = "--speculative-config"
+    try:
+        config = json.loads(cfg.speculative_config)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{flag}: not JSON ({err.msg})") from None
+    method, k = config.get("method"), config.get("num_speculative_tokens")
+    if method not in SIM_METHODS:
+        raise ValueError(f"{flag}: method must be one of {', '.join(SIM_METHODS)}, got {method!r}")
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"{flag}: num_speculative_tokens must be an integer >= 1, got {k!r}")
+    ranges = config.get("num_speculative_tokens_per_batch_size") or [[1, cfg.max_num_seqs, k]]
+    try:
+        schedule = tuple((int(a), int(b), min(int(n), k)) for a, b, n in ranges)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{flag}: num_speculative_tokens_per_batch_size must be [first, last, K] ranges"
+        ) from None
+    speculation = Speculation(schedule, cfg.acceptance_rate, seed=cfg.seed, num_tokens=k)
+    if method == "ngram":
+        return speculation, None
+    return speculation, (_drafter_shape(model, method, config.get("model")), _draft_dtype(config))
+
+
+def _drafter_shape(model: ModelSpec, method: str, repo: object) -> ModelSpec:
+    """The catalog drafter ``repo`` names for ``model`` (engine-sim times those only)."""
+    known = packaged_drafters().get(model.id, {})
+    drafter = known.get(method)
+    if drafter is None or drafter.repo != repo:
+        listed = ", ".join(f"{d.method}: {d.repo}" for d in known.values()) or "none"
+        raise ValueError(
+            f"--speculative-config: engine-sim times the drafters the catalog lists for "
+            f"{model.id} ({listed}), not {method} {repo!r}"
+        )
+    if method == "draft_model":
+        return load_catalog().model(drafter.model)
+    return eagle_head(model, drafter)
+
+
+def _draft_dtype(config: dict[str, Any]) -> str:
+    """A draft model quantized at load (vLLM's "quantization": "fp8"), else 16-bit."""
+    return "fp8" if config.get("quantization") == "fp8" else "bf16"
 
 
 def sim_dtypes(cfg: EngineSimConfig) -> tuple[str, str]:
@@ -156,6 +219,9 @@ class EngineSim:
             cfg.model, cfg.gpu, cfg.tp, *sim_dtypes(cfg), cfg.reality_factor, cfg.noise, cfg.seed
         )
         check_tp(self.truth.dep.model, cfg.tp)
+        speculation, drafter = sim_speculation(cfg, self.truth.dep.model)
+        if drafter is not None:
+            self.truth.with_drafter(*drafter)
         kv = cfg.kv_capacity_tokens or self.truth.kv_capacity_tokens(cfg.gpu_memory_utilization)
         _check_kv(kv, cfg)
         ecfg = EngineConfig(
@@ -164,9 +230,13 @@ class EngineSim:
             cfg.max_num_batched_tokens,
             cfg.max_model_len,
             enable_prefix_caching=cfg.enable_prefix_caching,
+            speculation=speculation,
         )
         self.engine = EngineCore(ecfg, self.truth)
-        self.metrics = VllmMetrics(cfg.served_name, cfg.max_model_len, self._cache_info(ecfg))
+        positions = speculation.positions if speculation else 0
+        self.metrics = VllmMetrics(
+            cfg.served_name, cfg.max_model_len, self._cache_info(ecfg), positions
+        )
         self.metrics.set_gauges(self.engine)
         self._t0 = time.monotonic()
         self._busy_until: float | None = None  # end (sim s) of the iteration in flight
@@ -237,6 +307,7 @@ class EngineSim:
 
     def _deliver(self, res: StepResult) -> None:
         self.metrics.on_step(res)
+        self.metrics.count_spec_decode(self.engine)
         for ev in res.tokens:
             q = self._queues.get(ev.request.request_id)
             if q is not None:
@@ -611,6 +682,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=d.enable_prefix_caching,
         help="cache prompt prefixes by block, as vLLM V1 does (default: on)",
+    )
+    p.add_argument(
+        "--speculative-config",
+        default="",
+        help="vLLM's JSON: method (ngram, eagle3, draft_model: a drafter the catalog "
+        "lists), num_speculative_tokens, num_speculative_tokens_per_batch_size",
+    )
+    p.add_argument(
+        "--acceptance-rate",
+        type=float,
+        default=d.acceptance_rate,
+        help="mean per-token acceptance of the drafts (requests draw theirs around it)",
     )
     p.add_argument(
         "--time-scale",

@@ -466,6 +466,20 @@ def test_simulator_accepts_every_flag_it_is_given(catalog: Catalog) -> None:
     assert (args.weight_dtype, args.max_num_seqs, args.max_model_len) == ("fp8", 64, 4096)
 
 
+def test_a_simulated_engine_speculates_as_planned_at_the_stated_acceptance(
+    catalog: Catalog,
+) -> None:
+    config = json.dumps({"method": "ngram", "num_speculative_tokens": 2})
+    spec = {**SPEC, "mode": "simulated", "workload": {**SPEC["workload"], "acceptanceRate": 0.6}}
+    command = builders.sim_command(inputs(catalog, spec, speculative_config=config))
+    parser = argparse.ArgumentParser()
+    engine_sim.add_arguments(parser)
+    args = parser.parse_args(command[2:])
+    assert (args.speculative_config, args.acceptance_rate) == (config, 0.6)
+    plain = builders.sim_command(inputs(catalog, {**SPEC, "mode": "simulated"}))
+    assert "--speculative-config" not in plain
+
+
 def test_replicas_come_from_the_plan(catalog: Catalog) -> None:
     deployment = builders.build_deployment(inputs(catalog, replicas=5))
     assert deployment["spec"]["replicas"] == 5

@@ -54,6 +54,31 @@ def test_port_out_of_range(port: str) -> None:
         (("--gpu-memory-utilization", "nan"), r"--gpu-memory-utilization: .* \(0, 1\], got nan"),
         (("--weight-dtype", "fp9"), "--weight-dtype: unknown dtype 'fp9'; use one of bf16"),
         (("--kv-dtype", "fp9"), "--kv-dtype: unknown dtype 'fp9'; use one of auto"),
+        (("--acceptance-rate", "1"), r"--acceptance-rate: must be a number in \(0, 1\), got 1"),
+        (("--speculative-config", "{"), "--speculative-config: not JSON"),
+        (
+            ("--speculative-config", '{"method": "medusa", "num_speculative_tokens": 2}'),
+            "--speculative-config: method must be one of ngram, eagle3, draft_model",
+        ),
+        (
+            ("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}'),
+            "num_speculative_tokens must be an integer >= 1, got 0",
+        ),
+        (
+            (
+                "--speculative-config",
+                '{"method": "eagle3", "model": "x/y", "num_speculative_tokens": 2}',
+            ),
+            r"times the drafters the catalog lists for llama-3.1-8b \(eagle3: yuhuili/",
+        ),
+        (
+            (
+                "--speculative-config",
+                '{"method": "ngram", "num_speculative_tokens": 2, '
+                '"num_speculative_tokens_per_batch_size": [[1, 8]]}',
+            ),
+            "must be \\[first, last, K\\] ranges",
+        ),
     ],
 )
 def test_bad_settings_name_the_flag(argv: tuple[str, ...], message: str) -> None:
@@ -118,3 +143,13 @@ def test_the_banner_comes_once_the_socket_is_bound(
     monkeypatch.setattr(server.web, "run_app", bound)
     assert server.run(parse("--port", "8123")) == 0
     assert capsys.readouterr().err.startswith("engine-sim: serving ")
+
+
+def test_a_catalog_drafter_drafts_and_takes_kv_room() -> None:
+    flags = ("--model", "llama-3.1-8b", "--gpu", "h100-sxm")
+    head = '{"method": "eagle3", "model": "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", '
+    speculating = engine(*flags, "--speculative-config", head + '"num_speculative_tokens": 3}')
+    plain = engine(*flags)
+    spec = speculating.engine.config.speculation
+    assert spec is not None and spec.draft_length(1) == 3 and spec.positions == 3
+    assert speculating.engine.config.kv_capacity_tokens < plain.engine.config.kv_capacity_tokens
