@@ -959,6 +959,8 @@ def workload_condition(traffic: Traffic | None, config: ControllerConfig) -> Con
     )
     if traffic.hits is not None:
         seen += f", {traffic.hits.ratio:.0%} of prompt tokens prefix-cache hits"
+    if traffic.acceptance is not None:
+        seen += f", drafts accepted at {traffic.acceptance:.2f} per token"
     differences = traffic_mod.differences(traffic, config.declared)
     if not differences:
         message = f"{seen}; within {traffic_mod.DIFFERS_BY:.0%} of spec.workload"

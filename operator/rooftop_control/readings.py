@@ -24,6 +24,9 @@ from rooftop_control.signals import (
     REQUEST_TPOT_HISTOGRAM,
     RUNNING_GAUGE,
     SERVED_QUANTILES,
+    SPEC_ACCEPTED_COUNTER,
+    SPEC_DRAFT_TOKENS_COUNTER,
+    SPEC_DRAFTS_COUNTER,
     SUCCESS_COUNTER,
     TTFT_HISTOGRAM,
     WAITING_GAUGE,
@@ -131,6 +134,11 @@ class Observation:
         served_prefix_hit_ratio: share 0..1 of the prompt tokens vLLM found in its prefix
             cache over that range (``vllm:prefix_cache_hits`` over ``_queries``): the
             prefill the cache saved, which the loop plans with (``traffic``).
+        served_accepted_per_draft: draft tokens accepted per verification step that
+            carried drafts, over that range (speculative decoding; NaN without it).
+        served_draft_length: draft tokens per such step over that range, the K the
+            engine's schedule gave its batches; with the one above, the per-token
+            acceptance the loop plans with (``traffic``).
         served_requests_per_second: requests finished per second over that range, the
             mean of its 15-s counts (``rooftop_planner.bursts.BURST_INTERVAL_S``), req/s.
         served_arrival_dispersion: those counts' variance over their mean, how bursty the
@@ -278,6 +286,24 @@ class Observation:
         simulated="prompt tokens found in the prefix cache over those looked up, over the "
         "served range",
         status_noise_floor=0.02,
+    )
+    served_accepted_per_draft: Reading = signal(
+        Reading(),
+        query="served_accepted_per_draft",
+        promql=Ratio(SPEC_ACCEPTED_COUNTER, SPEC_DRAFTS_COUNTER, served=True),
+        scale=1.0,
+        unit="tokens",
+        status_key="acceptedDraftTokens",
+        simulated="draft tokens accepted per step that verified drafts, over the served range",
+        status_noise_floor=0.05,
+    )
+    served_draft_length: Reading = signal(
+        Reading(),
+        query="served_draft_length",
+        promql=Ratio(SPEC_DRAFT_TOKENS_COUNTER, SPEC_DRAFTS_COUNTER, served=True),
+        scale=1.0,
+        unit="tokens",
+        simulated="draft tokens per step that verified drafts, over the served range",
     )
     served_requests_per_second: Reading = signal(
         Reading(),

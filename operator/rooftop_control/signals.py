@@ -41,6 +41,12 @@ OUTPUT_TOKENS_HISTOGRAM: Final = "vllm:request_generation_tokens"
 # Prompt tokens looked up in, and found in, vLLM's prefix cache (counters, tokens).
 PREFIX_QUERIES_COUNTER: Final = "vllm:prefix_cache_queries_total"
 PREFIX_HITS_COUNTER: Final = "vllm:prefix_cache_hits_total"
+# Speculative decoding (vllm/v1/spec_decode/metrics.py, counters): verification steps
+# that carried drafts (one per request and step), the draft tokens they carried and
+# those accepted.
+SPEC_DRAFTS_COUNTER: Final = "vllm:spec_decode_num_drafts_total"
+SPEC_DRAFT_TOKENS_COUNTER: Final = "vllm:spec_decode_num_draft_tokens_total"
+SPEC_ACCEPTED_COUNTER: Final = "vllm:spec_decode_num_accepted_tokens_total"
 # The quantiles of each served length distribution the loop reads (``Served``).
 SERVED_QUANTILES: Final = (0.1, 0.5, 0.9, 0.99)
 

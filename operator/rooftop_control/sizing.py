@@ -25,9 +25,10 @@ from rooftop_api.spec import (
 )
 from rooftop_control.readings import Reading
 from rooftop_control.traffic import Traffic, fitted_prefix
+from rooftop_planner import speculative
 from rooftop_planner.batching import EngineLimits, predict_continuous
 from rooftop_planner.bursts import burst_rate
-from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog, load_catalog
+from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog, ModelSpec, load_catalog
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.perf import EngineShape
 from rooftop_planner.plan import Plan
@@ -121,6 +122,7 @@ class PlanTargetPlanner:
             kv_dtype=plan.kv_dtype,
             efficiency=eff,
         )
+        self.speculation = _running_speculation(spec, plan, model, self.catalog)
         self._cache: OrderedDict[_Key, tuple[Sizing, ...]] = OrderedDict()
         self._searches: OrderedDict[tuple[float, Traffic | None], PreparedSearch] = OrderedDict()
         # The lengths sizings were last planned with, most recent last (``_planned``).
@@ -190,14 +192,10 @@ class PlanTargetPlanner:
         """One sizing per batch cap that keeps TPOT within the SLO (none: infeasible),
         with the observed lengths where given, else the spec's."""
         plans = self._search(factor, traffic).plans(rate, self._burst_rps(rate, traffic))
-        # the running shape and routing: the Service's affinity is the plan's, and
-        # whether the engine speculates is its --speculative-config
-        running = (self.plan.tp, self.plan.session_affinity, bool(self.plan.speculative_config))
-        return tuple(
-            _sizing(p)
-            for p in plans
-            if (p.tp, p.session_affinity, bool(p.speculative_config)) == running
-        )
+        # the running shape and routing: the Service's affinity is the plan's (whether
+        # the engine speculates, the search's own pin: ``_search``)
+        running = (self.plan.tp, self.plan.session_affinity)
+        return tuple(_sizing(p) for p in plans if (p.tp, p.session_affinity) == running)
 
     def _search(self, factor: float, traffic: Traffic | None) -> PreparedSearch:
         """The search at this factor and these lengths, prepared once for every rate and
@@ -221,6 +219,9 @@ class PlanTargetPlanner:
                 # the running shape's degree and prefill chunk; others' curves go unused
                 tp=self.plan.tp,
                 max_num_batched_tokens=self.plan.max_num_batched_tokens,
+                # the engine speculates with its drafter, at the acceptance measured, or
+                # does not: one kind of curve
+                speculating=bool(self.plan.speculative_config),
             )
         self._searches[key] = search
         if len(self._searches) > SEARCH_CACHE_ENTRIES:
@@ -234,6 +235,10 @@ class PlanTargetPlanner:
             return spec
         prefix = fitted_prefix(spec.workload.prefix, observed, bool(self.plan.session_affinity))
         workload = observed.workload(spec.workload.requests_per_second, prefix)
+        if workload.acceptance_rate is None:  # not measured: as stated (or published)
+            workload = workload.model_copy(
+                update={"acceptance_rate": spec.workload.acceptance_rate}
+            )
         return spec.model_copy(update={"workload": workload})
 
     def _burst_rps(self, rate: float, traffic: Traffic | None) -> float | None:
@@ -252,10 +257,21 @@ class PlanTargetPlanner:
         return self.plan.usd_per_replica_hour
 
     def step_ms(self, batch: float, prompt_tokens: float, output_tokens: float) -> float:
-        """The planner's mean step time (TPOT) at this running batch, ms, unscaled."""
+        """The planner's mean step time at this running batch, ms, unscaled: what vLLM's
+        inter-token latency averages, one gap per request and step. A speculating
+        engine's step verifies the drafts its schedule gives the batch and runs the
+        drafter, whatever they yield: so the step-time factor stays apart from the
+        acceptance, which the loop measures on its own (``traffic``)."""
         limits = EngineLimits(max_num_batched_tokens=self.plan.max_num_batched_tokens)
         pred = predict_continuous(self.deployment, batch, prompt_tokens, output_tokens, limits)
-        return float(pred.tpot_s) * 1e3
+        step_ms = float(pred.tpot_s) * 1e3
+        if self.speculation is None:
+            return step_ms
+        k = speculative.draft_length(self.plan.speculative_config, batch)
+        context = prompt_tokens + output_tokens / 2.0
+        return step_ms * speculative.step_ratio(
+            self.deployment, self.speculation, batch, context, k
+        )
 
 
 # A pool's factor over the pods' mean moves this share of the way to each window's
@@ -398,6 +414,21 @@ def quantize_rate(rate: float) -> float:
     if rate <= 1e-3:
         return 0.0
     return round(1.01 ** math.ceil(math.log(rate) / math.log(1.01) - 1e-9), 6)
+
+
+def _running_speculation(
+    spec: ServingTargetSpec, plan: Plan, model: ModelSpec, catalog: Catalog
+) -> speculative.Speculation | None:
+    """The drafter the running engines speculate with (None: they do not, or its
+    drafter is no longer in the catalog: then steps are predicted as plain ones)."""
+    method = _running_method(plan)
+    if method is None:
+        return None
+    # the acceptance does not matter to a step's time; a stated or published one will do
+    found, _ = speculative.options(
+        model, [method[0].value], spec.workload.acceptance_rate or 0.5, catalog
+    )
+    return found[0] if found else None
 
 
 def _running_method(plan: Plan) -> list[SpeculativeMethod] | None:

@@ -51,6 +51,7 @@ from rooftop_control.defaults import METRICS_WINDOW_S
 from rooftop_control.readings import Observation, Reading
 from rooftop_control.signals import SERVED_QUANTILES
 from rooftop_planner.bursts import BURST_INTERVAL_S
+from rooftop_planner.drafters import acceptance_from_length
 from rooftop_planner.prefix import PrefixModel
 from rooftop_planner.search import prompt_strata
 from rooftop_planner.workload import from_spec
@@ -67,6 +68,13 @@ _KNOT_Z = tuple(_UNIT.inv_cdf(q) for q in QUANTILES)
 # Finished requests the served range needs before its lengths count: the p90 of 100
 # log-normal lengths (sigma 1) is within about 20 % of the true one.
 MIN_REQUESTS = 100
+# The measured acceptance's grid: the planner's curves are recomputed when it moves a
+# step. A hundred requests of a hundred tokens verify thousands of drafts, which pin
+# the acceptance within about 0.01.
+ACCEPTANCE_STEP = 0.02
+# Acceptances further apart than this (per token) are news in WorkloadObserved: a tenth
+# moves the tokens a 3-token draft yields by about 15 % around 0.7.
+ACCEPTANCE_DIFFERS_BY = 0.1
 # Relative gap beyond which a served mean counts as different from the spec's (the
 # mean of a few hundred log-normal lengths moves about 10 %; Prometheus has it exactly,
 # as a sum over a count).
@@ -166,6 +174,9 @@ class Traffic:
         stated: the prompt reuse ``spec.workload.prefix`` states (the declared prior's).
         bursts: the arrivals' burstiness over the served range (None: not read, or too
             few requests; the declared prior's is ``spec.workload.arrivalDispersion``).
+        acceptance: speculative decoding's per-token acceptance the engines met over the
+            served range, on a grid of ``ACCEPTANCE_STEP`` (None: they do not speculate,
+            or drafted too little; the declared prior's is ``spec.workload.acceptanceRate``).
     """
 
     prompt: Lengths
@@ -174,6 +185,7 @@ class Traffic:
     hits: PrefixHits | None = None
     stated: PrefixReuse | None = None
     bursts: Bursts | None = None
+    acceptance: float | None = None
 
     def workload(self, requests_per_second: float, prefix: PrefixReuse | None = None) -> Workload:
         """A spec workload with these lengths, prompt reuse and burstiness, at this rate,
@@ -186,6 +198,7 @@ class Traffic:
             output_tokens=self.output.spec(),
             prefix=prefix,
             arrival_dispersion=bursts.dispersion if bursts else None,
+            acceptance_rate=self.acceptance,
         )
 
     def trimmed(self, trim: float) -> Traffic:
@@ -214,6 +227,7 @@ class Traffic:
         bursts aside."""
         return (
             self.observed == other.observed
+            and self.acceptance == other.acceptance
             and self.hits == other.hits
             and self.stated == other.stated
             and self.prompt.near(other.prompt, tolerance)
@@ -261,6 +275,7 @@ def declared(workload: Workload) -> Traffic:
         output=_lengths(workload.output_tokens),
         stated=workload.prefix,
         bursts=bursts,
+        acceptance=workload.acceptance_rate,
     )
 
 
@@ -284,7 +299,23 @@ def served_traffic(obs: Observation) -> Traffic | None:
         observed=True,
         hits=_hits(obs),
         bursts=_bursts(obs),
+        acceptance=measured_acceptance(obs),
     )
+
+
+def measured_acceptance(obs: Observation) -> float | None:
+    """The per-token acceptance a whose chain of K̄ drafts accepts what the engines
+    accepted per step over the served range: a (1 − a^K̄) / (1 − a) = accepted per
+    step, K̄ the draft tokens per step (``drafters.acceptance_from_length``; exact
+    where every step drafts K̄, as a schedule of one length does), on a grid of
+    ``ACCEPTANCE_STEP`` so that its noise does not re-plan every tick. None without
+    drafts (read once the range holds ``MIN_REQUESTS``, ``served_traffic``)."""
+    accepted, length = obs.served_accepted_per_draft, obs.served_draft_length
+    if not (accepted.ok and length.ok) or length.value < 1.0:
+        return None
+    tokens = min(1.0 + max(accepted.value, 0.0), 1.0 + length.value)
+    rate = acceptance_from_length(tokens, length.value)
+    return min(max(round(rate / ACCEPTANCE_STEP) * ACCEPTANCE_STEP, ACCEPTANCE_STEP), 0.99)
 
 
 def _bursts(obs: Observation) -> Bursts | None:
@@ -347,11 +378,15 @@ def _usable(reading: Reading) -> bool:
 def update(current: Traffic, obs: Observation) -> Traffic:
     """The lengths to plan with after this observation: the served ones where there
     are enough, else ``current`` (the last served figures, or the declared prior); the
-    last bursts read stay while a window has none."""
+    last bursts and acceptance read stay while a window has none."""
     served = served_traffic(obs)
     if served is None:
         return current
-    return served if served.bursts else replace(served, bursts=current.bursts)
+    if served.bursts is None:
+        served = replace(served, bursts=current.bursts)
+    if served.acceptance is None:
+        served = replace(served, acceptance=current.acceptance)
+    return served
 
 
 def differences(observed: Traffic, prior: Traffic) -> list[str]:
@@ -369,7 +404,35 @@ def differences(observed: Traffic, prior: Traffic) -> list[str]:
         for name, seen, spec_value, by in fields
         if abs(math.log(seen / spec_value)) > math.log1p(by)
     ]
-    return lengths + _hit_difference(observed, prior.stated) + _burst_difference(observed, prior)
+    return (
+        lengths
+        + _hit_difference(observed, prior.stated)
+        + _burst_difference(observed, prior)
+        + _acceptance_difference(observed, prior)
+    )
+
+
+def _acceptance_difference(observed: Traffic, prior: Traffic) -> list[str]:
+    """Where speculative decoding's drafts are accepted at a per-token rate more than
+    ``ACCEPTANCE_DIFFERS_BY`` from spec.workload.acceptanceRate (unset: the drafter's
+    published figure is planned with, and the measured one is said). The loop sizes
+    replicas with the measured one; the plan's shape (whether and how far to draft,
+    the GPUs) follows the spec, so the fix is the spec's."""
+    seen = observed.acceptance
+    if seen is None:
+        return []
+    stated = prior.acceptance
+    if stated is None:
+        return [
+            f"drafts are accepted at {seen:.2f} per token; set spec.workload.acceptanceRate "
+            f"to {seen:.2f} to plan the drafter and the GPUs with it"
+        ]
+    if abs(seen - stated) <= ACCEPTANCE_DIFFERS_BY:
+        return []
+    return [
+        f"spec.workload.acceptanceRate is {stated:g} but drafts are accepted at {seen:.2f} "
+        f"per token: set it to {seen:.2f} to plan the drafter and the GPUs with it"
+    ]
 
 
 def _burst_difference(observed: Traffic, prior: Traffic) -> list[str]:

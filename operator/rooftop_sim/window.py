@@ -62,6 +62,8 @@ class MetricsWindow:
         self.itl_sum = 0.0
         self.itl_tokens = 0
         self.iterations = 0
+        # (t, drafts, draft tokens, accepted) of the steps that verified drafts
+        self.speculated: deque[tuple[float, int, int, int]] = deque()
 
     def add_finished(
         self,
@@ -80,12 +82,22 @@ class MetricsWindow:
         looked_up = prompt if queried is None else queried
         self.served.append((t_s, prompt, output, looked_up, cached))
 
-    def add_step(self, duration_s: float, decode_tokens: int) -> None:
+    def add_step(
+        self,
+        duration_s: float,
+        decode_tokens: int,
+        t_s: float = 0.0,
+        drafts: tuple[int, int, int] = (0, 0, 0),
+    ) -> None:
         """One engine iteration (vLLM's ``iteration_tokens_total`` count, prefill-only
-        ones included): each decoded token waited ``duration_s`` for it."""
+        ones included): each decoded token waited ``duration_s`` for it. ``drafts``:
+        the requests whose drafts it verified, their draft tokens and those accepted
+        (vLLM's spec-decode counters), at ``t_s``."""
         self.itl_sum += duration_s * decode_tokens
         self.itl_tokens += decode_tokens
         self.iterations += 1
+        if drafts[0]:
+            self.speculated.append((t_s, *drafts))
 
     def observe(
         self, now_s: float, rate: float, gauges: Gauges, outage: bool = False
@@ -106,6 +118,8 @@ class MetricsWindow:
                 q.popleft()
         while self.served and self.served[0][0] <= now_s - SERVED_RANGE_S:
             self.served.popleft()
+        while self.speculated and self.speculated[0][0] <= now_s - SERVED_RANGE_S:
+            self.speculated.popleft()
         if outage:
             return Observation(
                 ready_replicas=gauges.ready,
@@ -157,11 +171,25 @@ class MetricsWindow:
                 else Reading(math.nan, MetricState.NAN)
             ),
         }
+        readings |= self._drafting(now_s)
         for length, values in (("prompt", prompts), ("output", outputs)):
             readings[served_name(length, "mean")] = _mean(values)
             knots = zip(SERVED_QUANTILES, _quantiles(values, SERVED_QUANTILES), strict=True)
             readings |= {served_name(length, q): knot for q, knot in knots}
         return readings
+
+    def _drafting(self, now_s: float) -> dict[str, Reading]:
+        """Accepted and drafted tokens per step that verified drafts over the served
+        range (NaN without any, as Prometheus' 0 / 0)."""
+        steps = [s for s in self.speculated if s[0] <= now_s]
+        drafts = sum(s[1] for s in steps)
+        if not drafts:
+            nan = Reading(math.nan, MetricState.NAN)
+            return {"served_accepted_per_draft": nan, "served_draft_length": nan}
+        return {
+            "served_accepted_per_draft": _ok(sum(s[3] for s in steps) / drafts),
+            "served_draft_length": _ok(sum(s[2] for s in steps) / drafts),
+        }
 
 
 def _interval_counts(finished_s: list[float], now_s: float) -> dict[str, Reading]:

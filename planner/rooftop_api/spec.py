@@ -851,6 +851,13 @@ class ObservedStatus(_Model):
         description="Share 0..1 of prompt tokens vLLM found in its prefix cache over the "
         "last 15 minutes (their prefill was skipped); the loop plans with it.",
     )
+    accepted_draft_tokens: float | None = Field(
+        default=None,
+        description="Speculative decoding: draft tokens the engines accepted per "
+        "verification step over the last 15 minutes (absent: the engines do not "
+        "speculate). The loop solves the per-token acceptance from it and the draft "
+        "lengths and plans with that.",
+    )
     calibration_factor: float | None = None
     calibration_samples: int | None = Field(
         default=None,

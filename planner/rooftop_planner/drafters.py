@@ -54,14 +54,14 @@ class Drafter:
     acceptance_source: str = ""
 
 
-def tokens_per_step(acceptance: float, draft_tokens: int) -> float:
+def tokens_per_step(acceptance: float, draft_tokens: float) -> float:
     """E(a, K) = (1 − a^(K+1)) / (1 − a): tokens a sequence advances per verified step."""
     if draft_tokens <= 0:
         return 1.0
     return float((1.0 - acceptance ** (draft_tokens + 1)) / (1.0 - acceptance))
 
 
-def acceptance_from_length(length: float, draft_tokens: int) -> float:
+def acceptance_from_length(length: float, draft_tokens: float) -> float:
     """The per-token acceptance a with E(a, K) = ``length`` (bisection; E rises with a)."""
     if not 1.0 <= length <= draft_tokens + 1:
         raise ValueError(f"acceptance length {length} outside [1, {draft_tokens + 1}]")

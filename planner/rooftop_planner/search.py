@@ -472,9 +472,11 @@ class _Context:
     # the prefill chunks to search, largest first; a shape's rejections are said for it
     chunks: tuple[int, ...] = DEFAULT_CHUNK_TOKENS
     # the speculative decoding options constraints.speculative allows (``speculative``),
-    # and why each other method it lists is none
+    # and why each other method it lists is none; ``speculating``: only candidates that
+    # speculate (True) or only those that do not (False), as a running engine does
     speculations: tuple[Speculation, ...] = ()
     speculation_problems: tuple[str, ...] = ()
+    speculating: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -550,9 +552,16 @@ def _candidates(ctx: _Context, catalog: Catalog) -> Iterator[Candidate]:
             for kv in kv_dtypes:
                 for tp in TP_DEGREES:
                     if tp <= max_tp and ctx.tp in (None, tp):
-                        for speculation in (None, *ctx.speculations):
+                        for speculation in _speculation_options(ctx):
                             for chunk in ctx.chunks:
                                 yield gpu, wd, kv, tp, speculation, chunk
+
+
+def _speculation_options(ctx: _Context) -> tuple[Speculation | None, ...]:
+    """None (no speculation) and each drafter, or as ``ctx.speculating`` pins it."""
+    if ctx.speculating is None:
+        return (None, *ctx.speculations)
+    return ctx.speculations if ctx.speculating else (None,)
 
 
 @dataclass(frozen=True)
@@ -1103,12 +1112,14 @@ def prepare_search(
     engine_families: Collection[str] | None = None,
     tp: int | None = None,
     max_num_batched_tokens: int | None = None,
+    speculating: bool | None = None,
 ) -> PreparedSearch:
     """``plan_target``'s search for ``spec``, ready to size at any rate (``PreparedSearch``);
     the same arguments, without the inventory (the loop's shape already runs), and
     ``tp`` and ``max_num_batched_tokens``: the one tensor-parallel degree and prefill
     chunk to search, as the loop's running shape has (None: every degree up to the
-    spec's ``maxTensorParallel``, every chunk its ``prefillChunkTokens`` allows)."""
+    spec's ``maxTensorParallel``, every chunk its ``prefillChunkTokens`` allows), and
+    ``speculating``: whether it speculates (None: both kinds of candidate)."""
     catalog = catalog or load_catalog()
     ctx = _context(spec, catalog, step_time_scale, None, efficiency or load_efficiency())
     if engine_families is not None:
@@ -1117,6 +1128,7 @@ def prepare_search(
         ctx = replace(ctx, tp=tp)
     if max_num_batched_tokens is not None:
         ctx = replace(ctx, chunks=(max_num_batched_tokens,))
+    ctx = replace(ctx, speculating=speculating)
     if _too_long(ctx):  # no plan at any rate (``plan_target`` says why)
         return PreparedSearch(ctx, (), (), ())
     return PreparedSearch.of(ctx, catalog)

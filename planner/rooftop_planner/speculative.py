@@ -256,6 +256,37 @@ def decode_tpot_s(
     return step / tokens_per_step(spec.acceptance, draft_tokens)
 
 
+def step_ratio(
+    dep: EngineShape, spec: Speculation, batch: float, context_per_seq: float, draft_tokens: int
+) -> float:
+    """A decode step verifying ``draft_tokens`` per sequence, the drafter included, over
+    the plain step at the same batch: what the loop's predicted step is multiplied by
+    for a speculating engine (vLLM's inter-token latency times whole steps)."""
+    if draft_tokens <= 0:
+        return 1.0
+    seqs = np.array([max(float(batch), 1e-3)])
+    context = seqs * perf.cached_tokens(dep.model, context_per_seq)
+    zero = np.zeros_like(seqs)
+    draft = draft_engine(dep, spec)
+    plain, _ = _step_s(dep, draft, 0, seqs, context, zero, zero)
+    verified, _ = _step_s(dep, draft, draft_tokens, seqs, context, zero, zero)
+    return float(verified[0] / plain[0])
+
+
+def draft_length(config: str, batch: float) -> int:
+    """The draft length a --speculative-config gives a step of ``batch`` requests (its
+    schedule's range holding the batch, the last range's beyond it, else
+    num_speculative_tokens), as vLLM's scheduler looks it up."""
+    parsed = json.loads(config)
+    most = int(parsed.get("num_speculative_tokens", 0))
+    ranges = parsed.get("num_speculative_tokens_per_batch_size") or [[1, 1 << 30, most]]
+    at = max(int(round(batch)), 1)
+    for first, last, k in ranges:
+        if first <= at <= last:
+            return min(int(k), most)
+    return min(int(ranges[-1][2]), most)
+
+
 def schedule(
     dep: EngineShape, spec: Speculation, max_num_seqs: int, context_per_seq: float
 ) -> list[tuple[int, int, int]]:
@@ -392,6 +423,8 @@ __all__ = [
     "SpeculativeSteps",
     "break_even_batch",
     "decode_tpot_s",
+    "draft_length",
+    "step_ratio",
     "options",
     "planned",
     "schedule",

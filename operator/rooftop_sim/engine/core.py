@@ -198,6 +198,8 @@ class StepResult:
     prefix_queries: int = 0  # tokens looked up in the prefix cache by this step's admissions
     prefix_hits: int = 0  # of which found there
     draft_tokens: int = 0  # speculative tokens the step verified
+    drafts: int = 0  # requests whose drafts it verified
+    accepted: int = 0  # draft tokens accepted
 
     @property
     def end_s(self) -> float:
@@ -480,6 +482,8 @@ class EngineCore:
                 req.first_token_s = end
                 self.counters.prompt_tokens += req.prompt_tokens
             accepted = self._accepted(req, drafts)
+            res.drafts += drafts > 0
+            res.accepted += accepted
             itl = None if req.last_token_s is None else end - req.last_token_s
             for extra in range(1 + accepted):  # vLLM observes one gap per request and step
                 res.tokens.append(TokenEvent(req, req.out, itl, drafted=extra > 0))

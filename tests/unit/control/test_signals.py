@@ -80,7 +80,7 @@ def test_the_simulated_window_produces_every_signal() -> None:
     window = MetricsWindow(60.0, 0.9, 0.9, tpot_slo_ms=100.0)
     window.add_finished(10.0, 0.05, 128, 64)
     window.ttft.append((5.0, 0.2))
-    window.add_step(0.02, 8)
+    window.add_step(0.02, 8, 10.0, drafts=(8, 24, 13))  # a speculating engine's step
     gauges = Gauges(running=4.0, waiting=1.0, kv_usage_ratio=0.3, ready=1, pending=0)
     # two 15-s intervals: the burstiness compares consecutive counts
     obs = window.observe(30.0, 2.0, gauges)

@@ -212,3 +212,36 @@ def test_bursts_are_sized_at_the_window_rate_only_when_it_is_clearly_falling() -
     assert chat.reference(5.0) == 5.5
     assert code.reference(0.1) == 2.4  # 2·√(63·2.4/60) ≈ 3.2: a lull, not a fall
     assert code.reference(9.7) == 2.4
+
+
+def drafting(accepted: float, length: float) -> Observation:
+    return replace(
+        served(500, PROMPT, OUTPUT),
+        served_accepted_per_draft=ok(accepted),
+        served_draft_length=ok(length),
+    )
+
+
+@pytest.mark.parametrize(("truth", "k"), [(0.5, 3.0), (0.7, 2.0), (0.9, 5.0)])
+def test_the_acceptance_is_solved_from_vllms_counters(truth: float, k: float) -> None:
+    """Drafts of K tokens accepted with a per-token chance a keep a (1 - a^K) / (1 - a)
+    of them per step (vLLM counts accepted tokens and drafts): the loop reads a back."""
+    accepted = truth * (1 - truth**k) / (1 - truth)
+    seen = traffic.update(PRIOR, drafting(accepted, k))
+    assert seen.acceptance == pytest.approx(truth, abs=traffic.ACCEPTANCE_STEP / 2 + 1e-9)
+    assert seen.workload(4.0).acceptance_rate == seen.acceptance
+
+
+def test_no_drafts_keep_the_acceptance_read_last_and_none_plans_as_declared() -> None:
+    seen = traffic.update(PRIOR, drafting(1.2, 3.0))
+    assert traffic.update(seen, served(500, PROMPT, OUTPUT)).acceptance == seen.acceptance
+    assert traffic.update(PRIOR, served(500, PROMPT, OUTPUT)).acceptance is None
+
+
+def test_an_acceptance_far_from_the_declared_one_names_the_field_and_the_figure() -> None:
+    declared = replace(PRIOR, acceptance=0.7)
+    low = traffic.update(declared, drafting(0.5 * (1 - 0.5**3) / 0.5, 3.0))
+    (said,) = [d for d in traffic.differences(low, declared) if "acceptanceRate" in d]
+    assert "is 0.7 but drafts are accepted at 0.50 per token: set it to 0.50" in said
+    close = traffic.update(declared, drafting(0.65 * (1 - 0.65**3) / 0.35, 3.0))
+    assert not [d for d in traffic.differences(close, declared) if "acceptanceRate" in d]

@@ -120,7 +120,13 @@ def test_the_served_lengths_are_read_over_fifteen_minutes_whatever_the_window() 
         "sum by (namespace, servingtarget) "
         '(rate(vllm:prefix_cache_queries_total{servingtarget!=""}[15m]))'
     )
-    assert len(served) == 14
+    assert served["served_accepted_per_draft"] == (
+        "sum by (namespace, servingtarget) "
+        '(rate(vllm:spec_decode_num_accepted_tokens_total{servingtarget!=""}[15m])) / '
+        "sum by (namespace, servingtarget) "
+        '(rate(vllm:spec_decode_num_drafts_total{servingtarget!=""}[15m]))'
+    )
+    assert len(served) == 16
     assert all(("[15m]" in e or "[15m:" in e) and "[1m]" not in e for e in served.values())
 
 
