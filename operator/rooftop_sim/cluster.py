@@ -48,10 +48,14 @@ import numpy.typing as npt
 from rooftop_control import defaults
 from rooftop_control.readings import Observation
 from rooftop_planner.pricing import ReplicaPrice
-from rooftop_sim.engine.core import EngineConfig, EngineCore, Request
+from rooftop_sim.engine.core import EngineConfig, EngineCore, Request, Speculation
+from rooftop_sim.engine.server import speculation_from
 from rooftop_sim.engine.truth import TruthModel
 from rooftop_sim.traces import PrefixBlocks
 from rooftop_sim.window import Gauges, MetricsWindow
+
+# The batches a schedule without ranges drafts its one length at: any the loop may cap.
+MAX_SCHEDULE_BATCH = 1 << 16
 
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
@@ -97,6 +101,9 @@ class Replica:
     max_model_len: int = 8192
     max_num_batched_tokens: int = 8192
     enable_prefix_caching: bool = True  # vLLM V1's default
+    # vLLM's --speculative-config ("": none) and the acceptance the drafts truly meet
+    speculative_config: str = ""
+    acceptance: float = 0.7
 
 
 @dataclass(frozen=True)
@@ -277,6 +284,7 @@ class Cluster:
             self.cfg.noise,
             self.cfg.seed + i,
         )
+        speculation = _speculating(truth, r, self.cfg.seed + i)
         ecfg = EngineConfig(
             self.kv_tokens if pool is None else _kv_tokens(r),
             self.cap if pool is None else pool.cap,
@@ -284,6 +292,7 @@ class Cluster:
             r.max_model_len,
             BLOCK_SIZE,
             r.enable_prefix_caching,
+            speculation,
         )
         pod = Pod(i, EngineCore(ecfg, truth), ecfg.max_num_seqs, now, pool=pool)
         self.pods.append(pod)
@@ -521,7 +530,8 @@ class Cluster:
             return
         pod.busy = True
         self._push(res.end_s, _STEP, pod.index)
-        self.window.add_step(res.duration_s, res.decode_tokens)
+        drafts = (res.drafts, res.draft_tokens, res.accepted)
+        self.window.add_step(res.duration_s, res.decode_tokens, res.end_s, drafts)
         if res.admitted or pod.prefilling:
             self._first_tokens(pod, res.admitted)
         for req in res.finished:
@@ -653,4 +663,18 @@ def _billed(spans: Sequence[tuple[float, float]], price: ReplicaPrice) -> float:
 
 def _kv_tokens(r: Replica) -> int:
     truth = TruthModel.for_deployment(r.model, r.gpu, r.tp, r.weight_dtype, r.kv_dtype)
+    _speculating(truth, r, 0)
     return truth.kv_capacity_tokens(r.gpu_memory_utilization)
+
+
+def _speculating(truth: TruthModel, r: Replica, seed: int) -> Speculation | None:
+    """The pod's speculation from its replica's --speculative-config (its drafter added
+    to ``truth``), drawing acceptances around the replica's true one; None without."""
+    if not r.speculative_config:
+        return None
+    speculation, drafter = speculation_from(
+        r.speculative_config, r.acceptance, seed, MAX_SCHEDULE_BATCH, truth.dep.model
+    )
+    if drafter is not None:
+        truth.with_drafter(*drafter)
+    return speculation

@@ -28,6 +28,7 @@ Exit codes: 0 ok, 2 unusable input (target, trace, or no feasible plan).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 import warnings
@@ -55,6 +56,7 @@ from rooftop_control.calibration import Calibration
 from rooftop_planner.batching import mean_step_s
 from rooftop_planner.bursts import dispersion, interval_counts
 from rooftop_planner.catalog import load_catalog
+from rooftop_planner.drafters import packaged_drafters
 from rooftop_planner.fleet import FleetPrice, MixedFleet
 from rooftop_planner.inventory import GpuInventory
 from rooftop_planner.plan import Plan
@@ -219,8 +221,9 @@ def nodes_inventory(path: str, target: Any) -> GpuInventory:
         raise InputError(f"--nodes: {err}") from err
 
 
-def replica_of(model: str, plan: Plan) -> Replica:
-    """What one pod of ``plan`` runs, billed at the plan's cost per replica."""
+def replica_of(model: str, plan: Plan, acceptance: float | None = None) -> Replica:
+    """What one pod of ``plan`` runs, billed at the plan's cost per replica; its drafts
+    (if it speculates) accepted at ``acceptance`` (None: engine-sim's default)."""
     return Replica(
         model=model,
         gpu=plan.gpu,
@@ -231,18 +234,34 @@ def replica_of(model: str, plan: Plan) -> Replica:
         gpu_memory_utilization=plan.gpu_memory_utilization,
         max_model_len=plan.max_model_len,
         max_num_batched_tokens=plan.max_num_batched_tokens,
+        speculative_config=plan.speculative_config,
+        acceptance=Replica.acceptance if acceptance is None else acceptance,
     )
+
+
+def planned_acceptance(spec: ServingTargetSpec, plan: Plan) -> float | None:
+    """The acceptance ``plan``'s speculation was planned with: the spec's, else its
+    drafter's published one (None: it does not speculate)."""
+    if not plan.speculative_config:
+        return None
+    if spec.workload.acceptance_rate is not None:
+        return spec.workload.acceptance_rate
+    method = json.loads(plan.speculative_config)["method"]
+    drafter = packaged_drafters().get(load_catalog().model(spec.model).id, {}).get(method)
+    return drafter.acceptance if drafter is not None else None
 
 
 def scenario(
     spec: ServingTargetSpec,
     workload: RequestStream,
     gpu_inventory: GpuInventory | None = None,
+    acceptance: float | None = None,
     **sim_kw: Any,
 ) -> SimScenario:
     """Plan the target (its shape, at its own workload rate; within ``gpu_inventory``'s
     free GPUs when given, as the operator with ``gpuInventory: nodes``) and set up the
-    cluster. Every policy then runs at most the replicas those GPUs hold."""
+    cluster. Every policy then runs at most the replicas those GPUs hold. A plan that
+    speculates meets ``acceptance`` (None: the one it was planned with)."""
     from rooftop_planner.errors import PlannerError
     from rooftop_planner.search import plan_target
 
@@ -254,8 +273,9 @@ def scenario(
         raise InputError("no plan meets the SLO within the budget:\n" + result.explain())
     plan = result.plan
     fit = None if gpu_inventory is None else gpu_inventory.replicas_fit(plan.gpu, plan.tp)
+    truth = acceptance if acceptance is not None else planned_acceptance(spec, plan)
     sim = ClusterConfig(
-        replica_of(spec.model, plan),
+        replica_of(spec.model, plan, truth),
         price=replica_price(spec, load_catalog(), plan.gpu, plan.tp),
         tpot_quantile=spec.slo.tpot_percentile.quantile,
         ttft_quantile=spec.slo.ttft_percentile.quantile,
@@ -566,6 +586,12 @@ def register(subparsers: Any) -> None:
         help="true step times / the fitted truth model (default 1.0)",
     )
     p.add_argument(
+        "--acceptance",
+        type=float,
+        help="the per-token acceptance a speculating plan's drafts truly meet (default: "
+        "the one it was planned with; the loop measures it)",
+    )
+    p.add_argument(
         "--startup-s",
         type=float,
         default=defaults.STARTUP_S,
@@ -651,6 +677,8 @@ def check_flags(args: argparse.Namespace) -> None:
         raise InputError(str(err)) from None
     if args.plot and (problem := plot_path_problem(args.plot)):
         raise InputError(problem)
+    if args.acceptance is not None and not (0 < args.acceptance < 1):
+        raise InputError(f"--acceptance: must be a number in (0, 1), got {args.acceptance}")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -664,6 +692,7 @@ def main(args: argparse.Namespace) -> int:
             target.spec,
             workload,
             inventory,
+            args.acceptance,
             reality_factor=args.reality_factor,
             noise=args.noise,
             seed=args.seed,

@@ -126,9 +126,18 @@ def sim_speculation(
     drafts on the host). A ValueError names the flag and what it takes."""
     if not cfg.speculative_config:
         return None, None
+    return speculation_from(
+        cfg.speculative_config, cfg.acceptance_rate, cfg.seed, cfg.max_num_seqs, model
+    )
+
+
+def speculation_from(
+    text: str, acceptance: float, seed: int, max_num_seqs: int, model: ModelSpec
+) -> tuple[Speculation, tuple[ModelSpec, str] | None]:
+    """``sim_speculation`` from the JSON itself (the simulated cluster's pods too)."""
     flag = "--speculative-config"
     try:
-        config = json.loads(cfg.speculative_config)
+        config = json.loads(text)
     except json.JSONDecodeError as err:
         raise ValueError(f"{flag}: not JSON ({err.msg})") from None
     method, k = config.get("method"), config.get("num_speculative_tokens")
@@ -136,14 +145,14 @@ def sim_speculation(
         raise ValueError(f"{flag}: method must be one of {', '.join(SIM_METHODS)}, got {method!r}")
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"{flag}: num_speculative_tokens must be an integer >= 1, got {k!r}")
-    ranges = config.get("num_speculative_tokens_per_batch_size") or [[1, cfg.max_num_seqs, k]]
+    ranges = config.get("num_speculative_tokens_per_batch_size") or [[1, max_num_seqs, k]]
     try:
         schedule = tuple((int(a), int(b), min(int(n), k)) for a, b, n in ranges)
     except (TypeError, ValueError):
         raise ValueError(
             f"{flag}: num_speculative_tokens_per_batch_size must be [first, last, K] ranges"
         ) from None
-    speculation = Speculation(schedule, cfg.acceptance_rate, seed=cfg.seed, num_tokens=k)
+    speculation = Speculation(schedule, acceptance, seed=seed, num_tokens=k)
     if method == "ngram":
         return speculation, None
     return speculation, (_drafter_shape(model, method, config.get("model")), _draft_dtype(config))
