@@ -66,6 +66,9 @@ class LoadSpec:
     max_requests: int | None = None
     drain_timeout_s: float = 30.0
     seed: int = 0
+    # sampling temperature sent with each request (None: the server's default); 0 is
+    # greedy, where a drafter identical to the model has every draft accepted
+    temperature: float | None = None
 
 
 @dataclass
@@ -172,6 +175,7 @@ def check_spec(spec: LoadSpec) -> None:
         ("--shared-prefix-tokens", spec.shared_prefix_tokens, 0, False),
         ("--max-requests", spec.max_requests if spec.max_requests is not None else 1, 1, False),
         ("--seed", spec.seed, 0, False),
+        ("--temperature", spec.temperature if spec.temperature is not None else 0.0, 0.0, False),
     )
     check_ranges(rules)
     if spec.trace is None:
@@ -281,6 +285,8 @@ async def send_request(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if spec.temperature is not None:
+        body["temperature"] = spec.temperature
     start = time.monotonic()
     try:
         async with session.post(spec.url.rstrip("/") + "/v1/completions", json=body) as resp:
@@ -479,6 +485,12 @@ def register(subparsers: Any) -> None:
         help="seconds to wait for requests in flight after sending stops",
     )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="sampling temperature of every request (default: the server's; 0: greedy)",
+    )
     add_output_option(p, (TEXT, JSON, YAML), TEXT, json_alias=True)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=main)
@@ -502,6 +514,7 @@ def main(args: argparse.Namespace) -> int:
             max_requests=args.max_requests,
             drain_timeout_s=args.drain_timeout,
             seed=args.seed,
+            temperature=args.temperature,
         )
         schedule(spec)  # validate before opening connections
     except (TraceError, ValueError) as err:

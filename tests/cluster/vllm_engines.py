@@ -206,7 +206,16 @@ def _project(config_map: str, paths: HostPaths, into: Path) -> None:
 
 def host_path(value: str, mounts: Mapping[str, Path]) -> str:
     """``value`` with a leading volume mountPath replaced by its host directory (the
-    longest mount wins); anything else unchanged."""
+    longest mount wins); a JSON object's ``model`` too (vLLM's --speculative-config
+    names its drafter's path so); anything else unchanged."""
+    if value.startswith("{"):
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            return value
+        if isinstance(parsed, dict) and isinstance(parsed.get("model"), str):
+            return json.dumps({**parsed, "model": host_path(parsed["model"], mounts)})
+        return value
     for mount in sorted(mounts, key=len, reverse=True):
         root = mount.rstrip("/")
         if value == root or value.startswith(root + "/"):

@@ -11,6 +11,9 @@ One scenario per module (``run``), then one promise per test, as in test_loop.py
 3. ``rooftop load`` drives traffic at the engine; the feedback loop fills
    ``status.observed`` with TPOT and TTFT read from the real engine's histograms through
    Prometheus, and every dashboard query returns series.
+4. The engine speculates with the tiny model as its own drafter, and ``rooftop load``
+   samples greedily: every draft is then the token the model would pick, so vLLM
+   accepts them all (its spec-decode counters), and the loop must report that.
 
 kwok runs no containers and there is no GPU: the pod's vLLM runs on this host's CPU
 (``VLLM_CPU_KVCACHE_SPACE`` in the target's env sizes its KV cache), so latencies are
@@ -36,6 +39,7 @@ import yaml
 from dashboards import queries
 from kubernetes import client
 
+from rooftop_api.spec import MODELS_MOUNT
 from tests.cluster.controlplane import free_port
 from tests.cluster.handle import ClusterHandle
 from tests.cluster.nodes import L4, gpu_node
@@ -66,6 +70,9 @@ PROMPT_TOKENS, OUTPUT_TOKENS = 64, 32
 # request they are prefix-cache hits, 32/64 = 50 %. One KV block of 32 tokens: vLLM's CPU
 # build defaults to 128-token blocks (a GPU's are 16), which a 64-token prompt never fills.
 SHARED_TOKENS, BLOCK_TOKENS = 32, 32
+# The engine drafts this many tokens per step with the model itself (greedy sampling
+# accepts every one: the acceptance the loop must read is 1, which it plans as 0.99).
+DRAFT_TOKENS = 2
 # 150 requests: more than the 100 the loop needs before it plans with the served lengths
 LOAD_RPS, LOAD_S = 2.0, 75.0
 WINDOW_S = 20.0
@@ -78,6 +85,12 @@ LOOP_ENV = {
 # Dashboard queries that cannot return series here, and why (none so far: one engine
 # and one operator give every panel data).
 NO_DATA_EXPECTED: dict[str, str] = {}
+
+
+def drafter(model_dir: Path) -> dict[str, Any]:
+    """vLLM's speculative config: the model drafting for itself, from the same claim."""
+    return {"method": "draft_model", "model": f"{MODELS_MOUNT}/{model_dir.name}",
+            "num_speculative_tokens": DRAFT_TOKENS}  # fmt: skip
 
 
 def target(model_dir: Path) -> dict[str, Any]:
@@ -95,6 +108,7 @@ def target(model_dir: Path) -> dict[str, Any]:
                 "promptTokens": {"mean": PROMPT_TOKENS},
                 "outputTokens": {"mean": OUTPUT_TOKENS},
                 "prefix": {"sharedTokens": SHARED_TOKENS},
+                "acceptanceRate": 0.99,
             },
             "budget": {"usdPerHour": 10},
             # vLLM's CPU build runs neither fp8 weights nor an fp8 KV cache: 16-bit only.
@@ -102,7 +116,8 @@ def target(model_dir: Path) -> dict[str, Any]:
                             "maxTensorParallel": 1, "minReplicas": 1, "maxReplicas": 1},
             "engine": {
                 "modelVolume": {"claimName": CLAIM, "path": model_dir.name},
-                "extraArgs": ["--block-size", str(BLOCK_TOKENS)],
+                "extraArgs": ["--block-size", str(BLOCK_TOKENS),
+                              "--speculative-config", json.dumps(drafter(model_dir))],
                 "env": [
                     {"name": "VLLM_CPU_KVCACHE_SPACE", "value": "1"},  # GiB
                     {"name": "HF_HUB_OFFLINE", "value": "1"},  # the model is on the PVC
@@ -203,7 +218,7 @@ def loaded(world: World, url: str) -> dict[str, Any]:
     argv = [sys.executable, "-m", "rooftop_cli.main", "load", "--url", url,
             "--model", SERVED, "--rate", f"{LOAD_RPS:g}", "--duration", f"{LOAD_S:g}",
             "--prompt-tokens", str(PROMPT_TOKENS), "--output-tokens", str(OUTPUT_TOKENS),
-            "--shared-prefix-tokens", str(SHARED_TOKENS),
+            "--shared-prefix-tokens", str(SHARED_TOKENS), "--temperature", "0",
             "--seed", "3", "--json", "--quiet"]  # fmt: skip
     env = os.environ | {"PYTHONPATH": SOURCE_PATH}
     load = subprocess.Popen(
@@ -228,9 +243,13 @@ def _served_workload(world: World) -> dict[str, Any] | None:
     condition, once the loop plans with them."""
     observed = world.target().get("status", {}).get("observed", {})
     workload, hits = observed.get("workload"), observed.get("prefixCacheHitRatio")
+    accepted = observed.get("acceptedDraftTokens")
     condition = world.conditions().get("WorkloadObserved", {})
-    ready = workload and hits is not None and "prefix-cache hits" in condition.get("message", "")
-    return {"workload": workload, "hits": hits, "condition": condition} if ready else None
+    said = condition.get("message", "")
+    ready = workload and hits is not None and "prefix-cache hits" in said
+    if not (ready and accepted is not None and "drafts accepted at" in said):
+        return None
+    return {"workload": workload, "hits": hits, "accepted": accepted, "condition": condition}
 
 
 def _observed(world: World) -> dict[str, Any] | None:
@@ -393,21 +412,24 @@ def test_the_tiny_model_from_a_pvc_is_planned_and_deployed(run: Run) -> None:
 
 
 def test_the_real_engine_runs_the_pods_own_command(run: Run) -> None:
-    """Only volume paths (the PVC's host directory, temp dirs for the others), --port
-    and --host differ."""
+    """Only volume paths (the PVC's host directory, temp dirs for the others; the
+    drafter's in its --speculative-config too), --port and --host differ."""
     pod = run.need("deployed")["pod"]
     launched = run.need("serving")["launched"]
     container = pod["spec"]["containers"][0]
     argv = launched["argv"]
     assert Path(argv[0]).name == "vllm" and argv[1] == "serve"
+    env, mounts = launched["env"], {k: Path(v) for k, v in launched["mounts"].items()}
     pod_args, local_args = container["args"], argv[2:]
     assert local_args[0].endswith(container["args"][0].removeprefix("/models"))
     assert Path(local_args[0], "config.json").is_file()
     port = pod_args.index("--port")
     assert local_args[1:port] == pod_args[1:port]
-    assert local_args[port + 2 : len(pod_args)] == pod_args[port + 2 :]
+    after = [host_path(a, mounts) for a in pod_args[port + 2 :]]
+    assert local_args[port + 2 : len(pod_args)] == after
+    drafter = json.loads(pod_args[pod_args.index("--speculative-config") + 1])["model"]
+    assert drafter.startswith("/models/") and not any(drafter in a for a in local_args)
     assert local_args[len(pod_args) :] == ["--host", "127.0.0.1"]
-    env, mounts = launched["env"], {k: Path(v) for k, v in launched["mounts"].items()}
     pod_env = {v["name"]: v["value"] for v in container["env"]}
     for name, value in pod_env.items():
         assert env[name] == host_path(value, mounts), name
@@ -468,6 +490,18 @@ def test_the_loop_plans_with_the_real_engines_prefix_cache_hits(run: Run) -> Non
     assert 0.4 <= served["hits"] <= SHARED_TOKENS / PROMPT_TOKENS, served
     condition = served["condition"]
     assert "of prompt tokens prefix-cache hits" in condition["message"], condition
+    assert condition["reason"] == "AsDeclared", condition
+
+
+def test_the_loop_reads_the_acceptance_the_real_engine_met(run: Run) -> None:
+    """vLLM's spec-decode counters, through Prometheus: with the model as its own
+    drafter and greedy sampling every draft token is accepted, so each verified step
+    accepts all 2 (``acceptedDraftTokens``), and the loop plans with a per-token
+    acceptance of 0.99 (its ceiling), as the spec declares: nothing differs."""
+    served = run.need("loaded")["served"]
+    assert served["accepted"] == pytest.approx(DRAFT_TOKENS, abs=0.05), served
+    condition = served["condition"]
+    assert "drafts accepted at 0.99 per token" in condition["message"], condition
     assert condition["reason"] == "AsDeclared", condition
 
 

@@ -152,3 +152,26 @@ def test_no_two_prompts_share_a_prefix_cache_block() -> None:
     prompts = [loadgen.prompt_ids(300) for _ in range(1000)]
     assert all(len(p) == 300 for p in prompts) and len(loadgen.prompt_ids(1)) == 1
     assert len({chain_hashes(p, 16)[0] for p in prompts}) == 1000
+
+
+async def test_a_speculating_engine_serves_load_at_any_temperature() -> None:
+    """engine-sim streams the tokens a verified step accepts together; the client
+    counts every one. --temperature reaches the body and is checked like the rest."""
+    config = EngineSimConfig(
+        model_name=NAME,
+        time_scale=20.0,
+        speculative_config='{"method": "ngram", "num_speculative_tokens": 3}',
+        acceptance_rate=0.8,
+    )
+    srv = TestServer(build_app(config))
+    await srv.start_server()
+    try:
+        spec = LoadSpec(url(srv), NAME, rate=50.0, prompt_tokens=64, output_tokens=40,
+                        duration_s=2.0, max_requests=10, temperature=0.0)  # fmt: skip
+        report = await run_load(spec)
+        assert report.completed == 10 and report.errors == 0
+        assert report.output_tok_s * report.duration_s == pytest.approx(10 * 40, rel=0.01)
+    finally:
+        await srv.close()
+    with pytest.raises(ValueError, match="--temperature"):
+        schedule(LoadSpec("u", "m", rate=1.0, temperature=-1.0))
