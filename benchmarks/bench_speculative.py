@@ -1,6 +1,6 @@
 """Speculative decoding as the planner prices it: the seed's case and a 70B target.
 
-    python benchmarks/bench_speculative.py [--sim | --loop]
+    python benchmarks/bench_speculative.py [--sim | --loop | --search]
 
 Llama-3-70B in fp8 on 4 and 8 H100s with a Llama-3-8B fp8 draft model (the
 drafter catalog's draft_model for llama-3-70b) at a per-token acceptance of 0.7 and
@@ -19,6 +19,8 @@ seed's engine (4 H100s, fp8); K = 0 is the same engine without speculation.
 ``--loop``: the closed loop (``rooftop simulate``) on examples/speculative-70b.yaml,
 which declares acceptance 0.7, where the drafts truly meet 0.5, 0.7 or 0.9 (seeds
 0-2), against the same loop told the true acceptance.
+
+``--search``: how long the search over every GPU takes with and without speculation.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -195,8 +198,31 @@ def loop_table(seeds: tuple[int, ...] = (0, 1, 2)) -> None:
                   f"{min(ratios):.2f}-{max(ratios):.2f} |")  # fmt: skip
 
 
+def search_time(repeats: int = 5) -> None:
+    """The search over every GPU for the loop target with and without
+    ``constraints.speculative`` (best of ``repeats``, after one warm-up run each), and
+    their ratio, measured in the same run."""
+    target = yaml.safe_load(LOOP_TARGET.read_text())["spec"]
+    every_gpu = {**target["constraints"], "gpuTypes": None}
+    without = {k: v for k, v in every_gpu.items() if k != "speculative"}
+    times = {}
+    for name, constraints in (("with", every_gpu), ("without", without)):
+        spec = ServingTargetSpec.model_validate({**target, "constraints": constraints})
+        plan_target(spec)
+        runs = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            plan_target(spec)
+            runs.append(time.perf_counter() - start)
+        times[name] = min(runs)
+        print(f"search {name} speculation: {times[name] * 1e3:.0f} ms")
+    print(f"ratio: {times['with'] / times['without']:.1f}x")
+
+
 if __name__ == "__main__":
-    if "--loop" in sys.argv:
+    if "--search" in sys.argv:
+        search_time()
+    elif "--loop" in sys.argv:
         loop_table()
     elif "--sim" in sys.argv:
         sim_table()

@@ -406,7 +406,7 @@ def unscaled_totals_s(
     context: FloatArray,
     prefill: FloatArray,
     attended: FloatArray,
-    queries: float = 1.0,
+    queries: float | FloatArray = 1.0,
 ) -> FloatArray:
     """The kernels' sum per step of many deployments at once, before the step-time
     factor and the floor (s; same sum as ``StepModel.parts``): apart from them so a new
@@ -418,7 +418,8 @@ def unscaled_totals_s(
     decoding sequence brings to the step: 1, or K + 1 when a speculative step verifies
     K draft tokens (``speculative``): the GEMMs and the LM head run over decode_seqs ·
     queries rows, and decode attention reads each sequence's KV once for all its
-    queries (its FLOPs grow with them, its bytes do not).
+    queries (its FLOPs grow with them, its bytes do not); a D × 1 column gives each
+    row its own.
     """
     tokens = decode_seqs * queries + prefill
     sampled = decode_seqs * queries + np.where(prefill > 0, 1.0, 0.0)
@@ -431,8 +432,9 @@ def unscaled_totals_s(
         groups.setdefault((id(m.decode), id(m.prefill)), []).append(row)
     for rows in groups.values():
         part = [models[r] for r in rows]
+        own = queries[rows] if isinstance(queries, np.ndarray) else queries
         attention[rows] = _attention_rows(
-            part, decode_seqs[rows], context[rows], prefill[rows], attended[rows], queries
+            part, decode_seqs[rows], context[rows], prefill[rows], attended[rows], own
         )
     layers = column([m.dep.model.num_layers for m in models])
     overhead = (
@@ -449,7 +451,7 @@ def _attention_rows(
     context: FloatArray,
     prefill: FloatArray,
     attended: FloatArray,
-    queries: float = 1.0,
+    queries: float | FloatArray = 1.0,
 ) -> FloatArray:
     """One layer's attention seconds for models that share their attention curves
     (``queries``: query tokens per decoding sequence, ``unscaled_totals_s``)."""

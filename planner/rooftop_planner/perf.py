@@ -289,7 +289,7 @@ def forward_parts(
     context_tokens: FloatArray,
     prefill_tokens: FloatArray,
     prefill_attended: FloatArray,
-    queries: float = 1.0,
+    queries: float | FloatArray = 1.0,
 ) -> tuple[FloatArray, FloatArray]:
     """``forward_time_s`` over D × N arrays of steps (row d is a grid of ``deps[d]``'s),
     in its two parts (s): the kernels' sum before the step-time factor, and the physical

@@ -185,32 +185,67 @@ def steps(
     """Per column (1-D arrays: the sequences decoding, their cached context, the
     prefill chunk the step carries and its attended pairs), the draft length with the
     least time per output token and the per-token steps at it (``SpeculativeSteps``)."""
-    draft = draft_engine(dep, spec)
+    n = seqs.shape[0]
     zero = np.zeros_like(seqs)
-    per_token, extra_s, floors, extra_floor = [], [], [], []
-    for k in range(spec.max_draft_tokens + 1):
-        decode, decode_floor = _step_s(dep, draft, k, seqs, context, zero, zero)
-        full, full_floor = _step_s(dep, draft, k, seqs, context, chunk, attended)
-        e = tokens_per_step(spec.acceptance, k)
-        per_token.append(decode / e)
-        extra_s.append(full - decode)
-        floors.append(decode_floor / e)
-        extra_floor.append(full_floor - decode_floor)
-    table = np.stack(per_token)
-    best = np.argmin(table, axis=0)
-    cols = np.arange(seqs.shape[0])
-
-    def pick(rows: list[FloatArray]) -> FloatArray:
-        out: FloatArray = np.stack(rows)[best, cols]
-        return out
-
-    tokens = np.array([tokens_per_step(spec.acceptance, int(k)) for k in best])
-    return SpeculativeSteps(
-        draft_tokens=best.astype(np.float64),
-        tokens=tokens,
-        unscaled=pick(per_token) + pick(extra_s),
-        floor=pick(floors) + pick(extra_floor),
+    # every draft length at once, the decode steps beside the chunk-carrying ones
+    totals, floors = _every_length(
+        dep,
+        draft_engine(dep, spec),
+        spec.max_draft_tokens,
+        np.concatenate([seqs, seqs]),
+        np.concatenate([context, context]),
+        np.concatenate([zero, chunk]),
+        np.concatenate([zero, attended]),
     )
+    e = np.array([tokens_per_step(spec.acceptance, k) for k in range(totals.shape[0])])
+    decode, full = totals[:, :n], totals[:, n:]
+    decode_floor, full_floor = floors[:, :n], floors[:, n:]
+    per_token = decode / e[:, None]
+    best = np.argmin(per_token, axis=0)
+    cols = np.arange(n)
+    unscaled = per_token[best, cols] + (full - decode)[best, cols]
+    floor = (decode_floor / e[:, None])[best, cols] + (full_floor - decode_floor)[best, cols]
+    return SpeculativeSteps(
+        draft_tokens=best.astype(np.float64), tokens=e[best], unscaled=unscaled, floor=floor
+    )
+
+
+def _every_length(
+    dep: EngineShape,
+    draft: EngineShape,
+    longest: int,
+    seqs: FloatArray,
+    context: FloatArray,
+    chunk: FloatArray,
+    attended: FloatArray,
+) -> tuple[FloatArray, FloatArray]:
+    """(kernel sums, floors) of steps verifying k = 0..``longest`` draft tokens per
+    sequence (row k; the drafter's forwards included, as ``_step_s``), in three array
+    calls: the verifications, the drafter's first forwards, its later ones."""
+    ks = np.arange(longest + 1, dtype=np.float64)[:, None]
+
+    def rows(values: FloatArray, count: int) -> FloatArray:
+        return np.repeat(values[None, :], count, axis=0)
+
+    steps = (rows(seqs, longest + 1), rows(context, longest + 1))
+    verify, floor = perf.forward_parts(
+        [dep] * (longest + 1),
+        *steps,
+        rows(chunk, longest + 1),
+        rows(attended, longest + 1),
+        queries=ks + 1.0,
+    )
+    if longest == 0:
+        return verify, floor
+    drafts = (rows(seqs, longest), rows(context, longest), rows(chunk, longest))
+    first, _ = perf.forward_parts(
+        [draft] * longest, *drafts, rows(attended, longest), queries=ks[1:] + 1.0
+    )
+    zero = np.zeros((1, seqs.shape[0]))
+    each, _ = perf.forward_parts([draft], seqs[None, :], context[None, :], zero, zero)
+    per_step = draft.efficiency.overhead.step_s  # paid once per engine step, in verify
+    verify[1:] += first + (ks[1:] - 1.0) * each - ks[1:] * per_step
+    return verify, floor
 
 
 def _step_s(
