@@ -29,6 +29,7 @@ from rooftop_planner import speculative
 from rooftop_planner.batching import EngineLimits, predict_continuous
 from rooftop_planner.bursts import burst_rate
 from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog, ModelSpec, load_catalog
+from rooftop_planner.drafters import drafters_for
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.perf import EngineShape
 from rooftop_planner.plan import Plan
@@ -426,7 +427,11 @@ def _running_speculation(
         return None
     # the acceptance does not matter to a step's time; a stated or published one will do
     found, _ = speculative.options(
-        model, [method[0].value], spec.workload.acceptance_rate or 0.5, catalog
+        model,
+        [method[0].value],
+        spec.workload.acceptance_rate or 0.5,
+        catalog,
+        drafters_for(spec, model),
     )
     return found[0] if found else None
 

@@ -325,7 +325,24 @@ def sim_command(inp: EngineInputs) -> list[str]:
         command += ["--speculative-config", plan.speculative_config]
         if (acceptance := _acceptance(inp)) is not None:
             command += ["--acceptance-rate", f"{acceptance:g}"]
+        command += _named_drafter(inp)
     return command
+
+
+def _named_drafter(inp: EngineInputs) -> list[str]:
+    """engine-sim's flags for the shape of ``spec.engine.drafter``, where the plan
+    drafts with it (the drafter catalog lists the others)."""
+    named = inp.spec.engine.drafter
+    if named is None or json.loads(inp.plan.speculative_config).get("model") != named.model:
+        return []
+    if named.catalog_model:
+        return ["--draft-catalog-model", named.catalog_model]
+    return [
+        "--draft-layers",
+        str(named.layers),
+        "--draft-vocab-size",
+        str(named.draft_vocab_size or 0),
+    ]
 
 
 def _acceptance(inp: EngineInputs) -> float | None:

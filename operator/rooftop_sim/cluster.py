@@ -47,6 +47,7 @@ import numpy.typing as npt
 
 from rooftop_control import defaults
 from rooftop_control.readings import Observation
+from rooftop_planner.drafters import Drafter
 from rooftop_planner.pricing import ReplicaPrice
 from rooftop_sim.engine.core import EngineConfig, EngineCore, Request, Speculation
 from rooftop_sim.engine.server import speculation_from
@@ -104,6 +105,7 @@ class Replica:
     # vLLM's --speculative-config ("": none) and the acceptance the drafts truly meet
     speculative_config: str = ""
     acceptance: float = 0.7
+    drafter: Drafter | None = None  # spec.engine.drafter, where the catalog lists none
 
 
 @dataclass(frozen=True)
@@ -673,7 +675,7 @@ def _speculating(truth: TruthModel, r: Replica, seed: int) -> Speculation | None
     if not r.speculative_config:
         return None
     speculation, drafter = speculation_from(
-        r.speculative_config, r.acceptance, seed, MAX_SCHEDULE_BATCH, truth.dep.model
+        r.speculative_config, r.acceptance, seed, MAX_SCHEDULE_BATCH, truth.dep.model, r.drafter
     )
     if drafter is not None:
         truth.with_drafter(*drafter)

@@ -56,7 +56,7 @@ from rooftop_control.calibration import Calibration
 from rooftop_planner.batching import mean_step_s
 from rooftop_planner.bursts import dispersion, interval_counts
 from rooftop_planner.catalog import load_catalog
-from rooftop_planner.drafters import packaged_drafters
+from rooftop_planner.drafters import Drafter, drafters_for, packaged_drafters
 from rooftop_planner.fleet import FleetPrice, MixedFleet
 from rooftop_planner.inventory import GpuInventory
 from rooftop_planner.plan import Plan
@@ -221,7 +221,9 @@ def nodes_inventory(path: str, target: Any) -> GpuInventory:
         raise InputError(f"--nodes: {err}") from err
 
 
-def replica_of(model: str, plan: Plan, acceptance: float | None = None) -> Replica:
+def replica_of(
+    model: str, plan: Plan, acceptance: float | None = None, drafter: Drafter | None = None
+) -> Replica:
     """What one pod of ``plan`` runs, billed at the plan's cost per replica; its drafts
     (if it speculates) accepted at ``acceptance`` (None: engine-sim's default)."""
     return Replica(
@@ -236,7 +238,19 @@ def replica_of(model: str, plan: Plan, acceptance: float | None = None) -> Repli
         max_num_batched_tokens=plan.max_num_batched_tokens,
         speculative_config=plan.speculative_config,
         acceptance=Replica.acceptance if acceptance is None else acceptance,
+        drafter=drafter,
     )
+
+
+def named_drafter(spec: ServingTargetSpec, plan: Plan) -> Drafter | None:
+    """The drafter ``plan`` speculates with, where spec.engine.drafter names it."""
+    if not plan.speculative_config or spec.engine.drafter is None:
+        return None
+    model = load_catalog().model(spec.model) if spec.model_config_json is None else None
+    if model is None:
+        return None
+    method = json.loads(plan.speculative_config)["method"]
+    return drafters_for(spec, model).get(model.id, {}).get(method)
 
 
 def planned_acceptance(spec: ServingTargetSpec, plan: Plan) -> float | None:
@@ -275,7 +289,7 @@ def scenario(
     fit = None if gpu_inventory is None else gpu_inventory.replicas_fit(plan.gpu, plan.tp)
     truth = acceptance if acceptance is not None else planned_acceptance(spec, plan)
     sim = ClusterConfig(
-        replica_of(spec.model, plan, truth),
+        replica_of(spec.model, plan, truth, named_drafter(spec, plan)),
         price=replica_price(spec, load_catalog(), plan.gpu, plan.tp),
         tpot_quantile=spec.slo.tpot_percentile.quantile,
         ttft_quantile=spec.slo.ttft_percentile.quantile,

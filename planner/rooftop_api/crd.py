@@ -169,6 +169,25 @@ CEL_RULES["ServingTargetSpec"] = [
         "lets the planner choose the drafter and draft lengths; remove one of them",
         "fieldPath": ".engine.extraArgs",
     },
+    {
+        "rule": "!has(self.engine) || !has(self.engine.drafter) || "
+        "(has(self.constraints) && has(self.constraints.speculative) && "
+        "self.engine.drafter.method in self.constraints.speculative)",
+        "message": "engine.drafter's method must be listed in constraints.speculative",
+        "fieldPath": ".engine.drafter",
+    },
+]
+CEL_RULES["Drafter"] = [
+    {
+        "rule": "self.method != 'draft_model' || has(self.catalogModel)",
+        "message": "a draft_model drafter needs catalogModel, the catalog model whose shape it has",
+        "fieldPath": ".catalogModel",
+    },
+    {
+        "rule": "self.method != 'eagle3' || !has(self.catalogModel)",
+        "message": "an eagle3 head has no catalogModel; give layers and draftVocabSize",
+        "fieldPath": ".catalogModel",
+    },
 ]
 
 # Rules with no pydantic counterpart: Kubernetes naming limits of the children.

@@ -520,6 +520,49 @@ class Checkpoint(_Model):
     )
 
 
+class Drafter(_Model):
+    """A drafter for speculative decoding that the drafter catalog does not list for
+    the model: an EAGLE-3 head, or a smaller model of the same family and vocabulary."""
+
+    method: SpeculativeMethod = Field(description="eagle3 or draft_model.")
+    model: str = Field(
+        min_length=1,
+        max_length=1024,
+        description="What vLLM loads as the drafter: a Hugging Face repo id, or a path "
+        "in the pod (e.g. /models/my-eagle-head).",
+    )
+    catalog_model: str | None = Field(
+        default=None,
+        max_length=256,
+        description="draft_model: the catalog model whose shape the draft has (e.g. "
+        "llama-3.1-8b); the planner prices its steps and memory from it.",
+    )
+    layers: int = Field(
+        default=1, ge=1, le=8, description="eagle3: the head's decoder layers (1 for EAGLE-3)."
+    )
+    draft_vocab_size: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000_000,
+        description="eagle3: the head's own vocabulary (its config.json's draft_vocab_size; "
+        "absent: the model's).",
+    )
+
+    @model_validator(mode="after")
+    def _shape_for_the_method(self) -> Drafter:
+        if self.method == SpeculativeMethod.DRAFT_MODEL and not self.catalog_model:
+            raise ValueError(
+                "drafter.catalogModel: a draft_model drafter needs the catalog model whose "
+                "shape it has (e.g. llama-3.1-8b)"
+            )
+        if self.method == SpeculativeMethod.EAGLE3 and self.catalog_model:
+            raise ValueError(
+                "drafter.catalogModel: an eagle3 head has no catalog shape; give layers "
+                "and draftVocabSize instead"
+            )
+        return self
+
+
 MODELS_MOUNT = "/models"
 IMAGE_REFERENCE = r"^[a-z0-9]([a-zA-Z0-9._/:@-]*[a-zA-Z0-9_])?$"
 
@@ -584,6 +627,12 @@ class Engine(_Model):
         max_length=4,
         description="Weight dtype (fp8, int8, int4, fp4) -> the checkpoint already "
         "quantized to it; overrides the catalog's.",
+    )
+    drafter: Drafter | None = Field(
+        default=None,
+        description="The drafter speculative decoding may use, in place of the drafter "
+        "catalog's for its method (constraints.speculative must list the method). With "
+        "no published acceptance for it, state workload.acceptanceRate.",
     )
 
     @field_validator("checkpoints")
@@ -654,6 +703,12 @@ class ServingTargetSpec(_Model):
             raise ValueError(
                 "engine.extraArgs sets --speculative-config while constraints.speculative "
                 "lets the planner choose the drafter and draft lengths; remove one of them"
+            )
+        drafter = self.engine.drafter
+        if drafter is not None and drafter.method not in (self.constraints.speculative or []):
+            raise ValueError(
+                f"engine.drafter is a {drafter.method.value} drafter, which "
+                "constraints.speculative does not list; add it there or remove the drafter"
             )
         return self
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from rooftop_api.spec import ServingTargetSpec
 from rooftop_planner.catalog import CatalogError, ModelSpec
 
 METHODS = ("eagle3", "draft_model")
@@ -153,3 +154,21 @@ def eagle_head(model: ModelSpec, drafter: Drafter) -> ModelSpec:
         checkpoints={},
         aliases=(),
     )
+
+
+def drafters_for(spec: ServingTargetSpec, model: ModelSpec) -> Mapping[str, Mapping[str, Drafter]]:
+    """The drafter catalog, with ``spec.engine.drafter`` in place of the catalog's
+    drafter for its method and this model (no published acceptance for it)."""
+    named = spec.engine.drafter
+    catalog = packaged_drafters()
+    if named is None:
+        return catalog
+    own = Drafter(
+        method=named.method.value,
+        repo=named.model,
+        source="spec.engine.drafter",
+        layers=named.layers,
+        draft_vocab=named.draft_vocab_size or 0,
+        model=named.catalog_model or "",
+    )
+    return {**catalog, model.id: {**catalog.get(model.id, {}), own.method: own}}

@@ -51,6 +51,7 @@ from rooftop_planner.catalog import (
     load_catalog,
 )
 from rooftop_planner.choice import choose
+from rooftop_planner.drafters import drafters_for
 from rooftop_planner.efficiency import EfficiencyTable, load_efficiency
 from rooftop_planner.fleet import cheapest_mix
 from rooftop_planner.hf_config import model_from_hf_config
@@ -874,7 +875,11 @@ def _context(
     )
     methods = [m.value for m in spec.constraints.speculative or ()]
     speculations, problems = speculative.options(
-        model, methods, spec.workload.acceptance_rate, catalog
+        model,
+        methods,
+        spec.workload.acceptance_rate,
+        catalog,
+        drafters_for(spec, model),
     )
     return _Context(
         speculations=tuple(speculations),

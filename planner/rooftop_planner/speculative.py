@@ -110,7 +110,10 @@ def _no_drafter(model: ModelSpec, method: str, known: Mapping[str, Drafter]) -> 
 
 def _draft_shape(model: ModelSpec, drafter: Drafter, catalog: Catalog) -> ModelSpec:
     if drafter.method == "draft_model":
-        draft = catalog.model(drafter.model)
+        try:
+            draft = catalog.model(drafter.model)
+        except CatalogError as err:
+            raise CatalogError(f"the drafter {drafter.repo}'s shape: {err}") from err
         if draft.vocab_size != model.vocab_size:
             raise CatalogError(
                 f"drafter {drafter.repo} for {model.id}: vocabulary {draft.vocab_size} is "

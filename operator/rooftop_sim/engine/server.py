@@ -44,8 +44,8 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rooftop_api import exit_codes
-from rooftop_planner.catalog import ModelSpec, load_catalog
-from rooftop_planner.drafters import METHODS, eagle_head, packaged_drafters
+from rooftop_planner.catalog import CatalogError, ModelSpec, load_catalog
+from rooftop_planner.drafters import METHODS, Drafter, eagle_head, packaged_drafters
 from rooftop_planner.parallelism import TP_DEGREES, tp_problem
 from rooftop_planner.scenarios import normalize_dtype
 from rooftop_sim.engine.core import EngineConfig, EngineCore, Request, Speculation, StepResult
@@ -83,6 +83,10 @@ class EngineSimConfig:
     enable_prefix_caching: bool = True
     speculative_config: str = ""  # vLLM's --speculative-config JSON ("": none)
     acceptance_rate: float = 0.7  # the mean per-token acceptance requests draw theirs around
+    # the drafter's shape where the drafter catalog does not list it (spec.engine.drafter)
+    draft_catalog_model: str = ""
+    draft_layers: int = 0
+    draft_vocab_size: int = 0
 
     @property
     def served_name(self) -> str:
@@ -102,6 +106,8 @@ def check_config(cfg: EngineSimConfig) -> None:
         ("--noise", cfg.noise, 0.0, False),
         ("--seed", cfg.seed, 0, False),
         ("--time-scale", cfg.time_scale, 0.0, True),
+        ("--draft-layers", cfg.draft_layers, 0, False),
+        ("--draft-vocab-size", cfg.draft_vocab_size, 0, False),
     )
     check_ranges(rules)
     if not (math.isfinite(cfg.acceptance_rate) and 0 < cfg.acceptance_rate < 1):
@@ -126,15 +132,39 @@ def sim_speculation(
     drafts on the host). A ValueError names the flag and what it takes."""
     if not cfg.speculative_config:
         return None, None
+    named = _named_drafter(cfg) if cfg.draft_catalog_model or cfg.draft_layers else None
     return speculation_from(
-        cfg.speculative_config, cfg.acceptance_rate, cfg.seed, cfg.max_num_seqs, model
+        cfg.speculative_config, cfg.acceptance_rate, cfg.seed, cfg.max_num_seqs, model, named
+    )
+
+
+def _named_drafter(cfg: EngineSimConfig) -> Drafter:
+    """The drafter --draft-catalog-model or --draft-layers/--draft-vocab-size shape, as
+    the one --speculative-config names (an unreadable config is refused after)."""
+    try:
+        config = json.loads(cfg.speculative_config)
+    except json.JSONDecodeError:
+        config = {}
+    config = config if isinstance(config, dict) else {}
+    return Drafter(
+        method=str(config.get("method", "")),
+        repo=str(config.get("model", "")),
+        layers=max(cfg.draft_layers, 1),
+        draft_vocab=cfg.draft_vocab_size,
+        model=cfg.draft_catalog_model,
     )
 
 
 def speculation_from(
-    text: str, acceptance: float, seed: int, max_num_seqs: int, model: ModelSpec
+    text: str,
+    acceptance: float,
+    seed: int,
+    max_num_seqs: int,
+    model: ModelSpec,
+    named: Drafter | None = None,
 ) -> tuple[Speculation, tuple[ModelSpec, str] | None]:
-    """``sim_speculation`` from the JSON itself (the simulated cluster's pods too)."""
+    """``sim_speculation`` from the JSON itself (the simulated cluster's pods too);
+    ``named``: a drafter the catalog does not list (spec.engine.drafter)."""
     flag = "--speculative-config"
     try:
         config = json.loads(text)
@@ -155,12 +185,18 @@ def speculation_from(
     speculation = Speculation(schedule, acceptance, seed=seed, num_tokens=k)
     if method == "ngram":
         return speculation, None
-    return speculation, (_drafter_shape(model, method, config.get("model")), _draft_dtype(config))
+    shape = _drafter_shape(model, method, config.get("model"), named)
+    return speculation, (shape, _draft_dtype(config))
 
 
-def _drafter_shape(model: ModelSpec, method: str, repo: object) -> ModelSpec:
-    """The catalog drafter ``repo`` names for ``model`` (engine-sim times those only)."""
-    known = packaged_drafters().get(model.id, {})
+def _drafter_shape(
+    model: ModelSpec, method: str, repo: object, named: Drafter | None = None
+) -> ModelSpec:
+    """The drafter ``repo`` names for ``model``: ``named`` where it is that one, else
+    the catalog's (engine-sim times those only)."""
+    known = dict(packaged_drafters().get(model.id, {}))
+    if named is not None:
+        known[named.method] = named
     drafter = known.get(method)
     if drafter is None or drafter.repo != repo:
         listed = ", ".join(f"{d.method}: {d.repo}" for d in known.values()) or "none"
@@ -169,7 +205,12 @@ def _drafter_shape(model: ModelSpec, method: str, repo: object) -> ModelSpec:
             f"{model.id} ({listed}), not {method} {repo!r}"
         )
     if method == "draft_model":
-        return load_catalog().model(drafter.model)
+        try:
+            return load_catalog().model(drafter.model)
+        except CatalogError:
+            raise ValueError(
+                f"--draft-catalog-model: {drafter.model!r} is not a catalog model"
+            ) from None
     return eagle_head(model, drafter)
 
 
@@ -697,6 +738,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default="",
         help="vLLM's JSON: method (ngram, eagle3, draft_model: a drafter the catalog "
         "lists), num_speculative_tokens, num_speculative_tokens_per_batch_size",
+    )
+    p.add_argument(
+        "--draft-catalog-model",
+        default="",
+        help="a draft_model drafter's shape (a catalog model) where the drafter catalog "
+        "does not list it",
+    )
+    p.add_argument(
+        "--draft-layers",
+        type=int,
+        default=0,
+        help="an eagle3 head's decoder layers where the drafter catalog does not list it",
+    )
+    p.add_argument(
+        "--draft-vocab-size",
+        type=int,
+        default=0,
+        help="an eagle3 head's vocabulary (0: the model's) where the catalog does not list it",
     )
     p.add_argument(
         "--acceptance-rate",

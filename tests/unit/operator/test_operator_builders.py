@@ -480,6 +480,26 @@ def test_a_simulated_engine_speculates_as_planned_at_the_stated_acceptance(
     assert "--speculative-config" not in plain
 
 
+def test_a_simulated_engine_gets_the_shape_of_a_drafter_the_spec_names(
+    catalog: Catalog,
+) -> None:
+    config = json.dumps({"method": "eagle3", "model": "my/head", "num_speculative_tokens": 2})
+    spec = {
+        **SPEC,
+        "mode": "simulated",
+        "workload": {**SPEC["workload"], "acceptanceRate": 0.7},
+        "constraints": {"speculative": ["eagle3"]},
+        "engine": {"drafter": {"method": "eagle3", "model": "my/head", "draftVocabSize": 32000}},
+    }
+    command = builders.sim_command(inputs(catalog, spec, speculative_config=config))
+    parser = argparse.ArgumentParser()
+    engine_sim.add_arguments(parser)
+    args = parser.parse_args(command[2:])
+    assert (args.draft_layers, args.draft_vocab_size) == (1, 32000)
+    sim = engine_sim.EngineSim(engine_sim.config_from_args(args))
+    assert sim.engine.config.speculation is not None and sim.truth.drafter is not None
+
+
 def test_replicas_come_from_the_plan(catalog: Catalog) -> None:
     deployment = builders.build_deployment(inputs(catalog, replicas=5))
     assert deployment["spec"]["replicas"] == 5

@@ -183,3 +183,32 @@ def test_a_draft_model_with_another_vocabulary_is_refused() -> None:
             CATALOG,
             {"llama-3-70b": {"draft_model": drafter}},
         )
+
+
+def test_a_drafter_named_in_the_spec_drafts_for_a_model_the_catalog_has_none_for() -> None:
+    """Qwen2.5-7B has no catalog drafter: an EAGLE-3 head named in spec.engine.drafter
+    (one layer, a 32k vocabulary) is priced and planned, at the stated acceptance."""
+    head = {"method": "eagle3", "model": "my-org/qwen-eagle3", "draftVocabSize": 32000}
+    spec = target(
+        constraints={"gpuTypes": ["h100-sxm"], "speculative": ["eagle3"]},
+        workload={"acceptanceRate": 0.8},
+        engine={"drafter": head},
+        slo={"tpotMs": 4},  # beyond the 4.6 ms a plain fp8 7B step on one H100 gives
+    )
+    plan = plan_target(spec.model_copy(update={"model": "qwen2.5-7b"})).plan
+    assert plan is not None and '"model":"my-org/qwen-eagle3"' in plan.speculative_config
+    assert "from spec.workload.acceptanceRate" in plan.speculative_note
+
+
+def test_a_named_draft_model_needs_a_catalog_shape_and_a_listed_method() -> None:
+    with pytest.raises(ValueError, match="catalogModel: a draft_model drafter needs"):
+        target(engine={"drafter": {"method": "draft_model", "model": "x/y"}})
+    with pytest.raises(ValueError, match="which constraints.speculative does not list"):
+        target(engine={"drafter": {"method": "eagle3", "model": "x/y"}})
+    unknown = target(
+        constraints={"speculative": ["draft_model"]},
+        workload={"acceptanceRate": 0.7},
+        engine={"drafter": {"method": "draft_model", "model": "x/y", "catalogModel": "nope"}},
+    )
+    with pytest.raises(CatalogError, match="the drafter x/y's shape"):
+        plan_target(unknown)
