@@ -180,6 +180,19 @@ def _target() -> dict[str, Query]:
             f"{e('vllm:prefix_cache_hits_total')} / {e('vllm:prefix_cache_queries_total')}",
             "prefix cache hits",
         ),
+        # speculative decoding: none where the engines do not speculate
+        "accepted_per_draft": Query(
+            f"{e('vllm:spec_decode_num_accepted_tokens_total')} / "
+            f"{e('vllm:spec_decode_num_drafts_total')}",
+            "accepted",
+            optional=True,
+        ),
+        "drafted_per_draft": Query(
+            f"{e('vllm:spec_decode_num_draft_tokens_total')} / "
+            f"{e('vllm:spec_decode_num_drafts_total')}",
+            "drafted",
+            optional=True,
+        ),
         "running": Query(f"sum(vllm:num_requests_running{{{ENGINE}}})", "running"),
         "waiting": Query(f"sum(vllm:num_requests_waiting{{{ENGINE}}})", "waiting"),
         "kv_cache_max": Query(f"max(vllm:kv_cache_usage_perc{{{ENGINE}}})", "max"),

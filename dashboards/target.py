@@ -94,6 +94,15 @@ def _load() -> list[p.Json]:
         ),
         p.timeseries("Preemptions / s", [Q["preemptions"]], unit="short", w=8),
         p.fraction("Prefix cache hit ratio", [Q["prefix_cache_hit_ratio"]]),
+        p.timeseries(
+            "Speculative decoding: tokens per draft",
+            [Q["drafted_per_draft"], Q["accepted_per_draft"]],
+            unit="short",
+            w=8,
+            description="Draft tokens each verification step carried, and those the model "
+            "accepted (empty where the engines do not speculate). The loop solves the "
+            "per-token acceptance from the two.",
+        ),
     ]
 
 
