@@ -163,16 +163,15 @@ def drafter_bytes_per_gpu(dep: EngineShape, spec: Speculation) -> float:
 class SpeculativeSteps:
     """Steps of one candidate on its grid, with the draft length chosen per column.
 
-    draft_tokens: the K chosen at each column (0: no speculation); tokens: E(a, K) there;
-    unscaled, floor: per *output token* ("virtual" steps that each advance every
-    sequence one token, s): the decode step t(B, K) / E, plus what a step carrying a
-    prefill chunk adds over the decode step at the same batch, whole (a chunk delays
-    one real step, whose E tokens per sequence it holds back). The serving model
-    (``search``) prices these as it prices steps without speculation.
+    draft_tokens: the K chosen at each column (0: no speculation). unscaled, floor: per
+    *output token* ("virtual" steps that each advance every sequence one token, s): the
+    decode step t(B, K) / E, plus what a step carrying a prefill chunk adds over the
+    decode step at the same batch, whole (a chunk delays one real step, whose E tokens
+    per sequence it holds back). The serving model (``search``) prices these as it
+    prices steps without speculation.
     """
 
     draft_tokens: FloatArray
-    tokens: FloatArray
     unscaled: FloatArray
     floor: FloatArray
 
@@ -208,9 +207,7 @@ def steps(
     cols = np.arange(n)
     unscaled = per_token[best, cols] + (full - decode)[best, cols]
     floor = (decode_floor / e[:, None])[best, cols] + (full_floor - decode_floor)[best, cols]
-    return SpeculativeSteps(
-        draft_tokens=best.astype(np.float64), tokens=e[best], unscaled=unscaled, floor=floor
-    )
+    return SpeculativeSteps(draft_tokens=best.astype(np.float64), unscaled=unscaled, floor=floor)
 
 
 def _every_length(
@@ -223,8 +220,10 @@ def _every_length(
     attended: FloatArray,
 ) -> tuple[FloatArray, FloatArray]:
     """(kernel sums, floors) of steps verifying k = 0..``longest`` draft tokens per
-    sequence (row k; the drafter's forwards included, as ``_step_s``), in three array
-    calls: the verifications, the drafter's first forwards, its later ones."""
+    sequence (row k), in three array calls: the verifications (K + 1 queries per
+    sequence), the drafter's first forwards (over every token the step brought), its
+    K − 1 later ones (one token per sequence), less the engine's per-step overhead of
+    each drafter forward, paid once in the verification."""
     ks = np.arange(longest + 1, dtype=np.float64)[:, None]
 
     def rows(values: FloatArray, count: int) -> FloatArray:
@@ -251,46 +250,13 @@ def _every_length(
     return verify, floor
 
 
-def _step_s(
-    dep: EngineShape,
-    draft: EngineShape,
-    k: int,
-    seqs: FloatArray,
-    context: FloatArray,
-    chunk: FloatArray,
-    attended: FloatArray,
-) -> tuple[FloatArray, FloatArray]:
-    """(kernel sum, floor) of one engine step verifying k draft tokens per sequence,
-    the drafter's forwards included (s, 1-D)."""
-
-    def row(values: FloatArray) -> FloatArray:
-        return values[None, :]
-
-    verify, floor = perf.forward_parts(
-        [dep], row(seqs), row(context), row(chunk), row(attended), queries=k + 1.0
-    )
-    if k == 0:
-        return verify[0], floor[0]
-    first, _ = perf.forward_parts(
-        [draft], row(seqs), row(context), row(chunk), row(attended), queries=k + 1.0
-    )
-    zero = np.zeros_like(row(seqs))
-    each, _ = perf.forward_parts([draft], row(seqs), row(context), zero, zero)
-    per_step = draft.efficiency.overhead.step_s  # paid once per engine step, in verify
-    drafting = first[0] + (k - 1) * each[0] - k * per_step
-    return verify[0] + drafting, floor[0]
-
-
 def decode_tpot_s(
     dep: EngineShape, spec: Speculation, batch: float, context_per_seq: float, draft_tokens: int
 ) -> float:
     """Time per output token of a decode step of ``batch`` sequences at draft length
     ``draft_tokens`` (0: without speculation), the step-time factor applied (s)."""
-    seqs = np.array([float(batch)])
-    context = seqs * perf.cached_tokens(dep.model, context_per_seq)
-    zero = np.zeros_like(seqs)
-    total, floor = _step_s(dep, draft_engine(dep, spec), draft_tokens, seqs, context, zero, zero)
-    step = max(float(total[0]) * dep.efficiency.time_scale, float(floor[0]))
+    totals, floors = _decode_steps(dep, spec, batch, context_per_seq, draft_tokens)
+    step = max(totals[draft_tokens] * dep.efficiency.time_scale, floors[draft_tokens])
     return step / tokens_per_step(spec.acceptance, draft_tokens)
 
 
@@ -302,13 +268,20 @@ def step_ratio(
     for a speculating engine (vLLM's inter-token latency times whole steps)."""
     if draft_tokens <= 0:
         return 1.0
-    seqs = np.array([max(float(batch), 1e-3)])
+    totals, _ = _decode_steps(dep, spec, max(batch, 1e-3), context_per_seq, draft_tokens)
+    return totals[draft_tokens] / totals[0]
+
+
+def _decode_steps(
+    dep: EngineShape, spec: Speculation, batch: float, context_per_seq: float, longest: int
+) -> tuple[list[float], list[float]]:
+    """(kernel sums, floors) of one decode step of ``batch`` sequences at every draft
+    length 0..``longest`` (s, unscaled)."""
+    seqs = np.array([float(batch)])
     context = seqs * perf.cached_tokens(dep.model, context_per_seq)
     zero = np.zeros_like(seqs)
-    draft = draft_engine(dep, spec)
-    plain, _ = _step_s(dep, draft, 0, seqs, context, zero, zero)
-    verified, _ = _step_s(dep, draft, draft_tokens, seqs, context, zero, zero)
-    return float(verified[0] / plain[0])
+    totals, floors = _every_length(dep, draft_engine(dep, spec), longest, seqs, context, zero, zero)
+    return totals[:, 0].tolist(), floors[:, 0].tolist()
 
 
 def draft_length(config: str, batch: float) -> int:
@@ -318,11 +291,14 @@ def draft_length(config: str, batch: float) -> int:
     parsed = json.loads(config)
     most = int(parsed.get("num_speculative_tokens", 0))
     ranges = parsed.get("num_speculative_tokens_per_batch_size") or [[1, 1 << 30, most]]
+    return min(_length_at(ranges, batch), most)
+
+
+def _length_at(ranges: Sequence[Sequence[int]], batch: float) -> int:
+    """K of the (first, last, K) range holding ``batch`` (rounded; the last range's
+    beyond them)."""
     at = max(int(round(batch)), 1)
-    for first, last, k in ranges:
-        if first <= at <= last:
-            return min(int(k), most)
-    return min(int(ranges[-1][2]), most)
+    return int(next((k for first, last, k in ranges if first <= at <= last), ranges[-1][2]))
 
 
 def schedule(
@@ -417,7 +393,7 @@ def _note(
     """What the drafter is, the draft lengths per batch, and the decode TPOT with and
     without it at the planned batch."""
     at = max(int(round(batch)), 1)
-    k = next((k for first, last, k in ranges if first <= at <= last), ranges[-1][2])
+    k = _length_at(ranges, at)
     with_ms = decode_tpot_s(dep, spec, at, context_per_seq, k) * 1e3
     without_ms = decode_tpot_s(dep, spec, at, context_per_seq, 0) * 1e3
     lengths = ", ".join(f"{k} at {a}-{b}" for a, b, k in ranges if k > 0)
@@ -455,7 +431,6 @@ def weights_note(dep: EngineShape, spec: Speculation) -> str:
 
 
 __all__ = [
-    "Drafter",
     "Planned",
     "Speculation",
     "SpeculativeSteps",
@@ -467,6 +442,5 @@ __all__ = [
     "planned",
     "schedule",
     "steps",
-    "tokens_per_step",
     "vllm_config",
 ]
