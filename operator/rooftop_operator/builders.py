@@ -35,8 +35,7 @@ from rooftop_operator import engine_security
 from rooftop_operator.engine_security import PodSecurity
 from rooftop_operator.errors import OperatorError
 from rooftop_operator.specs import TargetRef
-from rooftop_planner.catalog import CatalogError, load_catalog
-from rooftop_planner.drafters import packaged_drafters
+from rooftop_planner.drafters import planned_acceptance
 from rooftop_planner.errors import PlannerError
 from rooftop_planner.inventory import gpu_toleration
 from rooftop_planner.lifecycle import Lifecycle
@@ -323,7 +322,8 @@ def sim_command(inp: EngineInputs) -> list[str]:
         command += ["--max-model-len", str(plan.max_model_len)]
     if plan.speculative_config:
         command += ["--speculative-config", plan.speculative_config]
-        if (acceptance := _acceptance(inp)) is not None:
+        method = json.loads(plan.speculative_config)["method"]
+        if (acceptance := planned_acceptance(spec, method)) is not None:
             command += ["--acceptance-rate", f"{acceptance:g}"]
         command += _named_drafter(inp)
     return command
@@ -343,22 +343,6 @@ def _named_drafter(inp: EngineInputs) -> list[str]:
         "--draft-vocab-size",
         str(named.draft_vocab_size or 0),
     ]
-
-
-def _acceptance(inp: EngineInputs) -> float | None:
-    """The acceptance a simulated engine's drafts meet: the one the plan was made with,
-    the target's stated one or else the drafter's published figure (``drafters.yaml``);
-    None where neither is known any more (engine-sim's default applies)."""
-    stated = inp.spec.workload.acceptance_rate
-    if stated is not None:
-        return stated
-    method = json.loads(inp.plan.speculative_config)["method"]
-    try:
-        model = load_catalog().model(inp.spec.model).id
-    except CatalogError:
-        return None
-    drafter = packaged_drafters().get(model, {}).get(method)
-    return drafter.acceptance if drafter is not None else None
 
 
 def _probe(period_s: int, failures: int) -> dict[str, Any]:

@@ -56,7 +56,7 @@ from rooftop_control.calibration import Calibration
 from rooftop_planner.batching import mean_step_s
 from rooftop_planner.bursts import dispersion, interval_counts
 from rooftop_planner.catalog import load_catalog
-from rooftop_planner.drafters import Drafter, drafters_for, packaged_drafters
+from rooftop_planner.drafters import Drafter, named_drafter, planned_acceptance
 from rooftop_planner.fleet import FleetPrice, MixedFleet
 from rooftop_planner.inventory import GpuInventory
 from rooftop_planner.plan import Plan
@@ -242,27 +242,17 @@ def replica_of(
     )
 
 
-def named_drafter(spec: ServingTargetSpec, plan: Plan) -> Drafter | None:
-    """The drafter ``plan`` speculates with, where spec.engine.drafter names it."""
-    if not plan.speculative_config or spec.engine.drafter is None:
-        return None
-    model = load_catalog().model(spec.model) if spec.model_config_json is None else None
-    if model is None:
-        return None
-    method = json.loads(plan.speculative_config)["method"]
-    return drafters_for(spec, model).get(model.id, {}).get(method)
-
-
-def planned_acceptance(spec: ServingTargetSpec, plan: Plan) -> float | None:
-    """The acceptance ``plan``'s speculation was planned with: the spec's, else its
-    drafter's published one (None: it does not speculate)."""
+def drafting(
+    spec: ServingTargetSpec, plan: Plan, acceptance: float | None
+) -> tuple[float | None, Drafter | None]:
+    """How ``plan``'s pods draft: the acceptance they meet (``acceptance``, else the
+    one the plan was made with) and the drafter spec.engine.drafter names (None: the
+    catalog's, which engine-sim finds itself); (None, None) without speculation."""
     if not plan.speculative_config:
-        return None
-    if spec.workload.acceptance_rate is not None:
-        return spec.workload.acceptance_rate
+        return None, None
     method = json.loads(plan.speculative_config)["method"]
-    drafter = packaged_drafters().get(load_catalog().model(spec.model).id, {}).get(method)
-    return drafter.acceptance if drafter is not None else None
+    truth = acceptance if acceptance is not None else planned_acceptance(spec, method)
+    return truth, named_drafter(spec)
 
 
 def scenario(
@@ -287,9 +277,8 @@ def scenario(
         raise InputError("no plan meets the SLO within the budget:\n" + result.explain())
     plan = result.plan
     fit = None if gpu_inventory is None else gpu_inventory.replicas_fit(plan.gpu, plan.tp)
-    truth = acceptance if acceptance is not None else planned_acceptance(spec, plan)
     sim = ClusterConfig(
-        replica_of(spec.model, plan, truth, named_drafter(spec, plan)),
+        replica_of(spec.model, plan, *drafting(spec, plan, acceptance)),
         price=replica_price(spec, load_catalog(), plan.gpu, plan.tp),
         tpot_quantile=spec.slo.tpot_percentile.quantile,
         ttft_quantile=spec.slo.ttft_percentile.quantile,

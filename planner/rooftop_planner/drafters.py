@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from rooftop_api.spec import ServingTargetSpec
-from rooftop_planner.catalog import CatalogError, ModelSpec
+from rooftop_planner.catalog import Catalog, CatalogError, ModelSpec, load_catalog
 
 METHODS = ("eagle3", "draft_model")
 
@@ -156,14 +156,39 @@ def eagle_head(model: ModelSpec, drafter: Drafter) -> ModelSpec:
     )
 
 
-def drafters_for(spec: ServingTargetSpec, model: ModelSpec) -> Mapping[str, Mapping[str, Drafter]]:
-    """The drafter catalog, with ``spec.engine.drafter`` in place of the catalog's
-    drafter for its method and this model (no published acceptance for it)."""
+def drafter_shape(model: ModelSpec, drafter: Drafter, catalog: Catalog) -> ModelSpec:
+    """The shape ``drafter`` runs as beside ``model``: a draft model's catalog shape,
+    which must share the model's vocabulary (vLLM verifies token ids), or an EAGLE-3
+    head built from the model's (``eagle_head``)."""
+    if drafter.method != "draft_model":
+        return eagle_head(model, drafter)
+    try:
+        draft = catalog.model(drafter.model)
+    except CatalogError as err:
+        raise CatalogError(f"the drafter {drafter.repo}'s shape: {err}") from err
+    if draft.vocab_size != model.vocab_size:
+        raise CatalogError(
+            f"drafter {drafter.repo} for {model.id}: vocabulary {draft.vocab_size} is "
+            f"not the model's {model.vocab_size}; vLLM verifies token ids"
+        )
+    return draft
+
+
+def with_drafter(model_id: str, drafter: Drafter | None) -> dict[str, Drafter]:
+    """The catalog's drafters for ``model_id`` (method -> drafter), ``drafter`` in place
+    of the one of its method."""
+    known = dict(packaged_drafters().get(model_id, {}))
+    if drafter is not None:
+        known[drafter.method] = drafter
+    return known
+
+
+def named_drafter(spec: ServingTargetSpec) -> Drafter | None:
+    """``spec.engine.drafter`` as a drafter (no published acceptance for it)."""
     named = spec.engine.drafter
-    catalog = packaged_drafters()
     if named is None:
-        return catalog
-    own = Drafter(
+        return None
+    return Drafter(
         method=named.method.value,
         repo=named.model,
         source="spec.engine.drafter",
@@ -171,4 +196,31 @@ def drafters_for(spec: ServingTargetSpec, model: ModelSpec) -> Mapping[str, Mapp
         draft_vocab=named.draft_vocab_size or 0,
         model=named.catalog_model or "",
     )
-    return {**catalog, model.id: {**catalog.get(model.id, {}), own.method: own}}
+
+
+def drafters_for(spec: ServingTargetSpec, model: ModelSpec) -> Mapping[str, Mapping[str, Drafter]]:
+    """The drafter catalog, with ``spec.engine.drafter`` in place of the catalog's
+    drafter for its method and this model."""
+    named = named_drafter(spec)
+    if named is None:
+        return packaged_drafters()
+    return {**packaged_drafters(), model.id: with_drafter(model.id, named)}
+
+
+def planned_drafter(spec: ServingTargetSpec, method: str) -> Drafter | None:
+    """The drafter a plan of ``spec`` speculating by ``method`` drafts with: the one
+    ``spec.engine.drafter`` names, else the catalog's for its model (None: neither)."""
+    try:
+        model_id = load_catalog().model(spec.model).id
+    except CatalogError:  # a model outside the catalog (spec.modelConfig) has no entry
+        model_id = spec.model
+    return with_drafter(model_id, named_drafter(spec)).get(method)
+
+
+def planned_acceptance(spec: ServingTargetSpec, method: str) -> float | None:
+    """The acceptance a plan of ``spec`` speculating by ``method`` was made with: the
+    target's stated one, else its drafter's published figure (None: neither)."""
+    if spec.workload.acceptance_rate is not None:
+        return spec.workload.acceptance_rate
+    drafter = planned_drafter(spec, method)
+    return drafter.acceptance if drafter is not None else None

@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from rooftop_planner import drafters, perf
-from rooftop_planner.catalog import Catalog, CatalogError, ModelSpec
-from rooftop_planner.drafters import Drafter, packaged_drafters, tokens_per_step
+from rooftop_planner import perf
+from rooftop_planner.catalog import Catalog, ModelSpec
+from rooftop_planner.drafters import Drafter, drafter_shape, packaged_drafters, tokens_per_step
 from rooftop_planner.kernels import FloatArray
 from rooftop_planner.perf import EngineShape
 
@@ -99,28 +99,13 @@ def options(
         source = (
             "spec.workload.acceptanceRate" if acceptance is not None else drafter.acceptance_source
         )
-        found.append(Speculation(drafter, rate, source, _draft_shape(model, drafter, catalog)))
+        found.append(Speculation(drafter, rate, source, drafter_shape(model, drafter, catalog)))
     return found, problems
 
 
 def _no_drafter(model: ModelSpec, method: str, known: Mapping[str, Drafter]) -> str:
     others = f" (it has {', '.join(sorted(known))})" if known else ""
     return f"{method}: the drafter catalog names no {method} drafter for {model.id}{others}"
-
-
-def _draft_shape(model: ModelSpec, drafter: Drafter, catalog: Catalog) -> ModelSpec:
-    if drafter.method == "draft_model":
-        try:
-            draft = catalog.model(drafter.model)
-        except CatalogError as err:
-            raise CatalogError(f"the drafter {drafter.repo}'s shape: {err}") from err
-        if draft.vocab_size != model.vocab_size:
-            raise CatalogError(
-                f"drafter {drafter.repo} for {model.id}: vocabulary {draft.vocab_size} is "
-                f"not the model's {model.vocab_size}; vLLM verifies token ids"
-            )
-        return draft
-    return drafters.eagle_head(model, drafter)
 
 
 # ---------------------------------------------------------------- memory

@@ -37,7 +37,7 @@ import time
 import uuid
 import zlib
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiohttp import web
@@ -45,7 +45,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rooftop_api import exit_codes
 from rooftop_planner.catalog import CatalogError, ModelSpec, load_catalog
-from rooftop_planner.drafters import METHODS, Drafter, eagle_head, packaged_drafters
+from rooftop_planner.drafters import METHODS, Drafter, drafter_shape, with_drafter
 from rooftop_planner.parallelism import TP_DEGREES, tp_problem
 from rooftop_planner.scenarios import normalize_dtype
 from rooftop_sim.engine.core import EngineConfig, EngineCore, Request, Speculation, StepResult
@@ -139,16 +139,11 @@ def sim_speculation(
 
 
 def _named_drafter(cfg: EngineSimConfig) -> Drafter:
-    """The drafter --draft-catalog-model or --draft-layers/--draft-vocab-size shape, as
-    the one --speculative-config names (an unreadable config is refused after)."""
-    try:
-        config = json.loads(cfg.speculative_config)
-    except json.JSONDecodeError:
-        config = {}
-    config = config if isinstance(config, dict) else {}
+    """The drafter --draft-catalog-model or --draft-layers/--draft-vocab-size shape;
+    its method and repo are the ones --speculative-config names (``speculation_from``)."""
     return Drafter(
-        method=str(config.get("method", "")),
-        repo=str(config.get("model", "")),
+        method="",
+        repo="",
         layers=max(cfg.draft_layers, 1),
         draft_vocab=cfg.draft_vocab_size,
         model=cfg.draft_catalog_model,
@@ -164,7 +159,8 @@ def speculation_from(
     named: Drafter | None = None,
 ) -> tuple[Speculation, tuple[ModelSpec, str] | None]:
     """``sim_speculation`` from the JSON itself (the simulated cluster's pods too);
-    ``named``: a drafter the catalog does not list (spec.engine.drafter)."""
+    ``named``: a drafter the catalog does not list (spec.engine.drafter; without a
+    method and repo, the shape of the one the JSON names)."""
     flag = "--speculative-config"
     try:
         config = json.loads(text)
@@ -185,18 +181,16 @@ def speculation_from(
     speculation = Speculation(schedule, acceptance, seed=seed, num_tokens=k)
     if method == "ngram":
         return speculation, None
-    shape = _drafter_shape(model, method, config.get("model"), named)
-    return speculation, (shape, _draft_dtype(config))
+    repo = config.get("model")
+    if named is not None and not named.method:
+        named = replace(named, method=method, repo=str(repo))
+    return speculation, (_drafter_shape(model, method, repo, named), _draft_dtype(config))
 
 
-def _drafter_shape(
-    model: ModelSpec, method: str, repo: object, named: Drafter | None = None
-) -> ModelSpec:
-    """The drafter ``repo`` names for ``model``: ``named`` where it is that one, else
-    the catalog's (engine-sim times those only)."""
-    known = dict(packaged_drafters().get(model.id, {}))
-    if named is not None:
-        known[named.method] = named
+def _drafter_shape(model: ModelSpec, method: str, repo: object, named: Drafter | None) -> ModelSpec:
+    """The shape of the drafter ``repo`` names for ``model``: ``named`` where it is that
+    one, else the catalog's (engine-sim times those only)."""
+    known = with_drafter(model.id, named)
     drafter = known.get(method)
     if drafter is None or drafter.repo != repo:
         listed = ", ".join(f"{d.method}: {d.repo}" for d in known.values()) or "none"
@@ -204,14 +198,10 @@ def _drafter_shape(
             f"--speculative-config: engine-sim times the drafters the catalog lists for "
             f"{model.id} ({listed}), not {method} {repo!r}"
         )
-    if method == "draft_model":
-        try:
-            return load_catalog().model(drafter.model)
-        except CatalogError:
-            raise ValueError(
-                f"--draft-catalog-model: {drafter.model!r} is not a catalog model"
-            ) from None
-    return eagle_head(model, drafter)
+    try:
+        return drafter_shape(model, drafter, load_catalog())
+    except CatalogError as err:
+        raise ValueError(f"--speculative-config: {err}") from None
 
 
 def _draft_dtype(config: dict[str, Any]) -> str:
