@@ -45,7 +45,9 @@ def test_load_past_one_types_gpus_spills_onto_a_second_pool(env: Env, tmp_path: 
     of its type. The one-type Deployment holds the only H200, so the new H200 pool's pod
     waits for it: the operator deletes the old Deployment, and then every pod runs."""
     core = client.CoreV1Api(env.api)
-    mark = {"e2e-mixed": uuid.uuid4().hex[:6]}
+    # a letter first: a bare hex value such as "123e45" reads as a number in the
+    # API server's YAML, and a node selector's values must be strings
+    mark = {"e2e-mixed": f"m{uuid.uuid4().hex[:6]}"}
     doc = load(ROOT / "examples" / "simulated-chat.yaml", name="mix")
     doc["spec"]["mode"] = "vllm"  # a simulated engine needs no GPU node
     doc["spec"]["budget"] = {"usdPerHour": 40}
