@@ -187,7 +187,7 @@ def loop_table(seeds: tuple[int, ...] = (0, 1, 2)) -> None:
           "| cost, declared / told |")  # fmt: skip
     print("|---|---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
-        for truth in (0.5, 0.7, 0.9):
+        for truth in (0.3, 0.5, 0.7, 0.9):
             told = declared_as(truth, Path(folder))
             ours = [simulate(LOOP_TARGET, truth, seed) for seed in seeds]
             oracle = [simulate(told, truth, seed) for seed in seeds]

@@ -73,7 +73,7 @@ from rooftop_control.calibration import Calibration, CalibrationConfig, TrimConf
 from rooftop_control.forecast import forecast_rate, rate_trend
 from rooftop_control.lulls import Lulls
 from rooftop_control.readings import MetricState, Observation, Reading
-from rooftop_control.sizing import Planner, Sizing
+from rooftop_control.sizing import Planner, Respeculation, Sizing
 from rooftop_control.traffic import Traffic
 from rooftop_planner.pricing import PodsPrice, ReplicaPrice
 
@@ -210,6 +210,7 @@ class Cause(StrEnum):
     SLO_VIOLATION = "slo_violation"  # a TPOT/TTFT breach, a queue, a full KV cache
     OVERPROVISIONED = "overprovisioned"  # the recommendation stayed lower for a window
     CALIBRATION = "calibration"  # only the batch cap moved, with the step-time factor
+    ACCEPTANCE = "acceptance"  # the drafts' measured acceptance re-planned speculation
     BUDGET = "budget"  # maxReplicas or the budget cut what the SLO needs
 
 
@@ -234,6 +235,9 @@ class Decision:
             event once, not on every decision that keeps holding it).
         cause: why the fleet changed (meaningful when ``changed``).
         usd_per_hour: what ``replicas`` cost, USD/h (owned GPUs first); None: not priced.
+        speculative_config: the --speculative-config the pods are to run from now on
+            ("": none; a rollout, as a new batch cap), None: unchanged.
+        speculation_why: why speculative_config changed ("" when it did not).
     """
 
     replicas: int
@@ -248,11 +252,13 @@ class Decision:
     cap_hold_began: bool = False
     cause: Cause = field(kw_only=True)
     usd_per_hour: float | None = field(default=None, kw_only=True)
+    speculative_config: str | None = field(default=None, kw_only=True)
+    speculation_why: str = field(default="", kw_only=True)
 
     @property
     def changed(self) -> bool:
-        """Whether replicas or the batch cap changed."""
-        return (self.replicas, self.max_num_seqs) != (
+        """Whether replicas, the batch cap or the speculative config changed."""
+        return self.speculative_config is not None or (self.replicas, self.max_num_seqs) != (
             self.previous_replicas,
             self.previous_max_num_seqs,
         )
@@ -341,6 +347,11 @@ def decide(
     elif rollout is not None:
         (replicas, why), cause = rollout, Cause.CALIBRATION
         wanted, limited = replicas, rolled
+    respec = None
+    if cap == state.max_num_seqs and held is None and not sole_pod_would_go(limited, upper):
+        respec = _respeculation(state, obs, now_s, steady, config)
+    if respec is not None:  # a rollout as a new cap's: the cooldown covers both
+        cap_why, cap_at, cause = respec.why, now_s, Cause.ACCEPTANCE
     new_state = ControllerState(
         replicas=limited,
         max_num_seqs=cap,
@@ -375,6 +386,8 @@ def decide(
         cap_hold_began=held is not None and held != state.held_cap,
         cause=_cause(state.replicas, limited, replicas, cause, held is not None),
         usd_per_hour=config.price.usd_per_hour(limited),
+        speculative_config=None if respec is None else respec.config,
+        speculation_why="" if respec is None else respec.why,
     )
 
 
@@ -383,7 +396,8 @@ def _cause(before: int, limited: int, unlimited: int, signal: Cause, cap_held: b
     if unlimited > limited or cap_held:
         return Cause.BUDGET
     if limited == before:
-        return Cause.CALIBRATION  # replicas held: only the batch cap can have changed
+        # replicas held: only the batch cap or the drafts can have changed
+        return Cause.ACCEPTANCE if signal is Cause.ACCEPTANCE else Cause.CALIBRATION
     return signal if limited > before else Cause.OVERPROVISIONED
 
 
@@ -853,6 +867,39 @@ def _choose_cap(
     else:
         return keep
     return new, f"max_num_seqs {cur} -> {new}: {why}", now_s
+
+
+def _respeculation(
+    state: ControllerState, obs: Observation, now_s: float, steady: bool, config: ControllerConfig
+) -> Respeculation | None:
+    """Speculative decoding planned again at the drafts' measured acceptance
+    (``Planner.respeculate``): only in a steady fleet watched for a few windows (a
+    settled step-time factor), after the cooldown since the last rollout, and with a
+    measured acceptance and a running batch to judge it at."""
+    acceptance = None if state.traffic is None else state.traffic.acceptance
+    batch = _pods_batch(obs)
+    if not steady or acceptance is None or batch <= 0.0:
+        return None
+    if not state.calibration.settled(config.calibration):
+        return None  # as for a new cap: not on the first windows a controller watched
+    last = state.last_cap_change_s
+    if last is not None and now_s - last < config.cap_cooldown_s:
+        return None
+    return config.planner.respeculate(acceptance, batch, traffic_in_use(state, config))
+
+
+def carried_over(state: ControllerState) -> ControllerState:
+    """What the loop keeps when the pods' engine changes (a new speculative config):
+    the step-time factor with its weight and the latency trim, which describe the
+    GPUs and the traffic; the history starts over, so no scale-down for a window, and
+    the new rollout's cooldown with it."""
+    fresh = initial_state(state.replicas, state.max_num_seqs)
+    return replace(
+        fresh,
+        calibration=state.calibration,
+        trim=state.trim,
+        last_cap_change_s=state.last_cap_change_s,
+    )
 
 
 def _pods_batch(obs: Observation) -> float:

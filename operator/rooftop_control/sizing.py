@@ -50,6 +50,14 @@ _Key = tuple[float, float, Traffic | None]
 # and, when it weighs a larger batch cap, at a slower one; older factors are seldom met
 # again. A new rate or burst at a known factor and lengths needs no new step-time curves.
 SEARCH_CACHE_ENTRIES = 4
+# A new draft-length schedule restarts every pod (a 70B pod's start-up is minutes of a
+# surge pod billed beside the one it replaces), so the loop rolls one out only where
+# it makes a decode step at the running batch at least this much faster per output
+# token: the margin a larger batch cap must keep too (``cap_raise_margin``). On the
+# speculative example's 10-minute trace a rollout for 8-9 % cost more than it saved
+# (``benchmarks/bench_speculative.py --loop``); one measured acceptance moving on its
+# grid must not roll the fleet back and forth either.
+RESPECULATE_GAIN = 0.15
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +79,20 @@ class Sizing:
     tpot_ms: float | None = None
     feasible: bool = True
     capacity_rps: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Respeculation:
+    """The running drafter's --speculative-config planned again at the drafts' measured
+    acceptance.
+
+    Attributes:
+        config: vLLM's JSON for the pods to run ("": speculation off).
+        why: one line for the event and the decision's reason.
+    """
+
+    config: str
+    why: str
 
 
 class Planner(Protocol):
@@ -97,6 +119,15 @@ class Planner(Protocol):
         these mean prompt and output lengths (tokens), prefill chunks included."""
         ...
 
+    def respeculate(
+        self, acceptance: float, batch: float, traffic: Traffic
+    ) -> Respeculation | None:
+        """Speculative decoding planned again for drafts accepted at ``acceptance`` per
+        token at a running ``batch`` with ``traffic``'s lengths: a new schedule or none
+        (off), or None to keep what the pods run (they do not speculate, or the change
+        gains too little for a rollout)."""
+        ...
+
 
 class PlanTargetPlanner:
     """``Planner`` backed by ``rooftop_planner``, pinned to the running deployment's shape.
@@ -111,6 +142,7 @@ class PlanTargetPlanner:
     def __init__(self, spec: ServingTargetSpec, plan: Plan, catalog: Catalog | None = None) -> None:
         self.catalog = catalog or load_catalog()
         self.plan = plan
+        self.written = spec  # as the user wrote it: ``respeculated`` pins it again
         self.spec = pinned_spec(spec, plan)
         gpu = self.catalog.gpu(plan.gpu)
         eff = load_efficiency().lookup(gpu, "vllm")
@@ -124,6 +156,8 @@ class PlanTargetPlanner:
             efficiency=eff,
         )
         self.speculation = _running_speculation(spec, plan, model, self.catalog)
+        # the running drafter at each measured acceptance (on its grid: a few)
+        self._measured: dict[float, speculative.Speculation] = {}
         self._cache: OrderedDict[_Key, tuple[Sizing, ...]] = OrderedDict()
         self._searches: OrderedDict[tuple[float, Traffic | None], PreparedSearch] = OrderedDict()
         # The lengths sizings were last planned with, most recent last (``_planned``).
@@ -274,6 +308,61 @@ class PlanTargetPlanner:
             self.deployment, self.speculation, batch, context, k
         )
 
+    def respeculate(
+        self, acceptance: float, batch: float, traffic: Traffic
+    ) -> Respeculation | None:
+        """The running drafter's schedule planned again at the measured ``acceptance``
+        (``speculative.planned``, at ``traffic``'s mean context) on the running shape:
+
+        - none where drafting pays at no batch size (off: the drafter's weights and KV go
+          back to the cache);
+        - a new schedule where its draft length at the running ``batch`` makes a
+          step's time per output token, t(B, K) / E(a, K), at least
+          ``RESPECULATE_GAIN`` shorter than the running length's;
+        - else None: the pods keep what they run.
+        """
+        running = self.plan.speculative_config
+        if self.speculation is None or not running:
+            return None
+        measured = self._measured.get(acceptance)
+        if measured is None:  # one per acceptance, so the planner's schedule cache hits
+            measured = replace(
+                self.speculation, acceptance=acceptance, acceptance_source="measured"
+            )
+            self._measured[acceptance] = measured
+        rounded = traffic.rounded(LENGTH_GRID)
+        context = rounded.prompt.mean + rounded.output.mean / 2.0
+        found = speculative.planned(self.deployment, measured, context, batch)
+        seen = f"drafts are accepted at {acceptance:.2f} per token"
+        if found is None:
+            return Respeculation(
+                "",
+                f"{seen}, where drafting pays at no batch size on {self.plan.tp}x "
+                f"{self.plan.gpu}: speculative decoding off, its drafter's memory goes to "
+                "the KV cache (edit the target to plan it again)",
+            )
+        if found.config == running:
+            return None
+        was, now = (
+            speculative.draft_length(running, batch),
+            speculative.draft_length(found.config, batch),
+        )
+        before = speculative.decode_tpot_s(self.deployment, measured, batch, context, was)
+        after = speculative.decode_tpot_s(self.deployment, measured, batch, context, now)
+        if after * (1.0 + RESPECULATE_GAIN) > before:
+            return None
+        return Respeculation(
+            found.config,
+            f"{seen}: draft length {was} -> {now} at the running batch of {batch:.0f}, "
+            f"{before * 1e3:.1f} -> {after * 1e3:.1f} ms per output token predicted",
+        )
+
+    def respeculated(self, config: str) -> PlanTargetPlanner:
+        """This planner for the pods once they run ``config`` (vLLM's
+        --speculative-config, "": none)."""
+        plan = replace(self.plan, speculative_config=config, speculative_note="")
+        return PlanTargetPlanner(self.written, plan, self.catalog)
+
 
 # A pool's factor over the pods' mean moves this share of the way to each window's
 # reading (smoothing the window-to-window noise, as the fleet's own factor is), within
@@ -358,6 +447,12 @@ class FleetPlanner(PlanTargetPlanner):
                 needed.append(own)
         most = max(needed, key=lambda s: s.replicas)
         return replace(sizing, replicas=most.replicas, capacity_rps=most.capacity_rps)
+
+    def respeculate(
+        self, acceptance: float, batch: float, traffic: Traffic
+    ) -> Respeculation | None:
+        """None: a mixed fleet is not planned with speculation."""
+        return None
 
     def counted(self, pods: dict[str, int]) -> None:
         """The pods each pool runs now (GPU id -> ready pods), which weigh its step time;

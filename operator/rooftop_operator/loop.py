@@ -50,7 +50,7 @@ from rooftop_control import control, signals
 from rooftop_control.calibration import CalibrationConfig, TrimConfig, clamp
 from rooftop_control.defaults import SERVED_RANGE_S
 from rooftop_control.readings import SIGNALS, MetricState, Observation, Reading
-from rooftop_control.sizing import FleetPlanner, fleet_planner
+from rooftop_control.sizing import FleetPlanner, PlanTargetPlanner, fleet_planner
 from rooftop_control.traffic import Lengths, Traffic
 from rooftop_operator import children, metrics_client, readiness, reconcile
 from rooftop_operator.builders import UnsupportedPlan, deployment_name, engine_deployment_names
@@ -75,7 +75,7 @@ from rooftop_planner.explain import gpus_of
 from rooftop_planner.fleet import FleetPrice
 from rooftop_planner.fleet import rescaled as fleet_rescaled
 from rooftop_planner.inventory import GpuInventory
-from rooftop_planner.plan import Plan
+from rooftop_planner.plan import Plan, without_drafts
 from rooftop_planner.pricing import PodsPrice, ReplicaPrice, replica_price, with_default
 
 log = logging.getLogger(__name__)
@@ -383,6 +383,8 @@ def status_update(
             "max_num_seqs": d.max_num_seqs,
             "usd_per_hour": cost,
         }
+        if d.speculative_config is not None:
+            scale["speculative_config"] = d.speculative_config or None
         if applied is not None and applied.pools:
             scale["pools"] = applied.to_status().pools
             scale["usd_per_hour"] = round(applied.usd_per_hour, 3)
@@ -488,6 +490,8 @@ def scaled_plan(
 ) -> Plan:
     """The plan at the decided scale: its shape's replicas, or a mixed fleet's pods split
     over its pools, the cheapest first within the free GPUs (``inventory``)."""
+    if d.speculative_config is not None:  # the drafts the loop re-planned
+        plan = replace(plan, speculative_config=d.speculative_config, speculative_note="")
     if not plan.pools or not isinstance(price, FleetPrice):
         return plan.rescaled(d.replicas, d.max_num_seqs, _cost(d, plan))
     if inventory is not None:
@@ -636,6 +640,13 @@ def _memory(
     """
     key = (ref.generation, plan.shape)
     mem = targets.get(ref.uid)
+    if mem is not None and mem.key != key and _new_drafts(mem.key, key):
+        # the loop's own new drafts: what it learned stays (``control.carried_over``)
+        planner = mem.planner
+        if isinstance(planner, PlanTargetPlanner) and not isinstance(planner, FleetPlanner):
+            planner = planner.respeculated(plan.speculative_config)
+        mem.key, mem.planner, mem.state = key, planner, control.carried_over(mem.state)
+        return mem
     if mem is None or mem.key != key:
         # an operator restart must not forget what the loop learned: the trim (at
         # reality 1.3 it stands near 1.6: starting over at 1 under-serves until it is
@@ -655,6 +666,12 @@ def _memory(
         mem = TargetMemory(key, fleet_planner(spec, plan), state, startup, price)
         targets[ref.uid] = mem
     return mem
+
+
+def _new_drafts(old: tuple[int, tuple[object, ...]], new: tuple[int, tuple[object, ...]]) -> bool:
+    """Whether two memory keys (generation, plan shape) differ only in the drafts: the
+    loop's own re-planned speculation (``control.Decision.speculative_config``)."""
+    return old[0] == new[0] and without_drafts(old[1]) == without_drafts(new[1])
 
 
 def resumed(value: Any, bounds: CalibrationConfig | TrimConfig) -> float:
@@ -769,6 +786,9 @@ def _apply(
         price = price or ReplicaPrice.flat(plan.usd_per_replica_hour)
         applied = _apply_scale(rt, ref, spec, plan, d, price)
         rt.emit(body, "Normal", "Scaled", d.reason)
+        if d.speculative_config is not None:
+            drafts = "SpeculationOff" if not d.speculative_config else "DraftLengthsChanged"
+            rt.emit(body, "Normal", drafts, d.speculation_why)
         rt.metrics.record_decision(ref.namespace, ref.name, *decision_labels(d))
     elif d.cap_hold_began:
         rt.emit(body, "Normal", "BatchCapHeld", d.reason)

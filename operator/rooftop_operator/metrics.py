@@ -39,6 +39,7 @@ REASONS: Final[tuple[str, ...]] = (
     "overprovisioned",  # SLO met with room to spare: a cheaper plan fits
     "load_change",  # observed request rate differs from the planned one
     "calibration",  # observed/predicted step time moved the plan
+    "acceptance",  # the drafts' measured acceptance re-planned speculative decoding
     "spec_change",  # the user edited the ServingTarget
     "budget",  # the plan no longer fits the budget
     "infeasible",  # no plan meets SLO and budget

@@ -18,6 +18,7 @@ generation (an operator restart, a repaired Deployment) keeps those
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -41,7 +42,7 @@ from rooftop_planner.errors import PlannerError
 from rooftop_planner.explain import replicas_of
 from rooftop_planner.inventory import GpuInventory, Placement, held_gpus, inventory_from_nodes
 from rooftop_planner.lifecycle import DOWNLOAD_BYTES_PER_S
-from rooftop_planner.plan import Plan
+from rooftop_planner.plan import Plan, without_drafts
 from rooftop_planner.pricing import with_default
 from rooftop_planner.result import SearchResult
 
@@ -346,7 +347,13 @@ def keep_loop_scale(plan: Plan, old_plan: Plan | None) -> Plan:
     the replicas a load spike needed. Kept only when the engine shape (GPU, TP, dtypes,
     context) is unchanged: a new shape is a new operating curve and starts from its plan.
     """
-    if old_plan is None or old_plan.shape != plan.shape:
+    if old_plan is None:
+        return plan
+    if old_plan.shape != plan.shape and _loop_drafts(plan, old_plan):
+        # the loop re-planned speculation from the acceptance it measured: the same
+        # spec planned again from its declared acceptance must not undo that
+        plan = replace(plan, speculative_config=old_plan.speculative_config, speculative_note="")
+    if old_plan.shape != plan.shape:
         return plan
     replicas, cap = old_plan.scale
     if replicas < 1 or cap < 1 or old_plan.scale == plan.scale:
@@ -358,6 +365,19 @@ def keep_loop_scale(plan: Plan, old_plan: Plan | None) -> Plan:
         )
         return replace(plan.rescaled(replicas, cap, old_plan.usd_per_hour), pools=pools)
     return plan.rescaled(replicas, cap)
+
+
+def _loop_drafts(plan: Plan, old_plan: Plan) -> bool:
+    """Whether ``old_plan`` is ``plan`` with the drafts the feedback loop chose: the
+    same engine but for the speculative config, one of the same drafter or none, where
+    ``plan`` speculates (``control.Decision.speculative_config``)."""
+    if not plan.speculative_config or without_drafts(plan.shape) != without_drafts(old_plan.shape):
+        return False
+    if not old_plan.speculative_config:  # the loop turned it off
+        return True
+    drafter = ("method", "model")
+    new, old = json.loads(plan.speculative_config), json.loads(old_plan.speculative_config)
+    return all(new.get(k) == old.get(k) for k in drafter)
 
 
 def _plan_conditions(spec: ServingTargetSpec, plan: Plan, advice: str = "") -> list[Condition]:

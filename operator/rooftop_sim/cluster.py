@@ -39,8 +39,8 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from dataclasses import dataclass, field, replace
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -184,6 +184,14 @@ class Policy(Protocol):
         ...
 
 
+@runtime_checkable
+class Respeculating(Protocol):
+    """A policy that may change the pods' --speculative-config (the operator's loop,
+    ``control.Decision.speculative_config``): read after each ``decide``."""
+
+    speculative_config: str | None  # what its pods are to run ("": none); None: as started
+
+
 @dataclass
 class Pod:
     """One engine pod and its lifecycle."""
@@ -197,6 +205,7 @@ class Pod:
     busy: bool = False
     prefilling: list[Request] = field(default_factory=list)
     pool: FixedPool | None = None  # a mixed fleet's fixed pool; None: the policy's
+    drafts: str = ""  # the --speculative-config it runs
 
 
 @dataclass(frozen=True)
@@ -269,13 +278,14 @@ class Cluster:
         self.window = MetricsWindow(
             config.window_s, config.tpot_quantile, config.ttft_quantile, config.tpot_slo_ms
         )
+        self.replica = config.replica  # what the policy's new pods run
         self.kv_tokens = _kv_tokens(config.replica)
         self.rng = random.Random(config.seed)  # the balancer's picks
         self.pins: dict[int, Pod] = {}  # session key -> its pod
 
     # ---- pods -------------------------------------------------------------------
     def _new_pod(self, now: float, ready: bool, pool: FixedPool | None = None) -> Pod:
-        r, i = (self.cfg.replica if pool is None else pool.replica), len(self.pods)
+        r, i = (self.replica if pool is None else pool.replica), len(self.pods)
         truth = TruthModel.for_deployment(
             r.model,
             r.gpu,
@@ -296,7 +306,8 @@ class Cluster:
             r.enable_prefix_caching,
             speculation,
         )
-        pod = Pod(i, EngineCore(ecfg, truth), ecfg.max_num_seqs, now, pool=pool)
+        engine = EngineCore(ecfg, truth)
+        pod = Pod(i, engine, ecfg.max_num_seqs, now, pool=pool, drafts=r.speculative_config)
         self.pods.append(pod)
         if ready or self.startup_s <= 0:
             pod.state = _SERVING
@@ -317,8 +328,8 @@ class Cluster:
     def reconcile(self, now: float) -> None:
         """Move the pods toward ``desired`` pods of batch cap ``cap`` (Deployment-like)."""
         alive = [p for p in self.pods if p.state in (_PENDING, _SERVING) and p.pool is None]
-        new = [p for p in alive if p.cap == self.cap]
-        old = [p for p in alive if p.cap != self.cap]
+        new = [p for p in alive if self._current(p)]
+        old = [p for p in alive if not self._current(p)]
         # scale in: pending pods first (nothing to drain), newest first
         excess = len(new) - self.desired
         for pod in sorted(new, key=lambda p: (p.state != _PENDING, -p.created_s))[: max(excess, 0)]:
@@ -349,6 +360,18 @@ class Cluster:
             new.append(self._new_pod(now, ready=False))
             room -= 1
         self.serving = [p for p in self.pods if p.state == _SERVING]
+
+    def _current(self, pod: Pod) -> bool:
+        """Whether ``pod`` runs the policy's pod template: its batch cap and drafts."""
+        return pod.cap == self.cap and pod.drafts == self.replica.speculative_config
+
+    def _respeculate(self, policy: Policy) -> None:
+        """Take the policy's new --speculative-config for the pods started from now on."""
+        if not isinstance(policy, Respeculating) or policy.speculative_config is None:
+            return
+        if policy.speculative_config != self.replica.speculative_config:
+            self.replica = replace(self.replica, speculative_config=policy.speculative_config)
+            self.kv_tokens = _kv_tokens(self.replica)
 
     def _split(self, wanted: int) -> list[int]:
         """The policy's pods, then each fixed pool's: ``spill``'s split of ``wanted``, or
@@ -582,6 +605,7 @@ class Cluster:
         span = min(self.cfg.window_s, now)
         obs = self.window.observe(now, (hi - lo) / span, gauges, outage)
         wanted, self.cap = policy.decide(now, obs)
+        self._respeculate(policy)
         self.desired, *sizes = self._split(wanted)
         for pool, size in zip(self.cfg.fixed_pools, sizes, strict=True):
             self._scale_pool(pool, size, now)
@@ -605,7 +629,7 @@ class Cluster:
         pending = sum(p.state == _PENDING for p in self.pods)
         # a rollout's pods: the policy's own (a mixed fleet's other pools keep their caps)
         outdated = sum(
-            p.state in (_PENDING, _SERVING) and p.pool is None and p.cap != self.cap
+            p.state in (_PENDING, _SERVING) and p.pool is None and not self._current(p)
             for p in self.pods
         )
         if not ready:

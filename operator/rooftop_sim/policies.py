@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from rooftop_control.control import (
     ControllerConfig,
     Decision,
+    carried_over,
     clamp_replicas,
     decide,
     initial_state,
 )
 from rooftop_control.readings import Observation
+from rooftop_control.sizing import PlanTargetPlanner
 
 
 @dataclass
@@ -54,6 +56,8 @@ class RooftopPolicy:
     cap: int
     name: str = "rooftop"
     decisions: list[Decision] = field(default_factory=list)
+    # the --speculative-config the loop last chose for the pods (None: as planned)
+    speculative_config: str | None = None
 
     def __post_init__(self) -> None:
         self.state = initial_state(self.replicas, self.cap)
@@ -65,6 +69,13 @@ class RooftopPolicy:
         d = decide(self.state, obs, now_s, self.config)
         self.state = d.state
         self.decisions.append(d)
+        planner = self.config.planner
+        if d.speculative_config is not None and isinstance(planner, PlanTargetPlanner):
+            # as the operator does once the pods' engine changed: a planner for it, and
+            # what the loop learned carried over (``loop._memory``)
+            self.speculative_config = d.speculative_config
+            self.config = replace(self.config, planner=planner.respeculated(d.speculative_config))
+            self.state = carried_over(self.state)
         return d.replicas, d.max_num_seqs
 
 

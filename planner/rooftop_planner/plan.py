@@ -92,6 +92,13 @@ OUTCOME_FIELDS: Final = (
 )
 
 
+def without_drafts(shape: tuple[object, ...]) -> tuple[object, ...]:
+    """A ``Plan.shape`` with its speculative config blanked: the engine but for the drafts
+    its pods run, which the feedback loop re-plans from the acceptance it measures."""
+    at = SHAPE_FIELDS.index("speculative_config")
+    return (*shape[:at], "", *shape[at + 1 :])
+
+
 class PlanStatusError(PlannerError):
     """``status.plan`` cannot be read back as a plan (hand-edited or from another version)."""
 

@@ -1,0 +1,205 @@
+"""The loop re-plans speculative decoding from the acceptance it measures: a new
+draft-length schedule where it pays at the running batch, none where drafting pays at
+no batch size, nothing where the change gains too little for a rollout; the decision
+rolls it out like a new batch cap, and the simulated cluster replaces its pods."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import pytest
+import yaml
+from tests.unit.control.test_control import DECLARED as CONTROL_DECLARED
+from tests.unit.control.test_control import FakePlanner
+
+from rooftop_api.spec import ServingTargetSpec
+from rooftop_control import control, traffic
+from rooftop_control.calibration import Calibration
+from rooftop_control.readings import MetricState, Observation, Reading
+from rooftop_control.sizing import PlanTargetPlanner, Respeculation
+from rooftop_control.traffic import Traffic
+from rooftop_planner import speculative
+from rooftop_planner.pricing import ReplicaPrice
+from rooftop_planner.search import plan_target
+from rooftop_sim import simulate
+from rooftop_sim.cluster import Cluster
+
+ROOT = Path(__file__).resolve().parents[3]
+EXAMPLE = ROOT / "examples" / "speculative-70b.yaml"
+EXCERPT = ROOT / "examples" / "traces" / "azure_conv_excerpt.csv"
+SPEC = ServingTargetSpec.model_validate(yaml.safe_load(EXAMPLE.read_text())["spec"])
+DECLARED = traffic.declared(SPEC.workload)
+
+
+@pytest.fixture(scope="module")
+def planner() -> PlanTargetPlanner:
+    plan = plan_target(SPEC).plan
+    assert plan is not None and plan.speculative_config, "the example speculates"
+    return PlanTargetPlanner(SPEC, plan)
+
+
+def test_at_the_planned_acceptance_the_running_schedule_stays(planner: PlanTargetPlanner) -> None:
+    assert planner.respeculate(0.7, 4.0, DECLARED) is None
+
+
+def test_drafts_accepted_far_more_than_planned_draft_longer(planner: PlanTargetPlanner) -> None:
+    """At 0.99 a draft of 5 makes a step at batch 3 about 18 % faster per token than
+    the running 2: more than the 15 % a rollout must gain."""
+    found = planner.respeculate(0.99, 3.0, DECLARED)
+    assert found is not None and found.config
+    running = planner.plan.speculative_config
+    assert speculative.draft_length(found.config, 3) > speculative.draft_length(running, 3)
+    assert json.loads(found.config)["model"] == json.loads(running)["model"]
+    assert "accepted at 0.99 per token" in found.why and "ms per output token" in found.why
+
+
+def test_a_gain_under_the_rollouts_margin_keeps_the_running_drafts(
+    planner: PlanTargetPlanner,
+) -> None:
+    """At 0.9 the longer draft gains about 8 % at batch 3: a rollout of every pod is
+    not worth it (the speculative example's loop paid more for one than it saved)."""
+    assert planner.respeculate(0.9, 3.0, DECLARED) is None
+
+
+def test_drafts_that_pay_at_no_batch_turn_speculation_off(planner: PlanTargetPlanner) -> None:
+    found = planner.respeculate(0.05, 4.0, DECLARED)
+    assert found is not None and found.config == ""
+    assert "speculative decoding off" in found.why and "edit the target" in found.why
+
+
+def test_a_small_gain_is_not_worth_a_rollout(planner: PlanTargetPlanner) -> None:
+    """Near the planned acceptance the schedule may differ somewhere, but at the running
+    batch no draft length is 15 % faster than the running one: every acceptance on the
+    loop's grid within 0.04 of the plan's keeps it."""
+    for acceptance in (0.66, 0.68, 0.72, 0.74):
+        assert planner.respeculate(acceptance, 8.0, DECLARED) is None, acceptance
+
+
+def test_a_plan_without_speculation_is_never_respeculated(planner: PlanTargetPlanner) -> None:
+    plain = planner.respeculated("")
+    assert plain.speculation is None and not plain.plan.speculative_config
+    assert plain.respeculate(0.05, 4.0, DECLARED) is None
+    # its steps are plain ones, its KV cache without the drafter's share
+    k = speculative.draft_length(planner.plan.speculative_config, 8)
+    assert k > 0 and plain.step_ms(8, 1147, 260) < planner.step_ms(8, 1147, 260)
+
+
+# ---------------------------------------------------------------- the decision
+
+
+@dataclass
+class Drafting(FakePlanner):
+    """``test_control``'s planner (one replica per 2 req/s, 20 ms steps) whose drafts
+    the loop may re-plan: ``answer`` at any measured acceptance (those asked at kept)."""
+
+    answer: Respeculation | None
+    asked: list[float]
+
+    def respeculate(
+        self, acceptance: float, batch: float, traffic: Traffic
+    ) -> Respeculation | None:
+        self.asked.append(acceptance)
+        return self.answer
+
+
+def ok(value: float) -> Reading:
+    return Reading(value, MetricState.OK)
+
+
+NOW = 10_000.0
+OFF = Respeculation("", "drafts are accepted at 0.20 per token: off")
+
+
+def steady(
+    planner: Drafting, acceptance: float | None = 0.2
+) -> tuple[control.ControllerState, Observation, control.ControllerConfig]:
+    """Two pods serving 4 req/s for ten minutes, drafts measured at ``acceptance``."""
+    cfg = control.ControllerConfig(
+        planner=planner, tpot_slo_ms=40.0, ttft_slo_ms=None, min_replicas=1,
+        max_replicas=8, budget_usd_per_hour=100.0, price=ReplicaPrice.flat(1.0),
+        declared=CONTROL_DECLARED,
+    )  # fmt: skip
+    measured = replace(CONTROL_DECLARED, observed=True, acceptance=acceptance)
+    state = replace(
+        control.initial_state(2, 64),
+        calibration=Calibration(1.0, 20),
+        traffic=measured,
+        ready_seen=2,
+        started_s=NOW - 600.0,
+    )
+    obs = Observation(
+        tpot_ms=ok(25.0), ttft_ms=ok(300.0), requests_per_second=ok(4.0), running=ok(16.0),
+        waiting=ok(0.0), kv_usage_ratio=ok(0.3), step_ms=ok(20.0), ready_replicas=2,
+    )  # fmt: skip
+    return state, obs, cfg
+
+
+def test_a_steady_fleet_rolls_out_the_new_drafts() -> None:
+    planner = Drafting(OFF, [])
+    state, obs, cfg = steady(planner)
+    d = control.decide(state, obs, NOW, cfg)
+    assert d.speculative_config == "" and d.changed and d.replicas == 2
+    assert d.cause is control.Cause.ACCEPTANCE and d.speculation_why == OFF.why
+    assert OFF.why in d.reason and d.state.last_cap_change_s == NOW
+    assert planner.asked[-1] == pytest.approx(0.2)
+    # the cooldown a batch-cap rollout has covers the drafts too
+    again = control.decide(d.state, obs, NOW + 60.0, cfg)
+    assert again.speculative_config is None and not again.changed
+
+
+@pytest.mark.parametrize(
+    "unsteady",
+    ["starting pod", "no acceptance measured", "rollout cooldown", "sole pod", "no batch"],
+)
+def test_the_drafts_wait_for_a_steady_fleet(unsteady: str) -> None:
+    """A rollout restarts every pod: not while one starts, not without a measured
+    acceptance, not within the cooldown of the last rollout, never one that would stop
+    the only pod with no room for its replacement, nor without a batch to judge at."""
+    planner = Drafting(OFF, [])
+    state, obs, cfg = steady(planner, None if unsteady == "no acceptance measured" else 0.2)
+    if unsteady == "starting pod":
+        obs = replace(obs, pending_replicas=1)
+    if unsteady == "rollout cooldown":
+        state = replace(state, last_cap_change_s=NOW - 60.0)
+    if unsteady == "sole pod":
+        cfg = replace(cfg, max_replicas=1, min_replicas=1)
+        state = replace(state, replicas=1, ready_seen=1)
+        obs = replace(obs, ready_replicas=1, requests_per_second=ok(1.0), running=ok(8.0))
+    if unsteady == "no batch":
+        obs = replace(obs, running=ok(0.0), requests_per_second=ok(0.0))
+    d = control.decide(state, obs, NOW, cfg)
+    assert d.speculative_config is None and d.cause is not control.Cause.ACCEPTANCE
+
+
+def test_what_the_loop_learned_is_carried_over_to_the_new_drafts() -> None:
+    state, obs, cfg = steady(Drafting(OFF, []))
+    state = replace(state, trim=1.3, calibration=Calibration(1.2, 40), last_cap_change_s=NOW)
+    kept = control.carried_over(state)
+    assert (kept.trim, kept.calibration, kept.last_cap_change_s) == (1.3, state.calibration, NOW)
+    assert kept.history == () and (kept.replicas, kept.max_num_seqs) == (2, 64)
+
+
+# ---------------------------------------------------------------- the simulated cluster
+
+
+def test_the_simulated_loop_turns_off_drafts_that_no_longer_pay() -> None:
+    """Drafts truly accepted at 0.3, planned at 0.7: the loop measures it, plans no
+    drafting at the running batch, and the cluster's pods started from then on run the
+    new --speculative-config; the SLO's p90 holds."""
+    workload = simulate.workload_from_trace(str(EXCERPT))
+    scn = simulate.scenario(SPEC, workload, acceptance=0.3, seed=0)
+    policy, _ = simulate.make_policy(scn, "rooftop")
+    cluster = Cluster(scn.workload, simulate.cluster_config(scn, "rooftop"))
+    result = cluster.run(policy)
+    chosen = [d for d in policy.decisions if d.speculative_config is not None]
+    assert len(chosen) == 1, [d.reason for d in chosen]
+    new = chosen[0].speculative_config
+    assert new is not None and new != scn.plan.speculative_config
+    assert "accepted at 0.30 per token" in chosen[0].speculation_why
+    assert cluster.replica.speculative_config == new
+    started_after = [p for p in cluster.pods if p.created_s > chosen[0].state.last_cap_change_s - 1]
+    assert started_after and all(p.drafts == new for p in started_after)
+    within = simulate.summary(result, scn.slo, 1.0)["slo_attainment_tpot"]
+    assert within >= 0.9
