@@ -351,9 +351,12 @@ class PlanTargetPlanner:
         after = speculative.decode_tpot_s(self.deployment, measured, batch, context, now)
         if after * (1.0 + RESPECULATE_GAIN) > before:
             return None
+        change = f"draft length {was} -> {now}"
+        if now == 0:  # the schedule still drafts for smaller batches
+            change = f"speculation off at this batch (draft length {was} -> 0)"
         return Respeculation(
             found.config,
-            f"{seen}: draft length {was} -> {now} at the running batch of {batch:.0f}, "
+            f"{seen}: {change} at the running batch of {batch:.0f}, "
             f"{before * 1e3:.1f} -> {after * 1e3:.1f} ms per output token predicted",
         )
 

@@ -197,7 +197,9 @@ def test_the_simulated_loop_turns_off_drafts_that_no_longer_pay() -> None:
     assert len(chosen) == 1, [d.reason for d in chosen]
     new = chosen[0].speculative_config
     assert new is not None and new != scn.plan.speculative_config
-    assert "accepted at 0.30 per token" in chosen[0].speculation_why
+    assert "accepted at 0.30 per token: speculation off at this batch" in (
+        chosen[0].speculation_why
+    )
     assert cluster.replica.speculative_config == new
     started_after = [p for p in cluster.pods if p.created_s > chosen[0].state.last_cap_change_s - 1]
     assert started_after and all(p.drafts == new for p in started_after)
