@@ -95,6 +95,10 @@ class ControllerConfig:
             pods over the pools, each counted as a replica).
         inventory_replicas: the most replicas the cluster's free GPUs hold (with the
             operator's ``gpuInventory: nodes``), None: not counted.
+        planned_acceptance: the per-token draft acceptance the running plan was made
+            with (None: it does not speculate). A measured one further than
+            ``traffic.ACCEPTANCE_DIFFERS_BY`` from it plans the target again
+            (``Decision.replan_acceptance``).
         declared: the spec's prompt and output lengths: what the planner sizes with
             until the traffic's own are measured (``traffic``).
         scale_down_window_s: a lower recommendation must hold this long, s. The
@@ -134,6 +138,7 @@ class ControllerConfig:
     price: PodsPrice
     declared: Traffic
     inventory_replicas: int | None = None
+    planned_acceptance: float | None = None
     tpot_quantile: float = 0.99
     scale_down_window_s: float = 180.0
     startup_s: float = defaults.STARTUP_S
@@ -179,6 +184,13 @@ class ControllerState:
             from a fleet that was short before it looked (a target's first traffic).
         lulls: the give-backs of the last minutes and the lulls they taught the loop
             to ride out (``lulls``).
+        engines_mixed: pods of the previous engine (other GPUs, TP or drafts) still
+            serve while the new one rolls out: their steps are not the planner's, so the
+            step-time factor waits until none is left (``carried_over``).
+        replanned_acceptance: the measured acceptance this controller last asked the
+            target to be planned with (``Decision.replan_acceptance``), compared in
+            place of the plan's until the plan changes: a re-plan that kept the plan
+            (or found none) is not asked again until the acceptance moves on.
     """
 
     replicas: int
@@ -196,6 +208,8 @@ class ControllerState:
     traffic: Traffic | None = None
     started_s: float | None = None
     lulls: Lulls = Lulls()
+    engines_mixed: bool = False
+    replanned_acceptance: float | None = None
 
 
 def traffic_in_use(state: ControllerState, config: ControllerConfig) -> Traffic:
@@ -238,6 +252,9 @@ class Decision:
         speculative_config: the --speculative-config the pods are to run from now on
             ("": none; a rollout, as a new batch cap), None: unchanged.
         speculation_why: why speculative_config changed ("" when it did not).
+        replan_acceptance: plan the whole target again with this measured per-token
+            acceptance, as with spec.workload.acceptanceRate set to it (the GPUs, TP
+            and drafts may change: a rollout), None: no need.
     """
 
     replicas: int
@@ -254,6 +271,7 @@ class Decision:
     usd_per_hour: float | None = field(default=None, kw_only=True)
     speculative_config: str | None = field(default=None, kw_only=True)
     speculation_why: str = field(default="", kw_only=True)
+    replan_acceptance: float | None = field(default=None, kw_only=True)
 
     @property
     def changed(self) -> bool:
@@ -347,9 +365,23 @@ def decide(
     elif rollout is not None:
         (replicas, why), cause = rollout, Cause.CALIBRATION
         wanted, limited = replicas, rolled
-    respec = None
-    if cap == state.max_num_seqs and held is None and not sole_pod_would_go(limited, upper):
-        respec = _respeculation(state, obs, now_s, steady, config)
+    respec, replan = None, None
+    if (
+        cap == state.max_num_seqs
+        and held is None
+        and not sole_pod_would_go(limited, upper)
+        and _may_roll_out(state, now_s, steady, config)
+    ):
+        replan = _replan_acceptance(state, config)
+        if replan is None:
+            respec = _respeculation(state, obs, config)
+    if replan is not None:  # the cooldown covers the rollout it may start
+        cap_at, cause = now_s, Cause.ACCEPTANCE
+        cap_why = (
+            f"drafts are accepted at {replan:.2f} per token, more than "
+            f"{traffic_mod.ACCEPTANCE_DIFFERS_BY:g} from the acceptance planned with: the "
+            "target is planned again with it"
+        )
     if respec is not None:  # a rollout as a new cap's: the cooldown covers both
         cap_why, cap_at, cause = respec.why, now_s, Cause.ACCEPTANCE
     new_state = ControllerState(
@@ -368,6 +400,8 @@ def decide(
         traffic=state.traffic,
         started_s=now_s if state.started_s is None else state.started_s,
         lulls=lulls.moved(state.replicas, limited, now_s, window[0]),
+        engines_mixed=state.engines_mixed and obs.outdated_replicas > 0,
+        replanned_acceptance=state.replanned_acceptance if replan is None else replan,
     )
     return Decision(
         replicas=limited,
@@ -388,6 +422,7 @@ def decide(
         usd_per_hour=config.price.usd_per_hour(limited),
         speculative_config=None if respec is None else respec.config,
         speculation_why="" if respec is None else respec.why,
+        replan_acceptance=replan,
     )
 
 
@@ -418,6 +453,8 @@ def calibrate(state: ControllerState, obs: Observation, config: ControllerConfig
     cal = state.calibration
     if not obs.step_ms.ok or obs.ready_replicas <= 0:
         return cal
+    if state.engines_mixed and obs.outdated_replicas > 0:
+        return cal  # the window's steps are partly the previous engine's
     if obs.step_batch.ok:
         batch = obs.step_batch.value
     elif obs.running.ok:
@@ -869,36 +906,58 @@ def _choose_cap(
     return new, f"max_num_seqs {cur} -> {new}: {why}", now_s
 
 
+def _replan_acceptance(state: ControllerState, config: ControllerConfig) -> float | None:
+    """The measured acceptance to plan the target again with, where it is more than
+    ``ACCEPTANCE_DIFFERS_BY`` from the one the running plan was made with."""
+    planned = config.planned_acceptance
+    if planned is not None and state.replanned_acceptance is not None:
+        planned = state.replanned_acceptance
+    acceptance = None if state.traffic is None else state.traffic.acceptance
+    if planned is None or acceptance is None:
+        return None
+    if abs(acceptance - planned) <= traffic_mod.ACCEPTANCE_DIFFERS_BY + 1e-9:
+        return None
+    return acceptance
+
+
 def _respeculation(
-    state: ControllerState, obs: Observation, now_s: float, steady: bool, config: ControllerConfig
+    state: ControllerState, obs: Observation, config: ControllerConfig
 ) -> Respeculation | None:
     """Speculative decoding planned again at the drafts' measured acceptance
-    (``Planner.respeculate``): only in a steady fleet watched for a few windows (a
-    settled step-time factor), after the cooldown since the last rollout, and with a
-    measured acceptance and a running batch to judge it at."""
+    (``Planner.respeculate``), with a running batch to judge it at."""
     acceptance = None if state.traffic is None else state.traffic.acceptance
     batch = _pods_batch(obs)
-    if not steady or acceptance is None or batch <= 0.0:
-        return None
-    if not state.calibration.settled(config.calibration):
-        return None  # as for a new cap: not on the first windows a controller watched
-    last = state.last_cap_change_s
-    if last is not None and now_s - last < config.cap_cooldown_s:
+    if acceptance is None or batch <= 0.0:
         return None
     return config.planner.respeculate(acceptance, batch, traffic_in_use(state, config))
 
 
+def _may_roll_out(
+    state: ControllerState, now_s: float, steady: bool, config: ControllerConfig
+) -> bool:
+    """Whether the drafts or the plan may change now, which restarts every pod: only
+    in a steady fleet watched for a few windows (a settled step-time factor, as for a
+    new batch cap) and after the cooldown since the last rollout."""
+    if not steady or not state.calibration.settled(config.calibration):
+        return False
+    last = state.last_cap_change_s
+    return last is None or now_s - last >= config.cap_cooldown_s
+
+
 def carried_over(state: ControllerState) -> ControllerState:
-    """What the loop keeps when the pods' engine changes (a new speculative config):
-    the step-time factor with its weight and the latency trim, which describe the
-    GPUs and the traffic; the history starts over, so no scale-down for a window, and
-    the new rollout's cooldown with it."""
+    """What the loop keeps when the pods' engine changes (new drafts, a re-planned
+    shape): the step-time factor with its weight and the latency trim, which describe
+    the model's error and the traffic; the history starts over, so no scale-down for a
+    window, and the new rollout's cooldown with it. The factor then waits for the
+    previous engine's pods to go (``engines_mixed``): a TP8 pod's short steps read
+    against a TP2 prediction halved it and scaled the fleet down mid-rollout."""
     fresh = initial_state(state.replicas, state.max_num_seqs)
     return replace(
         fresh,
         calibration=state.calibration,
         trim=state.trim,
         last_cap_change_s=state.last_cap_change_s,
+        engines_mixed=True,
     )
 
 

@@ -29,7 +29,7 @@ from rooftop_planner import speculative
 from rooftop_planner.batching import EngineLimits, predict_continuous
 from rooftop_planner.bursts import burst_rate
 from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog, ModelSpec, load_catalog
-from rooftop_planner.drafters import drafters_for
+from rooftop_planner.drafters import drafters_for, planned_acceptance
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.perf import EngineShape
 from rooftop_planner.plan import Plan
@@ -156,6 +156,7 @@ class PlanTargetPlanner:
             efficiency=eff,
         )
         self.speculation = _running_speculation(spec, plan, model, self.catalog)
+        self.planned_acceptance = plan_acceptance(spec, plan)
         # the running drafter at each measured acceptance (on its grid: a few)
         self._measured: dict[float, speculative.Speculation] = {}
         self._cache: OrderedDict[_Key, tuple[Sizing, ...]] = OrderedDict()
@@ -532,6 +533,18 @@ def _running_speculation(
         drafters_for(spec, model),
     )
     return found[0] if found else None
+
+
+def plan_acceptance(spec: ServingTargetSpec, plan: Plan) -> float | None:
+    """The per-token acceptance ``plan``'s drafts were planned at: the one the loop
+    measured and planned again with, else the spec's or the drafter's published one
+    (None: the plan does not speculate)."""
+    method = _running_method(plan)
+    if method is None:
+        return None
+    if plan.measured_acceptance is not None:
+        return plan.measured_acceptance
+    return planned_acceptance(spec, method[0].value)
 
 
 def _running_method(plan: Plan) -> list[SpeculativeMethod] | None:

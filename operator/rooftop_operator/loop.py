@@ -50,7 +50,12 @@ from rooftop_control import control, signals
 from rooftop_control.calibration import CalibrationConfig, TrimConfig, clamp
 from rooftop_control.defaults import SERVED_RANGE_S
 from rooftop_control.readings import SIGNALS, MetricState, Observation, Reading
-from rooftop_control.sizing import FleetPlanner, PlanTargetPlanner, fleet_planner
+from rooftop_control.sizing import (
+    FleetPlanner,
+    PlanTargetPlanner,
+    fleet_planner,
+    plan_acceptance,
+)
 from rooftop_control.traffic import Lengths, Traffic
 from rooftop_operator import children, metrics_client, readiness, reconcile
 from rooftop_operator.builders import UnsupportedPlan, deployment_name, engine_deployment_names
@@ -660,6 +665,8 @@ def _memory(
             state,
             trim=resumed(observed.latency_trim, TrimConfig()),
             calibration=replace(state.calibration, samples=samples),
+            # a new engine rolls out over the previous one's pods (``carried_over``)
+            engines_mixed=mem is not None,
         )
         startup = children.pod_lifecycle(catalog, spec, plan).startup_s
         price = fleet_price(spec, catalog, plan)
@@ -808,6 +815,15 @@ def _apply(
         return status_update(fresh, d, obs, plan, now, window_s, spread, applied).stored()
 
     rt.kube.update_status(ref.namespace, ref.name, mutate, seen=body)
+
+
+def replan(rt: Runtime, body: Mapping[str, Any], d: control.Decision) -> None:
+    """Plan the target again with the acceptance its drafts were measured at, as with
+    spec.workload.acceptanceRate set to it (``reconcile``: a plan of another shape
+    rolls out, a PlanChanged event says what; the plan keeps the acceptance, so an
+    operator restart plans with it again). Blocking: run in a thread."""
+    rt.emit(body, "Normal", "Replanned", d.reason)
+    reconcile.reconcile(rt, body, cause=reconcile.ACCEPTANCE, acceptance=d.replan_acceptance)
 
 
 def _writes(
@@ -971,6 +987,8 @@ async def feedback(
         startup_s=startup_s,
         metrics_window_s=settings.window_s,
         scale_down_window_s=scale_down_s,
+        # read from the plan each tick: a re-plan that kept the shape changes only it
+        planned_acceptance=plan_acceptance(spec, plan),
     )
     pods = (ready, pending, outdated_pods(deps))
     obs, errors = await _observe(rt.loop.fleet, settings, spec, ref, pods)
@@ -984,6 +1002,14 @@ async def feedback(
     d = explain_unavailable(d, errors, settings.prometheus_url, hint)
     before, mem.state = mem.state, d.state
     _record(rt, ref, d, obs)
+    if d.replan_acceptance is not None:  # reconcile plans and writes it, not this tick
+        try:
+            await asyncio.to_thread(replan, rt, dict(body), d)
+        except KubeError as err:
+            health.failed(err, f"{ref.namespace}/{ref.name}")
+            return
+        health.answered()
+        return
     spread = rt.loop.spread(ref.uid, settings.window_s)
     noise = spread.noise()  # judged before this tick's figures join it
     spread.add(_figures(observed_status(d, obs, "")), time.monotonic())

@@ -132,28 +132,50 @@ def reconcile(
     step_time_scale: float = 1.0,
     requests_per_second: float | None = None,
     cause: str = "spec_change",
+    acceptance: float | None = None,
 ) -> str:
     """One pass for one target; returns the result recorded in metrics (``success``,
     ``skipped`` for invalid/infeasible targets), or ``WAITING_FOR_NODES`` when only GPU
-    nodes the cluster lacks could serve it (``replan_waiting`` then plans it again)."""
+    nodes the cluster lacks could serve it (``replan_waiting`` then plans it again).
+
+    ``acceptance``: the per-token draft acceptance the feedback loop measured, planned
+    with in place of the spec's (and kept in ``status.plan.measuredAcceptance``, which a
+    later pass of the same spec generation plans with again)."""
     ref = TargetRef.from_body(body)
     try:
         spec = with_default(parse_spec(body.get("spec") or {}), rt.config.default_pricing)
     except SpecError as err:
         _invalid(rt, body, ref, err)
         return "skipped"
+    if acceptance is None:
+        acceptance = resumed_acceptance(body)
+    planning = (step_time_scale, requests_per_second, cause, acceptance)
     if not counts_gpus(rt, spec):
-        return _plan_and_deploy(
-            rt, body, ref, spec, None, step_time_scale, requests_per_second, cause
-        )
+        return _plan_and_deploy(rt, body, ref, spec, None, planning)
     # One target at a time from reading the free GPUs to applying its Deployment, so
     # the next one planned reads that Deployment's replicas (``held_gpus``) and never
     # counts the same free GPUs twice.
     with rt.inventory_lock:
         counted = gpu_inventory(rt, spec, ref)
-        return _plan_and_deploy(
-            rt, body, ref, spec, counted, step_time_scale, requests_per_second, cause
-        )
+        return _plan_and_deploy(rt, body, ref, spec, counted, planning)
+
+
+def resumed_acceptance(body: Mapping[str, Any]) -> float | None:
+    """The acceptance the loop measured and planned the current spec generation with
+    (``status.plan.measuredAcceptance``), None after an edit or where it never did:
+    an operator restart re-plans the same spec, and must not undo the loop's plan."""
+    if not _same_generation(body):
+        return None
+    plan = stored_plan(ServingTargetStatus.read(body.get("status")))
+    return None if plan is None else plan.measured_acceptance
+
+
+def _with_acceptance(spec: ServingTargetSpec, acceptance: float | None) -> ServingTargetSpec:
+    """``spec`` planned with a measured draft acceptance (None: as written)."""
+    if acceptance is None:
+        return spec
+    workload = spec.workload.model_copy(update={"acceptance_rate": acceptance})
+    return spec.model_copy(update={"workload": workload})
 
 
 def _plan_and_deploy(
@@ -162,15 +184,15 @@ def _plan_and_deploy(
     ref: TargetRef,
     spec: ServingTargetSpec,
     counted: GpuInventory | None,
-    step_time_scale: float,
-    requests_per_second: float | None,
-    cause: str,
+    planning: tuple[float, float | None, str, float | None],
 ) -> str:
-    """Plan (for the ``counted`` GPUs, when given) and deploy or say why not."""
+    """Plan (for the ``counted`` GPUs, when given; ``planning``: the step-time factor,
+    rate, cause and measured acceptance, see ``reconcile``) and deploy or say why not."""
+    step_time_scale, requests_per_second, cause, acceptance = planning
     inventory = {} if counted is None else {"gpu_inventory": counted}
     try:
         result = rt.plan(
-            spec,
+            _with_acceptance(spec, acceptance),
             catalog=rt.catalog,
             step_time_scale=step_time_scale,
             requests_per_second=requests_per_second,
@@ -186,6 +208,8 @@ def _plan_and_deploy(
         _infeasible(rt, body, ref, spec, result)
         return WAITING_FOR_NODES if result.beyond_inventory else "skipped"
     advice = "" if result.mixed is None else explain.mixed(result.mixed, result.plan)
+    if acceptance is not None:
+        plan = replace(plan, measured_acceptance=acceptance)
     _deploy(rt, body, ref, spec, plan, cause, counted, advice)
     return "success"
 
@@ -261,7 +285,8 @@ def _deploy(
     fleet, said in the Feasible condition)."""
     old_plan = stored_plan(ServingTargetStatus.read(body.get("status")))
     if cause != "spec_change" or _same_generation(body):
-        plan = keep_loop_scale(plan, old_plan)
+        # a re-plan with the measured acceptance chooses the drafts itself
+        plan = keep_loop_scale(plan, old_plan, keep_drafts=cause != ACCEPTANCE)
     try:
         apply_children(rt, ref, spec, plan, inventory)
     except (builders.UnsupportedPlan, ChildConflict) as err:
@@ -332,13 +357,17 @@ def _not_deployed(
         rt.emit(body, "Warning", reason, message[:1000])
 
 
+# The cause of a re-plan the feedback loop asks for with the acceptance it measured.
+ACCEPTANCE = "acceptance"
+
+
 def _same_generation(body: Mapping[str, Any]) -> bool:
     """Whether status was written for the current spec (a resume, not an edit)."""
     seen = ServingTargetStatus.read(body.get("status")).observed_generation
     return seen is not None and seen == (body.get("metadata") or {}).get("generation")
 
 
-def keep_loop_scale(plan: Plan, old_plan: Plan | None) -> Plan:
+def keep_loop_scale(plan: Plan, old_plan: Plan | None, keep_drafts: bool = True) -> Plan:
     """``plan`` with the replicas and batch cap the feedback loop last chose.
 
     Why: the planner sizes for the spec's expected rate, the loop for the observed one.
@@ -346,10 +375,13 @@ def keep_loop_scale(plan: Plan, old_plan: Plan | None) -> Plan:
     spec; resetting to the planned size would undo the loop's last decision, e.g. drop
     the replicas a load spike needed. Kept only when the engine shape (GPU, TP, dtypes,
     context) is unchanged: a new shape is a new operating curve and starts from its plan.
+    The drafts the loop chose from the acceptance it measured (``_loop_drafts``) are
+    kept too, unless ``keep_drafts`` is False (a re-plan with that acceptance, which
+    chooses them).
     """
     if old_plan is None:
         return plan
-    if old_plan.shape != plan.shape and _loop_drafts(plan, old_plan):
+    if keep_drafts and old_plan.shape != plan.shape and _loop_drafts(plan, old_plan):
         # the loop re-planned speculation from the acceptance it measured: the same
         # spec planned again from its declared acceptance must not undo that
         plan = replace(plan, speculative_config=old_plan.speculative_config, speculative_note="")

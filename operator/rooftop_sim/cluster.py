@@ -39,8 +39,8 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -48,10 +48,12 @@ import numpy.typing as npt
 from rooftop_control import defaults
 from rooftop_control.readings import Observation
 from rooftop_planner.drafters import Drafter
-from rooftop_planner.pricing import ReplicaPrice
+from rooftop_planner.plan import Plan
+from rooftop_planner.pricing import PodsPrice, ReplicaPrice
 from rooftop_sim.engine.core import EngineConfig, EngineCore, Request, Speculation
 from rooftop_sim.engine.server import speculation_from
 from rooftop_sim.engine.truth import TruthModel
+from rooftop_sim.policies import RooftopPolicy
 from rooftop_sim.traces import PrefixBlocks
 from rooftop_sim.window import Gauges, MetricsWindow
 
@@ -106,6 +108,32 @@ class Replica:
     speculative_config: str = ""
     acceptance: float = 0.7
     drafter: Drafter | None = None  # spec.engine.drafter, where the catalog lists none
+
+    @classmethod
+    def of(
+        cls, model: str, plan: Plan, acceptance: float | None = None, drafter: Drafter | None = None
+    ) -> Replica:
+        """What one pod of ``plan`` runs, billed at the plan's cost per replica; its
+        drafts (if it speculates) accepted at ``acceptance`` (None: engine-sim's
+        default)."""
+        return cls(
+            model=model,
+            gpu=plan.gpu,
+            tp=plan.tp,
+            weight_dtype=plan.weight_dtype,
+            kv_dtype=plan.kv_dtype,
+            usd_per_replica_hour=plan.usd_per_replica_hour,
+            gpu_memory_utilization=plan.gpu_memory_utilization,
+            max_model_len=plan.max_model_len,
+            max_num_batched_tokens=plan.max_num_batched_tokens,
+            speculative_config=plan.speculative_config,
+            acceptance=cls.acceptance if acceptance is None else acceptance,
+            drafter=drafter,
+        )
+
+    def running(self, plan: Plan) -> Replica:
+        """This replica's model and drafts' truth running ``plan``'s engine."""
+        return Replica.of(self.model, plan, self.acceptance, self.drafter)
 
 
 @dataclass(frozen=True)
@@ -184,14 +212,6 @@ class Policy(Protocol):
         ...
 
 
-@runtime_checkable
-class Respeculating(Protocol):
-    """A policy that may change the pods' --speculative-config (the operator's loop,
-    ``control.Decision.speculative_config``): read after each ``decide``."""
-
-    speculative_config: str | None  # what its pods are to run ("": none); None: as started
-
-
 @dataclass
 class Pod:
     """One engine pod and its lifecycle."""
@@ -205,7 +225,7 @@ class Pod:
     busy: bool = False
     prefilling: list[Request] = field(default_factory=list)
     pool: FixedPool | None = None  # a mixed fleet's fixed pool; None: the policy's
-    drafts: str = ""  # the --speculative-config it runs
+    template: int = 0  # the policy's pod template it was started from (``Cluster.templates``)
 
 
 @dataclass(frozen=True)
@@ -249,8 +269,10 @@ class SimResult:
     fixed_pod_seconds: float = 0.0
     fixed_gpu_hours: float = 0.0
     fixed_usd: float = 0.0
-    # the policy's pods' USD where they are priced together (``ClusterConfig.price``)
+    # the policy's pods' USD where they are priced together (``ClusterConfig.price``), and
+    # their GPU-hours where they ran several engines (the loop re-planned them)
     policy_usd: float | None = None
+    policy_gpu_hours: float | None = None
 
 
 class Cluster:
@@ -278,7 +300,10 @@ class Cluster:
         self.window = MetricsWindow(
             config.window_s, config.tpot_quantile, config.ttft_quantile, config.tpot_slo_ms
         )
-        self.replica = config.replica  # what the policy's new pods run
+        # What the policy's pods ran and what they cost, the newest last: a loop that
+        # changes the pods' drafts or plan (``policies.Reshape``) adds one.
+        self.templates: list[tuple[Replica, PodsPrice | None]] = [(config.replica, config.price)]
+        self.max_pods = config.max_pods
         self.kv_tokens = _kv_tokens(config.replica)
         self.rng = random.Random(config.seed)  # the balancer's picks
         self.pins: dict[int, Pod] = {}  # session key -> its pod
@@ -286,6 +311,7 @@ class Cluster:
     # ---- pods -------------------------------------------------------------------
     def _new_pod(self, now: float, ready: bool, pool: FixedPool | None = None) -> Pod:
         r, i = (self.replica if pool is None else pool.replica), len(self.pods)
+        template = len(self.templates) - 1 if pool is None else 0
         truth = TruthModel.for_deployment(
             r.model,
             r.gpu,
@@ -307,7 +333,7 @@ class Cluster:
             speculation,
         )
         engine = EngineCore(ecfg, truth)
-        pod = Pod(i, engine, ecfg.max_num_seqs, now, pool=pool, drafts=r.speculative_config)
+        pod = Pod(i, engine, ecfg.max_num_seqs, now, pool=pool, template=template)
         self.pods.append(pod)
         if ready or self.startup_s <= 0:
             pod.state = _SERVING
@@ -361,17 +387,27 @@ class Cluster:
             room -= 1
         self.serving = [p for p in self.pods if p.state == _SERVING]
 
-    def _current(self, pod: Pod) -> bool:
-        """Whether ``pod`` runs the policy's pod template: its batch cap and drafts."""
-        return pod.cap == self.cap and pod.drafts == self.replica.speculative_config
+    @property
+    def replica(self) -> Replica:
+        """What the policy's new pods run."""
+        return self.templates[-1][0]
 
-    def _respeculate(self, policy: Policy) -> None:
-        """Take the policy's new --speculative-config for the pods started from now on."""
-        if not isinstance(policy, Respeculating) or policy.speculative_config is None:
+    def _current(self, pod: Pod) -> bool:
+        """Whether ``pod`` runs the policy's pod template: its batch cap and engine."""
+        return pod.cap == self.cap and pod.template == len(self.templates) - 1
+
+    def _reshape(self, policy: Policy) -> None:
+        """Take what the policy's pods run from now on, where its loop changed it: the
+        pods started from then on run it, at its price; the others roll over."""
+        if not isinstance(policy, RooftopPolicy) or policy.reshape is None:
             return
-        if policy.speculative_config != self.replica.speculative_config:
-            self.replica = replace(self.replica, speculative_config=policy.speculative_config)
-            self.kv_tokens = _kv_tokens(self.replica)
+        reshape = policy.reshape
+        replica = self.replica.running(reshape.plan)
+        if (replica, reshape.price) == self.templates[-1]:
+            return
+        self.templates.append((replica, reshape.price))
+        self.kv_tokens = _kv_tokens(replica)
+        self.max_pods = reshape.max_pods
 
     def _split(self, wanted: int) -> list[int]:
         """The policy's pods, then each fixed pool's: ``spill``'s split of ``wanted``, or
@@ -392,10 +428,10 @@ class Cluster:
 
     def _room(self) -> int:
         """Pods that may still be created under ``max_pods``."""
-        if self.cfg.max_pods is None:
+        if self.max_pods is None:
             return 1 << 30
         billed = sum(p.state != _GONE and p.pool is None for p in self.pods)
-        return self.cfg.max_pods - billed
+        return self.max_pods - billed
 
     # ---- the event loop -----------------------------------------------------------
     def run(self, policy: Policy, progress: Callable[[float], None] | None = None) -> SimResult:
@@ -418,7 +454,7 @@ class Cluster:
             return max(min(end, horizon) - pod.created_s, 0.0)
 
         pod_s = sum(billed_s(p) for p in self.pods if p.pool is None)
-        spans = [(p.created_s, p.created_s + billed_s(p)) for p in self.pods if p.pool is None]
+        policy_usd, policy_gpu_hours = self._policy_bill(billed_s)
         fixed = [(billed_s(p), p.pool) for p in self.pods if p.pool is not None]
         fixed_usd = 0.0
         for pool in self.cfg.fixed_pools:
@@ -452,8 +488,23 @@ class Cluster:
             fixed_pod_seconds=sum(seconds for seconds, _ in fixed),
             fixed_gpu_hours=sum(sec * pool.replica.tp for sec, pool in fixed) / 3600.0,
             fixed_usd=fixed_usd,
-            policy_usd=None if self.cfg.price is None else _billed(spans, self.cfg.price),
+            policy_usd=policy_usd,
+            policy_gpu_hours=policy_gpu_hours,
         )
+
+    def _policy_bill(self, billed_s: Callable[[Pod], float]) -> tuple[float | None, float | None]:
+        """(USD, GPU-hours) of the policy's pods, each template's priced together (owned
+        GPUs first); (None, None) where one template at each pod's price is the bill
+        (``SimResult.usd_per_pod_hour``, ``gpus_per_pod``)."""
+        if len(self.templates) == 1 and self.cfg.price is None:
+            return None, None
+        usd = gpu_hours = 0.0
+        for index, (replica, price) in enumerate(self.templates):
+            mine = [p for p in self.pods if p.pool is None and p.template == index]
+            spans = [(p.created_s, p.created_s + billed_s(p)) for p in mine]
+            usd += _billed(spans, price or ReplicaPrice.flat(replica.usd_per_replica_hour))
+            gpu_hours += sum(billed_s(p) for p in mine) * replica.tp / 3600.0
+        return usd, (gpu_hours if len(self.templates) > 1 else None)
 
     def _reject(self, reason: str) -> None:
         self.rejected += 1
@@ -462,7 +513,8 @@ class Cluster:
     def _too_long(self, req: Request, pod: Pod) -> str:
         """Why ``pod``'s engine refused a request: vLLM answers 400 to one longer than
         its --max-model-len, and cannot serve one longer than its whole KV cache."""
-        limit = (self.cfg.replica if pod.pool is None else pod.pool.replica).max_model_len
+        replica = self.templates[pod.template][0] if pod.pool is None else pod.pool.replica
+        limit = replica.max_model_len
         if req.prompt_tokens + req.max_tokens > limit:
             return f"prompt + output longer than max-model-len {limit} (spec.engine.maxModelLen)"
         return "longer than the engine's whole KV cache"
@@ -605,7 +657,7 @@ class Cluster:
         span = min(self.cfg.window_s, now)
         obs = self.window.observe(now, (hi - lo) / span, gauges, outage)
         wanted, self.cap = policy.decide(now, obs)
-        self._respeculate(policy)
+        self._reshape(policy)
         self.desired, *sizes = self._split(wanted)
         for pool, size in zip(self.cfg.fixed_pools, sizes, strict=True):
             self._scale_pool(pool, size, now)
@@ -675,7 +727,7 @@ def _load(pod: Pod) -> int:
     return pod.engine.num_running + pod.engine.num_waiting
 
 
-def _billed(spans: Sequence[tuple[float, float]], price: ReplicaPrice) -> float:
+def _billed(spans: Sequence[tuple[float, float]], price: PodsPrice) -> float:
     """USD of pods alive over ``spans`` ([created, gone) s), priced together: while n pods
     are alive the fleet costs ``price.usd_per_hour(n)``, so owned GPUs go to whichever
     pods run, and only the pods beyond them pay on demand. ∫ price(n(t)) dt / 3600."""

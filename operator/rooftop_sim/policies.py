@@ -18,18 +18,23 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from rooftop_control.control import (
     ControllerConfig,
+    ControllerState,
     Decision,
     carried_over,
     clamp_replicas,
     decide,
     initial_state,
+    replica_limits,
 )
 from rooftop_control.readings import Observation
 from rooftop_control.sizing import PlanTargetPlanner
+from rooftop_planner.plan import Plan
+from rooftop_planner.pricing import PodsPrice, replica_price
 
 
 @dataclass
@@ -47,17 +52,43 @@ class FixedPolicy:
         return self.replicas, self.cap
 
 
+@dataclass(frozen=True)
+class Replanned:
+    """The target planned again (a plan of one GPU type) and the replicas of its shape
+    the free GPUs hold (None: not counted)."""
+
+    plan: Plan
+    inventory_replicas: int | None = None
+
+
+@dataclass(frozen=True)
+class Reshape:
+    """What the policy's pods run from now on, when the loop changed it: a plan of the
+    target (its shape; the loop scales it), what its replica counts cost and the most
+    pods the budget and limits allow at that price."""
+
+    plan: Plan
+    price: PodsPrice
+    max_pods: int
+
+
 @dataclass
 class RooftopPolicy:
-    """The operator's closed loop, driven by simulated scrapes."""
+    """The operator's closed loop, driven by simulated scrapes.
+
+    ``replanner`` plans the target again at a measured acceptance (the operator's
+    reconcile with it; None: the plan stays), ``reshape`` is what the pods run once the
+    loop changed their drafts or their plan (None: as started), which the cluster reads
+    after each decision.
+    """
 
     config: ControllerConfig
     replicas: int
     cap: int
     name: str = "rooftop"
     decisions: list[Decision] = field(default_factory=list)
-    # the --speculative-config the loop last chose for the pods (None: as planned)
-    speculative_config: str | None = None
+    replanner: Callable[[float], Replanned | None] | None = None
+    reshape: Reshape | None = None
 
     def __post_init__(self) -> None:
         self.state = initial_state(self.replicas, self.cap)
@@ -70,13 +101,47 @@ class RooftopPolicy:
         self.state = d.state
         self.decisions.append(d)
         planner = self.config.planner
-        if d.speculative_config is not None and isinstance(planner, PlanTargetPlanner):
-            # as the operator does once the pods' engine changed: a planner for it, and
-            # what the loop learned carried over (``loop._memory``)
-            self.speculative_config = d.speculative_config
-            self.config = replace(self.config, planner=planner.respeculated(d.speculative_config))
-            self.state = carried_over(self.state)
-        return d.replicas, d.max_num_seqs
+        if not isinstance(planner, PlanTargetPlanner):
+            return d.replicas, d.max_num_seqs
+        if d.replan_acceptance is not None and self.replanner is not None:
+            self._replanned(planner, d.replan_acceptance)
+        elif d.speculative_config is not None:
+            drafts = d.speculative_config
+            plan = replace(planner.plan, speculative_config=drafts, speculative_note="")
+            self._run(plan, planner.respeculated(drafts), self.config.price, self.state)
+        return self.state.replicas, self.state.max_num_seqs
+
+    def _replanned(self, planner: PlanTargetPlanner, acceptance: float) -> None:
+        """As the operator's reconcile with the measured ``acceptance``: a plan of another
+        shape is deployed at its own replicas and batch cap; the same shape (or none
+        found) keeps running, planned at it from now on."""
+        found = None if self.replanner is None else self.replanner(acceptance)
+        if found is None or found.plan.shape == planner.plan.shape:
+            self.config = replace(self.config, planned_acceptance=acceptance)
+            return
+        plan = replace(found.plan, measured_acceptance=acceptance)
+        spec = planner.written
+        price = replica_price(spec, planner.catalog, plan.gpu, plan.tp)
+        self.config = replace(self.config, inventory_replicas=found.inventory_replicas)
+        lower, upper = replica_limits(replace(self.config, price=price))
+        state = replace(
+            self.state,
+            replicas=clamp_replicas(plan.replicas, lower, upper),
+            max_num_seqs=plan.max_num_seqs,
+        )
+        self._run(plan, PlanTargetPlanner(spec, plan, planner.catalog), price, state)
+
+    def _run(
+        self, plan: Plan, planner: PlanTargetPlanner, price: PodsPrice, state: ControllerState
+    ) -> None:
+        """Pods of ``plan`` from now on, as the operator does once the pods' engine
+        changed: a planner for it, and what the loop learned carried over
+        (``loop._memory``)."""
+        self.config = replace(
+            self.config, planner=planner, price=price, planned_acceptance=planner.planned_acceptance
+        )
+        self.state = carried_over(state)
+        self.reshape = Reshape(plan, price, replica_limits(self.config)[1])
 
 
 @dataclass

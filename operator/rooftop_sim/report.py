@@ -106,7 +106,8 @@ def cost(res: SimResult) -> tuple[float, float]:
     mixed fleet's fixed pools included)."""
     hours = res.pod_seconds / 3600.0
     usd = hours * res.usd_per_pod_hour if res.policy_usd is None else res.policy_usd
-    return hours * res.gpus_per_pod + res.fixed_gpu_hours, usd + res.fixed_usd
+    gpu_hours = hours * res.gpus_per_pod if res.policy_gpu_hours is None else res.policy_gpu_hours
+    return gpu_hours + res.fixed_gpu_hours, usd + res.fixed_usd
 
 
 def replica_changes(res: SimResult) -> list[tuple[float, int]]:

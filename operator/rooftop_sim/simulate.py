@@ -79,6 +79,7 @@ from rooftop_sim.oracle import OracleConfig, oracle_policy, static_fit
 from rooftop_sim.policies import (
     FixedPolicy,
     QueueThresholdPolicy,
+    Replanned,
     RooftopPolicy,
     SchedulePolicy,
 )
@@ -131,6 +132,7 @@ class SimScenario:
     mixed: MixedFleet | None = None  # the planner's cheaper fleet of several GPU types
     # the replicas of the plan's shape the free GPUs hold (``--nodes``); None: uncounted
     inventory_replicas: int | None = None
+    gpu_inventory: GpuInventory | None = None  # the free GPUs (``--nodes``), for re-plans
 
     @property
     def usd_per_replica_hour(self) -> float:
@@ -224,22 +226,8 @@ def nodes_inventory(path: str, target: Any) -> GpuInventory:
 def replica_of(
     model: str, plan: Plan, acceptance: float | None = None, drafter: Drafter | None = None
 ) -> Replica:
-    """What one pod of ``plan`` runs, billed at the plan's cost per replica; its drafts
-    (if it speculates) accepted at ``acceptance`` (None: engine-sim's default)."""
-    return Replica(
-        model=model,
-        gpu=plan.gpu,
-        tp=plan.tp,
-        weight_dtype=plan.weight_dtype,
-        kv_dtype=plan.kv_dtype,
-        usd_per_replica_hour=plan.usd_per_replica_hour,
-        gpu_memory_utilization=plan.gpu_memory_utilization,
-        max_model_len=plan.max_model_len,
-        max_num_batched_tokens=plan.max_num_batched_tokens,
-        speculative_config=plan.speculative_config,
-        acceptance=Replica.acceptance if acceptance is None else acceptance,
-        drafter=drafter,
-    )
+    """What one pod of ``plan`` runs (``Replica.of``)."""
+    return Replica.of(model, plan, acceptance, drafter)
 
 
 def drafting(
@@ -295,6 +283,7 @@ def scenario(
         slo=slo,
         mixed=result.mixed,
         inventory_replicas=fit,
+        gpu_inventory=gpu_inventory,
     )
     # the budget, maxReplicas and the free GPUs bound the pods every policy may run
     # (billed pods: starting and draining ones included)
@@ -461,12 +450,33 @@ def _rooftop(
         metrics_window_s=scn.sim.window_s,
         **{"inventory_replicas": scn.inventory_replicas, **controller},
     )
+    cfg = replace(cfg, planned_acceptance=scn.planner.planned_acceptance)
     first = scn.planner.size(head_rate * prior.trim, prior.factor)
-    policy = RooftopPolicy(cfg, control.clamp_replicas(first.replicas, *limits), first.max_num_seqs)
+    start = control.clamp_replicas(first.replicas, *limits)
+    policy = RooftopPolicy(cfg, start, first.max_num_seqs, replanner=_replanner(scn))
     if prior != Prior():
         settled = Calibration(prior.factor, cfg.calibration.settled_samples)
         policy.state = replace(policy.state, calibration=settled, trim=prior.trim)
     return policy
+
+
+def _replanner(scn: SimScenario) -> Callable[[float], Replanned | None]:
+    """The target planned again with a measured per-token acceptance, as the operator's
+    reconcile does (the spec's rate, within the free GPUs where counted); None where no
+    plan of one GPU type is found."""
+    from rooftop_planner.search import plan_target
+
+    def replan(acceptance: float) -> Replanned | None:
+        workload = scn.spec.workload.model_copy(update={"acceptance_rate": acceptance})
+        spec = scn.spec.model_copy(update={"workload": workload})
+        plan = plan_target(spec, gpu_inventory=scn.gpu_inventory).deployed
+        if plan is None or plan.pools:
+            return None
+        counted = scn.gpu_inventory
+        fit = None if counted is None else counted.replicas_fit(plan.gpu, plan.tp)
+        return Replanned(plan, fit)
+
+    return replan
 
 
 def _oracle(

@@ -838,6 +838,14 @@ class _EngineStatus(_Model):
         description="vLLM --speculative-config: the drafter and the draft length per batch "
         "size (absent: no speculative decoding).",
     )
+    measured_acceptance: float | None = Field(
+        default=None,
+        gt=0,
+        le=0.99,
+        description="The per-token draft acceptance the feedback loop measured and planned "
+        "the target again with (absent: spec.workload.acceptanceRate, or the drafter's "
+        "published figure).",
+    )
     session_affinity: Literal["ClientIP"] | None = Field(
         default=None,
         description="The Service's sessionAffinity, where the planner chose it: it keeps "

@@ -78,6 +78,10 @@ ENGINE_FIELDS_TRANSLATED: Final = (
     "session_affinity",  # the Service's sessionAffinity
     "pools",  # one Deployment each
 )
+# What the plan was made from beyond the spec: the acceptance the feedback loop measured
+# and planned the target again with (it must survive an operator restart, which plans
+# the same spec again).
+INPUT_FIELDS: Final = ("measured_acceptance",)
 OUTCOME_FIELDS: Final = (
     "prefix_hit_ratio",
     "tpot_ms",
@@ -135,6 +139,9 @@ class Plan:
     # vLLM's --speculative-config JSON ("" for none: ``speculative.planned``) and its words
     speculative_config: str = ""
     speculative_note: str = ""
+    # the per-token acceptance the loop measured and planned this plan at (None: the
+    # spec's acceptanceRate or the drafter's published one, where it speculates)
+    measured_acceptance: float | None = None
     # A fleet of several GPU types (``fleet.MixedFleet.plan``): each pool's own plan at
     # its replicas. The plan's own fields are then the pool that sizes the fleet (the
     # least capacity per pod) at the fleet's pod count, cost and worst latencies.
@@ -238,6 +245,7 @@ class Plan:
             checkpoint=self.checkpoint or None,
             session_affinity=self.session_affinity or None,
             speculative_config=self.speculative_config or None,
+            measured_acceptance=self.measured_acceptance,
             usd_per_hour=round(self.usd_per_hour, 3),
             predicted=PredictedLatency(
                 tpot_ms=round(self.tpot_ms, 2),
@@ -287,6 +295,7 @@ class Plan:
             checkpoint=stored.checkpoint or "",
             session_affinity=stored.session_affinity or "",
             speculative_config=stored.speculative_config or "",
+            measured_acceptance=stored.measured_acceptance,
             prefix_hit_ratio=stored.predicted.prefix_hit_ratio or 0.0,
             pools=tuple(cls.from_status(pool) for pool in getattr(stored, "pools", None) or ()),
         )

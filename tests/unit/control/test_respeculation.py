@@ -23,7 +23,7 @@ from rooftop_control.traffic import Traffic
 from rooftop_planner import speculative
 from rooftop_planner.pricing import ReplicaPrice
 from rooftop_planner.search import plan_target
-from rooftop_sim import simulate
+from rooftop_sim import policies, simulate
 from rooftop_sim.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -173,6 +173,33 @@ def test_the_drafts_wait_for_a_steady_fleet(unsteady: str) -> None:
     assert d.speculative_config is None and d.cause is not control.Cause.ACCEPTANCE
 
 
+def test_an_acceptance_far_from_the_plans_plans_the_target_again() -> None:
+    """Planned at 0.7, measured at 0.9: more than 0.1 apart, the whole target is planned
+    again with it (GPUs, TP, drafts), in place of re-planning the drafts alone; asked
+    once, not again while the acceptance stays there (the drafts alone are weighed
+    then), and again once it moves on."""
+    planner = Drafting(None, [])
+    state, obs, cfg = steady(planner, 0.9)
+    cfg = replace(cfg, planned_acceptance=0.7)
+    d = control.decide(state, obs, NOW, cfg)
+    assert d.replan_acceptance == pytest.approx(0.9) and d.speculative_config is None
+    assert d.cause is control.Cause.ACCEPTANCE and planner.asked == []
+    assert "accepted at 0.90 per token" in d.reason and d.state.last_cap_change_s == NOW
+    later = NOW + cfg.cap_cooldown_s + 60.0
+    again = control.decide(d.state, obs, later, cfg)
+    assert again.replan_acceptance is None  # the re-plan kept the plan: not asked again
+    assert planner.asked == [pytest.approx(0.9)]
+    moved = replace(again.state, traffic=replace(again.state.traffic, acceptance=0.4))
+    assert control.decide(moved, obs, later + 60.0, cfg).replan_acceptance == pytest.approx(0.4)
+
+
+def test_within_a_tenth_of_the_plans_acceptance_only_the_drafts_are_weighed() -> None:
+    planner = Drafting(None, [])
+    state, obs, cfg = steady(planner, 0.78)
+    d = control.decide(state, obs, NOW, replace(cfg, planned_acceptance=0.7))
+    assert d.replan_acceptance is None and planner.asked == [pytest.approx(0.78)]
+
+
 def test_what_the_loop_learned_is_carried_over_to_the_new_drafts() -> None:
     state, obs, cfg = steady(Drafting(OFF, []))
     state = replace(state, trim=1.3, calibration=Calibration(1.2, 40), last_cap_change_s=NOW)
@@ -184,24 +211,50 @@ def test_what_the_loop_learned_is_carried_over_to_the_new_drafts() -> None:
 # ---------------------------------------------------------------- the simulated cluster
 
 
-def test_the_simulated_loop_turns_off_drafts_that_no_longer_pay() -> None:
-    """Drafts truly accepted at 0.3, planned at 0.7: the loop measures it, plans no
-    drafting at the running batch, and the cluster's pods started from then on run the
-    new --speculative-config; the SLO's p90 holds."""
+def test_the_simulated_loop_replans_drafts_that_no_longer_pay() -> None:
+    """Drafts truly accepted at 0.3, planned at 0.7: the loop measures it and plans the
+    target again with it, which no longer speculates; the pods started from then on run
+    the new plan, the earlier ones roll over, and the SLO's p90 holds."""
     workload = simulate.workload_from_trace(str(EXCERPT))
     scn = simulate.scenario(SPEC, workload, acceptance=0.3, seed=0)
     policy, _ = simulate.make_policy(scn, "rooftop")
     cluster = Cluster(scn.workload, simulate.cluster_config(scn, "rooftop"))
     result = cluster.run(policy)
-    chosen = [d for d in policy.decisions if d.speculative_config is not None]
-    assert len(chosen) == 1, [d.reason for d in chosen]
-    new = chosen[0].speculative_config
-    assert new is not None and new != scn.plan.speculative_config
-    assert "accepted at 0.30 per token: speculation off at this batch" in (
-        chosen[0].speculation_why
-    )
-    assert cluster.replica.speculative_config == new
-    started_after = [p for p in cluster.pods if p.created_s > chosen[0].state.last_cap_change_s - 1]
-    assert started_after and all(p.drafts == new for p in started_after)
+    asked = [d for d in policy.decisions if d.replan_acceptance is not None]
+    assert [d.replan_acceptance for d in asked] == [pytest.approx(0.3)]
+    assert policy.reshape is not None and policy.reshape.plan.measured_acceptance == 0.3
+    assert scn.plan.speculative_config and not cluster.replica.speculative_config
+    assert len(cluster.templates) == 2
+    when = asked[0].state.last_cap_change_s
+    assert when is not None
+    started_after = [p for p in cluster.pods if p.created_s > when]
+    assert started_after and all(p.template == 1 for p in started_after)
+    assert not any(p.template == 0 and p.gone_s is None for p in cluster.pods)  # rolled over
     within = simulate.summary(result, scn.slo, 1.0)["slo_attainment_tpot"]
     assert within >= 0.9
+
+
+def test_the_simulated_loop_rolls_its_pods_onto_new_drafts(
+    monkeypatch: pytest.MonkeyPatch, planner: PlanTargetPlanner
+) -> None:
+    """A decision with new drafts: the policy's pods run its plan with them from then
+    on, at the same price, with a planner for that engine."""
+    workload = simulate.workload_from_trace(str(EXCERPT))
+    scn = simulate.scenario(SPEC, workload, acceptance=0.7, seed=0)
+    policy, _ = simulate.make_policy(scn, "rooftop")
+    assert isinstance(policy, policies.RooftopPolicy)
+    decide = policies.decide
+
+    def drafts_off(*args: object, **kwargs: object) -> control.Decision:
+        d = decide(*args, **kwargs)  # type: ignore[arg-type]
+        return replace(d, speculative_config="", speculation_why="off")
+
+    monkeypatch.setattr(policies, "decide", drafts_off)
+    price = policy.config.price
+    policy.decide(60.0, Observation(ready_replicas=1))
+    assert policy.reshape is not None and policy.reshape.price is price
+    assert policy.reshape.plan.speculative_config == ""
+    assert policy.reshape.plan.shape[:2] == scn.plan.shape[:2]  # the same GPU and TP
+    new_planner = policy.config.planner
+    assert isinstance(new_planner, PlanTargetPlanner) and new_planner.speculation is None
+    assert policy.state.engines_mixed

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import yaml
-from operator_fakes import NS, Events, FakeKube, target_body
+from operator_fakes import NS, Events, FakeKube, FakePlanner, FakeResult, target_body
 
 from rooftop_api.spec import ServingTargetStatus
 from rooftop_control import control
@@ -19,7 +19,7 @@ from rooftop_control.calibration import Calibration
 from rooftop_control.readings import MetricState, Observation
 from rooftop_control.sizing import PlanTargetPlanner
 from rooftop_operator import loop
-from rooftop_operator.reconcile import keep_loop_scale
+from rooftop_operator.reconcile import keep_loop_scale, reconcile
 from rooftop_operator.runtime import Runtime
 from rooftop_operator.specs import TargetRef, parse_spec
 from rooftop_planner.catalog import load_catalog
@@ -136,3 +136,54 @@ def test_a_resume_keeps_the_loops_drafts(plan: Plan) -> None:
     # a plan without speculation gains none from an old one
     plain = replace(plan, speculative_config="")
     assert keep_loop_scale(plain, plan).speculative_config == ""
+
+
+# ---------------------------------------------------------------- the target re-planned
+
+
+class RecordingPlanner(FakePlanner):
+    """``FakePlanner``, keeping the acceptance each spec it planned said."""
+
+    def __init__(self, plan: Plan) -> None:
+        super().__init__(FakeResult(True, plan))
+        self.acceptances: list[float | None] = []
+
+    def __call__(self, spec: Any, **kwargs: Any) -> FakeResult:
+        self.acceptances.append(spec.workload.acceptance_rate)
+        return super().__call__(spec, **kwargs)
+
+
+def test_the_loop_replans_with_the_measured_acceptance_and_a_restart_keeps_it(
+    rt: Runtime, kube: FakeKube, events: Events, plan: Plan
+) -> None:
+    """The declared 0.7 deploys TP8; drafts measured at 0.9 plan a cheaper TP2 shape:
+    it rolls out, status.plan keeps 0.9, and an operator restart (the same spec
+    generation planned again) plans with 0.9 too; a spec edit starts from the spec."""
+    planner = RecordingPlanner(plan)
+    rt.plan = planner
+    body = target_body("fast-70b", DOC["spec"])
+    kube.add(body)
+    assert reconcile(rt, body) == "success"
+    smaller = replace(plan, tp=2, replicas=3, usd_per_hour=plan.usd_per_hour * 3 / 4)
+    planner.result = FakeResult(True, smaller)
+    d = replace(respeculated(""), speculative_config=None, replan_acceptance=0.9)
+    loop.replan(rt, latest(kube), d)
+    assert planner.acceptances == [0.7, 0.9]  # as declared, then as measured
+    assert events.reasons[-2:] == ["Replanned", "PlanChanged"]
+    stored = latest(kube)["status"]["plan"]
+    assert (stored["tp"], stored["measuredAcceptance"]) == (2, 0.9)
+    deployment = kube.get("apps/v1", "Deployment", NS, "fast-70b-engine")
+    assert deployment is not None and deployment["spec"]["replicas"] == 3
+    reconcile(rt, latest(kube))  # an operator restart
+    assert planner.acceptances[-1] == 0.9
+    assert latest(kube)["status"]["plan"]["measuredAcceptance"] == 0.9
+    edited = latest(kube)
+    edited["metadata"]["generation"] = 2
+    reconcile(rt, edited)
+    assert planner.acceptances[-1] == 0.7
+
+
+def latest(kube: FakeKube) -> dict[str, Any]:
+    found = kube.get_target(NS, "fast-70b")
+    assert found is not None
+    return found

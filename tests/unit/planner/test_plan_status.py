@@ -9,6 +9,7 @@ import json
 
 from rooftop_planner.plan import (
     ENGINE_FIELDS_TRANSLATED,
+    INPUT_FIELDS,
     NOT_IN_STATUS,
     OUTCOME_FIELDS,
     SCALE_FIELDS,
@@ -40,6 +41,7 @@ PLAN = Plan(
     max_num_batched_tokens=2048,
     speculative_config='{"method":"eagle3","model":"head","num_speculative_tokens":3}',
     speculative_note="speculative decoding with eagle3 ...",
+    measured_acceptance=0.62,
 )
 # A mixed fleet: the plan above sizes it, beside a pool of another GPU type. Its pools
 # keep what the plan keeps (the declared losses left at their defaults here).
@@ -81,12 +83,12 @@ def test_an_older_status_without_the_memory_share_reads_as_vllms_default() -> No
     assert Plan.from_status(stored).gpu_memory_utilization == 0.9
 
 
-def test_every_plan_field_is_shape_scale_or_outcome_once() -> None:
+def test_every_plan_field_is_shape_scale_input_or_outcome_once() -> None:
     """A field added to the plan must say whether it changes the engine (``shape``: a
     rollout, a PlanChanged event, the loop's memory starting over), is what the loop
-    scales, or follows from those; forgetting it fails here instead of a rollout the
-    loop's memory and events do not notice."""
-    declared = [*SHAPE_FIELDS, *SCALE_FIELDS, *OUTCOME_FIELDS]
+    scales, what the plan was made from, or follows from those; forgetting it fails
+    here instead of a rollout the loop's memory and events do not notice."""
+    declared = [*SHAPE_FIELDS, *SCALE_FIELDS, *INPUT_FIELDS, *OUTCOME_FIELDS]
     assert sorted(declared) == sorted(f.name for f in dataclasses.fields(Plan))
 
 
