@@ -416,22 +416,25 @@ def _acceptance_difference(observed: Traffic, prior: Traffic) -> list[str]:
     """Where speculative decoding's drafts are accepted at a per-token rate more than
     ``ACCEPTANCE_DIFFERS_BY`` from spec.workload.acceptanceRate (unset: the drafter's
     published figure is planned with, and the measured one is said). The loop sizes
-    replicas with the measured one; the plan's shape (whether and how far to draft,
-    the GPUs) follows the spec, so the fix is the spec's."""
+    replicas with the measured one and, beyond that difference, plans the target again
+    with it (``control.Decision.replan_acceptance``); the spec still says otherwise,
+    and ``rooftop plan`` or the next edit would start from it."""
     seen = observed.acceptance
     if seen is None:
         return []
+    fix = (
+        f"the loop plans with the measured one; set it to {seen:.2f} so that rooftop plan "
+        "and the next edit of the target start from it"
+    )
     stated = prior.acceptance
     if stated is None:
-        return [
-            f"drafts are accepted at {seen:.2f} per token; set spec.workload.acceptanceRate "
-            f"to {seen:.2f} to plan the drafter and the GPUs with it"
-        ]
+        unset = "spec.workload.acceptanceRate unset"
+        return [f"drafts are accepted at {seen:.2f} per token ({unset}): {fix}"]
     if abs(seen - stated) <= ACCEPTANCE_DIFFERS_BY:
         return []
     return [
         f"spec.workload.acceptanceRate is {stated:g} but drafts are accepted at {seen:.2f} "
-        f"per token: set it to {seen:.2f} to plan the drafter and the GPUs with it"
+        f"per token: {fix}"
     ]
 
 

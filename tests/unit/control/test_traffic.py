@@ -242,6 +242,7 @@ def test_an_acceptance_far_from_the_declared_one_names_the_field_and_the_figure(
     declared = replace(PRIOR, acceptance=0.7)
     low = traffic.update(declared, drafting(0.5 * (1 - 0.5**3) / 0.5, 3.0))
     (said,) = [d for d in traffic.differences(low, declared) if "acceptanceRate" in d]
-    assert "is 0.7 but drafts are accepted at 0.50 per token: set it to 0.50" in said
+    assert "is 0.7 but drafts are accepted at 0.50 per token: the loop plans" in said
+    assert "set it to 0.50 so that rooftop plan" in said
     close = traffic.update(declared, drafting(0.65 * (1 - 0.65**3) / 0.35, 3.0))
     assert not [d for d in traffic.differences(close, declared) if "acceptanceRate" in d]
