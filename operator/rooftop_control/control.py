@@ -251,7 +251,8 @@ class Decision:
         usd_per_hour: what ``replicas`` cost, USD/h (owned GPUs first); None: not priced.
         speculative_config: the --speculative-config the pods are to run from now on
             ("": none; a rollout, as a new batch cap), None: unchanged.
-        speculation_why: why speculative_config changed ("" when it did not).
+        speculation_why: why speculative_config changed or the target is planned again
+            ("" when neither).
         replan_acceptance: plan the whole target again with this measured per-token
             acceptance, as with spec.workload.acceptanceRate set to it (the GPUs, TP
             and drafts may change: a rollout), None: no need.
@@ -370,10 +371,13 @@ def decide(
         cap == state.max_num_seqs
         and held is None
         and not sole_pod_would_go(limited, upper)
-        and _may_roll_out(state, now_s, steady, config)
+        and _may_roll_out(state, obs, steady, config)
     ):
+        # a re-plan moves its acceptance on by a tenth each time: one is worth it at the
+        # end of a rollout, while new drafts (a few per cent either way) wait out the
+        # cooldown as a new batch cap does
         replan = _replan_acceptance(state, config)
-        if replan is None:
+        if replan is None and _cooled_down(state, now_s, config):
             respec = _respeculation(state, obs, config)
     if replan is not None:  # the cooldown covers the rollout it may start
         cap_at, cause = now_s, Cause.ACCEPTANCE
@@ -421,7 +425,7 @@ def decide(
         cause=_cause(state.replicas, limited, replicas, cause, held is not None),
         usd_per_hour=config.price.usd_per_hour(limited),
         speculative_config=None if respec is None else respec.config,
-        speculation_why="" if respec is None else respec.why,
+        speculation_why=cap_why if respec is not None or replan is not None else "",
         replan_acceptance=replan,
     )
 
@@ -933,13 +937,17 @@ def _respeculation(
 
 
 def _may_roll_out(
-    state: ControllerState, now_s: float, steady: bool, config: ControllerConfig
+    state: ControllerState, obs: Observation, steady: bool, config: ControllerConfig
 ) -> bool:
     """Whether the drafts or the plan may change now, which restarts every pod: only
     in a steady fleet watched for a few windows (a settled step-time factor, as for a
-    new batch cap) and after the cooldown since the last rollout."""
-    if not steady or not state.calibration.settled(config.calibration):
-        return False
+    new batch cap) with no rollout still replacing pods."""
+    settled = state.calibration.settled(config.calibration)
+    return steady and settled and obs.outdated_replicas == 0
+
+
+def _cooled_down(state: ControllerState, now_s: float, config: ControllerConfig) -> bool:
+    """Whether the cooldown since the last rollout is over."""
     last = state.last_cap_change_s
     return last is None or now_s - last >= config.cap_cooldown_s
 

@@ -528,6 +528,7 @@ def run(
     res.notes.extend(notes)
     if isinstance(policy, RooftopPolicy):
         res.notes.append(controller_note(policy))
+        res.notes.extend(engine_notes(policy))
     out = summary(res, scn.slo, scn.sim.reality_factor)
     priced = scn.mixed.usd_per_hour if name in MIXES and scn.mixed else scn.plan.usd_per_hour
     out["plan_usd_per_hour"] = round(priced, 4)
@@ -575,6 +576,23 @@ def controller_note(policy: RooftopPolicy) -> str:
         f"controller ended at step-time factor {st.calibration.factor:.2f}, latency "
         f"trim {st.trim:.2f}"
     )
+
+
+def engine_notes(policy: RooftopPolicy) -> list[str]:
+    """When and why the loop changed what its pods run (new drafts, a re-planned
+    target), and what they ran from then on."""
+    notes = []
+    for d in policy.decisions:
+        if d.replan_acceptance is None and d.speculative_config is None:
+            continue
+        at = d.state.last_cap_change_s or 0.0
+        what = "planned the target again" if d.replan_acceptance is not None else "new drafts"
+        notes.append(f"at minute {at / 60.0:.1f} the loop {what}: {d.speculation_why}")
+    if policy.reshape is not None:
+        plan = policy.reshape.plan
+        drafts = "with drafts" if plan.speculative_config else "without speculation"
+        notes.append(f"its pods then ran {plan.gpu} at TP{plan.tp} {drafts}")
+    return notes
 
 
 # ---------------------------------------------------------------- CLI

@@ -151,7 +151,14 @@ def test_a_steady_fleet_rolls_out_the_new_drafts() -> None:
 
 @pytest.mark.parametrize(
     "unsteady",
-    ["starting pod", "no acceptance measured", "rollout cooldown", "sole pod", "no batch"],
+    [
+        "starting pod",
+        "no acceptance measured",
+        "rollout cooldown",
+        "rollout running",
+        "sole pod",
+        "no batch",
+    ],
 )
 def test_the_drafts_wait_for_a_steady_fleet(unsteady: str) -> None:
     """A rollout restarts every pod: not while one starts, not without a measured
@@ -163,6 +170,8 @@ def test_the_drafts_wait_for_a_steady_fleet(unsteady: str) -> None:
         obs = replace(obs, pending_replicas=1)
     if unsteady == "rollout cooldown":
         state = replace(state, last_cap_change_s=NOW - 60.0)
+    if unsteady == "rollout running":
+        obs = replace(obs, outdated_replicas=1)
     if unsteady == "sole pod":
         cfg = replace(cfg, max_replicas=1, min_replicas=1)
         state = replace(state, replicas=1, ready_seen=1)
@@ -191,6 +200,18 @@ def test_an_acceptance_far_from_the_plans_plans_the_target_again() -> None:
     assert planner.asked == [pytest.approx(0.9)]
     moved = replace(again.state, traffic=replace(again.state.traffic, acceptance=0.4))
     assert control.decide(moved, obs, later + 60.0, cfg).replan_acceptance == pytest.approx(0.4)
+
+
+def test_a_replan_follows_a_finished_rollout_without_its_cooldown() -> None:
+    """A batch-cap rollout a minute ago, its pods all replaced: the re-plan need not
+    wait 15 minutes (its acceptance moves on by a tenth each time), but not while
+    the rollout still replaces pods."""
+    state, obs, cfg = steady(Drafting(None, []), 0.9)
+    cfg = replace(cfg, planned_acceptance=0.7)
+    state = replace(state, last_cap_change_s=NOW - 60.0)
+    assert control.decide(state, obs, NOW, cfg).replan_acceptance == pytest.approx(0.9)
+    running = replace(obs, outdated_replicas=1)
+    assert control.decide(state, running, NOW, cfg).replan_acceptance is None
 
 
 def test_within_a_tenth_of_the_plans_acceptance_only_the_drafts_are_weighed() -> None:
