@@ -371,11 +371,12 @@ def decide(
         cap == state.max_num_seqs
         and held is None
         and not sole_pod_would_go(limited, upper)
-        and _may_roll_out(state, obs, steady, config)
+        and _may_roll_out(state, obs, steady)
     ):
-        # a re-plan moves its acceptance on by a tenth each time: one is worth it at the
-        # end of a rollout, while new drafts (a few per cent either way) wait out the
-        # cooldown as a new batch cap does
+        # A re-plan moves its acceptance on by a tenth each time, and the acceptance is
+        # read from thousands of drafts: one is worth it as soon as the fleet is steady.
+        # New drafts on the running engine gain a few per cent: they wait, as a new
+        # batch cap does, for a settled factor and the cooldown.
         replan = _replan_acceptance(state, config)
         if replan is None and _cooled_down(state, now_s, config):
             respec = _respeculation(state, obs, config)
@@ -936,18 +937,17 @@ def _respeculation(
     return config.planner.respeculate(acceptance, batch, traffic_in_use(state, config))
 
 
-def _may_roll_out(
-    state: ControllerState, obs: Observation, steady: bool, config: ControllerConfig
-) -> bool:
+def _may_roll_out(state: ControllerState, obs: Observation, steady: bool) -> bool:
     """Whether the drafts or the plan may change now, which restarts every pod: only
-    in a steady fleet watched for a few windows (a settled step-time factor, as for a
-    new batch cap) with no rollout still replacing pods."""
-    settled = state.calibration.settled(config.calibration)
-    return steady and settled and obs.outdated_replicas == 0
+    in a steady fleet with no rollout still replacing pods."""
+    return steady and obs.outdated_replicas == 0
 
 
 def _cooled_down(state: ControllerState, now_s: float, config: ControllerConfig) -> bool:
-    """Whether the cooldown since the last rollout is over."""
+    """Whether the running engine has been watched for a few windows (a settled
+    step-time factor) and the cooldown since the last rollout is over."""
+    if not state.calibration.settled(config.calibration):
+        return False
     last = state.last_cap_change_s
     return last is None or now_s - last >= config.cap_cooldown_s
 

@@ -156,6 +156,7 @@ def test_a_steady_fleet_rolls_out_the_new_drafts() -> None:
         "no acceptance measured",
         "rollout cooldown",
         "rollout running",
+        "first windows",
         "sole pod",
         "no batch",
     ],
@@ -172,6 +173,8 @@ def test_the_drafts_wait_for_a_steady_fleet(unsteady: str) -> None:
         state = replace(state, last_cap_change_s=NOW - 60.0)
     if unsteady == "rollout running":
         obs = replace(obs, outdated_replicas=1)
+    if unsteady == "first windows":  # the step-time factor not settled yet
+        state = replace(state, calibration=Calibration(1.0, 2))
     if unsteady == "sole pod":
         cfg = replace(cfg, max_replicas=1, min_replicas=1)
         state = replace(state, replicas=1, ready_seen=1)
@@ -202,16 +205,19 @@ def test_an_acceptance_far_from_the_plans_plans_the_target_again() -> None:
     assert control.decide(moved, obs, later + 60.0, cfg).replan_acceptance == pytest.approx(0.4)
 
 
-def test_a_replan_follows_a_finished_rollout_without_its_cooldown() -> None:
+def test_a_replan_waits_for_a_steady_fleet_only() -> None:
     """A batch-cap rollout a minute ago, its pods all replaced: the re-plan need not
-    wait 15 minutes (its acceptance moves on by a tenth each time), but not while
-    the rollout still replaces pods."""
+    wait 15 minutes (its acceptance moves on by a tenth each time), nor for a settled
+    factor, but it waits while the rollout still replaces pods."""
     state, obs, cfg = steady(Drafting(None, []), 0.9)
     cfg = replace(cfg, planned_acceptance=0.7)
     state = replace(state, last_cap_change_s=NOW - 60.0)
     assert control.decide(state, obs, NOW, cfg).replan_acceptance == pytest.approx(0.9)
     running = replace(obs, outdated_replicas=1)
     assert control.decide(state, running, NOW, cfg).replan_acceptance is None
+    # the acceptance is read from thousands of drafts: no settled step-time factor needed
+    first = replace(state, calibration=Calibration(1.0, 2))
+    assert control.decide(first, obs, NOW, cfg).replan_acceptance == pytest.approx(0.9)
 
 
 def test_within_a_tenth_of_the_plans_acceptance_only_the_drafts_are_weighed() -> None:
