@@ -170,6 +170,17 @@ CEL_RULES["ServingTargetSpec"] = [
         "fieldPath": ".engine.extraArgs",
     },
     {
+        "rule": "!has(self.constraints) || !has(self.constraints.speculative) || "
+        "!('draft_model' in self.constraints.speculative) || !has(self.engine) || "
+        + _no_flag_of(_spellings({"watermark_config"})).replace(
+            "self.extraArgs", "self.engine.extraArgs"
+        ),
+        "message": "engine.extraArgs sets --watermark-config, which vLLM refuses beside a "
+        "draft_model drafter (it watermarks only EAGLE-style drafts); remove draft_model "
+        "from constraints.speculative or the watermark config",
+        "fieldPath": ".engine.extraArgs",
+    },
+    {
         "rule": "!has(self.engine) || !has(self.engine.drafter) || "
         "(has(self.constraints) && has(self.constraints.speculative) && "
         "self.engine.drafter.method in self.constraints.speculative)",

@@ -704,8 +704,17 @@ class ServingTargetSpec(_Model):
                 "engine.extraArgs sets --speculative-config while constraints.speculative "
                 "lets the planner choose the drafter and draft lengths; remove one of them"
             )
+        methods = self.constraints.speculative or []
+        if SpeculativeMethod.DRAFT_MODEL in methods and sets_dest(
+            self.engine.extra_args or [], "watermark_config"
+        ):
+            raise ValueError(
+                "engine.extraArgs sets --watermark-config, which vLLM refuses beside a "
+                "draft_model drafter (it watermarks only EAGLE-style drafts); remove "
+                "draft_model from constraints.speculative or the watermark config"
+            )
         drafter = self.engine.drafter
-        if drafter is not None and drafter.method not in (self.constraints.speculative or []):
+        if drafter is not None and drafter.method not in methods:
             raise ValueError(
                 f"engine.drafter is a {drafter.method.value} drafter, which "
                 "constraints.speculative does not list; add it there or remove the drafter"
@@ -715,8 +724,13 @@ class ServingTargetSpec(_Model):
 
 def speculative_config_in(args: list[str]) -> bool:
     """Whether ``args`` set vLLM's speculative config (any spelling vLLM parses)."""
+    return sets_dest(args, "speculative_config")
+
+
+def sets_dest(args: list[str], dest: str) -> bool:
+    """Whether ``args`` set vLLM's ``dest`` (any spelling vLLM parses)."""
     try:
-        return any(s.dest == "speculative_config" for s in resolve(args, values=False))
+        return any(s.dest == dest for s in resolve(args, values=False))
     except ExtraArgError:
         return False  # refused for another reason, which the extraArgs check names
 
