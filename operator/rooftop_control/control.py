@@ -54,6 +54,14 @@ One decision:
    single pod with no room under the budget to start its replacement first. The
    rollout replaces every pod, so it starts what the new cap needs at the planned
    rate (fewer only after a scale-down window of OK metrics).
+8. Speculative decoding, where the pods speculate: once the drafts' measured
+   acceptance is more than ``traffic.ACCEPTANCE_DIFFERS_BY`` from the one the plan was
+   made with, ask for the whole target to be planned again with it
+   (``Decision.replan_acceptance``: GPUs, TP and drafts may change); within it, plan
+   only the drafts again on the running engine (``Decision.speculative_config``: off,
+   or a draft length that makes the running batch's step 15 % faster per token). Both
+   restart every pod: only in a steady fleet with no rollout running, the drafts also
+   after a settled factor and the cap's cooldown.
 """
 
 from __future__ import annotations
