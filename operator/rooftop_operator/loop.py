@@ -822,7 +822,7 @@ def replan(rt: Runtime, body: Mapping[str, Any], d: control.Decision) -> None:
     spec.workload.acceptanceRate set to it (``reconcile``: a plan of another shape
     rolls out, a PlanChanged event says what; the plan keeps the acceptance, so an
     operator restart plans with it again). Blocking: run in a thread."""
-    rt.emit(body, "Normal", "Replanned", d.reason)
+    rt.emit(body, "Normal", "Replanned", d.speculation_why or d.reason)
     reconcile.reconcile(rt, body, cause=reconcile.ACCEPTANCE, acceptance=d.replan_acceptance)
 
 
