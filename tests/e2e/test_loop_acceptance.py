@@ -175,7 +175,7 @@ def test_the_measured_acceptance_plans_two_gpus_and_they_serve(world: World) -> 
     (why,) = world.events("Replanned")
     assert "drafts are accepted at" in why and "planned again" in why
     assert any("acceptance" in m for m in world.events("PlanChanged"))
-    wait(world, "only TP2 engine pods", lambda: world.engine_pods_tp() == ["2"], 180)
+    wait(world, "only TP2 engine pods", lambda: set(world.engine_pods_tp()) == {"2"}, 180)
     wait(world, "the TP2 engine serving", lambda: world.fleet.endpoints(), 90)
 
 
@@ -186,4 +186,6 @@ def test_an_operator_restart_keeps_the_measured_plan(world: World) -> None:
     time.sleep(15.0)  # a resume reconciles the unchanged spec within seconds
     plan = world.plan()
     assert plan["tp"] == 2 and plan["measuredAcceptance"] == pytest.approx(0.95, abs=0.04)
-    assert world.engine_pods_tp() == ["2"]
+    # the loop may have scaled out since (a restarted loop holds until it has a
+    # window): every pod runs the measured plan's TP2
+    assert set(world.engine_pods_tp()) == {"2"}
