@@ -477,7 +477,8 @@ def test_the_loop_plans_with_the_lengths_the_real_engine_served(run: Run) -> Non
     assert prompt["mean"] == PROMPT_TOKENS and output["mean"] == OUTPUT_TOKENS, served
     assert 50 <= prompt["p50"] <= 100 and 20 <= output["p50"] <= 50, served
     # as declared: the buckets' reach is no difference to report
-    assert served["condition"]["reason"] == "AsDeclared", served["condition"]
+    lengths = ("spec.workload.promptTokens", "spec.workload.outputTokens")
+    assert not differing(served["condition"], *lengths), served["condition"]
 
 
 def test_the_loop_plans_with_the_real_engines_prefix_cache_hits(run: Run) -> None:
@@ -490,7 +491,7 @@ def test_the_loop_plans_with_the_real_engines_prefix_cache_hits(run: Run) -> Non
     assert 0.4 <= served["hits"] <= SHARED_TOKENS / PROMPT_TOKENS, served
     condition = served["condition"]
     assert "of prompt tokens prefix-cache hits" in condition["message"], condition
-    assert condition["reason"] == "AsDeclared", condition
+    assert not differing(condition, "spec.workload.prefix"), condition
 
 
 def test_the_loop_reads_the_acceptance_the_real_engine_met(run: Run) -> None:
@@ -502,7 +503,17 @@ def test_the_loop_reads_the_acceptance_the_real_engine_met(run: Run) -> None:
     assert served["accepted"] == pytest.approx(DRAFT_TOKENS, abs=0.05), served
     condition = served["condition"]
     assert "drafts accepted at 0.99 per token" in condition["message"], condition
-    assert condition["reason"] == "AsDeclared", condition
+    assert not differing(condition, "spec.workload.acceptanceRate"), condition
+
+
+def differing(condition: dict[str, Any], *fields: str) -> list[str]:
+    """Which of ``fields`` WorkloadObserved names as differing from the spec. Each test
+    checks its own figure: how bursty the load generator's arrivals reach the engine
+    (``arrivalDispersion``) depends on how busy the machine is while vLLM's CPU build
+    computes beside it, and is no figure of the engine's."""
+    if condition["reason"] == "AsDeclared":
+        return []
+    return [field for field in fields if field in condition["message"]]
 
 
 def test_every_dashboard_query_returns_series_from_the_real_engine(run: Run) -> None:
