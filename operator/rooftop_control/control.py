@@ -379,14 +379,16 @@ def decide(
         cap == state.max_num_seqs
         and held is None
         and not sole_pod_would_go(limited, upper)
-        and _may_roll_out(state, obs, steady)
+        and _may_roll_out(obs, steady)
     ):
         # A re-plan moves its acceptance on by a tenth each time, and the acceptance is
         # read from thousands of drafts: one is worth it as soon as the fleet is steady.
         # New drafts on the running engine gain a few per cent: they wait, as a new
         # batch cap does, for a settled factor and the cooldown.
         replan = _replan_acceptance(state, config)
-        if replan is None and _cooled_down(state, now_s, config):
+        if replan is None and _cooled_down(
+            state.calibration, state.last_cap_change_s, now_s, config
+        ):
             respec = _respeculation(state, obs, config)
     if replan is not None:  # the cooldown covers the rollout it may start
         cap_at, cause = now_s, Cause.ACCEPTANCE
@@ -895,10 +897,7 @@ def _choose_cap(
     keep = state.max_num_seqs, "", state.last_cap_change_s
     if sizing is None or not sizing.feasible or not steady:
         return keep
-    if not cal.settled(config.calibration):
-        return keep
-    last = state.last_cap_change_s
-    if last is not None and now_s - last < config.cap_cooldown_s:
+    if not _cooled_down(cal, state.last_cap_change_s, now_s, config):
         return keep
     cur, new = state.max_num_seqs, sizing.max_num_seqs
     if new < cur:
@@ -945,19 +944,21 @@ def _respeculation(
     return config.planner.respeculate(acceptance, batch, traffic_in_use(state, config))
 
 
-def _may_roll_out(state: ControllerState, obs: Observation, steady: bool) -> bool:
+def _may_roll_out(obs: Observation, steady: bool) -> bool:
     """Whether the drafts or the plan may change now, which restarts every pod: only
     in a steady fleet with no rollout still replacing pods."""
     return steady and obs.outdated_replicas == 0
 
 
-def _cooled_down(state: ControllerState, now_s: float, config: ControllerConfig) -> bool:
-    """Whether the running engine has been watched for a few windows (a settled
-    step-time factor) and the cooldown since the last rollout is over."""
-    if not state.calibration.settled(config.calibration):
+def _cooled_down(
+    cal: Calibration, last_s: float | None, now_s: float, config: ControllerConfig
+) -> bool:
+    """Whether a rollout of a new batch cap or new drafts may start: the running engine
+    watched for a few windows (a settled step-time factor ``cal``) and the cooldown
+    since the last rollout (at ``last_s``, None: none yet) over."""
+    if not cal.settled(config.calibration):
         return False
-    last = state.last_cap_change_s
-    return last is None or now_s - last >= config.cap_cooldown_s
+    return last_s is None or now_s - last_s >= config.cap_cooldown_s
 
 
 def carried_over(state: ControllerState) -> ControllerState:

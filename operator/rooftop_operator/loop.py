@@ -52,7 +52,6 @@ from rooftop_control.defaults import SERVED_RANGE_S
 from rooftop_control.readings import SIGNALS, MetricState, Observation, Reading
 from rooftop_control.sizing import (
     FleetPlanner,
-    PlanTargetPlanner,
     fleet_planner,
     plan_acceptance,
 )
@@ -648,7 +647,7 @@ def _memory(
     if mem is not None and mem.key != key and _new_drafts(mem.key, key):
         # the loop's own new drafts: what it learned stays (``control.carried_over``)
         planner = mem.planner
-        if isinstance(planner, PlanTargetPlanner) and not isinstance(planner, FleetPlanner):
+        if not isinstance(planner, FleetPlanner):  # a mixed fleet does not speculate
             planner = planner.respeculated(plan.speculative_config)
         mem.key, mem.planner, mem.state = key, planner, control.carried_over(mem.state)
         return mem
