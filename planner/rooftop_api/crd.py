@@ -181,6 +181,14 @@ CEL_RULES["ServingTargetSpec"] = [
         "fieldPath": ".engine.extraArgs",
     },
     {
+        "rule": "!has(self.constraints) || !has(self.constraints.speculative) || "
+        "!('ngram' in self.constraints.speculative) || !has(self.engine) || "
+        + _no_flag_of(st.ASYNC_SCHEDULING_FLAGS).replace("self.extraArgs", "self.engine.extraArgs"),
+        "message": "engine.extraArgs sets --async-scheduling, which vLLM refuses beside "
+        "ngram drafts; remove ngram from constraints.speculative or the flag",
+        "fieldPath": ".engine.extraArgs",
+    },
+    {
         "rule": "!has(self.engine) || !has(self.engine.drafter) || "
         "(has(self.constraints) && has(self.constraints.speculative) && "
         "self.engine.drafter.method in self.constraints.speculative)",
@@ -189,6 +197,11 @@ CEL_RULES["ServingTargetSpec"] = [
     },
 ]
 CEL_RULES["Drafter"] = [
+    {
+        "rule": "self.method != 'ngram'",
+        "message": "ngram loads no drafter; remove engine.drafter",
+        "fieldPath": ".method",
+    },
     {
         "rule": "self.method != 'draft_model' || has(self.catalogModel)",
         "message": "a draft_model drafter needs catalogModel, the catalog model whose shape it has",

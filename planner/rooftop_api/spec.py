@@ -115,11 +115,20 @@ NO_VLLM_KV_DTYPES = ("int8", "int4")
 class SpeculativeMethod(StrEnum):
     """How vLLM drafts the tokens a speculative step verifies: ``eagle3``, an EAGLE-3
     head trained for the model; ``draft_model``, a smaller model of the same family and
-    vocabulary. vLLM's rejection sampling keeps the model's output distribution at any
-    temperature, so speculation changes speed, not answers."""
+    vocabulary; ``ngram``, prompt lookup (the tokens that followed the sequence's latest
+    n-gram where it occurred before, found on the host; no model). vLLM's rejection
+    sampling keeps the model's output distribution at any temperature, so speculation
+    changes speed, not answers."""
 
     EAGLE3 = "eagle3"
     DRAFT_MODEL = "draft_model"
+    NGRAM = "ngram"
+
+
+# vLLM refuses async scheduling beside ngram drafts (vllm/config/vllm.py: "async
+# scheduling is only supported with EAGLE/MTP/Draft Model/NGram GPU..."); it turns it
+# off itself unless a flag turns it on.
+ASYNC_SCHEDULING_FLAGS = ("--async-scheduling", "--async_scheduling")
 
 
 class Mode(StrEnum):
@@ -265,7 +274,8 @@ class Workload(_Model):
         "chance the model accepts each draft token (a step verifying K draft tokens then "
         "yields (1 - a^(K+1)) / (1 - a) tokens per sequence). Replaces the drafter's "
         "published figure for every method in constraints.speculative; code and RAG "
-        "usually accept more than chat.",
+        "usually accept more than chat. Needed for ngram, over every decode step (a step "
+        "where prompt lookup finds no match counts as a first draft rejected).",
     )
 
 
@@ -354,7 +364,8 @@ class Constraints(_Model):
         default=None,
         max_length=len(SpeculativeMethod),
         description="Speculative decoding methods the planner may choose (eagle3, "
-        "draft_model), with a drafter the catalog names for the model. Per batch size it "
+        "draft_model with a drafter the catalog names for the model or engine.drafter; "
+        "ngram, prompt lookup, with workload.acceptanceRate). Per batch size it "
         "picks the draft length (vLLM num_speculative_tokens_per_batch_size) or none where "
         "verifying drafts costs more than they save. Default: none.",
     )
@@ -524,7 +535,7 @@ class Drafter(_Model):
     """A drafter for speculative decoding that the drafter catalog does not list for
     the model: an EAGLE-3 head, or a smaller model of the same family and vocabulary."""
 
-    method: SpeculativeMethod = Field(description="eagle3 or draft_model.")
+    method: SpeculativeMethod = Field(description="eagle3 or draft_model (ngram loads none).")
     model: str = Field(
         min_length=1,
         max_length=1024,
@@ -550,6 +561,11 @@ class Drafter(_Model):
 
     @model_validator(mode="after")
     def _shape_for_the_method(self) -> Drafter:
+        if self.method == SpeculativeMethod.NGRAM:
+            raise ValueError(
+                "drafter.method: ngram looks tokens up in the prompt and loads no drafter; "
+                "remove engine.drafter (constraints.speculative: [ngram] is enough)"
+            )
         if self.method == SpeculativeMethod.DRAFT_MODEL and not self.catalog_model:
             raise ValueError(
                 "drafter.catalogModel: a draft_model drafter needs the catalog model whose "
@@ -713,6 +729,14 @@ class ServingTargetSpec(_Model):
                 "draft_model drafter (it watermarks only EAGLE-style drafts); remove "
                 "draft_model from constraints.speculative or the watermark config"
             )
+        if SpeculativeMethod.NGRAM in methods and _turns_on(
+            self.engine.extra_args or [], ASYNC_SCHEDULING_FLAGS
+        ):
+            raise ValueError(
+                "engine.extraArgs sets --async-scheduling, which vLLM refuses beside ngram "
+                "drafts (prompt lookup runs on the host between steps); remove ngram from "
+                "constraints.speculative or the flag"
+            )
         drafter = self.engine.drafter
         if drafter is not None and drafter.method not in methods:
             raise ValueError(
@@ -725,6 +749,12 @@ class ServingTargetSpec(_Model):
 def speculative_config_in(args: list[str]) -> bool:
     """Whether ``args`` set vLLM's speculative config (any spelling vLLM parses)."""
     return sets_dest(args, "speculative_config")
+
+
+def _turns_on(args: list[str], flags: tuple[str, ...]) -> bool:
+    """Whether ``args`` hold one of ``flags`` (a switch: vLLM's --no- spelling turns it
+    off and is not one of them)."""
+    return any(a == f or a.startswith(f + "=") for a in args for f in flags)
 
 
 def sets_dest(args: list[str], dest: str) -> bool:

@@ -26,6 +26,10 @@ from rooftop_api.spec import ServingTargetSpec
 from rooftop_planner.catalog import Catalog, CatalogError, ModelSpec, load_catalog
 
 METHODS = ("eagle3", "draft_model")
+# vLLM's prompt lookup: it drafts the tokens that followed the last earlier occurrence of
+# the sequence's latest n-gram (prompt or output), on the host, with no model to load,
+# so every model can use it and the drafter catalog does not list it.
+NGRAM = "ngram"
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,14 @@ class Drafter:
     model: str = ""
     acceptance: float | None = None
     acceptance_source: str = ""
+
+
+NGRAM_DRAFTER = Drafter(
+    method=NGRAM,
+    repo="ngram",
+    source="vLLM's n-gram prompt-lookup proposer (vllm/v1/spec_decode/ngram_proposer.py)",
+    licence="Apache-2.0 (vLLM)",
+)
 
 
 def tokens_per_step(acceptance: float, draft_tokens: float) -> float:
@@ -209,7 +221,10 @@ def drafters_for(spec: ServingTargetSpec, model: ModelSpec) -> Mapping[str, Mapp
 
 def planned_drafter(spec: ServingTargetSpec, method: str) -> Drafter | None:
     """The drafter a plan of ``spec`` speculating by ``method`` drafts with: the one
-    ``spec.engine.drafter`` names, else the catalog's for its model (None: neither)."""
+    ``spec.engine.drafter`` names, else the catalog's for its model (None: neither);
+    vLLM's prompt lookup for ``ngram``."""
+    if method == NGRAM:
+        return NGRAM_DRAFTER
     try:
         model_id = load_catalog().model(spec.model).id
     except CatalogError:  # a model outside the catalog (spec.modelConfig) has no entry
@@ -219,7 +234,8 @@ def planned_drafter(spec: ServingTargetSpec, method: str) -> Drafter | None:
 
 def planned_acceptance(spec: ServingTargetSpec, method: str) -> float | None:
     """The acceptance a plan of ``spec`` speculating by ``method`` was made with: the
-    target's stated one, else its drafter's published figure (None: neither)."""
+    target's stated one, else its drafter's published figure (None: neither; always
+    for ``ngram``, whose acceptance is the traffic's)."""
     if spec.workload.acceptance_rate is not None:
         return spec.workload.acceptance_rate
     drafter = planned_drafter(spec, method)

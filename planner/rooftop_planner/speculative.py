@@ -20,6 +20,12 @@ Both draft as vLLM's proposers do: a first forward over every token the step bro
 (the B · (K + 1) verified positions and any prefill chunk), then K − 1 forwards of one
 token per sequence. A drafter forward pays the kernels and the per-layer overhead, not
 the engine's per-step overhead (scheduling and sampling happen once per engine step).
+- ``ngram``: vLLM's prompt lookup, no model: its host time per step, measured
+  (``ngram_lookup``), no weights, no KV. It drafts only where the sequence's latest
+  n-gram occurred before; its acceptance a is per decode step, a step where the lookup
+  found nothing counting as one whose first draft was rejected (so E(a, K) stays the
+  tokens per step), and it is priced as if every step verified K drafts (vLLM verifies
+  only the drafts found: the price errs high).
 
 So one step of B sequences costs t(B, K) = verify(B, K) + draft(B, K), and its time per
 output token is t(B, K) / E(a, K). The planner picks, per batch size, the K in 0..K_max
@@ -40,8 +46,16 @@ import numpy as np
 
 from rooftop_planner import perf
 from rooftop_planner.catalog import Catalog, ModelSpec
-from rooftop_planner.drafters import Drafter, drafter_shape, packaged_drafters, tokens_per_step
+from rooftop_planner.drafters import (
+    NGRAM,
+    NGRAM_DRAFTER,
+    Drafter,
+    drafter_shape,
+    packaged_drafters,
+    tokens_per_step,
+)
 from rooftop_planner.kernels import FloatArray
+from rooftop_planner.ngram_lookup import lookup_cost
 from rooftop_planner.perf import EngineShape
 
 # The longest draft the planner considers: EAGLE-3's published acceptance figures use
@@ -59,12 +73,13 @@ DRAFT_WEIGHT_DTYPES = ("bf16", "fp16", "fp8")
 @dataclass(frozen=True)
 class Speculation:
     """One way a target may speculate: the drafter, the acceptance planned with, the
-    drafter's shape (a catalog model, or an EAGLE-3 head built from the model's)."""
+    drafter's shape (a catalog model, or an EAGLE-3 head built from the model's; None
+    for ``ngram``, which drafts on the host)."""
 
     drafter: Drafter
     acceptance: float
     acceptance_source: str
-    draft: ModelSpec
+    draft: ModelSpec | None
     max_draft_tokens: int = MAX_DRAFT_TOKENS
 
     @property
@@ -85,6 +100,9 @@ def options(
     found: list[Speculation] = []
     problems: list[str] = []
     for method in methods:
+        if method == NGRAM:
+            _ngram(acceptance, found, problems)
+            continue
         drafter = known.get(method)
         if drafter is None:
             problems.append(_no_drafter(model, method, known))
@@ -103,6 +121,20 @@ def options(
     return found, problems
 
 
+def _ngram(acceptance: float | None, found: list[Speculation], problems: list[str]) -> None:
+    """Prompt lookup, at the target's stated acceptance: how often it drafts right is
+    the traffic's (code edits and retrieved documents repeat the prompt, chat seldom
+    does), so no figure is published per model."""
+    if acceptance is None:
+        problems.append(
+            "ngram: how often prompt lookup drafts right depends on your traffic, not the "
+            "model; set spec.workload.acceptanceRate to the acceptance per decode step you "
+            "measured (the loop then measures it), or leave ngram out"
+        )
+        return
+    found.append(Speculation(NGRAM_DRAFTER, acceptance, "spec.workload.acceptanceRate", None))
+
+
 def _no_drafter(model: ModelSpec, method: str, known: Mapping[str, Drafter]) -> str:
     others = f" (it has {', '.join(sorted(known))})" if known else ""
     return f"{method}: the drafter catalog names no {method} drafter for {model.id}{others}"
@@ -111,11 +143,13 @@ def _no_drafter(model: ModelSpec, method: str, known: Mapping[str, Drafter]) -> 
 # ---------------------------------------------------------------- memory
 
 
-def draft_engine(dep: EngineShape, spec: Speculation) -> EngineShape:
+def draft_engine(dep: EngineShape, spec: Speculation) -> EngineShape | None:
     """The drafter as an engine on the target's GPUs: the same TP (vLLM's default draft
     tensor parallelism), KV dtype and fitted kernels; a draft model in the target's
     weight dtype where vLLM can load it so (16-bit, or fp8 quantized at load), an
-    EAGLE-3 head in 16 bits as published."""
+    EAGLE-3 head in 16 bits as published (None: ``ngram`` drafts on the host)."""
+    if spec.draft is None:
+        return None
     weights = "bf16"
     if spec.method == "draft_model" and dep.weight_dtype in DRAFT_WEIGHT_DTYPES:
         weights = dep.weight_dtype
@@ -128,6 +162,8 @@ def kv_capacity_tokens(dep: EngineShape, spec: Speculation, max_num_batched_toke
     (HBM · util − weights − drafter weights − activations) / (model + drafter KV bytes
     per token)."""
     draft = draft_engine(dep, spec)
+    if draft is None:
+        return perf.kv_capacity_tokens(dep, max_num_batched_tokens=max_num_batched_tokens)
     loaded = perf.weight_bytes_per_gpu(dep) + perf.weight_bytes_per_gpu(draft)
     loaded += perf.activation_reserve_bytes(dep, max_num_batched_tokens)
     free = dep.gpu.hbm_bytes * perf.DEFAULT_GPU_MEMORY_UTILIZATION - loaded
@@ -137,8 +173,9 @@ def kv_capacity_tokens(dep: EngineShape, spec: Speculation, max_num_batched_toke
 
 
 def drafter_bytes_per_gpu(dep: EngineShape, spec: Speculation) -> float:
-    """The drafter's weights on each GPU (bytes)."""
-    return perf.weight_bytes_per_gpu(draft_engine(dep, spec))
+    """The drafter's weights on each GPU (bytes; none for ``ngram``)."""
+    draft = draft_engine(dep, spec)
+    return perf.weight_bytes_per_gpu(draft) if draft is not None else 0.0
 
 
 # ---------------------------------------------------------------- step times
@@ -197,7 +234,7 @@ def steps(
 
 def _every_length(
     dep: EngineShape,
-    draft: EngineShape,
+    draft: EngineShape | None,
     longest: int,
     seqs: FloatArray,
     context: FloatArray,
@@ -208,7 +245,8 @@ def _every_length(
     sequence (row k), in three array calls: the verifications (K + 1 queries per
     sequence), the drafter's first forwards (over every token the step brought), its
     K − 1 later ones (one token per sequence), less the engine's per-step overhead of
-    each drafter forward, paid once in the verification."""
+    each drafter forward, paid once in the verification; without a drafter model
+    (``ngram``), the host's lookup over the batch's context instead, whatever K."""
     ks = np.arange(longest + 1, dtype=np.float64)[:, None]
 
     def rows(values: FloatArray, count: int) -> FloatArray:
@@ -223,6 +261,9 @@ def _every_length(
         queries=ks + 1.0,
     )
     if longest == 0:
+        return verify, floor
+    if draft is None:
+        verify[1:] += lookup_cost().seconds(seqs, context)[None, :]
         return verify, floor
     drafts = (rows(seqs, longest), rows(context, longest), rows(chunk, longest))
     first, _ = perf.forward_parts(
@@ -384,8 +425,9 @@ def _note(
     lengths = ", ".join(f"{k} at {a}-{b}" for a, b, k in ranges if k > 0)
     off = break_even_batch(ranges)
     stops = f"; off from batch {off}, where verifying costs more than it saves" if off else ""
+    drafter = "vLLM's prompt lookup" if spec.draft is None else spec.drafter.repo
     return (
-        f"speculative decoding with {spec.method} ({spec.drafter.repo}, acceptance "
+        f"speculative decoding with {spec.method} ({drafter}, acceptance "
         f"{spec.acceptance:.2f} per token from {spec.acceptance_source}): draft tokens "
         f"{lengths}{stops}. At batch {at}, decode {with_ms:.1f} ms per token with it, "
         f"{without_ms:.1f} ms without; {weights_note(dep, spec)}"
@@ -396,11 +438,10 @@ def vllm_config(
     spec: Speculation, ranges: Sequence[tuple[int, int, int]], weight_dtype: str
 ) -> dict[str, Any]:
     """``--speculative-config`` as vLLM reads it (vllm/config/speculative.py)."""
-    config: dict[str, Any] = {
-        "method": spec.method,
-        "model": spec.drafter.repo,
-        "num_speculative_tokens": max_draft_tokens(ranges),
-    }
+    config: dict[str, Any] = {"method": spec.method}
+    if spec.draft is not None:  # ngram loads no model (vLLM names it "ngram" itself)
+        config["model"] = spec.drafter.repo
+    config["num_speculative_tokens"] = max_draft_tokens(ranges)
     if spec.method == "draft_model" and weight_dtype == "fp8":
         config["quantization"] = "fp8"  # quantized at load, as the model's own weights
     if len({k for _, _, k in ranges}) > 1:
@@ -410,6 +451,8 @@ def vllm_config(
 
 def weights_note(dep: EngineShape, spec: Speculation) -> str:
     """What the drafter adds to each GPU's memory, for the plan's explanation."""
+    if spec.draft is None:
+        return "no drafter weights or KV (it looks up on the host)"
     gb = drafter_bytes_per_gpu(dep, spec) / 1e9
     kv = perf.kv_bytes_per_token_per_gpu(spec.draft, dep.kv_dtype, dep.tp)
     return f"{gb:.1f} GB of drafter weights per GPU, {kv / 1024:.0f} KiB of its KV per token"

@@ -265,7 +265,8 @@ def drafter_cases(catalog: Catalog) -> Iterator[tuple[str, dict[str, Any], list[
     for model_id, methods in drafters.packaged_drafters().items():
         model = catalog.model(model_id)
         (tp,) = [t for t in (8, 4, 2, 1) if not tp_problem(model, t)][:1]
-        for method, drafter in methods.items():
+        # prompt lookup needs no drafter, so every model has it
+        for method, drafter in {**methods, drafters.NGRAM: drafters.NGRAM_DRAFTER}.items():
             (spec,), _ = speculative.options(model, [method], 0.75, catalog)
             for dtype in ("bf16", "fp8"):
                 dep = EngineShape(model, gpu, tp, dtype, "auto", eff)
@@ -273,14 +274,21 @@ def drafter_cases(catalog: Catalog) -> Iterator[tuple[str, dict[str, Any], list[
                 assert planned is not None, f"{model_id} {method}: speculation never pays"
                 shape = Shape(model_id, dtype, "auto", tp, 8192, speculative_config=planned.config)
                 argv, config = engine_argv(catalog, shape)
-                draft = (
-                    eagle3_head(model, drafter)
-                    if method == "eagle3"
-                    else hf_config(catalog.model(drafter.model), resolved(catalog, model_id), "")
-                )
                 schedule = json.loads(planned.config).get("num_speculative_tokens_per_batch_size")
-                case = {"argv": argv, "config": config, "drafts": {drafter.repo: draft}}
+                case = {"argv": argv, "config": config, "drafts": drafts(catalog, model, drafter)}
                 yield f"{model_id}/{method}/{dtype}/tp{tp}", case, schedule
+
+
+def drafts(
+    catalog: Catalog, model: ModelSpec, drafter: drafters.Drafter
+) -> dict[str, dict[str, Any]]:
+    """The drafter's config.json by the name the JSON gives it (none for ngram)."""
+    if drafter.method == drafters.NGRAM:
+        return {}
+    if drafter.method == "eagle3":
+        return {drafter.repo: eagle3_head(model, drafter)}
+    target_weights = resolved(catalog, model.id)
+    return {drafter.repo: hf_config(catalog.model(drafter.model), target_weights, "")}
 
 
 def resolved(catalog: Catalog, model_id: str) -> Weights:
@@ -297,7 +305,7 @@ def test_vllm_accepts_every_speculative_config_the_planner_can_deploy(
     scheduler would."""
     catalog = load_catalog()
     cases = list(drafter_cases(catalog))
-    assert len(cases) >= 2 * len(drafters.packaged_drafters())
+    assert len(cases) >= 4 * len(drafters.packaged_drafters())  # ngram and one drafter each
     results = run_cases([{"id": name, **case} for name, case, _ in cases])
     for name, _, schedule in cases:
         result = results[name]

@@ -132,6 +132,7 @@ def test_the_published_eagle3_acceptance_is_used_by_default() -> None:
     assert spec.acceptance == pytest.approx(0.651, abs=0.002)
     assert "nebius" in spec.acceptance_source
     head = spec.draft
+    assert head is not None
     assert head.num_layers == 1 and head.vocab_size == 32000
     assert 0.3e9 < head.param_count < 0.6e9  # the published head is about 0.85 GB in bf16
 
