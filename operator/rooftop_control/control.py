@@ -107,6 +107,8 @@ class ControllerConfig:
             with (None: it does not speculate). A measured one further than
             ``traffic.ACCEPTANCE_DIFFERS_BY`` from it plans the target again
             (``Decision.replan_acceptance``).
+        acceptance_per_decode_step: the running plan drafts by prompt lookup, whose
+            acceptance is read per decode step (``traffic.measured_acceptance``).
         declared: the spec's prompt and output lengths: what the planner sizes with
             until the traffic's own are measured (``traffic``).
         scale_down_window_s: a lower recommendation must hold this long, s. The
@@ -147,6 +149,7 @@ class ControllerConfig:
     declared: Traffic
     inventory_replicas: int | None = None
     planned_acceptance: float | None = None
+    acceptance_per_decode_step: bool = False
     tpot_quantile: float = 0.99
     scale_down_window_s: float = 180.0
     startup_s: float = defaults.STARTUP_S
@@ -334,7 +337,9 @@ def decide(
     grew_s = now_s if seen is not None and obs.ready_replicas > seen else state.ready_grew_s
     fresh = grew_s is None or now_s - grew_s >= config.metrics_window_s
     # Every sizing below plans with the lengths this window leaves (``traffic``).
-    observed = traffic_mod.update(traffic_in_use(state, config), obs)
+    observed = traffic_mod.update(
+        traffic_in_use(state, config), obs, config.acceptance_per_decode_step
+    )
     state = replace(state, traffic=observed)
     cal = calibrate(state, obs, config)
     scale = cal.factor

@@ -139,6 +139,9 @@ class Observation:
         served_draft_length: draft tokens per such step over that range, the K the
             engine's schedule gave its batches; with the one above, the per-token
             acceptance the loop plans with (``traffic``).
+        served_drafted_share: steps that carried drafts over every decode step of a
+            request (vLLM observes one inter-token latency per request and decode
+            step), over that range: under 1 where prompt lookup found no match.
         served_requests_per_second: requests finished per second over that range, the
             mean of its 15-s counts (``rooftop_planner.bursts.BURST_INTERVAL_S``), req/s.
         served_arrival_dispersion: those counts' variance over their mean, how bursty the
@@ -304,6 +307,15 @@ class Observation:
         scale=1.0,
         unit="tokens",
         simulated="draft tokens per step that verified drafts, over the served range",
+    )
+    served_drafted_share: Reading = signal(
+        Reading(),
+        query="served_drafted_share",
+        promql=Ratio(SPEC_DRAFTS_COUNTER, f"{ITL_HISTOGRAM}_count", served=True),
+        scale=1.0,
+        unit="ratio",
+        simulated="decode steps that verified drafts over every request's decode steps, "
+        "over the served range",
     )
     served_requests_per_second: Reading = signal(
         Reading(),

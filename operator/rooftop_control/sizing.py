@@ -23,6 +23,7 @@ from rooftop_api.spec import (
     SpeculativeMethod,
     WeightDtype,
 )
+from rooftop_api.vllm_args import ExtraArgError, resolve
 from rooftop_control.readings import Reading
 from rooftop_control.traffic import Traffic, fitted_prefix
 from rooftop_planner import speculative
@@ -157,6 +158,7 @@ class PlanTargetPlanner:
         )
         self.speculation = _running_speculation(spec, plan, model, self.catalog)
         self.planned_acceptance = plan_acceptance(spec, plan)
+        self.drafts_by_lookup = drafts_by_lookup(spec, plan)
         # the running drafter at each measured acceptance (on its grid: a few)
         self._measured: dict[float, speculative.Speculation] = {}
         self._cache: OrderedDict[_Key, tuple[Sizing, ...]] = OrderedDict()
@@ -545,6 +547,37 @@ def plan_acceptance(spec: ServingTargetSpec, plan: Plan) -> float | None:
     if plan.measured_acceptance is not None:
         return plan.measured_acceptance
     return planned_acceptance(spec, method[0].value)
+
+
+def drafts_by_lookup(spec: ServingTargetSpec, plan: Plan) -> bool:
+    """Whether the engines draft by prompt lookup (``ngram``), whose acceptance the loop
+    reads per decode step (``traffic.measured_acceptance``): by ``plan``'s method, else
+    by the --speculative-config ``spec.engine.extraArgs`` gives them."""
+    if plan.speculative_config:
+        return _running_method(plan) == [SpeculativeMethod.NGRAM]
+    return _extra_args_method(spec.engine.extra_args or []) == SpeculativeMethod.NGRAM
+
+
+def _extra_args_method(args: list[str]) -> str | None:
+    """The method of the --speculative-config in ``args``, as vLLM reads it: "method",
+    else "ngram" where "model" says so (None: no config, or not a JSON object)."""
+    try:
+        given = resolve(args, values=True)
+    except ExtraArgError:  # the spec refused those already; nothing to read here
+        return None
+    for parsed in given:
+        if parsed.dest != "speculative_config" or not parsed.values:
+            continue
+        try:
+            config = json.loads(parsed.values[0])
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(config, dict):
+            return None
+        lookup = SpeculativeMethod.NGRAM if config.get("model") in ("ngram", "[ngram]") else None
+        method = config.get("method") or lookup
+        return None if method is None else str(method).strip("[]")
+    return None
 
 
 def _running_method(plan: Plan) -> list[SpeculativeMethod] | None:

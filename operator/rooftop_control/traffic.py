@@ -284,9 +284,10 @@ def _lengths(tokens: TokenLengths) -> Lengths:
     return Lengths(mean=dist.mean, quantiles=tuple(dist.quantile(q) for q in QUANTILES))
 
 
-def served_traffic(obs: Observation) -> Traffic | None:
+def served_traffic(obs: Observation, per_decode_step: bool = False) -> Traffic | None:
     """The lengths over the served range, or None when it holds too few finished
-    requests (or a length reading has no figure)."""
+    requests (or a length reading has no figure); ``per_decode_step``: the engines'
+    drafts are prompt lookups (``measured_acceptance``)."""
     prompt, output = obs.served_prompt(), obs.served_output()
     readings = (*prompt, *output)
     if not all(_usable(r) for r in readings) or not obs.served_requests.ok:
@@ -299,21 +300,34 @@ def served_traffic(obs: Observation) -> Traffic | None:
         observed=True,
         hits=_hits(obs),
         bursts=_bursts(obs),
-        acceptance=measured_acceptance(obs),
+        acceptance=measured_acceptance(obs, per_decode_step),
     )
 
 
-def measured_acceptance(obs: Observation) -> float | None:
+def measured_acceptance(obs: Observation, per_decode_step: bool = False) -> float | None:
     """The per-token acceptance a whose chain of K̄ drafts accepts what the engines
     accepted per step over the served range: a (1 − a^K̄) / (1 − a) = accepted per
     step, K̄ the draft tokens per step (``drafters.acceptance_from_length``; exact
     where every step drafts K̄, as a schedule of one length does), on a grid of
     ``ACCEPTANCE_STEP`` so that its noise does not re-plan every tick. None without
-    drafts (read once the range holds ``MIN_REQUESTS``, ``served_traffic``)."""
+    drafts (read once the range holds ``MIN_REQUESTS``, ``served_traffic``).
+
+    ``per_decode_step`` (prompt lookup, which drafts only where it finds a match):
+    accepted per decode step rather than per step that drafted, the accepted per draft
+    times the share of decode steps that drafted, as the planner defines an ``ngram``
+    acceptance (a step with no match is one whose first draft was rejected). Where the
+    schedule turns drafting off at the running batch those steps count too, so the
+    figure reads low there: it errs towards drafting less."""
     accepted, length = obs.served_accepted_per_draft, obs.served_draft_length
     if not (accepted.ok and length.ok) or length.value < 1.0:
         return None
-    tokens = min(1.0 + max(accepted.value, 0.0), 1.0 + length.value)
+    per_step = max(accepted.value, 0.0)
+    if per_decode_step:
+        share = obs.served_drafted_share
+        if not share.ok or not share.value > 0.0:
+            return None
+        per_step *= min(share.value, 1.0)
+    tokens = min(1.0 + per_step, 1.0 + length.value)
     rate = acceptance_from_length(tokens, length.value)
     return min(max(round(rate / ACCEPTANCE_STEP) * ACCEPTANCE_STEP, ACCEPTANCE_STEP), 0.99)
 
@@ -375,11 +389,12 @@ def _usable(reading: Reading) -> bool:
     return reading.ok and math.isfinite(reading.value) and reading.value >= 1.0
 
 
-def update(current: Traffic, obs: Observation) -> Traffic:
+def update(current: Traffic, obs: Observation, per_decode_step: bool = False) -> Traffic:
     """The lengths to plan with after this observation: the served ones where there
     are enough, else ``current`` (the last served figures, or the declared prior); the
-    last bursts and acceptance read stay while a window has none."""
-    served = served_traffic(obs)
+    last bursts and acceptance read stay while a window has none (``per_decode_step``:
+    see ``measured_acceptance``)."""
+    served = served_traffic(obs, per_decode_step)
     if served is None:
         return current
     if served.bursts is None:

@@ -138,7 +138,11 @@ class RooftopPolicy:
         changed: a planner for it, and what the loop learned carried over
         (``loop._memory``)."""
         self.config = replace(
-            self.config, planner=planner, price=price, planned_acceptance=planner.planned_acceptance
+            self.config,
+            planner=planner,
+            price=price,
+            planned_acceptance=planner.planned_acceptance,
+            acceptance_per_decode_step=planner.drafts_by_lookup,
         )
         self.state = carried_over(state)
         self.reshape = Reshape(plan, price, replica_limits(self.config)[1])

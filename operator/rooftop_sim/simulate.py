@@ -450,7 +450,11 @@ def _rooftop(
         metrics_window_s=scn.sim.window_s,
         **{"inventory_replicas": scn.inventory_replicas, **controller},
     )
-    cfg = replace(cfg, planned_acceptance=scn.planner.planned_acceptance)
+    cfg = replace(
+        cfg,
+        planned_acceptance=scn.planner.planned_acceptance,
+        acceptance_per_decode_step=scn.planner.drafts_by_lookup,
+    )
     first = scn.planner.size(head_rate * prior.trim, prior.factor)
     start = control.clamp_replicas(first.replicas, *limits)
     policy = RooftopPolicy(cfg, start, first.max_num_seqs, replanner=_replanner(scn))

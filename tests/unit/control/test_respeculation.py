@@ -13,12 +13,13 @@ import pytest
 import yaml
 from tests.unit.control.test_control import DECLARED as CONTROL_DECLARED
 from tests.unit.control.test_control import FakePlanner
+from tests.unit.control.test_traffic import OUTPUT, PROMPT, served
 
 from rooftop_api.spec import ServingTargetSpec
 from rooftop_control import control, traffic
 from rooftop_control.calibration import Calibration
 from rooftop_control.readings import MetricState, Observation, Reading
-from rooftop_control.sizing import PlanTargetPlanner, Respeculation
+from rooftop_control.sizing import PlanTargetPlanner, Respeculation, drafts_by_lookup
 from rooftop_control.traffic import Traffic
 from rooftop_planner import speculative
 from rooftop_planner.pricing import ReplicaPrice
@@ -285,3 +286,70 @@ def test_the_simulated_loop_rolls_its_pods_onto_new_drafts(
     new_planner = policy.config.planner
     assert isinstance(new_planner, PlanTargetPlanner) and new_planner.speculation is None
     assert policy.state.engines_mixed
+
+
+STEADY_FIELDS = ("tpot_ms", "ttft_ms", "requests_per_second", "running", "waiting",
+                 "kv_usage_ratio", "step_ms", "ready_replicas")  # fmt: skip
+
+
+def test_a_prompt_lookups_acceptance_is_read_per_decode_step() -> None:
+    """The same counters (1.4 of 3 drafts accepted, on 40 % of decode steps) read as a
+    model drafter's acceptance and as a prompt lookup's: the lookup's counts the steps
+    that found no match, as the planner prices ngram."""
+    state, steady_obs, cfg = steady(Drafting(None, []), None)
+    obs = replace(
+        served(500, PROMPT, OUTPUT),
+        served_accepted_per_draft=ok(1.4),
+        served_draft_length=ok(3.0),
+        served_drafted_share=ok(0.4),
+        **{name: getattr(steady_obs, name) for name in STEADY_FIELDS},
+    )
+    by_model = control.decide(state, obs, NOW, cfg).state.traffic
+    by_lookup = control.decide(
+        state, obs, NOW, replace(cfg, acceptance_per_decode_step=True)
+    ).state.traffic
+    assert by_model is not None and by_lookup is not None
+    assert by_model.acceptance == traffic.measured_acceptance(obs)
+    assert by_lookup.acceptance == traffic.measured_acceptance(obs, per_decode_step=True)
+    assert by_lookup.acceptance is not None and by_model.acceptance is not None
+    assert by_lookup.acceptance < by_model.acceptance - 0.2
+
+
+def test_a_prompt_lookup_plan_is_run_and_respeculated_without_a_drafter() -> None:
+    """The speculative example with ngram at 0.7: the loop's planner knows its drafts
+    are lookups; measured at 0.05 they stop at the running batch of 16 (a lookup costs
+    no GPU time, so a batch of one still drafts), with no model to name."""
+    data = yaml.safe_load(EXAMPLE.read_text())["spec"]
+    data["constraints"]["speculative"] = ["ngram"]
+    spec = ServingTargetSpec.model_validate(data)
+    plan = plan_target(spec).plan
+    assert plan is not None and '"method":"ngram"' in plan.speculative_config
+    lookup = PlanTargetPlanner(spec, plan)
+    assert lookup.drafts_by_lookup and lookup.planned_acceptance == 0.7
+    off = lookup.respeculate(0.05, 16.0, DECLARED)
+    assert off is not None and "speculation off at this batch" in off.why
+    config = json.loads(off.config)
+    assert config["method"] == "ngram" and "model" not in config
+    assert speculative.draft_length(off.config, 16) == 0
+    assert not PlanTargetPlanner(SPEC, plan_target(SPEC).plan).drafts_by_lookup  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("config", "lookup"),
+    [
+        ('{"method": "ngram", "num_speculative_tokens": 3}', True),
+        ('{"model": "[ngram]", "num_speculative_tokens": 3}', True),
+        ('{"method": "eagle3", "model": "some/head", "num_speculative_tokens": 3}', False),
+    ],
+)
+def test_a_lookup_given_in_extra_args_is_read_per_decode_step(config: str, lookup: bool) -> None:
+    """A target that speculates by its own --speculative-config (no method planned):
+    the loop still reads a lookup's acceptance per decode step, vLLM's way of naming
+    it by its model included."""
+    data = yaml.safe_load(EXAMPLE.read_text())["spec"]
+    del data["constraints"]["speculative"]
+    data["engine"] = {"extraArgs": ["--speculative-config", config]}
+    spec = ServingTargetSpec.model_validate(data)
+    plan = plan_target(spec).plan
+    assert plan is not None and not plan.speculative_config
+    assert drafts_by_lookup(spec, plan) is lookup

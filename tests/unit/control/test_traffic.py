@@ -13,6 +13,7 @@ from rooftop_api.spec import ServingTargetSpec, TokenLengths
 from rooftop_control import traffic
 from rooftop_control.readings import MetricState, Observation, Reading
 from rooftop_control.traffic import Bursts, Lengths, Traffic
+from rooftop_planner import drafters
 from rooftop_planner.bursts import burst_rate
 from rooftop_planner.workload import from_spec
 
@@ -246,3 +247,29 @@ def test_an_acceptance_far_from_the_declared_one_names_the_field_and_the_figure(
     assert "set it to 0.50 so that rooftop plan" in said
     close = traffic.update(declared, drafting(0.65 * (1 - 0.65**3) / 0.35, 3.0))
     assert not [d for d in traffic.differences(close, declared) if "acceptanceRate" in d]
+
+
+def test_prompt_lookup_acceptance_counts_every_decode_step() -> None:
+    """A prompt lookup drafts only where it finds a match: accepted per draft 1.4 of 3
+    drafted on 40 % of decode steps is 0.56 accepted per decode step, the acceptance
+    the planner prices ngram with (a step without a match, a first draft rejected);
+    a model drafter's figure ignores the share (its steps without drafts are the
+    schedule's)."""
+    seen = replace(drafting(1.4, 3.0), served_drafted_share=ok(0.4))
+    per_step = traffic.update(PRIOR, seen, per_decode_step=True).acceptance
+    per_draft = traffic.update(PRIOR, seen).acceptance
+    assert per_step is not None and per_draft is not None
+    expected = drafters.acceptance_from_length(1.0 + 0.56, 3.0)
+    assert per_step == pytest.approx(expected, abs=traffic.ACCEPTANCE_STEP / 2 + 1e-9)
+    assert per_draft == pytest.approx(
+        drafters.acceptance_from_length(2.4, 3.0), abs=traffic.ACCEPTANCE_STEP / 2 + 1e-9
+    )
+    assert per_step < per_draft - 0.2
+
+
+def test_prompt_lookup_without_the_drafted_share_keeps_the_last_acceptance() -> None:
+    """Without the share (no decode step counted), a lookup's figure is not read as a
+    model drafter's: the acceptance read last stays."""
+    seen = traffic.update(PRIOR, replace(drafting(1.4, 3.0), served_drafted_share=ok(0.5)), True)
+    gap = traffic.update(seen, drafting(2.0, 3.0), per_decode_step=True)
+    assert gap.acceptance == seen.acceptance

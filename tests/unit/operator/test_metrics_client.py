@@ -126,7 +126,14 @@ def test_the_served_lengths_are_read_over_fifteen_minutes_whatever_the_window() 
         "sum by (namespace, servingtarget) "
         '(rate(vllm:spec_decode_num_drafts_total{servingtarget!=""}[15m]))'
     )
-    assert len(served) == 16
+    # drafted request-steps over every request's decode steps: one latency observed each
+    assert served["served_drafted_share"] == (
+        "sum by (namespace, servingtarget) "
+        '(rate(vllm:spec_decode_num_drafts_total{servingtarget!=""}[15m])) / '
+        "sum by (namespace, servingtarget) "
+        '(rate(vllm:inter_token_latency_seconds_count{servingtarget!=""}[15m]))'
+    )
+    assert len(served) == 17
     assert all(("[15m]" in e or "[15m:" in e) and "[1m]" not in e for e in served.values())
 
 
