@@ -755,4 +755,6 @@ def _speculating(truth: TruthModel, r: Replica, seed: int) -> Speculation | None
     )
     if drafter is not None:
         truth.with_drafter(*drafter)
+    elif speculation.lookup:
+        truth.with_lookup()
     return speculation

@@ -62,8 +62,9 @@ class MetricsWindow:
         self.itl_sum = 0.0
         self.itl_tokens = 0
         self.iterations = 0
-        # (t, drafts, draft tokens, accepted) of the steps that verified drafts
-        self.speculated: deque[tuple[float, int, int, int]] = deque()
+        # (t, drafts, draft tokens, accepted, requests decoded) of every step from the
+        # first that verified drafts on (none for an engine that does not speculate)
+        self.speculated: deque[tuple[float, int, int, int, int]] = deque()
 
     def add_finished(
         self,
@@ -96,8 +97,8 @@ class MetricsWindow:
         self.itl_sum += duration_s * decode_tokens
         self.itl_tokens += decode_tokens
         self.iterations += 1
-        if drafts[0]:
-            self.speculated.append((t_s, *drafts))
+        if drafts[0] or self.speculated:
+            self.speculated.append((t_s, *drafts, decode_tokens))
 
     def observe(
         self, now_s: float, rate: float, gauges: Gauges, outage: bool = False
@@ -180,15 +181,18 @@ class MetricsWindow:
 
     def _drafting(self, now_s: float) -> dict[str, Reading]:
         """Accepted and drafted tokens per step that verified drafts over the served
-        range (NaN without any, as Prometheus' 0 / 0)."""
+        range, and the share of requests' decode steps that did (NaN without any, as
+        Prometheus' 0 / 0)."""
         steps = [s for s in self.speculated if s[0] <= now_s]
         drafts = sum(s[1] for s in steps)
         if not drafts:
             nan = Reading(math.nan, MetricState.NAN)
-            return {"served_accepted_per_draft": nan, "served_draft_length": nan}
+            names = ("served_accepted_per_draft", "served_draft_length", "served_drafted_share")
+            return dict.fromkeys(names, nan)
         return {
             "served_accepted_per_draft": _ok(sum(s[3] for s in steps) / drafts),
             "served_draft_length": _ok(sum(s[2] for s in steps) / drafts),
+            "served_drafted_share": _ok(drafts / max(sum(s[4] for s in steps), drafts)),
         }
 
 

@@ -45,7 +45,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rooftop_api import exit_codes
 from rooftop_planner.catalog import CatalogError, ModelSpec, load_catalog
-from rooftop_planner.drafters import METHODS, Drafter, drafter_shape, with_drafter
+from rooftop_planner.drafters import METHODS, NGRAM, Drafter, drafter_shape, with_drafter
 from rooftop_planner.parallelism import TP_DEGREES, tp_problem
 from rooftop_planner.scenarios import normalize_dtype
 from rooftop_sim.engine.core import EngineConfig, EngineCore, Request, Speculation, StepResult
@@ -119,7 +119,7 @@ def check_config(cfg: EngineSimConfig) -> None:
         raise ValueError(f"--gpu-memory-utilization: must be a number in (0, 1], got {mem}")
 
 
-SIM_METHODS = ("ngram", *METHODS)
+SIM_METHODS = (NGRAM, *METHODS)
 
 
 def sim_speculation(
@@ -178,8 +178,8 @@ def speculation_from(
         raise ValueError(
             f"{flag}: num_speculative_tokens_per_batch_size must be [first, last, K] ranges"
         ) from None
-    speculation = Speculation(schedule, acceptance, seed=seed, num_tokens=k)
-    if method == "ngram":
+    speculation = Speculation(schedule, acceptance, seed=seed, num_tokens=k, lookup=method == NGRAM)
+    if method == NGRAM:
         return speculation, None
     repo = config.get("model")
     if named is not None and not named.method:
@@ -262,6 +262,8 @@ class EngineSim:
         speculation, drafter = sim_speculation(cfg, self.truth.dep.model)
         if drafter is not None:
             self.truth.with_drafter(*drafter)
+        elif speculation is not None and speculation.lookup:
+            self.truth.with_lookup()
         kv = cfg.kv_capacity_tokens or self.truth.kv_capacity_tokens(cfg.gpu_memory_utilization)
         _check_kv(kv, cfg)
         ecfg = EngineConfig(

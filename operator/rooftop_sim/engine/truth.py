@@ -71,6 +71,7 @@ from rooftop_planner.catalog import (
     ModelSpec,
     load_catalog,
 )
+from rooftop_planner.ngram_lookup import lookup_cost
 from rooftop_sim.engine.kernels import (
     TABLE_GPU,
     GpuTables,
@@ -380,6 +381,14 @@ class TruthModel:
         self.noise = noise
         self._rng = np.random.default_rng(seed)
         self.drafter: StepKernels | None = None  # ``with_drafter``: speculative decoding
+        self.looks_up = False  # ``with_lookup``: ngram drafts, looked up on the host
+
+    def with_lookup(self) -> TruthModel:
+        """This engine drafting by prompt lookup (``ngram``): no drafter on the GPUs,
+        the host's lookup over every decoding request's tokens before each drafting
+        step, timed by the measured table (``rooftop_planner.ngram_lookup``)."""
+        self.looks_up = True
+        return self
 
     def with_drafter(self, model: ModelSpec, weight_dtype: str) -> TruthModel:
         """This engine drafting with ``model`` (a draft model or an EAGLE-3 head's
@@ -452,7 +461,8 @@ class TruthModel:
         attention, which reads no cached KV of its own: the decode attention of the
         same sequences read it). The drafter (``drafter``) adds its forwards: one over
         every token the step brought, then ``draft_k`` - 1 of one token per sequence,
-        kernels only (the engine's step overhead is paid once).
+        kernels only (the engine's step overhead is paid once); a prompt lookup
+        (``looks_up``) its host time, the GPU's reality factor aside.
         """
         decode_batch = max(0, decode_batch)
         prefill_tokens = max(0, prefill_tokens)
@@ -469,6 +479,10 @@ class TruthModel:
             )
             each = self.drafter.step_ms(decode_batch, decode_context_tokens, 0, 0.0, decode_batch)
             ms += (draft_k - 1) * each
+        if draft_k and self.looks_up and decode_batch:
+            seqs = np.array([float(decode_batch)])
+            host_s = lookup_cost().seconds(seqs, np.array([float(decode_context_tokens)]))
+            return self._scale(ms) + float(host_s[0])
         return self._scale(ms)
 
     def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:

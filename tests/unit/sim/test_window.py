@@ -41,3 +41,20 @@ def test_prefix_hit_ratio_is_tokens_found_over_tokens_looked_up_in_the_served_ra
     assert off.observe(15.0, 1.0, GAUGES).served_prefix_hit_ratio.state is MetricState.NAN
     empty = MetricsWindow(60.0, 0.9, 0.9, 100.0).observe(15.0, 1.0, GAUGES)
     assert empty.served_prefix_hit_ratio.state is MetricState.NAN
+
+
+def test_the_drafted_share_is_drafted_steps_over_every_decode_step_served() -> None:
+    """As vLLM's num_drafts over the inter-token latency's count: 6 of the 8 requests
+    drafted in the first step, none of 8 in the next (a lookup that found nothing),
+    4 of 4 in the third: 10 / 20. Steps before any draft are not the engine's
+    speculation (a pod that does not speculate reads NaN)."""
+    w = MetricsWindow(60.0, 0.9, 0.9, 100.0)
+    w.add_step(0.02, 8, 1.0)
+    assert w.observe(2.0, 1.0, GAUGES).served_drafted_share.state is MetricState.NAN
+    w.add_step(0.02, 8, 3.0, (6, 18, 9))
+    w.add_step(0.02, 8, 4.0)
+    w.add_step(0.02, 4, 5.0, (4, 12, 8))
+    obs = w.observe(10.0, 1.0, GAUGES)
+    assert obs.served_drafted_share.value == pytest.approx(10 / 20)
+    assert obs.served_accepted_per_draft.value == pytest.approx(17 / 10)
+    assert obs.served_draft_length.value == pytest.approx(30 / 10)

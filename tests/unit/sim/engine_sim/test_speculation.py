@@ -89,3 +89,22 @@ def test_metrics_carry_vllms_spec_decode_families() -> None:
         in text
     )
     assert "spec_decode" not in generate_latest(VllmMetrics("m", 8192, {}).registry).decode()
+
+
+def test_a_prompt_lookup_adds_its_measured_host_time_to_a_drafting_step_only() -> None:
+    """ngram loads no drafter: a step verifying drafts costs the verification plus the
+    host's lookup over the batch's tokens (the measured table), a plain step nothing
+    more, whatever the GPU's reality factor."""
+    import numpy as np
+
+    from rooftop_planner.ngram_lookup import lookup_cost
+
+    plain = truth(draft=False)
+    lookup = truth(draft=False).with_lookup()
+    verify = plain.step_s(16, 16 * 1500, 0, 0.0, draft_tokens=48, draft_k=3)
+    host = float(lookup_cost().seconds(np.array([16.0]), np.array([16.0 * 1500]))[0])
+    assert lookup.step_s(16, 16 * 1500, 0, 0.0, draft_tokens=48, draft_k=3) == pytest.approx(
+        verify + host, rel=1e-9
+    )
+    assert lookup.step_s(16, 16 * 1500, 0, 0.0) == plain.step_s(16, 16 * 1500, 0, 0.0)
+    assert lookup.kv_capacity_tokens() == plain.kv_capacity_tokens()
