@@ -31,7 +31,7 @@ import subprocess
 import threading
 import time
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -87,6 +87,29 @@ def tiny_model(python: Path, cache: Path) -> Path:
     return out
 
 
+def local_engine(
+    vllm_py: Path,
+    model_dir: Path,
+    work: Path,
+    served: str,
+    args: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    max_model_len: int = 1024,
+    max_num_seqs: int = 4,
+) -> VllmProcess:
+    """``vllm serve`` of ``model_dir`` on a free local port, as the tests run it
+    outside a pod: bfloat16, a 1 GiB KV cache, offline, ``work`` for its home and log;
+    ``args`` and ``env`` added (not started yet)."""
+    port = free_port()
+    argv = [str(vllm_cli(vllm_py)), "serve", str(model_dir), "--served-model-name", served,
+            "--max-model-len", str(max_model_len), "--max-num-seqs", str(max_num_seqs),
+            "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(port), *args]  # fmt: skip
+    environ = {"PATH": f"{vllm_py.parent}:/usr/bin:/bin", "HOME": str(work),
+               "HF_HOME": str(work / "hf"), "HF_HUB_OFFLINE": "1",
+               "VLLM_CPU_KVCACHE_SPACE": "1", **(env or {})}  # fmt: skip
+    return VllmProcess(argv, environ, port, work / "vllm.log")
+
+
 def model_config(model_dir: Path) -> dict[str, Any]:
     """The checkpoint's config.json: what spec.modelConfig tells the planner."""
     config: dict[str, Any] = json.loads((model_dir / "config.json").read_text())
@@ -133,6 +156,15 @@ class VllmProcess:
                 raise TimeoutError(f"vllm not ready after {timeout:.0f}s\n{self.tail()}")
             time.sleep(1.0)
         return self
+
+    @contextlib.contextmanager
+    def serving(self) -> Iterator[VllmProcess]:
+        """Started and ready for the ``with`` block, stopped after it, however it ends."""
+        self.start()
+        try:
+            yield self.wait_ready()
+        finally:
+            self.stop()
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None

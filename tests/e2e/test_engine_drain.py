@@ -34,10 +34,9 @@ from typing import Any
 import pytest
 
 from rooftop_operator import builders, engine_drain
-from tests.cluster.controlplane import free_port
 from tests.cluster.handle import wait_until
 from tests.cluster.keepalive import KeptAliveClient, Stream, read_stream
-from tests.cluster.vllm_engines import VllmProcess, vllm_cli
+from tests.cluster.vllm_engines import VllmProcess, local_engine
 
 pytestmark = pytest.mark.vllm
 
@@ -57,22 +56,15 @@ KEEPALIVE_S = 30
 
 
 def engine(vllm_py: Path, model: Path, work: Path, drain: bool) -> VllmProcess:
-    port = free_port()
-    argv = [str(vllm_cli(vllm_py)), "serve", str(model), "--served-model-name", SERVED,
-            "--max-model-len", "2048", "--max-num-seqs", "4", "--dtype", "bfloat16",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]  # fmt: skip
-    env = {"PATH": f"{vllm_py.parent}:/usr/bin:/bin", "HOME": str(work),
-           "HF_HOME": str(work / "hf"), "HF_HUB_OFFLINE": "1",
-           "VLLM_CPU_KVCACHE_SPACE": "1",
-           engine_drain.KEEPALIVE_ENV: str(KEEPALIVE_S)}  # fmt: skip
+    args = ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
+    env = {engine_drain.KEEPALIVE_ENV: str(KEEPALIVE_S)}
     if drain:  # as the pod gets it: the ConfigMap's file on PYTHONPATH
         module_dir = work / "drain"
         module_dir.mkdir()
         (module_dir / f"{builders.DRAIN_MODULE}.py").write_text(builders.drain_source())
-        argv += ["--middleware", builders.DRAIN_MIDDLEWARE]
+        args += ["--middleware", builders.DRAIN_MIDDLEWARE]
         env["PYTHONPATH"] = str(module_dir)
-    return VllmProcess(argv, env, port, work / "vllm.log")
+    return local_engine(vllm_py, model, work, SERVED, args, env, max_model_len=2048)
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ from rooftop_planner import perf
 from rooftop_planner.hf_config import model_from_hf_config
 from rooftop_sim.loadgen import LoadSpec, send_request
 from tests.cluster.controlplane import free_port
-from tests.cluster.vllm_engines import SOURCE_PATH, VllmProcess, vllm_cli
+from tests.cluster.vllm_engines import SOURCE_PATH, VllmProcess, local_engine
 
 pytestmark = pytest.mark.vllm
 
@@ -117,21 +117,13 @@ def real(
     vllm_py: Path, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, Metric]]:
     work = tmp_path_factory.mktemp("vllm-metrics")
-    port = free_port()
-    argv = [str(vllm_cli(vllm_py)), "serve", str(tiny_model_dir), "--served-model-name",
-            SERVED, "--max-model-len", str(MAX_MODEL_LEN), "--max-num-seqs", "8",
-            "--dtype", "bfloat16", "--host", "127.0.0.1", "--port", str(port),
-            "--speculative-config", REAL_SPECULATION]  # fmt: skip
-    env = {"PATH": f"{vllm_py.parent}:/usr/bin:/bin", "HOME": str(work),
-           "HF_HOME": str(work / "hf"), "HF_HUB_OFFLINE": "1",
-           "VLLM_CPU_KVCACHE_SPACE": "1"}  # fmt: skip
-    engine = VllmProcess(argv, env, port, work / "vllm.log").start()
-    try:
-        engine.wait_ready()
+    args = ["--speculative-config", REAL_SPECULATION]
+    engine = local_engine(
+        vllm_py, tiny_model_dir, work, SERVED, args, max_model_len=MAX_MODEL_LEN, max_num_seqs=8
+    )
+    with engine.serving():
         drive(engine.url)
         yield scrape(engine.url)
-    finally:
-        engine.stop()
 
 
 @pytest.fixture(scope="module")
