@@ -204,6 +204,9 @@ def _plan_and_deploy(
         return "skipped"
     _record_plan(rt, ref, spec, result)
     plan = result.deployed
+    if plan is None and cause == ACCEPTANCE:
+        _no_plan_at_acceptance(rt, body, acceptance, result)
+        return "skipped"
     if plan is None:
         _infeasible(rt, body, ref, spec, result)
         return WAITING_FOR_NODES if result.beyond_inventory else "skipped"
@@ -268,6 +271,21 @@ def _infeasible(
     ]
     if _write(rt, ref, conds, seen=body, slo=slo_text(spec)):
         rt.emit(body, "Warning", reason, explanation)
+
+
+def _no_plan_at_acceptance(
+    rt: Runtime, body: Mapping[str, Any], acceptance: float | None, result: SearchResult
+) -> None:
+    """The loop's re-plan with the acceptance it measured found no plan: the running
+    one stays and the loop goes on scaling it; a Warning event says why. The target's
+    conditions are left as its spec's plan set them: a Feasible flipped to False here
+    would flip back at the next operator restart, which plans the spec as written."""
+    measured = f"{acceptance:.2f}" if acceptance is not None else "the measured rate"
+    message = (
+        f"planned again with drafts accepted at {measured} per token, no plan fits: "
+        f"{result.explain()}; the running plan stays"
+    )
+    rt.emit(body, "Warning", "ReplanInfeasible", message)
 
 
 def _deploy(

@@ -187,3 +187,29 @@ def latest(kube: FakeKube) -> dict[str, Any]:
     found = kube.get_target(NS, "fast-70b")
     assert found is not None
     return found
+
+
+def test_a_replan_that_finds_no_plan_keeps_the_running_one_and_its_conditions(
+    rt: Runtime, kube: FakeKube, events: Events, plan: Plan
+) -> None:
+    """Drafts measured at 0.2 where nothing meets the SLO within the budget: the
+    Deployment and status.plan stay, a Warning says why, and Feasible stays as the spec's
+    plan set it (an operator restart, which plans the spec as written, would flip it
+    back otherwise)."""
+    planner = RecordingPlanner(plan)
+    rt.plan = planner
+    kube.add(target_body("fast-70b", DOC["spec"]))
+    assert reconcile(rt, latest(kube)) == "success"
+    before = latest(kube)["status"]
+    deployment = kube.get("apps/v1", "Deployment", NS, "fast-70b-engine")
+    planner.result = FakeResult(False, None, ["TPOT over SLO at every batch"])
+    d = replace(respeculated(""), speculative_config=None, replan_acceptance=0.2)
+    loop.replan(rt, latest(kube), d)
+    assert planner.acceptances[-1] == 0.2
+    assert events.reasons[-2:] == ["Replanned", "ReplanInfeasible"]
+    kind, _, message = events.items[-1]
+    assert kind == "Warning" and "accepted at 0.20 per token, no plan fits" in message
+    assert "TPOT over SLO at every batch" in message
+    after = latest(kube)["status"]
+    assert after["plan"] == before["plan"] and after["conditions"] == before["conditions"]
+    assert kube.get("apps/v1", "Deployment", NS, "fast-70b-engine") == deployment
