@@ -457,7 +457,8 @@ class FleetPlanner(PlanTargetPlanner):
     def respeculate(
         self, acceptance: float, batch: float, traffic: Traffic
     ) -> Respeculation | None:
-        """None: a mixed fleet is not planned with speculation."""
+        """None: a mix's pools each run their own schedule, re-planned only with the
+        whole target (``Decision.replan_acceptance``), never on their own."""
         return None
 
     def counted(self, pods: dict[str, int]) -> None:

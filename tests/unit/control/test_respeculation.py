@@ -19,7 +19,12 @@ from rooftop_api.spec import ServingTargetSpec
 from rooftop_control import control, traffic
 from rooftop_control.calibration import Calibration
 from rooftop_control.readings import MetricState, Observation, Reading
-from rooftop_control.sizing import PlanTargetPlanner, Respeculation, drafts_by_lookup
+from rooftop_control.sizing import (
+    FleetPlanner,
+    PlanTargetPlanner,
+    Respeculation,
+    drafts_by_lookup,
+)
 from rooftop_control.traffic import Traffic
 from rooftop_planner import speculative
 from rooftop_planner.pricing import ReplicaPrice
@@ -353,3 +358,27 @@ def test_a_lookup_given_in_extra_args_is_read_per_decode_step(config: str, looku
     plan = plan_target(spec).plan
     assert plan is not None and not plan.speculative_config
     assert drafts_by_lookup(spec, plan) is lookup
+
+
+def test_a_speculating_mix_prices_each_pools_steps_with_its_own_drafts() -> None:
+    """Owned A100s beside a GH200 (examples/owned-a100s.yaml) drafting by prompt
+    lookup: each pool's step is the verification of its own schedule's drafts, so the
+    fleet's step-time factor compares like with like; the drafts alone are not
+    re-planned on a mix (the whole target is, beyond 0.1)."""
+    data = yaml.safe_load((ROOT / "examples" / "owned-a100s.yaml").read_text())["spec"]
+    data["constraints"]["speculative"] = ["ngram"]
+    data["workload"]["acceptanceRate"] = 0.7
+    spec = ServingTargetSpec.model_validate(data)
+    plan = plan_target(spec).deployed
+    assert plan is not None and len(plan.pools) == 2
+    fleet = FleetPlanner(spec, plan)
+    for gpu, pool in fleet.pools.items():
+        assert pool.speculation is not None and pool.drafts_by_lookup, gpu
+        k = speculative.draft_length(pool.plan.speculative_config, 4.0)
+        ratio = speculative.step_ratio(pool.deployment, pool.speculation, 4.0, 1155 + 211 / 2, k)
+        plain = PlanTargetPlanner(spec, replace(pool.plan, speculative_config=""))
+        assert k > 0 and pool.step_ms(4.0, 1155.0, 211.0) == pytest.approx(
+            ratio * plain.step_ms(4.0, 1155.0, 211.0), rel=1e-9
+        )
+    assert fleet.drafts_by_lookup and fleet.planned_acceptance == 0.7
+    assert fleet.respeculate(0.05, 16.0, DECLARED) is None
