@@ -751,7 +751,13 @@ def _speculating(truth: TruthModel, r: Replica, seed: int) -> Speculation | None
     if not r.speculative_config:
         return None
     speculation, drafter = speculation_from(
-        r.speculative_config, r.acceptance, seed, MAX_SCHEDULE_BATCH, truth.dep.model, r.drafter
+        r.speculative_config,
+        r.acceptance,
+        seed,
+        MAX_SCHEDULE_BATCH,
+        truth.dep.model,
+        r.drafter,
+        truth.dep.weight_dtype,
     )
     if drafter is not None:
         truth.with_drafter(*drafter)

@@ -198,8 +198,8 @@ CEL_RULES["ServingTargetSpec"] = [
 ]
 CEL_RULES["Drafter"] = [
     {
-        "rule": "self.method != 'ngram'",
-        "message": "ngram loads no drafter; remove engine.drafter",
+        "rule": "self.method != 'ngram' && self.method != 'mtp'",
+        "message": "ngram and mtp load no drafter of their own; remove engine.drafter",
         "fieldPath": ".method",
     },
     {

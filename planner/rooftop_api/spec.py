@@ -116,13 +116,15 @@ class SpeculativeMethod(StrEnum):
     """How vLLM drafts the tokens a speculative step verifies: ``eagle3``, an EAGLE-3
     head trained for the model; ``draft_model``, a smaller model of the same family and
     vocabulary; ``ngram``, prompt lookup (the tokens that followed the sequence's latest
-    n-gram where it occurred before, found on the host; no model). vLLM's rejection
-    sampling keeps the model's output distribution at any temperature, so speculation
-    changes speed, not answers."""
+    n-gram where it occurred before, found on the host; no model); ``mtp``, the model's
+    own multi-token-prediction layers, where its checkpoint has them (DeepSeek-V3).
+    vLLM's rejection sampling keeps the model's output distribution at any temperature,
+    so speculation changes speed, not answers."""
 
     EAGLE3 = "eagle3"
     DRAFT_MODEL = "draft_model"
     NGRAM = "ngram"
+    MTP = "mtp"
 
 
 # vLLM refuses async scheduling beside ngram drafts (vllm/config/vllm.py: "async
@@ -365,7 +367,8 @@ class Constraints(_Model):
         max_length=len(SpeculativeMethod),
         description="Speculative decoding methods the planner may choose (eagle3, "
         "draft_model with a drafter the catalog names for the model or engine.drafter; "
-        "ngram, prompt lookup, with workload.acceptanceRate). Per batch size it "
+        "ngram, prompt lookup, with workload.acceptanceRate; mtp, the model's own "
+        "multi-token-prediction layers where it has them). Per batch size it "
         "picks the draft length (vLLM num_speculative_tokens_per_batch_size) or none where "
         "verifying drafts costs more than they save. Default: none.",
     )
@@ -535,7 +538,9 @@ class Drafter(_Model):
     """A drafter for speculative decoding that the drafter catalog does not list for
     the model: an EAGLE-3 head, or a smaller model of the same family and vocabulary."""
 
-    method: SpeculativeMethod = Field(description="eagle3 or draft_model (ngram loads none).")
+    method: SpeculativeMethod = Field(
+        description="eagle3 or draft_model (ngram and mtp load no drafter of their own)."
+    )
     model: str = Field(
         min_length=1,
         max_length=1024,
@@ -565,6 +570,11 @@ class Drafter(_Model):
             raise ValueError(
                 "drafter.method: ngram looks tokens up in the prompt and loads no drafter; "
                 "remove engine.drafter (constraints.speculative: [ngram] is enough)"
+            )
+        if self.method == SpeculativeMethod.MTP:
+            raise ValueError(
+                "drafter.method: mtp drafts with the model's own layers, read from its "
+                "config.json; remove engine.drafter (constraints.speculative: [mtp] is enough)"
             )
         if self.method == SpeculativeMethod.DRAFT_MODEL and not self.catalog_model:
             raise ValueError(

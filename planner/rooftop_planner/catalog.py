@@ -169,7 +169,10 @@ class ModelSpec:
       on every tensor-parallel rank, instead of K and V per head;
     - MoE layers with experts every token runs (``shared_expert_size``: their total MLP
       width) and leading layers with a dense MLP of ``dense_intermediate_size`` instead of
-      experts (``dense_layers``: DeepSeek's ``first_k_dense_replace``).
+      experts (``dense_layers``: DeepSeek's ``first_k_dense_replace``);
+    - multi-token-prediction layers the checkpoint carries beside ``num_layers``
+      (``mtp_layers``: DeepSeek-V3's ``num_nextn_predict_layers``), which vLLM can draft
+      with (speculative method ``mtp``); ``param_count`` leaves them out.
     """
 
     id: str
@@ -195,6 +198,7 @@ class ModelSpec:
     shared_expert_size: int = 0
     dense_layers: int = 0
     dense_intermediate_size: int = 0
+    mtp_layers: int = 0
     aliases: tuple[str, ...] = ()
     # weight dtype -> published checkpoint in that format (int4, int8, fp4, fp8)
     checkpoints: Mapping[str, Checkpoint] = field(default_factory=dict)
@@ -359,6 +363,7 @@ _MODEL_EXTRAS = (
     "shared_expert_size",
     "dense_layers",
     "dense_intermediate_size",
+    "mtp_layers",
 )
 # What MLA needs besides kv_lora_rank to be priced (q_lora_rank 0: queries uncompressed).
 _MLA_WIDTHS = ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
@@ -736,6 +741,22 @@ def _read_catalog_file(path: Path) -> str:
 
 
 @lru_cache(maxsize=8)
+def simulated_model_problem(model: str) -> str | None:
+    """Why ``rooftop engine-sim`` cannot serve ``model`` (None: it can): it times the
+    packaged catalog's models by their kernel tables, and a model known only from a
+    spec.modelConfig has none."""
+    catalog = load_catalog()
+    try:
+        catalog.model(model)
+    except CatalogError:
+        known = ", ".join(sorted(catalog.models))
+        return (
+            f"the simulated engine serves the catalog's models only ({known}), not "
+            f"{model!r}; plan it with mode: vllm, or simulate a catalog model of its size"
+        )
+    return None
+
+
 def load_catalog(user_file: str | None = None) -> Catalog:
     """Load the packaged catalogs, overlaid with ``user_file`` (YAML) if given."""
     gpus: dict[str, Any] = {}

@@ -58,6 +58,8 @@ _HF_FIELDS = {
     "qk_nope_head_dim": "qk_nope_head_dim",
     "qk_rope_head_dim": "qk_rope_head_dim",
     "v_head_dim": "v_head_dim",
+    "num_nextn_predict_layers": "mtp_layers",  # DeepSeek-V3, GLM-4.5, MiMo
+    "mtp_num_hidden_layers": "mtp_layers",  # Qwen3-Next's spelling
 }
 # The shape itself is never defaulted: a config without it is a truncated copy.
 _NEVER_DEFAULTED = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size")

@@ -20,6 +20,8 @@ Both draft as vLLM's proposers do: a first forward over every token the step bro
 (the B · (K + 1) verified positions and any prefill chunk), then K − 1 forwards of one
 token per sequence. A drafter forward pays the kernels and the per-layer overhead, not
 the engine's per-step overhead (scheduling and sampling happen once per engine step).
+- ``mtp``: the model's own multi-token-prediction layers (DeepSeek-V3's), one of its
+  layers with a projection and an LM head, in the model's weight dtype;
 - ``ngram``: vLLM's prompt lookup, no model: its host time per step, measured
   (``ngram_lookup``), no weights, no KV. It drafts only where the sequence's latest
   n-gram occurred before; its acceptance a is per decode step, a step where the lookup
@@ -47,10 +49,12 @@ import numpy as np
 from rooftop_planner import perf
 from rooftop_planner.catalog import Catalog, ModelSpec
 from rooftop_planner.drafters import (
+    MTP,
     NGRAM,
     NGRAM_DRAFTER,
     Drafter,
     drafter_shape,
+    mtp_drafter,
     packaged_drafters,
     tokens_per_step,
 )
@@ -103,7 +107,7 @@ def options(
         if method == NGRAM:
             _ngram(acceptance, found, problems)
             continue
-        drafter = known.get(method)
+        drafter = known.get(method) or (mtp_drafter(model) if method == MTP else None)
         if drafter is None:
             problems.append(_no_drafter(model, method, known))
             continue
@@ -117,7 +121,11 @@ def options(
         source = (
             "spec.workload.acceptanceRate" if acceptance is not None else drafter.acceptance_source
         )
-        found.append(Speculation(drafter, rate, source, drafter_shape(model, drafter, catalog)))
+        # MTP layers are trained for their own positions: vLLM may reuse them for longer
+        # drafts, at an acceptance nobody publishes, so the planner drafts no further
+        longest = drafter.layers if method == MTP else MAX_DRAFT_TOKENS
+        shape = drafter_shape(model, drafter, catalog)
+        found.append(Speculation(drafter, rate, source, shape, max_draft_tokens=longest))
     return found, problems
 
 
@@ -136,6 +144,11 @@ def _ngram(acceptance: float | None, found: list[Speculation], problems: list[st
 
 
 def _no_drafter(model: ModelSpec, method: str, known: Mapping[str, Drafter]) -> str:
+    if method == MTP:
+        return (
+            f"mtp: {model.id} has no multi-token-prediction layers (its config.json's "
+            "num_nextn_predict_layers is 0 or absent)"
+        )
     others = f" (it has {', '.join(sorted(known))})" if known else ""
     return f"{method}: the drafter catalog names no {method} drafter for {model.id}{others}"
 
@@ -145,14 +158,15 @@ def _no_drafter(model: ModelSpec, method: str, known: Mapping[str, Drafter]) -> 
 
 def draft_engine(dep: EngineShape, spec: Speculation) -> EngineShape | None:
     """The drafter as an engine on the target's GPUs: the same TP (vLLM's default draft
-    tensor parallelism), KV dtype and fitted kernels; a draft model in the target's
-    weight dtype where vLLM can load it so (16-bit, or fp8 quantized at load), an
-    EAGLE-3 head in 16 bits as published (None: ``ngram`` drafts on the host)."""
+    tensor parallelism), KV dtype and fitted kernels; a draft model or the model's
+    MTP layers in the target's weight dtype where vLLM can load them so (16-bit, or fp8
+    quantized at load), an EAGLE-3 head in 16 bits as published (None: ``ngram``
+    drafts on the host)."""
     if spec.draft is None:
         return None
     weights = "bf16"
-    if spec.method == "draft_model" and dep.weight_dtype in DRAFT_WEIGHT_DTYPES:
-        weights = dep.weight_dtype
+    if spec.method in ("draft_model", MTP) and dep.weight_dtype in DRAFT_WEIGHT_DTYPES:
+        weights = dep.weight_dtype  # vLLM quantizes the MTP layers as the model's
     return replace(dep, model=spec.draft, weight_dtype=weights)
 
 
@@ -439,7 +453,8 @@ def vllm_config(
 ) -> dict[str, Any]:
     """``--speculative-config`` as vLLM reads it (vllm/config/speculative.py)."""
     config: dict[str, Any] = {"method": spec.method}
-    if spec.draft is not None:  # ngram loads no model (vLLM names it "ngram" itself)
+    # ngram loads no model; mtp loads the target's own layers (vLLM points it there)
+    if spec.draft is not None and spec.method != MTP:
         config["model"] = spec.drafter.repo
     config["num_speculative_tokens"] = max_draft_tokens(ranges)
     if spec.method == "draft_model" and weight_dtype == "fp8":

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -68,6 +69,10 @@ def llama31(hidden: int, layers: int, heads: int, intermediate: int) -> dict[str
 
 
 LLAMA_70B = llama31(8192, 80, 64, 28672)
+# DeepSeek-V3's config.json as published (the keys that shape it), one MTP layer
+DEEPSEEK_V3: dict[str, Any] = json.loads(
+    (Path(__file__).parents[1] / "unit" / "planner" / "hf_configs" / "deepseek-v3.json").read_text()
+)
 LLAMA_8B = llama31(4096, 32, 32, 14336)
 DRAFT = "meta-llama/Llama-3.1-8B-Instruct"
 EAGLE3 = "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"
@@ -170,6 +175,12 @@ ACCEPTED: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         case(LLAMA_8B, 1, ngram()),
         {"method": "ngram", "num_speculative_tokens": 3, "schedule": []},
     ),
+    # what the planner emits for DeepSeek-V3 (tests/unit/planner/test_mtp.py): the
+    # model's own MTP layer, from its own checkpoint
+    "mtp for DeepSeek-V3 at TP 8": (
+        case(DEEPSEEK_V3, 8, {"method": "mtp", "num_speculative_tokens": 1}),
+        {"method": "mtp", "num_speculative_tokens": 1, "draft_architecture": "DeepSeekMTPModel"},
+    ),
 }
 
 # id -> (case, parts of vLLM's message); all refused at the engine stage
@@ -201,6 +212,11 @@ REFUSED: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "zero speculative tokens": (
         case(LLAMA_8B, 1, ngram(num_speculative_tokens=0)),
         ("num_speculative_tokens", "greater than 0"),
+    ),
+    # the planner offers mtp only where config.json has MTP layers (test_mtp.py)
+    "mtp for a model without MTP layers": (
+        case(LLAMA_8B, 1, {"method": "mtp", "num_speculative_tokens": 1}),
+        ("Unsupported speculative method: 'mtp'",),
     ),
     "draft with another vocabulary": (
         case(LLAMA_70B, 4, draft_model(), {DRAFT: LLAMA_8B | {"vocab_size": 32000}}),

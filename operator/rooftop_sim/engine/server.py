@@ -45,7 +45,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rooftop_api import exit_codes
 from rooftop_planner.catalog import CatalogError, ModelSpec, load_catalog
-from rooftop_planner.drafters import METHODS, NGRAM, Drafter, drafter_shape, with_drafter
+from rooftop_planner.drafters import (
+    METHODS,
+    MTP,
+    NGRAM,
+    Drafter,
+    drafter_shape,
+    mtp_head,
+    with_drafter,
+)
 from rooftop_planner.parallelism import TP_DEGREES, tp_problem
 from rooftop_planner.scenarios import normalize_dtype
 from rooftop_sim.engine.core import EngineConfig, EngineCore, Request, Speculation, StepResult
@@ -119,7 +127,7 @@ def check_config(cfg: EngineSimConfig) -> None:
         raise ValueError(f"--gpu-memory-utilization: must be a number in (0, 1], got {mem}")
 
 
-SIM_METHODS = (NGRAM, *METHODS)
+SIM_METHODS = (NGRAM, MTP, *METHODS)
 
 
 def sim_speculation(
@@ -133,8 +141,9 @@ def sim_speculation(
     if not cfg.speculative_config:
         return None, None
     named = _named_drafter(cfg) if cfg.draft_catalog_model or cfg.draft_layers else None
+    config, weights = cfg.speculative_config, sim_dtypes(cfg)[0]
     return speculation_from(
-        cfg.speculative_config, cfg.acceptance_rate, cfg.seed, cfg.max_num_seqs, model, named
+        config, cfg.acceptance_rate, cfg.seed, cfg.max_num_seqs, model, named, weights
     )
 
 
@@ -157,10 +166,12 @@ def speculation_from(
     max_num_seqs: int,
     model: ModelSpec,
     named: Drafter | None = None,
+    weight_dtype: str = "bf16",
 ) -> tuple[Speculation, tuple[ModelSpec, str] | None]:
     """``sim_speculation`` from the JSON itself (the simulated cluster's pods too);
     ``named``: a drafter the catalog does not list (spec.engine.drafter; without a
-    method and repo, the shape of the one the JSON names)."""
+    method and repo, the shape of the one the JSON names); ``weight_dtype``: the
+    model's, which its MTP layers (``mtp``) load in."""
     flag = "--speculative-config"
     try:
         config = json.loads(text)
@@ -181,6 +192,8 @@ def speculation_from(
     speculation = Speculation(schedule, acceptance, seed=seed, num_tokens=k, lookup=method == NGRAM)
     if method == NGRAM:
         return speculation, None
+    if method == MTP:
+        return speculation, (_mtp_shape(model), weight_dtype)
     repo = config.get("model")
     if named is not None and not named.method:
         named = replace(named, method=method, repo=str(repo))
@@ -202,6 +215,16 @@ def _drafter_shape(model: ModelSpec, method: str, repo: object, named: Drafter |
         return drafter_shape(model, drafter, load_catalog())
     except CatalogError as err:
         raise ValueError(f"--speculative-config: {err}") from None
+
+
+def _mtp_shape(model: ModelSpec) -> ModelSpec:
+    """The model's own MTP layers, where its config.json has them."""
+    if model.mtp_layers < 1:
+        raise ValueError(
+            f"--speculative-config: mtp drafts with the model's multi-token-prediction "
+            f"layers, and {model.id} has none"
+        )
+    return mtp_head(model)
 
 
 def _draft_dtype(config: dict[str, Any]) -> str:
@@ -728,8 +751,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--speculative-config",
         default="",
-        help="vLLM's JSON: method (ngram, eagle3, draft_model: a drafter the catalog "
-        "lists), num_speculative_tokens, num_speculative_tokens_per_batch_size",
+        help="vLLM's JSON: method (ngram; mtp, the model's own MTP layers; eagle3, "
+        "draft_model: a drafter the catalog lists), num_speculative_tokens, "
+        "num_speculative_tokens_per_batch_size",
     )
     p.add_argument(
         "--draft-catalog-model",

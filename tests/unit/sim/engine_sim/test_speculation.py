@@ -3,13 +3,20 @@ request, one verification step yielding 1 + accepted tokens, the spec-decode cou
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import numpy as np
 import pytest
 from prometheus_client import generate_latest
 from tests.unit.sim.engine_sim.test_core import drive
 
 from rooftop_planner.catalog import load_catalog
-from rooftop_planner.drafters import tokens_per_step
+from rooftop_planner.drafters import mtp_head, tokens_per_step
+from rooftop_planner.hf_config import model_from_hf_config
+from rooftop_planner.ngram_lookup import lookup_cost
 from rooftop_sim.engine.core import EngineConfig, EngineCore, Request, Speculation
+from rooftop_sim.engine.server import speculation_from
 from rooftop_sim.engine.truth import TruthModel
 from rooftop_sim.engine.vllm_metrics import VllmMetrics
 
@@ -95,10 +102,6 @@ def test_a_prompt_lookup_adds_its_measured_host_time_to_a_drafting_step_only() -
     """ngram loads no drafter: a step verifying drafts costs the verification plus the
     host's lookup over the batch's tokens (the measured table), a plain step nothing
     more, whatever the GPU's reality factor."""
-    import numpy as np
-
-    from rooftop_planner.ngram_lookup import lookup_cost
-
     plain = truth(draft=False)
     lookup = truth(draft=False).with_lookup()
     verify = plain.step_s(16, 16 * 1500, 0, 0.0, draft_tokens=48, draft_k=3)
@@ -108,3 +111,15 @@ def test_a_prompt_lookup_adds_its_measured_host_time_to_a_drafting_step_only() -
     )
     assert lookup.step_s(16, 16 * 1500, 0, 0.0) == plain.step_s(16, 16 * 1500, 0, 0.0)
     assert lookup.kv_capacity_tokens() == plain.kv_capacity_tokens()
+
+
+def test_the_simulated_engine_drafts_with_the_models_own_mtp_layers() -> None:
+    """--speculative-config {"method": "mtp"}: the drafter is the model's MTP layer, in
+    the model's weight dtype; a model without one is refused with why."""
+    hf = Path(__file__).parents[2] / "planner" / "hf_configs" / "deepseek-v3.json"
+    deepseek = model_from_hf_config(json.loads(hf.read_text()))
+    config = '{"method": "mtp", "num_speculative_tokens": 1}'
+    spec, drafter = speculation_from(config, 0.85, 0, 64, deepseek, None, "fp8")
+    assert spec.num_tokens == 1 and drafter == (mtp_head(deepseek), "fp8")
+    with pytest.raises(ValueError, match="mtp drafts with the model's multi-token-prediction"):
+        speculation_from(config, 0.85, 0, 64, load_catalog().model("llama-3.1-8b"))
