@@ -35,6 +35,7 @@ from rooftop_operator import engine_security
 from rooftop_operator.engine_security import PodSecurity
 from rooftop_operator.errors import OperatorError
 from rooftop_operator.specs import TargetRef
+from rooftop_planner.catalog import simulated_model_problem
 from rooftop_planner.drafters import planned_acceptance
 from rooftop_planner.errors import PlannerError
 from rooftop_planner.inventory import gpu_toleration
@@ -290,6 +291,8 @@ def sim_command(inp: EngineInputs) -> list[str]:
     """``rooftop engine-sim`` with the plan's engine shape: the simulator answers like
     vLLM would with that GPU, TP, dtypes and batch limit, without a GPU."""
     plan, spec = inp.plan, inp.spec
+    if (problem := simulated_model_problem(spec.model)) is not None:
+        raise UnsupportedPlan(problem)
     command = [
         "rooftop",
         "engine-sim",

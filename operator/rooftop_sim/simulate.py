@@ -55,7 +55,7 @@ from rooftop_control import control, defaults, sizing
 from rooftop_control.calibration import Calibration
 from rooftop_planner.batching import mean_step_s
 from rooftop_planner.bursts import dispersion, interval_counts
-from rooftop_planner.catalog import load_catalog
+from rooftop_planner.catalog import load_catalog, simulated_model_problem
 from rooftop_planner.drafters import Drafter, named_drafter, planned_acceptance
 from rooftop_planner.fleet import FleetPrice, MixedFleet
 from rooftop_planner.inventory import GpuInventory
@@ -261,6 +261,8 @@ def scenario(
         result = plan_target(spec, gpu_inventory=gpu_inventory)
     except PlannerError as err:  # an unknown model or a bad spec.modelConfig
         raise InputError(str(err)) from err
+    if (problem := simulated_model_problem(spec.model)) is not None:
+        raise InputError(problem)
     if result.plan is None:
         raise InputError("no plan meets the SLO within the budget:\n" + result.explain())
     plan = result.plan

@@ -696,3 +696,26 @@ def test_a_gh200_plan_runs_an_arm64_image_on_arm64_nodes(catalog: Catalog) -> No
     h100 = children.engine_inputs(catalog, mirror, REF, spec, make_plan(), pod_monitor=False)
     assert h100.image == "mirror/vllm:amd64"
     assert "kubernetes.io/arch" not in pod_spec(builders.build_deployment(h100))["nodeSelector"]
+
+
+def test_a_simulated_engine_is_not_deployed_for_a_model_only_its_config_json_gives(
+    catalog: Catalog,
+) -> None:
+    """engine-sim times the catalog's models by their kernel tables; a model known from
+    spec.modelConfig alone would crash every pod, so the plan is refused with the fix."""
+    config = model_config_of(catalog.model("llama-3.1-8b"))
+    spec = {**SPEC, "mode": "simulated", "model": "acme/custom-8b", "modelConfig": config}
+    known = inputs(catalog, {**SPEC, "mode": "simulated"})
+    custom = replace(known, spec=parse_spec(spec))
+    with pytest.raises(builders.UnsupportedPlan, match="serves the catalog's models only"):
+        builders.sim_command(custom)
+    assert builders.sim_command(known)[:2] == ["rooftop", "engine-sim"]
+
+
+def model_config_of(model: Any) -> dict[str, Any]:
+    """A config.json of a catalog model's shape."""
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "hidden_size": model.hidden_size, "intermediate_size": model.intermediate_size,
+            "num_attention_heads": model.num_heads, "num_key_value_heads": model.num_kv_heads,
+            "num_hidden_layers": model.num_layers, "vocab_size": model.vocab_size,
+            "max_position_embeddings": 8192}  # fmt: skip
