@@ -193,6 +193,21 @@ def _target() -> dict[str, Query]:
             "drafted",
             optional=True,
         ),
+        # the chance a draft gets past position i: a^(i+1) where every position accepts
+        # a, as the planner's chain has it
+        "accepted_by_position": Query(
+            f"sum by (position) "
+            f"({rate('vllm:spec_decode_num_accepted_tokens_per_pos_total', ENGINE)}) "
+            f"/ ignoring(position) group_left() {e('vllm:spec_decode_num_drafts_total')}",
+            "position {{position}}",
+            optional=True,
+        ),
+        # decode steps that drafted: under 1 where prompt lookup found no match
+        "drafted_share": Query(
+            f"{e('vllm:spec_decode_num_drafts_total')} / {e(ITL_HIST + '_count')}",
+            "steps that drafted",
+            optional=True,
+        ),
         "running": Query(f"sum(vllm:num_requests_running{{{ENGINE}}})", "running"),
         "waiting": Query(f"sum(vllm:num_requests_waiting{{{ENGINE}}})", "waiting"),
         "kv_cache_max": Query(f"max(vllm:kv_cache_usage_perc{{{ENGINE}}})", "max"),

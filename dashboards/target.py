@@ -103,6 +103,16 @@ def _load() -> list[p.Json]:
             "accepted (empty where the engines do not speculate). The loop solves the "
             "per-token acceptance from the two.",
         ),
+        p.fraction(
+            "Speculative decoding: accepted by draft position",
+            [Q["accepted_by_position"], Q["drafted_share"]],
+            description="Share of verification steps whose draft was accepted up to each "
+            "position (a^(i+1) where every position accepts a, as the planner assumes; "
+            "a steeper fall says longer drafts pay less than planned; where the schedule "
+            "drafts fewer tokens at larger batches, deep positions also fall by the steps "
+            "that did not reach them), and the share of decode steps that drafted at all "
+            "(under 1 where prompt lookup found no match, which the loop counts for ngram).",
+        ),
     ]
 
 
