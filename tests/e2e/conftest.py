@@ -123,3 +123,16 @@ def vllm_py(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tiny_model_dir(vllm_py: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama checkpoint the real vLLM serves (tests/engine/tiny_model.py)."""
     return tiny_model(vllm_py, tmp_path_factory.mktemp("models"))
+
+
+@pytest.fixture(scope="session")
+def prometheus_operator_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Prometheus Operator built from its Go module, with its CRDs
+    (tests/cluster/build-prometheus-operator.sh, cached)."""
+    log = tmp_path_factory.mktemp("prometheus-operator-build") / "build.log"
+    built = _run_script("build-prometheus-operator.sh", log)
+    if built is None:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
+        _unavailable(f"the Prometheus Operator did not build ({log}):\n{tail}")
+    assert built is not None
+    return Path(built)

@@ -1,0 +1,247 @@
+"""The Prometheus Operator, built from its Go module, as users run it.
+
+Every other test scrapes through file discovery the harness writes. Here the real
+Prometheus Operator (tests/cluster/build-prometheus-operator.sh) watches the local
+control plane, with its own CRDs and a Prometheus resource selecting as
+kube-prometheus-stack's defaults do (PodMonitors and rules labelled
+``release: <release>``, in any namespace), and turns the chart's and the operator's
+PodMonitors and PrometheusRule into the configuration its Prometheus would load (the
+``prometheus-<name>`` Secret and rule ConfigMaps). What a default install of the chart
+leaves unselected, and what the documented label changes, is read from there.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from rooftop_planner.catalog import load_catalog
+from tests.cluster.controlplane import free_port, parent_death_signal
+from tests.cluster.handle import ClusterHandle, wait_until
+from tests.cluster.operator_process import Operator
+from tests.e2e.test_operator import Env, ready_example
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "rooftop"
+RELEASE = "rooftop"  # fullname: the chart's name is in the release's
+KPS_RELEASE = "kps"  # the kube-prometheus-stack release whose label selects
+SELECTED = {"release": KPS_RELEASE}
+TARGET = "chat"
+TIMEOUT = 90.0
+
+
+def kps_prometheus(name: str) -> dict[str, Any]:
+    """A Prometheus as kube-prometheus-stack 88's values render it by default: monitors
+    and rules selected by its release label (``*SelectorNilUsesHelmValues: true``), in
+    every namespace (empty namespace selectors)."""
+    by_release = {"matchLabels": SELECTED}
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "Prometheus",
+        "metadata": {"name": name, "labels": SELECTED},
+        "spec": {
+            "replicas": 1,
+            "podMonitorSelector": by_release,
+            "podMonitorNamespaceSelector": {},
+            "serviceMonitorSelector": by_release,
+            "serviceMonitorNamespaceSelector": {},
+            "ruleSelector": by_release,
+            "ruleNamespaceSelector": {},
+            "probeSelector": by_release,
+            "scrapeConfigSelector": by_release,
+        },
+    }
+
+
+@dataclass
+class World:
+    env: Env  # the operator and its targets (tests/e2e/test_operator.py's)
+    monitoring: str
+    system: str
+    prometheus: str
+    notes: str
+    work: Path
+
+    @property
+    def api(self) -> Any:
+        return self.env.api
+
+    @property
+    def targets(self) -> str:
+        return self.env.namespace
+
+    def config(self) -> dict[str, Any]:
+        """The configuration the Prometheus Operator generated (its Secret), or {}."""
+        try:
+            secret = client.CoreV1Api(self.api).read_namespaced_secret(
+                f"prometheus-{self.prometheus}", self.monitoring
+            )
+        except client.ApiException:
+            return {}
+        raw = (secret.data or {}).get("prometheus.yaml.gz")
+        if not raw:
+            return {}
+        parsed: dict[str, Any] = yaml.safe_load(gzip.decompress(base64.b64decode(raw)))
+        return parsed
+
+    def jobs(self) -> dict[str, dict[str, Any]]:
+        return {job["job_name"]: job for job in self.config().get("scrape_configs") or []}
+
+    def rule_files(self) -> str:
+        """Every rule file the Prometheus Operator rendered for that Prometheus."""
+        maps = client.CoreV1Api(self.api).list_namespaced_config_map(
+            self.monitoring, label_selector=f"prometheus-name={self.prometheus}"
+        )
+        return "\n".join(v for m in maps.items for v in (m.data or {}).values())
+
+
+def pod_monitor(name: str, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
+    """A PodMonitor of pods no one runs: its scrape job is all it gives."""
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "PodMonitor",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": {"app": "nothing"}},
+            "podMetricsEndpoints": [{"port": "metrics"}],
+        },
+    }
+
+
+def engine_job(w: World) -> str:
+    return f"podMonitor/{w.targets}/{TARGET}-engine/0"
+
+
+def operator_job(w: World) -> str:
+    return f"podMonitor/{w.system}/{RELEASE}/0"
+
+
+def start_prometheus_operator(binary: Path, kubeconfig: Path, log: Path) -> subprocess.Popen[bytes]:
+    argv = [str(binary), "--log-level=info", f"--web.listen-address=127.0.0.1:{free_port()}"]
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env={"KUBECONFIG": str(kubeconfig)},
+            start_new_session=True, preexec_fn=parent_death_signal,
+        )  # fmt: skip
+
+
+def install_crds(cluster: ClusterHandle, crds: Path) -> list[str]:
+    """The release's CRDs, server-side (the Prometheus CRD is over the 256 KiB a
+    client-side apply's annotation may hold); their names."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
+    # BaseLoader: an enum of the CRDs holds "=", YAML 1.1's value tag to the safe loader
+    names = [yaml.load(p.read_text(), yaml.BaseLoader)["metadata"]["name"]
+             for p in sorted(crds.glob("*.yaml"))]  # fmt: skip
+    for name in names:
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+    return names
+
+
+@pytest.fixture(scope="module")
+def world(
+    cluster: ClusterHandle, prometheus_operator_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[World]:
+    suffix = uuid.uuid4().hex[:6]
+    monitoring, system, targets = (f"{n}-{suffix}" for n in ("monitoring", "rooftop-po", "po"))
+    work = tmp_path_factory.mktemp("prometheus-operator")
+    for ns in (monitoring, system, targets):
+        cluster.create_namespace(ns)
+    crds = install_crds(cluster, prometheus_operator_dir / "crds")
+    po = start_prometheus_operator(
+        prometheus_operator_dir / "bin" / "operator", cluster.kubeconfig, work / "po.log"
+    )
+    api = cluster.api()
+    path = work / "prometheus.yaml"
+    path.write_text(yaml.safe_dump(kps_prometheus("kps")))
+    cluster.kubectl("apply", "-n", monitoring, "-f", str(path))
+    installed = cluster.helm(
+        "install", RELEASE, str(CHART), "--namespace", system, "--set", "image.tag=e2e",
+        "--set", "metrics.podMonitor.enabled=true",
+        "--set", f"metrics.podMonitor.labels.release={KPS_RELEASE}",
+        "--set", "prometheusRule.enabled=true",
+        "--set", f"prometheusRule.labels.release={KPS_RELEASE}",
+    )  # fmt: skip
+    kubeconfig = cluster.serviceaccount_kubeconfig(system, RELEASE)
+    operator = Operator(kubeconfig, targets, work / "operator.log")
+    env = Env(cluster, api, targets, operator, load_catalog(), release=RELEASE)
+    w = World(env, monitoring, system, "kps", installed.stdout, work)
+    try:
+        operator.start(ROOFTOP_PODMONITOR_LABELS="{}")  # the chart's default
+        ready_example(env, TARGET)
+        yield w
+    finally:
+        operator.stop()
+        po.terminate()
+        po.wait(timeout=20)
+        cluster.helm("uninstall", RELEASE, "--namespace", system, check=False)
+        for ns in (targets, system, monitoring):
+            cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        for node in env.nodes:
+            cluster.kubectl("delete", "node", node, "--wait=false", check=False)
+        for name in crds:  # later modules stand in their own PodMonitor API, or none
+            cluster.kubectl("delete", "crd", name, "--wait=false", check=False)
+        api.close()
+
+
+# ---------------------------------------------------------------- what users get
+
+
+def test_a_default_install_warns_that_the_engines_go_unscraped(world: World) -> None:
+    """engine.podMonitor.labels left empty: the Prometheus selects the operator's own
+    PodMonitor (labelled as the chart was told) and not the engines', and the install's
+    NOTES say so with the flag that fixes it."""
+    wait_until(lambda: operator_job(world) in world.jobs(), TIMEOUT, "the operator's job")
+    # a selected PodMonitor made after the engines': once its job is there, the
+    # configuration was generated with the engines' PodMonitor in the cluster
+    control = pod_monitor("control", world.targets, SELECTED)
+    path = world.work / "control.yaml"
+    path.write_text(yaml.safe_dump(control))
+    world.env.cluster.kubectl("apply", "-f", str(path))
+    control_job = f"podMonitor/{world.targets}/control/0"
+    wait_until(lambda: control_job in world.jobs(), TIMEOUT, "the control job")
+    assert engine_job(world) not in world.jobs()
+    assert "WARNING: engine.podMonitor.labels is empty" in world.notes
+    assert f"--set engine.podMonitor.labels.release={KPS_RELEASE}" in world.notes
+
+
+def test_the_operators_own_series_keep_the_targets_namespace(world: World) -> None:
+    """honorLabels on the operator's PodMonitor: its per-target series' ``namespace``
+    (the ServingTarget's) survives the scrape rather than becoming exported_namespace."""
+    job = wait_until(lambda: world.jobs().get(operator_job(world)), TIMEOUT, "operator job")
+    assert isinstance(job, dict) and job.get("honor_labels") is True
+
+
+def test_the_chart_s_alerts_are_loaded_by_the_rule_selector(world: World) -> None:
+    """The PrometheusRule, labelled as the chart was told, is rendered into the
+    Prometheus' rule files; its rules are the chart's."""
+    rules = wait_until(lambda: world.rule_files(), TIMEOUT, "rule files")
+    assert isinstance(rules, str)
+    for alert in ("RooftopTPOTErrorBudgetBurn", "RooftopEngineMetricsMissing",
+                  "RooftopServingTargetInfeasible", "RooftopEngineDown"):  # fmt: skip
+        assert f"alert: {alert}" in rules, alert
+
+
+def test_the_documented_label_selects_the_engines(world: World) -> None:
+    """As ``helm upgrade --set engine.podMonitor.labels.release=kps`` renders it: the
+    operator, restarted, labels the engine PodMonitor, and the Prometheus Operator
+    generates its scrape job, its relabelings keeping the target and namespace labels
+    the loop's queries group by."""
+    world.env.operator.stop()
+    world.env.operator.start(ROOFTOP_PODMONITOR_LABELS=json.dumps(SELECTED))
+    job = wait_until(lambda: world.jobs().get(engine_job(world)), TIMEOUT, "the engines' job")
+    assert isinstance(job, dict)
+    targets = {r.get("target_label") for r in job.get("relabel_configs") or []}
+    assert {"namespace", "servingtarget"} <= targets, targets
