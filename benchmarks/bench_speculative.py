@@ -88,20 +88,49 @@ def plans() -> None:
         "budget": {"usdPerHour": 500},
         "constraints": {"gpuTypes": ["h100-sxm"], "weightDtypes": ["fp8"]},
     }
-    with_spec = {
+    cases = [("without", base)]
+    for method, acceptance in (
+        ("draft_model", 0.7),
+        ("ngram", 0.7),
+        ("ngram", 0.5),
+        ("ngram", 0.3),
+    ):
+        cases.append((f"{method}, acceptance {acceptance}", speculating(base, method, acceptance)))
+    deepseek = {
         **base,
-        "constraints": {**base["constraints"], "speculative": ["draft_model"]},
-        "workload": {**base["workload"], "acceptanceRate": 0.7},
+        "model": "deepseek-ai/DeepSeek-V3",
+        "modelConfig": json.loads(DEEPSEEK_V3.read_text()),
+        "constraints": {"gpuTypes": ["h200-sxm"], "weightDtypes": ["fp8"]},
+        "budget": {"usdPerHour": 1000},
     }
-    for name, spec in (("without", base), ("draft_model, acceptance 0.7", with_spec)):
+    for tpot in (20, 30):
+        slo = {**deepseek, "slo": {"tpotMs": tpot, "tpotPercentile": "p90"}}
+        cases += [(f"DeepSeek-V3 at {tpot} ms, without", slo),
+                  (f"DeepSeek-V3 at {tpot} ms, mtp", speculating(slo, "mtp", None))]  # fmt: skip
+    for name, spec in cases:
         plan = plan_target(ServingTargetSpec.model_validate(spec)).plan
-        assert plan is not None
+        if plan is None:
+            print(f"{name}: no plan meets the SLO")
+            continue
         print(
             f"{name}: {plan.replicas}x TP{plan.tp} {plan.gpu}, cap {plan.max_num_seqs}, "
             f"p90 TPOT {plan.tpot_ms:.1f} ms, ${plan.usd_per_hour:.2f}/h"
         )
         if plan.speculative_config:
             print(f"  --speculative-config {plan.speculative_config}")
+
+
+# DeepSeek-V3's config.json as published (the keys that shape it): its MTP layer
+DEEPSEEK_V3 = ROOT / "tests" / "unit" / "planner" / "hf_configs" / "deepseek-v3.json"
+
+
+def speculating(spec: dict[str, Any], method: str, acceptance: float | None) -> dict[str, Any]:
+    """``spec`` allowed to speculate by ``method`` (at ``acceptance``; None: published)."""
+    workload = dict(spec["workload"])
+    if acceptance is not None:
+        workload["acceptanceRate"] = acceptance
+    constraints = {**spec["constraints"], "speculative": [method]}
+    return {**spec, "constraints": constraints, "workload": workload}
 
 
 def sim_tpot_s(k: int, acceptance: float, batch: int, steps: int = 400, seed: int = 0) -> float:
