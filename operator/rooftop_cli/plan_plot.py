@@ -13,9 +13,9 @@ from rooftop_planner import perf
 from rooftop_planner.batching import predict_continuous
 from rooftop_planner.catalog import Catalog
 from rooftop_planner.efficiency import load_efficiency
+from rooftop_planner.hf_config import resolve_model
 from rooftop_planner.plan import Plan
 from rooftop_planner.result import SearchResult
-from rooftop_planner.search import resolve_model
 from rooftop_planner.workload import from_spec
 
 BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)

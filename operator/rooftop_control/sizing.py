@@ -32,9 +32,10 @@ from rooftop_planner.bursts import burst_rate
 from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog, ModelSpec, load_catalog
 from rooftop_planner.drafters import drafters_for, planned_acceptance
 from rooftop_planner.efficiency import load_efficiency
+from rooftop_planner.hf_config import resolve_model
 from rooftop_planner.perf import EngineShape
 from rooftop_planner.plan import Plan
-from rooftop_planner.search import PreparedSearch, prepare_search, resolve_model
+from rooftop_planner.search import PreparedSearch, prepare_search
 
 # Sizings one target keeps (rate on a 1 % grid x factor to 0.01 x lengths on a 5 %
 # grid), about 1 KiB each: a tick sizes at a few of them, and a miss costs a fifth of a

@@ -16,10 +16,10 @@ from rooftop_operator.settings import OperatorConfig
 from rooftop_operator.specs import TargetRef
 from rooftop_planner.catalog import ACCELERATOR_FAMILIES, Catalog
 from rooftop_planner.errors import PlannerError
+from rooftop_planner.hf_config import resolve_model
 from rooftop_planner.lifecycle import Lifecycle, lifecycle
 from rooftop_planner.plan import Plan
 from rooftop_planner.pricing import replica_price
-from rooftop_planner.search import resolve_model
 from rooftop_planner.weights import Weights, resolve_weights
 
 Obj = dict[str, Any]

@@ -30,7 +30,7 @@ from rooftop_planner.catalog import (
     estimate_param_count,
     load_catalog,
 )
-from rooftop_planner.hf_config import model_from_hf_config
+from rooftop_planner.hf_config import resolve_model
 
 METHODS = ("eagle3", "draft_model")
 # vLLM's prompt lookup: it drafts the tokens that followed the last earlier occurrence of
@@ -301,24 +301,15 @@ def planned_drafter(spec: ServingTargetSpec, method: str) -> Drafter | None:
     if method == NGRAM:
         return NGRAM_DRAFTER
     if method == MTP:
-        model = spec_model(spec)
-        return None if model is None else mtp_drafter(model)
+        try:
+            return mtp_drafter(resolve_model(spec, load_catalog()))
+        except CatalogError:  # the spec's model does not read: the planner says so
+            return None
     try:
         model_id = load_catalog().model(spec.model).id
     except CatalogError:  # a model outside the catalog (spec.modelConfig) has no entry
         model_id = spec.model
     return with_drafter(model_id, named_drafter(spec)).get(method)
-
-
-def spec_model(spec: ServingTargetSpec) -> ModelSpec | None:
-    """The model ``spec`` serves: its modelConfig's shape, else the catalog's (None:
-    neither reads)."""
-    try:
-        if spec.model_config_json is not None:
-            return model_from_hf_config(spec.model_config_json, name=spec.model)
-        return load_catalog().model(spec.model)
-    except CatalogError:
-        return None
 
 
 def planned_acceptance(spec: ServingTargetSpec, method: str) -> float | None:

@@ -31,8 +31,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from rooftop_api.spec import ServingTargetSpec
 from rooftop_planner.catalog import (
     _MODEL_REQUIRED,
+    Catalog,
     CatalogError,
     ModelSpec,
     _count,
@@ -106,6 +108,16 @@ def model_from_hf_config(config: Mapping[str, Any] | str | Path, name: str = "")
         )
     model_id = name or str(cfg.get("_name_or_path") or config.get("model_type") or "custom")
     return _model_from_entry(model_id.lower(), entry, at, tied_embeddings=bool(tied))
+
+
+def resolve_model(spec: ServingTargetSpec, catalog: Catalog) -> ModelSpec:
+    """The model ``spec`` serves: its modelConfig's shape, else the catalog's entry
+    (CatalogError when neither reads)."""
+    # An empty modelConfig is given-but-incomplete: say which config.json fields are missing
+    # rather than fall back to the catalog and report an unknown model.
+    if spec.model_config_json is not None:
+        return model_from_hf_config(spec.model_config_json, name=spec.model)
+    return catalog.model(spec.model)
 
 
 @lru_cache(maxsize=1)

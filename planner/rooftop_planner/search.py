@@ -54,7 +54,7 @@ from rooftop_planner.choice import choose
 from rooftop_planner.drafters import drafters_for
 from rooftop_planner.efficiency import EfficiencyTable, load_efficiency
 from rooftop_planner.fleet import cheapest_mix
-from rooftop_planner.hf_config import model_from_hf_config
+from rooftop_planner.hf_config import resolve_model
 from rooftop_planner.inventory import GpuInventory
 from rooftop_planner.kernels import FloatArray, column
 from rooftop_planner.parallelism import TP_DEGREES, tp_problem
@@ -826,14 +826,6 @@ def _make_plan(
 
 
 # ---------------------------------------------------------------- entry point
-
-
-def resolve_model(spec: ServingTargetSpec, catalog: Catalog) -> ModelSpec:
-    # An empty modelConfig is given-but-incomplete: say which config.json fields are missing
-    # rather than fall back to the catalog and report an unknown model.
-    if spec.model_config_json is not None:
-        return model_from_hf_config(spec.model_config_json, name=spec.model)
-    return catalog.model(spec.model)
 
 
 def _context(

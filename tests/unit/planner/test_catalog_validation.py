@@ -15,8 +15,7 @@ import pytest
 
 from rooftop_api.spec import ServingTargetSpec
 from rooftop_planner.catalog import CatalogError, load_catalog
-from rooftop_planner.hf_config import model_from_hf_config
-from rooftop_planner.search import resolve_model
+from rooftop_planner.hf_config import model_from_hf_config, resolve_model
 
 HF_CONFIG: dict[str, Any] = {
     "num_hidden_layers": 32,
