@@ -52,7 +52,6 @@ from rooftop_control.defaults import SERVED_RANGE_S
 from rooftop_control.readings import SIGNALS, MetricState, Observation, Reading
 from rooftop_control.sizing import (
     FleetPlanner,
-    drafts_by_lookup,
     fleet_planner,
     plan_acceptance,
 )
@@ -989,7 +988,8 @@ async def feedback(
         scale_down_window_s=scale_down_s,
         # read from the plan each tick: a re-plan that kept the shape changes only it
         planned_acceptance=plan_acceptance(spec, plan),
-        acceptance_per_decode_step=drafts_by_lookup(spec, plan),
+        # the method changes only with the drafts or the spec, which rebuild the planner
+        acceptance_per_decode_step=mem.planner.drafts_by_lookup,
     )
     pods = (ready, pending, outdated_pods(deps))
     obs, errors = await _observe(rt.loop.fleet, settings, spec, ref, pods)
