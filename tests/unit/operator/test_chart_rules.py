@@ -33,7 +33,6 @@ UNIT_TESTS = Path(__file__).parent / "data" / "prometheus-rules.test.yaml"
 ENABLED = "prometheusRule.enabled=true"
 # Gauges the rules read that the operator does not export (none: every one it reads is
 # in rooftop_operator.metrics.METRIC_NAMES).
-PENDING_GAUGES: set[str] = set()
 # The SRE workbook's multiwindow, multi-burn-rate table: (long, short, burn rate, severity).
 WORKBOOK = {("1h", "5m", 14.4, "critical"), ("6h", "30m", 6.0, "critical"),
             ("3d", "6h", 1.0, "warning")}  # fmt: skip
@@ -180,11 +179,11 @@ def test_the_rules_judge_the_operators_attainment_bucket() -> None:
 
 @needs_helm
 def test_the_rules_read_metrics_that_exist() -> None:
-    """Every rooftop_ metric is one the operator exports (or the pending percentile
-    gauges, with a fallback), and the vLLM histograms are the ones the loop reads."""
+    """Every rooftop_ metric is one the operator exports, and the vLLM histograms are
+    the ones the loop reads."""
     exprs = " ".join(r["expr"] for r in rules())
     read = set(re.findall(r"(?<![\w:])rooftop_\w+", exprs))  # not inside recorded names
-    assert read - set(metrics.METRIC_NAMES) <= PENDING_GAUGES
+    assert read <= set(metrics.METRIC_NAMES), read - set(metrics.METRIC_NAMES)
     vllm = set(re.findall(r"\bvllm:\w+", exprs))
     assert vllm == {f"{h}_{suffix}" for h in (signals.REQUEST_TPOT_HISTOGRAM,
                                               signals.TTFT_HISTOGRAM)
