@@ -36,7 +36,7 @@ def find_prometheus() -> Path | None:
 
 
 class PrometheusServer:
-    """Prometheus on 127.0.0.1 scraping whatever `set_targets` lists (job "rooftop").
+    """Prometheus on ``host`` (127.0.0.1) scraping whatever `set_targets` lists (job "rooftop").
 
     `extra_config` is merged into the generated prometheus.yml top level
     (e.g. {"rule_files": [...]}) and `job_config` into the scrape job (e.g.
@@ -50,6 +50,7 @@ class PrometheusServer:
         binary: Path | None = None,
         *,
         port: int | None = None,
+        host: str = "127.0.0.1",
         scrape_interval: str = "1s",
         extra_config: Mapping[str, Any] | None = None,
         job_config: Mapping[str, Any] | None = None,
@@ -60,6 +61,7 @@ class PrometheusServer:
         self.binary = binary
         self.workdir = workdir
         self.port = port or free_port()
+        self.host = host
         self.scrape_interval = scrape_interval
         self.extra_config = dict(extra_config or {})
         self.job_config = dict(job_config or {})
@@ -72,7 +74,7 @@ class PrometheusServer:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -90,7 +92,7 @@ class PrometheusServer:
             str(self.binary),
             f"--config.file={config}",
             f"--storage.tsdb.path={self.workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{self.port}",
+            f"--web.listen-address={self.host}:{self.port}",
             "--storage.tsdb.retention.time=2h",
             "--web.enable-lifecycle",
             "--log.level=warn",

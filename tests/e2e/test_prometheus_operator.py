@@ -12,10 +12,7 @@ leaves unselected, and what the documented label changes, is read from there.
 
 from __future__ import annotations
 
-import base64
-import gzip
 import json
-import subprocess
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,12 +21,19 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
 
 from rooftop_planner.catalog import load_catalog
-from tests.cluster.controlplane import free_port, parent_death_signal
 from tests.cluster.handle import ClusterHandle, wait_until
 from tests.cluster.operator_process import Operator
+from tests.cluster.prometheus import find_prometheus
+from tests.cluster.prometheus_operator import (
+    generated_config,
+    install_crds,
+    kps_prometheus,
+    rule_config_maps,
+    server_version,
+    start_prometheus_operator,
+)
 from tests.e2e.test_operator import Env, ready_example
 
 pytestmark = pytest.mark.e2e
@@ -41,29 +45,6 @@ KPS_RELEASE = "kps"  # the kube-prometheus-stack release whose label selects
 SELECTED = {"release": KPS_RELEASE}
 TARGET = "chat"
 TIMEOUT = 90.0
-
-
-def kps_prometheus(name: str) -> dict[str, Any]:
-    """A Prometheus as kube-prometheus-stack 88's values render it by default: monitors
-    and rules selected by its release label (``*SelectorNilUsesHelmValues: true``), in
-    every namespace (empty namespace selectors)."""
-    by_release = {"matchLabels": SELECTED}
-    return {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "Prometheus",
-        "metadata": {"name": name, "labels": SELECTED},
-        "spec": {
-            "replicas": 1,
-            "podMonitorSelector": by_release,
-            "podMonitorNamespaceSelector": {},
-            "serviceMonitorSelector": by_release,
-            "serviceMonitorNamespaceSelector": {},
-            "ruleSelector": by_release,
-            "ruleNamespaceSelector": {},
-            "probeSelector": by_release,
-            "scrapeConfigSelector": by_release,
-        },
-    }
 
 
 @dataclass
@@ -85,27 +66,15 @@ class World:
 
     def config(self) -> dict[str, Any]:
         """The configuration the Prometheus Operator generated (its Secret), or {}."""
-        try:
-            secret = client.CoreV1Api(self.api).read_namespaced_secret(
-                f"prometheus-{self.prometheus}", self.monitoring
-            )
-        except client.ApiException:
-            return {}
-        raw = (secret.data or {}).get("prometheus.yaml.gz")
-        if not raw:
-            return {}
-        parsed: dict[str, Any] = yaml.safe_load(gzip.decompress(base64.b64decode(raw)))
-        return parsed
+        return generated_config(self.api, self.monitoring, self.prometheus)
 
     def jobs(self) -> dict[str, dict[str, Any]]:
         return {job["job_name"]: job for job in self.config().get("scrape_configs") or []}
 
     def rule_files(self) -> str:
         """Every rule file the Prometheus Operator rendered for that Prometheus."""
-        maps = client.CoreV1Api(self.api).list_namespaced_config_map(
-            self.monitoring, label_selector=f"prometheus-name={self.prometheus}"
-        )
-        return "\n".join(v for m in maps.items for v in (m.data or {}).values())
+        maps = rule_config_maps(self.api, self.monitoring, self.prometheus)
+        return "\n".join(v for files in maps.values() for v in files.values())
 
 
 def pod_monitor(name: str, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
@@ -129,27 +98,6 @@ def operator_job(w: World) -> str:
     return f"podMonitor/{w.system}/{RELEASE}/0"
 
 
-def start_prometheus_operator(binary: Path, kubeconfig: Path, log: Path) -> subprocess.Popen[bytes]:
-    argv = [str(binary), "--log-level=info", f"--web.listen-address=127.0.0.1:{free_port()}"]
-    with log.open("ab") as out:
-        return subprocess.Popen(
-            argv, stdout=out, stderr=subprocess.STDOUT, env={"KUBECONFIG": str(kubeconfig)},
-            start_new_session=True, preexec_fn=parent_death_signal,
-        )  # fmt: skip
-
-
-def install_crds(cluster: ClusterHandle, crds: Path) -> list[str]:
-    """The release's CRDs, server-side (the Prometheus CRD is over the 256 KiB a
-    client-side apply's annotation may hold); their names."""
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
-    # BaseLoader: an enum of the CRDs holds "=", YAML 1.1's value tag to the safe loader
-    names = [yaml.load(p.read_text(), yaml.BaseLoader)["metadata"]["name"]
-             for p in sorted(crds.glob("*.yaml"))]  # fmt: skip
-    for name in names:
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
-    return names
-
-
 @pytest.fixture(scope="module")
 def world(
     cluster: ClusterHandle, prometheus_operator_dir: Path, tmp_path_factory: pytest.TempPathFactory
@@ -165,7 +113,8 @@ def world(
     )
     api = cluster.api()
     path = work / "prometheus.yaml"
-    path.write_text(yaml.safe_dump(kps_prometheus("kps")))
+    version = server_version(find_prometheus() or Path("prometheus"))
+    path.write_text(yaml.safe_dump(kps_prometheus("kps", KPS_RELEASE, version=version)))
     cluster.kubectl("apply", "-n", monitoring, "-f", str(path))
     installed = cluster.helm(
         "install", RELEASE, str(CHART), "--namespace", system, "--set", "image.tag=e2e",

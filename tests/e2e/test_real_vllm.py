@@ -36,10 +36,10 @@ from typing import Any
 
 import pytest
 import yaml
-from dashboards import queries
 from kubernetes import client
 
 from rooftop_api.spec import MODELS_MOUNT
+from tests.cluster import dashboard_queries
 from tests.cluster.controlplane import free_port
 from tests.cluster.handle import ClusterHandle
 from tests.cluster.nodes import L4, gpu_node
@@ -53,7 +53,7 @@ from tests.cluster.vllm_engines import (
     model_config,
     vllm_cli,
 )
-from tests.e2e.test_loop import PhaseFailed, Run, label_values_as_promql
+from tests.e2e.test_loop import PhaseFailed, Run
 from tests.e2e.test_operator import POD_MONITOR_CRD
 
 pytestmark = pytest.mark.vllm
@@ -266,16 +266,7 @@ def _dashboards(world: World) -> dict[str, Any] | None:
 
 
 def _dashboard_queries(world: World) -> dict[str, Any]:
-    results: dict[str, Any] = {}
-    for key, q in queries.ALL.items():
-        expr = queries.concrete(q.expr, world.namespace, NAME, rate_interval=f"{WINDOW_S:g}s")
-        results[key] = {"expr": expr, "series": world.prometheus.query(expr),
-                        "optional": q.optional}  # fmt: skip
-    for expr in queries.VARIABLE_QUERIES:
-        promql = label_values_as_promql(queries.concrete(expr, world.namespace, NAME))
-        results[expr] = {"expr": promql, "series": world.prometheus.query(promql),
-                         "optional": False}  # fmt: skip
-    return results
+    return dashboard_queries.run_all(world.prometheus, world.namespace, NAME, f"{WINDOW_S:g}s")
 
 
 def counted(world: World, completed: int) -> dict[str, Any]:

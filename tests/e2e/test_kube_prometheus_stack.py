@@ -1,0 +1,337 @@
+"""Monitoring as users run it: kube-prometheus-stack's selection, a real scrape, the loop.
+
+The operator runs as the chart's pod on the real node (tests/cluster/realnode.py). The
+Prometheus Operator, built from its Go module, watches the control plane with a
+``Prometheus`` selecting as kube-prometheus-stack's defaults do (monitors and rules
+labelled ``release: kps``, any namespace), and a real Prometheus runs the configuration
+it generates (tests/cluster/prometheus_operator.py: only mount paths are mapped), on
+the node's bridge address, where the operator pod's feedback loop queries it. Every
+series here went through the PodMonitors the chart and the operator made, and through
+the Prometheus Operator's selection, relabelings and ``honor_labels``.
+
+One scenario (``run``), then one promise per test:
+
+1. **Installed as documented for the stack, but without the engines' label.** The
+   chart labels its own PodMonitor and PrometheusRule ``release: kps``; ``helm
+   install``'s NOTES warn that ``engine.podMonitor.labels`` is empty. A simulated
+   target serves load on the real node, and nothing scrapes its engine: SLOMet says
+   why and which chart value fixes it, and RooftopEngineMetricsMissing goes pending.
+2. **``helm upgrade --set engine.podMonitor.labels.release=kps``.** The engines are
+   scraped with the labels the loop and the dashboards group by; the loop judges the
+   SLO from them; the operator's own series keep the target's ``namespace``; every
+   dashboard query returns data; every rule of the chart evaluates without error and
+   none of its alerts is pending or firing for the healthy target.
+
+The simulated engine (``rooftop engine-sim``, in the operator's image) stands in for
+vLLM: the path of its metrics is what is under test, and it needs no model or GPU.
+Alert ``for:`` durations (10 minutes and more) are not waited out here; the chart's
+promtool tests (tests/unit/operator/test_chart_rules.py) take each alert from pending to
+firing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.cluster import dashboard_queries
+from tests.cluster.apiserver_relay import api_server_for_pods
+from tests.cluster.controlplane import free_port
+from tests.cluster.handle import ClusterHandle, wait_until
+from tests.cluster.prometheus import find_prometheus
+from tests.cluster.prometheus_operator import (
+    GeneratedPrometheus,
+    install_crds,
+    kps_prometheus,
+    server_version,
+    start_prometheus_operator,
+)
+from tests.cluster.realnode import OPERATOR_IMAGE, RealNode
+from tests.e2e.test_loop import Run
+from tests.e2e.test_real_node import _build, real_node  # noqa: F401 (fixture)
+from tests.e2e.test_real_node_operator import _helm_values, _one_ready, _simulated
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.realnode]
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "rooftop"
+RELEASE = "kps-rooftop"
+KPS = "kps"  # the kube-prometheus-stack release; its Prometheus selects release=kps
+PROMETHEUS = "kps-prometheus"
+TARGET = "chat"
+MODEL = "llama-3.1-8b"
+INTERVAL = "5s"  # the Prometheus' scrape and rule interval, the operator's scrape
+WINDOW = "1m"  # the loop's and the dashboards' rate window (4 engine scrapes of 15 s)
+READY_S = 180.0
+DATA_S = 240.0  # the engines' first scrapes, one window of them, a loop tick
+
+
+@dataclass
+class World:
+    cluster: ClusterHandle
+    node: RealNode
+    prometheus: GeneratedPrometheus
+    system: str
+    targets: str
+    work: Path
+
+    def target(self) -> dict[str, Any]:
+        out = self.cluster.kubectl("-n", self.targets, "get", "servingtarget", TARGET, "-o", "json")
+        doc: dict[str, Any] = json.loads(out.stdout)
+        return doc
+
+    def condition(self, kind: str) -> dict[str, Any]:
+        conditions = self.target().get("status", {}).get("conditions") or []
+        return next((c for c in conditions if c["type"] == kind), {})
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """The target's alerts, pending or firing (Prometheus' /api/v1/alerts)."""
+        with urllib.request.urlopen(self.prometheus.url + "/api/v1/alerts", timeout=5) as r:
+            found: list[dict[str, Any]] = json.loads(r.read())["data"]["alerts"]
+        mine = {"namespace": self.targets, "servingtarget": TARGET}
+        return [a for a in found if mine.items() <= a["labels"].items()]
+
+    def rules(self) -> list[dict[str, Any]]:
+        """Every rule Prometheus loaded, with its group (/api/v1/rules)."""
+        with urllib.request.urlopen(self.prometheus.url + "/api/v1/rules", timeout=5) as r:
+            groups = json.loads(r.read())["data"]["groups"]
+        return [rule | {"group": g["name"]} for g in groups for rule in g["rules"]]
+
+    def engine_job(self) -> str:
+        """The engines' ``job`` label: the Prometheus Operator's NAMESPACE/PODMONITOR
+        (the scrape config itself is podMonitor/NAMESPACE/PODMONITOR/0)."""
+        return f"{self.targets}/{TARGET}-engine"
+
+
+def helm_values(node: RealNode, prometheus_url: str) -> list[str]:
+    """The chart as a kube-prometheus-stack user installs it, minus the engines' label:
+    its own PodMonitor and its alerts labelled for the stack's selectors."""
+    values = {
+        "metrics.podMonitor.labels.release": KPS,
+        "metrics.podMonitor.interval": INTERVAL,
+        "prometheusRule.labels.release": KPS,
+        "loop.prometheusUrl": prometheus_url,
+        "loop.window": WINDOW,
+    }
+    strings = [a for k, v in values.items() for a in ("--set-string", f"{k}={v}")]
+    typed = ["metrics.podMonitor.enabled=true", "prometheusRule.enabled=true",
+             "loop.intervalSeconds=5"]  # fmt: skip
+    return [*_helm_values(node), *strings, *(a for v in typed for a in ("--set", v))]
+
+
+def load(world: World, service_ip: str) -> subprocess.Popen[bytes]:
+    """``rooftop load`` at 2 requests/s through the target's ClusterIP Service, until
+    stopped."""
+    argv = [sys.executable, "-m", "rooftop_cli.main", "load", "--url", f"http://{service_ip}:8000",
+            "--model", MODEL, "--rate", "2", "--prompt-tokens", "64", "--output-tokens", "32",
+            "--duration", "3600", "--quiet"]  # fmt: skip
+    with (world.work / "load.log").open("ab") as log:
+        return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait(what: str, check: Callable[[], Any], timeout: float = DATA_S) -> Any:
+    return wait_until(check, timeout, what)
+
+
+# ---------------------------------------------------------------- the two phases
+
+
+def unselected(world: World, notes: str) -> dict[str, Any]:
+    """Installed without the engines' label: what tells the user, and what does not."""
+    slo = wait("SLOMet to say the engines are not scraped",
+               lambda: (c := world.condition("SLOMet")).get("reason") == "MetricsUnavailable"
+               and "engine.podMonitor.labels" in c.get("message", "") and c)  # fmt: skip
+    missing = "RooftopEngineMetricsMissing"
+    alert = wait(f"{missing} pending", lambda: [
+        a for a in world.alerts() if a["labels"]["alertname"] == missing])  # fmt: skip
+    jobs = [j["job_name"] for j in world.prometheus.generated().get("scrape_configs") or []]
+    return {"notes": notes, "slo": slo, "alerts": alert, "jobs": jobs, "namespace": world.targets}
+
+
+def selected(world: World) -> dict[str, Any]:
+    """After the documented ``helm upgrade``: the engines scraped, the loop judging."""
+    world.cluster.helm("upgrade", RELEASE, str(CHART), "--namespace", world.system,
+                       "--reuse-values", "--set-string",
+                       f"engine.podMonitor.labels.release={KPS}")  # fmt: skip
+    up = world.prometheus.wait_for(f'up{{job="{world.engine_job()}"}} == 1', timeout=DATA_S)
+    slo = wait(
+        "SLOMet judged from the engines' series",
+        lambda: (c := world.condition("SLOMet")).get("status") in ("True", "False") and c,
+    )
+    operator = world.prometheus.wait_for(f'rooftop_slo_tpot_seconds{{name="{TARGET}"}}')
+    results: dict[str, Any] = {}
+
+    def dashboards_full() -> bool:
+        nonlocal results
+        results = dashboard_queries.run_all(world.prometheus, world.targets, TARGET, WINDOW)
+        return not dashboard_queries.empty(results)
+
+    with contextlib.suppress(TimeoutError):  # the test names the empty ones
+        wait("every dashboard query to return data", dashboards_full, 120)
+    time.sleep(30)  # rules evaluated on the healthy target for a while
+    observed = world.target().get("status", {}).get("observed")
+    return {"namespace": world.targets, "system": world.system, "up": up, "slo": slo,
+            "observed": observed, "operator_series": operator, "queries": results,
+            "rules": world.rules(), "alerts": world.alerts()}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run(
+    cluster: ClusterHandle,
+    real_node: RealNode,  # noqa: F811 (the imported fixture)
+    prometheus_operator_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Run]:
+    work = tmp_path_factory.mktemp("kps")
+    _build("build-images.sh", "operator", log=work / "build-images.log")
+    real_node.import_images(OPERATOR_IMAGE)
+    suffix = uuid.uuid4().hex[:6]
+    monitoring, system, targets = (f"{n}-{suffix}" for n in ("kps-monitoring", "kps-system", "kps"))
+    for ns in (monitoring, system, targets):
+        cluster.create_namespace(ns)
+    crds = install_crds(cluster, prometheus_operator_dir / "crds")
+    po = start_prometheus_operator(
+        prometheus_operator_dir / "bin" / "operator", cluster.kubeconfig, work / "po.log"
+    )
+    binary = find_prometheus()
+    assert binary is not None
+    spec = kps_prometheus(PROMETHEUS, KPS, version=server_version(binary), interval=INTERVAL)
+    cluster.kubectl("apply", "-n", monitoring, "-f", "-", stdin=yaml.safe_dump(spec))
+    prometheus = GeneratedPrometheus(work / "prometheus", cluster, monitoring, PROMETHEUS,
+                                     host=real_node.gateway, port=free_port())  # fmt: skip
+    world = World(cluster, real_node, prometheus, system, targets, work)
+    result = Run()
+    loader: subprocess.Popen[bytes] | None = None
+    try:
+        with api_server_for_pods(cluster, real_node.gateway):
+            installed = cluster.helm("install", RELEASE, str(CHART), "--namespace", system,
+                                     *helm_values(real_node, prometheus.url))  # fmt: skip
+            prometheus.start()
+            wait("the operator pod Ready",
+                 lambda: _one_ready(cluster, system, f"app.kubernetes.io/instance={RELEASE}"),
+                 READY_S)  # fmt: skip
+            doc = _simulated(TARGET)
+            cluster.kubectl("-n", targets, "apply", "-f", "-", stdin=json.dumps(doc))
+            wait("the engine pod Ready",
+                 lambda: _one_ready(cluster, targets, f"rooftop.dev/servingtarget={TARGET}"),
+                 READY_S)  # fmt: skip
+            ip = cluster.kubectl("-n", targets, "get", "service", TARGET, "-o",
+                                 "jsonpath={.spec.clusterIP}").stdout  # fmt: skip
+            loader = load(world, ip)
+            for name, step in (("unselected", lambda: unselected(world, installed.stdout)),
+                               ("selected", lambda: selected(world))):  # fmt: skip
+                result.phases[name] = step()
+            yield result
+    except Exception as err:  # the tests report where it stopped
+        result.failed = f"{type(err).__name__}: {err}\n{debug(world)}"
+        yield result
+    finally:
+        if loader is not None:
+            loader.terminate()
+            loader.wait(timeout=30)
+        prometheus.stop()
+        po.terminate()
+        po.wait(timeout=20)
+        cluster.kubectl("delete", "namespace", targets, "--wait=false", check=False)
+        cluster.helm("uninstall", RELEASE, "--namespace", system, check=False)
+        for ns in (system, monitoring):
+            cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        for name in crds:
+            cluster.kubectl("delete", "crd", name, "--wait=false", check=False)
+
+
+def debug(world: World) -> str:
+    pods = world.cluster.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
+    logs = world.cluster.kubectl("-n", world.system, "logs", f"deploy/{RELEASE}", "--tail=30",
+                                 check=False).stdout  # fmt: skip
+    log = world.prometheus.log_path
+    prom = log.read_text()[-2000:] if log.exists() else ""
+    return f"pods:\n{pods[-3000:]}\noperator:\n{logs[-2500:]}\nprometheus:\n{prom}"
+
+
+# ---------------------------------------------------------------- 1. unselected
+
+
+def test_a_default_install_says_the_engines_go_unscraped(run: Run) -> None:
+    """The NOTES warn at install time and name the flag that fixes it."""
+    notes = run.need("unselected")["notes"]
+    assert "WARNING: engine.podMonitor.labels is empty" in notes
+    assert f"--set engine.podMonitor.labels.release={KPS}" in notes
+
+
+def test_unscraped_engines_are_named_in_slomet_with_the_fix(run: Run) -> None:
+    """The loop holds the replicas and says which chart value makes the PodMonitor
+    selected; the Prometheus Operator generated no job for it."""
+    phase = run.need("unselected")
+    slo = phase["slo"]
+    assert slo["status"] == "Unknown"
+    assert "no engine series" in slo["message"]
+    assert (
+        f"PodMonitor {phase['namespace']}/{TARGET}-engine" in slo["message"]
+        and "release=<its release>" in slo["message"]
+    )
+    assert not [j for j in phase["jobs"] if j.endswith(f"/{TARGET}-engine/0")], phase["jobs"]
+
+
+def test_unscraped_engines_raise_the_metrics_missing_alert(run: Run) -> None:
+    """RooftopEngineMetricsMissing, loaded through the rule selector, goes pending on
+    the operator's own series (its ``for:`` then fires it: the promtool tests)."""
+    alerts = run.need("unselected")["alerts"]
+    assert {a["state"] for a in alerts} <= {"pending", "firing"} and alerts, alerts
+
+
+# ---------------------------------------------------------------- 2. selected
+
+
+def test_the_documented_label_gets_the_engines_scraped_with_the_loops_labels(run: Run) -> None:
+    phase = run.need("selected")
+    assert phase["up"], "no engine target up"
+    labels = phase["up"][0]["metric"]
+    assert labels["namespace"] == phase["namespace"] and labels["servingtarget"] == TARGET
+    assert labels["pod"].startswith(f"{TARGET}-"), labels
+
+
+def test_the_loop_judges_the_slo_from_the_scraped_engines(run: Run) -> None:
+    phase = run.need("selected")
+    assert phase["slo"]["status"] in ("True", "False"), phase["slo"]
+    observed = phase["observed"] or {}
+    assert observed.get("tpotMs", 0) > 0 and observed.get("requestsPerSecond", 0) > 0, observed
+
+
+def test_the_operators_series_keep_the_targets_namespace(run: Run) -> None:
+    """honorLabels: the ServingTarget's namespace, not the operator pod's, and no
+    ``exported_namespace``."""
+    phase = run.need("selected")
+    labels = phase["operator_series"][0]["metric"]
+    assert "exported_namespace" not in labels, labels
+    assert labels["namespace"] == phase["namespace"] != phase["system"], labels
+
+
+def test_every_dashboard_query_returns_data_as_scraped(run: Run) -> None:
+    results = run.need("selected")["queries"]
+    missing = dashboard_queries.empty(results)
+    assert results and not missing, (
+        f"dashboard queries without data: {json.dumps(missing, indent=1)}"
+    )
+
+
+def test_every_chart_rule_evaluates_and_a_healthy_target_raises_no_alert(run: Run) -> None:
+    phase = run.need("selected")
+    rules = [r for r in phase["rules"] if r["group"].startswith("rooftop")]
+    assert len(rules) > 20, rules
+    broken = {r.get("name") or r.get("alert"): r.get("lastError") for r in rules
+              if r.get("health") != "ok"}  # fmt: skip
+    assert not broken, broken
+    assert phase["alerts"] == [], phase["alerts"]
