@@ -21,10 +21,13 @@ One scenario (``run``), then one promise per test:
    SLO from them; the operator's own series keep the target's ``namespace``; every
    dashboard query returns data; every rule of the chart evaluates without error and
    none of its alerts is pending or firing for the healthy target.
+3. **A surge one replica cannot serve** (the target allows one): first tokens queue past
+   the TTFT bound and RooftopTTFTErrorBudgetBurn's page (1 h and 5 min over 14.4x the
+   target's p99 budget, ``for: 2m``) fires.
 
 The simulated engine (``rooftop engine-sim``, in the operator's image) stands in for
 vLLM: the path of its metrics is what is under test, and it needs no model or GPU.
-Alert ``for:`` durations (10 minutes and more) are not waited out here; the chart's
+The other alerts' ``for:`` (5 minutes and more) is not waited out here; the chart's
 promtool tests (tests/unit/operator/test_chart_rules.py) take each alert from pending to
 firing.
 """
@@ -39,7 +42,7 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +79,10 @@ INTERVAL = "5s"  # the Prometheus' scrape and rule interval, the operator's scra
 WINDOW = "1m"  # the loop's and the dashboards' rate window (4 engine scrapes of 15 s)
 READY_S = 180.0
 DATA_S = 240.0  # the engines' first scrapes, one window of them, a loop tick
+# The surge: an L40's engine at batch 8 streams 512 tokens in about 12 s, so one replica
+# serves about 0.7 requests/s of them; at 4/s the queue, and the TTFT, grow every second.
+SURGE_RPS, SURGE_OUTPUT_TOKENS = 4, 512
+BURN_S = 480.0  # 14.4x of a 1 % budget in both windows, then the alert's 2 minutes
 
 
 @dataclass
@@ -86,6 +93,7 @@ class World:
     system: str
     targets: str
     work: Path
+    loaders: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def target(self) -> dict[str, Any]:
         out = self.cluster.kubectl("-n", self.targets, "get", "servingtarget", TARGET, "-o", "json")
@@ -131,13 +139,24 @@ def helm_values(node: RealNode, prometheus_url: str) -> list[str]:
     return [*_helm_values(node), *strings, *(a for v in typed for a in ("--set", v))]
 
 
-def load(world: World, service_ip: str) -> subprocess.Popen[bytes]:
-    """``rooftop load`` at 2 requests/s through the target's ClusterIP Service, until
-    stopped."""
-    argv = [sys.executable, "-m", "rooftop_cli.main", "load", "--url", f"http://{service_ip}:8000",
-            "--model", MODEL, "--rate", "2", "--prompt-tokens", "64", "--output-tokens", "32",
-            "--duration", "3600", "--quiet"]  # fmt: skip
-    with (world.work / "load.log").open("ab") as log:
+def target() -> dict[str, Any]:
+    """The real node's simulated target (one L40-sized engine), judged at p99 TTFT so
+    the chart's fastest page, 14.4x the error budget, can fire (no p90 SLO can go
+    14.4x over its 10 % budget), and held to one replica so that a surge breaches."""
+    doc = _simulated(TARGET)
+    doc["spec"]["slo"]["ttftPercentile"] = "p99"
+    doc["spec"]["constraints"]["maxReplicas"] = 1
+    return doc
+
+
+def load(world: World, rate: float, output_tokens: int) -> subprocess.Popen[bytes]:
+    """``rooftop load`` through the target's ClusterIP Service until stopped."""
+    ip = world.cluster.kubectl("-n", world.targets, "get", "service", TARGET, "-o",
+                               "jsonpath={.spec.clusterIP}").stdout  # fmt: skip
+    argv = [sys.executable, "-m", "rooftop_cli.main", "load", "--url", f"http://{ip}:8000",
+            "--model", MODEL, "--rate", str(rate), "--prompt-tokens", "64", "--output-tokens",
+            str(output_tokens), "--duration", "3600", "--quiet"]  # fmt: skip
+    with (world.work / f"load-{rate:g}.log").open("ab") as log:
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -145,7 +164,7 @@ def wait(what: str, check: Callable[[], Any], timeout: float = DATA_S) -> Any:
     return wait_until(check, timeout, what)
 
 
-# ---------------------------------------------------------------- the two phases
+# ---------------------------------------------------------------- the three phases
 
 
 def unselected(world: World, notes: str) -> dict[str, Any]:
@@ -187,6 +206,29 @@ def selected(world: World) -> dict[str, Any]:
             "rules": world.rules(), "alerts": world.alerts()}  # fmt: skip
 
 
+def breached(world: World) -> dict[str, Any]:
+    """A surge the one allowed replica cannot serve: requests queue, their TTFT passes
+    the bound, and the 1 h / 5 min burn-rate page fires (``for: 2m``)."""
+    surge = load(world, SURGE_RPS, SURGE_OUTPUT_TOKENS)
+    world.loaders.append(surge)
+    burn = "RooftopTTFTErrorBudgetBurn"
+
+    def firing() -> list[dict[str, Any]]:
+        return [
+            a
+            for a in world.alerts()
+            if a["labels"]["alertname"] == burn
+            and a["labels"].get("long_window") == "1h"
+            and a["state"] == "firing"
+        ]
+
+    fired = wait(f"{burn} (1h, 5m) firing", firing, BURN_S)
+    budget = world.prometheus.query(
+        f'namespace_servingtarget:rooftop_slo_ttft_error_budget:ratio{{servingtarget="{TARGET}"}}'
+    )
+    return {"alerts": fired, "budget": budget, "slo": world.condition("SLOMet")}
+
+
 @pytest.fixture(scope="module")
 def run(
     cluster: ClusterHandle,
@@ -213,7 +255,6 @@ def run(
                                      host=real_node.gateway, port=free_port())  # fmt: skip
     world = World(cluster, real_node, prometheus, system, targets, work)
     result = Run()
-    loader: subprocess.Popen[bytes] | None = None
     try:
         with api_server_for_pods(cluster, real_node.gateway):
             installed = cluster.helm("install", RELEASE, str(CHART), "--namespace", system,
@@ -222,23 +263,21 @@ def run(
             wait("the operator pod Ready",
                  lambda: _one_ready(cluster, system, f"app.kubernetes.io/instance={RELEASE}"),
                  READY_S)  # fmt: skip
-            doc = _simulated(TARGET)
-            cluster.kubectl("-n", targets, "apply", "-f", "-", stdin=json.dumps(doc))
+            cluster.kubectl("-n", targets, "apply", "-f", "-", stdin=json.dumps(target()))
             wait("the engine pod Ready",
                  lambda: _one_ready(cluster, targets, f"rooftop.dev/servingtarget={TARGET}"),
                  READY_S)  # fmt: skip
-            ip = cluster.kubectl("-n", targets, "get", "service", TARGET, "-o",
-                                 "jsonpath={.spec.clusterIP}").stdout  # fmt: skip
-            loader = load(world, ip)
+            world.loaders.append(load(world, 2, 32))
             for name, step in (("unselected", lambda: unselected(world, installed.stdout)),
-                               ("selected", lambda: selected(world))):  # fmt: skip
+                               ("selected", lambda: selected(world)),
+                               ("breached", lambda: breached(world))):  # fmt: skip
                 result.phases[name] = step()
             yield result
     except Exception as err:  # the tests report where it stopped
         result.failed = f"{type(err).__name__}: {err}\n{debug(world)}"
         yield result
     finally:
-        if loader is not None:
+        for loader in world.loaders:
             loader.terminate()
             loader.wait(timeout=30)
         prometheus.stop()
@@ -335,3 +374,18 @@ def test_every_chart_rule_evaluates_and_a_healthy_target_raises_no_alert(run: Ru
               if r.get("health") != "ok"}  # fmt: skip
     assert not broken, broken
     assert phase["alerts"] == [], phase["alerts"]
+
+
+# ---------------------------------------------------------------- 3. breached
+
+
+def test_a_breach_fires_the_burn_rate_page_at_the_targets_own_percentile(run: Run) -> None:
+    """The surge's slow first tokens spend the p99 target's 1 % error budget over 14.4x
+    as fast as it allows, in the last hour and the last 5 minutes: the page fires, its
+    budget read from the quantile the operator exports for this target."""
+    phase = run.need("breached")
+    [alert] = phase["alerts"]
+    assert alert["labels"]["severity"] == "critical" and alert["labels"]["short_window"] == "5m"
+    [budget] = phase["budget"]
+    assert float(budget["value"][1]) == pytest.approx(0.01)
+    assert phase["slo"]["status"] in ("False", "Unknown"), phase["slo"]
