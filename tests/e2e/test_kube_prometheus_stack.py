@@ -24,9 +24,12 @@ One scenario (``run``), then one promise per test:
 3. **A surge one replica cannot serve** (the target allows one): first tokens queue past
    the TTFT bound and RooftopTTFTErrorBudgetBurn's page (1 h and 5 min over 14.4x the
    target's p99 budget, ``for: 2m``) fires.
+4. **The real vLLM** (CPU build) in a ``mode: vllm`` target's pod, in place of the
+   simulated one: its own histograms reach Prometheus through the PodMonitor with the
+   loop's labels, and the loop reads them.
 
-The simulated engine (``rooftop engine-sim``, in the operator's image) stands in for
-vLLM: the path of its metrics is what is under test, and it needs no model or GPU.
+In phases 1-3 the simulated engine (``rooftop engine-sim``, in the operator's image)
+stands in for vLLM: it needs no model, starts in seconds and can be overloaded.
 The other alerts' ``for:`` (5 minutes and more) is not waited out here; the chart's
 promtool tests (tests/unit/operator/test_chart_rules.py) take each alert from pending to
 firing.
@@ -62,9 +65,12 @@ from tests.cluster.prometheus_operator import (
     start_prometheus_operator,
 )
 from tests.cluster.realnode import OPERATOR_IMAGE, RealNode
+from tests.cluster.requests_webhook import RequestsWebhook
 from tests.e2e.test_loop import Run
 from tests.e2e.test_real_node import _build, real_node  # noqa: F401 (fixture)
-from tests.e2e.test_real_node_operator import _helm_values, _one_ready, _simulated
+from tests.e2e.test_real_node_operator import _helm_values, _one_ready, _simulated, readable_copy
+from tests.e2e.test_zero_loss import SERVED, _model_claim
+from tests.e2e.test_zero_loss import target as vllm_target
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.realnode]
 
@@ -82,6 +88,7 @@ DATA_S = 240.0  # the engines' first scrapes, one window of them, a loop tick
 # The surge: an L40's engine at batch 8 streams 512 tokens in about 12 s, so one replica
 # serves about 0.7 requests/s of them; at 4/s the queue, and the TTFT, grow every second.
 SURGE_RPS, SURGE_OUTPUT_TOKENS = 4, 512
+VLLM_READY_S = 300.0  # the engine image's first start on the node, the model's load
 BURN_S = 480.0  # 14.4x of a 1 % budget in both windows, then the alert's 2 minutes
 
 
@@ -93,10 +100,11 @@ class World:
     system: str
     targets: str
     work: Path
+    pv: str  # the vLLM target's model volume
     loaders: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
-    def target(self) -> dict[str, Any]:
-        out = self.cluster.kubectl("-n", self.targets, "get", "servingtarget", TARGET, "-o", "json")
+    def target(self, name: str = TARGET) -> dict[str, Any]:
+        out = self.cluster.kubectl("-n", self.targets, "get", "servingtarget", name, "-o", "json")
         doc: dict[str, Any] = json.loads(out.stdout)
         return doc
 
@@ -149,14 +157,16 @@ def target() -> dict[str, Any]:
     return doc
 
 
-def load(world: World, rate: float, output_tokens: int) -> subprocess.Popen[bytes]:
+def load(
+    world: World, rate: float, output_tokens: int, name: str = TARGET, model: str = MODEL
+) -> subprocess.Popen[bytes]:
     """``rooftop load`` through the target's ClusterIP Service until stopped."""
-    ip = world.cluster.kubectl("-n", world.targets, "get", "service", TARGET, "-o",
+    ip = world.cluster.kubectl("-n", world.targets, "get", "service", name, "-o",
                                "jsonpath={.spec.clusterIP}").stdout  # fmt: skip
     argv = [sys.executable, "-m", "rooftop_cli.main", "load", "--url", f"http://{ip}:8000",
-            "--model", MODEL, "--rate", str(rate), "--prompt-tokens", "64", "--output-tokens",
+            "--model", model, "--rate", str(rate), "--prompt-tokens", "16", "--output-tokens",
             str(output_tokens), "--duration", "3600", "--quiet"]  # fmt: skip
-    with (world.work / f"load-{rate:g}.log").open("ab") as log:
+    with (world.work / f"load-{name}-{rate:g}.log").open("ab") as log:
         return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -229,11 +239,50 @@ def breached(world: World) -> dict[str, Any]:
     return {"alerts": fired, "budget": budget, "slo": world.condition("SLOMet")}
 
 
+def real_vllm(world: World, tiny_model_dir: Path) -> dict[str, Any]:
+    """The real vLLM (CPU build) as a ``mode: vllm`` target's pod on the node, its
+    tiny model from a PersistentVolumeClaim (tests/e2e/test_zero_loss.py's target): its
+    own metrics, through the engine PodMonitor's relabelings as the Prometheus Operator
+    generates them, reach the loop. The simulated target and its load go first: the
+    node has two cores."""
+    for loader in world.loaders:
+        loader.terminate()
+    world.cluster.kubectl("-n", world.targets, "delete", "servingtarget", TARGET, "--wait=false")
+    with readable_copy(tiny_model_dir) as model_dir:
+        doc = vllm_target(model_dir, 1)
+        _model_claim(world.cluster, world.work, world.targets, world.pv, model_dir.parent)
+        # the vLLM pod asks for what a GPU node has; this one has two cores
+        webhook = RequestsWebhook(world.cluster, world.targets, cpu="500m", memory="4Gi")
+        webhook.install()
+        try:
+            world.cluster.kubectl("-n", world.targets, "apply", "-f", "-", stdin=json.dumps(doc))
+            return read_vllm(world, doc["metadata"]["name"])
+        finally:
+            webhook.close()
+
+
+def read_vllm(world: World, name: str) -> dict[str, Any]:
+    wait("the vLLM engine pod Ready",
+         lambda: _one_ready(world.cluster, world.targets, f"rooftop.dev/servingtarget={name}"),
+         VLLM_READY_S)  # fmt: skip
+    world.loaders.append(load(world, 1, 16, name, SERVED))
+    tpot = "vllm:request_time_per_output_token_seconds_count"
+    series = world.prometheus.wait_for(f'{tpot}{{servingtarget="{name}"}}', timeout=DATA_S)
+
+    def observed() -> dict[str, Any] | None:
+        reading = world.target(name).get("status", {}).get("observed") or {}
+        return reading if reading.get("tpotMs") else None
+
+    reading = wait("the loop's reading of the vLLM engine", observed)
+    return {"namespace": world.targets, "name": name, "series": series, "observed": reading}
+
+
 @pytest.fixture(scope="module")
 def run(
     cluster: ClusterHandle,
     real_node: RealNode,  # noqa: F811 (the imported fixture)
     prometheus_operator_dir: Path,
+    tiny_model_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Run]:
     work = tmp_path_factory.mktemp("kps")
@@ -253,7 +302,7 @@ def run(
     cluster.kubectl("apply", "-n", monitoring, "-f", "-", stdin=yaml.safe_dump(spec))
     prometheus = GeneratedPrometheus(work / "prometheus", cluster, monitoring, PROMETHEUS,
                                      host=real_node.gateway, port=free_port())  # fmt: skip
-    world = World(cluster, real_node, prometheus, system, targets, work)
+    world = World(cluster, real_node, prometheus, system, targets, work, f"kps-models-{suffix}")
     result = Run()
     try:
         with api_server_for_pods(cluster, real_node.gateway):
@@ -270,7 +319,8 @@ def run(
             world.loaders.append(load(world, 2, 32))
             for name, step in (("unselected", lambda: unselected(world, installed.stdout)),
                                ("selected", lambda: selected(world)),
-                               ("breached", lambda: breached(world))):  # fmt: skip
+                               ("breached", lambda: breached(world)),
+                               ("vllm", lambda: real_vllm(world, tiny_model_dir))):  # fmt: skip
                 result.phases[name] = step()
             yield result
     except Exception as err:  # the tests report where it stopped
@@ -284,6 +334,7 @@ def run(
         po.terminate()
         po.wait(timeout=20)
         cluster.kubectl("delete", "namespace", targets, "--wait=false", check=False)
+        cluster.kubectl("delete", "pv", world.pv, "--wait=false", check=False)
         cluster.helm("uninstall", RELEASE, "--namespace", system, check=False)
         for ns in (system, monitoring):
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
@@ -389,3 +440,21 @@ def test_a_breach_fires_the_burn_rate_page_at_the_targets_own_percentile(run: Ru
     [budget] = phase["budget"]
     assert float(budget["value"][1]) == pytest.approx(0.01)
     assert phase["slo"]["status"] in ("False", "Unknown"), phase["slo"]
+
+
+# ---------------------------------------------------------------- 4. the real vLLM
+
+
+def test_the_real_vllm_engine_is_scraped_through_its_podmonitor(run: Run) -> None:
+    """vLLM's own TPOT histogram, named as the loop reads it (``vllm:``), with the
+    target's labels from the relabelings the Prometheus Operator generated."""
+    phase = run.need("vllm")
+    [series] = phase["series"]
+    labels = series["metric"]
+    assert labels["namespace"] == phase["namespace"] and labels["servingtarget"] == phase["name"]
+    assert labels["model_name"] == SERVED, labels
+
+
+def test_the_loop_reads_the_real_vllm_engine_through_it(run: Run) -> None:
+    observed = run.need("vllm")["observed"]
+    assert observed["tpotMs"] > 0 and observed.get("requestsPerSecond", 0) > 0, observed

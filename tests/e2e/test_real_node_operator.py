@@ -21,6 +21,7 @@ machine's 2 cores), as in tests/e2e/test_zero_loss.py.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
@@ -211,18 +212,24 @@ def test_a_simulated_target_runs_in_the_operator_image_without_a_gpu(
     installed.kubectl("delete", "servingtarget", name, "--wait=false")
 
 
-@pytest.fixture
-def readable_model(tiny_model_dir: Path) -> Iterator[Path]:
-    """The tiny model where the engine's non-root user can read it: pytest's own
+@contextlib.contextmanager
+def readable_copy(model_dir: Path) -> Iterator[Path]:
+    """The model where the engine's non-root user can read it: pytest's own
     directories are root's alone (0700), and fsGroup does not apply to a hostPath."""
     shared = Path(tempfile.mkdtemp(prefix="rooftop-model-"))
     try:
-        model = Path(shutil.copytree(tiny_model_dir, shared / tiny_model_dir.name))
+        model = Path(shutil.copytree(model_dir, shared / model_dir.name))
         for path in [shared, *shared.rglob("*")]:
             path.chmod(0o755 if path.is_dir() else 0o644)
         yield model
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+@pytest.fixture
+def readable_model(tiny_model_dir: Path) -> Iterator[Path]:
+    with readable_copy(tiny_model_dir) as model:
+        yield model
 
 
 def test_a_vllm_target_serves_under_restricted_pod_security_with_a_pvc_model(
