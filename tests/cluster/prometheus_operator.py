@@ -23,12 +23,13 @@ Pods it discovers must be reachable from this machine: the real node's are
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import hashlib
 import re
 import subprocess
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ from kubernetes import client
 
 from tests.cluster.controlplane import free_port, parent_death_signal
 from tests.cluster.handle import ClusterHandle
-from tests.cluster.prometheus import PrometheusServer
+from tests.cluster.prometheus import PrometheusServer, find_prometheus
 
 RULES_DIR = "/etc/prometheus/rules/"  # where the operator's StatefulSet mounts rule files
 ENV_VAR = re.compile(r"\$\(([A-Z_]+)\)")  # $(POD_NAME): the config-reloader expands them
@@ -93,6 +94,40 @@ def start_prometheus_operator(binary: Path, kubeconfig: Path, log: Path) -> subp
             argv, stdout=out, stderr=subprocess.STDOUT, env={"KUBECONFIG": str(kubeconfig)},
             start_new_session=True, preexec_fn=parent_death_signal,
         )  # fmt: skip
+
+
+@contextlib.contextmanager
+def running(
+    cluster: ClusterHandle,
+    built: Path,
+    namespace: str,
+    prometheus: str,
+    release: str,
+    work: Path,
+    *,
+    interval: str = "30s",
+) -> Iterator[None]:
+    """While inside: the built Prometheus Operator (``built``: bin/operator and crds/)
+    watches the cluster, and a kube-prometheus-stack-like ``Prometheus`` named
+    ``prometheus`` in ``namespace`` (``kps_prometheus``) selects by ``release``, for
+    the Prometheus binary the tests run. On the way out the operator stops and its CRDs
+    go: later modules stand in their own PodMonitor API, or none."""
+    binary = find_prometheus()
+    if binary is None:
+        raise FileNotFoundError("no prometheus binary: run tests/cluster/fetch-prometheus.sh")
+    crds = install_crds(cluster, built / "crds")
+    operator = start_prometheus_operator(built / "bin" / "operator", cluster.kubeconfig,
+                                         work / "po.log")  # fmt: skip
+    try:
+        spec = kps_prometheus(prometheus, release, version=server_version(binary),
+                              interval=interval)  # fmt: skip
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(spec))
+        yield
+    finally:
+        operator.terminate()
+        operator.wait(timeout=20)
+        for name in crds:
+            cluster.kubectl("delete", "crd", name, "--wait=false", check=False)
 
 
 def server_version(binary: Path) -> str:
@@ -183,9 +218,8 @@ class GeneratedPrometheus(PrometheusServer):
         self.namespace, self.name = namespace, name
         self.poll_s = poll_s
         self.rules_dir = workdir / "rules"
-        self.reloads = 0
         self._mounted: dict[str, Any] = {}
-        self._api = cluster.api()
+        self._api: Any = None  # an API client while it runs
         self._seen = ""
         self._stop = threading.Event()
         self._follower: threading.Thread | None = None
@@ -197,6 +231,7 @@ class GeneratedPrometheus(PrometheusServer):
         self._wait(lambda: bool(self.generated()), timeout, "the generated configuration")
 
     def start(self, timeout: float = 60.0) -> GeneratedPrometheus:
+        self._api = self.cluster.api()
         self.wait_generated()
         self._sync()
         super().start(timeout)
@@ -211,15 +246,15 @@ class GeneratedPrometheus(PrometheusServer):
             self._follower.join(timeout=10)
             self._follower = None
         super().stop()
-        self._api.close()
-        self._api = self.cluster.api()
+        if self._api is not None:
+            self._api.close()
+            self._api = None
 
     def _follow(self) -> None:
         while not self._stop.wait(self.poll_s):
             try:
                 if self._sync():
                     self.reload()
-                    self.reloads += 1
             except Exception as err:  # noqa: BLE001 (a reloader logs and retries)
                 with self.log_path.open("a") as log:
                     log.write(f"config-reloader: {err}\n")

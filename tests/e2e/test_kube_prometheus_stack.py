@@ -50,20 +50,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from tests.cluster import dashboard_queries
 from tests.cluster.apiserver_relay import api_server_for_pods
 from tests.cluster.controlplane import free_port
 from tests.cluster.handle import ClusterHandle, wait_until
-from tests.cluster.prometheus import find_prometheus
-from tests.cluster.prometheus_operator import (
-    GeneratedPrometheus,
-    install_crds,
-    kps_prometheus,
-    server_version,
-    start_prometheus_operator,
-)
+from tests.cluster.prometheus_operator import GeneratedPrometheus, running
 from tests.cluster.realnode import OPERATOR_IMAGE, RealNode
 from tests.cluster.requests_webhook import RequestsWebhook
 from tests.e2e.test_loop import Run
@@ -292,20 +284,14 @@ def run(
     monitoring, system, targets = (f"{n}-{suffix}" for n in ("kps-monitoring", "kps-system", "kps"))
     for ns in (monitoring, system, targets):
         cluster.create_namespace(ns)
-    crds = install_crds(cluster, prometheus_operator_dir / "crds")
-    po = start_prometheus_operator(
-        prometheus_operator_dir / "bin" / "operator", cluster.kubeconfig, work / "po.log"
-    )
-    binary = find_prometheus()
-    assert binary is not None
-    spec = kps_prometheus(PROMETHEUS, KPS, version=server_version(binary), interval=INTERVAL)
-    cluster.kubectl("apply", "-n", monitoring, "-f", "-", stdin=yaml.safe_dump(spec))
     prometheus = GeneratedPrometheus(work / "prometheus", cluster, monitoring, PROMETHEUS,
                                      host=real_node.gateway, port=free_port())  # fmt: skip
     world = World(cluster, real_node, prometheus, system, targets, work, f"kps-models-{suffix}")
     result = Run()
+    stack = running(cluster, prometheus_operator_dir, monitoring, PROMETHEUS, KPS, work,
+                    interval=INTERVAL)  # fmt: skip
     try:
-        with api_server_for_pods(cluster, real_node.gateway):
+        with stack, api_server_for_pods(cluster, real_node.gateway):
             installed = cluster.helm("install", RELEASE, str(CHART), "--namespace", system,
                                      *helm_values(real_node, prometheus.url))  # fmt: skip
             prometheus.start()
@@ -331,15 +317,11 @@ def run(
             loader.terminate()
             loader.wait(timeout=30)
         prometheus.stop()
-        po.terminate()
-        po.wait(timeout=20)
         cluster.kubectl("delete", "namespace", targets, "--wait=false", check=False)
         cluster.kubectl("delete", "pv", world.pv, "--wait=false", check=False)
         cluster.helm("uninstall", RELEASE, "--namespace", system, check=False)
         for ns in (system, monitoring):
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-        for name in crds:
-            cluster.kubectl("delete", "crd", name, "--wait=false", check=False)
 
 
 def debug(world: World) -> str:

@@ -23,17 +23,10 @@ import pytest
 import yaml
 
 from rooftop_planner.catalog import load_catalog
+from tests.cluster import prometheus_operator
 from tests.cluster.handle import ClusterHandle, wait_until
 from tests.cluster.operator_process import Operator
-from tests.cluster.prometheus import find_prometheus
-from tests.cluster.prometheus_operator import (
-    generated_config,
-    install_crds,
-    kps_prometheus,
-    rule_config_maps,
-    server_version,
-    start_prometheus_operator,
-)
+from tests.cluster.prometheus_operator import generated_config, rule_config_maps
 from tests.e2e.test_operator import Env, ready_example
 
 pytestmark = pytest.mark.e2e
@@ -107,15 +100,17 @@ def world(
     work = tmp_path_factory.mktemp("prometheus-operator")
     for ns in (monitoring, system, targets):
         cluster.create_namespace(ns)
-    crds = install_crds(cluster, prometheus_operator_dir / "crds")
-    po = start_prometheus_operator(
-        prometheus_operator_dir / "bin" / "operator", cluster.kubeconfig, work / "po.log"
-    )
+    with prometheus_operator.running(cluster, prometheus_operator_dir, monitoring, "kps",
+                                     KPS_RELEASE, work):  # fmt: skip
+        yield from _installed(cluster, monitoring, system, targets, work)
+
+
+def _installed(
+    cluster: ClusterHandle, monitoring: str, system: str, targets: str, work: Path
+) -> Iterator[World]:
+    """The chart, labelled for the stack but not its engines, and the operator (a host
+    process) with one ready target."""
     api = cluster.api()
-    path = work / "prometheus.yaml"
-    version = server_version(find_prometheus() or Path("prometheus"))
-    path.write_text(yaml.safe_dump(kps_prometheus("kps", KPS_RELEASE, version=version)))
-    cluster.kubectl("apply", "-n", monitoring, "-f", str(path))
     installed = cluster.helm(
         "install", RELEASE, str(CHART), "--namespace", system, "--set", "image.tag=e2e",
         "--set", "metrics.podMonitor.enabled=true",
@@ -133,15 +128,11 @@ def world(
         yield w
     finally:
         operator.stop()
-        po.terminate()
-        po.wait(timeout=20)
         cluster.helm("uninstall", RELEASE, "--namespace", system, check=False)
         for ns in (targets, system, monitoring):
             cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
         for node in env.nodes:
             cluster.kubectl("delete", "node", node, "--wait=false", check=False)
-        for name in crds:  # later modules stand in their own PodMonitor API, or none
-            cluster.kubectl("delete", "crd", name, "--wait=false", check=False)
         api.close()
 
 
