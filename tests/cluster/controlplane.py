@@ -36,6 +36,13 @@ K8S_VERSION = "1.34.3"
 REQUIRED = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 TOOLS = ("kubectl", "helm")
 START_ORDER = REQUIRED
+# kwok's fake pod IPs: in the loopback range, so a test can bind a pod's process (an
+# engine, the operator's metrics) to the pod's own IP and port on this machine, and a
+# Prometheus that discovers the pod through the API server scrapes that process, as it
+# would scrape the container. EndpointSlices refuse loopback addresses: kwok pods back
+# no Service, which no test of kwok pods needs (the real node's pods do).
+KWOK_POD_CIDR = "127.244.0.1/16"
+KWOK_NODE_IP = "127.243.0.1"  # outside the pods' range: no pod shares it
 
 # ControlPlane(audit_log=...)'s default policy: one line per request (at ResponseComplete,
 # and ResponseStarted for watches), Metadata level, without the periodic noise (health
@@ -417,8 +424,8 @@ class ControlPlane:
             f"--config={self.state_dir / 'kwok.yaml'}",
             "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={fake_nodes.KWOK_ANNOTATION}=fake",
-            "--cidr=10.244.0.1/16",
-            "--node-ip=10.244.0.1",
+            f"--cidr={KWOK_POD_CIDR}",
+            f"--node-ip={KWOK_NODE_IP}",
             "--node-lease-duration-seconds=40",
             f"--server-address=127.0.0.1:{self.ports.kwok}",
         ]

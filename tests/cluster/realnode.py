@@ -75,8 +75,8 @@ OPERATOR_IMAGE = "localhost/rooftop:dev"
 ENGINE_IMAGE = f"localhost/rooftop/vllm-cpu:{VLLM_VERSION}"
 
 # Pod network: not the control plane's Service CIDR (10.0.0.0/24) nor kwok's fake pod
-# IPs (10.244.0.0/16). The bridge's address is also the node's InternalIP: kubelet
-# refuses loopback, and this address exists only on this machine.
+# IPs (controlplane.KWOK_POD_CIDR). The bridge's address is also the node's InternalIP:
+# kubelet refuses loopback, and this address exists only on this machine.
 POD_CIDR = "10.89.0.0/24"
 BRIDGE = "rooftop0"
 NETWORK = "rooftop"
