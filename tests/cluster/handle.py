@@ -74,6 +74,12 @@ class ClusterHandle:
             f"default ServiceAccount in {name}",
         )
 
+    def delete_later(self, kind: str, *names: str) -> None:
+        """Ask the API server to delete these objects (namespaces, nodes, PVs) without
+        waiting or failing: a module's teardown, which must not keep the next one waiting."""
+        for name in names:
+            self.kubectl("delete", kind, name, "--wait=false", check=False)
+
     def _run(
         self, tool: str, args: list[str], check: bool, stdin: str | None, timeout: float
     ) -> subprocess.CompletedProcess[str]:

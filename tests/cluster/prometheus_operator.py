@@ -17,7 +17,8 @@ directory, ``$(POD_NAME)``, and the in-cluster API credentials Kubernetes servic
 discovery reads from the ServiceAccount mount, given instead as ``kubeconfig_file``.
 Selection, relabeling, ``honor_labels``, intervals and rules are the operator's own.
 Pods it discovers must be reachable from this machine: the real node's are
-(tests/cluster/realnode.py), kwok's are not.
+(tests/cluster/realnode.py), and so are the processes a test binds to a kwok pod's
+loopback IP (tests/cluster/engines.py).
 """
 
 from __future__ import annotations
@@ -26,10 +27,12 @@ import base64
 import contextlib
 import gzip
 import hashlib
+import json
 import re
 import subprocess
 import threading
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +40,12 @@ import yaml
 from kubernetes import client
 
 from tests.cluster.controlplane import free_port, parent_death_signal
-from tests.cluster.handle import ClusterHandle
+from tests.cluster.handle import ClusterHandle, wait_until
+from tests.cluster.operator_process import Operator
 from tests.cluster.prometheus import PrometheusServer, find_prometheus
 
+STACK_RELEASE = "kps"  # the kube-prometheus-stack release a closed-loop test's stack mimics
+STACK_PROMETHEUS = "kps-prometheus"  # and that release's Prometheus resource
 RULES_DIR = "/etc/prometheus/rules/"  # where the operator's StatefulSet mounts rule files
 ENV_VAR = re.compile(r"\$\(([A-Z_]+)\)")  # $(POD_NAME): the config-reloader expands them
 
@@ -78,13 +84,26 @@ def kps_prometheus(
 def install_crds(cluster: ClusterHandle, crds: Path) -> list[str]:
     """The release's CRDs, server-side (the Prometheus CRD is over the 256 KiB a
     client-side apply's annotation may hold); their names."""
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
     # BaseLoader: an enum of the CRDs holds "=", YAML 1.1's value tag to the safe loader
     names = [yaml.load(p.read_text(), yaml.BaseLoader)["metadata"]["name"]
              for p in sorted(crds.glob("*.yaml"))]  # fmt: skip
+    for name in names:  # an earlier module's, deleted without waiting: an apply would
+        _gone_unless_live(cluster, name)  # not revive it, and it would vanish mid-test
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
     for name in names:
         cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
     return names
+
+
+def _gone_unless_live(cluster: ClusterHandle, crd: str, timeout: float = 120.0) -> None:
+    """Wait until ``crd`` is either absent or not being deleted."""
+
+    def settled() -> bool:
+        found = cluster.kubectl("get", "crd", crd, "-o",
+                                "jsonpath={.metadata.deletionTimestamp}", check=False)  # fmt: skip
+        return found.returncode != 0 or not found.stdout.strip()
+
+    wait_until(settled, timeout, f"CRD {crd} deleted")
 
 
 def start_prometheus_operator(binary: Path, kubeconfig: Path, log: Path) -> subprocess.Popen[bytes]:
@@ -128,6 +147,92 @@ def running(
         operator.wait(timeout=20)
         for name in crds:
             cluster.kubectl("delete", "crd", name, "--wait=false", check=False)
+        for name in crds:  # gone before the next module looks for a PodMonitor API
+            _gone_unless_live(cluster, name)
+
+
+def stack_chart_values(metrics_port: int, interval: str) -> list[str]:
+    """``helm install`` flags of a kube-prometheus-stack user (docs/operating.md): the
+    operator's PodMonitor on, scraped every ``interval``, and the engines' PodMonitors
+    labelled with the stack's release. The operator's metrics on ``metrics_port`` (a
+    free port: a test's operator process binds it on every local address, the kwok
+    pod's loopback IP among them)."""
+    release = f"release={STACK_RELEASE}"
+    return ["--set", "image.tag=e2e", "--set", f"metrics.port={metrics_port}",
+            "--set", "metrics.podMonitor.enabled=true",
+            "--set-string", f"metrics.podMonitor.interval={interval}",
+            "--set-string", f"metrics.podMonitor.labels.{release}",
+            "--set-string", f"engine.podMonitor.labels.{release}"]  # fmt: skip
+
+
+def stack_operator_env() -> dict[str, str]:
+    """What the chart's Deployment sets from those values for an operator process
+    started outside it (a kwok pod runs no container): the engines' label."""
+    return {"ROOFTOP_PODMONITOR_LABELS": json.dumps({"release": STACK_RELEASE})}
+
+
+@contextlib.contextmanager
+def stack(
+    cluster: ClusterHandle, built: Path, namespace: str, work: Path, *, interval: str
+) -> Iterator[GeneratedPrometheus]:
+    """``running`` the stack-like Prometheus ``STACK_PROMETHEUS`` in ``namespace``, and
+    a ``GeneratedPrometheus`` started on its configuration (stopped on the way out)."""
+    with running(cluster, built, namespace, STACK_PROMETHEUS, STACK_RELEASE, work,
+                 interval=interval):  # fmt: skip
+        prometheus = GeneratedPrometheus(work / "prometheus", cluster, namespace,
+                                         STACK_PROMETHEUS).start()  # fmt: skip
+        try:
+            yield prometheus
+        finally:
+            prometheus.stop()
+
+
+@dataclass(frozen=True)
+class MonitoredRelease:
+    """The chart installed as a kube-prometheus-stack user installs it, the stack's
+    Prometheus, and the operator to run as a process (a kwok pod runs no container)
+    with the chart's ServiceAccount, metrics port and engines' label."""
+
+    prometheus: GeneratedPrometheus
+    operator: Operator
+    metrics_port: int
+
+    def operator_args(self) -> tuple[str, ...]:
+        return ("--metrics-port", str(self.metrics_port))
+
+    def operator_env(self) -> dict[str, str]:
+        return {"ROOFTOP_PROMETHEUS_URL": self.prometheus.url, **stack_operator_env()}
+
+
+@contextlib.contextmanager
+def monitored_release(
+    cluster: ClusterHandle,
+    built: Path,
+    chart: Path,
+    release: str,
+    namespaces: tuple[str, str],
+    work: Path,
+    *,
+    interval: str,
+) -> Iterator[MonitoredRelease]:
+    """``stack`` in the release's namespace and the chart installed there for it
+    (``stack_chart_values``); ``namespaces``: (the release's, the one its operator
+    watches). On the way out the operator stops and the release goes; the namespaces
+    are the caller's to delete."""
+    system, targets = namespaces
+    with stack(cluster, built, system, work, interval=interval) as prometheus:
+        port = free_port()
+        values = stack_chart_values(port, interval)
+        cluster.helm("install", release, str(chart), "--namespace", system, *values)
+        try:
+            kubeconfig = cluster.serviceaccount_kubeconfig(system, f"{release}-rooftop")
+            operator = Operator(kubeconfig, targets, work / "operator.log")
+            try:
+                yield MonitoredRelease(prometheus, operator, port)
+            finally:
+                operator.stop()
+        finally:
+            cluster.helm("uninstall", release, "--namespace", system, check=False)
 
 
 def server_version(binary: Path) -> str:
