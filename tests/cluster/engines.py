@@ -3,11 +3,13 @@
 kwok marks pods Running but runs no containers, so nothing would answer requests or
 export metrics. ``EngineFleet`` stands in for the kubelet: it watches one target's engine
 pods and, for each Running pod, starts that pod's own command (the ``rooftop engine-sim``
-line the operator put in the Deployment) as a local process on a free port. It lists the
-process in Prometheus' file_sd with the labels the operator's PodMonitor relabelings give
-a real pod (``namespace``, ``servingtarget``, ``pod``), and stops and unlists it when the
-pod goes away. ``LoadDriver`` sends Poisson traffic at a rate the test changes, spread
-over the live engines as a Service would spread it.
+line the operator put in the Deployment) as a local process on the pod's own IP and
+container port (kwok's pod IPs are loopback addresses, ``controlplane.KWOK_POD_CIDR``),
+and stops it when the pod goes away. A Prometheus that discovers the pods through the
+API server (the Prometheus Operator's configuration, ``prometheus_operator``) scrapes
+them there, with the selection and relabeling of the operator's PodMonitor.
+``LoadDriver`` sends Poisson traffic at a rate the test changes, spread over the live
+engines as a Service would spread it.
 """
 
 from __future__ import annotations
@@ -28,26 +30,28 @@ import aiohttp
 from kubernetes import client
 
 from rooftop_api.spec import TARGET_LABEL
-from rooftop_operator.builders import APP_NAME, VLLM_NAME_FIX
+from rooftop_operator.builders import APP_NAME, PORT_NAME
 from rooftop_sim.loadgen import LoadSpec, RequestResult, send_request
-from tests.cluster.controlplane import free_port
-from tests.cluster.prometheus import PrometheusServer
-
-Target = tuple[str, Mapping[str, str]]  # (host:port, labels) for file_sd
 
 
-def prometheus_relabelings(rules: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """PodMonitor relabelings (camelCase) as Prometheus relabel_configs (snake_case)."""
-    keys = {"sourceLabels": "source_labels", "targetLabel": "target_label"}
-    return [{keys.get(k, k): v for k, v in rule.items()} for rule in rules]
+def pod_endpoint(pod: Mapping[str, Any], port_name: str) -> tuple[str, int]:
+    """(pod IP, container port named ``port_name``): where the pod's container would
+    listen, and where a Prometheus that discovers the pod scrapes it.
+
+    Raises:
+        ValueError: the pod has no IP yet, or no such port.
+    """
+    name, ip = pod["metadata"]["name"], (pod.get("status") or {}).get("podIP")
+    if not ip:
+        raise ValueError(f"pod {name} has no IP yet")
+    for port in pod["spec"]["containers"][0].get("ports") or []:
+        if port.get("name") == port_name:
+            return str(ip), int(port["containerPort"])
+    raise ValueError(f"pod {name} has no port named {port_name}")
 
 
-# Scrape-job settings that mirror the engine PodMonitor (builders.build_pod_monitor).
-ENGINE_JOB = {"metric_relabel_configs": prometheus_relabelings(VLLM_NAME_FIX)}
-
-
-def engine_argv(pod: Mapping[str, Any], port: int, extra: Sequence[str]) -> list[str]:
-    """The pod's ``rooftop engine-sim`` command, bound to 127.0.0.1:``port`` here.
+def engine_argv(pod: Mapping[str, Any], host: str, port: int, extra: Sequence[str]) -> list[str]:
+    """The pod's ``rooftop engine-sim`` command, bound to ``host``:``port`` here.
 
     Raises:
         ValueError: the pod does not run the engine simulator (a ``mode: vllm`` pod).
@@ -56,7 +60,7 @@ def engine_argv(pod: Mapping[str, Any], port: int, extra: Sequence[str]) -> list
     if command[:2] != ["rooftop", "engine-sim"]:
         raise ValueError(f"pod {pod['metadata']['name']} does not run engine-sim: {command}")
     args = command[2:]
-    for flag, value in (("--host", "127.0.0.1"), ("--port", str(port))):
+    for flag, value in (("--host", host), ("--port", str(port))):
         if flag in args:
             args[args.index(flag) + 1] = value
         else:
@@ -69,13 +73,14 @@ def engine_argv(pod: Mapping[str, Any], port: int, extra: Sequence[str]) -> list
 @dataclass
 class Engine:
     pod: str
+    host: str
     port: int
     proc: subprocess.Popen[bytes]
     ready: bool = False
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def healthy(self) -> bool:
         try:
@@ -143,20 +148,16 @@ class EngineFleet(PollingFleet):
     Attributes:
         extra_args: appended to every engine's command (e.g. ``--reality-factor 1.2``:
             the simulated world, which the operator must not know).
-        static_targets: other scrape targets to keep listed (the operator's metrics).
     """
 
     api: Any
     namespace: str
     target: str
-    prometheus: PrometheusServer
     log_dir: Path
     extra_args: Sequence[str] = ()
-    static_targets: Sequence[Target] = ()
     poll_s: float = 0.5
     engines: dict[str, Engine] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
-    _listed: list[Target] | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
@@ -165,10 +166,6 @@ class EngineFleet(PollingFleet):
         """Base URLs of the engines that answer /health (what a Service would route to)."""
         with self._lock:
             return [f"http://{e.address}" for e in self.engines.values() if e.ready]
-
-    def relist(self) -> None:
-        """Write file_sd again (after a Prometheus restart, say)."""
-        self._listed = None
 
     def sync(self) -> None:
         """One pass: start engines for new Running pods, stop those of gone pods."""
@@ -179,7 +176,9 @@ class EngineFleet(PollingFleet):
         running = {
             p.metadata.name: self.api.sanitize_for_serialization(p)
             for p in pods.items
-            if p.status.phase == "Running" and p.metadata.deletion_timestamp is None
+            if p.status.phase == "Running"
+            and p.status.pod_ip
+            and p.metadata.deletion_timestamp is None
         }
         with self._lock:
             for name in [n for n in self.engines if n not in running]:
@@ -189,25 +188,15 @@ class EngineFleet(PollingFleet):
                     self.engines[name] = self._spawn(pod)
             for engine in self.engines.values():
                 engine.ready = engine.ready or engine.healthy()
-            listed = [(e.address, self._labels(e.pod)) for e in self.engines.values() if e.ready]
-        self._publish(listed)
 
     def _spawn(self, pod: Mapping[str, Any]) -> Engine:
-        name, port = pod["metadata"]["name"], free_port()
+        name = pod["metadata"]["name"]
+        host, port = pod_endpoint(pod, PORT_NAME)
         seed = ["--seed", str(random.Random(name).randrange(2**31))]
-        argv = engine_argv(pod, port, [*self.extra_args, *seed])
+        argv = engine_argv(pod, host, port, [*self.extra_args, *seed])
         log = (self.log_dir / f"{name}.log").open("ab")
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-        return Engine(name, port, proc)
-
-    def _labels(self, pod: str) -> dict[str, str]:
-        return {"namespace": self.namespace, "servingtarget": self.target, "pod": pod}
-
-    def _publish(self, engines: list[Target]) -> None:
-        listed = sorted([*engines, *self.static_targets], key=lambda t: t[0])
-        if listed != self._listed:
-            self.prometheus.set_targets(listed)
-            self._listed = listed
+        return Engine(name, host, port, proc)
 
 
 @dataclass

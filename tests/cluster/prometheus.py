@@ -1,9 +1,11 @@
-"""A real Prometheus server for closed-loop tests.
+"""A real Prometheus server.
 
 Why real: the operator reads vLLM metrics through PromQL (histogram_quantile over rate()
-windows); a fake would only test our idea of Prometheus. Targets come from a file_sd
-directory so tests can add and remove simulated engines while it runs; the scrape and
-file_sd refresh intervals are short (1 s default) so tests converge quickly.
+windows); a fake would only test our idea of Prometheus. ``PrometheusServer`` scrapes
+the targets a caller lists in a file_sd directory (the smoke test, the scale benchmark's
+hundreds of simulated replicas), with short scrape and refresh intervals (1 s default).
+The tests that read an operator's metrics run ``prometheus_operator.GeneratedPrometheus``
+on top of it instead: the Prometheus Operator's configuration, Kubernetes discovery.
 The binary comes from tests/cluster/fetch-prometheus.sh.
 """
 

@@ -1,21 +1,18 @@
-"""Real vLLM processes (the CPU build) behind kwok pods, scraped through the PodMonitor.
+"""Real vLLM processes (the CPU build) behind kwok pods, on the pods' own addresses.
 
 kwok runs no containers, so ``VllmFleet`` plays the kubelet for ``mode: vllm`` targets:
 for each Running engine pod it runs THAT POD's container command and args as a local
 process, changing only what a host process must: ``vllm`` is the venv's ``vllm`` CLI
 (tests/engine/install-vllm.sh), paths inside volume mounts point at host directories
 (a PVC at the directory the test says stands in for it, any other volume at a fresh
-temp dir), ``--port`` is a free local port and ``--host`` 127.0.0.1. The environment is
-the pod's plus what any process needs (PATH, HOME).
+temp dir), and ``--host`` is the pod's IP (a loopback address,
+``controlplane.KWOK_POD_CIDR``). ``--port`` stays the pod's. The environment is the
+pod's plus what any process needs (PATH, HOME).
 
-Scraping follows the operator's PodMonitor as the Prometheus Operator would: the fleet
-reads the PodMonitor from the API server, lists in file_sd only the pods its selector
-matches, each with the ``__meta_kubernetes_*`` labels Kubernetes service discovery would
-give that pod, and runs the scrape job with the PodMonitor's own relabelings and
-metricRelabelings. It adds none of the Prometheus Operator's default labels (pod,
-container, job...): the labels Rooftop's queries need must come from the PodMonitor.
-The one setting not taken from it is the interval: the test's Prometheus scrapes every
-second, not every 15 s, so the loop sees data within the test's few minutes.
+Nothing here lists scrape targets: a Prometheus on the Prometheus Operator's
+configuration (``prometheus_operator``) discovers the pod through the API server and
+scrapes it at the IP and named port its PodMonitor gives, with that PodMonitor's
+selector, relabelings and the operator's own labels, as in a cluster.
 """
 
 from __future__ import annotations
@@ -24,7 +21,6 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -40,10 +36,9 @@ from kubernetes import client
 
 from rooftop_api.spec import TARGET_LABEL
 from rooftop_operator import settings
-from rooftop_operator.builders import APP_NAME
+from rooftop_operator.builders import APP_NAME, PORT_NAME
 from tests.cluster.controlplane import cache_dir, free_port, parent_death_signal
-from tests.cluster.engines import PollingFleet, prometheus_relabelings
-from tests.cluster.prometheus import PrometheusServer
+from tests.cluster.engines import PollingFleet, pod_endpoint
 
 VLLM_VERSION = settings.VLLM_VERSION  # the one the chart pins and install-vllm.sh installs
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +46,6 @@ ENGINE_DIR = ROOT / "tests" / "engine"
 # This checkout's code for Rooftop subprocesses (operator, engine-sim, load), whichever
 # checkout the venv's editable install points at.
 SOURCE_PATH = os.pathsep.join(str(ROOT / d) for d in ("planner", "operator"))
-MONITORING = ("monitoring.coreos.com", "v1", "podmonitors")
 # What a process needs beyond the pod's env; the rest of the test's env stays out, as it
 # would in a container.
 PASS_THROUGH = ("PATH", "LANG", "LC_ALL", "TZ")
@@ -126,10 +120,11 @@ class VllmProcess:
     port: int
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
+    host: str = "127.0.0.1"
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     def start(self) -> VllmProcess:
         with self.log_path.open("ab") as log:
@@ -278,9 +273,10 @@ def flag_value(args: Sequence[str], flag: str) -> str | None:
 
 
 def local_command(
-    pod: Mapping[str, Any], vllm: Path, port: int, paths: HostPaths
+    pod: Mapping[str, Any], vllm: Path, host: str, paths: HostPaths
 ) -> tuple[list[str], dict[str, str]]:
-    """(argv, env) that run the pod's engine container here (see the module doc).
+    """(argv, env) that run the pod's engine container here, listening on ``host``
+    (see the module doc).
 
     Raises:
         ValueError: the container does not run ``vllm``, or uses what cannot be mapped
@@ -292,7 +288,7 @@ def local_command(
         raise ValueError(f"pod {name} does not run vllm: {command}")
     mounts = volume_dirs(pod, paths)
     args = [host_path(a, mounts) for a in [*command[1:], *(container.get("args") or [])]]
-    args = with_flag(with_flag(args, "--port", str(port)), "--host", "127.0.0.1")
+    args = with_flag(args, "--host", host)
     home = paths.scratch / name / "home"
     home.mkdir(parents=True, exist_ok=True)
     env = {k: os.environ[k] for k in PASS_THROUGH if k in os.environ} | {"HOME": str(home)}
@@ -304,80 +300,23 @@ def local_command(
     return [str(vllm), *args], env
 
 
-# ---------------------------------------------------------------- PodMonitor -> scrape
-
-
-def sanitize(label: str) -> str:
-    """A Kubernetes label key as Prometheus' Kubernetes discovery writes it in meta labels."""
-    return re.sub(r"[^a-zA-Z0-9_]", "_", label)
-
-
-def discovery_labels(pod: Mapping[str, Any], port_name: str) -> dict[str, str]:
-    """The ``__meta_kubernetes_*`` labels Kubernetes pod discovery gives that pod's port."""
-    meta = pod["metadata"]
-    container = pod["spec"]["containers"][0]
-    out = {
-        "__meta_kubernetes_namespace": meta["namespace"],
-        "__meta_kubernetes_pod_name": meta["name"],
-        "__meta_kubernetes_pod_node_name": pod["spec"].get("nodeName", ""),
-        "__meta_kubernetes_pod_container_name": container["name"],
-        "__meta_kubernetes_pod_container_port_name": port_name,
-    }
-    for key, value in (meta.get("labels") or {}).items():
-        out[f"__meta_kubernetes_pod_label_{sanitize(key)}"] = value
-        out[f"__meta_kubernetes_pod_labelpresent_{sanitize(key)}"] = "true"
-    return out
-
-
-def scrape_job(pod_monitor: Mapping[str, Any]) -> dict[str, Any]:
-    """The Prometheus scrape-job settings of the PodMonitor's (first) endpoint."""
-    endpoint = pod_monitor["spec"]["podMetricsEndpoints"][0]
-    return {
-        "metrics_path": endpoint.get("path", "/metrics"),
-        "relabel_configs": prometheus_relabelings(endpoint.get("relabelings") or []),
-        "metric_relabel_configs": prometheus_relabelings(endpoint.get("metricRelabelings") or []),
-    }
-
-
-def selects(pod_monitor: Mapping[str, Any], pod: Mapping[str, Any]) -> bool:
-    """The PodMonitor's matchLabels select the pod (matchExpressions are not used)."""
-    wanted = pod_monitor["spec"]["selector"].get("matchLabels") or {}
-    labels = pod["metadata"].get("labels") or {}
-    return all(labels.get(k) == v for k, v in wanted.items())
-
-
-def container_port(pod: Mapping[str, Any], name: str) -> int:
-    for port in pod["spec"]["containers"][0].get("ports") or []:
-        if port.get("name") == name:
-            return int(port["containerPort"])
-    raise ValueError(f"pod {pod['metadata']['name']} has no port named {name}")
-
-
 # ---------------------------------------------------------------- the fleet
 
 
 @dataclass
 class VllmFleet(PollingFleet):
-    """One real vLLM per Running engine pod of ``target``, scraped per its PodMonitor.
-
-    Attributes:
-        static_targets: other scrape targets to keep listed (the operator's metrics).
-    """
+    """One real vLLM per Running engine pod of ``target``, on the pod's IP and port."""
 
     api: Any
     namespace: str
     target: str
-    prometheus: PrometheusServer
     vllm: Path
     paths: HostPaths
     log_dir: Path
-    static_targets: Sequence[tuple[str, Mapping[str, str]]] = ()
     poll_s: float = 1.0
     engines: dict[str, VllmProcess] = field(default_factory=dict)
     ready: set[str] = field(default_factory=set)
     errors: list[str] = field(default_factory=list)
-    _pods: dict[str, dict[str, Any]] = field(default_factory=dict)
-    _listed: list[Any] | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
@@ -390,20 +329,16 @@ class VllmFleet(PollingFleet):
             return [e.url for n, e in self.engines.items() if n in self.ready]
 
     def sync(self) -> None:
-        """One pass: start engines for new Running pods, stop those of gone pods, and
-        list the ready ones the PodMonitor selects."""
+        """One pass: start engines for new Running pods, stop those of gone pods."""
         running = self._running_pods()
         with self._lock:
             for name in [n for n in self.engines if n not in running]:
                 self.engines.pop(name).stop()
                 self.ready.discard(name)
-                self._pods.pop(name, None)
             for name, pod in running.items():
                 if name not in self.engines:
                     self.engines[name] = self._spawn(pod)
-                self._pods[name] = pod
             self.ready |= {n for n, e in self.engines.items() if e.healthy()}
-        self._publish(self._pod_monitor())
 
     def _running_pods(self) -> dict[str, dict[str, Any]]:
         selector = f"app.kubernetes.io/name={APP_NAME},{TARGET_LABEL}={self.target}"
@@ -414,17 +349,23 @@ class VllmFleet(PollingFleet):
         return {
             p["metadata"]["name"]: p
             for p in plain
-            if p["status"].get("phase") == "Running" and "deletionTimestamp" not in p["metadata"]
+            if p["status"].get("phase") == "Running"
+            and p["status"].get("podIP")
+            and "deletionTimestamp" not in p["metadata"]
         }
 
     def _spawn(self, pod: Mapping[str, Any]) -> VllmProcess:
-        name, port = pod["metadata"]["name"], free_port()
+        """The pod's vLLM on its IP; its ``--port`` the pod's own, which the named port
+        the PodMonitor scrapes must be (a mismatch leaves the loop without data)."""
+        name, (host, _) = pod["metadata"]["name"], pod_endpoint(pod, PORT_NAME)
         paths = replace(self.paths, config_maps=self._config_maps(pod))
-        argv, env = local_command(pod, self.vllm, port, paths)
+        argv, env = local_command(pod, self.vllm, host, paths)
+        port = int(flag_value(argv, "--port") or 8000)  # vLLM's own default
         mounts = {k: str(v) for k, v in volume_dirs(pod, paths).items()}
         launched = {"argv": argv, "env": env, "mounts": mounts}  # for the test to check
         (self.log_dir / f"{name}.argv.json").write_text(json.dumps(launched))
-        return VllmProcess(argv, env, port, self.log_dir / f"{name}.log").start()
+        log = self.log_dir / f"{name}.log"
+        return VllmProcess(argv, env, port, log, host=host).start()
 
     def _config_maps(self, pod: Mapping[str, Any]) -> dict[str, dict[str, str]]:
         """The data of every ConfigMap the pod mounts, read from the API server."""
@@ -433,50 +374,3 @@ class VllmFleet(PollingFleet):
                  if "configMap" in v]  # fmt: skip
         return {n: dict(core.read_namespaced_config_map(n, self.namespace).data or {})
                 for n in names}  # fmt: skip
-
-    def _pod_monitor(self) -> dict[str, Any] | None:
-        group, version, plural = MONITORING
-        try:
-            found: Any = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
-                group, version, self.namespace, plural, f"{self.target}-engine"
-            )
-        except client.ApiException as err:
-            if err.status == 404:
-                return None
-            raise
-        return dict(found)
-
-    def _publish(self, pod_monitor: Mapping[str, Any] | None) -> None:
-        """file_sd and scrape job from the PodMonitor (nothing scraped without one)."""
-        listed: list[tuple[str, Mapping[str, str]]] = list(self.static_targets)
-        job: dict[str, Any] = {}
-        if pod_monitor is not None:
-            job = scrape_job(pod_monitor)
-            port_name = pod_monitor["spec"]["podMetricsEndpoints"][0]["port"]
-            with self._lock:
-                for name in sorted(self.ready):
-                    pod = self._pods[name]
-                    if selects(pod_monitor, pod):
-                        self._check_port(pod, port_name)
-                        address = f"127.0.0.1:{self.engines[name].port}"
-                        listed.append((address, discovery_labels(pod, port_name)))
-        state = [job, listed]
-        if state == self._listed:
-            return
-        if job != self.prometheus.job_config:
-            self.prometheus.job_config = job
-            self.prometheus.reload()
-        self.prometheus.set_targets(listed)
-        self._listed = state
-
-    @staticmethod
-    def _check_port(pod: Mapping[str, Any], port_name: str) -> None:
-        """The PodMonitor's named port must be the one vLLM listens on (``--port``):
-        the port this harness maps to a local one."""
-        args = [*(pod["spec"]["containers"][0].get("args") or [])]
-        listening = flag_value(args, "--port")
-        if listening is None or int(listening) != container_port(pod, port_name):
-            raise ValueError(
-                f"PodMonitor port {port_name} is not vLLM's --port {listening} "
-                f"in pod {pod['metadata']['name']}"
-            )

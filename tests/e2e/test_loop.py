@@ -4,8 +4,10 @@ One scenario runs once per module (``run``), phase by phase, and records what ha
 each test then checks one promise against that record:
 
 1. baseline: the operator deploys a ``mode: simulated`` target; for every Running kwok
-   pod ``EngineFleet`` starts the pod's own engine-sim command and lists it in
-   Prometheus' file_sd with the pod's labels; light load meets the SLO.
+   pod ``EngineFleet`` starts the pod's own engine-sim command on the pod's IP and
+   port; a Prometheus runs the Prometheus Operator's configuration for a
+   kube-prometheus-stack-like ``Prometheus`` and finds them through the engine
+   PodMonitor, as it finds the operator through the chart's; light load meets the SLO.
 2. spike: load triples; the observed TPOT breaches the SLO; the operator scales out;
    the SLO holds again on more replicas.
 3. dashboards: every PromQL expression of the dashboards returns data.
@@ -15,9 +17,11 @@ each test then checks one promise against that record:
 
 The engines run at reality factor 1.0, but the planner is wrong anyway (it
 under-predicts the prefill stalls of 3000-token prompts on an L4): the loop must learn
-that from the metrics. Short intervals (1 s scrapes, 2 s decisions, a 30 s window and
-scale-down window) keep the scenario to a few minutes. ``ROOFTOP_LOOP_RECORD=FILE``
-also writes the timeline there (``make loop-figure`` turns it into docs/loop.md's figure).
+that from the metrics. The engines are scraped every 15 s, as their PodMonitor says;
+the loop reads them over a one-minute window, as it does by default. Short decision
+intervals (2 s) and scale-down window (30 s) keep the scenario to a few minutes.
+``ROOFTOP_LOOP_RECORD=FILE`` also writes the timeline there (``make loop-figure`` turns
+it into docs/loop.md's figure).
 """
 
 from __future__ import annotations
@@ -36,13 +40,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.cluster import dashboard_queries
-from tests.cluster.controlplane import free_port
-from tests.cluster.engines import ENGINE_JOB, EngineFleet, LoadDriver
+from tests.cluster import dashboard_queries, prometheus_operator
+from tests.cluster.engines import EngineFleet, LoadDriver
 from tests.cluster.handle import ClusterHandle
 from tests.cluster.nodes import L4, gpu_node
 from tests.cluster.operator_process import Operator
-from tests.cluster.prometheus import PrometheusServer
+from tests.cluster.prometheus_operator import GeneratedPrometheus
 
 pytestmark = pytest.mark.loop
 
@@ -57,11 +60,12 @@ PROMPT_TOKENS, OUTPUT_TOKENS = 3000, 64
 SCALE_DOWN_WINDOW_S = 30.0
 MAX_SCALE_OUT_STEPS = 2  # the spike is 3x the base load: two steps must get there
 SETTLE_S = 10.0
-WINDOW_S = 30.0
+WINDOW_S = 60.0  # four scrapes of the engines' PodMonitor (builders.SCRAPE_INTERVAL)
+INTERVAL = "5s"  # the stack's scrape and rule interval, and the operator's scrape
 LOOP_ENV = {
     "ROOFTOP_LOOP_INTERVAL_S": "2",
     "ROOFTOP_LOOP_WINDOW": f"{WINDOW_S:g}s",
-    "ROOFTOP_LOOP_STALE_AFTER_S": "10",
+    "ROOFTOP_LOOP_STALE_AFTER_S": "40",  # a scrape interval late, and then some
     "ROOFTOP_LOOP_STARTUP_S": "5",
     "ROOFTOP_LOOP_SCALE_DOWN_WINDOW_S": f"{SCALE_DOWN_WINDOW_S:g}",
 }
@@ -119,7 +123,7 @@ class World:
     api: Any
     namespace: str
     operator: Operator
-    prometheus: PrometheusServer
+    prometheus: GeneratedPrometheus
     fleet: EngineFleet
     load: LoadDriver
     operator_args: tuple[str, ...] = ()
@@ -212,7 +216,16 @@ def baseline(world: World, run: Run) -> dict[str, Any]:
     world.load.rate = BASE_RPS
     wait(world, "engines for every planned pod", lambda: world.fleet.endpoints(), 60)
     met = wait(world, "SLOMet=True at base load", lambda: _status(world, "True"), 120)
-    return {"replicas": world.replicas(), "slo": met, "observed": _observed(world)}
+    return {"replicas": world.replicas(), "slo": met, "observed": _observed(world),
+            "scraped": _scraped(world)}  # fmt: skip
+
+
+def _scraped(world: World) -> list[dict[str, str]]:
+    """The labels of every ``up`` series of the target's engines and of the operator,
+    as the generated scrape configuration gives them."""
+    engines = f'up{{namespace="{world.namespace}",servingtarget="{NAME}"}}'
+    operator = 'up{job=~".*-rooftop"}'
+    return [s["metric"] for q in (engines, operator) for s in world.prometheus.query(q)]
 
 
 def spike(world: World, run: Run, before: int) -> dict[str, Any]:
@@ -277,7 +290,8 @@ def dashboards(world: World, run: Run) -> dict[str, Any]:
 
 def _dashboard_queries(world: World) -> dict[str, Any]:
     """Each query's expression and how many series it returned (the record stays small)."""
-    results = dashboard_queries.run_all(world.prometheus, world.namespace, NAME, "30s")
+    results = dashboard_queries.run_all(world.prometheus, world.namespace, NAME,
+                                        f"{WINDOW_S:g}s")  # fmt: skip
     return {k: r | {"series": len(r["series"])} for k, r in results.items()}
 
 
@@ -304,7 +318,6 @@ def outage(world: World, run: Run) -> dict[str, Any]:
 
 def recovery(world: World, run: Run, before: int) -> dict[str, Any]:
     world.prometheus.start()
-    world.fleet.relist()
     t = time.monotonic()
     wait(world, "a scale-in after the window", lambda: world.replicas() < before, 180)
     after_s = time.monotonic() - t
@@ -356,7 +369,9 @@ def _fake_l4_nodes(cluster: ClusterHandle, suffix: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def run(
-    cluster: ClusterHandle, prometheus_bin: Path, tmp_path_factory: pytest.TempPathFactory
+    cluster: ClusterHandle,
+    prometheus_operator_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Run]:
     suffix = uuid.uuid4().hex[:6]
     system, ns = f"loop-system-{suffix}", f"loop-{suffix}"
@@ -364,43 +379,38 @@ def run(
     (work / "engines").mkdir()
     cluster.create_namespace(system)
     cluster.create_namespace(ns)
-    cluster.helm("install", RELEASE, str(CHART), "--namespace", system, "--set", "image.tag=e2e")
     nodes = _fake_l4_nodes(cluster, suffix)
     api = cluster.api()
-    prom = PrometheusServer(work / "prometheus", prometheus_bin, job_config=ENGINE_JOB).start()
-    metrics_port = free_port()
-    kubeconfig = cluster.serviceaccount_kubeconfig(system, f"{RELEASE}-rooftop")
-    operator = Operator(kubeconfig, ns, work / "operator.log")
-    operator_target = (f"127.0.0.1:{metrics_port}", {"component": "operator"})
-    fleet = EngineFleet(api, ns, NAME, prom, work / "engines", static_targets=[operator_target])
+    fleet = EngineFleet(api, ns, NAME, work / "engines")
     load = LoadDriver(fleet, TARGET["spec"]["model"], PROMPT_TOKENS, OUTPUT_TOKENS, seed=7)
-    world = World(cluster, api, ns, operator, prom, fleet, load,
-                  ("--metrics-port", str(metrics_port)),
-                  {"ROOFTOP_PROMETHEUS_URL": prom.url, **LOOP_ENV})  # fmt: skip
     result, stop = Run(), threading.Event()
-    recorder = threading.Thread(target=record, args=(world, result, stop), daemon=True)
+    release = prometheus_operator.monitored_release(
+        cluster, prometheus_operator_dir, CHART, RELEASE, (system, ns), work, interval=INTERVAL
+    )
     try:
-        world.start_operator()
-        fleet.start()
-        path = work / "target.yaml"
-        path.write_text(json.dumps(TARGET))
-        cluster.kubectl("apply", "-n", ns, "-f", str(path))
-        load.start()
-        recorder.start()
-        scenario(world, result)
-        yield result
+        with release as installed:
+            world = World(cluster, api, ns, installed.operator, installed.prometheus, fleet,
+                          load, installed.operator_args(),
+                          installed.operator_env() | LOOP_ENV)  # fmt: skip
+            recorder = threading.Thread(target=record, args=(world, result, stop), daemon=True)
+            try:
+                world.start_operator()
+                fleet.start()
+                path = work / "target.yaml"
+                path.write_text(json.dumps(TARGET))
+                cluster.kubectl("apply", "-n", ns, "-f", str(path))
+                load.start()
+                recorder.start()
+                scenario(world, result)
+                yield result
+            finally:
+                stop.set()
+                load.stop(drain_s=5)
+                fleet.stop()
+                _save(result, world, work)
     finally:
-        stop.set()
-        load.stop(drain_s=5)
-        fleet.stop()
-        operator.stop()
-        prom.stop()
-        _save(result, world, work)
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-        cluster.helm("uninstall", RELEASE, "--namespace", system, check=False)
-        cluster.kubectl("delete", "namespace", system, "--wait=false", check=False)
-        for node in nodes:
-            cluster.kubectl("delete", "node", node, "--wait=false", check=False)
+        cluster.delete_later("namespace", ns, system)
+        cluster.delete_later("node", *nodes)
         api.close()
 
 
@@ -429,6 +439,25 @@ def test_light_load_meets_the_slo_on_the_planned_fleet(run: Run) -> None:
     assert base["slo"]["status"] == "True"
     assert base["observed"]["tpotMs"] <= SLO_TPOT_MS
     assert base["observed"]["metricsState"] == "ok"
+
+
+def test_the_engines_and_the_operator_are_scraped_through_their_pod_monitors(
+    run: Run,
+) -> None:
+    """The Prometheus Operator's jobs (NAMESPACE/PODMONITOR) found the pods by their
+    PodMonitors, the engines on their pods' IPs and named port: the series the loop
+    read came the way a kube-prometheus-stack user's do."""
+    base = run.need("baseline")
+    scraped = base["scraped"]
+    # the loop may have started a replica its first scrape has yet to find
+    engines = [m for m in scraped if m.get("servingtarget") == NAME]
+    assert 1 <= len(engines) <= base["replicas"], scraped
+    for labels in engines:
+        assert labels["job"] == f"{labels['namespace']}/{NAME}-engine", labels
+        assert labels["instance"].startswith("127.244.") and labels["instance"].endswith(":8000")
+    operator = [m for m in scraped if m not in engines]
+    assert [m["job"] for m in operator] == [f"{m['namespace']}/{RELEASE}-rooftop"
+                                            for m in operator] and operator, scraped  # fmt: skip
 
 
 def test_a_load_spike_breaches_the_slo_and_the_operator_scales_out(run: Run) -> None:

@@ -1,5 +1,6 @@
 """The loop plans a speculating target again with the acceptance its drafts meet, end
-to end: operator, kwok H100 nodes, engine-sim processes, a real Prometheus, load.
+to end: operator, kwok H100 nodes, engine-sim processes on the pods' IPs, a real
+Prometheus on the Prometheus Operator's configuration (the engines' PodMonitor), load.
 
 The target declares a per-token acceptance of 0.7, at which the planner deploys one
 4-GPU replica with a draft model; the engines truly accept 0.95 (engine-sim's
@@ -25,11 +26,11 @@ import yaml
 from kubernetes import client
 
 from rooftop_api.spec import TARGET_LABEL
-from tests.cluster.engines import ENGINE_JOB, EngineFleet, LoadDriver
+from tests.cluster import prometheus_operator
+from tests.cluster.engines import EngineFleet, LoadDriver
 from tests.cluster.handle import ClusterHandle
 from tests.cluster.nodes import H100, gpu_node
 from tests.cluster.operator_process import Operator
-from tests.cluster.prometheus import PrometheusServer
 
 pytestmark = pytest.mark.loop
 
@@ -41,10 +42,11 @@ NAME = "fast-70b"
 RATE = 2.0  # req/s: at 0.7 one TP4 replica with drafts, at 0.95 one TP2 replica
 TRUE_ACCEPTANCE = 0.95
 PROMPT_TOKENS, OUTPUT_TOKENS = 1147, 260
+INTERVAL = "5s"  # the stack's scrape and rule interval, and the operator's scrape
 LOOP_ENV = {
     "ROOFTOP_LOOP_INTERVAL_S": "2",
-    "ROOFTOP_LOOP_WINDOW": "20s",
-    "ROOFTOP_LOOP_STALE_AFTER_S": "10",
+    "ROOFTOP_LOOP_WINDOW": "60s",  # four scrapes of the engines' PodMonitor
+    "ROOFTOP_LOOP_STALE_AFTER_S": "40",
     "ROOFTOP_LOOP_STARTUP_S": "5",
 }
 
@@ -63,7 +65,11 @@ class World:
     namespace: str
     operator: Operator
     fleet: EngineFleet
+    operator_args: tuple[str, ...]
     operator_env: dict[str, str]
+
+    def start_operator(self) -> None:
+        self.operator.start(*self.operator_args, **self.operator_env)
 
     def target(self) -> dict[str, Any]:
         found: dict[str, Any] = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
@@ -110,7 +116,9 @@ def wait(world: World, what: str, check: Callable[[], Any], timeout: float) -> A
 
 @pytest.fixture(scope="module")
 def world(
-    cluster: ClusterHandle, prometheus_bin: Path, tmp_path_factory: pytest.TempPathFactory
+    cluster: ClusterHandle,
+    prometheus_operator_dir: Path,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[World]:
     suffix = uuid.uuid4().hex[:6]
     system, ns = f"accept-system-{suffix}", f"accept-{suffix}"
@@ -118,7 +126,6 @@ def world(
     (work / "engines").mkdir()
     cluster.create_namespace(system)
     cluster.create_namespace(ns)
-    cluster.helm("install", RELEASE, str(CHART), "--namespace", system, "--set", "image.tag=e2e")
     # two 8-GPU H100 nodes of this module's own (a letter first: a bare hex value can
     # read as a number), so other modules' pods take none of their GPUs
     mark = {"e2e-acceptance": f"a{suffix}"}
@@ -129,32 +136,30 @@ def world(
         core.create_node(node)
         nodes.append(node["metadata"]["name"])
     api = cluster.api()
-    prom = PrometheusServer(work / "prometheus", prometheus_bin, job_config=ENGINE_JOB).start()
-    kubeconfig = cluster.serviceaccount_kubeconfig(system, f"{RELEASE}-rooftop")
-    operator = Operator(kubeconfig, ns, work / "operator.log")
     truth = ["--acceptance-rate", str(TRUE_ACCEPTANCE)]  # after the operator's own flag
-    fleet = EngineFleet(api, ns, NAME, prom, work / "engines", extra_args=truth)
+    fleet = EngineFleet(api, ns, NAME, work / "engines", extra_args=truth)
     load = LoadDriver(fleet, "llama-3-70b", PROMPT_TOKENS, OUTPUT_TOKENS, seed=11, rate=RATE)
-    env = {"ROOFTOP_PROMETHEUS_URL": prom.url, **LOOP_ENV}
-    world = World(api, ns, operator, fleet, env)
+    release = prometheus_operator.monitored_release(
+        cluster, prometheus_operator_dir, CHART, RELEASE, (system, ns), work, interval=INTERVAL
+    )
     try:
-        operator.start(**env)
-        fleet.start()
-        path = work / "target.yaml"
-        path.write_text(json.dumps(target(mark)))
-        cluster.kubectl("apply", "-n", ns, "-f", str(path))
-        load.start()
-        yield world
+        with release as installed:
+            world = World(api, ns, installed.operator, fleet, installed.operator_args(),
+                          installed.operator_env() | LOOP_ENV)  # fmt: skip
+            try:
+                world.start_operator()
+                fleet.start()
+                path = work / "target.yaml"
+                path.write_text(json.dumps(target(mark)))
+                cluster.kubectl("apply", "-n", ns, "-f", str(path))
+                load.start()
+                yield world
+            finally:
+                load.stop(drain_s=5)
+                fleet.stop()
     finally:
-        load.stop(drain_s=5)
-        fleet.stop()
-        operator.stop()
-        prom.stop()
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-        cluster.helm("uninstall", RELEASE, "--namespace", system, check=False)
-        cluster.kubectl("delete", "namespace", system, "--wait=false", check=False)
-        for node in nodes:
-            cluster.kubectl("delete", "node", node, "--wait=false", check=False)
+        cluster.delete_later("namespace", ns, system)
+        cluster.delete_later("node", *nodes)
         api.close()
 
 
@@ -181,7 +186,7 @@ def test_the_measured_acceptance_plans_two_gpus_and_they_serve(world: World) -> 
 
 def test_an_operator_restart_keeps_the_measured_plan(world: World) -> None:
     world.operator.stop()
-    world.operator.start(**world.operator_env)
+    world.start_operator()
     wait(world, "the operator resumed", lambda: world.operator.starts >= 2, 30)
     time.sleep(15.0)  # a resume reconciles the unchanged spec within seconds
     plan = world.plan()

@@ -6,8 +6,10 @@ One scenario per module (``run``), then one promise per test, as in test_loop.py
    a PersistentVolumeClaim (a bound PV/PVC pair), its shape given inline in
    ``spec.modelConfig``: the planner plans it on a (kwok) L4 and the operator deploys it.
 2. ``VllmFleet`` runs the Running pod's own container command and args as a local
-   process with the real vLLM CPU build, and lists it for Prometheus through the
-   operator's PodMonitor (its selector, relabelings and metricRelabelings).
+   process with the real vLLM CPU build, on the pod's IP and port; a Prometheus on the
+   Prometheus Operator's configuration for a kube-prometheus-stack-like ``Prometheus``
+   finds it through the operator's PodMonitor (selector, relabelings,
+   metricRelabelings, the stack's release label).
 3. ``rooftop load`` drives traffic at the engine; the feedback loop fills
    ``status.observed`` with TPOT and TTFT read from the real engine's histograms through
    Prometheus, and every dashboard query returns series.
@@ -39,12 +41,11 @@ import yaml
 from kubernetes import client
 
 from rooftop_api.spec import MODELS_MOUNT
-from tests.cluster import dashboard_queries
-from tests.cluster.controlplane import free_port
+from tests.cluster import dashboard_queries, prometheus_operator
 from tests.cluster.handle import ClusterHandle
 from tests.cluster.nodes import L4, gpu_node
 from tests.cluster.operator_process import Operator
-from tests.cluster.prometheus import PrometheusServer
+from tests.cluster.prometheus_operator import GeneratedPrometheus
 from tests.cluster.vllm_engines import (
     SOURCE_PATH,
     HostPaths,
@@ -54,7 +55,6 @@ from tests.cluster.vllm_engines import (
     vllm_cli,
 )
 from tests.e2e.test_loop import PhaseFailed, Run
-from tests.e2e.test_operator import POD_MONITOR_CRD
 
 pytestmark = pytest.mark.vllm
 
@@ -75,11 +75,12 @@ SHARED_TOKENS, BLOCK_TOKENS = 32, 32
 DRAFT_TOKENS = 2
 # 150 requests: more than the 100 the loop needs before it plans with the served lengths
 LOAD_RPS, LOAD_S = 2.0, 75.0
-WINDOW_S = 20.0
+WINDOW_S = 60.0  # four scrapes of the engine's PodMonitor (builders.SCRAPE_INTERVAL)
+INTERVAL = "5s"  # the stack's scrape and rule interval, and the operator's scrape
 LOOP_ENV = {
     "ROOFTOP_LOOP_INTERVAL_S": "2",
     "ROOFTOP_LOOP_WINDOW": f"{WINDOW_S:g}s",
-    "ROOFTOP_LOOP_STALE_AFTER_S": "10",
+    "ROOFTOP_LOOP_STALE_AFTER_S": "40",
     "ROOFTOP_LOOP_STARTUP_S": "5",
 }
 # Dashboard queries that cannot return series here, and why (none so far: one engine
@@ -133,7 +134,7 @@ class World:
     api: Any
     namespace: str
     operator: Operator
-    prometheus: PrometheusServer
+    prometheus: GeneratedPrometheus
     fleet: VllmFleet
     work: Path
     model_dir: Path
@@ -324,21 +325,10 @@ def model_claim(cluster: ClusterHandle, work: Path, ns: str, pv: str) -> None:
                     "--timeout=60s", f"pvc/{CLAIM}")  # fmt: skip
 
 
-def pod_monitor_crd(cluster: ClusterHandle, work: Path) -> bool:
-    """Serve the PodMonitor API (a stand-in CRD, as test_operator does) unless it is
-    there; True if this module installed it (and so removes it)."""
-    name = str(POD_MONITOR_CRD["metadata"]["name"])  # type: ignore[index]
-    if cluster.kubectl("get", "crd", name, check=False).returncode == 0:
-        return False
-    _apply(cluster, work, POD_MONITOR_CRD)
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=30s", f"crd/{name}")
-    return True
-
-
 @pytest.fixture(scope="module")
 def run(
     cluster: ClusterHandle,
-    prometheus_bin: Path,
+    prometheus_operator_dir: Path,
     vllm_py: Path,
     tiny_model_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
@@ -349,41 +339,34 @@ def run(
     (work / "engines").mkdir()
     cluster.create_namespace(system)
     cluster.create_namespace(ns)
-    crd_installed = pod_monitor_crd(cluster, work)
-    cluster.helm("install", RELEASE, str(CHART), "--namespace", system, "--set", "image.tag=e2e")
     node = gpu_node(dataclasses.replace(L4, prefix=f"vllm-l4-{suffix}"), 0)
     client.CoreV1Api(api := cluster.api()).create_node(node)  # type: ignore[arg-type]
     pv = f"vllm-models-{suffix}"
     model_claim(cluster, work, ns, pv)
-    prom = PrometheusServer(work / "prometheus", prometheus_bin).start()
-    metrics_port = free_port()
-    kubeconfig = cluster.serviceaccount_kubeconfig(system, f"{RELEASE}-rooftop")
-    operator = Operator(kubeconfig, ns, work / "operator.log")
     paths = HostPaths(claims={CLAIM: tiny_model_dir.parent}, scratch=work / "pods")
-    operator_target = (f"127.0.0.1:{metrics_port}", {"component": "operator"})
-    fleet = VllmFleet(api, ns, NAME, prom, vllm_cli(vllm_py), paths, work / "engines",
-                      static_targets=[operator_target])  # fmt: skip
-    world = World(cluster, api, ns, operator, prom, fleet, work, tiny_model_dir)
+    fleet = VllmFleet(api, ns, NAME, vllm_cli(vllm_py), paths, work / "engines")
     result = Run()
+    release = prometheus_operator.monitored_release(
+        cluster, prometheus_operator_dir, CHART, RELEASE, (system, ns), work, interval=INTERVAL
+    )
     try:
-        operator.start("--metrics-port", str(metrics_port),
-                       ROOFTOP_PROMETHEUS_URL=prom.url, **LOOP_ENV)  # fmt: skip
-        fleet.start()
-        _apply(cluster, work, target(tiny_model_dir), "-n", ns)
-        scenario(world, result)
-        yield result
+        with release as installed:
+            world = World(cluster, api, ns, installed.operator, installed.prometheus, fleet,
+                          work, tiny_model_dir)  # fmt: skip
+            try:
+                installed.operator.start(*installed.operator_args(),
+                                         **installed.operator_env(), **LOOP_ENV)  # fmt: skip
+                fleet.start()
+                _apply(cluster, work, target(tiny_model_dir), "-n", ns)
+                scenario(world, result)
+                yield result
+            finally:
+                fleet.stop()
+                (work / "run.json").write_text(json.dumps(dataclasses.asdict(result), indent=1))
     finally:
-        fleet.stop()
-        operator.stop()
-        prom.stop()
-        (work / "run.json").write_text(json.dumps(dataclasses.asdict(result), indent=1))
-        cluster.kubectl("delete", "namespace", ns, "--wait=false", check=False)
-        cluster.helm("uninstall", RELEASE, "--namespace", system, check=False)
-        cluster.kubectl("delete", "namespace", system, "--wait=false", check=False)
-        cluster.kubectl("delete", "node", node["metadata"]["name"], "--wait=false", check=False)
-        cluster.kubectl("delete", "pv", pv, "--wait=false", check=False)
-        if crd_installed:
-            cluster.kubectl("delete", "crd", "podmonitors.monitoring.coreos.com", check=False)
+        cluster.delete_later("namespace", ns, system)
+        cluster.delete_later("node", node["metadata"]["name"])
+        cluster.delete_later("pv", pv)
         api.close()
 
 
@@ -404,7 +387,7 @@ def test_the_tiny_model_from_a_pvc_is_planned_and_deployed(run: Run) -> None:
 
 def test_the_real_engine_runs_the_pods_own_command(run: Run) -> None:
     """Only volume paths (the PVC's host directory, temp dirs for the others; the
-    drafter's in its --speculative-config too), --port and --host differ."""
+    drafter's in its --speculative-config too) and --host (the pod's IP) differ."""
     pod = run.need("deployed")["pod"]
     launched = run.need("serving")["launched"]
     container = pod["spec"]["containers"][0]
@@ -414,13 +397,10 @@ def test_the_real_engine_runs_the_pods_own_command(run: Run) -> None:
     pod_args, local_args = container["args"], argv[2:]
     assert local_args[0].endswith(container["args"][0].removeprefix("/models"))
     assert Path(local_args[0], "config.json").is_file()
-    port = pod_args.index("--port")
-    assert local_args[1:port] == pod_args[1:port]
-    after = [host_path(a, mounts) for a in pod_args[port + 2 :]]
-    assert local_args[port + 2 : len(pod_args)] == after
+    assert local_args[1 : len(pod_args)] == [host_path(a, mounts) for a in pod_args[1:]]
     drafter = json.loads(pod_args[pod_args.index("--speculative-config") + 1])["model"]
     assert drafter.startswith("/models/") and not any(drafter in a for a in local_args)
-    assert local_args[len(pod_args) :] == ["--host", "127.0.0.1"]
+    assert local_args[len(pod_args) :] == ["--host", pod["status"]["podIP"]]
     pod_env = {v["name"]: v["value"] for v in container["env"]}
     for name, value in pod_env.items():
         assert env[name] == host_path(value, mounts), name
@@ -429,13 +409,17 @@ def test_the_real_engine_runs_the_pods_own_command(run: Run) -> None:
 
 
 def test_prometheus_scrapes_it_through_the_pod_monitor(run: Run) -> None:
-    series = run.need("serving")["scraped"]
-    labels = series[0]["metric"]
-    # namespace and servingtarget come from the PodMonitor's relabelings; model_name and
-    # engine from vLLM itself; no pod label: the harness adds none of its own.
-    assert labels["servingtarget"] == NAME and labels["namespace"].startswith("vllm-")
-    assert labels["model_name"] == SERVED
-    assert labels["engine"] == "0" and "pod" not in labels
+    """The Prometheus Operator's job for the engine PodMonitor found the pod and
+    scraped its IP at the named port."""
+    pod = run.need("deployed")["pod"]
+    labels = run.need("serving")["scraped"][0]["metric"]
+    # namespace and servingtarget come from the PodMonitor's relabelings, job, pod and
+    # instance from the Prometheus Operator's, model_name and engine from vLLM itself
+    assert labels["servingtarget"] == NAME and labels["namespace"] == pod["metadata"]["namespace"]
+    assert labels["job"] == f"{labels['namespace']}/{NAME}-engine"
+    assert labels["pod"] == pod["metadata"]["name"]
+    assert labels["instance"] == f"{pod['status']['podIP']}:8000"
+    assert labels["model_name"] == SERVED and labels["engine"] == "0"
 
 
 def test_rooftop_load_is_served_by_the_real_engine(run: Run) -> None:

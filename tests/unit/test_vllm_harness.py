@@ -1,5 +1,5 @@
-"""The real-vLLM harness's pure parts: a pod's command as a local process, and the
-PodMonitor as a Prometheus scrape job (tests/cluster/vllm_engines.py).
+"""The real-vLLM harness's pure parts: a pod's command as a local process on the pod's
+address (tests/cluster/vllm_engines.py, tests/cluster/engines.py).
 
 The e2e test runs them once against one pod; these pin the rules on hand-made pods.
 """
@@ -10,19 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.cluster.engines import pod_endpoint
 from tests.cluster.vllm_engines import (
     HostPaths,
-    discovery_labels,
     host_path,
     local_command,
-    scrape_job,
-    selects,
     volume_dirs,
     with_flag,
 )
-
-from rooftop_operator.builders import build_pod_monitor
-from rooftop_operator.specs import TargetRef
 
 ARGS = ["/models/tiny", "--served-model-name", "tiny", "--max-num-seqs", "8", "--port", "8000"]
 
@@ -52,13 +47,13 @@ def pod(args: list[str] = ARGS, env: list[dict[str, Any]] | None = None) -> dict
     }
 
 
-def test_the_pods_command_runs_with_only_paths_port_and_host_changed(tmp_path: Path) -> None:
+def test_the_pods_command_runs_with_only_paths_and_host_changed(tmp_path: Path) -> None:
     paths = HostPaths(claims={"models": tmp_path / "pvc"}, scratch=tmp_path / "pods")
     vllm = tmp_path / "venv" / "bin" / "vllm"
-    argv, env = local_command(pod(), vllm, 41234, paths)
+    argv, env = local_command(pod(), vllm, "127.244.0.9", paths)
     assert argv == [str(vllm), "serve", str(tmp_path / "pvc" / "tiny"),
                     "--served-model-name", "tiny", "--max-num-seqs", "8",
-                    "--port", "41234", "--host", "127.0.0.1"]  # fmt: skip
+                    "--port", "8000", "--host", "127.244.0.9"]  # fmt: skip
     assert env["HF_HOME"] == str(tmp_path / "pods" / "t-engine-1" / "volumes" / "cache" / "hf")
     assert env["X"] == "1"
     assert env["HOME"] == str(tmp_path / "pods" / "t-engine-1" / "home")
@@ -68,18 +63,18 @@ def test_the_pods_command_runs_with_only_paths_port_and_host_changed(tmp_path: P
 def test_a_claim_without_a_host_directory_or_another_command_is_refused(tmp_path: Path) -> None:
     paths = HostPaths(claims={}, scratch=tmp_path)
     with pytest.raises(ValueError, match="no host directory for PVC models"):
-        local_command(pod(), tmp_path / "vllm", 1, paths)
+        local_command(pod(), tmp_path / "vllm", "127.0.0.1", paths)
     sim = pod()
     sim["spec"]["containers"][0]["command"] = ["rooftop", "engine-sim"]
     with pytest.raises(ValueError, match="does not run vllm"):
-        local_command(sim, tmp_path / "vllm", 1, HostPaths({"models": tmp_path}, tmp_path))
+        local_command(sim, tmp_path / "vllm", "h", HostPaths({"models": tmp_path}, tmp_path))
 
 
 def test_env_from_a_secret_is_refused(tmp_path: Path) -> None:
     secret = [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}}]
     with pytest.raises(ValueError, match="HF_TOKEN is not a plain value"):
         local_command(
-            pod(env=secret), tmp_path / "vllm", 1, HostPaths({"models": tmp_path}, tmp_path)
+            pod(env=secret), tmp_path / "vllm", "h", HostPaths({"models": tmp_path}, tmp_path)
         )
 
 
@@ -97,27 +92,15 @@ def test_with_flag_replaces_either_spelling_or_appends() -> None:
     assert with_flag(["a"], "--host", "h") == ["a", "--host", "h"]
 
 
-def test_the_pod_monitor_becomes_the_scrape_job_and_selects_the_pod() -> None:
-    monitor = build_pod_monitor(TargetRef(namespace="ns", name="t", uid="u"))
-    job = scrape_job(monitor)
-    assert job["metrics_path"] == "/metrics"
-    assert {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"} in (
-        job["relabel_configs"]
-    )
-    assert job["metric_relabel_configs"][0]["replacement"] == "vllm:$1"
-    assert selects(monitor, pod())
-    other = pod()
-    other["metadata"]["labels"]["rooftop.dev/servingtarget"] = "other"
-    assert not selects(monitor, other)
-
-
-def test_discovery_labels_are_kubernetes_sds() -> None:
-    labels = discovery_labels(pod(), "http")
-    assert labels["__meta_kubernetes_namespace"] == "ns"
-    assert labels["__meta_kubernetes_pod_name"] == "t-engine-1"
-    assert labels["__meta_kubernetes_pod_label_rooftop_dev_servingtarget"] == "t"
-    assert labels["__meta_kubernetes_pod_labelpresent_app_kubernetes_io_name"] == "true"
-    assert labels["__meta_kubernetes_pod_container_port_name"] == "http"
+def test_a_pods_process_listens_on_its_ip_and_named_port() -> None:
+    """Where a Prometheus that discovers the pod scrapes it (its PodMonitor's port)."""
+    running = pod()
+    running["status"] = {"podIP": "127.244.0.7"}
+    assert pod_endpoint(running, "http") == ("127.244.0.7", 8000)
+    with pytest.raises(ValueError, match="no port named metrics"):
+        pod_endpoint(running, "metrics")
+    with pytest.raises(ValueError, match="has no IP yet"):
+        pod_endpoint(pod(), "http")  # not given one yet
 
 
 def test_a_config_map_volume_holds_its_keys_as_files(tmp_path: Path) -> None:
