@@ -103,7 +103,7 @@ loop: $(VENV)/.dev tools
 
 ## loop-figure: run the closed-loop scenario and redraw docs/loop.md's figure from it
 loop-figure: $(VENV)/.dev tools
-	ROOFTOP_LOOP_RECORD=docs/loop-run.json $(BIN)/pytest -q -m loop -p no:cacheprovider
+	ROOFTOP_LOOP_RECORD=docs/loop-run.json $(BIN)/pytest -q -m loop -p no:cacheprovider tests/e2e/test_loop.py
 	$(BIN)/python benchmarks/plot_loop.py docs/loop-run.json docs/img/loop.png
 
 bench: $(VENV)/.dev
