@@ -66,5 +66,9 @@ def test_the_chart_accepts_exactly_what_the_operator_accepts(field: str, text: s
 
 
 def test_the_chart_carries_the_same_pattern() -> None:
+    """One definition, which every duration of the chart's values refers to."""
     text = SCHEMA.read_text()
-    assert text.count(json.dumps(PATTERN)) == 2  # loop.window, metrics.podMonitor.interval
+    assert json.loads(text)["definitions"]["duration"]["pattern"] == PATTERN
+    assert text.count(json.dumps(PATTERN)) == 1
+    # loop.window, metrics.podMonitor.interval, the five prometheusRule.for holds
+    assert text.count('"$ref": "#/definitions/duration"') == 7

@@ -131,6 +131,27 @@ def test_alert_labels_reach_every_alert() -> None:
 
 
 @needs_helm
+def test_each_alerts_hold_is_a_value_and_the_burn_rates_keep_theirs() -> None:
+    """``prometheusRule.for.<alert without Rooftop>`` sets that alert's ``for``; the
+    others keep their defaults, and so does every alert after ``helm upgrade
+    --reuse-values`` from a chart without the value."""
+    holds = {"RooftopEngineMetricsMissing": "10m", "RooftopServingTargetInfeasible": "5m",
+             "RooftopServingTargetOverBudget": "15m", "RooftopEngineNotReady": "15m",
+             "RooftopEngineDown": "15m"}  # fmt: skip
+
+    def held(*sets: str) -> dict[str, str]:
+        return {r["alert"]: r["for"] for r in rules(*sets) if r.get("alert") in holds}
+
+    assert held() == holds
+    assert held("prometheusRule.for=null") == holds
+    shorter = held("prometheusRule.for.engineMetricsMissing=30s")
+    assert shorter == holds | {"RooftopEngineMetricsMissing": "30s"}
+    burns = {r["for"] for r in rules("prometheusRule.for.engineDown=1m")
+             if r.get("alert", "").endswith("ErrorBudgetBurn")}  # fmt: skip
+    assert burns == {"2m", "15m", "3h"}
+
+
+@needs_helm
 def test_burn_rate_alerts_follow_the_workbook_table() -> None:
     """Per SLI, three alerts: (long, short window, burn rate, severity) as in the SRE
     workbook, each requiring both windows over the same multiple of the budget."""

@@ -65,6 +65,10 @@ def test_values_yaml_matches_its_schema() -> None:
         {"prometheusRule": {"labels": {"release": 1}}},
         {"prometheusRule": {"alertLabels": {"severity": "page"}}},  # the rules set it
         {"prometheusRule": {"alertLabels": {"team.example.com/owner": "ml"}}},  # not a label
+        {"prometheusRule": {"for": {"engineMetricsMissing": "soon"}}},
+        {"prometheusRule": {"for": {"engineMetricsMissing": ""}}},
+        {"prometheusRule": {"for": {"RooftopEngineMetricsMissing": "1m"}}},  # not the key
+        {"prometheusRule": {"for": {"tpotErrorBudgetBurn": "1m"}}},  # held by its windows
     ],
 )
 def test_schema_rejects_bad_values(override: dict[str, Any]) -> None:
