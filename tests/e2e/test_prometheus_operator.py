@@ -1,8 +1,9 @@
-"""The Prometheus Operator, built from its Go module, as users run it.
+"""The Prometheus Operator, built from its Go module, as users run it: the
+configuration it generates, read without a Prometheus to run it
+(test_kube_prometheus_stack.py and the closed-loop tests run one on it).
 
-Every other test scrapes through file discovery the harness writes. Here the real
-Prometheus Operator (tests/cluster/build-prometheus-operator.sh) watches the local
-control plane, with its own CRDs and a Prometheus resource selecting as
+The real Prometheus Operator (tests/cluster/build-prometheus-operator.sh) watches the
+local control plane, with its own CRDs and a Prometheus resource selecting as
 kube-prometheus-stack's defaults do (PodMonitors and rules labelled
 ``release: <release>``, in any namespace), and turns the chart's and the operator's
 PodMonitors and PrometheusRule into the configuration its Prometheus would load (the
