@@ -165,12 +165,6 @@ def stack_chart_values(metrics_port: int, interval: str) -> list[str]:
             "--set-string", f"engine.podMonitor.labels.{release}"]  # fmt: skip
 
 
-def stack_operator_env() -> dict[str, str]:
-    """What the chart's Deployment sets from those values for an operator process
-    started outside it (a kwok pod runs no container): the engines' label."""
-    return {"ROOFTOP_PODMONITOR_LABELS": json.dumps({"release": STACK_RELEASE})}
-
-
 @contextlib.contextmanager
 def stack(
     cluster: ClusterHandle, built: Path, namespace: str, work: Path, *, interval: str
@@ -201,7 +195,10 @@ class MonitoredRelease:
         return ("--metrics-port", str(self.metrics_port))
 
     def operator_env(self) -> dict[str, str]:
-        return {"ROOFTOP_PROMETHEUS_URL": self.prometheus.url, **stack_operator_env()}
+        """What the chart's Deployment would set from ``stack_chart_values``: this
+        Prometheus, and the engines' label."""
+        labels = json.dumps({"release": STACK_RELEASE})
+        return {"ROOFTOP_PROMETHEUS_URL": self.prometheus.url, "ROOFTOP_PODMONITOR_LABELS": labels}
 
 
 @contextlib.contextmanager

@@ -52,7 +52,7 @@ from typing import Any
 
 import pytest
 
-from tests.cluster import dashboard_queries
+from tests.cluster import dashboard_queries, prometheus_operator
 from tests.cluster.apiserver_relay import api_server_for_pods
 from tests.cluster.controlplane import free_port
 from tests.cluster.handle import ClusterHandle, wait_until
@@ -70,8 +70,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm, pytest.mark.realnode]
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "rooftop"
 RELEASE = "kps-rooftop"
-KPS = "kps"  # the kube-prometheus-stack release; its Prometheus selects release=kps
-PROMETHEUS = "kps-prometheus"
+KPS = prometheus_operator.STACK_RELEASE  # its Prometheus selects release=kps
+PROMETHEUS = prometheus_operator.STACK_PROMETHEUS
 TARGET = "chat"
 MODEL = "llama-3.1-8b"
 INTERVAL = "5s"  # the Prometheus' scrape and rule interval, the operator's scrape
