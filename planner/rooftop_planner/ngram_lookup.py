@@ -1,21 +1,33 @@
-"""vLLM's n-gram prompt lookup as host time per engine step, from measured timings.
+"""vLLM's host-side drafters, n-gram prompt lookup and suffix trees, as host time per
+engine step, from measured timings.
 
-vLLM's ``ngram`` proposer drafts on the host between steps: for each running request
-it scans the request's tokens (prompt and output so far) for the last earlier
-occurrence of its latest n-gram, a KMP pass linear in the request's length, on one
-numba thread whatever the TP, and the next step waits for it. ``catalog/
-ngram_lookup.csv`` times that call (``NgramProposer.propose``) on a CPU over batches of
-B requests of L tokens each (``benchmarks/measure_ngram_lookup.py``). Fitted, with
-weights 1 / t so that every row counts by its relative error::
+Two of vLLM's speculative methods draft on the host between steps, and the next step
+waits for them:
 
-    t(B, T) = c0 + c1 · B + c2 · B² + c3 · T      seconds, T = B · L tokens scanned
+- ``ngram`` (``NgramProposer.propose``): for each running request, a scan of its tokens
+  (prompt and output so far) for the last earlier occurrence of its latest n-gram, a
+  KMP pass linear in the request's length, on one numba thread whatever the TP;
+- ``suffix`` (``SuffixDecodingProposer.propose``, Arctic Inference's suffix trees): for
+  each running request, its new token appended to its prompt's tree and to the global
+  tree of past answers, and a walk of both for a draft, bounded by the trees' depth;
+  a request's first call also builds its prompt's tree, once.
 
-c1 is the per-request Python work around the scan, c2 its list lookups (quadratic in
-the batch), c3 the scan per token. The draft length does not enter: the scan finds the
-match before it copies the K tokens after it (the table times K = 1, 3, 5 alike).
+``catalog/ngram_lookup.csv`` and ``catalog/suffix_lookup.csv`` time those calls on a CPU
+over batches of B requests of L tokens each (``benchmarks/measure_ngram_lookup.py``,
+``benchmarks/measure_suffix_lookup.py``). Fitted, with weights 1 / t so that every row
+counts by its relative error::
 
-The timings are one CPU's (the table's first line names it); a GPU server's host
-cores are of the same class. What the table leaves out: vLLM runs ``ngram`` without
+    t(B, T, P) = c0 + c1 · B + c2 · B² + c3 · T + c4 · P      seconds
+
+T = B · L tokens the requests hold, P the prompt tokens whose trees the step builds
+(``suffix`` only: the table's ``start_seconds`` over B · L; 0 for ``ngram``). c1 is the
+per-request Python work, c2 its list and set lookups (quadratic in the batch), c3 the
+scan per token (n-gram), c4 a prompt tree's building per token (suffix). The draft length
+does not enter: the walk or scan finds the match before it copies the K tokens after it
+(the tables time K = 1, 3, 5 alike).
+
+The timings are one CPU's (each table's first line names it); a GPU server's host
+cores are of the same class. What the tables leave out: vLLM runs both methods without
 async scheduling, so the engine's own scheduling is no longer hidden behind the GPU's
 work; the planner does not price that.
 """
@@ -31,35 +43,45 @@ import numpy as np
 
 from rooftop_planner.kernels import FloatArray
 
-TABLE = "ngram_lookup.csv"
+# The measured table of each host-side method (``catalog/``).
+TABLES = {"ngram": "ngram_lookup.csv", "suffix": "suffix_lookup.csv"}
+# Rows whose prompt trees are too small to time apart from a step (B · L tokens).
+MIN_START_TOKENS = 16384
 
 
 @dataclass(frozen=True)
 class LookupCost:
-    """t(B, T) = c0 + c1 · B + c2 · B² + c3 · T seconds (module docstring), and the
-    table's first line (what was timed, where)."""
+    """t(B, T, P) = c0 + c1 · B + c2 · B² + c3 · T + c4 · P seconds (module docstring),
+    and the table's first line (what was timed, where)."""
 
     coefficients: tuple[float, float, float, float]
     measured_on: str
+    per_prompt_token_s: float = 0.0
 
-    def seconds(self, seqs: FloatArray, tokens: FloatArray) -> FloatArray:
-        """Host seconds of one lookup over ``seqs`` requests holding ``tokens`` tokens
-        in all (arrays of one shape); none for an empty batch."""
+    def seconds(
+        self, seqs: FloatArray, tokens: FloatArray, prompt_tokens: FloatArray | float = 0.0
+    ) -> FloatArray:
+        """Host seconds of one drafting call over ``seqs`` requests holding ``tokens``
+        tokens in all (arrays of one shape), building the trees of ``prompt_tokens``
+        prompt tokens; none for an empty batch."""
         c0, c1, c2, c3 = self.coefficients
         cost = c0 + c1 * seqs + c2 * seqs * seqs + c3 * tokens
-        return np.where(seqs > 0, cost, 0.0)
+        return np.where(seqs > 0, cost, 0.0) + self.per_prompt_token_s * prompt_tokens
 
 
-@lru_cache(maxsize=1)
-def lookup_cost() -> LookupCost:
-    """The fit of the packaged table (``catalog/ngram_lookup.csv``)."""
-    text = resources.files("rooftop_planner").joinpath("catalog", TABLE).read_text()
+@lru_cache(maxsize=len(TABLES))
+def lookup_cost(method: str = "ngram") -> LookupCost:
+    """The fit of the packaged table of ``method`` (``ngram`` or ``suffix``)."""
+    table = TABLES[method]
+    text = resources.files("rooftop_planner").joinpath("catalog", table).read_text()
     lines = text.splitlines()
     rows = list(csv.DictReader(line for line in lines if not line.startswith("#")))
     batch = np.array([float(r["batch"]) for r in rows])
     tokens = batch * np.array([float(r["tokens_per_request"]) for r in rows])
     seconds = np.array([float(r["seconds"]) for r in rows])
-    return LookupCost(_fit(batch, tokens, seconds), lines[0].lstrip("# "))
+    starts = [float(r["start_seconds"]) for r in rows if r.get("start_seconds")]
+    per_token = _per_prompt_token(tokens, np.array(starts)) if starts else 0.0
+    return LookupCost(_fit(batch, tokens, seconds), lines[0].lstrip("# "), per_token)
 
 
 def _fit(
@@ -74,4 +96,12 @@ def _fit(
     return (c0, c1, c2, c3)
 
 
-__all__ = ["LookupCost", "lookup_cost"]
+def _per_prompt_token(tokens: FloatArray, start_seconds: FloatArray) -> float:
+    """c4: the median of the first call's extra seconds per prompt token, over the rows
+    that build at least ``MIN_START_TOKENS`` tokens of trees (below that the difference
+    of two timings is mostly the timer's)."""
+    large = tokens >= MIN_START_TOKENS
+    return float(np.median(start_seconds[large] / tokens[large]))
+
+
+__all__ = ["LookupCost", "TABLES", "lookup_cost"]

