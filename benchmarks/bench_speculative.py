@@ -94,6 +94,9 @@ def plans() -> None:
         ("ngram", 0.7),
         ("ngram", 0.5),
         ("ngram", 0.3),
+        ("suffix", 0.7),
+        ("suffix", 0.5),
+        ("suffix", 0.3),
     ):
         cases.append((f"{method}, acceptance {acceptance}", speculating(base, method, acceptance)))
     deepseek = {

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from rooftop_api.spec import (
+    HOST_METHODS,
     KvDtype,
     PrefixReuse,
     ServingTargetSpec,
@@ -336,12 +337,16 @@ class PlanTargetPlanner:
             self._measured[acceptance] = measured
         rounded = traffic.rounded(LENGTH_GRID)
         context = rounded.prompt.mean + rounded.output.mean / 2.0
-        found = speculative.planned(self.deployment, measured, context, batch)
+        # a drafter of one length at every batch (suffix) gets the best one for this batch
+        plan_again = speculative.planned_fixed if measured.fixed else speculative.planned
+        found = plan_again(self.deployment, measured, context, batch)
         seen = f"drafts are accepted at {acceptance:.2f} per token"
         if found is None:
+            where = f"no draft length at the running batch of {batch:.0f}"
             return Respeculation(
                 "",
-                f"{seen}, where drafting pays at no batch size on {self.plan.tp}x "
+                f"{seen}, where drafting pays at {where if measured.fixed else 'no batch size'} "
+                f"on {self.plan.tp}x "
                 f"{self.plan.gpu}: speculative decoding off, its drafter's memory goes to "
                 "the KV cache (edit the target to plan it again)",
             )
@@ -536,6 +541,10 @@ def _running_speculation(
         catalog,
         drafters_for(spec, model),
     )
+    # a drafter of one length at every batch (suffix) is an option per length: the
+    # running one drafts the length its config gives every batch
+    running = speculative.draft_length(plan.speculative_config, 1)
+    found = [s for s in found if not s.fixed or s.max_draft_tokens == running]
     return found[0] if found else None
 
 
@@ -552,12 +561,14 @@ def plan_acceptance(spec: ServingTargetSpec, plan: Plan) -> float | None:
 
 
 def drafts_by_lookup(spec: ServingTargetSpec, plan: Plan) -> bool:
-    """Whether the engines draft by prompt lookup (``ngram``), whose acceptance the loop
-    reads per decode step (``traffic.measured_acceptance``): by ``plan``'s method, else
-    by the --speculative-config ``spec.engine.extraArgs`` gives them."""
+    """Whether the engines draft by a lookup on the host (``ngram``, ``suffix``), which
+    drafts only where it finds a match, so that the loop reads its acceptance per decode
+    step (``traffic.measured_acceptance``): by ``plan``'s method, else by the
+    --speculative-config ``spec.engine.extraArgs`` gives them."""
     if plan.speculative_config:
-        return _running_method(plan) == [SpeculativeMethod.NGRAM]
-    return _extra_args_method(spec.engine.extra_args or []) == SpeculativeMethod.NGRAM
+        running = _running_method(plan) or []
+        return bool(running) and running[0] in HOST_METHODS
+    return _extra_args_method(spec.engine.extra_args or []) in HOST_METHODS
 
 
 def _extra_args_method(args: list[str]) -> str | None:

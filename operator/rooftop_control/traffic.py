@@ -312,10 +312,11 @@ def measured_acceptance(obs: Observation, per_decode_step: bool = False) -> floa
     ``ACCEPTANCE_STEP`` so that its noise does not re-plan every tick. None without
     drafts (read once the range holds ``MIN_REQUESTS``, ``served_traffic``).
 
-    ``per_decode_step`` (prompt lookup, which drafts only where it finds a match):
-    accepted per decode step rather than per step that drafted, the accepted per draft
-    times the share of decode steps that drafted, as the planner defines an ``ngram``
-    acceptance (a step with no match is one whose first draft was rejected). Where the
+    ``per_decode_step`` (prompt lookup or suffix trees, which draft only where they find
+    a match): accepted per decode step rather than per step that drafted, the accepted
+    per draft times the share of decode steps that drafted, as the planner defines an
+    ``ngram`` or ``suffix`` acceptance (a step with no match is one whose first draft
+    was rejected). Where the
     schedule turns drafting off at the running batch those steps count too, so the
     figure reads low there: it errs towards drafting less."""
     accepted, length = obs.served_accepted_per_draft, obs.served_draft_length

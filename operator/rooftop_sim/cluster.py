@@ -762,5 +762,5 @@ def _speculating(truth: TruthModel, r: Replica, seed: int) -> Speculation | None
     if drafter is not None:
         truth.with_drafter(*drafter)
     elif speculation.lookup:
-        truth.with_lookup()
+        truth.with_lookup(speculation.lookup)
     return speculation

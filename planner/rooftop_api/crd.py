@@ -182,10 +182,11 @@ CEL_RULES["ServingTargetSpec"] = [
     },
     {
         "rule": "!has(self.constraints) || !has(self.constraints.speculative) || "
-        "!('ngram' in self.constraints.speculative) || !has(self.engine) || "
+        "!('ngram' in self.constraints.speculative || 'suffix' in self.constraints.speculative) "
+        "|| !has(self.engine) || "
         + _no_flag_of(st.ASYNC_SCHEDULING_FLAGS).replace("self.extraArgs", "self.engine.extraArgs"),
         "message": "engine.extraArgs sets --async-scheduling, which vLLM refuses beside "
-        "ngram drafts; remove ngram from constraints.speculative or the flag",
+        "ngram and suffix drafts; remove them from constraints.speculative or the flag",
         "fieldPath": ".engine.extraArgs",
     },
     {
@@ -198,8 +199,8 @@ CEL_RULES["ServingTargetSpec"] = [
 ]
 CEL_RULES["Drafter"] = [
     {
-        "rule": "self.method != 'ngram' && self.method != 'mtp'",
-        "message": "ngram and mtp load no drafter of their own; remove engine.drafter",
+        "rule": "!(self.method in ['ngram', 'suffix', 'mtp'])",
+        "message": "ngram, suffix and mtp load no drafter of their own; remove engine.drafter",
         "fieldPath": ".method",
     },
     {

@@ -116,18 +116,26 @@ class SpeculativeMethod(StrEnum):
     """How vLLM drafts the tokens a speculative step verifies: ``eagle3``, an EAGLE-3
     head trained for the model; ``draft_model``, a smaller model of the same family and
     vocabulary; ``ngram``, prompt lookup (the tokens that followed the sequence's latest
-    n-gram where it occurred before, found on the host; no model); ``mtp``, the model's
-    own multi-token-prediction layers, where its checkpoint has them (DeepSeek-V3).
+    n-gram where it occurred before, found on the host; no model); ``suffix``, suffix
+    decoding (what followed the sequence's latest tokens in its prompt and in earlier
+    answers, from suffix trees on the host, Arctic Inference's; no model); ``mtp``, the
+    model's own multi-token-prediction layers, where its checkpoint has them
+    (DeepSeek-V3).
     vLLM's rejection sampling keeps the model's output distribution at any temperature,
     so speculation changes speed, not answers."""
 
     EAGLE3 = "eagle3"
     DRAFT_MODEL = "draft_model"
     NGRAM = "ngram"
+    SUFFIX = "suffix"
     MTP = "mtp"
 
 
-# vLLM refuses async scheduling beside ngram drafts (vllm/config/vllm.py: "async
+# The methods that draft on the host between steps, with no model of their own.
+HOST_METHODS = (SpeculativeMethod.NGRAM, SpeculativeMethod.SUFFIX)
+
+
+# vLLM refuses async scheduling beside ngram and suffix drafts (vllm/config/vllm.py: "async
 # scheduling is only supported with EAGLE/MTP/Draft Model/NGram GPU..."); it turns it
 # off itself unless a flag turns it on.
 ASYNC_SCHEDULING_FLAGS = ("--async-scheduling", "--async_scheduling")
@@ -276,8 +284,8 @@ class Workload(_Model):
         "chance the model accepts each draft token (a step verifying K draft tokens then "
         "yields (1 - a^(K+1)) / (1 - a) tokens per sequence). Replaces the drafter's "
         "published figure for every method in constraints.speculative; code and RAG "
-        "usually accept more than chat. Needed for ngram, over every decode step (a step "
-        "where prompt lookup finds no match counts as a first draft rejected).",
+        "usually accept more than chat. Needed for ngram and suffix, over every decode step "
+        "(a step where the lookup finds no match counts as a first draft rejected).",
     )
 
 
@@ -367,10 +375,11 @@ class Constraints(_Model):
         max_length=len(SpeculativeMethod),
         description="Speculative decoding methods the planner may choose (eagle3, "
         "draft_model with a drafter the catalog names for the model or engine.drafter; "
-        "ngram, prompt lookup, with workload.acceptanceRate; mtp, the model's own "
-        "multi-token-prediction layers where it has them). Per batch size it "
-        "picks the draft length (vLLM num_speculative_tokens_per_batch_size) or none where "
-        "verifying drafts costs more than they save. Default: none.",
+        "ngram, prompt lookup, and suffix, suffix decoding, with workload.acceptanceRate; "
+        "mtp, the model's own multi-token-prediction layers where it has them). Per batch "
+        "size it picks the draft length (vLLM num_speculative_tokens_per_batch_size) or none "
+        "where verifying drafts costs more than they save; suffix takes one draft length "
+        "at every batch. Default: none.",
     )
     min_replicas: int = Field(default=1, ge=0, le=1000)
     max_replicas: int = Field(default=16, ge=1, le=1000)
@@ -539,7 +548,7 @@ class Drafter(_Model):
     the model: an EAGLE-3 head, or a smaller model of the same family and vocabulary."""
 
     method: SpeculativeMethod = Field(
-        description="eagle3 or draft_model (ngram and mtp load no drafter of their own)."
+        description="eagle3 or draft_model (ngram, suffix and mtp load no drafter of their own)."
     )
     model: str = Field(
         min_length=1,
@@ -566,10 +575,11 @@ class Drafter(_Model):
 
     @model_validator(mode="after")
     def _shape_for_the_method(self) -> Drafter:
-        if self.method == SpeculativeMethod.NGRAM:
+        if self.method in HOST_METHODS:
             raise ValueError(
-                "drafter.method: ngram looks tokens up in the prompt and loads no drafter; "
-                "remove engine.drafter (constraints.speculative: [ngram] is enough)"
+                f"drafter.method: {self.method.value} looks tokens up on the host and loads "
+                f"no drafter; remove engine.drafter (constraints.speculative: "
+                f"[{self.method.value}] is enough)"
             )
         if self.method == SpeculativeMethod.MTP:
             raise ValueError(
@@ -739,13 +749,12 @@ class ServingTargetSpec(_Model):
                 "draft_model drafter (it watermarks only EAGLE-style drafts); remove "
                 "draft_model from constraints.speculative or the watermark config"
             )
-        if SpeculativeMethod.NGRAM in methods and _turns_on(
-            self.engine.extra_args or [], ASYNC_SCHEDULING_FLAGS
-        ):
+        host = [m.value for m in methods if m in HOST_METHODS]
+        if host and _turns_on(self.engine.extra_args or [], ASYNC_SCHEDULING_FLAGS):
             raise ValueError(
-                "engine.extraArgs sets --async-scheduling, which vLLM refuses beside ngram "
-                "drafts (prompt lookup runs on the host between steps); remove ngram from "
-                "constraints.speculative or the flag"
+                f"engine.extraArgs sets --async-scheduling, which vLLM refuses beside "
+                f"{' and '.join(host)} drafts (they are looked up on the host between "
+                f"steps); remove {' and '.join(host)} from constraints.speculative or the flag"
             )
         drafter = self.engine.drafter
         if drafter is not None and drafter.method not in methods:

@@ -37,6 +37,14 @@ METHODS = ("eagle3", "draft_model")
 # the sequence's latest n-gram (prompt or output), on the host, with no model to load,
 # so every model can use it and the drafter catalog does not list it.
 NGRAM = "ngram"
+# Suffix decoding (Arctic Inference's suffix trees, arXiv:2411.04975): drafts what
+# followed the sequence's latest tokens in its prompt and in earlier answers, on the
+# host, with no model either. vLLM's proposer takes one draft length for every batch
+# (its ``propose`` asserts it), so a plan gives it a fixed K, not a schedule.
+SUFFIX = "suffix"
+# The methods that draft on the host: no drafter weights or KV, host time per step
+# (``ngram_lookup``), an acceptance that is the traffic's.
+HOST_METHODS = (NGRAM, SUFFIX)
 # The model's own multi-token-prediction layers (DeepSeek-V3's), in its checkpoint: no
 # drafter to name either, and only for a model that has them.
 MTP = "mtp"
@@ -82,6 +90,16 @@ NGRAM_DRAFTER = Drafter(
     source="vLLM's n-gram prompt-lookup proposer (vllm/v1/spec_decode/ngram_proposer.py)",
     licence="Apache-2.0 (vLLM)",
 )
+SUFFIX_DRAFTER = Drafter(
+    method=SUFFIX,
+    repo="suffix",
+    source=(
+        "vLLM's suffix-decoding proposer (vllm/v1/spec_decode/suffix_decoding.py) over "
+        "Arctic Inference's suffix trees (arctic_inference.suffix_decoding)"
+    ),
+    licence="Apache-2.0 (vLLM, Arctic Inference)",
+)
+HOST_DRAFTERS = {NGRAM: NGRAM_DRAFTER, SUFFIX: SUFFIX_DRAFTER}
 
 
 def mtp_drafter(model: ModelSpec) -> Drafter | None:
@@ -297,9 +315,10 @@ def drafters_for(spec: ServingTargetSpec, model: ModelSpec) -> Mapping[str, Mapp
 def planned_drafter(spec: ServingTargetSpec, method: str) -> Drafter | None:
     """The drafter a plan of ``spec`` speculating by ``method`` drafts with: the one
     ``spec.engine.drafter`` names, else the catalog's for its model (None: neither);
-    vLLM's prompt lookup for ``ngram``, the model's own layers for ``mtp``."""
-    if method == NGRAM:
-        return NGRAM_DRAFTER
+    vLLM's host lookups for ``ngram`` and ``suffix``, the model's own layers for
+    ``mtp``."""
+    if method in HOST_DRAFTERS:
+        return HOST_DRAFTERS[method]
     if method == MTP:
         try:
             return mtp_drafter(resolve_model(spec, load_catalog()))
@@ -315,7 +334,7 @@ def planned_drafter(spec: ServingTargetSpec, method: str) -> Drafter | None:
 def planned_acceptance(spec: ServingTargetSpec, method: str) -> float | None:
     """The acceptance a plan of ``spec`` speculating by ``method`` was made with: the
     target's stated one, else its drafter's published figure (None: neither; always
-    for ``ngram``, whose acceptance is the traffic's)."""
+    for ``ngram`` and ``suffix``, whose acceptance is the traffic's)."""
     if spec.workload.acceptance_rate is not None:
         return spec.workload.acceptance_rate
     drafter = planned_drafter(spec, method)

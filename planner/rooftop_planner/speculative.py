@@ -28,6 +28,12 @@ the engine's per-step overhead (scheduling and sampling happen once per engine s
   found nothing counting as one whose first draft was rejected (so E(a, K) stays the
   tokens per step), and it is priced as if every step verified K drafts (vLLM verifies
   only the drafts found: the price errs high).
+- ``suffix``: suffix decoding (Arctic Inference's suffix trees over the prompt and
+  earlier answers), priced as ``ngram`` is, from its own measured host time, which
+  adds the building of each prompt's tree (per prompt token, paid in the step that
+  carries the prompt's prefill). vLLM drafts one K at every batch with it, up to K per
+  request (fewer where the trees' matches are short), so each K is an option of its
+  own (``Speculation.fixed``) and the search keeps the cheapest.
 
 So one step of B sequences costs t(B, K) = verify(B, K) + draft(B, K), and its time per
 output token is t(B, K) / E(a, K). The planner picks, per batch size, the K in 0..K_max
@@ -49,9 +55,10 @@ import numpy as np
 from rooftop_planner import perf
 from rooftop_planner.catalog import Catalog, ModelSpec
 from rooftop_planner.drafters import (
+    HOST_DRAFTERS,
     MTP,
     NGRAM,
-    NGRAM_DRAFTER,
+    SUFFIX,
     Drafter,
     drafter_shape,
     mtp_drafter,
@@ -78,13 +85,16 @@ DRAFT_WEIGHT_DTYPES = ("bf16", "fp16", "fp8")
 class Speculation:
     """One way a target may speculate: the drafter, the acceptance planned with, the
     drafter's shape (a catalog model, or an EAGLE-3 head built from the model's; None
-    for ``ngram``, which drafts on the host)."""
+    for ``ngram`` and ``suffix``, which draft on the host). ``fixed``: the drafter
+    drafts ``max_draft_tokens`` at every batch (``suffix``), not the K the schedule
+    chooses per batch."""
 
     drafter: Drafter
     acceptance: float
     acceptance_source: str
     draft: ModelSpec | None
     max_draft_tokens: int = MAX_DRAFT_TOKENS
+    fixed: bool = False
 
     @property
     def method(self) -> str:
@@ -104,8 +114,8 @@ def options(
     found: list[Speculation] = []
     problems: list[str] = []
     for method in methods:
-        if method == NGRAM:
-            _ngram(acceptance, found, problems)
+        if method in HOST_DRAFTERS:
+            _host_lookup(method, acceptance, found, problems)
             continue
         drafter = known.get(method) or (mtp_drafter(model) if method == MTP else None)
         if drafter is None:
@@ -129,18 +139,30 @@ def options(
     return found, problems
 
 
-def _ngram(acceptance: float | None, found: list[Speculation], problems: list[str]) -> None:
-    """Prompt lookup, at the target's stated acceptance: how often it drafts right is
-    the traffic's (code edits and retrieved documents repeat the prompt, chat seldom
-    does), so no figure is published per model."""
+def _host_lookup(
+    method: str, acceptance: float | None, found: list[Speculation], problems: list[str]
+) -> None:
+    """Prompt lookup or suffix trees, at the target's stated acceptance: how often they
+    draft right is the traffic's (code edits, retrieved documents and agents' repeated
+    calls repeat earlier tokens, chat seldom does), so no figure is published per model.
+    ``suffix`` takes one K at every batch: one option per K."""
     if acceptance is None:
         problems.append(
-            "ngram: how often prompt lookup drafts right depends on your traffic, not the "
-            "model; set spec.workload.acceptanceRate to the acceptance per decode step you "
-            "measured (the loop then measures it), or leave ngram out"
+            f"{method}: how often {HOST_LOOKUP_WORDS[method]} drafts right depends on your "
+            "traffic, not the model; set spec.workload.acceptanceRate to the acceptance per "
+            f"decode step you measured (the loop then measures it), or leave {method} out"
         )
         return
-    found.append(Speculation(NGRAM_DRAFTER, acceptance, "spec.workload.acceptanceRate", None))
+    drafter, source = HOST_DRAFTERS[method], "spec.workload.acceptanceRate"
+    if method != SUFFIX:
+        found.append(Speculation(drafter, acceptance, source, None))
+        return
+    for k in range(1, MAX_DRAFT_TOKENS + 1):
+        found.append(Speculation(drafter, acceptance, source, None, max_draft_tokens=k, fixed=True))
+
+
+# How a problem or an explanation names each host-side drafter.
+HOST_LOOKUP_WORDS = {NGRAM: "prompt lookup", SUFFIX: "suffix decoding"}
 
 
 def _no_drafter(model: ModelSpec, method: str, known: Mapping[str, Drafter]) -> str:
@@ -229,6 +251,7 @@ def steps(
     totals, floors = _every_length(
         dep,
         draft_engine(dep, spec),
+        spec.method,
         spec.max_draft_tokens,
         np.concatenate([seqs, seqs]),
         np.concatenate([context, context]),
@@ -240,6 +263,8 @@ def steps(
     decode_floor, full_floor = floors[:, :n], floors[:, n:]
     per_token = decode / e[:, None]
     best = np.argmin(per_token, axis=0)
+    if spec.fixed:
+        best = np.full(n, spec.max_draft_tokens)
     cols = np.arange(n)
     unscaled = per_token[best, cols] + (full - decode)[best, cols]
     floor = (decode_floor / e[:, None])[best, cols] + (full_floor - decode_floor)[best, cols]
@@ -249,6 +274,7 @@ def steps(
 def _every_length(
     dep: EngineShape,
     draft: EngineShape | None,
+    method: str,
     longest: int,
     seqs: FloatArray,
     context: FloatArray,
@@ -260,7 +286,8 @@ def _every_length(
     sequence), the drafter's first forwards (over every token the step brought), its
     K − 1 later ones (one token per sequence), less the engine's per-step overhead of
     each drafter forward, paid once in the verification; without a drafter model
-    (``ngram``), the host's lookup over the batch's context instead, whatever K."""
+    (``ngram``, ``suffix``), the host's lookup over the batch's context instead, whatever
+    K, with the trees of the prompt chunk's tokens (``suffix``)."""
     ks = np.arange(longest + 1, dtype=np.float64)[:, None]
 
     def rows(values: FloatArray, count: int) -> FloatArray:
@@ -277,7 +304,7 @@ def _every_length(
     if longest == 0:
         return verify, floor
     if draft is None:
-        verify[1:] += lookup_cost().seconds(seqs, context)[None, :]
+        verify[1:] += lookup_cost(method).seconds(seqs, context, chunk)[None, :]
         return verify, floor
     drafts = (rows(seqs, longest), rows(context, longest), rows(chunk, longest))
     first, _ = perf.forward_parts(
@@ -320,7 +347,8 @@ def _decode_steps(
     seqs = np.array([float(batch)])
     context = seqs * perf.cached_tokens(dep.model, context_per_seq)
     zero = np.zeros_like(seqs)
-    totals, floors = _every_length(dep, draft_engine(dep, spec), longest, seqs, context, zero, zero)
+    draft = draft_engine(dep, spec)
+    totals, floors = _every_length(dep, draft, spec.method, longest, seqs, context, zero, zero)
     return totals[:, 0].tolist(), floors[:, 0].tolist()
 
 
@@ -349,6 +377,8 @@ def schedule(
     judged at every batch size (the running batch is what vLLM looks up), never rising
     with the batch: a longer draft at a larger batch would win by less than the
     kernel curves' interpolation noise, since verifying costs more per token there."""
+    if spec.fixed:
+        return [(1, max_num_seqs, spec.max_draft_tokens)]
     seqs = np.arange(1, max_num_seqs + 1, dtype=np.float64)
     context = seqs * perf.cached_tokens(dep.model, context_per_seq)
     zero = np.zeros_like(seqs)
@@ -407,6 +437,22 @@ def planned(
     return Planned(config, _note(dep, spec, ranges, context_per_seq, batch))
 
 
+def planned_fixed(
+    dep: EngineShape, spec: Speculation, context_per_seq: float, batch: float
+) -> Planned | None:
+    """A drafter of one length at every batch (``suffix``) planned again for a running
+    ``batch``: the K in 1..``MAX_DRAFT_TOKENS`` with the least time per output token
+    there, t(B, K) / E(a, K), at ``spec``'s acceptance (None: none beats not drafting)."""
+    at = max(int(round(batch)), 1)
+    per_token = [
+        decode_tpot_s(dep, spec, at, context_per_seq, k) for k in range(MAX_DRAFT_TOKENS + 1)
+    ]
+    best = int(np.argmin(per_token))
+    if best == 0:
+        return None
+    return planned(dep, replace(spec, max_draft_tokens=best), context_per_seq, batch)
+
+
 def _cached_schedule(
     dep: EngineShape, spec: Speculation, context_per_seq: float
 ) -> list[tuple[int, int, int]]:
@@ -439,7 +485,8 @@ def _note(
     lengths = ", ".join(f"{k} at {a}-{b}" for a, b, k in ranges if k > 0)
     off = break_even_batch(ranges)
     stops = f"; off from batch {off}, where verifying costs more than it saves" if off else ""
-    drafter = "vLLM's prompt lookup" if spec.draft is None else spec.drafter.repo
+    host = spec.draft is None
+    drafter = f"vLLM's {HOST_LOOKUP_WORDS[spec.method]}" if host else spec.drafter.repo
     return (
         f"speculative decoding with {spec.method} ({drafter}, acceptance "
         f"{spec.acceptance:.2f} per token from {spec.acceptance_source}): draft tokens "
@@ -453,7 +500,8 @@ def vllm_config(
 ) -> dict[str, Any]:
     """``--speculative-config`` as vLLM reads it (vllm/config/speculative.py)."""
     config: dict[str, Any] = {"method": spec.method}
-    # ngram loads no model; mtp loads the target's own layers (vLLM points it there)
+    # ngram and suffix load no model; mtp loads the target's own layers (vLLM points
+    # it there)
     if spec.draft is not None and spec.method != MTP:
         config["model"] = spec.drafter.repo
     config["num_speculative_tokens"] = max_draft_tokens(ranges)
@@ -483,6 +531,7 @@ __all__ = [
     "step_ratio",
     "options",
     "planned",
+    "planned_fixed",
     "schedule",
     "steps",
     "vllm_config",

@@ -73,16 +73,17 @@ class Speculation:
     """What the engine drafts: the draft length per batch size (inclusive ranges
     (first, last, K), as vLLM's schedule) and the per-token acceptance requests draw
     theirs around: beta with that mean and ``concentration`` (a + b of the beta; 20
-    gives a standard deviation of 0.1 around 0.7). ``lookup``: drafts by prompt lookup
-    (``ngram``), timed on the host (``TruthModel.with_lookup``); this engine finds a
-    match at every step, so its acceptance is per decode step, as the planner's."""
+    gives a standard deviation of 0.1 around 0.7). ``lookup``: the method that drafts on
+    the host (``ngram``, prompt lookup; ``suffix``, suffix trees; None: none), timed
+    there (``TruthModel.with_lookup``); this engine finds a match at every step, so its
+    acceptance is per decode step, as the planner's."""
 
     schedule: tuple[tuple[int, int, int], ...]
     acceptance: float
     concentration: float = 20.0
     seed: int = 0
     num_tokens: int = 0  # vLLM's num_speculative_tokens (0: the schedule's largest K)
-    lookup: bool = False
+    lookup: str | None = None
 
     @property
     def positions(self) -> int:

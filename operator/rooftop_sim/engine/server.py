@@ -46,9 +46,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from rooftop_api import exit_codes
 from rooftop_planner.catalog import CatalogError, ModelSpec, load_catalog
 from rooftop_planner.drafters import (
+    HOST_METHODS,
     METHODS,
     MTP,
-    NGRAM,
     Drafter,
     drafter_shape,
     mtp_head,
@@ -127,7 +127,7 @@ def check_config(cfg: EngineSimConfig) -> None:
         raise ValueError(f"--gpu-memory-utilization: must be a number in (0, 1], got {mem}")
 
 
-SIM_METHODS = (NGRAM, MTP, *METHODS)
+SIM_METHODS = (*HOST_METHODS, MTP, *METHODS)
 
 
 def sim_speculation(
@@ -136,8 +136,8 @@ def sim_speculation(
     """The engine's speculation from --speculative-config as vLLM reads it (method,
     num_speculative_tokens, num_speculative_tokens_per_batch_size, the drafter's
     "model" and "quantization"), with --acceptance-rate as the acceptance requests draw
-    theirs around; and the drafter's shape and weight dtype (none for ngram, which
-    drafts on the host). A ValueError names the flag and what it takes."""
+    theirs around; and the drafter's shape and weight dtype (none for ngram and suffix,
+    which draft on the host). A ValueError names the flag and what it takes."""
     if not cfg.speculative_config:
         return None, None
     named = _named_drafter(cfg) if cfg.draft_catalog_model or cfg.draft_layers else None
@@ -189,8 +189,9 @@ def speculation_from(
         raise ValueError(
             f"{flag}: num_speculative_tokens_per_batch_size must be [first, last, K] ranges"
         ) from None
-    speculation = Speculation(schedule, acceptance, seed=seed, num_tokens=k, lookup=method == NGRAM)
-    if method == NGRAM:
+    lookup = method if method in HOST_METHODS else None
+    speculation = Speculation(schedule, acceptance, seed=seed, num_tokens=k, lookup=lookup)
+    if lookup is not None:
         return speculation, None
     if method == MTP:
         return speculation, (_mtp_shape(model), weight_dtype)
@@ -286,7 +287,7 @@ class EngineSim:
         if drafter is not None:
             self.truth.with_drafter(*drafter)
         elif speculation is not None and speculation.lookup:
-            self.truth.with_lookup()
+            self.truth.with_lookup(speculation.lookup)
         kv = cfg.kv_capacity_tokens or self.truth.kv_capacity_tokens(cfg.gpu_memory_utilization)
         _check_kv(kv, cfg)
         ecfg = EngineConfig(
@@ -751,7 +752,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--speculative-config",
         default="",
-        help="vLLM's JSON: method (ngram; mtp, the model's own MTP layers; eagle3, "
+        help="vLLM's JSON: method (ngram, suffix; mtp, the model's own MTP layers; eagle3, "
         "draft_model: a drafter the catalog lists), num_speculative_tokens, "
         "num_speculative_tokens_per_batch_size",
     )

@@ -381,13 +381,17 @@ class TruthModel:
         self.noise = noise
         self._rng = np.random.default_rng(seed)
         self.drafter: StepKernels | None = None  # ``with_drafter``: speculative decoding
-        self.looks_up = False  # ``with_lookup``: ngram drafts, looked up on the host
+        # ``with_lookup``: the method whose drafts are looked up on the host (ngram,
+        # suffix), None where the GPUs draft or nothing does
+        self.looks_up: str | None = None
 
-    def with_lookup(self) -> TruthModel:
-        """This engine drafting by prompt lookup (``ngram``): no drafter on the GPUs,
-        the host's lookup over every decoding request's tokens before each drafting
-        step, timed by the measured table (``rooftop_planner.ngram_lookup``)."""
-        self.looks_up = True
+    def with_lookup(self, method: str = "ngram") -> TruthModel:
+        """This engine drafting on the host by ``method`` (``ngram``, prompt lookup;
+        ``suffix``, suffix trees): no drafter on the GPUs, the host's lookup over every
+        decoding request's tokens before each drafting step, and for ``suffix`` the
+        trees of the prompt tokens the step prefills, timed by the method's measured
+        table (``rooftop_planner.ngram_lookup``)."""
+        self.looks_up = method
         return self
 
     def with_drafter(self, model: ModelSpec, weight_dtype: str) -> TruthModel:
@@ -481,7 +485,8 @@ class TruthModel:
             ms += (draft_k - 1) * each
         if draft_k and self.looks_up and decode_batch:
             seqs = np.array([float(decode_batch)])
-            host_s = lookup_cost().seconds(seqs, np.array([float(decode_context_tokens)]))
+            context = np.array([float(decode_context_tokens)])
+            host_s = lookup_cost(self.looks_up).seconds(seqs, context, float(prefill_tokens))
             return self._scale(ms) + float(host_s[0])
         return self._scale(ms)
 

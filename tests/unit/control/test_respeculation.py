@@ -382,3 +382,25 @@ def test_a_speculating_mix_prices_each_pools_steps_with_its_own_drafts() -> None
         )
     assert fleet.drafts_by_lookup and fleet.planned_acceptance == 0.7
     assert fleet.respeculate(0.05, 16.0, DECLARED) is None
+
+
+def test_a_suffix_plan_runs_its_own_length_and_is_respeculated_as_one_length() -> None:
+    """The speculative example with suffix at 0.7: the loop prices the length the pods
+    run (5); measured at 0.2 at a running batch of 16 a shorter one for every batch
+    pays (vLLM's suffix proposer takes one); at 0.05 no length pays there, so drafting
+    stops."""
+    data = yaml.safe_load(EXAMPLE.read_text())["spec"]
+    data["constraints"]["speculative"] = ["suffix"]
+    spec = ServingTargetSpec.model_validate(data)
+    plan = plan_target(spec).plan
+    assert plan is not None and '"method":"suffix"' in plan.speculative_config
+    running = json.loads(plan.speculative_config)["num_speculative_tokens"]
+    suffix = PlanTargetPlanner(spec, plan)
+    assert suffix.drafts_by_lookup and suffix.speculation is not None
+    assert suffix.speculation.fixed and suffix.speculation.max_draft_tokens == running == 5
+    shorter = suffix.respeculate(0.2, 16.0, DECLARED)
+    assert shorter is not None and "draft length 5 -> 2" in shorter.why
+    assert json.loads(shorter.config) == {"method": "suffix", "num_speculative_tokens": 2}
+    off = suffix.respeculate(0.05, 16.0, DECLARED)
+    assert off is not None and off.config == ""
+    assert "pays at no draft length at the running batch of 16" in off.why

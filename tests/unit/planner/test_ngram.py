@@ -91,7 +91,7 @@ def test_a_lookup_step_is_the_verification_plus_the_host_lookup(
     context = 1500.0
     with_lookup, _ = speculative._decode_steps(dep, spec, batch, context, k)
     free = ngram_lookup.LookupCost((0.0, 0.0, 0.0, 0.0), "free")
-    monkeypatch.setattr(speculative, "lookup_cost", lambda: free)
+    monkeypatch.setattr(speculative, "lookup_cost", lambda method="ngram": free)
     verify_only, _ = speculative._decode_steps(dep, spec, batch, context, k)
     tokens = batch * perf.cached_tokens(dep.model, context)
     host = ngram_lookup.lookup_cost().seconds(np.array([batch]), np.array([tokens]))[0]
@@ -133,7 +133,7 @@ def spec_with(**changes: Any) -> ServingTargetSpec:
 
 def test_ngram_names_no_drafter() -> None:
     drafter = {"method": "ngram", "model": "x"}
-    with pytest.raises(ValueError, match="ngram looks tokens up in the prompt"):
+    with pytest.raises(ValueError, match="ngram looks tokens up on the host"):
         spec_with(constraints={"speculative": ["ngram"]}, engine={"drafter": drafter})
 
 

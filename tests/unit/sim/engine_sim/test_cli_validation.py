@@ -58,7 +58,7 @@ def test_port_out_of_range(port: str) -> None:
         (("--speculative-config", "{"), "--speculative-config: not JSON"),
         (
             ("--speculative-config", '{"method": "medusa", "num_speculative_tokens": 2}'),
-            "--speculative-config: method must be one of ngram, mtp, eagle3, draft_model",
+            "--speculative-config: method must be one of ngram, suffix, mtp, eagle3, draft_model",
         ),
         (
             ("--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}'),

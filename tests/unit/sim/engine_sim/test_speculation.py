@@ -113,6 +113,29 @@ def test_a_prompt_lookup_adds_its_measured_host_time_to_a_drafting_step_only() -
     assert lookup.kv_capacity_tokens() == plain.kv_capacity_tokens()
 
 
+def test_suffix_decoding_adds_its_walks_and_the_prompt_trees_it_builds() -> None:
+    """suffix loads no drafter: a drafting step costs the verification plus the host's
+    walks over the batch and the trees of the prompt tokens the step prefills (the
+    measured suffix table); the JSON gives one K and no drafter shape."""
+    plain = truth(draft=False)
+    suffix = truth(draft=False).with_lookup("suffix")
+    cost = lookup_cost("suffix")
+    verify = plain.step_s(16, 16 * 1500, 2048, 2048.0 * 1024, draft_tokens=48, draft_k=3)
+    host = float(cost.seconds(np.array([16.0]), np.array([16.0 * 1500]), 2048.0)[0])
+    assert cost.per_prompt_token_s > 0.0
+    assert suffix.step_s(
+        16, 16 * 1500, 2048, 2048.0 * 1024, draft_tokens=48, draft_k=3
+    ) == pytest.approx(verify + host, rel=1e-9)
+    spec, drafter = speculation_from(
+        '{"method": "suffix", "num_speculative_tokens": 4}',
+        0.6,
+        0,
+        64,
+        load_catalog().model("llama-3-70b"),
+    )
+    assert drafter is None and spec.lookup == "suffix" and spec.schedule == ((1, 64, 4),)
+
+
 def test_the_simulated_engine_drafts_with_the_models_own_mtp_layers() -> None:
     """--speculative-config {"method": "mtp"}: the drafter is the model's MTP layer, in
     the model's weight dtype; a model without one is refused with why."""
