@@ -1,7 +1,7 @@
 """Contract: what vLLM makes of ``--speculative-config``, offline, on its CPU build.
 
 Hand-built command lines for the speculative methods Rooftop can deploy (a smaller
-model of the same family as draft, an EAGLE-3 head, n-gram lookup), each with the
+model of the same family as draft, an EAGLE-3 head, n-gram lookup, suffix decoding), each with the
 config.json of its target and of its draft (the case's ``drafts``, which
 tests/engine/vllm_contract.py puts in temporary directories in place of the names the
 ``--speculative-config`` JSON gives). vLLM builds its SpeculativeConfig, with the draft's
@@ -175,6 +175,13 @@ ACCEPTED: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         case(LLAMA_8B, 1, ngram()),
         {"method": "ngram", "num_speculative_tokens": 3, "schedule": []},
     ),
+    # suffix decoding: one draft length at every batch (the planner emits no schedule
+    # for it); vLLM refuses the method unless Arctic Inference is installed
+    # (tests/engine/install-vllm.sh builds it into the engine's venv)
+    "suffix, one draft length": (
+        case(LLAMA_8B, 1, {"method": "suffix", "num_speculative_tokens": 4}),
+        {"method": "suffix", "num_speculative_tokens": 4, "schedule": []},
+    ),
     # what the planner emits for DeepSeek-V3 (tests/unit/planner/test_mtp.py): the
     # model's own MTP layer, from its own checkpoint
     "mtp for DeepSeek-V3 at TP 8": (
@@ -281,9 +288,10 @@ def drafter_cases(catalog: Catalog) -> Iterator[tuple[str, dict[str, Any], list[
     for model_id, methods in drafters.packaged_drafters().items():
         model = catalog.model(model_id)
         (tp,) = [t for t in (8, 4, 2, 1) if not tp_problem(model, t)][:1]
-        # prompt lookup needs no drafter, so every model has it
-        for method, drafter in {**methods, drafters.NGRAM: drafters.NGRAM_DRAFTER}.items():
-            (spec,), _ = speculative.options(model, [method], 0.75, catalog)
+        # prompt lookup and suffix decoding need no drafter, so every model has them
+        for method, drafter in {**methods, **drafters.HOST_DRAFTERS}.items():
+            # suffix: one option per draft length; the longest
+            spec = speculative.options(model, [method], 0.75, catalog)[0][-1]
             for dtype in ("bf16", "fp8"):
                 dep = EngineShape(model, gpu, tp, dtype, "auto", eff)
                 planned = speculative.planned(dep, spec, 1500.0, 4.0)
@@ -298,8 +306,9 @@ def drafter_cases(catalog: Catalog) -> Iterator[tuple[str, dict[str, Any], list[
 def drafts(
     catalog: Catalog, model: ModelSpec, drafter: drafters.Drafter
 ) -> dict[str, dict[str, Any]]:
-    """The drafter's config.json by the name the JSON gives it (none for ngram)."""
-    if drafter.method == drafters.NGRAM:
+    """The drafter's config.json by the name the JSON gives it (none for ngram and
+    suffix)."""
+    if drafter.method in drafters.HOST_METHODS:
         return {}
     if drafter.method == "eagle3":
         return {drafter.repo: eagle3_head(model, drafter)}
@@ -321,7 +330,8 @@ def test_vllm_accepts_every_speculative_config_the_planner_can_deploy(
     scheduler would."""
     catalog = load_catalog()
     cases = list(drafter_cases(catalog))
-    assert len(cases) >= 4 * len(drafters.packaged_drafters())  # ngram and one drafter each
+    # ngram, suffix and one drafter each, in two dtypes
+    assert len(cases) >= 6 * len(drafters.packaged_drafters())
     results = run_cases([{"id": name, **case} for name, case, _ in cases])
     for name, _, schedule in cases:
         result = results[name]
