@@ -262,6 +262,8 @@ class PlanTargetPlanner:
                 # the engine speculates with its drafter, at the acceptance measured, or
                 # does not: one kind of curve
                 speculating=bool(self.plan.speculative_config),
+                # a drafter of one length at every batch (suffix) keeps the running one
+                draft_tokens=self._running_draft_tokens(),
             )
         self._searches[key] = search
         if len(self._searches) > SEARCH_CACHE_ENTRIES:
@@ -312,6 +314,13 @@ class PlanTargetPlanner:
         return step_ms * speculative.step_ratio(
             self.deployment, self.speculation, batch, context, k
         )
+
+    def _running_draft_tokens(self) -> int | None:
+        """The draft length the pods run where their drafter takes one at every batch
+        (``suffix``; None: a schedule, or no speculation)."""
+        if self.speculation is None or not self.speculation.fixed:
+            return None
+        return self.speculation.max_draft_tokens
 
     def respeculate(
         self, acceptance: float, batch: float, traffic: Traffic

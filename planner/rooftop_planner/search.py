@@ -1110,13 +1110,16 @@ def prepare_search(
     tp: int | None = None,
     max_num_batched_tokens: int | None = None,
     speculating: bool | None = None,
+    draft_tokens: int | None = None,
 ) -> PreparedSearch:
     """``plan_target``'s search for ``spec``, ready to size at any rate (``PreparedSearch``);
     the same arguments, without the inventory (the loop's shape already runs), and
     ``tp`` and ``max_num_batched_tokens``: the one tensor-parallel degree and prefill
     chunk to search, as the loop's running shape has (None: every degree up to the
     spec's ``maxTensorParallel``, every chunk its ``prefillChunkTokens`` allows), and
-    ``speculating``: whether it speculates (None: both kinds of candidate)."""
+    ``speculating``: whether it speculates (None: both kinds of candidate), and
+    ``draft_tokens``: the draft length a drafter of one length at every batch
+    (``suffix``) runs with (None: each length it may take)."""
     catalog = catalog or load_catalog()
     ctx = _context(spec, catalog, step_time_scale, None, efficiency or load_efficiency())
     if engine_families is not None:
@@ -1126,6 +1129,9 @@ def prepare_search(
     if max_num_batched_tokens is not None:
         ctx = replace(ctx, chunks=(max_num_batched_tokens,))
     ctx = replace(ctx, speculating=speculating)
+    if draft_tokens is not None:
+        kept = (s for s in ctx.speculations if not s.fixed or s.max_draft_tokens == draft_tokens)
+        ctx = replace(ctx, speculations=tuple(kept))
     if _too_long(ctx):  # no plan at any rate (``plan_target`` says why)
         return PreparedSearch(ctx, (), (), ())
     return PreparedSearch.of(ctx, catalog)

@@ -24,11 +24,12 @@ from rooftop_control.sizing import (
     PlanTargetPlanner,
     Respeculation,
     drafts_by_lookup,
+    pinned_spec,
 )
 from rooftop_control.traffic import Traffic
 from rooftop_planner import speculative
 from rooftop_planner.pricing import ReplicaPrice
-from rooftop_planner.search import plan_target
+from rooftop_planner.search import plan_target, prepare_search
 from rooftop_sim import policies, simulate
 from rooftop_sim.cluster import Cluster
 
@@ -404,3 +405,28 @@ def test_a_suffix_plan_runs_its_own_length_and_is_respeculated_as_one_length() -
     off = suffix.respeculate(0.05, 16.0, DECLARED)
     assert off is not None and off.config == ""
     assert "pays at no draft length at the running batch of 16" in off.why
+
+
+def test_the_loop_sizes_a_suffix_plan_at_the_length_its_pods_run() -> None:
+    """The loop's search prices the running draft length only: priced at another one
+    it would size replicas for steps the pods do not take. The whole search weighs
+    every length."""
+    data = yaml.safe_load(EXAMPLE.read_text())["spec"]
+    data["constraints"]["speculative"] = ["suffix"]
+    spec = ServingTargetSpec.model_validate(data)
+    plan = plan_target(spec).plan
+    assert plan is not None
+
+    def lengths(draft_tokens: int | None) -> set[int]:
+        search = prepare_search(
+            pinned_spec(spec, plan), tp=plan.tp, speculating=True, draft_tokens=draft_tokens
+        )
+        plans = search.plans(spec.workload.requests_per_second)
+        return {json.loads(p.speculative_config)["num_speculative_tokens"] for p in plans}
+
+    assert len(lengths(None)) > 1
+    for k in (1, 3):
+        assert lengths(k) == {k}
+        config = json.dumps({"method": "suffix", "num_speculative_tokens": k})
+        running = PlanTargetPlanner(spec, replace(plan, speculative_config=config))
+        assert running._running_draft_tokens() == k
