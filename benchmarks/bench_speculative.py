@@ -1,6 +1,6 @@
 """Speculative decoding as the planner prices it: the seed's case and a 70B target.
 
-    python benchmarks/bench_speculative.py [--sim | --loop [--method ngram] | --search]
+    python benchmarks/bench_speculative.py [--sim | --loop | --search] [--method ngram|suffix]
 
 Llama-3-70B in fp8 on 4 and 8 H100s with a Llama-3-8B fp8 draft model (the
 drafter catalog's draft_model for llama-3-70b) at a per-token acceptance of 0.7 and
@@ -23,7 +23,8 @@ conversations (the loop measures the acceptance, plans the target again with it 
 rolls the new plan out: a 10-minute trace is mostly that transient). ``--method ngram``
 runs it drafting by prompt lookup in place of the example's draft model.
 
-``--search``: how long the search over every GPU takes with and without speculation.
+``--search``: how long the search over every GPU takes with and without speculation
+(``--method``: drafting by that method, at acceptance 0.7, in place of the draft model).
 """
 
 from __future__ import annotations
@@ -245,12 +246,16 @@ def ended_on(report: dict[str, Any]) -> str:
     return ran[-1].removeprefix("its pods then ran ") if ran else "as planned"
 
 
-def search_time(repeats: int = 5) -> None:
+def search_time(repeats: int = 5, method: str | None = None) -> None:
     """The search over every GPU for the loop target with and without
-    ``constraints.speculative`` (best of ``repeats``, after one warm-up run each), and
-    their ratio, measured in the same run."""
+    ``constraints.speculative`` (``method`` in place of the example's drafter; best of
+    ``repeats``, after one warm-up run each), and their ratio, measured in the same
+    run."""
     target = yaml.safe_load(LOOP_TARGET.read_text())["spec"]
     every_gpu = {**target["constraints"], "gpuTypes": None}
+    if method is not None:
+        every_gpu["speculative"] = [method]
+        target["workload"] = {**target["workload"], "acceptanceRate": 0.7}
     without = {k: v for k, v in every_gpu.items() if k != "speculative"}
     times = {}
     for name, constraints in (("with", every_gpu), ("without", without)):
@@ -267,11 +272,11 @@ def search_time(repeats: int = 5) -> None:
 
 
 if __name__ == "__main__":
+    # --method ngram or suffix: that drafter in place of the example's
+    method = sys.argv[sys.argv.index("--method") + 1] if "--method" in sys.argv else None
     if "--search" in sys.argv:
-        search_time()
+        search_time(method=method)
     elif "--loop" in sys.argv:
-        # --method ngram: the same loop drafting by prompt lookup
-        method = sys.argv[sys.argv.index("--method") + 1] if "--method" in sys.argv else None
         loop_table(method=method)
     elif "--sim" in sys.argv:
         sim_table()
