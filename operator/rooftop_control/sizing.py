@@ -23,8 +23,8 @@ from rooftop_api.spec import (
     ServingTargetSpec,
     SpeculativeMethod,
     WeightDtype,
+    given_speculative_config,
 )
-from rooftop_api.vllm_args import ExtraArgError, resolve
 from rooftop_control.readings import Reading
 from rooftop_control.traffic import Traffic, fitted_prefix
 from rooftop_planner import speculative
@@ -583,23 +583,12 @@ def drafts_by_lookup(spec: ServingTargetSpec, plan: Plan) -> bool:
 def _extra_args_method(args: list[str]) -> str | None:
     """The method of the --speculative-config in ``args``, as vLLM reads it: "method",
     else "ngram" where "model" says so (None: no config, or not a JSON object)."""
-    try:
-        given = resolve(args, values=True)
-    except ExtraArgError:  # the spec refused those already; nothing to read here
+    config = given_speculative_config(args)
+    if config is None:
         return None
-    for parsed in given:
-        if parsed.dest != "speculative_config" or not parsed.values:
-            continue
-        try:
-            config = json.loads(parsed.values[0])
-        except json.JSONDecodeError:
-            return None
-        if not isinstance(config, dict):
-            return None
-        lookup = SpeculativeMethod.NGRAM if config.get("model") in ("ngram", "[ngram]") else None
-        method = config.get("method") or lookup
-        return None if method is None else str(method).strip("[]")
-    return None
+    lookup = SpeculativeMethod.NGRAM if config.get("model") in ("ngram", "[ngram]") else None
+    method = config.get("method") or lookup
+    return None if method is None else str(method).strip("[]")
 
 
 def _running_method(plan: Plan) -> list[SpeculativeMethod] | None:

@@ -28,7 +28,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from rooftop_api.spec import MODELS_MOUNT, POOL_LABEL, TARGET_LABEL, Mode, ServingTargetSpec
+from rooftop_api.spec import (
+    MODELS_MOUNT,
+    POOL_LABEL,
+    TARGET_LABEL,
+    Mode,
+    ServingTargetSpec,
+    given_speculative_config,
+    suffix_schedule_problem,
+)
 from rooftop_control import defaults
 from rooftop_control.control import max_billed_replicas
 from rooftop_operator import engine_security
@@ -284,7 +292,11 @@ def vllm_args(inp: EngineInputs) -> list[str]:
     # A ClusterIP keeps kept-alive connections on a pod that is draining, where vLLM
     # aborts new requests: this middleware tells clients to reconnect first.
     args += ["--middleware", DRAIN_MIDDLEWARE]
-    return args + list(spec.engine.extra_args or [])
+    extra = list(spec.engine.extra_args or [])
+    given = given_speculative_config(extra)
+    if given is not None and (problem := suffix_schedule_problem(given)) is not None:
+        raise UnsupportedPlan(problem)
+    return args + extra
 
 
 def sim_command(inp: EngineInputs) -> list[str]:

@@ -770,6 +770,50 @@ def speculative_config_in(args: list[str]) -> bool:
     return sets_dest(args, "speculative_config")
 
 
+def given_speculative_config(args: list[str]) -> dict[str, Any] | None:
+    """The JSON object the --speculative-config in ``args`` gives, as vLLM parses the
+    flag (None: none given, or not a JSON object; the spec refuses malformed flags)."""
+    try:
+        given = resolve(args, values=True)
+    except ExtraArgError:
+        return None
+    for parsed in given:
+        if parsed.dest != "speculative_config" or not parsed.values:
+            continue
+        try:
+            config = json.loads(parsed.values[0])
+        except json.JSONDecodeError:
+            return None
+        return config if isinstance(config, dict) else None
+    return None
+
+
+def suffix_schedule_problem(config: dict[str, Any]) -> str | None:
+    """Why vLLM would stop on a suffix-decoding ``config`` (a --speculative-config JSON
+    object) at its first drafting step: a per-batch schedule giving another length than
+    num_speculative_tokens (vLLM's suffix proposer asserts the one length:
+    vllm/v1/spec_decode/suffix_decoding.py; vLLM's default K is 24, its trees' depth).
+    None where vLLM runs it."""
+    if config.get("method") != SpeculativeMethod.SUFFIX:
+        return None
+    k = config.get("num_speculative_tokens", SUFFIX_DEFAULT_DRAFT_TOKENS)
+    schedule = config.get("num_speculative_tokens_per_batch_size") or []
+    lengths = {r[2] for r in schedule if isinstance(r, list) and len(r) == 3}
+    if lengths <= {k}:
+        return None
+    return (
+        "engine.extraArgs: --speculative-config drafts by suffix with "
+        "num_speculative_tokens_per_batch_size; vLLM's suffix proposer drafts one length "
+        "at every batch and stops at the first step the schedule changes it: remove the "
+        "schedule (or let constraints.speculative: [suffix] choose the length)"
+    )
+
+
+# vLLM's num_speculative_tokens for suffix decoding when the JSON gives none: its trees'
+# depth, suffix_decoding_max_tree_depth (vllm/config/speculative.py).
+SUFFIX_DEFAULT_DRAFT_TOKENS = 24
+
+
 def _turns_on(args: list[str], flags: tuple[str, ...]) -> bool:
     """Whether ``args`` hold one of ``flags`` (a switch: vLLM's --no- spelling turns it
     off and is not one of them)."""

@@ -154,6 +154,33 @@ def test_a_kv_dtype_other_than_the_weights_16_bit_type_is_refused(catalog: Catal
         builders.vllm_args(inputs(catalog, weight_dtype="fp16", kv_dtype="bf16"))
 
 
+@pytest.mark.parametrize(
+    ("config", "refused"),
+    [
+        ({"method": "suffix", "num_speculative_tokens": 3,
+          "num_speculative_tokens_per_batch_size": [[1, 16, 3], [17, 256, 1]]}, True),
+        ({"method": "suffix", "num_speculative_tokens_per_batch_size": [[1, 256, 3]]}, True),
+        ({"method": "suffix", "num_speculative_tokens": 3,
+          "num_speculative_tokens_per_batch_size": [[1, 16, 3], [17, 256, 3]]}, False),
+        ({"method": "suffix", "num_speculative_tokens": 3}, False),
+        ({"method": "ngram", "num_speculative_tokens": 3,
+          "num_speculative_tokens_per_batch_size": [[1, 16, 3], [17, 256, 1]]}, False),
+    ],
+)  # fmt: skip
+def test_a_suffix_config_whose_schedule_changes_the_length_is_never_deployed(
+    catalog: Catalog, config: dict[str, Any], refused: bool
+) -> None:
+    """vLLM's suffix proposer asserts one draft length at every step, so a schedule
+    giving another (vLLM's default K is 24) stops the engine at its first drafting step:
+    refused before a pod is made, naming the fix. Prompt lookup takes a schedule."""
+    spec = {**SPEC, "engine": {"extraArgs": ["--speculative-config", json.dumps(config)]}}
+    if refused:
+        with pytest.raises(builders.UnsupportedPlan, match="one length at every batch"):
+            builders.vllm_args(inputs(catalog, spec))
+    else:
+        assert json.dumps(config) in builders.vllm_args(inputs(catalog, spec))
+
+
 def test_model_volume_is_mounted_read_only_and_served_from(catalog: Catalog) -> None:
     engine_spec = {"modelVolume": {"claimName": "models", "path": "tiny/llama"}}
     spec = {**SPEC, "engine": engine_spec}
