@@ -483,6 +483,9 @@ def _note(
     with_ms = decode_tpot_s(dep, spec, at, context_per_seq, k) * 1e3
     without_ms = decode_tpot_s(dep, spec, at, context_per_seq, 0) * 1e3
     lengths = ", ".join(f"{k} at {a}-{b}" for a, b, k in ranges if k > 0)
+    if spec.fixed:  # vLLM's suffix proposer: no schedule to show
+        one = f"one length, as vLLM drafts {spec.method}"
+        lengths = f"{spec.max_draft_tokens} at every batch ({one})"
     off = break_even_batch(ranges)
     stops = f"; off from batch {off}, where verifying costs more than it saves" if off else ""
     host = spec.draft is None

@@ -121,6 +121,7 @@ def test_vllm_is_given_one_draft_length_and_no_model() -> None:
     config = json.loads(planned.config)
     assert config == {"method": "suffix", "num_speculative_tokens": 4}
     assert "vLLM's suffix decoding" in planned.note
+    assert "draft tokens 4 at every batch (one length, as vLLM drafts suffix)" in planned.note
     assert speculative.drafter_bytes_per_gpu(dep, spec) == 0.0
     assert speculative.kv_capacity_tokens(dep, spec, 8192) == perf.kv_capacity_tokens(
         dep, max_num_batched_tokens=8192
