@@ -553,7 +553,7 @@ def _running_speculation(
     # a drafter of one length at every batch (suffix) is an option per length: the
     # running one drafts the length its config gives every batch
     running = speculative.draft_length(plan.speculative_config, 1)
-    found = [s for s in found if not s.fixed or s.max_draft_tokens == running]
+    found = [s for s in found if s.runs_at(running)]
     return found[0] if found else None
 
 

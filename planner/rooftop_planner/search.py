@@ -1130,8 +1130,8 @@ def prepare_search(
         ctx = replace(ctx, chunks=(max_num_batched_tokens,))
     ctx = replace(ctx, speculating=speculating)
     if draft_tokens is not None:
-        kept = (s for s in ctx.speculations if not s.fixed or s.max_draft_tokens == draft_tokens)
-        ctx = replace(ctx, speculations=tuple(kept))
+        kept = tuple(s for s in ctx.speculations if s.runs_at(draft_tokens))
+        ctx = replace(ctx, speculations=kept)
     if _too_long(ctx):  # no plan at any rate (``plan_target`` says why)
         return PreparedSearch(ctx, (), (), ())
     return PreparedSearch.of(ctx, catalog)

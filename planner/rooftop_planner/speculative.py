@@ -100,6 +100,12 @@ class Speculation:
     def method(self) -> str:
         return self.drafter.method
 
+    def runs_at(self, draft_tokens: int) -> bool:
+        """Whether engines drafting ``draft_tokens`` at every batch run this option:
+        any option of a drafter with a schedule, the one of that length of a drafter
+        of one length (``suffix``)."""
+        return not self.fixed or self.max_draft_tokens == draft_tokens
+
 
 def options(
     model: ModelSpec,
