@@ -15,9 +15,10 @@ milliseconds to four significant figures:
 - All-reduce: the CUDA-graph timings (engines capture decode steps in graphs); TensorRT-LLM
   has one backend.
 - MoE: bfloat16 and fp8, balanced routing, no expert parallelism.
-- Activation quantization to fp8 (vLLM's ``scaled_fp8_quant``; ``quantize/`` in the
-  source): ``scale_matrix_perf`` is the static per-tensor quant of an m × k bf16 input,
-  ``computescale_perf`` what the dynamic per-token scale adds to it.
+- Activation quantization to fp8 (vLLM's ``scaled_fp8_quant``, TensorRT-LLM's
+  ``static_quantize_e4m3_per_tensor`` and ``quantize_e4m3_per_tensor``; ``quantize/`` in
+  the source): ``scale_matrix_perf`` is the static per-tensor quant of an m × k bf16
+  input, ``computescale_perf`` what computing the dynamic scale adds to it.
 
 ``versions.csv`` is updated row by row (gpu, engine, table), so a run over a source folder
 that holds some of the tables (say only ``quantize/``) leaves the others' rows as they are.

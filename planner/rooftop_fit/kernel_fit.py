@@ -283,24 +283,48 @@ def gemm_features(
 
 
 def quant_seconds(folder: Path) -> dict[tuple[float, float], float] | None:
-    """Seconds of vLLM's dynamic per-token fp8 quantization of an m × k bf16 input, by
-    (m, k): the static per-tensor quant (``scale_matrix_perf``) plus what the per-token
-    scale adds (``computescale_perf``, at least 0); None where the tables are missing."""
-    static_path, extra_path = (
-        folder / "scale_matrix_perf.csv.gz",
-        folder / "computescale_perf.csv.gz",
-    )
-    if not (static_path.is_file() and extra_path.is_file()):
+    """Seconds of the dynamic fp8 quantization of an m × k bf16 input, by (m, k): the
+    static per-tensor quant (``scale_matrix_perf``) plus what computing the scale adds
+    (``computescale_perf``, at least 0; per token in vLLM, per tensor in TensorRT-LLM);
+    None where the tables are missing. It is what both engines' collectors timed in front
+    of every fp8 GEMM: their weights carry no input scale."""
+    static = _static_quant(folder)
+    extra_path = folder / "computescale_perf.csv.gz"
+    if static is None or not extra_path.is_file():
         return None
-    static, extra = read_table(static_path), read_table(extra_path)
+    extra = read_table(extra_path)
     added = {
-        (a, b): max(v, 0.0)
+        (a, b): max(v, 0.0) * 1e-3
         for a, b, v in zip(extra["m"], extra["k"], extra["latency"], strict=True)
     }
-    return {
-        (a, b): (v + added.get((a, b), 0.0)) * 1e-3
-        for a, b, v in zip(static["m"], static["k"], static["latency"], strict=True)
-    }
+    return {key: v + added.get(key, 0.0) for key, v in static.items()}
+
+
+def _static_quant(folder: Path) -> dict[tuple[float, float], float] | None:
+    """Seconds of the static per-tensor fp8 quant of an m × k bf16 input, by (m, k)."""
+    path = folder / "scale_matrix_perf.csv.gz"
+    if not path.is_file():
+        return None
+    t = read_table(path)
+    return {(a, b): v * 1e-3 for a, b, v in zip(t["m"], t["k"], t["latency"], strict=True)}
+
+
+# The fp8 quant each engine runs as a kernel of its own when serving: vLLM quantizes per
+# token with a scale it computes (its fp8 checkpoints and ``--quantization fp8`` carry
+# none); TensorRT-LLM serves ModelOpt checkpoints, whose calibrated input scales make it
+# the static per-tensor quant (``Linear``'s FP8 QDQ path runs
+# ``static_quantize_e4m3_per_tensor`` when the layer has an input scale).
+SERVED_QUANT: Mapping[str, Callable[[Path], dict[tuple[float, float], float] | None]] = {
+    "vllm": quant_seconds,
+    "trtllm": _static_quant,
+}
+
+
+def served_quant_seconds(folder: Path, engine: str) -> dict[tuple[float, float], float] | None:
+    """Seconds of the fp8 quant ``engine`` runs on its own when serving, by (m, k); None
+    where the engine has no quant tables or no such kernel."""
+    served = SERVED_QUANT.get(engine)
+    return served(folder) if served is not None and quant_seconds(folder) is not None else None
 
 
 def quant_features(quant: Mapping[tuple[float, float], float]) -> Features:
@@ -433,6 +457,7 @@ def fit_allreduce(t: dict[str, Any]) -> dict[int, AllReduce]:
 
 
 DTYPE_KEYS = {"bfloat16": "bf16", "fp8": "fp8"}
+QUANT_KNOTS = range(0, 17, 2)  # log2 tokens
 
 
 def fit_engine_curves(
@@ -447,6 +472,7 @@ def fit_engine_curves(
     gemm_table = read_table(folder / "gemm_perf.csv.gz")
     shapes = catalog_gemm_shapes(catalog)
     quant = quant_seconds(folder)
+    served = served_quant_seconds(folder, engine)
     gemm = {
         DTYPE_KEYS[d]: fit_curve(
             gemm_features(gemm_table, d, shapes, quant, bw),
@@ -457,7 +483,12 @@ def fit_engine_curves(
         for d in DTYPE_KEYS
         if (gemm_table["gemm_dtype"] == d).any()
     }
-    quant_curve = fit_curve(quant_features(quant), range(0, 17, 2), bw, bf16) if quant else None
+    quant_curve = fit_curve(quant_features(served), QUANT_KNOTS, bw, bf16) if served else None
+    as_timed = {}
+    if quant and served != quant:
+        fp8 = gpu.flops_per_s("fp8")
+        timed = gemm_features(gemm_table, "fp8", shapes)
+        as_timed["fp8"] = fit_curve(timed, GEMM_KNOTS, bw, fp8)
     decode, prefill = _attention_curves(folder, bw, bf16, catalog_attention_heads(catalog))
     moe: dict[str, Curve] = {}
     if (folder / "moe_perf.csv.gz").is_file():
@@ -481,6 +512,7 @@ def fit_engine_curves(
         hbm_bytes_per_s=bw,
         flops_per_s=dict(gpu.dense_flops_per_s),
         quant=quant_curve,
+        gemm_as_timed=as_timed,
     )
 
 
@@ -554,8 +586,14 @@ def stored_curve_errors(ops: Path, kc: KernelCurves) -> dict[str, tuple[Curve, f
             peak = gpu.flops_per_s(key) if dtype_peak else bf16
             f = features(columns, dtypes[key])
             out[f"{kind}.{key}"] = (curve, curve_error(curve, f, bw, peak))
-    if kc.quant is not None and quant is not None:
-        out["quant.fp8"] = (kc.quant, curve_error(kc.quant, quant_features(quant), bw, bf16))
+    served = served_quant_seconds(folder, kc.engine)
+    if kc.quant is not None and served is not None:
+        out["quant.fp8"] = (kc.quant, curve_error(kc.quant, quant_features(served), bw, bf16))
+    if "fp8" in kc.gemm_as_timed:
+        columns = read_table(folder / "gemm_perf.csv.gz")
+        timed = gemm_features(columns, "fp8", catalog_gemm_shapes(catalog))
+        curve = kc.gemm_as_timed["fp8"]
+        out["gemm_as_timed.fp8"] = (curve, curve_error(curve, timed, bw, gpu.flops_per_s("fp8")))
     return out
 
 
@@ -604,8 +642,21 @@ def load_measurements(path: Path, table: EfficiencyTable) -> list[MeasuredMetric
                 scenario = scenario_from_row(with_kv_dtype_ran(row), catalog, table)
             except ScenarioError:
                 continue
+            if source_of(row) == "nvidia-dli":
+                scenario = with_fp8_as_timed(scenario)
             measurements += _row_measurements(row, scenario)
     return measurements
+
+
+def with_fp8_as_timed(scenario: Scenario) -> Scenario:
+    """The DLI rows ran TensorRT-LLM 0.9's TensorRT engines, whose fp8 fusions the source
+    that the current fusion rules were read from does not describe: their fp8 GEMMs are
+    priced as the kernel tables timed them, each behind a dynamic quant of its own input
+    (``Efficiency.fp8_as_timed``), and the engine costs fitted on them are not bent by
+    fusions those engines may not have made."""
+    dep = scenario.deployment
+    eff = replace(dep.efficiency, fp8_as_timed=True)
+    return replace(scenario, deployment=replace(dep, efficiency=eff))
 
 
 def with_kv_dtype_ran(row: dict[str, str]) -> dict[str, str]:
@@ -676,11 +727,17 @@ def fit_overhead(
     def residuals(p: Array) -> Array:
         return np.array([log_error(o, overhead_of(p)) for o in measurements])
 
-    low_eff = OVERHEAD_BOUNDS["elementwise_mem_eff"][0]
+    low_eff, high_eff = OVERHEAD_BOUNDS["elementwise_mem_eff"]
     upper = [OVERHEAD_BOUNDS["step_s"][1] * 1e3, OVERHEAD_BOUNDS["layer_s"][1] * 1e6, 1 / low_eff]
+    # no kernel moves bytes faster than the GPU's peak: the share is at most high_eff
+    lower = [0.0, 0.0, 1 / high_eff]
     n = 3 if elementwise else 2
     r = least_squares(
-        residuals, [1.0, 10.0, 1.0][:n], bounds=([0.0] * n, upper[:n]), loss="soft_l1", f_scale=0.2
+        residuals,
+        [1.0, 10.0, 1.0][:n],
+        bounds=(lower[:n], upper[:n]),
+        loss="soft_l1",
+        f_scale=0.2,
     )
     fitted = overhead_of(r.x)
     return EngineOverhead(
@@ -813,6 +870,7 @@ def curve_lines(kc: KernelCurves) -> list[str]:
         "prefill_attention": kc.prefill_attention,
         "moe": kc.moe,
         "quant": {"fp8": kc.quant} if kc.quant else {},
+        "gemm_as_timed": kc.gemm_as_timed,
     }
     return [
         f"calibrate: {kc.table_gpu}/{kc.engine} {kind}.{dtype}: {c.rows} rows, "
@@ -865,6 +923,11 @@ def curves_to_mapping(kc: KernelCurves) -> dict[str, Any]:
         "prefill_attention": {k: curve(c) for k, c in kc.prefill_attention.items()},
         "moe": {k: curve(c) for k, c in kc.moe.items()},
         **({"quant": curve(kc.quant)} if kc.quant else {}),
+        **(
+            {"gemm_as_timed": {k: curve(c) for k, c in kc.gemm_as_timed.items()}}
+            if kc.gemm_as_timed
+            else {}
+        ),
         "allreduce": {
             str(n): {"message_bytes": list(a.message_bytes), "seconds": list(a.seconds)}
             for n, a in kc.allreduce.items()
@@ -884,6 +947,9 @@ def report(doc: dict[str, Any]) -> str:
         if "quant" in kc:
             c = kc["quant"]
             name = f"{prefix} quant.fp8"
+            lines.append(f"{name:<44} {c['rows']:>6} {c['median_error'] * 100:>15.1f}")
+        for dtype, c in kc.get("gemm_as_timed", {}).items():
+            name = f"{prefix} gemm_as_timed.{dtype}"
             lines.append(f"{name:<44} {c['rows']:>6} {c['median_error'] * 100:>15.1f}")
         for count, a in kc["allreduce"].items():
             name = f"{prefix} allreduce.tp{count} (as measured)"

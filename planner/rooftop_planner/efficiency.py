@@ -63,6 +63,12 @@ class Efficiency:
         capped: the curves were timed on another vendor's GPU: kernels are priced at no
             more than that GPU's bandwidth and FLOP/s (``kernel_model.credited_rates``),
             so its datasheet cannot make it faster than the GPU that was measured.
+        fp8_as_timed: fp8 GEMMs priced as the kernel tables timed them, each behind a
+            dynamic quant of its own input (``KernelCurves.gemm_as_timed``), instead of
+            with the fusions the engine's current source shows
+            (``kernel_model.unfused_quant_inputs``): for runs of an engine build whose
+            fusions are not known, such as the TensorRT-LLM 0.9 engines of the
+            calibration rows.
     """
 
     kernels: KernelCurves | None = None
@@ -70,6 +76,7 @@ class Efficiency:
     time_scale: float = 1.0
     borrowed_from: str = ""
     capped: bool = False
+    fp8_as_timed: bool = False
 
     def scaled(self, step_time_scale: float) -> Efficiency:
         """Every step cost times ``step_time_scale`` (the floor still holds, see perf)."""

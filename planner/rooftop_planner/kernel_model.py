@@ -39,6 +39,8 @@ ACTIVATION_BYTES = 2.0  # activations stay 16-bit between kernels
 IDEAL = Curve(t0_s=0.0, knots=(0.0,), mem_eff=(1.0,), flop_eff=(1.0,))
 GRID_STEPS_PER_OCTAVE = 8
 GRID_OCTAVES = 17
+# Engines whose LM head runs in 16 bits whatever the checkpoint (``_lm_head_gemms_s``).
+SIXTEEN_BIT_LM_HEAD = frozenset({"vllm", "trtllm"})
 
 
 def elementwise_bytes(m: ModelSpec, tp: int) -> float:
@@ -67,7 +69,20 @@ def elementwise_s(dep: EngineShape) -> float:
 
 def _gemm_curve(dep: EngineShape) -> Curve:
     kernels = dep.efficiency.kernels
-    return IDEAL if kernels is None else kernels.gemm_curve(dep.compute_dtype)
+    if kernels is None:
+        return IDEAL
+    return kernels.gemm_curve(dep.compute_dtype, as_timed=_as_timed(dep))
+
+
+def _as_timed(dep: EngineShape) -> bool:
+    """Whether ``dep``'s fp8 GEMMs are priced as the tables timed them, quant included
+    (``Efficiency.fp8_as_timed`` where its curves have such a GEMM curve)."""
+    kernels = dep.efficiency.kernels
+    return (
+        dep.efficiency.fp8_as_timed
+        and kernels is not None
+        and dep.compute_dtype in kernels.gemm_as_timed
+    )
 
 
 def sustained(dep: EngineShape, compute_dtype: str) -> float:
@@ -245,29 +260,60 @@ def _token_costs(dep: EngineShape, tokens: FloatArray) -> tuple[FloatArray, Floa
 
 
 def unfused_quant_s(dep: EngineShape, tokens: FloatArray) -> FloatArray:
-    """Seconds of the fp8 quantization vLLM runs as a kernel of its own in every layer,
-    at each token count: the attention output's, before the output projection.
-
-    With fp8 weights vLLM quantizes each GEMM's bf16 input to fp8 (per token, where the
-    checkpoint stores no input scale). Its compiler fuses that into the kernel that makes
-    the input for the QKV and gate/up projections (the RMSNorm) and for the down
-    projection (SiLU-and-mul), so the fp8 GEMM curve is the GEMM alone
-    (``KernelCurves.quant``). The attention output comes from an opaque attention op
-    and vLLM's attention+quant fusion is off by default (``fuse_attn_quant``), so that
-    quant runs on its own. Zero where the curves carry no quant table (the fp8 curve
-    then includes every GEMM's) or the GEMMs run in 16 bits.
-    """
+    """Seconds per layer of the fp8 quantizations the engine runs as kernels of their
+    own, at each token count (``unfused_quant_inputs``: which inputs, how wide, in what
+    share of the layers). The fitted fp8 GEMM curve is the GEMM alone where the curves
+    carry a quant table (``KernelCurves.quant``); without one (SGLang's, whose collector
+    timed the quant it serves in front of every GEMM) the curve includes it and nothing
+    is added. Nothing either when the GEMMs run in 16 bits."""
     kernels = dep.efficiency.kernels
     if kernels is None or kernels.quant is None or dep.compute_dtype != "fp8":
         return np.zeros_like(tokens)
-    width = _output_projection_width(dep.model, dep.tp)
-    return kernels.quant.times_s(
-        quant_bytes(tokens, width),
-        np.zeros_like(tokens),
-        tokens,
-        *credited_rates(dep, "bf16"),
-        measured_on=measured_on(dep, "bf16"),
-    )
+    total = np.zeros_like(tokens)
+    for width, share in unfused_quant_inputs(dep, kernels.engine):
+        total += share * kernels.quant.times_s(
+            quant_bytes(tokens, width),
+            np.zeros_like(tokens),
+            tokens,
+            *credited_rates(dep, "bf16"),
+            measured_on=measured_on(dep, "bf16"),
+        )
+    return total
+
+
+def unfused_quant_inputs(dep: EngineShape, engine: str) -> list[tuple[float, float]]:
+    """(width, share of layers) of each GEMM input an engine quantizes to fp8 in a kernel
+    of its own, as its source runs a dense layer with fp8 weights.
+
+    vLLM (0.24): its compiler fuses the quant into the RMSNorm before the QKV and gate/up
+    projections and into SiLU-and-mul before the down projection; the attention output
+    comes from an opaque attention op and its attention+quant fusion is off by default
+    (``fuse_attn_quant``), so the output projection's input keeps its own, in every layer.
+
+    TensorRT-LLM (PyTorch backend, static input scales): SwiGLU writes the down
+    projection's input in fp8; the attention kernel writes the output projection's input
+    in fp8 when the KV cache is fp8. With tensor parallelism on a model wider than 4,096
+    (``LlamaDecoderLayer``'s fusion rule) the all-reduce after each row-parallel GEMM is
+    fused with the residual add, the RMSNorm and the quant after it (on NCCL as a
+    norm+quant kernel right after the all-reduce), so only the first layer's QKV input,
+    which no all-reduce precedes, keeps its own. Otherwise the RMSNorms write 16 bits and
+    the QKV and gate/up inputs are quantized by the static quant kernel in every layer
+    (the gate/up one only in the layers with a dense MLP).
+
+    ``Efficiency.fp8_as_timed``: none (the GEMM curve as timed includes them all).
+    """
+    m = dep.model
+    if _as_timed(dep):
+        return []
+    attention_out = _output_projection_width(m, dep.tp)
+    if engine != "trtllm":
+        return [(attention_out, 1.0)]
+    inputs = [] if dep.kv_dtype in ("fp8", "int8") else [(attention_out, 1.0)]
+    hidden = float(m.hidden_size)
+    if dep.tp > 1 and m.hidden_size > 4096:
+        return [*inputs, (hidden, 1.0 / m.num_layers)]
+    mlp_share = m.dense_layers / m.num_layers if m.is_moe else 1.0
+    return [*inputs, (hidden, 1.0), (hidden, mlp_share)]
 
 
 def quant_bytes(tokens: FloatArray, width: FloatArray | float) -> FloatArray:
@@ -307,10 +353,12 @@ def lm_head_s(dep: EngineShape, sampled: float) -> float:
 def _lm_head_gemms_s(dep: EngineShape, sampled: FloatArray) -> FloatArray:
     """The LM head at each count of sampling rows. vLLM never quantizes it: its
     ``ParallelLMHead`` is an embedding, not a linear layer, so fp8 and int4 checkpoints
-    run it in 16 bits (their weights' bytes count it so too, ``perf.weight_bytes``)."""
+    run it in 16 bits (their weights' bytes count it so too, ``perf.weight_bytes``).
+    TensorRT-LLM builds its ``LMHead`` without a quant config, so it runs in 16 bits too.
+    ``Efficiency.fp8_as_timed``: in the weights' dtype, like every other GEMM."""
     m = dep.model
     kernels = dep.efficiency.kernels
-    if kernels is not None and kernels.engine == "vllm":
+    if kernels is not None and kernels.engine in SIXTEEN_BIT_LM_HEAD and not _as_timed(dep):
         dep = replace(dep, weight_dtype="bf16")
     return _gemms_s(dep, sampled, m.vocab_size / dep.tp, float(m.hidden_size))
 
@@ -546,6 +594,7 @@ def _token_tables(dep: EngineShape) -> Tables:
         dep.tp,
         dep.weight_dtype,
         id(dep.efficiency.kernels),
+        _quant_key(dep),
     )
     tables = _TABLES.get(key)
     if tables is None:
@@ -558,6 +607,15 @@ def _token_tables(dep: EngineShape) -> Tables:
         if len(_TABLES) > _MODELS_MAX:
             _TABLES.popitem(last=False)
     return tables
+
+
+def _quant_key(dep: EngineShape) -> tuple[object, ...]:
+    """What the unfused fp8 quants of ``dep`` depend on beyond its model and GPU: which
+    inputs (the KV dtype decides one of TensorRT-LLM's) and which curve."""
+    kernels = dep.efficiency.kernels
+    if kernels is None or kernels.quant is None or dep.compute_dtype != "fp8":
+        return ()
+    return (_as_timed(dep), tuple(unfused_quant_inputs(dep, kernels.engine)))
 
 
 _MODELS: OrderedDict[int, tuple[EngineShape, StepModel]] = OrderedDict()

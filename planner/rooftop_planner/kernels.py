@@ -215,9 +215,13 @@ class KernelCurves:
         interconnect_bytes_per_s: its GPU-to-GPU bandwidth (all-reduce is rescaled by it).
         hbm_bytes_per_s / flops_per_s: the measured GPU's peaks the fractions refer to
             (dense FLOP/s by compute dtype); 0 / empty in curves stored without them.
-        quant: the engine's fp8 quantization of a GEMM's bf16 input (driver: tokens),
-            where it was timed on its own; then ``gemm["fp8"]`` is the GEMM alone
+        quant: the fp8 quantization of a GEMM's bf16 input that the engine runs as a
+            kernel of its own when serving (driver: tokens), where it was timed on its
+            own; then ``gemm["fp8"]`` is the GEMM alone
             (``rooftop_fit.kernel_fit.gemm_features``). None: the fp8 curve includes it.
+        gemm_as_timed: fp8 GEMM curves fitted on the calls as the collector timed them,
+            each behind a dynamic quant of its input, where the engine serves another
+            quant (TensorRT-LLM, which serves static scales); empty otherwise.
     """
 
     table_gpu: str
@@ -232,6 +236,7 @@ class KernelCurves:
     hbm_bytes_per_s: float = 0.0
     flops_per_s: Mapping[str, float] = field(default_factory=dict)
     quant: Curve | None = None
+    gemm_as_timed: Mapping[str, Curve] = field(default_factory=dict)
 
     def measured_on(self, compute_dtype: str) -> tuple[float, float] | None:
         """(HBM bytes/s, FLOP/s) of the measured GPU for ``compute_dtype``; None when
@@ -241,8 +246,11 @@ class KernelCurves:
             return None
         return self.hbm_bytes_per_s, peak
 
-    def gemm_curve(self, dtype: str) -> Curve:
-        return self.gemm.get(dtype) or self.gemm["bf16"]
+    def gemm_curve(self, dtype: str, as_timed: bool = False) -> Curve:
+        """The GEMM curve of ``dtype``; ``as_timed``: the one fitted on the calls as
+        timed, quant included, where the engine has one (``gemm_as_timed``)."""
+        timed = self.gemm_as_timed.get(dtype) if as_timed else None
+        return timed or self.gemm.get(dtype) or self.gemm["bf16"]
 
     def attention_curves(self, kv_dtype: str) -> tuple[Curve, Curve]:
         key = "fp8" if kv_dtype in ("fp8", "int8") else "bf16"
@@ -282,4 +290,5 @@ class KernelCurves:
                 str(k): float(v) for k, v in (data.get("dense_flops_per_s") or {}).items()
             },
             quant=Curve.from_mapping(data["quant"]) if data.get("quant") else None,
+            gemm_as_timed=curves("gemm_as_timed"),
         )
