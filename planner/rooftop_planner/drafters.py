@@ -43,7 +43,7 @@ NGRAM = "ngram"
 # (its ``propose`` asserts it), so a plan gives it a fixed K, not a schedule.
 SUFFIX = "suffix"
 # The methods that draft on the host: no drafter weights or KV, host time per step
-# (``ngram_lookup``), an acceptance that is the traffic's.
+# (``host_time``), an acceptance that is the traffic's.
 HOST_METHODS = (NGRAM, SUFFIX)
 # The model's own multi-token-prediction layers (DeepSeek-V3's), in its checkpoint: no
 # drafter to name either, and only for a model that has them.

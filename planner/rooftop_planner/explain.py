@@ -387,7 +387,13 @@ def explain_step(
         ("engine fixed costs (scheduling, launch, per-layer)", step.overhead_s),
     )
     lines += [f"  {seconds * 1e3:8.2f} ms  {name}" for name, seconds in parts]
-    if step.floor_s > step.kernels_s:
+    if step.host_s > max(step.kernels_s, step.floor_s):
+        lines.append(
+            f"  the engine's own host work for the step ({step.host_s * 1e3:.2f} ms: "
+            "scheduling, inputs, sampling bookkeeping) takes longer than the GPU's, so "
+            "it sets the pace"
+        )
+    elif step.floor_s > step.kernels_s:
         lines.append("  the kernels' sum is below the floor, so the floor is the prediction")
     if evictions > 0 and tpot_s is not None:
         lines.append(

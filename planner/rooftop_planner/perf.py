@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from rooftop_planner import kernel_model
+from rooftop_planner import host_time, kernel_model
 from rooftop_planner.catalog import BYTES_PER_DTYPE, GpuSpec, ModelSpec
 from rooftop_planner.efficiency import Efficiency
 from rooftop_planner.kernels import FloatArray, column
@@ -201,6 +201,9 @@ class StepBreakdown:
         floor_s: (weight bytes touched + KV bytes read) / HBM bandwidth: no step is faster.
         elementwise_s: the elementwise kernels (norms, rotary, activation, KV-cache
             writes), which grow with the step's tokens.
+        host_s: the engine's own host work for the step (vLLM's, measured:
+            ``host_time.vllm_step_host_s``), which async scheduling overlaps with the
+            GPU's: no step is faster either.
     """
 
     gemm_s: float
@@ -209,6 +212,7 @@ class StepBreakdown:
     overhead_s: float
     floor_s: float
     elementwise_s: float = 0.0
+    host_s: float = 0.0
 
     @property
     def kernels_s(self) -> float:
@@ -217,8 +221,9 @@ class StepBreakdown:
 
     @property
     def total_s(self) -> float:
-        """The step time: the kernels' sum, never below the physical floor."""
-        return max(self.kernels_s, self.floor_s)
+        """The step time: the kernels' sum, never below the physical floor nor the
+        host's work."""
+        return max(self.kernels_s, self.floor_s, self.host_s)
 
 
 # The parts of a step that add up to its time (``floor_s`` bounds them instead).
@@ -267,6 +272,14 @@ def step_breakdown(
         overhead_s=model.overhead_s * scale,
         floor_s=floor_s(dep, decode_seqs + prefill_tokens, context_tokens),
         elementwise_s=model.elementwise_s_per_token * (decode_seqs + prefill_tokens) * scale,
+        host_s=float(
+            host_step_s(
+                [dep],
+                np.array([[decode_seqs]]),
+                np.array([[context_tokens]]),
+                np.array([[prefill_tokens]]),
+            )[0, 0]
+        ),
     )
 
 
@@ -298,6 +311,7 @@ def forward_parts(
     ``queries``: tokens per decoding sequence (K + 1 in a step verifying K draft tokens,
     ``kernel_model.unscaled_totals_s``)."""
     floor = _floors_s(deps, decode_seqs * queries + prefill_tokens, context_tokens)
+    floor = np.maximum(floor, host_step_s(deps, decode_seqs, context_tokens, prefill_tokens))
     models = [kernel_model.step_model(d) for d in deps]
     pairs = prefill_attended
     if any(d.model.window_layers for d in deps):
@@ -307,6 +321,28 @@ def forward_parts(
         models, decode_seqs, context_tokens, prefill_tokens, pairs, queries
     )
     return unscaled, floor
+
+
+def host_step_s(
+    deps: Sequence[EngineShape],
+    decode_seqs: FloatArray,
+    context_tokens: FloatArray,
+    prefill_tokens: FloatArray,
+) -> FloatArray:
+    """The engine's own host work per step over D × N arrays (s): vLLM's, measured, for
+    the decoding sequences and the prompt a chunk belongs to (``host_time``); 0 for
+    engines whose host work is not measured, and for the ideal roofline."""
+    seqs = decode_seqs + np.where(prefill_tokens > 0, 1.0, 0.0)
+    timed = column([float(_host_timed(d)) for d in deps])
+    if not timed.any():
+        return np.zeros_like(seqs)
+    out: FloatArray = timed * host_time.vllm_step_host_s(seqs, context_tokens)
+    return out
+
+
+def _host_timed(dep: EngineShape) -> bool:
+    kernels = dep.efficiency.kernels
+    return kernels is not None and kernels.engine in host_time.HOST_TIMED_ENGINES
 
 
 def step_time_scales(deps: Sequence[EngineShape]) -> FloatArray:

@@ -23,7 +23,7 @@ the engine's per-step overhead (scheduling and sampling happen once per engine s
 - ``mtp``: the model's own multi-token-prediction layers (DeepSeek-V3's), one of its
   layers with a projection and an LM head, in the model's weight dtype;
 - ``ngram``: vLLM's prompt lookup, no model: its host time per step, measured
-  (``ngram_lookup``), no weights, no KV. It drafts only where the sequence's latest
+  (``host_time``), no weights, no KV. It drafts only where the sequence's latest
   n-gram occurred before; its acceptance a is per decode step, a step where the lookup
   found nothing counting as one whose first draft was rejected (so E(a, K) stays the
   tokens per step), and it is priced as if every step verified K drafts (vLLM verifies
@@ -56,6 +56,7 @@ from rooftop_planner import perf
 from rooftop_planner.catalog import Catalog, ModelSpec
 from rooftop_planner.drafters import (
     HOST_DRAFTERS,
+    HOST_METHODS,
     MTP,
     NGRAM,
     SUFFIX,
@@ -65,8 +66,8 @@ from rooftop_planner.drafters import (
     packaged_drafters,
     tokens_per_step,
 )
+from rooftop_planner.host_time import lookup_cost
 from rooftop_planner.kernels import FloatArray
-from rooftop_planner.ngram_lookup import lookup_cost
 from rooftop_planner.perf import EngineShape
 
 # The longest draft the planner considers: EAGLE-3's published acceptance figures use
@@ -293,7 +294,8 @@ def _every_length(
     K − 1 later ones (one token per sequence), less the engine's per-step overhead of
     each drafter forward, paid once in the verification; without a drafter model
     (``ngram``, ``suffix``), the host's lookup over the batch's context instead, whatever
-    K, with the trees of the prompt chunk's tokens (``suffix``)."""
+    K, with the trees of the prompt chunk's tokens (``suffix``), and the engine's own host
+    work in every row (vLLM runs those without async scheduling)."""
     ks = np.arange(longest + 1, dtype=np.float64)[:, None]
 
     def rows(values: FloatArray, count: int) -> FloatArray:
@@ -307,6 +309,10 @@ def _every_length(
         rows(attended, longest + 1),
         queries=ks + 1.0,
     )
+    if method in HOST_METHODS:
+        # vLLM turns async scheduling off for host drafters: its own host work per step
+        # no longer hides behind the GPU's, so the step waits for it too
+        verify += perf.host_step_s([dep] * (longest + 1), *steps, rows(chunk, longest + 1))
     if longest == 0:
         return verify, floor
     if draft is None:

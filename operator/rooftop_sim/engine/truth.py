@@ -18,6 +18,11 @@ tokens being prefilled (T = b + p tokens through the linear layers), per GPU::
          + L * T * elementwise bytes / HBM bandwidth         norms, rotary, activation
          + ENGINE_STEP_OVERHEAD_S
 
+and no step is faster than vLLM's own host work for it (scheduling, inputs, sampling
+bookkeeping, measured: ``rooftop_planner.host_time``), which async scheduling overlaps
+with the GPU's; with a host-side drafter (no async scheduling) the step adds what that
+work takes beyond ENGINE_STEP_OVERHEAD_S, and the drafter's lookup.
+
 L layers, H hidden size, I intermediate size, V vocabulary, d head size, h_g = heads/tp and
 kv_g = ceil(kv_heads/tp) heads per GPU (KV heads replicate when tp > kv_heads). Norms,
 rotary embedding, activation, residual and KV-cache-write kernels are not in the tables:
@@ -71,7 +76,7 @@ from rooftop_planner.catalog import (
     ModelSpec,
     load_catalog,
 )
-from rooftop_planner.ngram_lookup import lookup_cost
+from rooftop_planner.host_time import lookup_cost, vllm_step_host_s
 from rooftop_sim.engine.kernels import (
     TABLE_GPU,
     GpuTables,
@@ -390,7 +395,7 @@ class TruthModel:
         ``suffix``, suffix trees): no drafter on the GPUs, the host's lookup over every
         decoding request's tokens before each drafting step, and for ``suffix`` the
         trees of the prompt tokens the step prefills, timed by the method's measured
-        table (``rooftop_planner.ngram_lookup``)."""
+        table (``rooftop_planner.host_time``)."""
         self.looks_up = method
         return self
 
@@ -430,11 +435,23 @@ class TruthModel:
             factor *= float(self._rng.lognormal(-(self.noise**2) / 2, self.noise))
         return (gpu_ms * 1e-3 + ENGINE_STEP_OVERHEAD_S) * factor
 
+    def _with_host(self, step_s: float, seqs: int, context_tokens: int) -> float:
+        """One step's seconds with vLLM's own host work for ``seqs`` requests holding
+        ``context_tokens`` (measured, ``rooftop_planner.host_time``). Async scheduling,
+        vLLM's default, overlaps it with the GPU's step: the longer one sets the pace.
+        With a host-side drafter vLLM schedules synchronously and the GPU waits for it,
+        beyond the fixed cost per step already in ``step_s``."""
+        host = float(vllm_step_host_s(np.array([float(seqs)]), np.array([context_tokens]))[0])
+        if self.looks_up:
+            return step_s + max(host - ENGINE_STEP_OVERHEAD_S, 0.0)
+        return max(step_s, host)
+
     def decode_step_s(self, batch: int, context_tokens: int) -> float:
         """Seconds of one decode iteration: ``batch`` sequences, ``context_tokens`` in all."""
         if batch <= 0:
             return 0.0
-        return self._scale(self.kernels.step_ms(batch, context_tokens, 0, 0.0, batch))
+        step = self._scale(self.kernels.step_ms(batch, context_tokens, 0, 0.0, batch))
+        return self._with_host(step, batch, context_tokens)
 
     def prefill_s(self, prompt_tokens: int, batch: int = 1) -> float:
         """Seconds to prefill ``batch`` prompts of ``prompt_tokens`` each, in one iteration
@@ -443,7 +460,7 @@ class TruthModel:
             return 0.0
         n = batch * prompt_tokens
         pairs = batch * prompt_tokens * (prompt_tokens + 1) / 2
-        return self._scale(self.kernels.step_ms(0, 0, n, pairs, batch))
+        return self._with_host(self._scale(self.kernels.step_ms(0, 0, n, pairs, batch)), batch, 0)
 
     def step_s(
         self,
@@ -483,12 +500,14 @@ class TruthModel:
             )
             each = self.drafter.step_ms(decode_batch, decode_context_tokens, 0, 0.0, decode_batch)
             ms += (draft_k - 1) * each
+        requests = decode_batch + (1 if prefill_tokens > 0 else 0)
+        step = self._with_host(self._scale(ms), requests, decode_context_tokens)
         if draft_k and self.looks_up and decode_batch:
             seqs = np.array([float(decode_batch)])
             context = np.array([float(decode_context_tokens)])
             host_s = lookup_cost(self.looks_up).seconds(seqs, context, float(prefill_tokens))
-            return self._scale(ms) + float(host_s[0])
-        return self._scale(ms)
+            return step + float(host_s[0])
+        return step
 
     def kv_capacity_tokens(self, gpu_memory_utilization: float = 0.9) -> int:
         """KV-cache tokens one replica holds (whole 16-token blocks), like vLLM's profile."""

@@ -3,11 +3,9 @@ its host time from the measured table, its acceptance stated per decode step."""
 
 from __future__ import annotations
 
-import csv
 import json
 import statistics
 from dataclasses import replace
-from importlib import resources
 from typing import Any
 
 import numpy as np
@@ -15,7 +13,7 @@ import pytest
 from tests.unit.planner.test_speculative import target
 
 from rooftop_api.spec import ServingTargetSpec
-from rooftop_planner import drafters, ngram_lookup, perf, speculative
+from rooftop_planner import drafters, host_time, perf, speculative
 from rooftop_planner.catalog import load_catalog
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.perf import EngineShape
@@ -34,27 +32,19 @@ def engine(acceptance: float = 0.6) -> tuple[EngineShape, speculative.Speculatio
     return dep, spec
 
 
-def table_rows() -> list[dict[str, str]]:
-    text = resources.files("rooftop_planner").joinpath("catalog", "ngram_lookup.csv").read_text()
-    return list(csv.DictReader(line for line in text.splitlines() if not line.startswith("#")))
-
-
 def test_the_fit_follows_the_measured_lookups() -> None:
     """Within 15 % of the median row, and no more than 2x off at any (one request of
     32k tokens, where the lookup takes some 40 µs)."""
-    cost = ngram_lookup.lookup_cost()
-    rows = table_rows()
-    batch = np.array([float(r["batch"]) for r in rows])
-    tokens = batch * np.array([float(r["tokens_per_request"]) for r in rows])
-    measured = np.array([float(r["seconds"]) for r in rows])
-    ratio = cost.seconds(batch, tokens) / measured
+    cost = host_time.lookup_cost()
+    rows = host_time.measured_rows(host_time.TABLES["ngram"])
+    ratio = cost.seconds(rows.batch, rows.tokens) / rows.seconds
     assert statistics.median(abs(r - 1.0) for r in ratio) < 0.15
     assert ratio.min() > 0.5 and ratio.max() < 2.0
     assert "NgramProposer" in cost.measured_on and "CPU" in cost.measured_on
 
 
 def test_the_lookup_costs_more_with_more_requests_and_more_tokens() -> None:
-    cost = ngram_lookup.lookup_cost()
+    cost = host_time.lookup_cost()
     seqs = np.array([1.0, 64.0, 64.0, 256.0, 0.0])
     tokens = np.array([1e3, 64e3, 640e3, 640e3, 0.0])
     t = cost.seconds(seqs, tokens)
@@ -90,11 +80,11 @@ def test_a_lookup_step_is_the_verification_plus_the_host_lookup(
     dep, spec = engine()
     context = 1500.0
     with_lookup, _ = speculative._decode_steps(dep, spec, batch, context, k)
-    free = ngram_lookup.LookupCost((0.0, 0.0, 0.0, 0.0), "free")
+    free = host_time.LookupCost((0.0, 0.0, 0.0, 0.0), "free")
     monkeypatch.setattr(speculative, "lookup_cost", lambda method="ngram": free)
     verify_only, _ = speculative._decode_steps(dep, spec, batch, context, k)
     tokens = batch * perf.cached_tokens(dep.model, context)
-    host = ngram_lookup.lookup_cost().seconds(np.array([batch]), np.array([tokens]))[0]
+    host = host_time.lookup_cost().seconds(np.array([batch]), np.array([tokens]))[0]
     assert with_lookup[0] == verify_only[0]  # no speculation, no lookup
     for length in range(1, k + 1):
         assert with_lookup[length] - verify_only[length] == pytest.approx(host, rel=1e-9)

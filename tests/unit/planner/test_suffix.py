@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from tests.unit.planner.test_speculative import target
 
-from rooftop_planner import drafters, ngram_lookup, perf, speculative
+from rooftop_planner import drafters, host_time, perf, speculative
 from rooftop_planner.catalog import load_catalog
 from rooftop_planner.efficiency import load_efficiency
 from rooftop_planner.perf import EngineShape
@@ -40,7 +40,7 @@ def table_rows() -> list[dict[str, str]]:
 def test_the_fit_follows_the_measured_steps_and_tree_building() -> None:
     """The step walks within 20 % of the median row; a prompt's tree costs what the
     table's first calls add per prompt token, within 25 % of the median row."""
-    cost = ngram_lookup.lookup_cost("suffix")
+    cost = host_time.lookup_cost("suffix")
     rows = table_rows()
     batch = np.array([float(r["batch"]) for r in rows])
     tokens = batch * np.array([float(r["tokens_per_request"]) for r in rows])
@@ -48,15 +48,15 @@ def test_the_fit_follows_the_measured_steps_and_tree_building() -> None:
     ratio = cost.seconds(batch, tokens) / measured
     assert statistics.median(abs(r - 1.0) for r in ratio) < 0.2
     starts = np.array([float(r["start_seconds"]) for r in rows])
-    large = tokens >= ngram_lookup.MIN_START_TOKENS
+    large = tokens >= host_time.MIN_START_TOKENS
     built = cost.per_prompt_token_s * tokens[large] / starts[large]
     assert statistics.median(abs(r - 1.0) for r in built) < 0.25
     assert "SuffixDecodingProposer" in cost.measured_on and "Arctic Inference" in cost.measured_on
 
 
 def test_prompt_lookup_pays_no_tree_building() -> None:
-    assert ngram_lookup.lookup_cost("ngram").per_prompt_token_s == 0.0
-    assert ngram_lookup.lookup_cost("suffix").per_prompt_token_s > 0.0
+    assert host_time.lookup_cost("ngram").per_prompt_token_s == 0.0
+    assert host_time.lookup_cost("suffix").per_prompt_token_s > 0.0
 
 
 def test_without_an_acceptance_suffix_is_not_an_option_and_the_fix_is_named() -> None:
@@ -104,10 +104,10 @@ def test_a_step_carrying_a_prompt_chunk_pays_its_tree() -> None:
         dep, None, "suffix", 1, seqs, context, np.zeros(1), np.zeros(1)
     )
     plain, _ = speculative._every_length(dep, None, "ngram", 1, seqs, context, chunk, attended)
-    cost = ngram_lookup.lookup_cost("suffix")
+    cost = host_time.lookup_cost("suffix")
     tree = cost.per_prompt_token_s * 4096.0
     walks = (
-        cost.seconds(seqs, context)[0] - ngram_lookup.lookup_cost("ngram").seconds(seqs, context)[0]
+        cost.seconds(seqs, context)[0] - host_time.lookup_cost("ngram").seconds(seqs, context)[0]
     )
     assert with_chunk[1, 0] - plain[1, 0] == pytest.approx(tree + walks, rel=1e-9)
     assert with_chunk[1, 0] - no_chunk[1, 0] > tree

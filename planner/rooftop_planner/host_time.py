@@ -1,8 +1,17 @@
-"""vLLM's host-side drafters, n-gram prompt lookup and suffix trees, as host time per
-engine step, from measured timings.
+"""vLLM's host work per engine step, its own and its host-side drafters' (n-gram prompt
+lookup and suffix trees), from measured timings.
+
+Every vLLM step does host work besides the GPU's: the scheduler picks the batch, the
+model runner updates its persistent batch and builds the step's inputs and attention
+metadata, turns the sampled ids into lists, and the scheduler appends them and checks
+for stops, most of it Python per running request (``catalog/vllm_host_step.csv``,
+``benchmarks/measure_vllm_host_step.py``: the real vLLM on its tests' tiny model, the
+forward and the sampler taken off). With async scheduling, vLLM's default, that work
+overlaps the GPU's step before, so a step takes the longer of the two
+(``vllm_step_host_s``); without it the GPU waits for it, and the two add up.
 
 Two of vLLM's speculative methods draft on the host between steps, and the next step
-waits for them:
+waits for them (and vLLM turns async scheduling off for them):
 
 - ``ngram`` (``NgramProposer.propose``): for each running request, a scan of its tokens
   (prompt and output so far) for the last earlier occurrence of its latest n-gram, a
@@ -26,10 +35,13 @@ scan per token (n-gram), c4 a prompt tree's building per token (suffix). The dra
 does not enter: the walk or scan finds the match before it copies the K tokens after it
 (the tables time K = 1, 3, 5 alike).
 
+The engine's table is fitted the same way, T = B · C for B running requests of C
+tokens each, P = 0.
+
 The timings are one CPU's (each table's first line names it); a GPU server's host
-cores are of the same class. What the tables leave out: vLLM runs both methods without
-async scheduling, so the engine's own scheduling is no longer hidden behind the GPU's
-work; the planner does not price that.
+cores are of the same class. The engine's table was timed on vLLM's CPU build, whose
+attention backend builds its own metadata rather than FlashAttention's; the rest is the
+code a GPU server runs.
 """
 
 from __future__ import annotations
@@ -45,6 +57,10 @@ from rooftop_planner.kernels import FloatArray
 
 # The measured table of each host-side method (``catalog/``).
 TABLES = {"ngram": "ngram_lookup.csv", "suffix": "suffix_lookup.csv"}
+# vLLM's own host work per step (``catalog/``).
+ENGINE_TABLE = "vllm_host_step.csv"
+# Engines whose own host work per step is measured (``vllm_step_host_s``).
+HOST_TIMED_ENGINES = frozenset({"vllm"})
 # Rows whose prompt trees are too small to time apart from a step (B · L tokens).
 MIN_START_TOKENS = 16384
 
@@ -69,19 +85,54 @@ class LookupCost:
         return np.where(seqs > 0, cost, 0.0) + self.per_prompt_token_s * prompt_tokens
 
 
-@lru_cache(maxsize=len(TABLES))
 def lookup_cost(method: str = "ngram") -> LookupCost:
     """The fit of the packaged table of ``method`` (``ngram`` or ``suffix``)."""
-    table = TABLES[method]
+    return table_cost(TABLES[method])
+
+
+def vllm_step_cost() -> LookupCost:
+    """The fit of vLLM's own host work per step (``ENGINE_TABLE``)."""
+    return table_cost(ENGINE_TABLE)
+
+
+def vllm_step_host_s(seqs: FloatArray, tokens: FloatArray) -> FloatArray:
+    """Host seconds of one vLLM step of ``seqs`` running requests holding ``tokens`` tokens
+    in all (arrays of one shape); none for an empty step."""
+    return vllm_step_cost().seconds(seqs, tokens)
+
+
+@dataclass(frozen=True)
+class MeasuredRows:
+    """One packaged table of host seconds: its rows as arrays and its first line."""
+
+    batch: FloatArray
+    tokens: FloatArray  # B · tokens per request
+    seconds: FloatArray
+    start_seconds: FloatArray  # empty where the table times no first call
+    measured_on: str
+
+
+def measured_rows(table: str) -> MeasuredRows:
+    """The rows of ``catalog/<table>``."""
     text = resources.files("rooftop_planner").joinpath("catalog", table).read_text()
     lines = text.splitlines()
     rows = list(csv.DictReader(line for line in lines if not line.startswith("#")))
     batch = np.array([float(r["batch"]) for r in rows])
-    tokens = batch * np.array([float(r["tokens_per_request"]) for r in rows])
-    seconds = np.array([float(r["seconds"]) for r in rows])
-    starts = [float(r["start_seconds"]) for r in rows if r.get("start_seconds")]
-    per_token = _per_prompt_token(tokens, np.array(starts)) if starts else 0.0
-    return LookupCost(_fit(batch, tokens, seconds), lines[0].lstrip("# "), per_token)
+    return MeasuredRows(
+        batch=batch,
+        tokens=batch * np.array([float(r["tokens_per_request"]) for r in rows]),
+        seconds=np.array([float(r["seconds"]) for r in rows]),
+        start_seconds=np.array([float(r["start_seconds"]) for r in rows if r.get("start_seconds")]),
+        measured_on=lines[0].lstrip("# "),
+    )
+
+
+@lru_cache(maxsize=len(TABLES) + 1)
+def table_cost(table: str) -> LookupCost:
+    """The fit of one packaged table of host seconds (``catalog/<table>``)."""
+    t = measured_rows(table)
+    per_token = _per_prompt_token(t.tokens, t.start_seconds) if t.start_seconds.size else 0.0
+    return LookupCost(_fit(t.batch, t.tokens, t.seconds), t.measured_on, per_token)
 
 
 def _fit(
@@ -104,4 +155,15 @@ def _per_prompt_token(tokens: FloatArray, start_seconds: FloatArray) -> float:
     return float(np.median(start_seconds[large] / tokens[large]))
 
 
-__all__ = ["LookupCost", "TABLES", "lookup_cost"]
+__all__ = [
+    "ENGINE_TABLE",
+    "HOST_TIMED_ENGINES",
+    "LookupCost",
+    "MeasuredRows",
+    "TABLES",
+    "lookup_cost",
+    "measured_rows",
+    "table_cost",
+    "vllm_step_cost",
+    "vllm_step_host_s",
+]
