@@ -311,20 +311,21 @@ def _static_quant(folder: Path) -> dict[tuple[float, float], float] | None:
 
 # The fp8 quant each engine runs as a kernel of its own when serving: vLLM quantizes per
 # token with a scale it computes (its fp8 checkpoints and ``--quantization fp8`` carry
-# none); TensorRT-LLM serves ModelOpt checkpoints, whose calibrated input scales make it
-# the static per-tensor quant (``Linear``'s FP8 QDQ path runs
-# ``static_quantize_e4m3_per_tensor`` when the layer has an input scale).
-SERVED_QUANT: Mapping[str, Callable[[Path], dict[tuple[float, float], float] | None]] = {
-    "vllm": quant_seconds,
-    "trtllm": _static_quant,
-}
+# none), the dynamic quant its collector timed; TensorRT-LLM serves ModelOpt checkpoints,
+# whose calibrated input scales make it the static per-tensor quant (``Linear``'s FP8
+# QDQ path runs ``static_quantize_e4m3_per_tensor`` when the layer has an input scale).
+SERVED_QUANT = {"vllm": "dynamic", "trtllm": "static"}
 
 
-def served_quant_seconds(folder: Path, engine: str) -> dict[tuple[float, float], float] | None:
-    """Seconds of the fp8 quant ``engine`` runs on its own when serving, by (m, k); None
-    where the engine has no quant tables or no such kernel."""
-    served = SERVED_QUANT.get(engine)
-    return served(folder) if served is not None and quant_seconds(folder) is not None else None
+def served_quant_seconds(
+    folder: Path, engine: str, dynamic: Mapping[tuple[float, float], float] | None
+) -> Mapping[tuple[float, float], float] | None:
+    """Seconds of the fp8 quant ``engine`` runs on its own when serving, by (m, k), given
+    the dynamic quant its collector timed (``quant_seconds(folder)``); None where the
+    engine has no quant tables or no such kernel."""
+    if dynamic is None or engine not in SERVED_QUANT:
+        return None
+    return dynamic if SERVED_QUANT[engine] == "dynamic" else _static_quant(folder)
 
 
 def quant_features(quant: Mapping[tuple[float, float], float]) -> Features:
@@ -472,7 +473,7 @@ def fit_engine_curves(
     gemm_table = read_table(folder / "gemm_perf.csv.gz")
     shapes = catalog_gemm_shapes(catalog)
     quant = quant_seconds(folder)
-    served = served_quant_seconds(folder, engine)
+    served = served_quant_seconds(folder, engine, quant)
     gemm = {
         DTYPE_KEYS[d]: fit_curve(
             gemm_features(gemm_table, d, shapes, quant, bw),
@@ -485,10 +486,9 @@ def fit_engine_curves(
     }
     quant_curve = fit_curve(quant_features(served), QUANT_KNOTS, bw, bf16) if served else None
     as_timed = {}
-    if quant and served != quant:
-        fp8 = gpu.flops_per_s("fp8")
+    if served is not None and served is not quant:  # the GEMMs were timed behind another
         timed = gemm_features(gemm_table, "fp8", shapes)
-        as_timed["fp8"] = fit_curve(timed, GEMM_KNOTS, bw, fp8)
+        as_timed["fp8"] = fit_curve(timed, GEMM_KNOTS, bw, gpu.flops_per_s("fp8"))
     decode, prefill = _attention_curves(folder, bw, bf16, catalog_attention_heads(catalog))
     moe: dict[str, Curve] = {}
     if (folder / "moe_perf.csv.gz").is_file():
@@ -564,6 +564,12 @@ def stored_curve_errors(ops: Path, kc: KernelCurves) -> dict[str, tuple[Curve, f
             kc.gemm,
             True,
         ),
+        "gemm_as_timed": (
+            "gemm_perf",
+            partial(gemm_features, shapes=catalog_gemm_shapes(catalog)),
+            kc.gemm_as_timed,
+            True,
+        ),
         "decode_attention": (
             "generation_attention_perf",
             partial(decode_attention_features, heads=heads),
@@ -586,14 +592,9 @@ def stored_curve_errors(ops: Path, kc: KernelCurves) -> dict[str, tuple[Curve, f
             peak = gpu.flops_per_s(key) if dtype_peak else bf16
             f = features(columns, dtypes[key])
             out[f"{kind}.{key}"] = (curve, curve_error(curve, f, bw, peak))
-    served = served_quant_seconds(folder, kc.engine)
+    served = served_quant_seconds(folder, kc.engine, quant)
     if kc.quant is not None and served is not None:
         out["quant.fp8"] = (kc.quant, curve_error(kc.quant, quant_features(served), bw, bf16))
-    if "fp8" in kc.gemm_as_timed:
-        columns = read_table(folder / "gemm_perf.csv.gz")
-        timed = gemm_features(columns, "fp8", catalog_gemm_shapes(catalog))
-        curve = kc.gemm_as_timed["fp8"]
-        out["gemm_as_timed.fp8"] = (curve, curve_error(curve, timed, bw, gpu.flops_per_s("fp8")))
     return out
 
 

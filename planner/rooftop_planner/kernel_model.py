@@ -266,10 +266,10 @@ def unfused_quant_s(dep: EngineShape, tokens: FloatArray) -> FloatArray:
     carry a quant table (``KernelCurves.quant``); without one (SGLang's, whose collector
     timed the quant it serves in front of every GEMM) the curve includes it and nothing
     is added. Nothing either when the GEMMs run in 16 bits."""
-    kernels = dep.efficiency.kernels
-    if kernels is None or kernels.quant is None or dep.compute_dtype != "fp8":
-        return np.zeros_like(tokens)
+    kernels = _quantizing(dep)
     total = np.zeros_like(tokens)
+    if kernels is None or kernels.quant is None:
+        return total
     for width, share in unfused_quant_inputs(dep, kernels.engine):
         total += share * kernels.quant.times_s(
             quant_bytes(tokens, width),
@@ -279,6 +279,15 @@ def unfused_quant_s(dep: EngineShape, tokens: FloatArray) -> FloatArray:
             measured_on=measured_on(dep, "bf16"),
         )
     return total
+
+
+def _quantizing(dep: EngineShape) -> KernelCurves | None:
+    """``dep``'s curves where its fp8 GEMMs' inputs have a quant priced on its own (a
+    quant table, fp8 compute), else None."""
+    kernels = dep.efficiency.kernels
+    if kernels is None or kernels.quant is None or dep.compute_dtype != "fp8":
+        return None
+    return kernels
 
 
 def unfused_quant_inputs(dep: EngineShape, engine: str) -> list[tuple[float, float]]:
@@ -612,8 +621,8 @@ def _token_tables(dep: EngineShape) -> Tables:
 def _quant_key(dep: EngineShape) -> tuple[object, ...]:
     """What the unfused fp8 quants of ``dep`` depend on beyond its model and GPU: which
     inputs (the KV dtype decides one of TensorRT-LLM's) and which curve."""
-    kernels = dep.efficiency.kernels
-    if kernels is None or kernels.quant is None or dep.compute_dtype != "fp8":
+    kernels = _quantizing(dep)
+    if kernels is None:
         return ()
     return (_as_timed(dep), tuple(unfused_quant_inputs(dep, kernels.engine)))
 

@@ -127,7 +127,7 @@ def test_trtllm_fp8_curves_are_the_gemm_alone_and_it_serves_the_static_quant(
     for curve, features in fitted:
         error = kernel_fit.curve_error(curve, features, bw, peak)
         assert error == pytest.approx(curve.median_error, abs=0.002)
-    static = kernel_fit.served_quant_seconds(folder, "trtllm")
+    static = kernel_fit.served_quant_seconds(folder, "trtllm", dynamic)
     assert dynamic is not None and static is not None
     # the dynamic quant adds a reduction over the whole input: dearer at nearly every
     # shape (the collector clips a negative difference to 0)
