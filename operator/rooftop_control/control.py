@@ -43,8 +43,8 @@ One decision:
    idles for longer between bursts teaches the loop its lulls (``lulls``): once a
    give-back cost the SLO when the load came back, the window stretches over that
    lull for an hour. Never scale down on missing, stale or NaN metrics (hold and
-   say so), nor while a batch-cap rollout runs a pod short (one without surge room,
-   at the budget or ``maxReplicas``).
+   say so), nor below the recommendation plus the pods a batch-cap rollout holds out
+   of service (one without surge room, at the budget or ``maxReplicas``).
 6. Limit: min/max replicas and the budget (a hard limit: never exceeded, even when the
    SLO then cannot be met; the conditions say which).
 7. Batch cap: adopt the planner's ``max_num_seqs`` when the calibrated factors show the
@@ -354,9 +354,9 @@ def decide(
     lulls = _learn_lulls(state, obs, now_s, config)
     window = _held_window(scale_down_window(rates, config), lulls.hold_s(now_s), config)
     history, since = _remember_history(state, wanted, now_s, not bad, window[0], config)
-    short = _rollout_runs_short(state, obs, now_s, config)
+    out = _out_of_service(state, obs, now_s, config)
     replicas, why = _stabilize(
-        state.replicas, wanted, why, history, since, now_s, bad, short, window, config
+        state.replicas, wanted, why, history, since, now_s, bad, out, window, config
     )
     lower, upper = replica_limits(config)
     limited = clamp_replicas(replicas, lower, upper)
@@ -823,24 +823,24 @@ def _remember_history(
     return (*kept, (now_s, wanted)), since
 
 
-def _rollout_runs_short(
+def _out_of_service(
     state: ControllerState, obs: Observation, now_s: float, config: ControllerConfig
-) -> bool:
-    """A batch-cap rollout is replacing pods (within the cap cooldown) with fewer pods
-    ready than desired.
+) -> int:
+    """Desired pods a batch-cap rollout holds out of service now: desired minus ready
+    while one replaces pods (within the cap cooldown), else 0.
 
     Judged by the pods on the old template, not by pending ones: after a cap change,
     pods starting for a scale-up are no rollout. With surge room (``maxUnavailable``
-    0) every desired pod stays ready and the surge pods are extra, so a scale-down the
-    window has earned is as safe as in a steady fleet, and it shortens the rollout:
-    fewer pods are left to replace. Only a rollout without surge room
-    (``maxUnavailable`` 1, at the budget or ``maxReplicas``) runs a pod short, and
-    removing more on top of it could leave too few when the load turns.
+    0) every desired pod stays ready and the surge pods are extra, so none is out.
+    Only a rollout without surge room (``maxUnavailable`` 1, at the budget or
+    ``maxReplicas``) runs pods short. Bounded by the cap cooldown, so pods that never
+    schedule cannot hold pods forever.
     """
     last = state.last_cap_change_s
     recent = last is not None and now_s - last < config.cap_cooldown_s
-    short = obs.ready_replicas < state.replicas
-    return recent and obs.outdated_replicas > 0 and short
+    if not recent or obs.outdated_replicas <= 0:
+        return 0
+    return max(0, state.replicas - obs.ready_replicas)
 
 
 def _stabilize(
@@ -851,7 +851,7 @@ def _stabilize(
     since: float | None,
     now_s: float,
     bad: list[str],
-    rollout_short: bool,
+    out_of_service: int,
     window: tuple[float, str],
     config: ControllerConfig,
 ) -> tuple[int, str]:
@@ -861,24 +861,32 @@ def _stabilize(
     (``scale_down_window``); ``history`` covers at least that long. The metrics must
     have been OK for the full ``scale_down_window_s`` all the same: after an outage (or
     at start) the readings before it cannot show that a peak it hid has passed.
-    ``rollout_short``: a batch-cap rollout is replacing pods with one of them out of
-    service (``_rollout_runs_short``; bounded by the cap cooldown, so pods that never
-    schedule cannot freeze scale-down); removing pods on top of it can leave too few
-    ready when the load turns.
+    ``out_of_service``: pods a batch-cap rollout holds out of service
+    (``_out_of_service``). A scale-down keeps them on top of the recommendation, so the
+    pods that serve never fall below it while the load may turn; the rest go, which
+    also shortens the rollout (fewer pods left to replace). Holding every pod instead
+    kept 7 B200 pods for the 14 minutes a one-at-a-time rollout took where the planner
+    asked for 1.
     """
     if wanted > current:
         return wanted, why
     if bad:
         return current, "holding: metrics unavailable (" + ", ".join(bad) + ")"
-    if rollout_short and wanted < current:
-        return current, f"{why}; holding while the batch-cap rollout starts pods"
     if not _ok_for_a_window(since, now_s, config):
         return current, why
     window_s, because = window
     highest = max(n for t, n in history if t > now_s - window_s)
-    if highest < current:
+    kept = highest + out_of_service
+    if kept < current:
         held = f"{window_s:.0f} s{because}"
-        return highest, f"recommendation stayed <= {highest} for {held}; {why}"
+        rolling = (
+            f" (+{out_of_service} the batch-cap rollout holds out of service)"
+            if out_of_service
+            else ""
+        )
+        return kept, f"recommendation stayed <= {highest} for {held}{rolling}; {why}"
+    if out_of_service and highest < current:
+        return current, f"{why}; holding while the batch-cap rollout starts pods"
     return current, why
 
 

@@ -196,11 +196,25 @@ CASES = [
         "3 was recommended 90 s ago, inside the window",
     ),
     Case(
-        "no scale-down while a batch-cap rollout runs a pod short",
+        "a batch-cap rollout running a pod short keeps that pod on top of a scale-down",
         replace(settled(4, 2, WINDOW), last_cap_change_s=NOW - 60),
         observe(rate=4.0, ready=3, outdated_replicas=3),
+        3,
+        "no surge room (maxUnavailable 1): 2 recommended + the 1 out of service = 3",
+    ),
+    Case(
+        "no scale-down below the recommendation plus the pods a rollout holds out",
+        replace(settled(4, 3, WINDOW), last_cap_change_s=NOW - 60),
+        observe(rate=4.0, ready=3, outdated_replicas=3),
         4,
-        "no surge room (maxUnavailable 1): 3 of 4 serve, removing more can starve",
+        "3 recommended + 1 out of service = 4: removing one would leave 2 serving",
+    ),
+    Case(
+        "a rollout two pods short keeps both on top of the recommendation",
+        replace(settled(7, 2, WINDOW), last_cap_change_s=NOW - 60),
+        observe(rate=4.0, ready=5, outdated_replicas=5),
+        4,
+        "a one-at-a-time rollout no longer holds 7 pods where 2 are planned: 2 + 2 out",
     ),
     Case(
         "a surging batch-cap rollout does not hold a scale-down",

@@ -163,3 +163,41 @@ def test_simulate_reports_the_plans_price_against_what_the_run_spent(
     (note,) = [n for n in summary["notes"] if n.startswith("the plan costs")]
     assert f"this run spent ${spent:.2f}/h, {spent / scn.plan.usd_per_hour:.2f}x the plan" in note
     assert spent > scn.plan.usd_per_hour
+
+
+# A 70B declared with 24k-token prompts at 2 req/s: four B200s a pod, their batch cap
+# planned for prompts twenty times longer than the excerpt's. The served lengths change
+# the cap, whose rollout (no surge room at the budget) replaces one pod at a time.
+LONG_PROMPTS = """\
+apiVersion: rooftop.dev/v1alpha1
+kind: ServingTarget
+metadata:
+  name: long-declared
+spec:
+  model: llama-3.1-70b
+  mode: simulated
+  slo: {tpotMs: 50, tpotPercentile: p90, ttftMs: 2000, ttftPercentile: p90}
+  workload:
+    requestsPerSecond: 2
+    promptTokens: {mean: 24000, p90: 32000}
+    outputTokens: {mean: 260, p90: 432}
+  budget: {usdPerHour: 200}
+"""
+
+
+def test_a_budget_bound_cap_rollout_gives_back_the_pods_the_planner_does_not_need(
+    tmp_path: Path,
+) -> None:
+    """Holding every pod while the rollout ran kept 7 (6.91 on average over the ten
+    minutes, $30.26) where the served traffic needs 1: the rollout takes a pod's
+    start-up per pod. Scaling down on top of the pod it holds out of service keeps the
+    percentile and ends on the one pod."""
+    manifest = tmp_path / "long.yaml"
+    manifest.write_text(LONG_PROMPTS)
+    spec = simulate.load_spec(str(manifest))
+    scn = simulate.scenario(spec, simulate.workload_from_trace(str(TRACE)), seed=0)
+    assert (scn.plan.gpu, scn.plan.tp) == ("b200", 4)
+    result, summary = simulate.run(scn, "rooftop")
+    assert summary["slo_attainment_tpot"] >= 0.9
+    assert summary["mean_replicas"] < 5.0
+    assert result.timeline[-1].replicas <= 2
