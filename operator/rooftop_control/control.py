@@ -672,9 +672,18 @@ def _planned_rate(
 ) -> float:
     """The rate the planner sizes for, req/s: the forecast ``startup_s`` ahead, plus half
     a metrics window (a window's average lags by half a window), with the headroom and
-    the latency trim."""
+    the latency trim.
+
+    The trend is fitted on the readings of windows the controller watched whole, from
+    one metrics window after its first decision: a window that reaches back before the
+    target's traffic began averages in the empty part, so its readings climb over the
+    first minute however flat the traffic is. Projected from them, the bundled chat
+    excerpt at a steady 4.8 req/s was planned for 9.9 req/s at its first minute.
+    """
     lead = config.startup_s + config.metrics_window_s / 2
-    return forecast_rate(rates, lead) * (1 + config.headroom) * state.trim
+    started = state.started_s if state.started_s is not None else math.inf
+    trend_from = started + config.metrics_window_s
+    return forecast_rate(rates, lead, trend_from) * (1 + config.headroom) * state.trim
 
 
 def _rollout_replicas(

@@ -7,19 +7,23 @@ keeps: the least-squares trend and the rate projected ahead. Separate from the d
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 
-def forecast_rate(rates: Sequence[tuple[float, float]], lead_s: float) -> float:
+def forecast_rate(
+    rates: Sequence[tuple[float, float]], lead_s: float, trend_from_s: float = -math.inf
+) -> float:
     """The rate expected ``lead_s`` ahead, req/s: never below the latest reading.
 
-    A least-squares line over the remembered readings; only a rising trend is
-    projected (a falling one is left to the slow scale-down, which is the safe side).
+    A least-squares line over the remembered readings taken at ``trend_from_s`` or
+    later; only a rising trend is projected (a falling one is left to the slow
+    scale-down, which is the safe side).
     """
     if not rates:
         return 0.0
     latest_t, latest = rates[-1]
-    trend = rate_trend(rates, 60.0)
+    trend = rate_trend([(t, r) for t, r in rates if t >= trend_from_s], 60.0)
     if trend is None:
         return latest
     mean_t, mean_rate, slope = trend

@@ -666,6 +666,20 @@ def test_headroom_and_rising_trend_plan_ahead() -> None:
     assert state.replicas == 4  # 4 + 2.5 = 6.5 req/s -> 4 replicas
 
 
+def test_the_first_windows_climb_is_not_projected() -> None:
+    """A steady 4.8 req/s read through windows that reach back before the traffic began
+    climbs 1.2, 2.4, 3.6, 4.8 over the first minute; fitted on those, the trend asked for
+    capacity at about twice the load. Only windows watched whole are fitted."""
+    state = initial_state(1, 64)
+    readings = [1.2, 2.4, 3.6, 4.8, 4.8, 4.8, 4.8]
+    for i, rate in enumerate(readings):
+        d = decide(state, observe(rate=rate, ready=1), NOW + 15.0 * (i + 1), config())
+        state = d.state
+    assert "for 4.80 req/s" in d.reason
+    # the same readings from a controller that watched them whole are a rising trend
+    assert forecast_rate(state.rates, 150.0) > 6.0
+
+
 @pytest.mark.parametrize(
     ("rates", "expected"),
     [
