@@ -37,7 +37,9 @@ One decision:
    desired count already includes them); scale down only to the highest recommendation
    of the last ``scale_down_window_s`` (180 s: a pod's start-up plus one metrics
    window, so a pod given back in a lull is not needed again before it could be
-   back), and only after that many seconds of OK metrics. While the rate is clearly
+   back), and only after that many seconds of OK metrics read through windows the
+   controller watched whole (from one metrics window after its first decision; the
+   rate trend is fitted on those too). While the rate is clearly
    falling (its trend loses ``falling_rate_per_minute`` of the mean a minute) there is
    no lull to wait out, and the window drops its metrics window (120 s). Traffic that
    idles for longer between bursts teaches the loop its lulls (``lulls``): once a
@@ -354,9 +356,10 @@ def decide(
     lulls = _learn_lulls(state, obs, now_s, config)
     window = _held_window(scale_down_window(rates, config), lulls.hold_s(now_s), config)
     history, since = _remember_history(state, wanted, now_s, not bad, window[0], config)
+    evidence = _whole_windows_since(since, state, config)
     out = _out_of_service(state, obs, now_s, config)
     replicas, why = _stabilize(
-        state.replicas, wanted, why, history, since, now_s, bad, out, window, config
+        state.replicas, wanted, why, history, evidence, now_s, bad, out, window, config
     )
     lower, upper = replica_limits(config)
     limited = clamp_replicas(replicas, lower, upper)
@@ -366,7 +369,7 @@ def decide(
     cap, cap_why, cap_at = _choose_cap(state, obs, sizing, cal, scale, now_s, steady, config)
     rollout = None
     if cap != state.max_num_seqs:
-        rollout = _rollout_replicas(state, rates, scale, cap, since, now_s, config)
+        rollout = _rollout_replicas(state, rates, scale, cap, evidence, now_s, config)
     rolled = limited if rollout is None else clamp_replicas(rollout[0], lower, upper)
     held = None
     if cap != state.max_num_seqs and sole_pod_would_go(rolled, upper):
@@ -897,6 +900,20 @@ def _stabilize(
     if out_of_service and highest < current:
         return current, f"{why}; holding while the batch-cap rollout starts pods"
     return current, why
+
+
+def _whole_windows_since(
+    since: float | None, state: ControllerState, config: ControllerConfig
+) -> float | None:
+    """When the OK readings that may justify fewer pods began, s: the current run of
+    healthy decisions (``since``), but not before one metrics window after the
+    controller's first decision. Earlier windows reach back before it watched (before
+    the traffic began, for a new target) and read the load low, as the rate trend
+    does (``_planned_rate``); a give-back on them came just as the first real load
+    arrived (a 70B fleet went 14 -> 11 -> 15 pods in 15 s, breaching TPOT)."""
+    if since is None or state.started_s is None:  # no decision yet: since is now
+        return since
+    return max(since, state.started_s + config.metrics_window_s)
 
 
 def _ok_for_a_window(since: float | None, now_s: float, config: ControllerConfig) -> bool:

@@ -103,10 +103,11 @@ def with_reading(obs: Observation, name: str, reading: Reading) -> Observation:
 
 
 def settled(replicas: int, low: int, held_s: float, cap: int = 64) -> ControllerState:
-    """A controller that has recommended ``low`` for ``held_s`` seconds of OK data."""
+    """A controller that has recommended ``low`` for ``held_s`` seconds of OK data, read
+    through windows it watched whole (it started a metrics window before them)."""
     history = tuple((NOW - t, low) for t in range(int(held_s), 0, -15))
     state = ControllerState(replicas, cap, Calibration(1.0, 10), history, NOW - held_s)
-    return replace(state, started_s=NOW - held_s)
+    return replace(state, started_s=NOW - held_s - 60.0)
 
 
 def watching(replicas: int, cap: int) -> ControllerState:
@@ -666,6 +667,20 @@ def test_headroom_and_rising_trend_plan_ahead() -> None:
     assert state.replicas == 4  # 4 + 2.5 = 6.5 req/s -> 4 replicas
 
 
+def test_a_new_controller_gives_back_pods_only_on_windows_it_watched_whole() -> None:
+    """Its first minute's windows reach back before it watched (before the traffic
+    began, for a new target) and read the load low: the scale-down window's OK
+    readings count from one metrics window after its first decision."""
+    state, first_down = initial_state(4, 64), None
+    for i in range(30):
+        t = NOW + 15.0 * i
+        d = decide(state, observe(rate=4.0, ready=state.replicas), t, config())
+        if d.replicas < state.replicas and first_down is None:
+            first_down = t - NOW
+        state = d.state
+    assert first_down == 60.0 + WINDOW, first_down
+
+
 def test_the_first_windows_climb_is_not_projected() -> None:
     """A steady 4.8 req/s read through windows that reach back before the traffic began
     climbs 1.2, 2.4, 3.6, 4.8 over the first minute; fitted on those, the trend asked for
@@ -698,7 +713,8 @@ def _falling_then(low_s: float, per_minute: float) -> ControllerState:
     readings of the last 300 s move by ``per_minute`` req/s a minute down to 4 req/s."""
     history = tuple((NOW - t, 2 if t < low_s else 3) for t in range(300, 0, -15))
     rates = tuple((NOW - t, 4.0 + per_minute * t / 60.0) for t in range(300, 0, -15))
-    return ControllerState(4, 64, Calibration(1.0, 10), history, NOW - 600.0, rates)
+    state = ControllerState(4, 64, Calibration(1.0, 10), history, NOW - 600.0, rates)
+    return replace(state, started_s=NOW - 600.0)
 
 
 @pytest.mark.parametrize(
