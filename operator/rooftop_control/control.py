@@ -684,8 +684,8 @@ def _planned_rate(
     excerpt at a steady 4.8 req/s was planned for 9.9 req/s at its first minute.
     """
     lead = config.startup_s + config.metrics_window_s / 2
-    started = state.started_s if state.started_s is not None else math.inf
-    trend_from = started + config.metrics_window_s
+    whole = _watched_whole_from(state, config)
+    trend_from = math.inf if whole is None else whole
     return forecast_rate(rates, lead, trend_from) * (1 + config.headroom) * state.trim
 
 
@@ -911,9 +911,18 @@ def _whole_windows_since(
     the traffic began, for a new target) and read the load low, as the rate trend
     does (``_planned_rate``); a give-back on them came just as the first real load
     arrived (a 70B fleet went 14 -> 11 -> 15 pods in 15 s, breaching TPOT)."""
-    if since is None or state.started_s is None:  # no decision yet: since is now
+    whole = _watched_whole_from(state, config)
+    if since is None or whole is None:  # no decision yet: since is now
         return since
-    return max(since, state.started_s + config.metrics_window_s)
+    return max(since, whole)
+
+
+def _watched_whole_from(state: ControllerState, config: ControllerConfig) -> float | None:
+    """From when the controller's readings cover windows it watched whole, s: one
+    metrics window after its first decision (None: it has made none yet)."""
+    if state.started_s is None:
+        return None
+    return state.started_s + config.metrics_window_s
 
 
 def _ok_for_a_window(since: float | None, now_s: float, config: ControllerConfig) -> bool:
