@@ -43,10 +43,11 @@ One decision:
    falling (its trend loses ``falling_rate_per_minute`` of the mean a minute) there is
    no lull to wait out, and the window drops its metrics window (120 s). Traffic that
    idles for longer between bursts teaches the loop its lulls (``lulls``): once a
-   give-back cost the SLO when the load came back, the window stretches over that
-   lull for an hour. Never scale down on missing, stale or NaN metrics (hold and
-   say so), nor below the recommendation plus the pods a batch-cap rollout holds out
-   of service (one without surge room, at the budget or ``maxReplicas``).
+   give-back cost the SLO when the load came back (above the rate the pods left at,
+   beyond its noise), the window stretches over that lull for an hour. Never scale
+   down on missing, stale or NaN metrics (hold and say so), nor below the
+   recommendation plus the pods a batch-cap rollout holds out of service (one without
+   surge room, at the budget or ``maxReplicas``).
 6. Limit: min/max replicas and the budget (a hard limit: never exceeded, even when the
    SLO then cannot be met; the conditions say which).
 7. Batch cap: adopt the planner's ``max_num_seqs`` when the calibrated factors show the
@@ -422,7 +423,7 @@ def decide(
         held_cap=held,
         traffic=state.traffic,
         started_s=now_s if state.started_s is None else state.started_s,
-        lulls=lulls.moved(state.replicas, limited, now_s, window[0]),
+        lulls=lulls.moved(state.replicas, limited, now_s, window[0], _rate_read(obs)),
         engines_mixed=state.engines_mixed and obs.outdated_replicas > 0,
         replanned_acceptance=state.replanned_acceptance if replan is None else replan,
     )
@@ -802,6 +803,11 @@ def _learn_lulls(
             state.replicas, now_s, config.startup_s, config.metrics_window_s
         )
     return state.lulls
+
+
+def _rate_read(obs: Observation) -> float | None:
+    """The window's arrival rate, req/s, when it was read (for ``Lulls.moved``)."""
+    return obs.requests_per_second.value if obs.requests_per_second.ok else None
 
 
 def _held_window(

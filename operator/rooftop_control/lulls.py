@@ -18,6 +18,12 @@ The time from the recommendation's first fall to the rise that asked the pods ba
 a lull this traffic has, and for ``LULL_MEMORY_S`` the scale-down window stretches to
 cover the longest such lull (``Lulls.hold_s``).
 
+A lull is load that left and came back. A fleet asked back at the rate it gave pods
+back at was sized short, not caught by returning load: the calibration and the trim
+answer for that, and an hour of held pods would not. So a run is learnt only if the
+rate at the rise is above the rate at the give-back that took the fleet below what it
+wants, by more than the two rates' own noise (``load_returned``).
+
 Only lulls up to ``defaults.SERVED_RANGE_S`` (15 min) are learnt: the planner already
 holds capacity for the bursts around the served range's mean rate
 (``rooftop_planner.bursts``), and a load that returns later than that is the day's drift,
@@ -27,6 +33,7 @@ fall the fleet stays at its level for at most one learnt lull.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from rooftop_control import defaults
@@ -37,16 +44,43 @@ from rooftop_control import defaults
 LULL_MEMORY_S = 3600.0
 # The longest lull learnt, s (module doc).
 MAX_LULL_S = defaults.SERVED_RANGE_S
+# How many standard deviations of the two windows' Poisson noise the rate at the rise
+# must be above the rate at the give-back for the load to have come back: about a 1 in
+# 40 chance that a steady load reads as returned.
+RETURNED_Z = 2.0
 
 
 @dataclass(frozen=True)
 class GiveBack:
-    """One scale-down: when (s), the replicas after it, and the scale-down window it
-    waited out (s): the recommendation had been lower that long already."""
+    """One scale-down: when (s), the replicas after it, the scale-down window it
+    waited out (s): the recommendation had been lower that long already, and the
+    window's rate then (req/s; None when unknown)."""
 
     t_s: float
     after: int
     window_s: float
+    rate_rps: float | None = None
+
+
+@dataclass(frozen=True)
+class Rise:
+    """The rise that ended a run of give-backs: when (s) and the window's rate then
+    (req/s; None when unknown)."""
+
+    t_s: float
+    rate_rps: float | None = None
+
+
+def load_returned(before: float | None, after: float | None, window_s: float) -> bool:
+    """Whether a window's rate ``after`` (req/s) is above an earlier window's ``before``
+    by more than ``RETURNED_Z`` standard deviations of their difference. Each rate counts
+    the requests of a ``window_s`` window, about Poisson: the difference's deviation is
+    √((before + after) / window_s) req/s. Unknown rates count as returned: the lesson
+    the SLO's miss taught is kept when nothing says otherwise."""
+    if before is None or after is None:
+        return True
+    noise = math.sqrt(max(before + after, 0.0) / window_s)
+    return after - before > RETURNED_Z * noise
 
 
 @dataclass(frozen=True)
@@ -56,25 +90,34 @@ class Lulls:
     Attributes:
         falling: the give-backs since the desired replicas last rose, oldest first.
         returned: the give-backs the last rise ended, while a window may still
-            regret them, and when that rise was (s).
+            regret them, and that rise.
         learnt: (time learnt s, lull s) within ``LULL_MEMORY_S``.
     """
 
     falling: tuple[GiveBack, ...] = ()
-    returned: tuple[tuple[GiveBack, ...], float] | None = None
+    returned: tuple[tuple[GiveBack, ...], Rise] | None = None
     learnt: tuple[tuple[float, float], ...] = ()
 
     def hold_s(self, now_s: float) -> float:
         """The longest lull learnt within ``LULL_MEMORY_S`` of ``now_s``, s (0: none)."""
         return max((lull for t, lull in self.learnt if now_s - t < LULL_MEMORY_S), default=0.0)
 
-    def moved(self, before: int, after: int, now_s: float, window_s: float) -> Lulls:
+    def moved(
+        self,
+        before: int,
+        after: int,
+        now_s: float,
+        window_s: float,
+        rate_rps: float | None = None,
+    ) -> Lulls:
         """The record after the desired replicas went from ``before`` to ``after`` at
-        ``now_s``, a give-back having waited out ``window_s``."""
+        ``now_s``, a give-back having waited out ``window_s``, on a window whose rate
+        was ``rate_rps``."""
         if after < before:
-            return replace(self, falling=(*self.falling, GiveBack(now_s, after, window_s)))
+            give_back = GiveBack(now_s, after, window_s, rate_rps)
+            return replace(self, falling=(*self.falling, give_back))
         if after > before and self.falling:
-            return replace(self, falling=(), returned=(self.falling, now_s))
+            return replace(self, falling=(), returned=(self.falling, Rise(now_s, rate_rps)))
         return self
 
     def regretted(
@@ -88,7 +131,9 @@ class Lulls:
         fleet below ``desired``, and the fleet had stayed smaller for at least a pod's
         start-up (``startup_s``) and at most ``MAX_LULL_S``, that run was a lull to
         hold through: from the recommendation's first fall (the run's first give-back less
-        the window it waited) to the rise. It is learnt once.
+        the window it waited) to the rise. It is learnt once, and only if the load came
+        back: the rise's rate is above that of the give-back that took the fleet below
+        ``desired`` (``load_returned`` over a ``metrics_window_s`` window).
 
         A rise sooner than a start-up after the give-back is the recommendation
         moving with the rate's noise around a level, which the scale-down window is
@@ -97,12 +142,15 @@ class Lulls:
         """
         if self.returned is None:
             return self
-        run, rose_s = self.returned
+        run, rise = self.returned
         first = run[0]
-        down_s = rose_s - first.t_s
-        if now_s - rose_s > startup_s + metrics_window_s or run[-1].after >= desired:
+        down_s = rise.t_s - first.t_s
+        if now_s - rise.t_s > startup_s + metrics_window_s or run[-1].after >= desired:
             return self
         if not startup_s <= down_s <= MAX_LULL_S:
+            return self
+        below = next(g for g in run if g.after < desired)
+        if not load_returned(below.rate_rps, rise.rate_rps, metrics_window_s):
             return self
         lull = down_s + first.window_s
         kept = tuple((t, s) for t, s in self.learnt if now_s - t < LULL_MEMORY_S)

@@ -5,24 +5,35 @@ scale-down window."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
 from tests.unit.control.test_control import NOW, config, observe
 
 from rooftop_control.control import ControllerState, decide, initial_state
-from rooftop_control.lulls import LULL_MEMORY_S, MAX_LULL_S, GiveBack, Lulls
+from rooftop_control.lulls import (
+    LULL_MEMORY_S,
+    MAX_LULL_S,
+    GiveBack,
+    Lulls,
+    Rise,
+    load_returned,
+)
 from rooftop_control.readings import MetricState, Reading
 
 STARTUP = 120.0
 WINDOW = 180.0
 
 
-def fell_and_rose(down_s: float, to: int = 2) -> Lulls:
-    """6 pods given back to 4 at NOW, then to ``to`` 60 s later, asked back
-    ``down_s`` after the first give-back (each give-back waited a 180-s window)."""
-    lulls = Lulls().moved(6, 4, NOW, WINDOW).moved(4, to, NOW + 60.0, WINDOW)
-    return lulls.moved(to, 6, NOW + down_s, WINDOW)
+def fell_and_rose(
+    down_s: float, to: int = 2, low_rps: float | None = None, back_rps: float | None = None
+) -> Lulls:
+    """6 pods given back to 4 at NOW, then to ``to`` 60 s later (the window's rate
+    ``low_rps`` at both), asked back ``down_s`` after the first give-back at
+    ``back_rps`` (each give-back waited a 180-s window)."""
+    lulls = Lulls().moved(6, 4, NOW, WINDOW, low_rps).moved(4, to, NOW + 60.0, WINDOW, low_rps)
+    return lulls.moved(to, 6, NOW + down_s, WINDOW, back_rps)
 
 
 def test_a_regretted_run_is_learnt_from_the_recommendations_first_fall() -> None:
@@ -50,10 +61,41 @@ def test_a_rise_closes_the_run_and_a_new_fall_starts_another() -> None:
     lulls = fell_and_rose(300.0)
     assert lulls.falling == ()
     assert lulls.returned == ((GiveBack(NOW, 4, WINDOW), GiveBack(NOW + 60.0, 2, WINDOW)),
-                              NOW + 300.0)  # fmt: skip
+                              Rise(NOW + 300.0))  # fmt: skip
     again = lulls.moved(6, 3, NOW + 900.0, WINDOW)
     assert again.falling == (GiveBack(NOW + 900.0, 3, WINDOW),)
     assert again.moved(3, 3, NOW + 915.0, WINDOW) == again
+
+
+@pytest.mark.parametrize(
+    ("low_rps", "back_rps", "learnt"),
+    [
+        (2.0, 12.0, True),  # the load left and came back
+        (6.0, 5.4, False),  # asked back at the rate it left at: the fleet was sized short
+        (6.0, 6.5, False),  # within a minute's noise of it (2σ = 0.91 req/s)
+        (6.0, 7.0, True),
+    ],
+)
+def test_a_lull_is_load_that_came_back(low_rps: float, back_rps: float, learnt: bool) -> None:
+    regret = fell_and_rose(300.0, 2, low_rps, back_rps).regretted(6, NOW + 315.0, STARTUP, 60.0)
+    assert (regret.hold_s(NOW + 315.0) > 0.0) is learnt
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "window_s", "returned"),
+    [
+        (4.0, 5.0, 60.0, True),  # 2σ = 2·√(9/60) = 0.77 req/s
+        (4.0, 4.7, 60.0, False),
+        (4.0, 4.7, 600.0, True),  # a longer window's rate is less noisy
+        (0.0, 0.5, 60.0, True),  # thirty requests after none
+        (None, 1.0, 60.0, True),  # unknown rates keep the lesson the miss taught
+        (1.0, None, 60.0, True),
+    ],
+)
+def test_load_returned_is_a_rise_beyond_the_rates_noise(
+    before: float | None, after: float | None, window_s: float, returned: bool
+) -> None:
+    assert load_returned(before, after, window_s) is returned
 
 
 def test_a_window_long_after_the_rise_regrets_nothing() -> None:
@@ -81,17 +123,19 @@ def bursts_and_lulls(t_s: float) -> float:
     return 1.0 if 10 <= minute < 17 or 25 <= minute < 31 or minute >= 36 else 12.0
 
 
-def replay(minutes: float, learn: bool = True) -> list[tuple[float, int, int, str]]:
-    """(t s, desired, ready, reason) per tick: a pod is ready ``STARTUP`` s after the loop
-    asks for it; a window misses a tenth of its requests while fewer pods are ready
-    than the rate needs (the fake planner's 2 req/s a pod)."""
+def replay(
+    minutes: float, learn: bool = True, rate_at: Callable[[float], float] = bursts_and_lulls
+) -> list[tuple[float, int, int, str]]:
+    """(t s, desired, ready, reason) per tick at ``rate_at(t s)`` req/s: a pod is ready
+    ``STARTUP`` s after the loop asks for it; a window misses a tenth of its requests
+    while fewer pods are ready than the rate needs (the fake planner's 2 req/s a pod)."""
     cfg = config(startup_s=STARTUP)
     state: ControllerState = replace(initial_state(6, 64), started_s=NOW - 600.0)
     asked: list[tuple[float, int]] = [(NOW - STARTUP, 6)]
     out = []
     for i in range(int(minutes * 60 / TICK)):
         t = NOW + i * TICK
-        rate = bursts_and_lulls(i * TICK)
+        rate = rate_at(i * TICK)
         started = max(n for s, n in asked if s <= t - STARTUP)
         ready = min(started, state.replicas)
         short = ready < math.ceil(rate / 2.0)
@@ -127,6 +171,25 @@ def test_a_fall_that_outlasts_the_learnt_lull_is_given_back_and_says_why() -> No
     assert t_down > 36 * 60 + 240.0
     assert "the longest lull that cost this traffic its SLO" in why
     assert [n for t, n, _, _ in ticks if t >= 46 * 60] == [1] * 16
+
+
+def steady_then_quiet(t_s: float) -> float:
+    """8 req/s, 8.4 from minute 6 (within a minute's noise of 8: 2σ = 1.05 req/s), and
+    2 req/s from minute 15."""
+    minute = t_s / 60.0
+    return 8.0 if minute < 6 else 8.4 if minute < 15 else 2.0
+
+
+def test_a_pod_asked_back_at_the_rate_it_left_at_teaches_no_lull() -> None:
+    # The fleet of 6 gives 2 pods back to the 4 that 8 req/s needs, and at minute 6 asks
+    # for a fifth on a rise within the rate's noise; the window misses while it starts.
+    # The load never left, so the miss is the sizing's and no lull is learnt: when the
+    # load falls at minute 15, the pods go after the plain window, not a learnt lull.
+    ticks = replay(25.0, rate_at=steady_then_quiet)
+    assert any(ready < n for t, n, ready, _ in ticks if 6 * 60 <= t < 9 * 60), "it missed"
+    t_down, why = next((t, why) for t, n, _, why in ticks if t >= 15 * 60 and n < 5)
+    assert "the longest lull" not in why
+    assert t_down <= 15 * 60 + 180.0
 
 
 def test_without_the_lesson_the_loop_gives_the_second_lull_back_too() -> None:
