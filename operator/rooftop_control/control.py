@@ -800,7 +800,7 @@ def _learn_lulls(
     short = obs.ready_replicas < state.replicas
     if att.ok and att.value < config.tpot_quantile and short:
         return state.lulls.regretted(
-            state.replicas, now_s, config.startup_s, config.metrics_window_s
+            state.replicas, now_s, config.startup_s, config.metrics_window_s, _rate_read(obs)
         )
     return state.lulls
 

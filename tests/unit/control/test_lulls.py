@@ -68,16 +68,22 @@ def test_a_rise_closes_the_run_and_a_new_fall_starts_another() -> None:
 
 
 @pytest.mark.parametrize(
-    ("low_rps", "back_rps", "learnt"),
+    ("low_rps", "back_rps", "regret_rps", "learnt"),
     [
-        (2.0, 12.0, True),  # the load left and came back
-        (6.0, 5.4, False),  # asked back at the rate it left at: the fleet was sized short
-        (6.0, 6.5, False),  # within a minute's noise of it (2σ = 0.91 req/s)
-        (6.0, 7.0, True),
+        (2.0, 12.0, None, True),  # the load left and came back
+        (6.0, 5.4, 5.6, False),  # asked back at the rate it left at: sized short
+        (6.0, 6.5, 6.4, False),  # within a minute's noise of it (2σ = 0.91 req/s)
+        (6.0, 7.0, None, True),
+        # a burst's queue asked the pods back before a minute's rate saw it; the window
+        # that regrets the give-back sees it
+        (1.0, 0.6, 4.4, True),
     ],
 )
-def test_a_lull_is_load_that_came_back(low_rps: float, back_rps: float, learnt: bool) -> None:
-    regret = fell_and_rose(300.0, 2, low_rps, back_rps).regretted(6, NOW + 315.0, STARTUP, 60.0)
+def test_a_lull_is_load_that_came_back(
+    low_rps: float, back_rps: float, regret_rps: float | None, learnt: bool
+) -> None:
+    rose = fell_and_rose(300.0, 2, low_rps, back_rps)
+    regret = rose.regretted(6, NOW + 315.0, STARTUP, 60.0, regret_rps)
     assert (regret.hold_s(NOW + 315.0) > 0.0) is learnt
 
 
