@@ -65,6 +65,20 @@ One decision:
    or a draft length that makes the running batch's step 15 % faster per token). Both
    restart every pod: only in a steady fleet with no rollout running, the drafts also
    after a settled factor and the cap's cooldown.
+9. The whole target planned again with the served lengths, in the same steady fleet:
+   once the served prompt or output lengths differ beyond their noise
+   (``traffic.lengths_differ``: a mean by over 25 %, a p90 by over 1.5x) from those the
+   running plan was made with (the spec's, or the ones measured and planned with
+   before), ask for the target to be planned with them
+   (``Decision.replan_workload``: other GPUs or TP may serve the traffic for less, as a
+   target declared with 24k-token prompts that serves 1k-token ones), at the rate the
+   loop plans for (``Decision.replan_rps``), after a scale-down window of OK readings
+   through windows the loop watched whole. The loop sizes replicas and the batch cap
+   with the served lengths from their first window; only the engine's shape waits.
+   A plan of another shape starts with at least the pods the fleet runs now (within
+   the budget and maxReplicas): the rolling update keeps old pods only as the new
+   count allows, and an old pod serves less than it counts for when it runs a smaller
+   batch cap; the loop gives the extra back after its window.
 """
 
 from __future__ import annotations
@@ -76,7 +90,7 @@ from enum import StrEnum
 from typing import Any
 
 from rooftop_api.conditions import SLO_MET, WITHIN_BUDGET, WORKLOAD_OBSERVED, Condition
-from rooftop_api.spec import ServingTargetSpec
+from rooftop_api.spec import MeasuredWorkload, ServingTargetSpec
 from rooftop_control import calibration as cal_mod
 from rooftop_control import defaults
 from rooftop_control import traffic as traffic_mod
@@ -114,6 +128,10 @@ class ControllerConfig:
             acceptance is read per decode step (``traffic.measured_acceptance``).
         declared: the spec's prompt and output lengths: what the planner sizes with
             until the traffic's own are measured (``traffic``).
+        planned_workload: the served lengths the running plan was made with, where the
+            loop planned the target again with them (None: ``declared``). Served ones
+            that differ from them beyond their noise plan the target again
+            (``Decision.replan_workload``).
         scale_down_window_s: a lower recommendation must hold this long, s. The
             default is the start-up (120 s) plus one metrics window (60 s): a pod
             removed in a shorter lull is back only after the rise that needs it began.
@@ -152,6 +170,7 @@ class ControllerConfig:
     declared: Traffic
     inventory_replicas: int | None = None
     planned_acceptance: float | None = None
+    planned_workload: MeasuredWorkload | None = None
     acceptance_per_decode_step: bool = False
     tpot_quantile: float = 0.99
     scale_down_window_s: float = 180.0
@@ -205,6 +224,9 @@ class ControllerState:
             target to be planned with (``Decision.replan_acceptance``), compared in
             place of the plan's until the plan changes: a re-plan that kept the plan
             (or found none) is not asked again until the acceptance moves on.
+        replanned_workload: the served lengths this controller last asked the target
+            to be planned with (``Decision.replan_workload``), compared as
+            ``replanned_acceptance`` is.
     """
 
     replicas: int
@@ -224,6 +246,7 @@ class ControllerState:
     lulls: Lulls = Lulls()
     engines_mixed: bool = False
     replanned_acceptance: float | None = None
+    replanned_workload: MeasuredWorkload | None = None
 
 
 def traffic_in_use(state: ControllerState, config: ControllerConfig) -> Traffic:
@@ -239,6 +262,7 @@ class Cause(StrEnum):
     OVERPROVISIONED = "overprovisioned"  # the recommendation stayed lower for a window
     CALIBRATION = "calibration"  # only the batch cap moved, with the step-time factor
     ACCEPTANCE = "acceptance"  # the drafts' measured acceptance re-planned speculation
+    WORKLOAD = "workload"  # the served lengths planned the whole target again
     BUDGET = "budget"  # maxReplicas or the budget cut what the SLO needs
 
 
@@ -270,6 +294,13 @@ class Decision:
         replan_acceptance: plan the whole target again with this measured per-token
             acceptance, as with spec.workload.acceptanceRate set to it (the GPUs, TP
             and drafts may change: a rollout), None: no need.
+        replan_workload: plan the whole target again with these served prompt and
+            output lengths in place of spec.workload's (a rollout where the GPUs or TP
+            change), None: no need.
+        replan_rps: the rate to plan the target again with the served lengths at,
+            req/s: the one the loop sizes for (``_planned_rate``), so the shape suits
+            the load served (None: the spec's; no re-plan with lengths, or no rate
+            read).
     """
 
     replicas: int
@@ -287,6 +318,8 @@ class Decision:
     speculative_config: str | None = field(default=None, kw_only=True)
     speculation_why: str = field(default="", kw_only=True)
     replan_acceptance: float | None = field(default=None, kw_only=True)
+    replan_workload: MeasuredWorkload | None = field(default=None, kw_only=True)
+    replan_rps: float | None = field(default=None, kw_only=True)
 
     @property
     def changed(self) -> bool:
@@ -383,7 +416,7 @@ def decide(
     elif rollout is not None:
         (replicas, why), cause = rollout, Cause.CALIBRATION
         wanted, limited = replicas, rolled
-    respec, replan = None, None
+    respec, replan, relengths = None, None, None
     if (
         cap == state.max_num_seqs
         and held is None
@@ -395,8 +428,12 @@ def decide(
         # New drafts on the running engine gain a few per cent: they wait, as a new
         # batch cap does, for a settled factor and the cooldown.
         replan = _replan_acceptance(state, config)
-        if replan is None and _cooled_down(
-            state.calibration, state.last_cap_change_s, now_s, config
+        if _ok_for_a_window(evidence, now_s, config):
+            relengths = _replan_workload(state, config)
+        if (
+            replan is None
+            and relengths is None
+            and _cooled_down(state.calibration, state.last_cap_change_s, now_s, config)
         ):
             respec = _respeculation(state, obs, config)
     if replan is not None:  # the cooldown covers the rollout it may start
@@ -406,6 +443,9 @@ def decide(
             f"{traffic_mod.ACCEPTANCE_DIFFERS_BY:g} from the acceptance planned with: the "
             "target is planned again with it"
         )
+    elif relengths is not None:
+        cap_at, cause = now_s, Cause.WORKLOAD
+        cap_why = _workload_why(state.traffic)
     if respec is not None:  # a rollout as a new cap's: the cooldown covers both
         cap_why, cap_at, cause = respec.why, now_s, Cause.ACCEPTANCE
     new_state = ControllerState(
@@ -426,6 +466,7 @@ def decide(
         lulls=lulls.moved(state.replicas, limited, now_s, window[0], _rate_read(obs)),
         engines_mixed=state.engines_mixed and obs.outdated_replicas > 0,
         replanned_acceptance=state.replanned_acceptance if replan is None else replan,
+        replanned_workload=state.replanned_workload if relengths is None else relengths,
     )
     return Decision(
         replicas=limited,
@@ -445,8 +486,10 @@ def decide(
         cause=_cause(state.replicas, limited, replicas, cause, held is not None),
         usd_per_hour=config.price.usd_per_hour(limited),
         speculative_config=None if respec is None else respec.config,
-        speculation_why=cap_why if respec is not None or replan is not None else "",
+        speculation_why=cap_why if (respec, replan, relengths) != (None, None, None) else "",
         replan_acceptance=replan,
+        replan_workload=relengths,
+        replan_rps=_replan_rate(relengths, state, obs, rates, config),
     )
 
 
@@ -455,8 +498,8 @@ def _cause(before: int, limited: int, unlimited: int, signal: Cause, cap_held: b
     if unlimited > limited or cap_held:
         return Cause.BUDGET
     if limited == before:
-        # replicas held: only the batch cap or the drafts can have changed
-        return Cause.ACCEPTANCE if signal is Cause.ACCEPTANCE else Cause.CALIBRATION
+        # replicas held: only the batch cap, the drafts or the plan can have changed
+        return signal if signal in (Cause.ACCEPTANCE, Cause.WORKLOAD) else Cause.CALIBRATION
     return signal if limited > before else Cause.OVERPROVISIONED
 
 
@@ -984,6 +1027,51 @@ def _replan_acceptance(state: ControllerState, config: ControllerConfig) -> floa
     if abs(acceptance - planned) <= traffic_mod.ACCEPTANCE_DIFFERS_BY + 1e-9:
         return None
     return acceptance
+
+
+def _replan_workload(state: ControllerState, config: ControllerConfig) -> MeasuredWorkload | None:
+    """The served lengths to plan the target again with, where they differ beyond their
+    noise from those the running plan was made with (``traffic.lengths_differ``).
+
+    Asked for (by ``decide``) only after a scale-down window of OK readings through
+    windows the loop watched whole, as any move to fewer pods: the re-plan is sized at
+    the rate the loop plans for, which the first minute reads low, and a new shape
+    rolls every pod."""
+    traffic = state.traffic
+    if traffic is None or not traffic.observed:
+        return None
+    planned = state.replanned_workload or config.planned_workload or config.declared
+    if not traffic_mod.lengths_differ(traffic, planned):
+        return None
+    return traffic_mod.measured_workload(traffic)
+
+
+def _replan_rate(
+    workload: MeasuredWorkload | None,
+    state: ControllerState,
+    obs: Observation,
+    rates: Sequence[tuple[float, float]],
+    config: ControllerConfig,
+) -> float | None:
+    """The rate a re-plan with the served lengths plans at, req/s
+    (``Decision.replan_rps``); one with a measured acceptance alone plans at the spec's,
+    as before the loop read lengths."""
+    if workload is None or not obs.requests_per_second.ok:
+        return None
+    return _planned_rate(state, rates, config)
+
+
+def _workload_why(traffic: Traffic | None) -> str:
+    """Why the target is planned again with the served lengths."""
+    if traffic is None:
+        return ""
+    prompt, output = traffic.prompt, traffic.output
+    return (
+        f"the served prompts ({prompt.mean:,.0f} tokens on average, p90 {prompt.p90:,.0f}) "
+        f"and outputs ({output.mean:,.0f}, p90 {output.p90:,.0f}) differ beyond their "
+        "noise from the lengths the plan was made with: the target is planned again "
+        "with them"
+    )
 
 
 def _respeculation(

@@ -46,7 +46,15 @@ import math
 from dataclasses import dataclass, replace
 from statistics import NormalDist
 
-from rooftop_api.spec import HistogramBin, PrefixReuse, Router, TokenLengths, Workload
+from rooftop_api.spec import (
+    HistogramBin,
+    MeasuredLengths,
+    MeasuredWorkload,
+    PrefixReuse,
+    Router,
+    TokenLengths,
+    Workload,
+)
 from rooftop_control.defaults import METRICS_WINDOW_S
 from rooftop_control.readings import Observation, Reading
 from rooftop_control.signals import SERVED_QUANTILES
@@ -145,6 +153,29 @@ class Lengths:
         return Lengths(
             mean=_on_grid(self.mean, grid),
             quantiles=tuple(_on_grid(v, grid) for v in self.quantiles),
+        )
+
+    def measured(self) -> MeasuredLengths:
+        """As ``status.plan.measuredWorkload`` keeps it: the mean and each quantile,
+        to a token."""
+        p10, p50, p90, p99 = (round(v) for v in self.quantiles)
+        return MeasuredLengths(mean=round(self.mean), p10=p10, p50=p50, p90=p90, p99=p99)
+
+    @classmethod
+    def of(cls, measured: MeasuredLengths) -> Lengths:
+        """Read back what ``measured`` keeps."""
+        knots = (measured.p10, measured.p50, measured.p90, measured.p99)
+        return cls(mean=measured.mean, quantiles=knots)
+
+    def differs(self, other: Lengths) -> bool:
+        """Whether the mean is further from ``other``'s than ``DIFFERS_BY`` or the p90
+        than ``P90_DIFFERS_BY`` (``differences``: beyond their noise)."""
+        return any(
+            abs(math.log(mine / theirs)) > math.log1p(by)
+            for mine, theirs, by in (
+                (self.mean, other.mean, DIFFERS_BY),
+                (self.p90, other.p90, P90_DIFFERS_BY),
+            )
         )
 
     def near(self, other: Lengths, tolerance: float) -> bool:
@@ -277,6 +308,34 @@ def declared(workload: Workload) -> Traffic:
         bursts=bursts,
         acceptance=workload.acceptance_rate,
     )
+
+
+def measured_workload(traffic: Traffic) -> MeasuredWorkload:
+    """The served lengths as ``status.plan.measuredWorkload`` keeps them."""
+    return MeasuredWorkload(
+        prompt_tokens=traffic.prompt.measured(), output_tokens=traffic.output.measured()
+    )
+
+
+def with_measured(workload: Workload, measured: MeasuredWorkload | None) -> Workload:
+    """``workload`` with the measured lengths in place of its own (None: as written)."""
+    if measured is None:
+        return workload
+    prompt, output = Lengths.of(measured.prompt_tokens), Lengths.of(measured.output_tokens)
+    return workload.model_copy(
+        update={"prompt_tokens": prompt.spec(), "output_tokens": output.spec()}
+    )
+
+
+def lengths_differ(traffic: Traffic, planned: MeasuredWorkload | Traffic) -> bool:
+    """Whether the served prompt or output lengths differ from those a plan was made
+    with beyond their noise (``Lengths.differs``): a re-plan with them may choose other
+    GPUs or TP."""
+    if isinstance(planned, MeasuredWorkload):
+        pair = (Lengths.of(planned.prompt_tokens), Lengths.of(planned.output_tokens))
+    else:
+        pair = (planned.prompt, planned.output)
+    return traffic.prompt.differs(pair[0]) or traffic.output.differs(pair[1])
 
 
 def _lengths(tokens: TokenLengths) -> Lengths:

@@ -817,12 +817,21 @@ def _apply(
 
 
 def replan(rt: Runtime, body: Mapping[str, Any], d: control.Decision) -> None:
-    """Plan the target again with the acceptance its drafts were measured at, as with
-    spec.workload.acceptanceRate set to it (``reconcile``: a plan of another shape
-    rolls out, a PlanChanged event says what; the plan keeps the acceptance, so an
+    """Plan the target again with the acceptance its drafts were measured at and the
+    lengths it serves, as with spec.workload.acceptanceRate and its lengths set to them,
+    at the rate the loop plans for (``reconcile``: a plan of another shape rolls out, a
+    PlanChanged event says what; the plan keeps what it was planned with, so an
     operator restart plans with it again). Blocking: run in a thread."""
     rt.emit(body, "Normal", "Replanned", d.speculation_why or d.reason)
-    reconcile.reconcile(rt, body, cause=reconcile.ACCEPTANCE, acceptance=d.replan_acceptance)
+    cause = reconcile.ACCEPTANCE if d.replan_acceptance is not None else reconcile.WORKLOAD
+    reconcile.reconcile(
+        rt,
+        body,
+        requests_per_second=d.replan_rps,
+        cause=cause,
+        acceptance=d.replan_acceptance,
+        workload=d.replan_workload,
+    )
 
 
 def _writes(
@@ -988,6 +997,7 @@ async def feedback(
         scale_down_window_s=scale_down_s,
         # read from the plan each tick: a re-plan that kept the shape changes only it
         planned_acceptance=plan_acceptance(spec, plan),
+        planned_workload=plan.measured_workload,
         # the method changes only with the drafts or the spec, which rebuild the planner
         acceptance_per_decode_step=mem.planner.drafts_by_lookup,
     )
@@ -1003,7 +1013,8 @@ async def feedback(
     d = explain_unavailable(d, errors, settings.prometheus_url, hint)
     before, mem.state = mem.state, d.state
     _record(rt, ref, d, obs)
-    if d.replan_acceptance is not None:  # reconcile plans and writes it, not this tick
+    if (d.replan_acceptance, d.replan_workload) != (None, None):
+        # reconcile plans and writes it, not this tick
         try:
             await asyncio.to_thread(replan, rt, dict(body), d)
         except KubeError as err:

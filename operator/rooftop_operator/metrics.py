@@ -40,6 +40,7 @@ REASONS: Final[tuple[str, ...]] = (
     "load_change",  # observed request rate differs from the planned one
     "calibration",  # observed/predicted step time moved the plan
     "acceptance",  # the drafts' measured acceptance re-planned speculative decoding
+    "workload",  # the served prompt and output lengths planned the target again
     "spec_change",  # the user edited the ServingTarget
     "budget",  # the plan no longer fits the budget
     "infeasible",  # no plan meets SLO and budget

@@ -21,16 +21,18 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rooftop_api import conditions as cnd
 from rooftop_api.conditions import Condition
 from rooftop_api.spec import (
+    MeasuredWorkload,
     Mode,
     ServingTargetSpec,
     ServingTargetStatus,
 )
+from rooftop_control.traffic import with_measured
 from rooftop_operator import builders, children
 from rooftop_operator.errors import OperatorError
 from rooftop_operator.kube import KubeError
@@ -43,7 +45,7 @@ from rooftop_planner.explain import replicas_of
 from rooftop_planner.inventory import GpuInventory, Placement, held_gpus, inventory_from_nodes
 from rooftop_planner.lifecycle import DOWNLOAD_BYTES_PER_S
 from rooftop_planner.plan import Plan, without_drafts
-from rooftop_planner.pricing import with_default
+from rooftop_planner.pricing import PodsPrice, replica_price, with_default
 from rooftop_planner.result import SearchResult
 
 PODMONITOR_API = ("monitoring.coreos.com/v1", "podmonitors")
@@ -133,6 +135,7 @@ def reconcile(
     requests_per_second: float | None = None,
     cause: str = "spec_change",
     acceptance: float | None = None,
+    workload: MeasuredWorkload | None = None,
 ) -> str:
     """One pass for one target; returns the result recorded in metrics (``success``,
     ``skipped`` for invalid/infeasible targets), or ``WAITING_FOR_NODES`` when only GPU
@@ -140,7 +143,8 @@ def reconcile(
 
     ``acceptance``: the per-token draft acceptance the feedback loop measured, planned
     with in place of the spec's (and kept in ``status.plan.measuredAcceptance``, which a
-    later pass of the same spec generation plans with again)."""
+    later pass of the same spec generation plans with again); ``workload``: the served
+    prompt and output lengths it measured, likewise (``status.plan.measuredWorkload``)."""
     ref = TargetRef.from_body(body)
     try:
         spec = with_default(parse_spec(body.get("spec") or {}), rt.config.default_pricing)
@@ -149,7 +153,9 @@ def reconcile(
         return "skipped"
     if acceptance is None:
         acceptance = resumed_acceptance(body)
-    planning = (step_time_scale, requests_per_second, cause, acceptance)
+    if workload is None:
+        workload = resumed_workload(body)
+    planning = _Planning(step_time_scale, requests_per_second, cause, acceptance, workload)
     if not counts_gpus(rt, spec):
         return _plan_and_deploy(rt, body, ref, spec, None, planning)
     # One target at a time from reading the free GPUs to applying its Deployment, so
@@ -170,12 +176,33 @@ def resumed_acceptance(body: Mapping[str, Any]) -> float | None:
     return None if plan is None else plan.measured_acceptance
 
 
-def _with_acceptance(spec: ServingTargetSpec, acceptance: float | None) -> ServingTargetSpec:
-    """``spec`` planned with a measured draft acceptance (None: as written)."""
-    if acceptance is None:
-        return spec
-    workload = spec.workload.model_copy(update={"acceptance_rate": acceptance})
+def resumed_workload(body: Mapping[str, Any]) -> MeasuredWorkload | None:
+    """The served lengths the loop measured and planned the current spec generation
+    with (``status.plan.measuredWorkload``), as ``resumed_acceptance``."""
+    if not _same_generation(body):
+        return None
+    plan = stored_plan(ServingTargetStatus.read(body.get("status")))
+    return None if plan is None else plan.measured_workload
+
+
+def _as_measured(spec: ServingTargetSpec, planning: _Planning) -> ServingTargetSpec:
+    """``spec`` planned with a measured draft acceptance and served lengths (None: as
+    written)."""
+    workload = with_measured(spec.workload, planning.workload)
+    if planning.acceptance is not None:
+        workload = workload.model_copy(update={"acceptance_rate": planning.acceptance})
     return spec.model_copy(update={"workload": workload})
+
+
+@dataclass(frozen=True)
+class _Planning:
+    """What one pass plans with beyond the spec (``reconcile``'s arguments)."""
+
+    step_time_scale: float
+    requests_per_second: float | None
+    cause: str
+    acceptance: float | None
+    workload: MeasuredWorkload | None
 
 
 def _plan_and_deploy(
@@ -184,18 +211,19 @@ def _plan_and_deploy(
     ref: TargetRef,
     spec: ServingTargetSpec,
     counted: GpuInventory | None,
-    planning: tuple[float, float | None, str, float | None],
+    planning: _Planning,
 ) -> str:
     """Plan (for the ``counted`` GPUs, when given; ``planning``: the step-time factor,
-    rate, cause and measured acceptance, see ``reconcile``) and deploy or say why not."""
-    step_time_scale, requests_per_second, cause, acceptance = planning
+    rate, cause, measured acceptance and lengths, see ``reconcile``) and deploy or say
+    why not."""
+    cause, acceptance = planning.cause, planning.acceptance
     inventory = {} if counted is None else {"gpu_inventory": counted}
     try:
         result = rt.plan(
-            _with_acceptance(spec, acceptance),
+            _as_measured(spec, planning),
             catalog=rt.catalog,
-            step_time_scale=step_time_scale,
-            requests_per_second=requests_per_second,
+            step_time_scale=planning.step_time_scale,
+            requests_per_second=planning.requests_per_second,
             engine_families=children.engine_families(rt.config, spec),
             **inventory,
         )
@@ -204,15 +232,14 @@ def _plan_and_deploy(
         return "skipped"
     _record_plan(rt, ref, spec, result)
     plan = result.deployed
-    if plan is None and cause == ACCEPTANCE:
+    if plan is None and cause in LOOP_REPLANS:
         _no_plan_at_acceptance(rt, body, acceptance, result)
         return "skipped"
     if plan is None:
         _infeasible(rt, body, ref, spec, result)
         return WAITING_FOR_NODES if result.beyond_inventory else "skipped"
     advice = "" if result.mixed is None else explain.mixed(result.mixed, result.plan)
-    if acceptance is not None:
-        plan = replace(plan, measured_acceptance=acceptance)
+    plan = replace(plan, measured_acceptance=acceptance, measured_workload=planning.workload)
     _deploy(rt, body, ref, spec, plan, cause, counted, advice)
     return "success"
 
@@ -280,10 +307,13 @@ def _no_plan_at_acceptance(
     one stays and the loop goes on scaling it; a Warning event says why. The target's
     conditions are left as its spec's plan set them: a Feasible flipped to False here
     would flip back at the next operator restart, which plans the spec as written."""
-    measured = f"{acceptance:.2f}" if acceptance is not None else "the measured rate"
+    measured = (
+        f"drafts accepted at {acceptance:.2f} per token"
+        if acceptance is not None
+        else "the served lengths"
+    )
     message = (
-        f"planned again with drafts accepted at {measured} per token, no plan fits: "
-        f"{result.explain()}; the running plan stays"
+        f"planned again with {measured}, no plan fits: {result.explain()}; the running plan stays"
     )
     rt.emit(body, "Warning", "ReplanInfeasible", message)
 
@@ -305,6 +335,10 @@ def _deploy(
     if cause != "spec_change" or _same_generation(body):
         # a re-plan with the measured acceptance chooses the drafts itself
         plan = keep_loop_scale(plan, old_plan, keep_drafts=cause != ACCEPTANCE)
+    if cause in LOOP_REPLANS:
+        plan = no_fewer_pods(
+            plan, old_plan, replica_price(spec, rt.catalog, plan.gpu, plan.tp), spec, inventory
+        )
     try:
         apply_children(rt, ref, spec, plan, inventory)
     except (builders.UnsupportedPlan, ChildConflict) as err:
@@ -377,6 +411,37 @@ def _not_deployed(
 
 # The cause of a re-plan the feedback loop asks for with the acceptance it measured.
 ACCEPTANCE = "acceptance"
+# The cause of a re-plan the feedback loop asks for with the lengths it measured.
+WORKLOAD = "workload"
+LOOP_REPLANS = (ACCEPTANCE, WORKLOAD)
+
+
+def no_fewer_pods(
+    plan: Plan,
+    old_plan: Plan | None,
+    price: PodsPrice,
+    spec: ServingTargetSpec,
+    inventory: GpuInventory | None,
+) -> Plan:
+    """A plan of another shape the loop asked for, at no fewer pods than the fleet runs
+    now (within maxReplicas, the budget and the free GPUs where counted).
+
+    Why: the rolling update removes old pods down to the new count as soon as it
+    starts, and an old pod may serve far less than a new one (a smaller batch cap, a
+    slower GPU): a 70B fleet of 7 re-planned to 1 kept one old pod at batch 8 for the
+    whole load while the new pod started, and queued for a minute. The loop gives the
+    extra pods back after its scale-down window, once the new ones serve."""
+    if old_plan is None or plan.pools or old_plan.shape == plan.shape:
+        return plan
+    most = min(old_plan.replicas, spec.constraints.max_replicas)
+    if inventory is not None:
+        most = min(most, max(inventory.replicas_fit(plan.gpu, plan.tp), plan.replicas))
+    pods = max(plan.replicas, most)
+    while pods > plan.replicas and price.usd_per_hour(pods) > spec.budget.usd_per_hour:
+        pods -= 1
+    if pods == plan.replicas:
+        return plan
+    return plan.rescaled(pods, usd_per_hour=price.usd_per_hour(pods))
 
 
 def _same_generation(body: Mapping[str, Any]) -> bool:

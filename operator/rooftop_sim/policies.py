@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from rooftop_api.spec import MeasuredWorkload
 from rooftop_control.control import (
     ControllerConfig,
     ControllerState,
@@ -61,6 +62,12 @@ class Replanned:
     inventory_replicas: int | None = None
 
 
+# Plans the target again with a measured acceptance and served lengths (None: the
+# spec's) at a rate (req/s; None: the spec's), as the operator's reconcile does; None
+# where no plan of one GPU type is found.
+Replanner = Callable[[float | None, MeasuredWorkload | None, float | None], Replanned | None]
+
+
 @dataclass(frozen=True)
 class Reshape:
     """What the policy's pods run from now on, when the loop changed it: a plan of the
@@ -76,10 +83,10 @@ class Reshape:
 class RooftopPolicy:
     """The operator's closed loop, driven by simulated scrapes.
 
-    ``replanner`` plans the target again at a measured acceptance (the operator's
-    reconcile with it; None: the plan stays), ``reshape`` is what the pods run once the
-    loop changed their drafts or their plan (None: as started), which the cluster reads
-    after each decision.
+    ``replanner`` plans the target again at a measured acceptance and served lengths
+    (the operator's reconcile with them; None: the plan stays), ``reshape`` is what the
+    pods run once the loop changed their drafts or their plan (None: as started), which
+    the cluster reads after each decision.
     """
 
     config: ControllerConfig
@@ -87,7 +94,7 @@ class RooftopPolicy:
     cap: int
     name: str = "rooftop"
     decisions: list[Decision] = field(default_factory=list)
-    replanner: Callable[[float], Replanned | None] | None = None
+    replanner: Replanner | None = None
     reshape: Reshape | None = None
 
     def __post_init__(self) -> None:
@@ -103,30 +110,49 @@ class RooftopPolicy:
         planner = self.config.planner
         if not isinstance(planner, PlanTargetPlanner):
             return d.replicas, d.max_num_seqs
-        if d.replan_acceptance is not None and self.replanner is not None:
-            self._replanned(planner, d.replan_acceptance)
+        replan = (d.replan_acceptance, d.replan_workload)
+        if replan != (None, None) and self.replanner is not None:
+            self._replanned(planner, *replan, d.replan_rps)
         elif d.speculative_config is not None:
             drafts = d.speculative_config
             plan = replace(planner.plan, speculative_config=drafts, speculative_note="")
             self._run(plan, planner.respeculated(drafts), self.config.price, self.state)
         return self.state.replicas, self.state.max_num_seqs
 
-    def _replanned(self, planner: PlanTargetPlanner, acceptance: float) -> None:
-        """As the operator's reconcile with the measured ``acceptance``: a plan of another
-        shape is deployed at its own replicas and batch cap; the same shape (or none
-        found) keeps running, planned at it from now on."""
-        found = None if self.replanner is None else self.replanner(acceptance)
+    def _replanned(
+        self,
+        planner: PlanTargetPlanner,
+        acceptance: float | None,
+        workload: MeasuredWorkload | None,
+        rate: float | None,
+    ) -> None:
+        """As the operator's reconcile with the measured ``acceptance`` and served
+        ``workload`` (None: the ones planned with so far, ``planner.plan``'s) at the
+        loop's ``rate`` (req/s; None: the spec's): a plan of another shape is deployed at
+        its own replicas and batch cap; the same shape (or none found) keeps running,
+        planned with them from now on."""
+        if acceptance is None:
+            acceptance = planner.plan.measured_acceptance
+        if workload is None:
+            workload = planner.plan.measured_workload
+        found = None if self.replanner is None else self.replanner(acceptance, workload, rate)
         if found is None or found.plan.shape == planner.plan.shape:
-            self.config = replace(self.config, planned_acceptance=acceptance)
+            self.config = replace(
+                self.config,
+                planned_acceptance=acceptance or self.config.planned_acceptance,
+                planned_workload=workload,
+            )
             return
-        plan = replace(found.plan, measured_acceptance=acceptance)
+        plan = replace(found.plan, measured_acceptance=acceptance, measured_workload=workload)
         spec = planner.written
         price = replica_price(spec, planner.catalog, plan.gpu, plan.tp)
         self.config = replace(self.config, inventory_replicas=found.inventory_replicas)
         lower, upper = replica_limits(replace(self.config, price=price))
+        # no fewer pods than run now: the rolling update removes old pods down to the
+        # new count, and they may serve far less than the new shape's (``control``)
         state = replace(
             self.state,
-            replicas=clamp_replicas(plan.replicas, lower, upper),
+            replicas=clamp_replicas(max(plan.replicas, self.state.replicas), lower, upper),
             max_num_seqs=plan.max_num_seqs,
         )
         self._run(plan, PlanTargetPlanner(spec, plan, planner.catalog), price, state)
@@ -142,6 +168,7 @@ class RooftopPolicy:
             planner=planner,
             price=price,
             planned_acceptance=planner.planned_acceptance,
+            planned_workload=plan.measured_workload,
             acceptance_per_decode_step=planner.drafts_by_lookup,
         )
         self.state = carried_over(state)

@@ -50,9 +50,10 @@ from rooftop_api.output import (
     plot_path_problem,
     print_table,
 )
-from rooftop_api.spec import ServingTargetSpec
+from rooftop_api.spec import MeasuredWorkload, ServingTargetSpec
 from rooftop_control import control, defaults, sizing
 from rooftop_control.calibration import Calibration
+from rooftop_control.traffic import with_measured
 from rooftop_planner.batching import mean_step_s
 from rooftop_planner.bursts import dispersion, interval_counts
 from rooftop_planner.catalog import load_catalog, simulated_model_problem
@@ -80,6 +81,7 @@ from rooftop_sim.policies import (
     FixedPolicy,
     QueueThresholdPolicy,
     Replanned,
+    Replanner,
     RooftopPolicy,
     SchedulePolicy,
 )
@@ -466,16 +468,22 @@ def _rooftop(
     return policy
 
 
-def _replanner(scn: SimScenario) -> Callable[[float], Replanned | None]:
-    """The target planned again with a measured per-token acceptance, as the operator's
-    reconcile does (the spec's rate, within the free GPUs where counted); None where no
-    plan of one GPU type is found."""
+def _replanner(scn: SimScenario) -> Replanner:
+    """The target planned again with a measured per-token acceptance and served lengths
+    (None: the spec's) at the loop's rate (None: the spec's), as the operator's
+    reconcile does (within the free GPUs where counted); None where no plan of one GPU
+    type is found."""
     from rooftop_planner.search import plan_target
 
-    def replan(acceptance: float) -> Replanned | None:
-        workload = scn.spec.workload.model_copy(update={"acceptance_rate": acceptance})
+    def replan(
+        acceptance: float | None, measured: MeasuredWorkload | None, rate: float | None
+    ) -> Replanned | None:
+        workload = with_measured(scn.spec.workload, measured)
+        if acceptance is not None:
+            workload = workload.model_copy(update={"acceptance_rate": acceptance})
         spec = scn.spec.model_copy(update={"workload": workload})
-        plan = plan_target(spec, gpu_inventory=scn.gpu_inventory).deployed
+        found = plan_target(spec, requests_per_second=rate, gpu_inventory=scn.gpu_inventory)
+        plan = found.deployed
         if plan is None or plan.pools:
             return None
         counted = scn.gpu_inventory
@@ -589,10 +597,11 @@ def engine_notes(policy: RooftopPolicy) -> list[str]:
     target), and what they ran from then on."""
     notes = []
     for d in policy.decisions:
-        if d.replan_acceptance is None and d.speculative_config is None:
+        replanned = (d.replan_acceptance, d.replan_workload) != (None, None)
+        if not replanned and d.speculative_config is None:
             continue
         at = d.state.last_cap_change_s or 0.0
-        what = "planned the target again" if d.replan_acceptance is not None else "new drafts"
+        what = "planned the target again" if replanned else "new drafts"
         notes.append(f"at minute {at / 60.0:.1f} the loop {what}: {d.speculation_why}")
     if policy.reshape is not None:
         plan = policy.reshape.plan

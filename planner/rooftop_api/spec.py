@@ -963,6 +963,24 @@ class _EngineStatus(_Model):
     summary: str | None = None
 
 
+class MeasuredLengths(_Model):
+    """A served length distribution the loop planned the target with, tokens."""
+
+    mean: float = Field(ge=1, le=10_000_000, description="Mean tokens.")
+    p10: float = Field(ge=1, le=10_000_000, description="p10 tokens.")
+    p50: float = Field(ge=1, le=10_000_000, description="Median tokens.")
+    p90: float = Field(ge=1, le=10_000_000, description="p90 tokens.")
+    p99: float = Field(ge=1, le=10_000_000, description="p99 tokens.")
+
+
+class MeasuredWorkload(_Model):
+    """The prompt and output lengths the feedback loop measured and planned the whole
+    target again with, in place of spec.workload's."""
+
+    prompt_tokens: MeasuredLengths = Field(description="Prompt (input) lengths served.")
+    output_tokens: MeasuredLengths = Field(description="Output lengths served.")
+
+
 class PoolStatus(_EngineStatus):
     """One GPU type's pool of a mixed fleet, as stored in ``status.plan.pools``."""
 
@@ -975,6 +993,12 @@ class PlanStatus(_EngineStatus):
     pools: list[PoolStatus] | None = Field(
         default=None,
         description="A mixed fleet's pools, one Deployment each (absent: one GPU type).",
+    )
+    measured_workload: MeasuredWorkload | None = Field(
+        default=None,
+        description="The served prompt and output lengths the feedback loop measured and "
+        "planned the target again with, where they differ from spec.workload's beyond "
+        "their noise (absent: planned with spec.workload's).",
     )
 
 

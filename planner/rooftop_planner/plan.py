@@ -16,7 +16,7 @@ from typing import Any, Final
 
 from pydantic import ValidationError
 
-from rooftop_api.spec import PlanStatus, PoolStatus, PredictedLatency
+from rooftop_api.spec import MeasuredWorkload, PlanStatus, PoolStatus, PredictedLatency
 from rooftop_planner.errors import PlannerError
 from rooftop_planner.perf import DEFAULT_GPU_MEMORY_UTILIZATION, DEFAULT_MAX_NUM_BATCHED_TOKENS
 
@@ -78,10 +78,10 @@ ENGINE_FIELDS_TRANSLATED: Final = (
     "session_affinity",  # the Service's sessionAffinity
     "pools",  # one Deployment each
 )
-# What the plan was made from beyond the spec: the acceptance the feedback loop measured
-# and planned the target again with (it must survive an operator restart, which plans
-# the same spec again).
-INPUT_FIELDS: Final = ("measured_acceptance",)
+# What the plan was made from beyond the spec: the acceptance and the lengths the feedback
+# loop measured and planned the target again with (they must survive an operator
+# restart, which plans the same spec again).
+INPUT_FIELDS: Final = ("measured_acceptance", "measured_workload")
 OUTCOME_FIELDS: Final = (
     "prefix_hit_ratio",
     "tpot_ms",
@@ -142,6 +142,9 @@ class Plan:
     # the per-token acceptance the loop measured and planned this plan at (None: the
     # spec's acceptanceRate or the drafter's published one, where it speculates)
     measured_acceptance: float | None = None
+    # the served prompt and output lengths the loop measured and planned this plan with
+    # (None: spec.workload's)
+    measured_workload: MeasuredWorkload | None = None
     # A fleet of several GPU types (``fleet.MixedFleet.plan``): each pool's own plan at
     # its replicas. The plan's own fields are then the pool that sizes the fleet (the
     # least capacity per pod) at the fleet's pod count, cost and worst latencies.
@@ -228,7 +231,9 @@ class Plan:
     def to_status(self) -> PlanStatus:
         """``status.plan``: what the operator stores on the resource."""
         pools = [PoolStatus(**p._engine_status()) for p in self.pools] or None
-        return PlanStatus(**self._engine_status(), pools=pools)
+        return PlanStatus(
+            **self._engine_status(), pools=pools, measured_workload=self.measured_workload
+        )
 
     def _engine_status(self) -> dict[str, Any]:
         """The fields ``status.plan`` and each of its pools keep."""
@@ -296,6 +301,7 @@ class Plan:
             session_affinity=stored.session_affinity or "",
             speculative_config=stored.speculative_config or "",
             measured_acceptance=stored.measured_acceptance,
+            measured_workload=getattr(stored, "measured_workload", None),
             prefix_hit_ratio=stored.predicted.prefix_hit_ratio or 0.0,
             pools=tuple(cls.from_status(pool) for pool in getattr(stored, "pools", None) or ()),
         )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+from rooftop_api.spec import MeasuredLengths, MeasuredWorkload
 from rooftop_planner.plan import (
     ENGINE_FIELDS_TRANSLATED,
     INPUT_FIELDS,
@@ -42,11 +43,21 @@ PLAN = Plan(
     speculative_config='{"method":"eagle3","model":"head","num_speculative_tokens":3}',
     speculative_note="speculative decoding with eagle3 ...",
     measured_acceptance=0.62,
+    measured_workload=MeasuredWorkload(
+        prompt_tokens=MeasuredLengths(mean=1147, p10=120, p50=700, p90=2800, p99=9000),
+        output_tokens=MeasuredLengths(mean=260, p10=12, p50=150, p90=640, p99=1500),
+    ),
 )
 # A mixed fleet: the plan above sizes it, beside a pool of another GPU type. Its pools
-# keep what the plan keeps (the declared losses left at their defaults here).
+# keep what the plan keeps (the declared losses left at their defaults here), but the
+# measured lengths, which the whole fleet was planned with and its plan keeps.
 _KEPT = dataclasses.replace(
-    PLAN, capacity_rps=0.0, weights_note="", context_note="", speculative_note=""
+    PLAN,
+    capacity_rps=0.0,
+    weights_note="",
+    context_note="",
+    speculative_note="",
+    measured_workload=None,
 )
 POOL = dataclasses.replace(_KEPT, gpu="l40s", replicas=2, usd_per_hour=3.9)
 PLAN = dataclasses.replace(PLAN, pools=(dataclasses.replace(_KEPT, replicas=1), POOL))

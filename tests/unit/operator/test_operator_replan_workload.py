@@ -1,0 +1,115 @@
+"""The operator plans the target again with the lengths its loop measured: the planner
+sees them in place of spec.workload's and the loop's rate, status.plan keeps them (an
+operator restart plans with them again, an edit starts from the spec), and a plan of
+another shape starts with no fewer pods than ran, within the budget."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from operator_fakes import (
+    NS,
+    SPEC,
+    Events,
+    FakeKube,
+    FakePlanner,
+    FakeResult,
+    make_plan,
+    target_body,
+)
+
+from rooftop_api.spec import MeasuredLengths, MeasuredWorkload, ServingTargetSpec
+from rooftop_control import control
+from rooftop_control.readings import MetricState
+from rooftop_operator import loop
+from rooftop_operator.reconcile import no_fewer_pods, reconcile
+from rooftop_operator.runtime import Runtime
+from rooftop_planner.plan import Plan
+from rooftop_planner.pricing import ReplicaPrice
+
+SERVED = MeasuredWorkload(
+    prompt_tokens=MeasuredLengths(mean=4100, p10=600, p50=3000, p90=9000, p99=20000),
+    output_tokens=MeasuredLengths(mean=130, p10=20, p50=100, p90=260, p99=600),
+)
+
+
+class LengthsPlanner(FakePlanner):
+    """``FakePlanner``, keeping the mean prompt of each spec it planned."""
+
+    def __init__(self, plan: Plan) -> None:
+        super().__init__(FakeResult(True, plan))
+        self.prompts: list[float] = []
+
+    def __call__(self, spec: Any, **kwargs: Any) -> FakeResult:
+        tokens = spec.workload.prompt_tokens
+        mean = tokens.mean
+        if mean is None:  # a histogram: its weighted mean
+            bins = tokens.histogram
+            mean = sum(b.tokens * b.weight for b in bins) / sum(b.weight for b in bins)
+        self.prompts.append(mean)
+        return super().__call__(spec, **kwargs)
+
+
+def replanned(replicas: int) -> control.Decision:
+    state = control.initial_state(replicas, 64)
+    return control.Decision(
+        replicas, 64, f"hold {replicas}; the served prompts", (), state, MetricState.OK,
+        replicas, replicas, 64, cause=control.Cause.WORKLOAD, replan_workload=SERVED,
+        replan_rps=6.5, speculation_why="the served prompts differ",
+    )  # fmt: skip
+
+
+def latest(kube: FakeKube) -> dict[str, Any]:
+    found = kube.get_target(NS, "chat")
+    assert found is not None
+    return found
+
+
+def test_the_loop_replans_with_the_served_lengths_and_a_restart_keeps_them(
+    rt: Runtime, kube: FakeKube, events: Events
+) -> None:
+    """Declared 512-token prompts deploy 2 TP1 pods; prompts served at 4,100 tokens plan
+    TP2 at the loop's 6.5 req/s: it rolls out at the 2 pods that ran (the plan's 1 would
+    leave one old pod for the whole load), status.plan keeps the lengths, a restart
+    plans with them again and an edit starts from the spec."""
+    planner = LengthsPlanner(make_plan())
+    rt.plan = planner
+    body = target_body("chat", SPEC)
+    kube.add(body)
+    assert reconcile(rt, body) == "success"
+    planner.result = FakeResult(True, make_plan(tp=2, replicas=1, usd_per_hour=6.98))
+    loop.replan(rt, latest(kube), replanned(2))
+    assert planner.prompts[0] == 512 and abs(planner.prompts[1] - 4100) < 41
+    assert planner.calls[-1]["requests_per_second"] == 6.5
+    assert events.reasons[-2:] == ["Replanned", "PlanChanged"]
+    stored = latest(kube)["status"]["plan"]
+    assert (stored["tp"], stored["replicas"]) == (2, 2)
+    assert stored["measuredWorkload"]["promptTokens"]["mean"] == 4100
+    deployment = kube.get("apps/v1", "Deployment", NS, "chat-engine")
+    assert deployment is not None and deployment["spec"]["replicas"] == 2
+    reconcile(rt, latest(kube))  # an operator restart
+    assert abs(planner.prompts[-1] - 4100) < 41
+    assert latest(kube)["status"]["plan"]["measuredWorkload"]["promptTokens"]["mean"] == 4100
+    edited = latest(kube)
+    edited["metadata"]["generation"] = 2
+    reconcile(rt, edited)
+    assert planner.prompts[-1] == 512
+
+
+def test_a_new_shape_keeps_the_pods_that_ran_within_the_budget_and_limits() -> None:
+    spec = ServingTargetSpec.model_validate({**SPEC, "budget": {"usdPerHour": 20}})
+    old = make_plan(replicas=7)
+    new = make_plan(tp=2, replicas=1, usd_per_hour=7.0)
+    price = ReplicaPrice.flat(7.0)
+    kept = no_fewer_pods(new, old, price, spec, None)
+    assert (kept.replicas, kept.usd_per_hour) == (2, 14.0), "$20/h holds 2 pods at $7/h"
+    roomy = spec.model_copy(update={"budget": spec.budget.model_copy(update={"usd_per_hour": 100})})
+    assert no_fewer_pods(new, old, price, roomy, None).replicas == 7
+    limited = roomy.model_copy(
+        update={"constraints": roomy.constraints.model_copy(update={"max_replicas": 4})}
+    )
+    assert no_fewer_pods(new, old, price, limited, None).replicas == 4
+    # the same shape is the loop's to scale; a plan that needs more keeps its own
+    assert no_fewer_pods(replace(new, tp=1), old, price, roomy, None).replicas == 1
+    assert no_fewer_pods(replace(new, replicas=9), old, price, roomy, None).replicas == 9
