@@ -75,10 +75,11 @@ One decision:
    loop plans for (``Decision.replan_rps``), after a scale-down window of OK readings
    through windows the loop watched whole. The loop sizes replicas and the batch cap
    with the served lengths from their first window; only the engine's shape waits.
-   A plan of another shape starts with at least the pods the fleet runs now (within
-   the budget and maxReplicas): the rolling update keeps old pods only as the new
-   count allows, and an old pod serves less than it counts for when it runs a smaller
-   batch cap; the loop gives the extra back after its window.
+   A plan of another shape rolls out only where it costs ``RESHAPE_GAIN`` less than
+   the running shape at that rate by the planner (``WorkloadReplan.pays``), and starts
+   with the pods that carry what the ready pods serve now (within the budget and
+   maxReplicas): the rolling update removes old pods down to the new count at once.
+   The loop gives any extra pods back after its window.
 """
 
 from __future__ import annotations
@@ -270,6 +271,48 @@ Signal = tuple[int, str, Cause]  # (replicas asked for, why, cause)
 BREACH = Cause.SLO_VIOLATION
 
 
+# A plan of another shape must cost at most this share less than the running shape at
+# the same rate and lengths to roll out: twice the planner's median step-time error on
+# runs it never saw (14 %), as each of the two plans compared errs by about that much,
+# and the running shape's error is the one the loop has calibrated away. On the Azure
+# conversation hour a 70B target re-planned from one 4-GPU B200 pod to two 2-GPU H100
+# NVL pods for 12 % less by the planner, and spent 11 % more than it would have kept.
+RESHAPE_GAIN = 0.3
+
+
+@dataclass(frozen=True)
+class WorkloadReplan:
+    """The whole target planned again with the lengths it serves.
+
+    Attributes:
+        workload: the served prompt and output lengths, in place of spec.workload's.
+        requests_per_second: the rate to plan at, req/s: the one the loop sizes for.
+        running_usd_per_hour: what the running shape costs at that rate and those
+            lengths by the planner (its own step times), USD/h.
+        running_pods: the pods of the running shape the load needs now (the loop's
+            sizing at the running batch cap and factor; at most the ready ones).
+    """
+
+    workload: MeasuredWorkload
+    requests_per_second: float
+    running_usd_per_hour: float
+    running_pods: int = 0
+
+    def pays(self, usd_per_hour: float) -> bool:
+        """Whether a plan of another shape costing ``usd_per_hour`` at this rate saves
+        ``RESHAPE_GAIN`` of the running shape's cost: worth a rollout that starts the
+        step-time factor over."""
+        return usd_per_hour <= (1.0 - RESHAPE_GAIN) * self.running_usd_per_hour
+
+    def pods(self, replicas: int) -> int:
+        """Pods of the new shape to start with: the plan's ``replicas``, or the old
+        pods the load needs now where more. The rolling update removes old pods down
+        to the new count at once, and the old pods left carry the load until new ones
+        serve: a 70B fleet needing 3 pods at batch 8, re-planned to one larger pod, kept
+        one old pod for the whole load while the new one started."""
+        return max(replicas, self.running_pods)
+
+
 @dataclass(frozen=True)
 class Decision:
     """The outcome of one ``decide`` call.
@@ -294,13 +337,10 @@ class Decision:
         replan_acceptance: plan the whole target again with this measured per-token
             acceptance, as with spec.workload.acceptanceRate set to it (the GPUs, TP
             and drafts may change: a rollout), None: no need.
-        replan_workload: plan the whole target again with these served prompt and
-            output lengths in place of spec.workload's (a rollout where the GPUs or TP
-            change), None: no need.
-        replan_rps: the rate to plan the target again with the served lengths at,
-            req/s: the one the loop sizes for (``_planned_rate``), so the shape suits
-            the load served (None: the spec's; no re-plan with lengths, or no rate
-            read).
+        replan_workload: plan the whole target again with the served prompt and
+            output lengths in place of spec.workload's, at the loop's rate; a plan of
+            another shape rolls out only where it pays (``WorkloadReplan``). None: no
+            need.
     """
 
     replicas: int
@@ -318,8 +358,7 @@ class Decision:
     speculative_config: str | None = field(default=None, kw_only=True)
     speculation_why: str = field(default="", kw_only=True)
     replan_acceptance: float | None = field(default=None, kw_only=True)
-    replan_workload: MeasuredWorkload | None = field(default=None, kw_only=True)
-    replan_rps: float | None = field(default=None, kw_only=True)
+    replan_workload: WorkloadReplan | None = field(default=None, kw_only=True)
 
     @property
     def changed(self) -> bool:
@@ -488,8 +527,7 @@ def decide(
         speculative_config=None if respec is None else respec.config,
         speculation_why=cap_why if (respec, replan, relengths) != (None, None, None) else "",
         replan_acceptance=replan,
-        replan_workload=relengths,
-        replan_rps=_replan_rate(relengths, state, obs, rates, config),
+        replan_workload=_workload_replan(relengths, state, obs, sizing, rates, config),
     )
 
 
@@ -1046,19 +1084,29 @@ def _replan_workload(state: ControllerState, config: ControllerConfig) -> Measur
     return traffic_mod.measured_workload(traffic)
 
 
-def _replan_rate(
+def _workload_replan(
     workload: MeasuredWorkload | None,
     state: ControllerState,
     obs: Observation,
+    sizing: Sizing | None,
     rates: Sequence[tuple[float, float]],
     config: ControllerConfig,
-) -> float | None:
-    """The rate a re-plan with the served lengths plans at, req/s
-    (``Decision.replan_rps``); one with a measured acceptance alone plans at the spec's,
-    as before the loop read lengths."""
-    if workload is None or not obs.requests_per_second.ok:
+) -> WorkloadReplan | None:
+    """The re-plan with the served lengths (``Decision.replan_workload``): at the rate
+    the loop plans for, with what the running shape would cost there by the planner and
+    the pods of it the load needs now."""
+    if workload is None or sizing is None or not sizing.feasible:
         return None
-    return _planned_rate(state, rates, config)
+    rate = _planned_rate(state, rates, config)
+    # both shapes at the planner's own step times: the running one's calibrated factor
+    # says nothing of the other's
+    running = config.planner.size(rate, 1.0, traffic=_trimmed(state))
+    return WorkloadReplan(
+        workload=workload,
+        requests_per_second=rate,
+        running_usd_per_hour=config.price.usd_per_hour(running.replicas),
+        running_pods=min(sizing.replicas, obs.ready_replicas),
+    )
 
 
 def _workload_why(traffic: Traffic | None) -> str:

@@ -825,12 +825,7 @@ def replan(rt: Runtime, body: Mapping[str, Any], d: control.Decision) -> None:
     rt.emit(body, "Normal", "Replanned", d.speculation_why or d.reason)
     cause = reconcile.ACCEPTANCE if d.replan_acceptance is not None else reconcile.WORKLOAD
     reconcile.reconcile(
-        rt,
-        body,
-        requests_per_second=d.replan_rps,
-        cause=cause,
-        acceptance=d.replan_acceptance,
-        workload=d.replan_workload,
+        rt, body, cause=cause, acceptance=d.replan_acceptance, relengths=d.replan_workload
     )
 
 

@@ -32,6 +32,7 @@ from rooftop_api.spec import (
     ServingTargetSpec,
     ServingTargetStatus,
 )
+from rooftop_control.control import WorkloadReplan
 from rooftop_control.traffic import with_measured
 from rooftop_operator import builders, children
 from rooftop_operator.errors import OperatorError
@@ -135,7 +136,7 @@ def reconcile(
     requests_per_second: float | None = None,
     cause: str = "spec_change",
     acceptance: float | None = None,
-    workload: MeasuredWorkload | None = None,
+    relengths: WorkloadReplan | None = None,
 ) -> str:
     """One pass for one target; returns the result recorded in metrics (``success``,
     ``skipped`` for invalid/infeasible targets), or ``WAITING_FOR_NODES`` when only GPU
@@ -143,8 +144,10 @@ def reconcile(
 
     ``acceptance``: the per-token draft acceptance the feedback loop measured, planned
     with in place of the spec's (and kept in ``status.plan.measuredAcceptance``, which a
-    later pass of the same spec generation plans with again); ``workload``: the served
-    prompt and output lengths it measured, likewise (``status.plan.measuredWorkload``)."""
+    later pass of the same spec generation plans with again); ``relengths``: the served
+    prompt and output lengths it measured, likewise (``status.plan.measuredWorkload``),
+    at its rate, where a plan of another shape rolls out only if it pays
+    (``control.WorkloadReplan``)."""
     ref = TargetRef.from_body(body)
     try:
         spec = with_default(parse_spec(body.get("spec") or {}), rt.config.default_pricing)
@@ -153,9 +156,12 @@ def reconcile(
         return "skipped"
     if acceptance is None:
         acceptance = resumed_acceptance(body)
-    if workload is None:
-        workload = resumed_workload(body)
-    planning = _Planning(step_time_scale, requests_per_second, cause, acceptance, workload)
+    workload = resumed_workload(body) if relengths is None else relengths.workload
+    if relengths is not None:
+        requests_per_second = relengths.requests_per_second
+    planning = _Planning(
+        step_time_scale, requests_per_second, cause, acceptance, workload, relengths
+    )
     if not counts_gpus(rt, spec):
         return _plan_and_deploy(rt, body, ref, spec, None, planning)
     # One target at a time from reading the free GPUs to applying its Deployment, so
@@ -203,6 +209,7 @@ class _Planning:
     cause: str
     acceptance: float | None
     workload: MeasuredWorkload | None
+    relengths: WorkloadReplan | None = None
 
 
 def _plan_and_deploy(
@@ -230,8 +237,11 @@ def _plan_and_deploy(
     except PlannerError as err:  # unknown model/GPU, bad modelConfig: the spec's fault
         _plan_error(rt, body, ref, spec, err)
         return "skipped"
-    _record_plan(rt, ref, spec, result)
-    plan = result.deployed
+    plan, kept = result.deployed, False
+    if plan is not None and planning.relengths is not None:
+        plan, kept = _reshaped(rt, body, spec, plan, planning.relengths, counted)
+    if not kept:  # a kept plan's figures stay as recorded when it was deployed
+        _record_plan(rt, ref, spec, result)
     if plan is None and cause in LOOP_REPLANS:
         _no_plan_at_acceptance(rt, body, acceptance, result)
         return "skipped"
@@ -242,6 +252,27 @@ def _plan_and_deploy(
     plan = replace(plan, measured_acceptance=acceptance, measured_workload=planning.workload)
     _deploy(rt, body, ref, spec, plan, cause, counted, advice)
     return "success"
+
+
+def _reshaped(
+    rt: Runtime,
+    body: Mapping[str, Any],
+    spec: ServingTargetSpec,
+    plan: Plan,
+    relengths: WorkloadReplan,
+    inventory: GpuInventory | None,
+) -> tuple[Plan, bool]:
+    """The plan a re-plan with the served lengths deploys, and whether it is the running
+    one, kept because the new plan does not pay (``WorkloadReplan.pays``); a new shape
+    starts with the pods that carry the load (``transition_pods``)."""
+    old_plan = stored_plan(ServingTargetStatus.read(body.get("status")))
+    if old_plan is None or plan.pools or old_plan.pools or old_plan.shape == plan.shape:
+        return plan, False
+    if not relengths.pays(plan.usd_per_hour):
+        return old_plan, True
+    price = replica_price(spec, rt.catalog, plan.gpu, plan.tp)
+    pods = relengths.pods(plan.replicas)
+    return transition_pods(plan, pods, price, spec, inventory), False
 
 
 def counts_gpus(rt: Runtime, spec: ServingTargetSpec) -> bool:
@@ -335,10 +366,6 @@ def _deploy(
     if cause != "spec_change" or _same_generation(body):
         # a re-plan with the measured acceptance chooses the drafts itself
         plan = keep_loop_scale(plan, old_plan, keep_drafts=cause != ACCEPTANCE)
-    if cause in LOOP_REPLANS:
-        plan = no_fewer_pods(
-            plan, old_plan, replica_price(spec, rt.catalog, plan.gpu, plan.tp), spec, inventory
-        )
     try:
         apply_children(rt, ref, spec, plan, inventory)
     except (builders.UnsupportedPlan, ChildConflict) as err:
@@ -416,26 +443,21 @@ WORKLOAD = "workload"
 LOOP_REPLANS = (ACCEPTANCE, WORKLOAD)
 
 
-def no_fewer_pods(
+def transition_pods(
     plan: Plan,
-    old_plan: Plan | None,
+    wanted: int,
     price: PodsPrice,
     spec: ServingTargetSpec,
     inventory: GpuInventory | None,
 ) -> Plan:
-    """A plan of another shape the loop asked for, at no fewer pods than the fleet runs
-    now (within maxReplicas, the budget and the free GPUs where counted).
-
-    Why: the rolling update removes old pods down to the new count as soon as it
-    starts, and an old pod may serve far less than a new one (a smaller batch cap, a
-    slower GPU): a 70B fleet of 7 re-planned to 1 kept one old pod at batch 8 for the
-    whole load while the new pod started, and queued for a minute. The loop gives the
-    extra pods back after its scale-down window, once the new ones serve."""
-    if old_plan is None or plan.pools or old_plan.shape == plan.shape:
-        return plan
-    most = min(old_plan.replicas, spec.constraints.max_replicas)
+    """``plan`` (of another shape than the running one) at ``wanted`` pods where that
+    is more than its own, within maxReplicas, the budget and the free GPUs where
+    counted (``WorkloadReplan.pods``: the old pods the load needs now, which the
+    rolling update keeps serving only up to the new count). The loop gives any extra
+    pods back after its scale-down window, once the new ones serve."""
+    most = min(wanted, spec.constraints.max_replicas)
     if inventory is not None:
-        most = min(most, max(inventory.replicas_fit(plan.gpu, plan.tp), plan.replicas))
+        most = min(most, inventory.replicas_fit(plan.gpu, plan.tp))
     pods = max(plan.replicas, most)
     while pods > plan.replicas and price.usd_per_hour(pods) > spec.budget.usd_per_hour:
         pods -= 1

@@ -26,6 +26,7 @@ from rooftop_control.control import (
     ControllerConfig,
     ControllerState,
     Decision,
+    WorkloadReplan,
     carried_over,
     clamp_replicas,
     decide,
@@ -110,9 +111,8 @@ class RooftopPolicy:
         planner = self.config.planner
         if not isinstance(planner, PlanTargetPlanner):
             return d.replicas, d.max_num_seqs
-        replan = (d.replan_acceptance, d.replan_workload)
-        if replan != (None, None) and self.replanner is not None:
-            self._replanned(planner, *replan, d.replan_rps)
+        if (d.replan_acceptance, d.replan_workload) != (None, None) and self.replanner:
+            self._replanned(planner, d.replan_acceptance, d.replan_workload)
         elif d.speculative_config is not None:
             drafts = d.speculative_config
             plan = replace(planner.plan, speculative_config=drafts, speculative_note="")
@@ -123,19 +123,25 @@ class RooftopPolicy:
         self,
         planner: PlanTargetPlanner,
         acceptance: float | None,
-        workload: MeasuredWorkload | None,
-        rate: float | None,
+        relengths: WorkloadReplan | None,
     ) -> None:
-        """As the operator's reconcile with the measured ``acceptance`` and served
-        ``workload`` (None: the ones planned with so far, ``planner.plan``'s) at the
-        loop's ``rate`` (req/s; None: the spec's): a plan of another shape is deployed at
-        its own replicas and batch cap; the same shape (or none found) keeps running,
-        planned with them from now on."""
+        """As the operator's reconcile with the measured ``acceptance`` and the served
+        lengths (None: the ones planned with so far, ``planner.plan``'s), at the loop's
+        rate where it re-plans with lengths (else the spec's): a plan of another shape
+        is deployed at its own batch cap, with the pods that carry the load (a re-plan
+        with lengths only where it pays, ``WorkloadReplan``); the same shape (or none
+        found, or one that does not pay) keeps running, planned with them from now on."""
         if acceptance is None:
             acceptance = planner.plan.measured_acceptance
-        if workload is None:
-            workload = planner.plan.measured_workload
+        workload = planner.plan.measured_workload if relengths is None else relengths.workload
+        rate = None if relengths is None else relengths.requests_per_second
         found = None if self.replanner is None else self.replanner(acceptance, workload, rate)
+        if (
+            found is not None
+            and relengths is not None
+            and not relengths.pays(found.plan.usd_per_hour)
+        ):
+            found = None
         if found is None or found.plan.shape == planner.plan.shape:
             self.config = replace(
                 self.config,
@@ -148,11 +154,12 @@ class RooftopPolicy:
         price = replica_price(spec, planner.catalog, plan.gpu, plan.tp)
         self.config = replace(self.config, inventory_replicas=found.inventory_replicas)
         lower, upper = replica_limits(replace(self.config, price=price))
-        # no fewer pods than run now: the rolling update removes old pods down to the
-        # new count, and they may serve far less than the new shape's (``control``)
+        pods = plan.replicas
+        if relengths is not None:
+            pods = relengths.pods(plan.replicas)
         state = replace(
             self.state,
-            replicas=clamp_replicas(max(plan.replicas, self.state.replicas), lower, upper),
+            replicas=clamp_replicas(pods, lower, upper),
             max_num_seqs=plan.max_num_seqs,
         )
         self._run(plan, PlanTargetPlanner(spec, plan, planner.catalog), price, state)

@@ -20,6 +20,7 @@ from rooftop_control.traffic import Lengths, Traffic
 from rooftop_sim import simulate
 
 ROOT = Path(__file__).resolve().parents[3]
+WORKLOAD = traffic.measured_workload(Traffic(DECLARED.prompt, DECLARED.output, observed=True))
 EXCERPT = ROOT / "examples" / "traces" / "azure_conv_excerpt.csv"
 
 
@@ -47,9 +48,13 @@ def test_served_prompts_a_tenth_of_the_declared_plan_the_target_again() -> None:
     state, obs, cfg = serving(0.1)
     d = control.decide(state, obs, NOW, cfg)
     assert d.replan_workload is not None and d.cause is control.Cause.WORKLOAD
-    assert d.replan_workload.prompt_tokens.mean == 100
-    assert d.replan_workload.output_tokens.mean == 200
-    assert d.replan_rps == pytest.approx(4.0)  # the rate it sizes for, not the spec's
+    replan = d.replan_workload
+    assert replan.workload.prompt_tokens.mean == 100
+    assert replan.workload.output_tokens.mean == 200
+    assert replan.requests_per_second == pytest.approx(4.0)  # the loop's rate, not the spec's
+    # the fake planner's 2 req/s a pod at $1/h: the running shape costs $2/h at 4 req/s,
+    # and the load needs both ready pods
+    assert (replan.running_usd_per_hour, replan.running_pods) == (2.0, 2)
     assert "the served prompts (100 tokens on average" in d.reason
     assert d.state.last_cap_change_s == NOW  # the cooldown covers the rollout
 
@@ -62,7 +67,7 @@ def test_it_is_asked_once_and_again_only_when_the_lengths_move_on() -> None:
     longer = replace(first.state.traffic, prompt=scaled(DECLARED.prompt, 0.3))
     moved = control.decide(replace(again.state, traffic=longer), obs, NOW + 30.0, cfg)
     assert moved.replan_workload is not None
-    assert moved.replan_workload.prompt_tokens.mean == 300
+    assert moved.replan_workload.workload.prompt_tokens.mean == 300
 
 
 def test_the_plans_own_measured_lengths_are_what_the_served_ones_are_compared_with() -> None:
@@ -84,6 +89,29 @@ def test_the_plans_own_measured_lengths_are_what_the_served_ones_are_compared_wi
 def test_what_plans_nothing_again(prompt_by: float, healthy_for_s: float, why: str) -> None:
     state, obs, cfg = serving(prompt_by, healthy_for_s)
     assert control.decide(state, obs, NOW, cfg).replan_workload is None, why
+
+
+@pytest.mark.parametrize(
+    ("usd_per_hour", "pays"), [(14.0, True), (15.0, False), (19.0, False), (25.0, False)]
+)
+def test_another_shape_must_cost_a_reshapes_gain_less(usd_per_hour: float, pays: bool) -> None:
+    # $20/h for the running shape at this rate: a new one pays at 30 % less ($14/h)
+    replan = control.WorkloadReplan(WORKLOAD, 4.0, running_usd_per_hour=20.0)
+    assert replan.pays(usd_per_hour) is pays
+
+
+@pytest.mark.parametrize(
+    ("running_pods", "replicas", "pods"),
+    [
+        (3, 1, 3),  # three old pods carry the load: the rollout keeps three serving
+        (1, 3, 3),  # the plan's own count where it needs more
+    ],
+)
+def test_a_new_shape_starts_with_the_old_pods_the_load_needs(
+    running_pods: int, replicas: int, pods: int
+) -> None:
+    replan = control.WorkloadReplan(WORKLOAD, 4.0, 20.0, running_pods)
+    assert replan.pods(replicas) == pods
 
 
 def test_not_while_a_pod_starts() -> None:

@@ -23,7 +23,7 @@ from rooftop_api.spec import MeasuredLengths, MeasuredWorkload, ServingTargetSpe
 from rooftop_control import control
 from rooftop_control.readings import MetricState
 from rooftop_operator import loop
-from rooftop_operator.reconcile import no_fewer_pods, reconcile
+from rooftop_operator.reconcile import reconcile, transition_pods
 from rooftop_operator.runtime import Runtime
 from rooftop_planner.plan import Plan
 from rooftop_planner.pricing import ReplicaPrice
@@ -51,13 +51,28 @@ class LengthsPlanner(FakePlanner):
         return super().__call__(spec, **kwargs)
 
 
-def replanned(replicas: int) -> control.Decision:
+def replanned(replicas: int, running_usd: float = 13.96) -> control.Decision:
+    """The loop's decision to plan again with ``SERVED`` at 6.5 req/s, where the running
+    shape would cost ``running_usd`` and the load needs both its pods."""
     state = control.initial_state(replicas, 64)
+    replan = control.WorkloadReplan(SERVED, 6.5, running_usd, running_pods=2)
     return control.Decision(
         replicas, 64, f"hold {replicas}; the served prompts", (), state, MetricState.OK,
-        replicas, replicas, 64, cause=control.Cause.WORKLOAD, replan_workload=SERVED,
-        replan_rps=6.5, speculation_why="the served prompts differ",
+        replicas, replicas, 64, cause=control.Cause.WORKLOAD, replan_workload=replan,
+        speculation_why="the served prompts differ",
     )  # fmt: skip
+
+
+def deployed_then_tp2(rt: Runtime, kube: FakeKube) -> LengthsPlanner:
+    """The target deployed as declared (2 TP1 pods, $13.96/h), with a planner that
+    answers one TP2 pod at $6.98/h from then on."""
+    planner = LengthsPlanner(make_plan())
+    rt.plan = planner
+    body = target_body("chat", SPEC)
+    kube.add(body)
+    assert reconcile(rt, body) == "success"
+    planner.result = FakeResult(True, make_plan(tp=2, replicas=1, usd_per_hour=6.98))
+    return planner
 
 
 def latest(kube: FakeKube) -> dict[str, Any]:
@@ -69,16 +84,12 @@ def latest(kube: FakeKube) -> dict[str, Any]:
 def test_the_loop_replans_with_the_served_lengths_and_a_restart_keeps_them(
     rt: Runtime, kube: FakeKube, events: Events
 ) -> None:
-    """Declared 512-token prompts deploy 2 TP1 pods; prompts served at 4,100 tokens plan
-    TP2 at the loop's 6.5 req/s: it rolls out at the 2 pods that ran (the plan's 1 would
-    leave one old pod for the whole load), status.plan keeps the lengths, a restart
-    plans with them again and an edit starts from the spec."""
-    planner = LengthsPlanner(make_plan())
-    rt.plan = planner
-    body = target_body("chat", SPEC)
-    kube.add(body)
-    assert reconcile(rt, body) == "success"
-    planner.result = FakeResult(True, make_plan(tp=2, replicas=1, usd_per_hour=6.98))
+    """Declared 512-token prompts deploy 2 TP1 pods ($13.96/h); prompts served at 4,100
+    tokens plan one TP2 pod at the loop's 6.5 req/s for $6.98/h, half: it rolls out at 2
+    pods, as the load needs both old ones (at one, the rollout would leave one old pod
+    with the whole load while the new one starts), status.plan keeps the lengths, a
+    restart plans with them again and an edit starts from the spec."""
+    planner = deployed_then_tp2(rt, kube)
     loop.replan(rt, latest(kube), replanned(2))
     assert planner.prompts[0] == 512 and abs(planner.prompts[1] - 4100) < 41
     assert planner.calls[-1]["requests_per_second"] == 6.5
@@ -97,19 +108,32 @@ def test_the_loop_replans_with_the_served_lengths_and_a_restart_keeps_them(
     assert planner.prompts[-1] == 512
 
 
-def test_a_new_shape_keeps_the_pods_that_ran_within_the_budget_and_limits() -> None:
+def test_a_new_shape_that_does_not_pay_keeps_the_running_plan_with_the_lengths(
+    rt: Runtime, kube: FakeKube, events: Events
+) -> None:
+    """The TP2 pod at $6.98/h against a running shape the planner puts at $9/h at the
+    loop's rate saves 22 %, less than a reshape must: the TP1 pods stay, and status.plan
+    keeps the lengths, so neither the loop nor a restart asks again."""
+    deployed_then_tp2(rt, kube)
+    loop.replan(rt, latest(kube), replanned(2, running_usd=9.0))
+    stored = latest(kube)["status"]["plan"]
+    assert (stored["tp"], stored["replicas"]) == (1, 2)
+    assert stored["measuredWorkload"]["promptTokens"]["mean"] == 4100
+    assert "PlanChanged" not in events.reasons
+    deployment = kube.get("apps/v1", "Deployment", NS, "chat-engine")
+    assert deployment is not None and deployment["spec"]["replicas"] == 2
+
+
+def test_a_new_shapes_first_pods_stay_within_the_budget_and_limits() -> None:
     spec = ServingTargetSpec.model_validate({**SPEC, "budget": {"usdPerHour": 20}})
-    old = make_plan(replicas=7)
     new = make_plan(tp=2, replicas=1, usd_per_hour=7.0)
     price = ReplicaPrice.flat(7.0)
-    kept = no_fewer_pods(new, old, price, spec, None)
+    kept = transition_pods(new, 7, price, spec, None)
     assert (kept.replicas, kept.usd_per_hour) == (2, 14.0), "$20/h holds 2 pods at $7/h"
     roomy = spec.model_copy(update={"budget": spec.budget.model_copy(update={"usd_per_hour": 100})})
-    assert no_fewer_pods(new, old, price, roomy, None).replicas == 7
+    assert transition_pods(new, 7, price, roomy, None).replicas == 7
     limited = roomy.model_copy(
         update={"constraints": roomy.constraints.model_copy(update={"max_replicas": 4})}
     )
-    assert no_fewer_pods(new, old, price, limited, None).replicas == 4
-    # the same shape is the loop's to scale; a plan that needs more keeps its own
-    assert no_fewer_pods(replace(new, tp=1), old, price, roomy, None).replicas == 1
-    assert no_fewer_pods(replace(new, replicas=9), old, price, roomy, None).replicas == 9
+    assert transition_pods(new, 7, price, limited, None).replicas == 4
+    assert transition_pods(replace(new, replicas=9), 7, price, roomy, None).replicas == 9
