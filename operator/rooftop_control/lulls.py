@@ -21,10 +21,13 @@ cover the longest such lull (``Lulls.hold_s``).
 A lull is load that left and came back. A fleet asked back at the rate it gave pods
 back at was sized short, not caught by returning load: the calibration and the trim
 answer for that, and an hour of held pods would not. So a run is learnt only if the
-rate at the rise, or at a window that regrets it, is above the rate at the give-back
-that took the fleet below what it wants, by more than the two rates' own noise
-(``load_returned``). The regretting windows count because a burst's first window reads
-it low: the loop rises on the burst's queue before a minute's rate sees it.
+rate at the rise, or at a window within a metrics window of it that regrets it, is
+above the rate at the give-back that took the fleet below what it wants, by more than
+the two rates' own noise (``load_returned``). The window after the rise counts because a
+burst's first window reads it low: the loop rises on the burst's queue before a
+minute's rate sees it. Later windows do not: on a day's slow climb they read the climb,
+and a give-back the recommendation's noise made on the way up, asked back at the rate
+it left at, would be learnt as a lull and hold the afternoon's fall for an hour.
 
 Only lulls up to ``defaults.SERVED_RANGE_S`` (15 min) are learnt: the planner already
 holds capacity for the bursts around the served range's mean rate
@@ -139,9 +142,9 @@ class Lulls:
         start-up (``startup_s``) and at most ``MAX_LULL_S``, that run was a lull to
         hold through: from the recommendation's first fall (the run's first give-back less
         the window it waited) to the rise. It is learnt once, and only if the load came
-        back: the rise's rate or this window's (``rate_rps``) is above that of the
-        give-back that took the fleet below ``desired`` (``load_returned`` over a
-        ``metrics_window_s`` window).
+        back: the rise's rate, or this window's (``rate_rps``) within a metrics window of
+        the rise, is above that of the give-back that took the fleet below ``desired``
+        (``load_returned`` over a ``metrics_window_s`` window).
 
         A rise sooner than a start-up after the give-back is the recommendation
         moving with the rate's noise around a level, which the scale-down window is
@@ -158,6 +161,8 @@ class Lulls:
         if not startup_s <= down_s <= MAX_LULL_S:
             return self
         below = next(g for g in run if g.after < desired)
+        if now_s - rise.t_s > metrics_window_s:  # the climb's, not the burst's (module doc)
+            rate_rps = None
         known = [r for r in (rise.rate_rps, rate_rps) if r is not None]
         back = max(known) if known else None
         if not load_returned(below.rate_rps, back, metrics_window_s):

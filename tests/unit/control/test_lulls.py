@@ -87,6 +87,14 @@ def test_a_lull_is_load_that_came_back(
     assert (regret.hold_s(NOW + 315.0) > 0.0) is learnt
 
 
+def test_a_window_long_after_the_rise_reads_the_climb_not_the_return() -> None:
+    # Asked back at the rate the pods left at, regretted two minutes later on a rate the
+    # day's climb has raised since: a sizing miss on the way up, not a lull.
+    rose = fell_and_rose(300.0, 2, 6.0, 6.0)
+    later = NOW + 300.0 + 120.0
+    assert rose.regretted(6, later, STARTUP, 60.0, 7.5).hold_s(later) == 0.0
+
+
 @pytest.mark.parametrize(
     ("before", "after", "window_s", "returned"),
     [
