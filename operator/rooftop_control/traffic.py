@@ -170,12 +170,8 @@ class Lengths:
     def differs(self, other: Lengths) -> bool:
         """Whether the mean is further from ``other``'s than ``DIFFERS_BY`` or the p90
         than ``P90_DIFFERS_BY`` (``differences``: beyond their noise)."""
-        return any(
-            abs(math.log(mine / theirs)) > math.log1p(by)
-            for mine, theirs, by in (
-                (self.mean, other.mean, DIFFERS_BY),
-                (self.p90, other.p90, P90_DIFFERS_BY),
-            )
+        return _beyond(self.mean, other.mean, DIFFERS_BY) or _beyond(
+            self.p90, other.p90, P90_DIFFERS_BY
         )
 
     def near(self, other: Lengths, tolerance: float) -> bool:
@@ -289,6 +285,12 @@ class Bursts:
         step = math.log1p(grid)
         rate = round(math.exp(round(math.log(self.requests_per_second) / step) * step), 6)
         return Bursts(_on_grid(self.dispersion, grid), rate)
+
+
+def _beyond(seen: float, stated: float, by: float) -> bool:
+    """Whether ``seen`` is further from ``stated`` than ``by`` (relative, either way:
+    0.25 is 25 % up or down to 1/1.25)."""
+    return abs(math.log(seen / stated)) > math.log1p(by)
 
 
 def _near(a: float, b: float, tolerance: float) -> bool:
@@ -477,7 +479,7 @@ def differences(observed: Traffic, prior: Traffic) -> list[str]:
         f"spec.workload.{name} is {spec_value:,.0f} but the traffic's is {seen:,.0f}: "
         f"set it to about {significant(seen):,}"
         for name, seen, spec_value, by in fields
-        if abs(math.log(seen / spec_value)) > math.log1p(by)
+        if _beyond(seen, spec_value, by)
     ]
     return (
         lengths

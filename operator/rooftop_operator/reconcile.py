@@ -455,12 +455,10 @@ def transition_pods(
     counted (``WorkloadReplan.pods``: the old pods the load needs now, which the
     rolling update keeps serving only up to the new count). The loop gives any extra
     pods back after its scale-down window, once the new ones serve."""
-    most = min(wanted, spec.constraints.max_replicas)
+    most = price.affordable(spec.budget.usd_per_hour, min(wanted, spec.constraints.max_replicas))
     if inventory is not None:
         most = min(most, inventory.replicas_fit(plan.gpu, plan.tp))
     pods = max(plan.replicas, most)
-    while pods > plan.replicas and price.usd_per_hour(pods) > spec.budget.usd_per_hour:
-        pods -= 1
     if pods == plan.replicas:
         return plan
     return plan.rescaled(pods, usd_per_hour=price.usd_per_hour(pods))
