@@ -1151,6 +1151,17 @@ def _cooled_down(
     return last_s is None or now_s - last_s >= config.cap_cooldown_s
 
 
+def plan_kept(state: ControllerState, before: ControllerState) -> ControllerState:
+    """``state`` (a decision's, ``before`` the one it was decided from) once the re-plan
+    it asked for kept the running engine: the new plan was the same shape, did not pay
+    (``WorkloadReplan.pays``) or was not found. The batch-cap cooldown the ask started
+    covered a rollout that never came, so it stands where it stood before; what the ask
+    planned with (``replanned_acceptance``, ``replanned_workload``) stays, so the same
+    difference is not asked again. A kept ask that restarted the cooldown held the cap
+    for 15 minutes four times an hour on a trace whose p90 swings."""
+    return replace(state, last_cap_change_s=before.last_cap_change_s)
+
+
 def carried_over(state: ControllerState) -> ControllerState:
     """What the loop keeps when the pods' engine changes (new drafts, a re-planned
     shape): the step-time factor with its weight and the latency trim, which describe

@@ -816,17 +816,20 @@ def _apply(
     rt.kube.update_status(ref.namespace, ref.name, mutate, seen=body)
 
 
-def replan(rt: Runtime, body: Mapping[str, Any], d: control.Decision) -> None:
+def replan(rt: Runtime, body: Mapping[str, Any], d: control.Decision) -> bool:
     """Plan the target again with the acceptance its drafts were measured at and the
     lengths it serves, as with spec.workload.acceptanceRate and its lengths set to them,
     at the rate the loop plans for (``reconcile``: a plan of another shape rolls out, a
-    PlanChanged event says what; the plan keeps what it was planned with, so an
-    operator restart plans with it again). Blocking: run in a thread."""
+    PlanChanged event says what, a PlanKept event why the running engine stays; the plan
+    keeps what it was planned with, so an operator restart plans with it again).
+    Returns whether the running engine was kept (``control.plan_kept``). Blocking: run
+    in a thread."""
     rt.emit(body, "Normal", "Replanned", d.speculation_why or d.reason)
     cause = reconcile.ACCEPTANCE if d.replan_acceptance is not None else reconcile.WORKLOAD
-    reconcile.reconcile(
+    result = reconcile.reconcile(
         rt, body, cause=cause, acceptance=d.replan_acceptance, relengths=d.replan_workload
     )
+    return result != "success"  # kept, or no plan found: the engine runs on as it was
 
 
 def _writes(
@@ -1011,10 +1014,12 @@ async def feedback(
     if (d.replan_acceptance, d.replan_workload) != (None, None):
         # reconcile plans and writes it, not this tick
         try:
-            await asyncio.to_thread(replan, rt, dict(body), d)
+            kept = await asyncio.to_thread(replan, rt, dict(body), d)
         except KubeError as err:
             health.failed(err, f"{ref.namespace}/{ref.name}")
             return
+        if kept:
+            mem.state = control.plan_kept(mem.state, before)
         health.answered()
         return
     spread = rt.loop.spread(ref.uid, settings.window_s)

@@ -32,7 +32,7 @@ from rooftop_api.spec import (
     ServingTargetSpec,
     ServingTargetStatus,
 )
-from rooftop_control.control import WorkloadReplan
+from rooftop_control.control import RESHAPE_GAIN, WorkloadReplan
 from rooftop_control.traffic import with_measured
 from rooftop_operator import builders, children
 from rooftop_operator.errors import OperatorError
@@ -56,6 +56,9 @@ PODMONITOR_API = ("monitoring.coreos.com/v1", "podmonitors")
 # ``OperatorConfig.nodes_retry_s`` (``replan_waiting``), so nodes added later (by hand
 # or by an autoscaler) are picked up without a spec edit.
 WAITING_FOR_NODES = "waiting-for-nodes"
+# A loop re-plan (``LOOP_REPLANS``) that left the running engine's shape as it was: the
+# loop gives back the batch-cap cooldown it started (``control.plan_kept``).
+KEPT = "kept"
 
 
 def plan_changed(old: Plan | None, new: Plan) -> bool:
@@ -140,7 +143,8 @@ def reconcile(
 ) -> str:
     """One pass for one target; returns the result recorded in metrics (``success``,
     ``skipped`` for invalid/infeasible targets), or ``WAITING_FOR_NODES`` when only GPU
-    nodes the cluster lacks could serve it (``replan_waiting`` then plans it again).
+    nodes the cluster lacks could serve it (``replan_waiting`` then plans it again), or
+    ``KEPT`` for a loop re-plan (``LOOP_REPLANS``) that kept the running engine's shape.
 
     ``acceptance``: the per-token draft acceptance the feedback loop measured, planned
     with in place of the spec's (and kept in ``status.plan.measuredAcceptance``, which a
@@ -250,8 +254,20 @@ def _plan_and_deploy(
         return WAITING_FOR_NODES if result.beyond_inventory else "skipped"
     advice = "" if result.mixed is None else explain.mixed(result.mixed, result.plan)
     plan = replace(plan, measured_acceptance=acceptance, measured_workload=planning.workload)
+    old_plan = stored_plan(ServingTargetStatus.read(body.get("status")))
     _deploy(rt, body, ref, spec, plan, cause, counted, advice)
+    if cause in LOOP_REPLANS and old_plan is not None and old_plan.shape == plan.shape:
+        if not kept:  # a plan that does not pay said so (``_reshaped``)
+            _same_engine(rt, body, old_plan, planning)
+        return KEPT
     return "success"
+
+
+def _same_engine(rt: Runtime, body: Mapping[str, Any], plan: Plan, planning: _Planning) -> None:
+    """A PlanKept event: the loop's re-plan chose the engine that runs."""
+    measured = "served lengths" if planning.relengths is not None else "measured acceptance"
+    message = f"planned again with the {measured}: the running engine ({describe_plan(plan)}) "
+    rt.emit(body, "Normal", "PlanKept", message + "is still the cheapest that meets the SLO")
 
 
 def _reshaped(
@@ -269,10 +285,24 @@ def _reshaped(
     if old_plan is None or plan.pools or old_plan.pools or old_plan.shape == plan.shape:
         return plan, False
     if not relengths.pays(plan.usd_per_hour):
+        rt.emit(body, "Normal", "PlanKept", _does_not_pay(plan, relengths))
         return old_plan, True
     price = replica_price(spec, rt.catalog, plan.gpu, plan.tp)
     pods = relengths.pods(plan.replicas)
     return transition_pods(plan, pods, price, spec, inventory), False
+
+
+def _does_not_pay(plan: Plan, relengths: WorkloadReplan) -> str:
+    """Why a plan of another shape for the served lengths is not deployed."""
+    running, new = relengths.running_usd_per_hour, plan.usd_per_hour
+    saving = 1.0 - new / running if running > 0 else 0.0
+    return (
+        f"the served lengths plan {describe_plan(plan)} at "
+        f"{relengths.requests_per_second:.2f} req/s, {saving:.0%} under the "
+        f"${running:.2f}/h the running shape costs at that rate: a new shape rolls "
+        "every pod and starts the step-time factor over, so it must save "
+        f"{RESHAPE_GAIN:.0%}; the running plan is kept"
+    )
 
 
 def counts_gpus(rt: Runtime, spec: ServingTargetSpec) -> bool:

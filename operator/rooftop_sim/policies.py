@@ -31,6 +31,7 @@ from rooftop_control.control import (
     clamp_replicas,
     decide,
     initial_state,
+    plan_kept,
     replica_limits,
 )
 from rooftop_control.readings import Observation
@@ -105,14 +106,17 @@ class RooftopPolicy:
         return self.state.replicas, self.state.max_num_seqs
 
     def decide(self, now_s: float, obs: Observation) -> tuple[int, int]:
+        before = self.state
         d = decide(self.state, obs, now_s, self.config)
         self.state = d.state
         self.decisions.append(d)
         planner = self.config.planner
         if not isinstance(planner, PlanTargetPlanner):
             return d.replicas, d.max_num_seqs
-        if (d.replan_acceptance, d.replan_workload) != (None, None) and self.replanner:
-            self._replanned(planner, d.replan_acceptance, d.replan_workload)
+        if (d.replan_acceptance, d.replan_workload) != (None, None):
+            asked = d.replan_acceptance, d.replan_workload
+            if self.replanner is None or not self._replanned(planner, *asked):
+                self.state = plan_kept(self.state, before)
         elif d.speculative_config is not None:
             drafts = d.speculative_config
             plan = replace(planner.plan, speculative_config=drafts, speculative_note="")
@@ -124,13 +128,14 @@ class RooftopPolicy:
         planner: PlanTargetPlanner,
         acceptance: float | None,
         relengths: WorkloadReplan | None,
-    ) -> None:
+    ) -> bool:
         """As the operator's reconcile with the measured ``acceptance`` and the served
         lengths (None: the ones planned with so far, ``planner.plan``'s), at the loop's
         rate where it re-plans with lengths (else the spec's): a plan of another shape
         is deployed at its own batch cap, with the pods that carry the load (a re-plan
         with lengths only where it pays, ``WorkloadReplan``); the same shape (or none
-        found, or one that does not pay) keeps running, planned with them from now on."""
+        found, or one that does not pay) keeps running, planned with them from now on.
+        Returns whether a plan of another shape runs from now on."""
         if acceptance is None:
             acceptance = planner.plan.measured_acceptance
         workload = planner.plan.measured_workload if relengths is None else relengths.workload
@@ -148,7 +153,7 @@ class RooftopPolicy:
                 planned_acceptance=acceptance or self.config.planned_acceptance,
                 planned_workload=workload,
             )
-            return
+            return False
         plan = replace(found.plan, measured_acceptance=acceptance, measured_workload=workload)
         spec = planner.written
         price = replica_price(spec, planner.catalog, plan.gpu, plan.tp)
@@ -163,6 +168,7 @@ class RooftopPolicy:
             max_num_seqs=plan.max_num_seqs,
         )
         self._run(plan, PlanTargetPlanner(spec, plan, planner.catalog), price, state)
+        return True
 
     def _run(
         self, plan: Plan, planner: PlanTargetPlanner, price: PodsPrice, state: ControllerState

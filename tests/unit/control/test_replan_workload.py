@@ -17,7 +17,7 @@ from rooftop_api.spec import ServingTargetSpec
 from rooftop_control import control, traffic
 from rooftop_control.readings import Observation
 from rooftop_control.traffic import Lengths, Traffic
-from rooftop_sim import simulate
+from rooftop_sim import policies, simulate
 
 ROOT = Path(__file__).resolve().parents[3]
 WORKLOAD = traffic.measured_workload(Traffic(DECLARED.prompt, DECLARED.output, observed=True))
@@ -148,3 +148,44 @@ def test_a_70b_declared_with_24k_prompts_moves_to_the_shape_its_1k_prompts_need(
     assert "its pods then ran b200 at TP2" in notes
     assert summary["slo_attainment_tpot"] >= 0.9
     assert summary["slo_attainment_ttft"] >= 0.9
+
+
+def test_a_kept_replan_gives_back_the_cooldown_it_started() -> None:
+    """The ask restarts the batch-cap cooldown for the rollout a new shape brings; where
+    the running engine is kept, ``plan_kept`` puts it back and keeps the lengths asked
+    with, so the next tick neither waits 15 minutes for a cap nor asks again."""
+    state, obs, cfg = serving(0.1)
+    before = replace(state, last_cap_change_s=NOW - 3600.0)
+    d = control.decide(before, obs, NOW, cfg)
+    assert d.replan_workload is not None and d.state.last_cap_change_s == NOW
+    kept = control.plan_kept(d.state, before)
+    assert kept.last_cap_change_s == NOW - 3600.0
+    assert kept.replanned_workload == d.replan_workload.workload
+    again = control.decide(kept, obs, NOW + 15.0, cfg)
+    assert again.replan_workload is None
+
+
+def test_the_simulated_cluster_gives_the_cooldown_back_when_the_plan_is_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The rooftop policy asks its replanner, as the operator's loop asks reconcile: a
+    plan that does not pay (here: none found) keeps the pods and the cooldown as they
+    were; one of another shape starts its own."""
+    spec = ServingTargetSpec.model_validate(LONG_DECLARED)
+    scn = simulate.scenario(spec, simulate.workload_from_trace(str(EXCERPT)), seed=0)
+    policy, _ = simulate.make_policy(scn, "rooftop")
+    assert isinstance(policy, policies.RooftopPolicy)
+    before = replace(policy.state, last_cap_change_s=NOW - 3600.0)
+    policy.state = before
+    state, obs, _ = serving(0.1)
+
+    def asks(state_: control.ControllerState, *_: object) -> control.Decision:
+        d = control.decide(state, obs, NOW, serving(0.1)[2])
+        assert d.replan_workload is not None
+        return replace(d, state=replace(state_, last_cap_change_s=NOW))
+
+    monkeypatch.setattr(policies, "decide", asks)
+    policy.replanner = lambda *_: None
+    policy.decide(NOW, obs)
+    assert policy.state.last_cap_change_s == NOW - 3600.0
+    assert policy.reshape is None, "the pods run as they did"

@@ -90,7 +90,7 @@ def test_the_loop_replans_with_the_served_lengths_and_a_restart_keeps_them(
     with the whole load while the new one starts), status.plan keeps the lengths, a
     restart plans with them again and an edit starts from the spec."""
     planner = deployed_then_tp2(rt, kube)
-    loop.replan(rt, latest(kube), replanned(2))
+    assert not loop.replan(rt, latest(kube), replanned(2)), "another engine runs"
     assert planner.prompts[0] == 512 and abs(planner.prompts[1] - 4100) < 41
     assert planner.calls[-1]["requests_per_second"] == 6.5
     assert events.reasons[-2:] == ["Replanned", "PlanChanged"]
@@ -115,11 +115,14 @@ def test_a_new_shape_that_does_not_pay_keeps_the_running_plan_with_the_lengths(
     loop's rate saves 22 %, less than a reshape must: the TP1 pods stay, and status.plan
     keeps the lengths, so neither the loop nor a restart asks again."""
     deployed_then_tp2(rt, kube)
-    loop.replan(rt, latest(kube), replanned(2, running_usd=9.0))
+    assert loop.replan(rt, latest(kube), replanned(2, running_usd=9.0)), "the engine is kept"
     stored = latest(kube)["status"]["plan"]
     assert (stored["tp"], stored["replicas"]) == (1, 2)
     assert stored["measuredWorkload"]["promptTokens"]["mean"] == 4100
     assert "PlanChanged" not in events.reasons
+    (why,) = [m for _, reason, m in events.items if reason == "PlanKept"]
+    assert "(TP2)" in why and "6.50 req/s, 22% under the $9.00/h" in why
+    assert "must save 30%; the running plan is kept" in why
     deployment = kube.get("apps/v1", "Deployment", NS, "chat-engine")
     assert deployment is not None and deployment["spec"]["replicas"] == 2
 
@@ -137,3 +140,17 @@ def test_a_new_shapes_first_pods_stay_within_the_budget_and_limits() -> None:
     )
     assert transition_pods(new, 7, price, limited, None).replicas == 4
     assert transition_pods(replace(new, replicas=9), 7, price, roomy, None).replicas == 9
+
+
+def test_a_replan_onto_the_running_shape_keeps_the_engine_and_says_so(
+    rt: Runtime, kube: FakeKube, events: Events
+) -> None:
+    """The served lengths plan the shape that runs: no rollout, the loop keeps its scale
+    and is told the engine was kept (it gives back the cap cooldown the ask started)."""
+    planner = deployed_then_tp2(rt, kube)
+    planner.result = FakeResult(True, make_plan(replicas=5))
+    assert loop.replan(rt, latest(kube), replanned(2))
+    assert events.reasons[-2:] == ["Replanned", "PlanKept"]
+    assert "still the cheapest that meets the SLO" in events.items[-1][2]
+    stored = latest(kube)["status"]["plan"]
+    assert (stored["tp"], stored["replicas"]) == (1, 2), "the loop's scale stays"
