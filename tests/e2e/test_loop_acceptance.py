@@ -12,32 +12,21 @@ an operator restart keeps the plan (``status.plan.measuredAcceptance``).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
 
-from rooftop_api.spec import TARGET_LABEL
-from tests.cluster import prometheus_operator
-from tests.cluster.engines import EngineFleet, LoadDriver
 from tests.cluster.handle import ClusterHandle
-from tests.cluster.nodes import H100, gpu_node
-from tests.cluster.operator_process import Operator
+from tests.cluster.loop_world import Load, LoopScenario, World, loop_world, wait
 
 pytestmark = pytest.mark.loop
 
 ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "rooftop"
-RELEASE = "accept-e2e"
-GROUP, VERSION, PLURAL = "rooftop.dev", "v1alpha1", "servingtargets"
 NAME = "fast-70b"
 RATE = 2.0  # req/s: at 0.7 one TP4 replica with drafts, at 0.95 one TP2 replica
 TRUE_ACCEPTANCE = 0.95
@@ -59,59 +48,17 @@ def target(mark: dict[str, str]) -> dict[str, Any]:
     return doc
 
 
-@dataclass
-class World:
-    api: Any
-    namespace: str
-    operator: Operator
-    fleet: EngineFleet
-    operator_args: tuple[str, ...]
-    operator_env: dict[str, str]
-
-    def start_operator(self) -> None:
-        self.operator.start(*self.operator_args, **self.operator_env)
-
-    def target(self) -> dict[str, Any]:
-        found: dict[str, Any] = client.CustomObjectsApi(self.api).get_namespaced_custom_object(
-            GROUP, VERSION, self.namespace, PLURAL, NAME
-        )
-        return found
-
-    def plan(self) -> dict[str, Any]:
-        return dict(self.target().get("status", {}).get("plan") or {})
-
-    def events(self, reason: str) -> list[str]:
-        found = client.CoreV1Api(self.api).list_namespaced_event(
-            self.namespace, field_selector=f"involvedObject.name={NAME},reason={reason}"
-        )
-        return [str(e.message) for e in found.items]
-
-    def engine_pods_tp(self) -> list[str]:
-        """Each Running engine pod's --tp (what engine-sim simulates)."""
-        pods = client.CoreV1Api(self.api).list_namespaced_pod(
-            self.namespace, label_selector=f"{TARGET_LABEL}={NAME}"
-        )
-        found = []
-        for pod in pods.items:
-            if pod.status.phase == "Running" and pod.metadata.deletion_timestamp is None:
-                command = pod.spec.containers[0].command
-                found.append(command[command.index("--tp") + 1])
-        return found
-
-
-def wait(world: World, what: str, check: Callable[[], Any], timeout: float) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(1.0)
-    raise AssertionError(
-        f"timed out after {timeout:.0f}s: {what}\nplan: {world.plan()}\n"
-        f"observed: {world.target().get('status', {}).get('observed')}\n"
-        f"conditions: {world.target().get('status', {}).get('conditions')}\n"
-        f"operator log:\n{world.operator.tail(30)}"
-    )
+SCENARIO = LoopScenario(
+    prefix="accept",
+    release="accept-e2e",
+    name=NAME,
+    target=target,
+    load=Load("llama-3-70b", PROMPT_TOKENS, OUTPUT_TOKENS, RATE, seed=11),
+    env=LOOP_ENV,
+    nodes=2,
+    engine_args=("--acceptance-rate", str(TRUE_ACCEPTANCE)),
+    interval=INTERVAL,
+)
 
 
 @pytest.fixture(scope="module")
@@ -120,47 +67,10 @@ def world(
     prometheus_operator_dir: Path,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[World]:
-    suffix = uuid.uuid4().hex[:6]
-    system, ns = f"accept-system-{suffix}", f"accept-{suffix}"
-    work = tmp_path_factory.mktemp("accept")
-    (work / "engines").mkdir()
-    cluster.create_namespace(system)
-    cluster.create_namespace(ns)
-    # two 8-GPU H100 nodes of this module's own (a letter first: a bare hex value can
-    # read as a number), so other modules' pods take none of their GPUs
-    mark = {"e2e-acceptance": f"a{suffix}"}
-    core, nodes = client.CoreV1Api(cluster.api()), []
-    for i in range(2):
-        node = gpu_node(dataclasses.replace(H100, prefix=f"accept-h100-{suffix}"), i)
-        node["metadata"]["labels"].update(mark)
-        core.create_node(node)
-        nodes.append(node["metadata"]["name"])
-    api = cluster.api()
-    truth = ["--acceptance-rate", str(TRUE_ACCEPTANCE)]  # after the operator's own flag
-    fleet = EngineFleet(api, ns, NAME, work / "engines", extra_args=truth)
-    load = LoadDriver(fleet, "llama-3-70b", PROMPT_TOKENS, OUTPUT_TOKENS, seed=11, rate=RATE)
-    release = prometheus_operator.monitored_release(
-        cluster, prometheus_operator_dir, CHART, RELEASE, (system, ns), work, interval=INTERVAL
-    )
-    try:
-        with release as installed:
-            world = World(api, ns, installed.operator, fleet, installed.operator_args(),
-                          installed.operator_env() | LOOP_ENV)  # fmt: skip
-            try:
-                world.start_operator()
-                fleet.start()
-                path = work / "target.yaml"
-                path.write_text(json.dumps(target(mark)))
-                cluster.kubectl("apply", "-n", ns, "-f", str(path))
-                load.start()
-                yield world
-            finally:
-                load.stop(drain_s=5)
-                fleet.stop()
-    finally:
-        cluster.delete_later("namespace", ns, system)
-        cluster.delete_later("node", *nodes)
-        api.close()
+    with loop_world(
+        cluster, prometheus_operator_dir, tmp_path_factory.mktemp("accept"), SCENARIO
+    ) as w:
+        yield w
 
 
 def test_the_declared_acceptance_deploys_four_gpus_with_drafts(world: World) -> None:
