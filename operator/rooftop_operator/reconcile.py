@@ -242,8 +242,9 @@ def _plan_and_deploy(
         _plan_error(rt, body, ref, spec, err)
         return "skipped"
     plan, kept = result.deployed, False
+    old_plan = stored_plan(ServingTargetStatus.read(body.get("status")))
     if plan is not None and planning.relengths is not None:
-        plan, kept = _reshaped(rt, body, spec, plan, planning.relengths, counted)
+        plan, kept = _reshaped(rt, body, spec, (old_plan, plan), planning.relengths, counted)
     if not kept:  # a kept plan's figures stay as recorded when it was deployed
         _record_plan(rt, ref, spec, result)
     if plan is None and cause in LOOP_REPLANS:
@@ -254,7 +255,6 @@ def _plan_and_deploy(
         return WAITING_FOR_NODES if result.beyond_inventory else "skipped"
     advice = "" if result.mixed is None else explain.mixed(result.mixed, result.plan)
     plan = replace(plan, measured_acceptance=acceptance, measured_workload=planning.workload)
-    old_plan = stored_plan(ServingTargetStatus.read(body.get("status")))
     _deploy(rt, body, ref, spec, plan, cause, counted, advice)
     if cause in LOOP_REPLANS and old_plan is not None and old_plan.shape == plan.shape:
         if not kept:  # a plan that does not pay said so (``_reshaped``)
@@ -274,14 +274,15 @@ def _reshaped(
     rt: Runtime,
     body: Mapping[str, Any],
     spec: ServingTargetSpec,
-    plan: Plan,
+    plans: tuple[Plan | None, Plan],
     relengths: WorkloadReplan,
     inventory: GpuInventory | None,
 ) -> tuple[Plan, bool]:
     """The plan a re-plan with the served lengths deploys, and whether it is the running
     one, kept because the new plan does not pay (``WorkloadReplan.pays``); a new shape
-    starts with the pods that carry the load (``transition_pods``)."""
-    old_plan = stored_plan(ServingTargetStatus.read(body.get("status")))
+    starts with the pods that carry the load (``transition_pods``). ``plans``: the
+    running plan (None where status holds none) and the one the served lengths got."""
+    old_plan, plan = plans
     if old_plan is None or plan.pools or old_plan.pools or old_plan.shape == plan.shape:
         return plan, False
     if not relengths.pays(plan.usd_per_hour):
