@@ -1022,7 +1022,11 @@ def _blame_the_cluster(
     result.beyond_inventory = unrestricted.plan
     have = _beyond_cluster(unrestricted, inventory, on_shapes)
     lead = [] if unrestricted.plan is not None else unrestricted.reasons[:1]
-    result.reasons[:1] = [*lead, have]
+    # Relaxing the SLO is not the fix where other nodes would meet it: the closest the
+    # cluster's own GPUs reach goes last.
+    nearest = [r for r in result.reasons[1:] if r.startswith(explain.CLOSEST)]
+    rest = [r for r in result.reasons[1:] if not r.startswith(explain.CLOSEST)]
+    result.reasons[:] = [*lead, have, *rest, *nearest]
 
 
 @dataclass(frozen=True)

@@ -105,6 +105,36 @@ def test_impossible_slo_says_the_best_reachable_latency() -> None:
     assert any(line.startswith("closest:") for line in result.reasons)
 
 
+def test_the_closest_miss_is_judged_against_each_metrics_own_bound() -> None:
+    """70B fp8 on L4s with long declared prompts: TP4 misses TPOT by 14 % at batch 1 and
+    TP8 misses TTFT by 14 %; 114 ms against 2,272 ms says nothing about which is nearer.
+    The hint names the field to relax, comes right after the headline (the CLI's short
+    form shows three lines) and, for TTFT, points at the declared prompts."""
+    result = plan_target(
+        spec(
+            model="llama-3.1-70b",
+            slo={"tpotMs": 100, "tpotPercentile": "p99", "ttftMs": 2000, "ttftPercentile": "p90"},
+            workload={
+                "requestsPerSecond": 5.4,
+                "promptTokens": {"mean": 2310, "p90": 5470},
+                "outputTokens": {"mean": 422, "p90": 848},
+            },  # fmt: skip
+            budget={"usdPerHour": 120},
+            constraints={"gpuTypes": ["l4"], "weightDtypes": ["fp8"], "kvDtypes": ["fp8"]},
+        )
+    )
+    assert not result.feasible and "at any cost" in result.reasons[0]
+    misses = {r.category: r for r in result.rejections if r.category.endswith("over SLO")}
+    tpot_over = float(misses["TPOT over SLO"].detail.split()[0]) / 100
+    ttft_over = float(misses["TTFT over SLO"].detail.split()[0]) / 2000
+    nearest, field = ("TTFT", "ttftMs") if ttft_over < tpot_over else ("TPOT", "tpotMs")
+    hint = result.reasons[1]
+    assert hint.startswith("closest: l4 TP") and f"reaches {nearest} " in hint
+    reached = misses[f"{nearest} over SLO"].detail.split()[0]
+    assert f"relax slo.{field} to at least {reached} ms" in hint
+    assert ("spec.workload.promptTokens" in hint) == (nearest == "TTFT")
+
+
 def l40s_70b(budget: float, **constraints: Any) -> ServingTargetSpec:
     """70B on L40S at a trickle: bf16 needs TP4 ($5.48/h), fp8 weights fit TP2 ($2.74/h)."""
     return spec(
