@@ -255,8 +255,10 @@ def _plan_and_deploy(
         return WAITING_FOR_NODES if result.beyond_inventory else "skipped"
     advice = "" if result.mixed is None else explain.mixed(result.mixed, result.plan)
     plan = replace(plan, measured_acceptance=acceptance, measured_workload=planning.workload)
-    _deploy(rt, body, ref, spec, plan, cause, counted, advice)
-    if cause in LOOP_REPLANS and old_plan is not None and old_plan.shape == plan.shape:
+    # Judged on what was applied: ``keep_loop_scale`` may have put the loop's drafts back
+    # on a plan that differed from the running one only in them.
+    applied = _deploy(rt, body, ref, spec, plan, cause, counted, advice) or plan
+    if cause in LOOP_REPLANS and old_plan is not None and old_plan.shape == applied.shape:
         if not kept:  # a plan that does not pay said so (``_reshaped``)
             _same_engine(rt, body, old_plan, planning)
         return KEPT
@@ -389,10 +391,12 @@ def _deploy(
     cause: str,
     inventory: GpuInventory | None = None,
     advice: str = "",
-) -> None:
+) -> Plan | None:
     """Apply the plan's children (``inventory``: the cluster's free GPUs, with
     ``gpuInventory: nodes``; a rollout surges only into them; ``advice``: why a mixed
-    fleet, said in the Feasible condition)."""
+    fleet, said in the Feasible condition). Returns the plan applied: ``plan`` at the
+    loop's scale and drafts where it keeps them (``keep_loop_scale``), or None where the
+    plan could not be deployed."""
     old_plan = stored_plan(ServingTargetStatus.read(body.get("status")))
     if cause != "spec_change" or _same_generation(body):
         # a re-plan with the measured acceptance chooses the drafts itself
@@ -402,7 +406,7 @@ def _deploy(
     except (builders.UnsupportedPlan, ChildConflict) as err:
         reason = "UnsupportedPlan" if isinstance(err, builders.UnsupportedPlan) else "NameConflict"
         _not_deployed(rt, body, ref, spec, plan, reason, str(err))
-        return
+        return None
     except KubeError as err:
         if not err.transient and not err.namespace_terminating:  # refused: say so on it
             message = f"the API server refused the engine's objects: {err}"
@@ -420,6 +424,7 @@ def _deploy(
             rt.metrics.record_decision(ref.namespace, ref.name, "replan", cause)
     if cache is not None and cache.status == "False" and not old_plan:
         rt.emit(body, "Warning", cache.reason, cache.message)
+    return plan
 
 
 def model_cache_condition(

@@ -5,9 +5,12 @@ another shape starts with no fewer pods than ran, within the budget."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
+import yaml
 from operator_fakes import (
     NS,
     SPEC,
@@ -25,9 +28,12 @@ from rooftop_control.readings import MetricState
 from rooftop_operator import loop
 from rooftop_operator.reconcile import reconcile, transition_pods
 from rooftop_operator.runtime import Runtime
+from rooftop_operator.specs import parse_spec
 from rooftop_planner.plan import Plan
 from rooftop_planner.pricing import ReplicaPrice
+from rooftop_planner.search import plan_target
 
+SPECULATIVE = Path(__file__).resolve().parents[3] / "examples" / "speculative-70b.yaml"
 SERVED = MeasuredWorkload(
     prompt_tokens=MeasuredLengths(mean=4100, p10=600, p50=3000, p90=9000, p99=20000),
     output_tokens=MeasuredLengths(mean=130, p10=20, p50=100, p90=260, p99=600),
@@ -154,3 +160,29 @@ def test_a_replan_onto_the_running_shape_keeps_the_engine_and_says_so(
     assert "still the cheapest that meets the SLO" in events.items[-1][2]
     stored = latest(kube)["status"]["plan"]
     assert (stored["tp"], stored["replicas"]) == (1, 2), "the loop's scale stays"
+
+
+def test_a_replan_that_differs_only_in_the_loops_drafts_keeps_the_engine(
+    rt: Runtime, kube: FakeKube, events: Events
+) -> None:
+    """A speculating target runs the drafts its loop chose (one fewer than planned); the
+    served lengths plan the same engine at half the price with the declared drafts. The
+    operator puts the loop's drafts back (``keep_loop_scale``), so the engine that runs
+    is the one that ran: the re-plan reports it kept, and the loop gets its cooldown
+    back, where judging the plan before the drafts went back said a new engine ran."""
+    doc = yaml.safe_load(SPECULATIVE.read_text())["spec"]
+    declared = plan_target(parse_spec(doc)).plan
+    assert declared is not None and declared.speculative_config, "the example speculates"
+    drafts = json.loads(declared.speculative_config)
+    drafts["num_speculative_tokens"] -= 1
+    running = replace(declared, speculative_config=json.dumps(drafts))
+    rt.plan = FakePlanner(FakeResult(True, running))
+    kube.add(target_body("chat", doc))
+    assert reconcile(rt, latest(kube)) == "success"
+    cheaper = replace(declared, usd_per_hour=declared.usd_per_hour / 2)
+    rt.plan = FakePlanner(FakeResult(True, cheaper))
+    decision = replanned(declared.replicas, running_usd=declared.usd_per_hour)
+    assert loop.replan(rt, latest(kube), decision), "the engine that ran runs on"
+    assert events.reasons[-2:] == ["Replanned", "PlanKept"]
+    stored = Plan.from_status(latest(kube)["status"]["plan"])
+    assert json.loads(stored.speculative_config) == drafts
