@@ -56,7 +56,8 @@ One decision:
    in a steady fleet, after a cooldown, and never when the rollout would stop a
    single pod with no room under the budget to start its replacement first. The
    rollout replaces every pod, so it starts what the new cap needs at the planned
-   rate (fewer only after a scale-down window of OK metrics).
+   rate (fewer only after a scale-down window of OK metrics, and not while a learnt
+   lull holds pods: the rollout waits until the hold lets them go).
 8. Speculative decoding, where the pods speculate: once the drafts' measured
    acceptance is more than ``traffic.ACCEPTANCE_DIFFERS_BY`` from the one the plan was
    made with, ask for the whole target to be planned again with it
@@ -427,7 +428,8 @@ def decide(
         sizing = replace(sizing, replicas=state.replicas)
     wanted, why, cause = _wanted(obs, sizing, plan_why, state.max_num_seqs, fresh, config)
     lulls = _learn_lulls(state, obs, now_s, config)
-    window = _held_window(scale_down_window(rates, config), lulls.hold_s(now_s), config)
+    unstretched = scale_down_window(rates, config)
+    window = _held_window(unstretched, lulls.hold_s(now_s), config)
     history, since = _remember_history(state, wanted, now_s, not bad, window[0], config)
     evidence = _whole_windows_since(since, state, config)
     out = _out_of_service(state, obs, now_s, config)
@@ -452,6 +454,18 @@ def decide(
             "maxReplicas and the budget for a surge pod)"
         )
         held, cap, cap_at = cap, state.max_num_seqs, state.last_cap_change_s
+    elif rollout is not None and rolled < limited and replicas > wanted and (
+        window[0] > unstretched[0]
+    ):
+        # A lull the loop learnt (give-backs between bursts that cost the SLO when the
+        # load came back) holds pods this window's rate no longer wants; a rollout sized
+        # at that rate would give them all back at once, as such a give-back does. The
+        # new cap waits until the lull's hold has let them go.
+        cap_why = (
+            f"max_num_seqs stays {state.max_num_seqs} for now, not {cap}: its rollout "
+            f"would shrink the fleet to {rolled} while a learnt lull holds {limited}"
+        )
+        cap, cap_at = state.max_num_seqs, state.last_cap_change_s
     elif rollout is not None:
         (replicas, why), cause = rollout, Cause.CALIBRATION
         wanted, limited = replicas, rolled
