@@ -446,6 +446,7 @@ def decide(
     if cap != state.max_num_seqs:
         rollout = _rollout_replicas(state, rates, scale, cap, evidence, now_s, config)
     rolled = limited if rollout is None else clamp_replicas(rollout[0], lower, upper)
+    lull_holds = replicas > wanted and window[0] > unstretched[0]  # pods a lull keeps
     held = None
     if cap != state.max_num_seqs and sole_pod_would_go(rolled, upper):
         cap_why = (
@@ -454,9 +455,7 @@ def decide(
             "maxReplicas and the budget for a surge pod)"
         )
         held, cap, cap_at = cap, state.max_num_seqs, state.last_cap_change_s
-    elif rollout is not None and rolled < limited and replicas > wanted and (
-        window[0] > unstretched[0]
-    ):
+    elif rollout is not None and rolled < limited and lull_holds:
         # A lull the loop learnt (give-backs between bursts that cost the SLO when the
         # load came back) holds pods this window's rate no longer wants; a rollout sized
         # at that rate would give them all back at once, as such a give-back does. The
