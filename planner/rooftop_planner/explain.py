@@ -156,12 +156,25 @@ def over_budget(plan: Plan, budget: float, kv_dtypes: tuple[str, ...] = ()) -> s
     )
 
 
+FP8_WOULD_WORK = "fp8 weights would work: "
+
+
 def with_fp8_weights(plan: Plan) -> str:
     """The fix for a target that only bf16 weights kept from a plan."""
     return (
-        f"fp8 weights would work: {describe(plan)}, predicted TPOT {plan.tpot_ms:.1f} ms, "
+        f"{FP8_WOULD_WORK}{describe(plan)}, predicted TPOT {plan.tpot_ms:.1f} ms, "
         f"${plan.usd_per_hour:.2f}/h; allow them with constraints.weightDtypes: [bf16, fp8] "
         "(outputs differ from bf16)"
+    )
+
+
+def with_other_gpus(plan: Plan, allowed: list[str]) -> str:
+    """The fix for a target whose pinned GPU types keep it from a plan."""
+    return (
+        f"{plan.gpu} GPUs would work: {describe(plan)}, predicted TPOT {plan.tpot_ms:.1f} ms"
+        f"{f', TTFT {plan.ttft_ms:.0f} ms' if plan.ttft_ms else ''}, "
+        f"${plan.usd_per_hour:.2f}/h; allow them with constraints.gpuTypes: "
+        f"[{', '.join(allowed)}]"
     )
 
 

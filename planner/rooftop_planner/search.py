@@ -949,6 +949,8 @@ def plan_target(
         _blame_the_cluster(result, _search(ctx, catalog), gpu_inventory, on_shapes.plan)
     if not result.feasible and spec.constraints.weight_dtypes is None:
         _suggest_fp8(result, on_cluster, catalog)
+    if not result.feasible and gpu_inventory is None and spec.constraints.gpu_types:
+        _suggest_other_gpus(result, ctx, catalog)
     _offer_a_mix(result, ctx, on_shapes.candidates, gpu_inventory)
     result.reasons += [f"constraints.speculative: {p}" for p in ctx.speculation_problems]
     return result
@@ -990,6 +992,25 @@ def _suggest_fp8(result: SearchResult, ctx: _Context, catalog: Catalog) -> None:
     plan = _search(replace(ctx, spec=widened), catalog).plan
     if plan is not None:
         result.reasons.insert(1, explain.with_fp8_weights(plan))
+
+
+def _suggest_other_gpus(result: SearchResult, ctx: _Context, catalog: Catalog) -> None:
+    """An infeasible target that pinned constraints.gpuTypes: when another GPU type of
+    the catalog would meet the SLO within the budget (the other constraints as written),
+    say which and how to allow it, after the lines on the closest miss and fp8 weights
+    (the short form of ``rooftop plan`` shows the first three reasons). Without a cluster inventory
+    only: with one, the cluster's nodes say what would work (``_blame_the_cluster``)."""
+    constraints = ctx.spec.constraints.model_copy(update={"gpu_types": None})
+    widened = ctx.spec.model_copy(update={"constraints": constraints})
+    plan = _search(replace(ctx, spec=widened), catalog).plan
+    if plan is None:
+        return
+    allowed = [*(ctx.spec.constraints.gpu_types or []), plan.gpu]
+    fixes = (explain.CLOSEST, explain.FP8_WOULD_WORK)  # the lines it follows
+    at = 1
+    while at < len(result.reasons) and result.reasons[at].startswith(fixes):
+        at += 1
+    result.reasons.insert(at, explain.with_other_gpus(plan, allowed))
 
 
 def _too_long(ctx: _Context) -> str:

@@ -105,24 +105,28 @@ def test_impossible_slo_says_the_best_reachable_latency() -> None:
     assert any(line.startswith("closest:") for line in result.reasons)
 
 
+def long_prompts_70b_on(gpu_types: list[str]) -> ServingTargetSpec:
+    """The declared table's 70B (fp8 on the GPU types given) at twice its trace's
+    lengths: 5,470-token p90 prompts against a p90 TTFT of 2 s."""
+    return spec(
+        model="llama-3.1-70b",
+        slo={"tpotMs": 100, "tpotPercentile": "p99", "ttftMs": 2000, "ttftPercentile": "p90"},
+        workload={
+            "requestsPerSecond": 5.4,
+            "promptTokens": {"mean": 2310, "p90": 5470},
+            "outputTokens": {"mean": 422, "p90": 848},
+        },
+        budget={"usdPerHour": 120},
+        constraints={"gpuTypes": gpu_types, "weightDtypes": ["fp8"], "kvDtypes": ["fp8"]},
+    )
+
+
 def test_the_closest_miss_is_judged_against_each_metrics_own_bound() -> None:
     """70B fp8 on L4s with long declared prompts: TP4 misses TPOT by 14 % at batch 1 and
     TP8 misses TTFT by 14 %; 114 ms against 2,272 ms says nothing about which is nearer.
     The hint names the field to relax, comes right after the headline (the CLI's short
     form shows three lines) and, for TTFT, points at the declared prompts."""
-    result = plan_target(
-        spec(
-            model="llama-3.1-70b",
-            slo={"tpotMs": 100, "tpotPercentile": "p99", "ttftMs": 2000, "ttftPercentile": "p90"},
-            workload={
-                "requestsPerSecond": 5.4,
-                "promptTokens": {"mean": 2310, "p90": 5470},
-                "outputTokens": {"mean": 422, "p90": 848},
-            },  # fmt: skip
-            budget={"usdPerHour": 120},
-            constraints={"gpuTypes": ["l4"], "weightDtypes": ["fp8"], "kvDtypes": ["fp8"]},
-        )
-    )
+    result = plan_target(long_prompts_70b_on(["l4"]))
     assert not result.feasible and "at any cost" in result.reasons[0]
     misses = {r.category: r for r in result.rejections if r.category.endswith("over SLO")}
     tpot_over = float(misses["TPOT over SLO"].detail.split()[0]) / 100
@@ -133,6 +137,28 @@ def test_the_closest_miss_is_judged_against_each_metrics_own_bound() -> None:
     reached = misses[f"{nearest} over SLO"].detail.split()[0]
     assert f"relax slo.{field} to at least {reached} ms" in hint
     assert ("spec.workload.promptTokens" in hint) == (nearest == "TTFT")
+
+
+def test_pinned_gpu_types_that_keep_a_target_from_a_plan_are_told_what_would_work() -> None:
+    """No L4 plan serves the long prompts; the whole catalog does. The line after the
+    closest miss names the GPU type, its plan and the constraints.gpuTypes that allows
+    it; planning with that list finds that very plan."""
+    result = plan_target(long_prompts_70b_on(["l4"]))
+    assert not result.feasible
+    (hint,) = [r for r in result.reasons if "GPUs would work" in r]
+    assert result.reasons.index(hint) == 2, "after the headline and the closest miss"
+    allowed = hint.split("constraints.gpuTypes: [")[1].rstrip("]").split(", ")
+    assert allowed[0] == "l4" and len(allowed) == 2
+    widened = plan_target(long_prompts_70b_on(allowed)).plan
+    assert widened is not None and widened.gpu == allowed[1]
+    assert hint.startswith(f"{widened.gpu} GPUs would work: ")
+    assert f"${widened.usd_per_hour:.2f}/h" in hint
+
+
+def test_no_gpu_hint_where_other_gpus_would_not_do_either() -> None:
+    result = plan_target(spec(slo={"tpotMs": 0.5}, constraints={"gpuTypes": ["l4"]}))
+    assert not result.feasible
+    assert not any("GPUs would work" in r for r in result.reasons)
 
 
 def l40s_70b(budget: float, **constraints: Any) -> ServingTargetSpec:
