@@ -985,11 +985,7 @@ def _suggest_fp8(result: SearchResult, ctx: _Context, catalog: Catalog) -> None:
     quantized formats, so it is the first thing to try; the user decides, since outputs
     differ from bf16. It follows the headline, where ``rooftop plan``'s short form (its
     first three reasons) shows it."""
-    constraints = ctx.spec.constraints.model_copy(
-        update={"weight_dtypes": [WeightDtype.BF16, WeightDtype.FP8]}
-    )
-    widened = ctx.spec.model_copy(update={"constraints": constraints})
-    plan = _search(replace(ctx, spec=widened), catalog).plan
+    plan = _plan_widened(ctx, catalog, weight_dtypes=[WeightDtype.BF16, WeightDtype.FP8])
     if plan is not None:
         result.reasons.insert(1, explain.with_fp8_weights(plan))
 
@@ -998,11 +994,10 @@ def _suggest_other_gpus(result: SearchResult, ctx: _Context, catalog: Catalog) -
     """An infeasible target that pinned constraints.gpuTypes: when another GPU type of
     the catalog would meet the SLO within the budget (the other constraints as written),
     say which and how to allow it, after the lines on the closest miss and fp8 weights
-    (the short form of ``rooftop plan`` shows the first three reasons). Without a cluster inventory
-    only: with one, the cluster's nodes say what would work (``_blame_the_cluster``)."""
-    constraints = ctx.spec.constraints.model_copy(update={"gpu_types": None})
-    widened = ctx.spec.model_copy(update={"constraints": constraints})
-    plan = _search(replace(ctx, spec=widened), catalog).plan
+    (the short form of ``rooftop plan`` shows the first three reasons). Without a
+    cluster inventory only: with one, the cluster's nodes say what would work
+    (``_blame_the_cluster``)."""
+    plan = _plan_widened(ctx, catalog, gpu_types=None)
     if plan is None:
         return
     allowed = [*(ctx.spec.constraints.gpu_types or []), plan.gpu]
@@ -1011,6 +1006,14 @@ def _suggest_other_gpus(result: SearchResult, ctx: _Context, catalog: Catalog) -
     while at < len(result.reasons) and result.reasons[at].startswith(fixes):
         at += 1
     result.reasons.insert(at, explain.with_other_gpus(plan, allowed))
+
+
+def _plan_widened(ctx: _Context, catalog: Catalog, **constraints: Any) -> Plan | None:
+    """The plan the target would get with these constraints set (the others as
+    written): what a suggested fix of an infeasible target buys."""
+    widened = ctx.spec.constraints.model_copy(update=constraints)
+    spec = ctx.spec.model_copy(update={"constraints": widened})
+    return _search(replace(ctx, spec=spec), catalog).plan
 
 
 def _too_long(ctx: _Context) -> str:
@@ -1045,9 +1048,8 @@ def _blame_the_cluster(
     lead = [] if unrestricted.plan is not None else unrestricted.reasons[:1]
     # Relaxing the SLO is not the fix where other nodes would meet it: the closest the
     # cluster's own GPUs reach goes last.
-    nearest = [r for r in result.reasons[1:] if r.startswith(explain.CLOSEST)]
-    rest = [r for r in result.reasons[1:] if not r.startswith(explain.CLOSEST)]
-    result.reasons[:] = [*lead, have, *rest, *nearest]
+    rest = sorted(result.reasons[1:], key=lambda r: r.startswith(explain.CLOSEST))  # stable
+    result.reasons[:] = [*lead, have, *rest]
 
 
 @dataclass(frozen=True)
